@@ -1,0 +1,26 @@
+"""Errors raised by the engine: one root, each with a message a person can act on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class EngineError(Exception):
+    """Root of every error the engine raises on purpose."""
+
+
+class ModelLoadError(EngineError):
+    """A model file could not be loaded; the message names the file and the problem."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"cannot load model {self.path}: {problem}")
+
+
+class TemplateError(EngineError):
+    """A chat template failed to render (bad template, sandbox refusal, time or size cap)."""
+
+
+class ContextLengthError(EngineError):
+    """A sequence would not fit in the model's context window."""
