@@ -1,0 +1,32 @@
+"""Session-wide fixtures: the real SmolLM2 model (pulled once) and the llama.cpp reference data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURES_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "smollm2"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path() -> Path:
+    """Path of the real SmolLM2-135M-Instruct GGUF, pulled into the cache on first use."""
+    from worker.models import ModelResolveError, pull
+
+    try:
+        return pull("smollm2-135m", progress=False)
+    except ModelResolveError as exc:
+        pytest.skip(f"cannot pull smollm2-135m: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference() -> dict[str, Any]:
+    """llama.cpp's reference numbers for SmolLM2 (../shared/fixtures/smollm2/reference.json)."""
+    path = FIXTURES_DIR / "reference.json"
+    if not path.is_file():
+        pytest.skip(f"reference fixture absent: {path}")
+    return json.loads(path.read_text())

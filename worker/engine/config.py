@@ -1,0 +1,72 @@
+"""Model hyper-parameters read from GGUF metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from worker.engine.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The numbers that shape a decoder-only transformer."""
+
+    architecture: str
+    vocab_size: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    context_length: int
+    rms_eps: float
+    rope_base: float
+    rope_dim: int
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head (grouped-query attention)."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of float32 key+value cache one token takes across all layers."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * 4
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any], path: str = "<memory>") -> ModelConfig:
+        """Build a config from GGUF metadata, naming the missing key when one is absent."""
+        arch = metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise ModelLoadError(path, "metadata has no general.architecture")
+
+        def need(key: str) -> Any:
+            full = f"{arch}.{key}"
+            if full not in metadata:
+                raise ModelLoadError(path, f"metadata key {full} is missing")
+            return metadata[full]
+
+        d_model = int(need("embedding_length"))
+        n_heads = int(need("attention.head_count"))
+        n_kv_heads = int(metadata.get(f"{arch}.attention.head_count_kv", n_heads))
+        head_dim = int(metadata.get(f"{arch}.attention.key_length", d_model // n_heads))
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        vocab = int(metadata.get(f"{arch}.vocab_size", len(tokens) if isinstance(tokens, list) else 0))
+        if n_kv_heads <= 0 or n_heads % n_kv_heads:
+            raise ModelLoadError(path, f"head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")
+        return cls(
+            architecture=arch,
+            vocab_size=vocab,
+            n_layers=int(need("block_count")),
+            d_model=d_model,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            head_dim=head_dim,
+            d_ff=int(need("feed_forward_length")),
+            context_length=int(metadata.get(f"{arch}.context_length", 2048)),
+            rms_eps=float(metadata.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_base=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
+            rope_dim=int(metadata.get(f"{arch}.rope.dimension_count", head_dim)),
+        )

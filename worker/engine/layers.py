@@ -1,0 +1,71 @@
+"""The numeric building blocks of the forward pass: RMSNorm, RoPE, SwiGLU, causal attention."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """Root-mean-square normalisation over the last axis, then scale."""
+    variance = np.einsum("nd,nd->n", x, x)[:, None] / x.shape[1]  # (N, 1)
+    return x * (1.0 / np.sqrt(variance + eps)) * weight  # (N, D)
+
+
+class RotaryTable:
+    """Cosine/sine tables for rotary position embeddings in half-rotation (NEOX) form."""
+
+    def __init__(self, rope_dim: int, base: float, max_positions: int) -> None:
+        self.rope_dim = rope_dim
+        inv_freq = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)  # (R/2,)
+        angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (P, R/2)
+        self.cos = np.cos(angles).astype(np.float32)  # (P, R/2)
+        self.sin = np.sin(angles).astype(np.float32)  # (P, R/2)
+
+    def apply(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Rotate the first rope_dim features of every head of x in place and return it."""
+        half = self.rope_dim // 2
+        cos = self.cos[positions][:, None, :]  # (N, 1, R/2)
+        sin = self.sin[positions][:, None, :]  # (N, 1, R/2)
+        x1 = x[:, :, :half].copy()  # (N, H, R/2)
+        x2 = x[:, :, half : self.rope_dim]  # (N, H, R/2) view
+        x[:, :, :half] = x1 * cos - x2 * sin  # (N, H, R/2)
+        x[:, :, half : self.rope_dim] = x2 * cos + x1 * sin  # (N, H, R/2)
+        return x  # (N, H, Dh)
+
+
+def swiglu(gate_up: np.ndarray) -> np.ndarray:
+    """SiLU(gate) * up for a fused (N, 2F) gate/up projection."""
+    f = gate_up.shape[1] // 2
+    gate = gate_up[:, :f]  # (N, F)
+    up = gate_up[:, f:]  # (N, F)
+    return gate / (1.0 + np.exp(-gate)) * up  # (N, F)
+
+
+def softmax_inplace(scores: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, computed in place."""
+    scores -= scores.max(axis=-1, keepdims=True)  # (..., L)
+    np.exp(scores, out=scores)  # (..., L)
+    scores /= scores.sum(axis=-1, keepdims=True)  # (..., L)
+    return scores
+
+
+def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float) -> np.ndarray:
+    """Causal grouped-query attention of T new queries over a sequence's L = past + T cached keys."""
+    t, n_heads, head_dim = q.shape
+    n_kv = keys.shape[0]
+    group = n_heads // n_kv
+    if t == 1:
+        qg = q.reshape(n_kv, group, head_dim)  # (Hkv, G, Dh)
+        scores = np.matmul(qg, keys.transpose(0, 2, 1))  # (Hkv, G, L)
+        scores *= scale
+        probs = softmax_inplace(scores)  # (Hkv, G, L)
+        return np.matmul(probs, values).reshape(1, n_heads * head_dim)  # (1, H*Dh)
+    qg = q.reshape(t, n_kv, group, head_dim).transpose(1, 2, 0, 3)  # (Hkv, G, T, Dh)
+    scores = np.matmul(qg, keys[:, None].transpose(0, 1, 3, 2))  # (Hkv, G, T, L)
+    scores *= scale
+    length = keys.shape[1]
+    future = np.arange(length)[None, :] > (past + np.arange(t))[:, None]  # (T, L)
+    scores[:, :, future] = -np.inf
+    probs = softmax_inplace(scores)  # (Hkv, G, T, L)
+    out = np.matmul(probs, values[:, None])  # (Hkv, G, T, Dh)
+    return out.transpose(2, 0, 1, 3).reshape(t, n_heads * head_dim)  # (T, H*Dh)
