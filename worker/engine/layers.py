@@ -5,10 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """Root-mean-square normalisation over the last axis, then scale."""
-    variance = np.einsum("nd,nd->n", x, x)[:, None] / x.shape[1]  # (N, 1)
-    return x * (1.0 / np.sqrt(variance + eps)) * weight  # (N, D)
+def rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
+    """Root-mean-square normalisation over the last axis (the norm's weight is folded into the next matmul)."""
+    scale = np.einsum("nd,nd->n", x, x)[:, None]  # (N, 1)
+    scale *= 1.0 / x.shape[1]
+    scale += eps
+    np.sqrt(scale, out=scale)
+    return x / scale  # (N, D)
 
 
 class RotaryTable:
@@ -21,16 +24,20 @@ class RotaryTable:
         self.cos = np.cos(angles).astype(np.float32)  # (P, R/2)
         self.sin = np.sin(angles).astype(np.float32)  # (P, R/2)
 
-    def apply(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Rotate the first rope_dim features of every head of x in place and return it."""
+    def angles(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Cosines and sines for the given positions, shaped to broadcast over heads."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]  # (N, 1, R/2) x2
+
+    def apply(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+        """Rotate the first rope_dim features of every head of x (N, H, Dh) in place."""
         half = self.rope_dim // 2
-        cos = self.cos[positions][:, None, :]  # (N, 1, R/2)
-        sin = self.sin[positions][:, None, :]  # (N, 1, R/2)
-        x1 = x[:, :, :half].copy()  # (N, H, R/2)
+        x1 = x[:, :, :half]  # (N, H, R/2) view
         x2 = x[:, :, half : self.rope_dim]  # (N, H, R/2) view
-        x[:, :, :half] = x1 * cos - x2 * sin  # (N, H, R/2)
-        x[:, :, half : self.rope_dim] = x2 * cos + x1 * sin  # (N, H, R/2)
-        return x  # (N, H, Dh)
+        x1_old = x1.copy()  # (N, H, R/2)
+        x1 *= cos
+        x1 -= x2 * sin  # (N, H, R/2)
+        x2 *= cos
+        x2 += x1_old * sin  # (N, H, R/2)
 
 
 def swiglu(gate_up: np.ndarray) -> np.ndarray:
@@ -49,20 +56,18 @@ def softmax_inplace(scores: np.ndarray) -> np.ndarray:
     return scores
 
 
-def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int, scale: float) -> np.ndarray:
-    """Causal grouped-query attention of T new queries over a sequence's L = past + T cached keys."""
+def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int) -> np.ndarray:
+    """Causal grouped-query attention of T new (pre-scaled) queries over a sequence's L = past + T cached keys."""
     t, n_heads, head_dim = q.shape
     n_kv = keys.shape[0]
     group = n_heads // n_kv
     if t == 1:
         qg = q.reshape(n_kv, group, head_dim)  # (Hkv, G, Dh)
         scores = np.matmul(qg, keys.transpose(0, 2, 1))  # (Hkv, G, L)
-        scores *= scale
         probs = softmax_inplace(scores)  # (Hkv, G, L)
         return np.matmul(probs, values).reshape(1, n_heads * head_dim)  # (1, H*Dh)
     qg = q.reshape(t, n_kv, group, head_dim).transpose(1, 2, 0, 3)  # (Hkv, G, T, Dh)
     scores = np.matmul(qg, keys[:, None].transpose(0, 1, 3, 2))  # (Hkv, G, T, L)
-    scores *= scale
     length = keys.shape[1]
     future = np.arange(length)[None, :] > (past + np.arange(t))[:, None]  # (T, L)
     scores[:, :, future] = -np.inf

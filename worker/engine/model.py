@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -14,7 +13,7 @@ from worker.engine.config import ModelConfig
 from worker.engine.errors import ContextLengthError
 from worker.engine.gguf_file import read_gguf
 from worker.engine.kv_cache import SequenceKVCache
-from worker.engine.layers import RotaryTable, attend, rms_norm, swiglu
+from worker.engine.layers import RotaryTable, attend, rms_normalize, swiglu
 from worker.engine.weights import TransformerWeights
 
 OutputKind = Literal["last", "all", "hidden", "none"]
@@ -37,7 +36,6 @@ class Model:
         self.weights = weights
         self.metadata = metadata or {}
         self.rotary = RotaryTable(config.rope_dim, config.rope_base, config.context_length)
-        self.scale = 1.0 / math.sqrt(config.head_dim)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Model:
@@ -64,14 +62,16 @@ class Model:
         positions = np.concatenate([np.arange(e.cache.length, e.cache.length + n) for e, n in zip(batch, lengths)])  # (N,)
         starts = np.concatenate([[0], np.cumsum(lengths)])  # (B+1,)
         q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        cos, sin = self.rotary.angles(positions)  # (N, 1, R/2) x2
         x = self.weights.token_embedding[tokens]  # (N, D)
         for li, layer in enumerate(self.weights.layers):
-            h = rms_norm(x, layer.attn_norm, cfg.rms_eps)  # (N, D)
-            qkv = h @ layer.wqkv.T  # (N, H*Dh + 2*Hkv*Dh)
+            qkv = rms_normalize(x, cfg.rms_eps) @ layer.wqkv.T  # (N, H*Dh + 2*Hkv*Dh)
             if layer.bqkv is not None:
                 qkv += layer.bqkv
-            q = self.rotary.apply(qkv[:, :q_dim].reshape(-1, cfg.n_heads, cfg.head_dim), positions)  # (N, H, Dh)
-            k = self.rotary.apply(qkv[:, q_dim : q_dim + kv_dim].reshape(-1, cfg.n_kv_heads, cfg.head_dim), positions)  # (N, Hkv, Dh)
+            qk = qkv[:, : q_dim + kv_dim].reshape(-1, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)  # (N, H+Hkv, Dh)
+            self.rotary.apply(qk, cos, sin)
+            q = qk[:, : cfg.n_heads]  # (N, H, Dh)
+            k = qk[:, cfg.n_heads :]  # (N, Hkv, Dh)
             v = qkv[:, q_dim + kv_dim :].reshape(-1, cfg.n_kv_heads, cfg.head_dim)  # (N, Hkv, Dh)
             attn = np.empty((len(tokens), q_dim), np.float32)  # (N, H*Dh)
             for bi, entry in enumerate(batch):
@@ -80,10 +80,9 @@ class Model:
                 cache.keys[li, :, past : past + e - s] = k[s:e].transpose(1, 0, 2)  # (Hkv, T, Dh)
                 cache.values[li, :, past : past + e - s] = v[s:e].transpose(1, 0, 2)  # (Hkv, T, Dh)
                 attn[s:e] = attend(q[s:e], cache.keys[li, :, : past + e - s], cache.values[li, :, : past + e - s],
-                                   past, self.scale)  # (T, H*Dh)
-            x = x + attn @ layer.wo.T  # (N, D)
-            h = rms_norm(x, layer.ffn_norm, cfg.rms_eps)  # (N, D)
-            x = x + swiglu(h @ layer.w_gate_up.T) @ layer.w_down.T  # (N, D)
+                                   past)  # (T, H*Dh)
+            x += attn @ layer.wo.T  # (N, D)
+            x += swiglu(rms_normalize(x, cfg.rms_eps) @ layer.w_gate_up.T) @ layer.w_down.T  # (N, D)
         for entry, n in zip(batch, lengths):
             entry.cache.length += n
         return self._outputs(batch, x, starts)
@@ -96,7 +95,7 @@ class Model:
             first = end - 1 if entry.output == "last" else int(starts[bi])
             spans.append((first, end) if entry.output != "none" else (end, end))
         index = np.concatenate([np.arange(a, b) for a, b in spans])  # (M,)
-        hidden = rms_norm(x[index], self.weights.output_norm, self.config.rms_eps)  # (M, D)
+        hidden = rms_normalize(x[index], self.config.rms_eps) * self.weights.output_norm  # (M, D)
         logit_rows = np.concatenate(
             [np.full(b - a, e.output in ("last", "all")) for (a, b), e in zip(spans, batch)])  # (M,)
         logits = hidden[logit_rows] @ self.weights.output.T  # (M', V)

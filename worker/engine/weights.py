@@ -9,20 +9,22 @@ import numpy as np
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One transformer block; every matrix is (out, in), C-contiguous, so y = x @ W.T."""
+    """One transformer block; every matrix is (out, in), C-contiguous, so y = x @ W.T.
 
-    attn_norm: np.ndarray  # (D,)
-    wqkv: np.ndarray  # (H*Dh + 2*Hkv*Dh, D) fused query/key/value projection
+    The RMSNorm weights are folded into the columns of the matmul that follows each norm, and the
+    attention scale 1/sqrt(Dh) into the query rows (and bias), so the forward pass skips those multiplies.
+    """
+
+    wqkv: np.ndarray  # (H*Dh + 2*Hkv*Dh, D) fused query/key/value projection, attn_norm folded in
     bqkv: np.ndarray | None  # (H*Dh + 2*Hkv*Dh,) or None
     wo: np.ndarray  # (D, H*Dh)
-    ffn_norm: np.ndarray  # (D,)
-    w_gate_up: np.ndarray  # (2F, D) fused gate/up projection
+    w_gate_up: np.ndarray  # (2F, D) fused gate/up projection, ffn_norm folded in
     w_down: np.ndarray  # (D, F)
 
     @property
     def nbytes(self) -> int:
         """Bytes of all arrays in the block."""
-        arrays = [self.attn_norm, self.wqkv, self.wo, self.ffn_norm, self.w_gate_up, self.w_down]
+        arrays = [self.wqkv, self.wo, self.w_gate_up, self.w_down]
         return sum(a.nbytes for a in arrays) + (0 if self.bqkv is None else self.bqkv.nbytes)
 
 

@@ -28,3 +28,8 @@ def unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
     head_dim = out_dim // n_heads
     # GGUF row order per head is (i, a) for pair i, member a; the half-rotation order is (a, i).
     return weight.reshape(n_heads, head_dim // 2, 2, in_dim).swapaxes(1, 2).reshape(out_dim, in_dim)  # (out, in)
+
+
+def fold_norm(matrix: np.ndarray, norm_weight: np.ndarray) -> np.ndarray:
+    """Fold a norm's per-feature weight into the input columns of the (out, in) matrix that follows it."""
+    return np.ascontiguousarray(matrix * norm_weight[None, :], dtype=np.float32)  # (out, in)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.engine.architectures.common import fuse_rows, take, unpermute_rope_rows
+from worker.engine.architectures.common import fold_norm, fuse_rows, take, unpermute_rope_rows
 from worker.engine.config import ModelConfig
 from worker.engine.weights import LayerWeights, TransformerWeights
 
@@ -14,6 +14,7 @@ def build_weights(
 ) -> TransformerWeights:
     """Map GGUF tensor names to fused, matmul-ready weights (Q/K rows restored to half-rotation order)."""
     d, f, v = config.d_model, config.d_ff, config.vocab_size
+    query_scale = np.float32(1.0 / np.sqrt(config.head_dim))
     q_dim, kv_dim = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
     layers = []
     for i in range(config.n_layers):
@@ -24,23 +25,24 @@ def build_weights(
         if rope_rows_permuted:
             wq = unpermute_rope_rows(wq, config.n_heads)  # (H*Dh, D)
             wk = unpermute_rope_rows(wk, config.n_kv_heads)  # (Hkv*Dh, D)
+        wq = wq * query_scale  # (H*Dh, D)
         bqkv = None
         if p + "attn_q.bias" in tensors:
             bqkv = np.concatenate([
-                take(tensors, p + "attn_q.bias", (q_dim,), path),
+                take(tensors, p + "attn_q.bias", (q_dim,), path) * query_scale,
                 take(tensors, p + "attn_k.bias", (kv_dim,), path),
                 take(tensors, p + "attn_v.bias", (kv_dim,), path),
             ]).astype(np.float32)  # (H*Dh + 2*Hkv*Dh,)
+        attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
+        ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
         layers.append(LayerWeights(
-            attn_norm=take(tensors, p + "attn_norm.weight", (d,), path),
-            wqkv=fuse_rows(wq, wk, wv),  # (H*Dh + 2*Hkv*Dh, D)
+            wqkv=fold_norm(fuse_rows(wq, wk, wv), attn_norm),  # (H*Dh + 2*Hkv*Dh, D)
             bqkv=bqkv,
             wo=np.ascontiguousarray(take(tensors, p + "attn_output.weight", (d, q_dim), path)),  # (D, H*Dh)
-            ffn_norm=take(tensors, p + "ffn_norm.weight", (d,), path),
-            w_gate_up=fuse_rows(
+            w_gate_up=fold_norm(fuse_rows(
                 take(tensors, p + "ffn_gate.weight", (f, d), path),
                 take(tensors, p + "ffn_up.weight", (f, d), path),
-            ),  # (2F, D)
+            ), ffn_norm),  # (2F, D)
             w_down=np.ascontiguousarray(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
         ))
     embedding = take(tensors, "token_embd.weight", (v, d), path)  # (V, D)
