@@ -1,0 +1,445 @@
+"""Tokenizer built from GGUF metadata (gpt2-style byte-level BPE or llama/SentencePiece-style BPE)."""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+
+from worker.engine.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+# llama.cpp's token types (gguf TokenType).
+TOKEN_NORMAL = 1
+TOKEN_UNKNOWN = 2
+TOKEN_CONTROL = 3
+TOKEN_USER_DEFINED = 4
+TOKEN_UNUSED = 5
+TOKEN_BYTE = 6
+
+SPM_SPACE = "\u2581"  # '▁', SentencePiece's visible space
+BYTE_TOKEN_PATTERN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+# Token texts that end generation besides eos/eot, as llama.cpp's vocabulary loader lists them.
+EOG_TOKEN_TEXTS = frozenset(
+    {
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|end_of_text|>",
+        "<EOT>",
+        "_<EOT>",
+    }
+)
+
+# llama.cpp's pre-tokenizer regexes (llama-vocab.cpp), applied one after another.
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+LLAMA3_REGEX = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_REGEX = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+DEFAULT_REGEXES = (r"[\p{P}\$\+<=>\^~\|]+", GPT2_REGEX, r"\p{N}+", r"[0-9][0-9][0-9]")
+
+
+@dataclass(frozen=True)
+class PreTokenizerSpec:
+    """How one `tokenizer.ggml.pre` name splits text before byte-level BPE."""
+
+    regexes: tuple[str, ...]  # applied in order, each keeping matches and gaps as pieces
+    individual_digits_then_gpt2: bool = False  # the starcoder/smollm form: Digits + ByteLevel(use_regex)
+    ignore_merges: bool = False  # whole pieces found in the vocabulary skip the merges (llama3)
+
+
+PRE_TOKENIZERS: dict[str, PreTokenizerSpec] = {
+    "gpt2": PreTokenizerSpec((GPT2_REGEX,)),
+    "default": PreTokenizerSpec(DEFAULT_REGEXES),
+    "smollm": PreTokenizerSpec((), individual_digits_then_gpt2=True),
+    "starcoder": PreTokenizerSpec((), individual_digits_then_gpt2=True),
+    "refact": PreTokenizerSpec((), individual_digits_then_gpt2=True),
+    "llama3": PreTokenizerSpec((LLAMA3_REGEX,), ignore_merges=True),
+    "llama-bpe": PreTokenizerSpec((LLAMA3_REGEX,), ignore_merges=True),
+    "qwen2": PreTokenizerSpec((QWEN2_REGEX,)),
+}
+FALLBACK_PRE_TOKENIZER = "gpt2"
+
+
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's reversible map from each byte to a printable unicode character."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+BYTE_OF_CHAR: dict[str, int] = {char: byte for byte, char in byte_level_alphabet().items()}
+
+
+def _byte_level_bytes(text: str) -> bytes:
+    """Invert the byte-level alphabet; characters outside it stand for their own UTF-8."""
+    out = bytearray()
+    for char in text:
+        byte = BYTE_OF_CHAR.get(char)
+        if byte is None:
+            out += char.encode("utf-8")
+        else:
+            out.append(byte)
+    return bytes(out)
+
+
+def _spm_bytes(text: str, token_type: int) -> bytes:
+    """Bytes of a SentencePiece-style token: '<0xNN>' byte tokens, '▁' for space."""
+    if token_type == TOKEN_BYTE:
+        match = BYTE_TOKEN_PATTERN.match(text)
+        if match:
+            return bytes([int(match.group(1), 16)])
+    return text.replace(SPM_SPACE, " ").encode("utf-8")
+
+
+def spm_merges_from_scores(
+    tokens: Sequence[str], scores: Sequence[float], mergeable: Sequence[bool]
+) -> list[tuple[str, str]]:
+    """Derive BPE merges from a scored vocabulary, as HF's SentencePieceExtractor does."""
+    token_id = {text: i for i, text in reversed(list(enumerate(tokens))) if mergeable[i]}
+    ranked: list[tuple[float, int, int, str, str]] = []
+    for merged_id, merged in enumerate(tokens):
+        if not mergeable[merged_id] or len(merged) < 2:
+            continue
+        for cut in range(1, len(merged)):
+            left_id = token_id.get(merged[:cut])
+            right_id = token_id.get(merged[cut:])
+            if left_id is not None and right_id is not None:
+                ranked.append((-float(scores[merged_id]), left_id, right_id, merged[:cut], merged[cut:]))
+    ranked.sort(key=lambda item: item[:3])  # best score first; ties by the halves' ids
+    return [(left, right) for _, _, _, left, right in ranked]
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, matching llama.cpp's tokenizer for the same GGUF."""
+
+    def __init__(
+        self,
+        *,
+        tokens: Sequence[str],
+        token_types: Sequence[int],
+        token_bytes: Sequence[bytes],
+        hf_parse_special: tokenizers.Tokenizer,
+        hf_plain: tokenizers.Tokenizer,
+        model_name: str,
+        pre_tokenizer_name: str,
+        pre_tokenizer_fallback: bool,
+        bos_token_id: int | None,
+        eos_token_id: int | None,
+        eog_token_ids: frozenset[int],
+        add_bos: bool,
+        strip_space_prefix: bool,
+    ) -> None:
+        self._tokens = list(tokens)
+        self._token_types = list(token_types)
+        self._token_bytes = list(token_bytes)
+        self._hf_parse_special = hf_parse_special
+        self._hf_plain = hf_plain
+        self.model_name = model_name
+        self.pre_tokenizer_name = pre_tokenizer_name
+        self.pre_tokenizer_fallback = pre_tokenizer_fallback
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.eog_token_ids = eog_token_ids
+        self.add_bos = add_bos
+        self.strip_space_prefix = strip_space_prefix
+        self._special = [t in (TOKEN_CONTROL, TOKEN_UNKNOWN) for t in self._token_types]
+        for special_id in (bos_token_id, eos_token_id):
+            if special_id is not None:
+                self._special[special_id] = True
+
+    @classmethod
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any], *, source: str = "GGUF metadata") -> Tokenizer:
+        """Build the tokenizer described by a GGUF file's `tokenizer.ggml.*` keys."""
+        return _build_tokenizer(metadata, source)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids (the model's logit width)."""
+        return len(self._tokens)
+
+    def encode(self, text: str, *, parse_special: bool = True, add_bos: bool | None = None) -> list[int]:
+        """Token ids of `text`; parse_special=False reads control-token text as plain text."""
+        hf = self._hf_parse_special if parse_special else self._hf_plain
+        ids = hf.encode(text, add_special_tokens=False).ids if text else []
+        want_bos = self.add_bos if add_bos is None else add_bos
+        if want_bos and self.bos_token_id is not None:
+            return [self.bos_token_id, *ids]
+        return list(ids)
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
+        """Text of a whole id sequence; invalid UTF-8 becomes U+FFFD."""
+        pieces = [self.token_bytes(i) for i in ids if not (skip_special and self.is_special(i))]
+        if self.strip_space_prefix and pieces and pieces[0].startswith(b" "):
+            pieces[0] = pieces[0][1:]
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes a token stands for (special tokens: their text)."""
+        self._check_id(token_id)
+        return self._token_bytes[token_id]
+
+    def token_text(self, token_id: int) -> str:
+        """The token's string as stored in the vocabulary (e.g. 'Ġworld', '▁world', '<|im_end|>')."""
+        self._check_id(token_id)
+        return self._tokens[token_id]
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether the token is a control token (bos, eos, chat markers), hidden by default on decode."""
+        self._check_id(token_id)
+        return self._special[token_id]
+
+    def token_type(self, token_id: int) -> int:
+        """llama.cpp's token type (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte)."""
+        self._check_id(token_id)
+        return self._token_types[token_id]
+
+    def _check_id(self, token_id: int) -> None:
+        """Refuse ids outside the vocabulary with a clear message."""
+        if not 0 <= token_id < len(self._tokens):
+            raise ValueError(f"token id {token_id} is outside the vocabulary (size {len(self._tokens)})")
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text without ever emitting half a UTF-8 character."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, *, skip_special: bool = True, strip_space_prefix: bool = False
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special
+        self._strip_space_prefix = strip_space_prefix  # True only when the stream starts a text
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._started = False
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it completes (possibly empty)."""
+        if self._skip_special and self._tokenizer.is_special(token_id):
+            return ""
+        piece = self._tokenizer.token_bytes(token_id)
+        if not self._started and piece:
+            self._started = True
+            if self._strip_space_prefix and piece.startswith(b" "):
+                piece = piece[1:]
+        return self._utf8.decode(piece)
+
+    def flush(self) -> str:
+        """Release bytes still held at the end (an incomplete character becomes U+FFFD)."""
+        return self._utf8.decode(b"", final=True)
+
+
+def _require(metadata: Mapping[str, Any], key: str, source: str) -> Any:
+    """Fetch a mandatory metadata key or fail with ModelLoadError."""
+    if key not in metadata:
+        raise ModelLoadError(source, f"metadata has no {key!r}")
+    return metadata[key]
+
+
+def _optional_id(metadata: Mapping[str, Any], key: str, vocab_size: int) -> int | None:
+    """An optional token-id key, dropped when absent or out of range."""
+    value = metadata.get(key)
+    if isinstance(value, int) and 0 <= value < vocab_size:
+        return value
+    return None
+
+
+def _byte_level_pre_tokenizer(spec: PreTokenizerSpec) -> pre_tokenizers.PreTokenizer:
+    """The HF pre-tokenizer chain for one byte-level BPE split spec."""
+    if spec.individual_digits_then_gpt2:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
+    steps: list[pre_tokenizers.PreTokenizer] = [
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False) for pattern in spec.regexes
+    ]
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    return pre_tokenizers.Sequence(steps)
+
+
+@dataclass
+class _ModelParts:
+    """The pieces that differ between gpt2-style and llama-style vocabularies."""
+
+    bpe: models.BPE
+    normalizer: normalizers.Normalizer | None
+    pre_tokenizer: pre_tokenizers.PreTokenizer | None
+    decoder: decoders.Decoder
+    token_bytes: list[bytes]
+    default_add_bos: bool
+    add_space_prefix: bool = False
+    pre_name: str = ""
+    pre_fallback: bool = False
+
+
+def _split_merges(raw_merges: Sequence[str], source: str) -> list[tuple[str, str]]:
+    """Parse GGUF merges ('left right' strings) into pairs."""
+    pairs = [merge.split(" ", 1) for merge in raw_merges]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ModelLoadError(source, "tokenizer.ggml.merges has an entry without a space")
+    return [(left, right) for left, right in pairs]
+
+
+def _gpt2_parts(metadata: Mapping[str, Any], source: str, tokens: list[str], types: list[int]) -> _ModelParts:
+    """Byte-level BPE with the pre-tokenizer named by tokenizer.ggml.pre."""
+    requested = str(metadata.get("tokenizer.ggml.pre") or "default")
+    pre_name = requested if requested in PRE_TOKENIZERS else FALLBACK_PRE_TOKENIZER
+    if pre_name != requested:
+        logger.warning(
+            "%s: unknown tokenizer.ggml.pre %r, using the %s pre-tokenizer", source, requested, pre_name
+        )
+    spec = PRE_TOKENIZERS[pre_name]
+    merges = _split_merges(metadata.get("tokenizer.ggml.merges") or [], source)
+    return _ModelParts(
+        bpe=models.BPE(_vocab_of(tokens), merges, ignore_merges=spec.ignore_merges),
+        normalizer=None,
+        pre_tokenizer=_byte_level_pre_tokenizer(spec),
+        decoder=decoders.ByteLevel(),
+        token_bytes=[
+            _byte_level_bytes(text) if kind == TOKEN_NORMAL else text.encode("utf-8")
+            for text, kind in zip(tokens, types, strict=True)
+        ],
+        default_add_bos=False,
+        pre_name=pre_name,
+        pre_fallback=pre_name != requested,
+    )
+
+
+def _llama_parts(
+    metadata: Mapping[str, Any], source: str, tokens: list[str], types: list[int]
+) -> _ModelParts:
+    """SentencePiece-style BPE: merges from scores, byte fallback, '▁' for space."""
+    add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+    raw_merges = metadata.get("tokenizer.ggml.merges")
+    if raw_merges:
+        merges = _split_merges(raw_merges, source)
+    else:
+        scores = metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+        merges = spm_merges_from_scores(tokens, scores, [kind == TOKEN_NORMAL for kind in types])
+    unk_id = _optional_id(metadata, "tokenizer.ggml.unknown_token_id", len(tokens))
+    if unk_id is None and TOKEN_UNKNOWN in types:
+        unk_id = types.index(TOKEN_UNKNOWN)
+    unk_token = tokens[unk_id] if unk_id is not None else None
+    replace_space = normalizers.Replace(" ", SPM_SPACE)
+    return _ModelParts(
+        bpe=models.BPE(_vocab_of(tokens), merges, unk_token=unk_token, fuse_unk=True, byte_fallback=True),
+        normalizer=(
+            normalizers.Sequence([normalizers.Prepend(SPM_SPACE), replace_space])
+            if add_space_prefix
+            else replace_space
+        ),
+        pre_tokenizer=None,
+        decoder=decoders.ByteFallback(),
+        token_bytes=[
+            _spm_bytes(text, kind) if kind in (TOKEN_NORMAL, TOKEN_BYTE) else text.encode("utf-8")
+            for text, kind in zip(tokens, types, strict=True)
+        ],
+        default_add_bos=True,
+        add_space_prefix=add_space_prefix,
+    )
+
+
+def _vocab_of(tokens: Sequence[str]) -> dict[str, int]:
+    """Token text -> id; a duplicated text keeps its first id."""
+    vocab: dict[str, int] = {}
+    for token_id, text in enumerate(tokens):
+        vocab.setdefault(text, token_id)
+    return vocab
+
+
+def _end_of_generation_ids(
+    metadata: Mapping[str, Any], tokens: Sequence[str], eos_id: int | None
+) -> frozenset[int]:
+    """eos, eot and eom ids plus every token named like llama.cpp's end-of-generation markers."""
+    eog = {eos_id} if eos_id is not None else set()
+    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        token_id = _optional_id(metadata, key, len(tokens))
+        if token_id is not None:
+            eog.add(token_id)
+    eog.update(i for i, text in enumerate(tokens) if text in EOG_TOKEN_TEXTS)
+    return frozenset(eog)
+
+
+def _build_tokenizer(metadata: Mapping[str, Any], source: str) -> Tokenizer:
+    """Assemble a Tokenizer (two HF instances plus byte tables) from GGUF metadata."""
+    model_name = str(_require(metadata, "tokenizer.ggml.model", source))
+    tokens = [str(t) for t in _require(metadata, "tokenizer.ggml.tokens", source)]
+    if not tokens:
+        raise ModelLoadError(source, "tokenizer.ggml.tokens is empty")
+    types = [int(t) for t in metadata.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)]
+    if len(types) != len(tokens):
+        raise ModelLoadError(source, f"{len(types)} token types for {len(tokens)} tokens")
+    if model_name == "gpt2":
+        parts = _gpt2_parts(metadata, source, tokens, types)
+    elif model_name == "llama":
+        parts = _llama_parts(metadata, source, tokens, types)
+    else:
+        raise ModelLoadError(
+            source, f"tokenizer model {model_name!r} is not supported (only 'gpt2' and 'llama')"
+        )
+
+    special_tokens = [
+        AddedToken(text, special=True, normalized=False)
+        for text, kind in zip(tokens, types, strict=True)
+        if kind == TOKEN_CONTROL and text
+    ]
+    user_tokens = [
+        AddedToken(text, special=False, normalized=False)
+        for text, kind in zip(tokens, types, strict=True)
+        if kind == TOKEN_USER_DEFINED and text
+    ]
+
+    def make_hf(encode_special_text: bool) -> tokenizers.Tokenizer:
+        """One HF tokenizer; encode_special_text=True reads control-token text as plain text."""
+        hf = tokenizers.Tokenizer(parts.bpe)
+        if parts.normalizer is not None:
+            hf.normalizer = parts.normalizer
+        if parts.pre_tokenizer is not None:
+            hf.pre_tokenizer = parts.pre_tokenizer
+        hf.decoder = parts.decoder
+        hf.add_special_tokens(special_tokens)
+        hf.add_tokens(user_tokens)
+        hf.encode_special_tokens = encode_special_text
+        return hf
+
+    bos_id = _optional_id(metadata, "tokenizer.ggml.bos_token_id", len(tokens))
+    eos_id = _optional_id(metadata, "tokenizer.ggml.eos_token_id", len(tokens))
+    return Tokenizer(
+        tokens=tokens,
+        token_types=types,
+        token_bytes=parts.token_bytes,
+        hf_parse_special=make_hf(False),
+        hf_plain=make_hf(True),
+        model_name=model_name,
+        pre_tokenizer_name=parts.pre_name,
+        pre_tokenizer_fallback=parts.pre_fallback,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        eog_token_ids=_end_of_generation_ids(metadata, tokens, eos_id),
+        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", parts.default_add_bos)),
+        strip_space_prefix=parts.add_space_prefix,
+    )
