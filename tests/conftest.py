@@ -30,3 +30,11 @@ def smollm2_reference() -> dict[str, Any]:
     if not path.is_file():
         pytest.skip(f"reference fixture absent: {path}")
     return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_gguf_path: Path):
+    """The real SmolLM2 engine, loaded once per test session (read-only: tests make their own caches)."""
+    from worker.engine.engine import Engine
+
+    return Engine.load(smollm2_gguf_path)

@@ -1,0 +1,114 @@
+"""The `llmfleet` command: pull models, generate from the command line, run the cluster's parts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from worker.engine.errors import EngineError
+from worker.models import ModelResolveError, pull, resolve
+
+
+def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags that mirror the engine's SamplingParams and GenerationParams."""
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--presence-penalty", type=float, default=0.0)
+    parser.add_argument("--frequency-penalty", type=float, default=0.0)
+    parser.add_argument("--logit-bias", action="append", default=[], metavar="TOKEN=BIAS",
+                        help="add BIAS to TOKEN's logit (repeatable)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true")
+
+
+def _parse_logit_bias(items: Sequence[str]) -> dict[int, float]:
+    """Turn TOKEN=BIAS strings into a dict, with a clear error for a malformed one."""
+    bias: dict[int, float] = {}
+    for item in items:
+        token, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise SystemExit(f"llmfleet: --logit-bias expects TOKEN=BIAS, got {item!r}") from None
+    return bias
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Download and verify a known model into the cache."""
+    path = pull(args.model, progress=True)
+    print(path)
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Run the engine alone and stream only the completion to stdout."""
+    from worker.engine.engine import Engine
+    from worker.engine.sampling import SamplingParams
+    from worker.engine.sequence import GenerationParams
+
+    engine = Engine.load(resolve(args.model))
+    sampling = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, logit_bias=_parse_logit_bias(args.logit_bias), seed=args.seed,
+    )
+    try:
+        sampling.validate(engine.model.config.vocab_size)
+        if args.chat:
+            prompt_ids = engine.encode_chat([{"role": "user", "content": args.prompt}])
+        else:
+            prompt_ids = engine.encode_prompt(args.prompt)
+        params = GenerationParams(max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop),
+                                  ignore_eos=args.ignore_eos)
+        for out in engine.generate(prompt_ids, params):
+            if out.text:
+                sys.stdout.write(out.text)
+                sys.stdout.flush()
+    except (EngineError, ValueError) as exc:
+        print(f"\nllmfleet: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write("\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="llmfleet", description="A self-hosted LLM-serving cluster.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pull", help="download a known model into the cache")
+    p.add_argument("model", help="a known alias, e.g. smollm2-135m")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("generate", help="generate with the engine alone (no Redis, no HTTP)")
+    p.add_argument("--model", default="smollm2-135m", help="alias, path to a .gguf, or hf:owner/repo/file.gguf")
+    p.add_argument("--prompt", required=True, help="raw text; special tokens like <|im_start|> are parsed")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message via the chat template")
+    _add_sampling_flags(p)
+    p.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `llmfleet` console script."""
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (ModelResolveError, EngineError) as exc:
+        print(f"llmfleet: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""A model ready to serve: weights, tokenizer and chat template loaded from one GGUF file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from worker.engine.chat_template import ChatTemplate
+from worker.engine.embeddings import Pooling, embed
+from worker.engine.errors import ContextLengthError
+from worker.engine.model import BatchEntry, Model
+from worker.engine.sequence import GenerationParams, GenerationState, TokenOutput
+from worker.engine.tokenizer import Tokenizer
+
+DEFAULT_PREFILL_CHUNK = 512
+
+
+class Engine:
+    """Everything needed to turn a prompt into tokens for one model file."""
+
+    def __init__(self, model: Model, tokenizer: Tokenizer, chat_template: ChatTemplate) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+
+    @classmethod
+    def load(cls, path: str | Path) -> Engine:
+        """Load a GGUF file: dequantized weights, tokenizer from its metadata, its chat template."""
+        model = Model.from_file(path)
+        tokenizer = Tokenizer.from_gguf_metadata(model.metadata, source=str(path))
+        template = ChatTemplate.from_gguf_metadata(model.metadata, tokenizer)
+        return cls(model, tokenizer, template)
+
+    @property
+    def context_length(self) -> int:
+        """Maximum tokens (prompt + completion) of one sequence."""
+        return self.model.config.context_length
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Tokenize raw prompt text; special-token text such as <|im_start|> is parsed as special tokens."""
+        return self.tokenizer.encode(text, parse_special=True)
+
+    def encode_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
+        """Render messages through the model's chat template, then tokenize (no extra BOS: the template has it)."""
+        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.encode(text, parse_special=True, add_bos=False)
+
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        """Raise ContextLengthError unless prompt + max_tokens fits in the context window."""
+        if prompt_len + max_tokens > self.context_length:
+            raise ContextLengthError(
+                f"this model's maximum context length is {self.context_length} tokens; the request asks for "
+                f"{prompt_len} prompt tokens + {max_tokens} completion tokens")
+
+    def new_generation(self, prompt_ids: list[int], params: GenerationParams) -> GenerationState:
+        """A fresh generation state for one sequence."""
+        return GenerationState(prompt_ids, params, self.tokenizer, self.model.config.vocab_size)
+
+    def generate(self, prompt_ids: list[int], params: GenerationParams,
+                 *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Iterator[TokenOutput]:
+        """Generate one sequence alone, yielding each step's output until it finishes."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        self.check_fits(len(prompt_ids), params.max_tokens)
+        state = self.new_generation(prompt_ids, params)
+        cache = self.model.new_cache(len(prompt_ids) + params.max_tokens)
+        logits = None
+        for start in range(0, len(prompt_ids), prefill_chunk):
+            chunk = np.asarray(prompt_ids[start : start + prefill_chunk])  # (T,)
+            logits = self.model.forward([BatchEntry(chunk, cache)])[0]  # (V,)
+        while True:
+            out = state.accept_logits(logits)
+            yield out
+            if out.finish_reason is not None:
+                return
+            logits = self.model.forward([BatchEntry(np.array([out.token_id]), cache)])[0]  # (V,)
+
+    def embed(self, token_ids: list[int], *, pooling: Pooling = "mean", normalize: bool = True) -> np.ndarray:
+        """An embedding (D,) of a token sequence."""
+        self.check_fits(len(token_ids), 0)
+        return embed(self.model, token_ids, pooling=pooling, normalize=normalize)

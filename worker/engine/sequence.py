@@ -1,0 +1,90 @@
+"""One sequence's generation state: sampling, incremental detokenization and stopping, step by step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from worker.engine.sampling import Sampler, SamplingParams
+from worker.engine.stopping import StopStringMatcher, check_token_stop
+from worker.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What a request asks of generation, beyond its prompt."""
+
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class TokenOutput:
+    """The result of one generation step for one sequence."""
+
+    token_id: int
+    text: str  # text released by this step (stop-string candidates are withheld until they cannot match)
+    logprob: float | None
+    top_logprobs: list[tuple[int, float]]
+    finish_reason: str | None  # None while running, else "stop" or "length"
+
+
+class GenerationState:
+    """Turns a sequence's logits into tokens and text, and decides when it is finished."""
+
+    def __init__(self, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.tokenizer = tokenizer
+        self.generated_ids: list[int] = []
+        self.sampler = Sampler(params.sampling, vocab_size)
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.stop_matcher = StopStringMatcher(params.stop)
+        self.finish_reason: str | None = None
+
+    @property
+    def seed(self) -> int:
+        """The sampler's seed (what a replacement worker would need to resume the same stream)."""
+        return int(self.sampler.seed)
+
+    @property
+    def all_ids(self) -> list[int]:
+        """Prompt then generated token ids."""
+        return self.prompt_ids + self.generated_ids
+
+    def accept_logits(self, logits: np.ndarray) -> TokenOutput:
+        """Sample the next token from logits (V,), detokenize it, and check every stop condition."""
+        if self.finish_reason is not None:
+            raise RuntimeError("sequence already finished")
+        sampled = self.sampler.sample(logits, self.prompt_ids, self.generated_ids)
+        token = int(sampled.token_id)
+        self.generated_ids.append(token)
+        reason = check_token_stop(
+            token,
+            eog_ids=self.tokenizer.eog_token_ids,
+            ignore_eos=self.params.ignore_eos,
+            generated_count=len(self.generated_ids),
+            max_tokens=self.params.max_tokens,
+        )
+        is_eog = token in self.tokenizer.eog_token_ids and not self.params.ignore_eos
+        piece = "" if is_eog else self.detokenizer.push(token)
+        text, stopped = self.stop_matcher.push(piece) if piece else ("", False)
+        if stopped:
+            reason = "stop"
+        elif reason is not None:
+            text += self._drain()
+        self.finish_reason = reason
+        return TokenOutput(token, text, sampled.logprob, list(sampled.top_logprobs), reason)
+
+    def _drain(self) -> str:
+        """Release whatever text is still held back when the sequence ends for a reason other than a stop string."""
+        tail, stopped = self.stop_matcher.push(self.detokenizer.flush())
+        return tail if stopped else tail + self.stop_matcher.flush()
+
+    def finish(self, reason: str) -> str:
+        """End the sequence from outside (e.g. cancelled); returns any text still held back."""
+        self.finish_reason = reason
+        return self._drain()
