@@ -1,0 +1,186 @@
+"""One error root; every error maps to (HTTP status, OpenAI error type, code).
+
+| class                  | status | type                  | code                    | Retry-After |
+|------------------------|--------|-----------------------|-------------------------|-------------|
+| InvalidRequest         | 400    | invalid_request_error | None                    |             |
+| ContextLengthExceeded  | 400    | invalid_request_error | context_length_exceeded |             |
+| AuthenticationFailed   | 401    | authentication_error  | invalid_api_key         |             |
+| ModelNotFound          | 404    | invalid_request_error | model_not_found         |             |
+| NotFound (bad URL)     | 404    | invalid_request_error | None                    |             |
+| MethodNotAllowed       | 405    | invalid_request_error | None                    |             |
+| BodyTooLarge           | 413    | invalid_request_error | None                    |             |
+| QueueFull              | 429    | rate_limit_error      | rate_limit_exceeded     | yes         |
+| InternalError          | 500    | server_error          | None                    |             |
+| NoWorkerAvailable      | 503    | server_error          | no_worker_available     | yes         |
+| Unavailable            | 503    | server_error          | unavailable             | yes         |
+| DeadlineExceeded       | 504    | server_error          | deadline_exceeded       |             |
+
+DeadlineExceeded is a 504: the request was valid and accepted but no answer came in time (like a
+gateway timeout), which is neither the client's fault (4xx) nor a crash (500).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from shared.messages import ErrorEvent
+
+
+class LLMFleetError(Exception):
+    """Root of every error llmfleet reports to a client."""
+
+    http_status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "server_error"
+    error_code: ClassVar[str | None] = None
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after
+        self.status = self.http_status
+        self.type = self.error_type
+        self.code = self.error_code
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI error body: {"error": {"message", "type", "param", "code"}}."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers that go with the error (Retry-After in whole seconds when set)."""
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+
+    def to_event(self, request_id: str, seq: int) -> ErrorEvent:
+        """The terminal ErrorEvent a worker publishes for this error."""
+        return ErrorEvent(
+            id=request_id,
+            seq=seq,
+            status=self.status,
+            type=self.type,
+            code=self.code,
+            param=self.param,
+            message=self.message,
+            retry_after=self.retry_after,
+        )
+
+    @staticmethod
+    def from_event(event: ErrorEvent) -> LLMFleetError:
+        """Rebuild the error a worker reported; unknown (status, code) pairs keep the event's values."""
+        cls = _BY_STATUS_CODE.get((event.status, event.code))
+        if cls is None:
+            error = LLMFleetError(event.message, param=event.param, retry_after=event.retry_after)
+            error.status, error.type, error.code = event.status, event.type, event.code
+            return error
+        return cls(event.message, param=event.param, retry_after=event.retry_after)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, status={self.status}, code={self.code!r})"
+
+
+class InvalidRequest(LLMFleetError):
+    """Malformed JSON, a wrong type or an out-of-range value; `param` names the field."""
+
+    http_status = 400
+    error_type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt plus max_tokens do not fit in the model's context."""
+
+    error_code = "context_length_exceeded"
+
+
+class AuthenticationFailed(LLMFleetError):
+    """Missing or wrong API key."""
+
+    http_status = 401
+    error_type = "authentication_error"
+    error_code = "invalid_api_key"
+
+
+class ModelNotFound(LLMFleetError):
+    """No worker has ever served this model (recently)."""
+
+    http_status = 404
+    error_type = "invalid_request_error"
+    error_code = "model_not_found"
+
+
+class NotFound(LLMFleetError):
+    """No such URL."""
+
+    http_status = 404
+    error_type = "invalid_request_error"
+
+
+class MethodNotAllowed(LLMFleetError):
+    """The URL exists but not with this HTTP method."""
+
+    http_status = 405
+    error_type = "invalid_request_error"
+
+
+class BodyTooLarge(LLMFleetError):
+    """The request body is over the configured limit."""
+
+    http_status = 413
+    error_type = "invalid_request_error"
+
+
+class QueueFull(LLMFleetError):
+    """The model's queue is at its limit; retry after `retry_after` seconds."""
+
+    http_status = 429
+    error_type = "rate_limit_error"
+    error_code = "rate_limit_exceeded"
+
+
+class InternalError(LLMFleetError):
+    """A bug or a broken invariant; the message says what, never the prompt."""
+
+    http_status = 500
+    error_type = "server_error"
+
+
+class NoWorkerAvailable(LLMFleetError):
+    """The model is known but no worker serving it is alive right now."""
+
+    http_status = 503
+    error_type = "server_error"
+    error_code = "no_worker_available"
+
+
+class Unavailable(LLMFleetError):
+    """A dependency (Redis) cannot be reached."""
+
+    http_status = 503
+    error_type = "server_error"
+    error_code = "unavailable"
+
+
+class DeadlineExceeded(LLMFleetError):
+    """The request's deadline passed before it finished."""
+
+    http_status = 504
+    error_type = "server_error"
+    error_code = "deadline_exceeded"
+
+
+_BY_STATUS_CODE: dict[tuple[int, str | None], type[LLMFleetError]] = {
+    (cls.http_status, cls.error_code): cls
+    for cls in (
+        InvalidRequest,
+        ContextLengthExceeded,
+        AuthenticationFailed,
+        ModelNotFound,
+        BodyTooLarge,
+        QueueFull,
+        InternalError,
+        NoWorkerAvailable,
+        Unavailable,
+        DeadlineExceeded,
+    )
+}

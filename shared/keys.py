@@ -1,0 +1,59 @@
+"""Every Redis key, stream, field and channel name used by llmfleet, all under one prefix.
+
+Layout (values in brackets are what is stored there):
+  llmfleet:jobs:{model}          stream [field "job" = codec bytes of a GenerateJob / EmbedJob];
+                                 consumer group JOBS_GROUP, created at id 0 with MKSTREAM by whoever
+                                 comes first (gateway or worker), BUSYGROUP ignored
+  llmfleet:events:{request_id}   pub/sub channel [codec bytes of one event]; worker publishes, the
+                                 gateway that submitted the request listens
+  llmfleet:journal:{request_id}  stream [fields "seq" = decimal seq, "event" = codec bytes]; every event
+                                 is appended here BEFORE it is published (same MULTI/EXEC)
+  llmfleet:cancel:{model}        pub/sub channel [codec bytes of a CancelRequest]; gateways publish,
+                                 every worker of the model listens
+  llmfleet:cancelled:{request_id} string "1" with a TTL; set with every cancel so a worker that takes
+                                 the job later (or missed the publish) still sees it
+  llmfleet:worker:{worker_id}    hash, the worker's registry entry, EXPIRE heartbeat TTL
+  llmfleet:workers               sorted set worker_id -> last heartbeat (unix s)
+  llmfleet:models                sorted set model -> last heartbeat of any worker serving it (unix s)
+"""
+
+from __future__ import annotations
+
+PREFIX = "llmfleet:"
+
+JOBS_GROUP = "workers"
+JOB_FIELD = "job"
+JOURNAL_SEQ_FIELD = "seq"
+JOURNAL_EVENT_FIELD = "event"
+WORKERS_INDEX = f"{PREFIX}workers"
+MODELS_INDEX = f"{PREFIX}models"
+
+
+def jobs_stream(model: str) -> str:
+    """The job stream of one model."""
+    return f"{PREFIX}jobs:{model}"
+
+
+def events_channel(request_id: str) -> str:
+    """The pub/sub channel carrying one request's events."""
+    return f"{PREFIX}events:{request_id}"
+
+
+def journal_stream(request_id: str) -> str:
+    """The capped stream keeping the events already published for one request."""
+    return f"{PREFIX}journal:{request_id}"
+
+
+def cancel_channel(model: str) -> str:
+    """The pub/sub channel on which cancels of one model's requests are announced."""
+    return f"{PREFIX}cancel:{model}"
+
+
+def cancelled_marker(request_id: str) -> str:
+    """The key that marks one request as cancelled."""
+    return f"{PREFIX}cancelled:{request_id}"
+
+
+def worker_key(worker_id: str) -> str:
+    """The registry hash of one worker."""
+    return f"{PREFIX}worker:{worker_id}"

@@ -1,0 +1,148 @@
+"""Frozen settings read once from the environment; bad values fail fast with the variable's name."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_POSITIVE_INTS = (
+    "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_n", "max_embed_inputs", "queue_limit",
+    "stream_maxlen", "slots",
+)
+_POSITIVE_FLOATS = (
+    "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
+    "model_memory_s",
+)
+
+
+class SettingsError(ValueError):
+    """A setting has a value llmfleet cannot use; the message names the environment variable."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """All knobs of gateway and workers; see ENV for the environment variable of each field."""
+
+    redis_url: str = field(default="redis://localhost:6379/0", repr=False)  # may hold a password
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = field(default=None, repr=False)  # when set, every /v1 request needs "Authorization: Bearer <key>"
+    max_body_bytes: int = 1024 * 1024
+    max_prompt_chars: int = 400_000  # over all messages / prompts of one request
+    max_tokens_limit: int = 4096  # the largest max_tokens a request may ask for
+    max_n: int = 16  # choices per request (n times the number of prompts)
+    max_embed_inputs: int = 2048
+    queue_limit: int = 256  # waiting (not yet taken) jobs per model before 429
+    stream_maxlen: int = 10_000  # approximate cap of each job stream (safety net)
+    request_timeout_s: float = 600.0  # deadline = created + this
+    deadline_grace_s: float = 1.0  # the gateway waits this long past the deadline for the worker's error
+    retry_after_s: float = 2.0  # Retry-After of 429 / 503
+    heartbeat_interval_s: float = 2.0  # workers refresh their registry entry this often
+    heartbeat_ttl_s: float = 10.0  # a worker without a heartbeat for this long is dead
+    lease_s: float = 30.0  # a job idle this long in the pending list may be reclaimed (XAUTOCLAIM)
+    slots: int = 8  # sequences a worker runs at once
+    model_memory_s: float = 86_400.0  # a model stays 'known' (503, not 404) this long after its last worker
+    registry_cache_s: float = 1.0  # the gateway re-reads the worker registry at most this often
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not self.redis_url.startswith(_REDIS_SCHEMES):
+            _fail("redis_url", f"must start with one of {', '.join(_REDIS_SCHEMES)}")
+        if not 0 < self.port < 65536:
+            _fail("port", "must be in 1..65535")
+        if self.api_key is not None and not self.api_key.strip():
+            _fail("api_key", "must not be blank (unset it to disable authentication)")
+        for name in _POSITIVE_INTS:
+            if getattr(self, name) < 1:
+                _fail(name, "must be >= 1")
+        for name in _POSITIVE_FLOATS:
+            if not getattr(self, name) > 0:
+                _fail(name, "must be > 0")
+        for name in ("deadline_grace_s", "registry_cache_s"):
+            if not getattr(self, name) >= 0:
+                _fail(name, "must be >= 0")
+        if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
+            _fail("heartbeat_ttl_s", "must be longer than LLMFLEET_HEARTBEAT_INTERVAL_S")
+        if self.lease_s <= self.heartbeat_interval_s:
+            _fail("lease_s", "must be longer than LLMFLEET_HEARTBEAT_INTERVAL_S")
+        if self.log_level not in _LOG_LEVELS:
+            _fail("log_level", f"must be one of {', '.join(_LOG_LEVELS)}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read the settings from `env` (default: os.environ); unset variables keep their defaults."""
+        source = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for item in dataclasses.fields(cls):
+            var = ENV[item.name]
+            raw = source.get(var)
+            if raw is None or raw == "":
+                continue
+            parse = _PARSERS[item.name]
+            try:
+                values[item.name] = parse(raw.strip())
+            except ValueError:
+                raise SettingsError(f"{var}={raw!r}: expected {_EXPECTED[parse]}") from None
+        return cls(**values)
+
+
+ENV: dict[str, str] = {
+    "redis_url": "REDIS_URL",
+    "host": "LLMFLEET_HOST",
+    "port": "LLMFLEET_PORT",
+    "api_key": "LLMFLEET_API_KEY",
+    "max_body_bytes": "LLMFLEET_MAX_BODY_BYTES",
+    "max_prompt_chars": "LLMFLEET_MAX_PROMPT_CHARS",
+    "max_tokens_limit": "LLMFLEET_MAX_TOKENS_LIMIT",
+    "max_n": "LLMFLEET_MAX_N",
+    "max_embed_inputs": "LLMFLEET_MAX_EMBED_INPUTS",
+    "queue_limit": "LLMFLEET_QUEUE_LIMIT",
+    "stream_maxlen": "LLMFLEET_STREAM_MAXLEN",
+    "request_timeout_s": "LLMFLEET_REQUEST_TIMEOUT_S",
+    "deadline_grace_s": "LLMFLEET_DEADLINE_GRACE_S",
+    "retry_after_s": "LLMFLEET_RETRY_AFTER_S",
+    "heartbeat_interval_s": "LLMFLEET_HEARTBEAT_INTERVAL_S",
+    "heartbeat_ttl_s": "LLMFLEET_HEARTBEAT_TTL_S",
+    "lease_s": "LLMFLEET_LEASE_S",
+    "slots": "LLMFLEET_SLOTS",
+    "model_memory_s": "LLMFLEET_MODEL_MEMORY_S",
+    "registry_cache_s": "LLMFLEET_REGISTRY_CACHE_S",
+    "log_level": "LLMFLEET_LOG_LEVEL",
+}
+
+
+def _fail(name: str, problem: str) -> None:
+    raise SettingsError(f"{ENV[name]}: {problem}")
+
+
+def _float(raw: str) -> float:
+    value = float(raw)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(raw)
+    return value
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _upper(raw: str) -> str:
+    return raw.upper()
+
+
+_EXPECTED: dict[Callable[[str], Any], str] = {
+    int: "an integer",
+    _float: "a finite number",
+    _text: "text",
+    _upper: "text",
+}
+_PARSE_BY_TYPE: dict[str, Callable[[str], Any]] = {"int": int, "float": _float, "str": _text, "str | None": _text}
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    item.name: _upper if item.name == "log_level" else _PARSE_BY_TYPE[str(item.type)]
+    for item in dataclasses.fields(Settings)
+}
