@@ -1,0 +1,106 @@
+"""Stopping tests: stop strings across pushes, withheld partial matches, flush, token stop checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.engine.stopping import StopReason, StopStringMatcher, check_token_stop
+
+
+def run(stop: list[str], pushes: list[str]) -> tuple[list[str], bool, str]:
+    """Push every piece (until stopped); return the emitted pieces, stopped, and the flush."""
+    matcher = StopStringMatcher(stop)
+    emitted: list[str] = []
+    stopped = False
+    for piece in pushes:
+        text, stopped = matcher.push(piece)
+        emitted.append(text)
+        if stopped:
+            break
+    return emitted, stopped, matcher.flush()
+
+
+def test_stop_string_split_across_three_pushes_is_never_emitted() -> None:
+    """'###' arriving as '#', '#', '#' is withheld, then dropped with everything after it."""
+    emitted, stopped, flushed = run(["###"], ["Hello #", "#", "# tail", "more"])
+    assert emitted == ["Hello ", "", ""]
+    assert stopped and flushed == ""
+    assert "#" not in "".join(emitted)
+
+
+def test_partial_match_that_fails_is_released() -> None:
+    """A prefix of the stop string is held only until the next text rules it out."""
+    matcher = StopStringMatcher(["</end>"])
+    assert matcher.push("a </e") == ("a ", False)
+    assert matcher.push("x>") == ("</ex>", False)
+    assert matcher.push(" ok") == (" ok", False)
+    assert not matcher.stopped and matcher.flush() == ""
+
+
+def test_held_text_is_released_by_flush() -> None:
+    """Text still withheld at the end of generation comes out of flush()."""
+    matcher = StopStringMatcher(["STOP"])
+    assert matcher.push("the end ST") == ("the end ", False)
+    assert matcher.flush() == "ST"
+    assert matcher.flush() == ""
+
+
+def test_multiple_stop_strings_earliest_wins() -> None:
+    """With several stop strings the earliest occurrence cuts the text and is reported."""
+    matcher = StopStringMatcher(["world", "lo w", "\n\n"])
+    assert matcher.push("hel") == ("he", False)  # 'l' could start 'lo w'
+    assert matcher.push("lo world\n\n") == ("l", True)
+    assert matcher.matched == "lo w"
+
+
+def test_same_start_prefers_longer_stop() -> None:
+    """Two stop strings found at the same place: the longer one is the match."""
+    matcher = StopStringMatcher(["ab", "abc"])
+    assert matcher.push("xabc") == ("x", True)
+    assert matcher.matched == "abc"
+
+
+def test_overlapping_prefixes_hold_the_longest_candidate() -> None:
+    """'aab' inside 'aaab' is found although the first 'a' starts a failed candidate."""
+    emitted, stopped, _ = run(["aab"], ["a", "a", "a", "b"])
+    assert "".join(emitted) == "a" and stopped
+
+
+def test_stop_at_the_very_start_and_after_stopping() -> None:
+    """A match at position 0 emits nothing; later pushes emit nothing and say stopped."""
+    matcher = StopStringMatcher(["<|"])
+    assert matcher.push("<|im_end|>") == ("", True)
+    assert matcher.push("more") == ("", True)
+    assert matcher.stopped and matcher.flush() == ""
+
+
+@pytest.mark.parametrize("stop", [[], [""]])
+def test_no_stop_strings_passes_everything(stop: list[str]) -> None:
+    """Without (non-empty) stop strings nothing is held back."""
+    matcher = StopStringMatcher(stop)
+    assert matcher.push("abc") == ("abc", False)
+    assert matcher.flush() == ""
+
+
+def test_concatenation_equals_text_before_stop() -> None:
+    """Whatever the split, the emitted text is exactly the text before the first stop string."""
+    text = "one two <stop> three"
+    for size in range(1, 6):
+        pieces = [text[i : i + size] for i in range(0, len(text), size)]
+        emitted, stopped, flushed = run(["<stop>", "four"], pieces)
+        assert "".join(emitted) + flushed == "one two " and stopped
+
+
+def test_check_token_stop() -> None:
+    """eog tokens stop unless ignore_eos; max_tokens gives 'length'; eog wins over length."""
+    eog = frozenset({2})
+    assert check_token_stop(2, eog_ids=eog, ignore_eos=False, generated_count=1, max_tokens=10) == "stop"
+    assert check_token_stop(2, eog_ids=eog, ignore_eos=True, generated_count=1, max_tokens=10) is None
+    assert check_token_stop(5, eog_ids=eog, ignore_eos=False, generated_count=10, max_tokens=10) == "length"
+    assert (
+        check_token_stop(2, eog_ids=eog, ignore_eos=False, generated_count=10, max_tokens=10)
+        == StopReason.STOP
+    )
+    assert check_token_stop(5, eog_ids=eog, ignore_eos=False, generated_count=9, max_tokens=10) is None
+    assert check_token_stop(5, eog_ids=eog, ignore_eos=False, generated_count=10**6, max_tokens=None) is None
+    assert StopReason.LENGTH == "length"
