@@ -1,0 +1,21 @@
+"""Run the gateway: `python -m gateway` (settings from the environment)."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from gateway.app import create_app
+from shared.settings import Settings
+
+
+def main() -> None:
+    """Serve the gateway on LLMFLEET_HOST:LLMFLEET_PORT with uvicorn."""
+    settings = Settings.from_env()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The gateway's Redis side: admit a job, queue it, follow its events, cancel it.
+
+submit(job):
+  1. the model must have a live worker (else 503 NoWorkerAvailable if known, 404 ModelNotFound if not);
+  2. its waiting jobs (the consumer group's lag) must be under LLMFLEET_QUEUE_LIMIT (else 429 QueueFull);
+  3. subscribe to llmfleet:events:{id} and wait for Redis's confirmation;
+  4. XADD llmfleet:jobs:{model} * job <bytes>   (approximately capped at LLMFLEET_STREAM_MAXLEN).
+The returned EventStream yields the request's events in seq order: duplicates (seq already seen) are
+dropped, a gap is filled from llmfleet:journal:{id}, and what the journal cannot fill is an error. No
+event by the deadline (plus LLMFLEET_DEADLINE_GRACE_S, so a worker's own deadline error wins) is a 504
+DeadlineExceeded, and a cancel is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from gateway.redis_errors import redis_unavailable
+from gateway.registry import Registry
+from gateway.subscriber import RESYNC, QueueItem, Subscriber
+from shared import codec, keys
+from shared.codec import WireFormatError
+from shared.errors import DeadlineExceeded, InternalError, ModelNotFound, NoWorkerAvailable, QueueFull
+from shared.messages import CancelRequest, Event, Job, is_terminal
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CANCEL_MARKER_MARGIN_S = 60
+
+
+class Broker:
+    """Queues jobs on Redis streams and follows their events over the shared pub/sub connection."""
+
+    def __init__(self, redis: Redis, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.clock = clock
+        self.registry = Registry(redis, settings, clock=clock)
+        self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s)
+
+    async def start(self) -> None:
+        """Start the pub/sub dispatcher."""
+        await self.subscriber.start()
+
+    async def close(self) -> None:
+        """Stop the pub/sub dispatcher."""
+        await self.subscriber.close()
+
+    async def ping(self) -> bool:
+        """True when Redis answers."""
+        try:
+            return bool(await self.redis.ping())
+        except (RedisError, OSError):
+            return False
+
+    async def submit(self, job: Job) -> EventStream:
+        """Admit and queue `job`; returns the stream of its events (close it when done)."""
+        await self._admit(job.model)
+        channel = keys.events_channel(job.id)
+        queue = await self.subscriber.subscribe(channel)
+        try:
+            with redis_unavailable(self.settings.retry_after_s):
+                await self.redis.xadd(
+                    keys.jobs_stream(job.model),
+                    {keys.JOB_FIELD: codec.encode_job(job)},
+                    maxlen=self.settings.stream_maxlen,
+                    approximate=True,
+                )
+        except BaseException:
+            await self.subscriber.unsubscribe(channel)
+            raise
+        log.info("queued %s", job.describe())
+        return EventStream(self, job, queue)
+
+    async def cancel(self, request_id: str, model: str, reason: str, deadline: float) -> None:
+        """Tell the workers to drop a request: mark it cancelled, then announce it. Never raises."""
+        ttl = max(1, math.ceil(deadline - self.clock())) + CANCEL_MARKER_MARGIN_S
+        notice = codec.encode(CancelRequest(id=request_id, model=model, reason=reason))
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(keys.cancelled_marker(request_id), b"1", ex=ttl)
+            pipe.publish(keys.cancel_channel(model), notice)
+            await pipe.execute()
+        except (RedisError, OSError) as exc:
+            log.warning("could not publish cancel of %s (%s)", request_id, type(exc).__name__)
+            return
+        log.info("cancelled %s (%s)", request_id, reason)
+
+    async def _admit(self, model: str) -> None:
+        if not any(w.model == model for w in await self.registry.live_workers()):
+            if await self.registry.is_known(model):
+                raise NoWorkerAvailable(
+                    f"no worker serving model '{model}' is alive right now; please retry",
+                    retry_after=self.settings.retry_after_s,
+                )
+            raise ModelNotFound(f"The model '{model}' does not exist", param="model")
+        waiting = await self.waiting(model)
+        if waiting >= self.settings.queue_limit:
+            raise QueueFull(
+                f"model '{model}' has {waiting} requests waiting, the limit is {self.settings.queue_limit}; "
+                "please retry",
+                retry_after=self.settings.retry_after_s,
+            )
+
+    async def waiting(self, model: str) -> int:
+        """Jobs of `model` queued but not yet taken by any worker."""
+        stream = keys.jobs_stream(model)
+        with redis_unavailable(self.settings.retry_after_s):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xinfo_groups(stream)
+            pipe.xlen(stream)
+            groups, length = await pipe.execute(raise_on_error=False)
+            if isinstance(length, Exception):
+                raise length
+            group = None
+            if not isinstance(groups, ResponseError):
+                group = next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
+            if group is None:
+                await self._create_group(stream)
+                return int(length)
+        lag = group.get("lag")
+        if lag is not None:
+            return int(lag)
+        # Redis cannot tell the lag after deletions past the group's position: entries minus in flight.
+        return max(0, int(length) - int(group.get("pending") or 0))
+
+    async def _create_group(self, stream: str) -> None:
+        try:
+            await self.redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+
+class EventStream:
+    """The events of one submitted request, in seq order, ending after its terminal event."""
+
+    def __init__(self, broker: Broker, job: Job, queue: asyncio.Queue[QueueItem]) -> None:
+        self._broker = broker
+        self._queue = queue
+        self.request_id = job.id
+        self.model = job.model
+        self.deadline = job.deadline
+        self.finished = False  # the terminal event was delivered (or the deadline ended the stream)
+        self._closed = False
+        self._expected = 0
+        self._pending: dict[int, Event] = {}
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self.finished or self._closed:
+            raise StopAsyncIteration
+        while self._expected not in self._pending:
+            item = await self._receive()
+            if item is RESYNC:
+                await self._fill_from_journal()
+                continue
+            event = self._decode(item)
+            if event is None or event.seq < self._expected:
+                continue  # not ours, or a duplicate (e.g. replayed by a replacement worker)
+            self._pending.setdefault(event.seq, event)
+            if event.seq > self._expected:
+                await self._fill_from_journal()
+                if self._expected not in self._pending:
+                    raise InternalError(
+                        f"events {self._expected}..{event.seq - 1} of request {self.request_id} were lost"
+                    )
+        event = self._pending.pop(self._expected)
+        self._expected += 1
+        if is_terminal(event):
+            self.finished = True
+        return event
+
+    async def close(self, reason: str = "client_disconnected") -> None:
+        """Stop listening; publish a cancel first if the terminal event was not seen. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self.finished:
+                await self._broker.cancel(self.request_id, self.model, reason, self.deadline)
+        finally:
+            await self._broker.subscriber.unsubscribe(keys.events_channel(self.request_id))
+            if self.finished:
+                with contextlib.suppress(RedisError, OSError):  # else it expires on its own
+                    await self._broker.redis.delete(keys.journal_stream(self.request_id))
+
+    async def _receive(self) -> QueueItem:
+        remaining = self.deadline + self._broker.settings.deadline_grace_s - self._broker.clock()
+        try:
+            if remaining <= 0:
+                return self._queue.get_nowait()
+            return await asyncio.wait_for(self._queue.get(), remaining)
+        except (asyncio.TimeoutError, asyncio.QueueEmpty):
+            pass
+        self.finished = True
+        await self._broker.cancel(self.request_id, self.model, "deadline", self.deadline)
+        raise DeadlineExceeded(f"request {self.request_id} did not finish before its deadline")
+
+    def _decode(self, item: QueueItem) -> Event | None:
+        try:
+            event = codec.decode_event(item)  # type: ignore[arg-type]
+        except WireFormatError as exc:
+            log.error("unreadable event for %s: %s", self.request_id, exc)
+            raise InternalError(f"a worker sent an unreadable event for request {self.request_id}") from exc
+        return event if event.id == self.request_id else None
+
+    async def _fill_from_journal(self) -> None:
+        with redis_unavailable(self._broker.settings.retry_after_s):
+            entries = await self._broker.redis.xrange(keys.journal_stream(self.request_id))
+        field = keys.JOURNAL_EVENT_FIELD.encode()
+        for _entry_id, fields in entries:
+            event = self._decode(fields.get(field, b""))
+            if event is not None and event.seq >= self._expected:
+                self._pending.setdefault(event.seq, event)
+        log.info("refilled %s from its journal (%d entries)", self.request_id, len(entries))
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,140 @@
+"""Small readers for fields of a decoded JSON body; each failure is a 400 that names the field."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shared.errors import InvalidRequest
+
+_MISSING = object()
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """Decode a request body that must be a JSON object (NaN and Infinity are refused)."""
+    try:
+        body = json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequest(
+            "We could not parse the JSON body of your request: it is not valid JSON "
+            f"({type(exc).__name__}). Send a JSON object with Content-Type: application/json."
+        ) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"The request body must be a JSON object, got {_kind(body)}.")
+    return body
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def invalid(param: str, message: str) -> InvalidRequest:
+    """A 400 about `param`."""
+    return InvalidRequest(f"Invalid value for '{param}': {message}", param=param)
+
+
+def is_int(value: Any) -> bool:
+    """True for JSON integers (not booleans)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """True for JSON numbers (not booleans, always finite)."""
+    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def string(body: Mapping[str, Any], name: str, *, default: Any = _MISSING, max_len: int = 1 << 20) -> Any:
+    """A string field; required unless a default is given (null means the default)."""
+    value = body.get(name)
+    if value is None:
+        if default is _MISSING:
+            raise InvalidRequest(f"Missing required parameter: '{name}'.", param=name)
+        return default
+    if not isinstance(value, str):
+        raise invalid(name, f"expected a string, got {_kind(value)}.")
+    if len(value) > max_len:
+        raise invalid(name, f"longer than {max_len} characters.")
+    return value
+
+
+def boolean(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    """A boolean field (null means the default)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(name, f"expected a boolean, got {_kind(value)}.")
+    return value
+
+
+def number(
+    body: Mapping[str, Any],
+    name: str,
+    default: float,
+    lo: float,
+    hi: float,
+    *,
+    lo_open: bool = False,
+) -> float:
+    """A number field in [lo, hi] (or (lo, hi] with lo_open); null means the default."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not is_number(value):
+        raise invalid(name, f"expected a number, got {_kind(value)}.")
+    if value > hi or value < lo or (lo_open and value == lo):
+        low = f"greater than {lo:g}" if lo_open else f"at least {lo:g}"
+        raise invalid(name, f"{value!r} is out of range; it must be {low} and at most {hi:g}.")
+    return float(value)
+
+
+def integer(body: Mapping[str, Any], name: str, default: Any, lo: int, hi: int) -> Any:
+    """An integer field in [lo, hi]; null means the default."""
+    value = body.get(name)
+    if value is None:
+        return default
+    return bounded_int(value, name, lo, hi)
+
+
+def bounded_int(value: Any, param: str, lo: int, hi: int) -> int:
+    """`value` must be an integer in [lo, hi]."""
+    if not is_int(value):
+        raise invalid(param, f"expected an integer, got {_kind(value)}.")
+    if not lo <= value <= hi:
+        raise invalid(param, f"{value} is out of range; it must be between {lo} and {hi}.")
+    return int(value)
+
+
+def choice(body: Mapping[str, Any], name: str, options: Sequence[str], default: str) -> str:
+    """A string field that must be one of `options`; null means the default."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if value not in options or not isinstance(value, str):
+        raise invalid(name, f"{json.dumps(value)} is not one of {', '.join(map(repr, options))}.")
+    return value
+
+
+def token_ids(value: Any, param: str, *, vocab_limit: int = 1 << 31) -> list[int]:
+    """A non-empty array of token ids."""
+    if not isinstance(value, list) or not value:
+        raise invalid(param, "expected a non-empty array of token ids.")
+    if not all(is_int(t) and 0 <= t < vocab_limit for t in value):
+        raise invalid(param, f"token ids must be integers between 0 and {vocab_limit - 1}.")
+    return list(value)

@@ -1,0 +1,124 @@
+"""The merged events of one request's generate jobs (one job per prompt), with global choice indexes.
+
+Choice i of prompt p becomes index p * n + i, as OpenAI numbers the choices of a multi-prompt
+completion. A worker's ErrorEvent becomes the matching LLMFleetError; the usage of every DoneEvent is
+summed. close() cancels every job that has not finished and is safe to call from a `finally` of a task
+that is being cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+
+import anyio
+
+from gateway.broker import Broker, EventStream
+from shared.errors import InternalError, LLMFleetError
+from shared.messages import ChoiceEndEvent, DoneEvent, ErrorEvent, Event, GenerateJob, TokenEvent, Usage
+
+log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 5.0
+
+ChoiceEvent = TokenEvent | ChoiceEndEvent
+
+
+class Generation:
+    """Events of several jobs as one sequence of (global choice index, token or choice-end event)."""
+
+    def __init__(self, streams: list[EventStream], n: int) -> None:
+        self._streams = streams
+        self._n = n
+        self._open = len(streams)
+        self._buffer: deque[tuple[int, Event]] = deque()
+        self._queue: asyncio.Queue[tuple[int, Event | LLMFleetError]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        if len(streams) > 1:
+            self._tasks = [asyncio.create_task(self._pump(i, s)) for i, s in enumerate(streams)]
+        self.usage = Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
+
+    @property
+    def choices(self) -> int:
+        """How many choices the request has in all."""
+        return self._n * len(self._streams)
+
+    @classmethod
+    async def start(cls, broker: Broker, jobs: list[GenerateJob]) -> Generation:
+        """Submit every job; if one cannot be queued, cancel the ones that were and re-raise."""
+        streams: list[EventStream] = []
+        try:
+            for job in jobs:
+                streams.append(await broker.submit(job))
+        except BaseException:
+            await cls(streams, 1).close()
+            raise
+        return cls(streams, jobs[0].n)
+
+    async def prime(self) -> None:
+        """Wait for the first event of every job; raise a job's error if it failed before it started."""
+        seen: set[int] = set()
+        while len(seen) < len(self._streams):
+            job, event = await self._receive()
+            self._raise_error(event)
+            seen.add(job)
+            self._buffer.append((job, event))
+
+    async def next(self) -> tuple[int, ChoiceEvent] | None:
+        """The next token or choice-end event with its global choice index; None once every job is done."""
+        while self._open:
+            job, event = self._buffer.popleft() if self._buffer else await self._receive()
+            self._raise_error(event)
+            if isinstance(event, DoneEvent):
+                self._add_usage(event.usage)
+                self._open -= 1
+                continue
+            if not isinstance(event, TokenEvent | ChoiceEndEvent) or event.index >= self._n:
+                raise InternalError(f"a worker sent an unexpected event for request {event.id}")
+            return job * self._n + event.index, event
+        return None
+
+    async def close(self) -> None:
+        """Cancel unfinished jobs and stop listening; shielded from cancellation, bounded in time."""
+        with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            for stream in self._streams:
+                await stream.close()
+
+    async def _receive(self) -> tuple[int, Event]:
+        if len(self._streams) == 1:
+            try:
+                return 0, await self._streams[0].__anext__()
+            except StopAsyncIteration:
+                raise InternalError("the event stream ended without a terminal event") from None
+        job, item = await self._queue.get()
+        if isinstance(item, LLMFleetError):
+            raise item
+        return job, item
+
+    async def _pump(self, job: int, stream: EventStream) -> None:
+        try:
+            async for event in stream:
+                self._queue.put_nowait((job, event))
+        except LLMFleetError as exc:
+            self._queue.put_nowait((job, exc))
+        except Exception as exc:  # a bug must fail the request, not hang it
+            log.exception("event pump of request %s failed", stream.request_id)
+            self._queue.put_nowait((job, InternalError(f"following request {stream.request_id} failed ({type(exc).__name__})")))
+
+    @staticmethod
+    def _raise_error(event: Event) -> None:
+        if isinstance(event, ErrorEvent):
+            error = LLMFleetError.from_event(event)
+            log.info("request %s failed in the worker: %s %s", event.id, error.status, error.code)
+            raise error
+
+    def _add_usage(self, usage: Usage) -> None:
+        self.usage = Usage(
+            prompt_tokens=self.usage.prompt_tokens + usage.prompt_tokens,
+            completion_tokens=self.usage.completion_tokens + usage.completion_tokens,
+            total_tokens=self.usage.total_tokens + usage.total_tokens,
+        )

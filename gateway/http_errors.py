@@ -1,0 +1,46 @@
+"""Every failure as an OpenAI-shaped JSON error response, Starlette's own 404/405 included."""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from shared.errors import InternalError, LLMFleetError, MethodNotAllowed, NotFound
+
+log = logging.getLogger(__name__)
+
+
+def error_response(error: LLMFleetError) -> JSONResponse:
+    """The JSON response for `error`, with Retry-After where it has one."""
+    return JSONResponse(error.to_openai(), status_code=error.status, headers=error.headers())
+
+
+async def handle_llmfleet_error(_request: Request, exc: Exception) -> Response:
+    """LLMFleetError -> its status and body."""
+    assert isinstance(exc, LLMFleetError)
+    return error_response(exc)
+
+
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's routing errors (unknown URL, wrong method) in OpenAI's shape."""
+    assert isinstance(exc, HTTPException)
+    where = f"({request.method} {request.url.path})"
+    if exc.status_code == 404:
+        return error_response(NotFound(f"Invalid URL {where}"))
+    if exc.status_code == 405:
+        response = error_response(MethodNotAllowed(f"Method not allowed {where}"))
+        response.headers.update(exc.headers or {})
+        return response
+    error = LLMFleetError(str(exc.detail))
+    error.status = exc.status_code
+    error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return error_response(error)
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
+    """Anything else is a 500 whose message says nothing about the request's content."""
+    log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
+    return error_response(InternalError("The server had an error while processing your request."))

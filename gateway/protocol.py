@@ -1,0 +1,280 @@
+"""OpenAI request validation for chat completions, completions and embeddings (hand-written, no pydantic).
+
+Each parse_* function takes the decoded JSON object and returns a typed request, or raises a 400
+InvalidRequest that names the offending `param`. Unknown fields are ignored, as OpenAI does; known
+fields llmfleet cannot honour (tools, non-text content, suffix, best_of > 1, dimensions) are refused
+rather than silently ignored. Extensions beyond OpenAI: top_k, min_p, repetition_penalty, ignore_eos,
+priority, cache_prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.checks import (
+    boolean,
+    choice,
+    integer,
+    invalid,
+    is_number,
+    number,
+    string,
+    token_ids,
+)
+from shared.errors import InvalidRequest
+from shared.messages import PRIORITIES, ChatMessage, Sampling
+from shared.settings import Settings
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_STOP = 4
+MAX_LOGIT_BIAS = 1024
+MAX_MODEL_NAME = 256
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What chat and text completions share."""
+
+    model: str
+    max_tokens: int | None
+    n: int
+    stream: bool
+    include_usage: bool
+    sampling: Sampling
+    stop: list[str]
+    ignore_eos: bool
+    priority: str
+    cache_prompt: bool
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A validated /v1/chat/completions request."""
+
+    params: GenerationParams
+    messages: list[ChatMessage]
+    logprobs: bool
+    top_logprobs: int | None
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A validated /v1/completions request; one job per prompt."""
+
+    params: GenerationParams
+    prompts: list[str] | list[list[int]]
+    logprobs: int | None
+    echo: bool
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """A validated /v1/embeddings request."""
+
+    model: str
+    inputs: list[str] | list[list[int]]
+    encoding_format: Literal["float", "base64"]
+
+
+def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:
+    """Validate a chat completions body."""
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise invalid(name, "tool and function calling are not supported.")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise invalid("response_format", "only {\"type\": \"text\"} is supported.")
+    messages = _messages(body.get("messages"), settings)
+    logprobs = boolean(body, "logprobs", False)
+    top_logprobs = integer(body, "top_logprobs", None, 0, 20)
+    if top_logprobs is not None and not logprobs:
+        raise invalid("top_logprobs", "top_logprobs requires logprobs to be true.")
+    max_tokens = integer(body, "max_completion_tokens", None, 1, settings.max_tokens_limit)
+    if max_tokens is None:
+        max_tokens = integer(body, "max_tokens", None, 1, settings.max_tokens_limit)
+    params = _generation(body, settings, max_tokens=max_tokens, choices_per_n=1)
+    return ChatRequest(params=params, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs)
+
+
+def parse_completion(body: dict[str, Any], settings: Settings) -> CompletionRequest:
+    """Validate a (legacy) completions body."""
+    prompts = _prompts(body.get("prompt"), settings)
+    if body.get("suffix"):
+        raise invalid("suffix", "suffix (insertion) is not supported.")
+    best_of = integer(body, "best_of", None, 1, settings.max_n)
+    if best_of is not None and best_of != integer(body, "n", 1, 1, settings.max_n):
+        raise invalid("best_of", "best_of must equal n (server-side best-of is not supported).")
+    logprobs = integer(body, "logprobs", None, 0, 5)
+    echo = boolean(body, "echo", False)
+    max_tokens = integer(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS, 0, settings.max_tokens_limit)
+    params = _generation(body, settings, max_tokens=max_tokens, choices_per_n=len(prompts))
+    return CompletionRequest(params=params, prompts=prompts, logprobs=logprobs, echo=echo)
+
+
+def parse_embeddings(body: dict[str, Any], settings: Settings) -> EmbeddingRequest:
+    """Validate an embeddings body."""
+    model = _model(body)
+    if body.get("dimensions") is not None:
+        raise invalid("dimensions", "changing the embedding size is not supported; omit dimensions.")
+    encoding_format = choice(body, "encoding_format", ("float", "base64"), "float")
+    value = body.get("input")
+    if value is None:
+        raise InvalidRequest("Missing required parameter: 'input'.", param="input")
+    inputs = _string_or_token_lists(value, "input", settings, limit=settings.max_embed_inputs)
+    return EmbeddingRequest(model=model, inputs=inputs, encoding_format=encoding_format)  # type: ignore[arg-type]
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = string(body, "model", max_len=MAX_MODEL_NAME)
+    if not model.strip():
+        raise invalid("model", "must not be empty.")
+    return model
+
+
+def _generation(
+    body: dict[str, Any], settings: Settings, *, max_tokens: int | None, choices_per_n: int
+) -> GenerationParams:
+    model = _model(body)
+    n = integer(body, "n", 1, 1, settings.max_n)
+    if n * choices_per_n > settings.max_n:
+        raise invalid("n", f"n times the number of prompts must be at most {settings.max_n}.")
+    stream = boolean(body, "stream", False)
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise invalid("stream_options", "stream_options is only allowed when stream is true.")
+        if not isinstance(options, dict):
+            raise invalid("stream_options", "expected an object.")
+        include_usage = boolean(options, "include_usage", False)
+    sampling = Sampling(
+        temperature=number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        top_k=max(0, integer(body, "top_k", 0, -1, 1 << 20)),
+        min_p=number(body, "min_p", 0.0, 0.0, 1.0),
+        repetition_penalty=number(body, "repetition_penalty", 1.0, 0.0, 2.0, lo_open=True),
+        presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        logit_bias=_logit_bias(body.get("logit_bias")),
+        seed=integer(body, "seed", None, *INT64),
+    )
+    string(body, "user", default="", max_len=256)
+    return GenerationParams(
+        model=model,
+        max_tokens=max_tokens,
+        n=n,
+        stream=stream,
+        include_usage=include_usage,
+        sampling=sampling,
+        stop=_stop(body.get("stop")),
+        ignore_eos=boolean(body, "ignore_eos", False),
+        priority=choice(body, "priority", PRIORITIES, "normal"),
+        cache_prompt=boolean(body, "cache_prompt", True),
+    )
+
+
+def _stop(value: Any) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise invalid("stop", "expected a non-empty string or an array of non-empty strings.")
+    if len(stops) > MAX_STOP:
+        raise invalid("stop", f"at most {MAX_STOP} stop sequences are allowed.")
+    return list(stops)
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid("logit_bias", "expected an object mapping token ids to biases.")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise invalid("logit_bias", f"at most {MAX_LOGIT_BIAS} entries are allowed.")
+    bias: dict[int, float] = {}
+    for key, amount in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10):
+            raise invalid("logit_bias", f"key {key!r} is not a token id.")
+        if not is_number(amount) or not -100 <= amount <= 100:
+            raise invalid("logit_bias", f"the bias of token {key} must be a number between -100 and 100.")
+        bias[int(key)] = float(amount)
+    return bias
+
+
+def _messages(value: Any, settings: Settings) -> list[ChatMessage]:
+    if value is None:
+        raise InvalidRequest("Missing required parameter: 'messages'.", param="messages")
+    if not isinstance(value, list) or not value:
+        raise invalid("messages", "expected a non-empty array of messages.")
+    messages = [_message(item, f"messages[{i}]") for i, item in enumerate(value)]
+    if sum(len(m.content) for m in messages) > settings.max_prompt_chars:
+        raise invalid("messages", f"the messages are longer than {settings.max_prompt_chars} characters in all.")
+    return messages
+
+
+def _message(item: Any, param: str) -> ChatMessage:
+    if not isinstance(item, dict):
+        raise invalid(param, "expected an object with 'role' and 'content'.")
+    role = item.get("role")
+    if role not in ROLES:
+        raise invalid(f"{param}.role", f"expected one of {', '.join(map(repr, ROLES))}.")
+    if item.get("tool_calls"):
+        raise invalid(f"{param}.tool_calls", "tool calls are not supported.")
+    content = item.get("content")
+    if content is None and role == "assistant":
+        content = ""
+    if isinstance(content, list):
+        content = "\n".join(_text_part(part, f"{param}.content[{i}]") for i, part in enumerate(content))
+    if not isinstance(content, str):
+        raise invalid(f"{param}.content", "expected a string or an array of text parts.")
+    name = item.get("name")
+    if name is not None and not isinstance(name, str):
+        raise invalid(f"{param}.name", "expected a string.")
+    return ChatMessage(role=role, content=content, name=name)
+
+
+def _text_part(part: Any, param: str) -> str:
+    if not isinstance(part, dict) or part.get("type") != "text":
+        raise invalid(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported.")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise invalid(f"{param}.text", "expected a string.")
+    return text
+
+
+def _prompts(value: Any, settings: Settings) -> list[str] | list[list[int]]:
+    if value is None:
+        raise InvalidRequest("Missing required parameter: 'prompt'.", param="prompt")
+    return _string_or_token_lists(value, "prompt", settings, limit=settings.max_n, allow_empty_string=True)
+
+
+def _string_or_token_lists(
+    value: Any, param: str, settings: Settings, *, limit: int, allow_empty_string: bool = False
+) -> list[str] | list[list[int]]:
+    """A string, an array of strings, an array of token ids or an array of token-id arrays."""
+    if isinstance(value, str):
+        items: list[Any] = [value]
+    elif isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        items = [token_ids(value, param)]
+    elif isinstance(value, list) and value:
+        items = value
+    else:
+        raise invalid(param, "expected a string, an array of strings, or an array of token-id arrays.")
+    if len(items) > limit:
+        raise invalid(param, f"at most {limit} inputs are allowed per request.")
+    if all(isinstance(v, str) for v in items):
+        if not allow_empty_string and not all(items):
+            raise invalid(param, "inputs must not be empty strings.")
+        if sum(len(v) for v in items) > settings.max_prompt_chars:
+            raise invalid(param, f"longer than {settings.max_prompt_chars} characters in all.")
+        return items
+    if all(isinstance(v, list) for v in items):
+        lists = [token_ids(v, f"{param}[{i}]") for i, v in enumerate(items)]
+        if sum(len(v) for v in lists) > settings.max_prompt_chars:
+            raise invalid(param, f"more than {settings.max_prompt_chars} tokens in all.")
+        return lists
+    raise invalid(param, "do not mix strings and token-id arrays.")
+

@@ -1,0 +1,108 @@
+"""The gateway's view of the worker registry: which workers are alive, which models are known.
+
+A worker is live when all of these hold:
+  - its id is in the sorted set llmfleet:workers with a score (last heartbeat) within the heartbeat TTL,
+  - its hash llmfleet:worker:{id} exists (the worker sets EXPIRE = heartbeat TTL on every heartbeat),
+  - the hash has model (non-empty), version == WIRE_VERSION and heartbeat (unix s) within the TTL,
+  - its state field is absent or "ready" ("draining" workers finish what they have but take nothing new).
+A model is known (503 when it has no live worker, rather than 404) while its score in the sorted set
+llmfleet:models, refreshed by every heartbeat of a worker serving it, is within LLMFLEET_MODEL_MEMORY_S.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from gateway.redis_errors import redis_unavailable
+from shared import keys
+from shared.messages import WIRE_VERSION
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One live worker's registry entry."""
+
+    worker_id: str
+    model: str
+    slots: int
+    load: int
+    version: int
+    heartbeat: float
+    started: float
+    state: str
+
+
+def parse_worker(worker_id: str, fields: dict[bytes, bytes]) -> WorkerInfo | None:
+    """Parse a registry hash; None when it is missing or malformed."""
+    values = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}
+    try:
+        heartbeat = float(values["heartbeat"])
+        return WorkerInfo(
+            worker_id=worker_id,
+            model=values["model"],
+            slots=int(values.get("slots", "0")),
+            load=int(values.get("load", "0")),
+            version=int(values["version"]),
+            heartbeat=heartbeat,
+            started=float(values.get("started", heartbeat)),
+            state=values.get("state", "ready"),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+class Registry:
+    """Reads live workers (cached for LLMFLEET_REGISTRY_CACHE_S) and known models."""
+
+    def __init__(self, redis: Redis, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self._redis = redis
+        self._settings = settings
+        self._clock = clock
+        self._cached: list[WorkerInfo] = []
+        self._cached_at: float | None = None
+
+    async def live_workers(self) -> list[WorkerInfo]:
+        """Every live worker (see the module docstring for what counts as live)."""
+        now = self._clock()
+        if self._cached_at is not None and now - self._cached_at < self._settings.registry_cache_s:
+            return self._cached
+        ttl = self._settings.heartbeat_ttl_s
+        with redis_unavailable(self._settings.retry_after_s):
+            ids = await self._redis.zrangebyscore(keys.WORKERS_INDEX, now - ttl, "+inf")
+            pipe = self._redis.pipeline(transaction=False)
+            for worker_id in ids:
+                pipe.hgetall(keys.worker_key(worker_id.decode()))
+            pipe.zremrangebyscore(keys.WORKERS_INDEX, "-inf", now - 10 * ttl)  # forget long-dead ids
+            results = await pipe.execute()
+        workers = []
+        for worker_id, fields in zip(ids, results, strict=False):
+            info = parse_worker(worker_id.decode(), fields or {})
+            if info is None:
+                if fields:
+                    log.warning("ignoring malformed registry entry of worker %s", worker_id.decode())
+                continue
+            if info.version == WIRE_VERSION and info.state == "ready" and info.model and info.heartbeat >= now - ttl:
+                workers.append(info)
+        self._cached, self._cached_at = workers, now
+        return workers
+
+    async def live_models(self) -> dict[str, list[WorkerInfo]]:
+        """Models with at least one live worker, each with its workers."""
+        models: dict[str, list[WorkerInfo]] = {}
+        for worker in await self.live_workers():
+            models.setdefault(worker.model, []).append(worker)
+        return models
+
+    async def is_known(self, model: str) -> bool:
+        """True while some worker served `model` within LLMFLEET_MODEL_MEMORY_S."""
+        with redis_unavailable(self._settings.retry_after_s):
+            score = await self._redis.zscore(keys.MODELS_INDEX, model)
+        return score is not None and score >= self._clock() - self._settings.model_memory_s

@@ -1,0 +1,212 @@
+"""OpenAI response and chunk bodies, in exactly OpenAI's shapes (plain dicts, ready for JSON)."""
+
+from __future__ import annotations
+
+import base64
+import sys
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+from shared.messages import TokenLogprob, Usage
+
+SYSTEM_FINGERPRINT = "fp_llmfleet"
+OWNED_BY = "llmfleet"
+
+
+@dataclass
+class ChoiceResult:
+    """One finished choice, as collected from its events."""
+
+    index: int
+    text: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+
+
+def usage_body(usage: Usage) -> dict[str, int]:
+    """OpenAI's usage object."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def _token_bytes(entry: Any) -> list[int]:
+    return list(entry.bytes) if entry.bytes is not None else list(entry.token.encode("utf-8"))
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    """Chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
+    return {
+        "content": [
+            {
+                "token": e.token,
+                "logprob": e.logprob,
+                "bytes": _token_bytes(e),
+                "top_logprobs": [
+                    {"token": t.token, "logprob": t.logprob, "bytes": _token_bytes(t)} for t in e.top
+                ],
+            }
+            for e in entries
+        ]
+    }
+
+
+def completion_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    """Legacy logprobs {tokens, token_logprobs, top_logprobs, text_offset}; offsets start at `offset`."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [
+            None if e.logprob is None else {t.token: t.logprob for t in e.top} for e in entries
+        ],
+        "text_offset": offsets,
+    }
+
+
+def chat_completion(
+    response_id: str, created: int, model: str, choices: list[ChoiceResult], usage: Usage
+) -> dict[str, Any]:
+    """A chat.completion object."""
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs),
+                "finish_reason": c.finish_reason,
+            }
+            for c in choices
+        ],
+        "usage": usage_body(usage),
+    }
+
+
+def text_completion(
+    response_id: str, created: int, model: str, choices: list[ChoiceResult], usage: Usage
+) -> dict[str, Any]:
+    """A text_completion object."""
+    return {
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [
+            {
+                "text": c.text,
+                "index": c.index,
+                "logprobs": None if c.logprobs is None else completion_logprobs(c.logprobs, 0),
+                "finish_reason": c.finish_reason,
+            }
+            for c in choices
+        ],
+        "usage": usage_body(usage),
+    }
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    """The fields every chunk of one stream repeats."""
+
+    response_id: str
+    created: int
+    model: str
+    include_usage: bool
+
+    def chunk(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        """A chunk around `choices`; with include_usage every chunk carries "usage": null."""
+        body: dict[str, Any] = {
+            "id": self.response_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "choices": choices,
+        }
+        if self.include_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, obj: str, usage: Usage) -> dict[str, Any]:
+        """The final chunk of an include_usage stream: no choices, the usage."""
+        body = self.chunk(obj, [])
+        body["usage"] = usage_body(usage)
+        return body
+
+
+def chat_chunk(
+    header: ChunkHeader,
+    index: int,
+    delta: dict[str, Any],
+    logprobs: list[TokenLogprob] | None = None,
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
+    """A chat.completion.chunk with one choice."""
+    choice = {
+        "index": index,
+        "delta": delta,
+        "logprobs": None if logprobs is None else chat_logprobs(logprobs),
+        "finish_reason": finish_reason,
+    }
+    return header.chunk("chat.completion.chunk", [choice])
+
+
+def completion_chunk(
+    header: ChunkHeader,
+    index: int,
+    text: str,
+    logprobs: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
+    """A text_completion chunk with one choice."""
+    choice = {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+    return header.chunk("text_completion", [choice])
+
+
+def embedding_list(
+    model: str, vectors: list[list[float]], usage: Usage, encoding_format: str
+) -> dict[str, Any]:
+    """An embeddings list; base64 is float32 little-endian, like OpenAI."""
+    return {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": vector if encoding_format == "float" else float32_base64(vector),
+            }
+            for i, vector in enumerate(vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.total_tokens},
+    }
+
+
+def float32_base64(vector: list[float]) -> str:
+    """Base64 of the vector as little-endian float32."""
+    packed = array("f", vector)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+def model_object(model: str, created: int) -> dict[str, Any]:
+    """One entry of /v1/models."""
+    return {"id": model, "object": "model", "created": created, "owned_by": OWNED_BY}
+
+
+def model_list(models: list[dict[str, Any]]) -> dict[str, Any]:
+    """The /v1/models list."""
+    return {"object": "list", "data": models}

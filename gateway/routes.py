@@ -1,0 +1,89 @@
+"""HTTP routes; each one decodes, calls serving, and maps the result to a response."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway import protocol, responses, serving
+from gateway.broker import Broker
+from gateway.checks import parse_json_object
+from gateway.disconnect import unless_disconnected
+from gateway.protocol import ChatRequest, CompletionRequest
+from gateway.sse import SSEResponse
+from shared.errors import ModelNotFound
+from shared.settings import Settings
+
+
+def _state(request: Request) -> tuple[Broker, Settings]:
+    return request.app.state.broker, request.app.state.settings
+
+
+async def _generate(request: Request, parsed: ChatRequest | CompletionRequest) -> Response:
+    broker, settings = _state(request)
+    if parsed.params.stream:
+        return SSEResponse(await serving.stream_completion(broker, parsed, settings))
+    body = await unless_disconnected(request.receive, serving.run_completion(broker, parsed, settings))
+    return JSONResponse(body)
+
+
+async def chat_completions(request: Request) -> Response:
+    """POST /v1/chat/completions"""
+    body = parse_json_object(await request.body())
+    return await _generate(request, protocol.parse_chat(body, request.app.state.settings))
+
+
+async def completions(request: Request) -> Response:
+    """POST /v1/completions"""
+    body = parse_json_object(await request.body())
+    return await _generate(request, protocol.parse_completion(body, request.app.state.settings))
+
+
+async def embeddings(request: Request) -> Response:
+    """POST /v1/embeddings"""
+    broker, settings = _state(request)
+    parsed = protocol.parse_embeddings(parse_json_object(await request.body()), settings)
+    body = await unless_disconnected(request.receive, serving.run_embeddings(broker, parsed, settings))
+    return JSONResponse(body)
+
+
+async def list_models(request: Request) -> Response:
+    """GET /v1/models: the models that have a live worker."""
+    live = await request.app.state.broker.registry.live_models()
+    data = [responses.model_object(m, int(min(w.started for w in ws))) for m, ws in sorted(live.items())]
+    return JSONResponse(responses.model_list(data))
+
+
+async def get_model(request: Request) -> Response:
+    """GET /v1/models/{model}"""
+    model = request.path_params["model"]
+    workers = (await request.app.state.broker.registry.live_models()).get(model)
+    if not workers:
+        raise ModelNotFound(f"The model '{model}' does not exist", param="model")
+    return JSONResponse(responses.model_object(model, int(min(w.started for w in workers))))
+
+
+async def health(_request: Request) -> Response:
+    """GET /health: the process is up."""
+    return JSONResponse({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    """GET /ready: Redis answers and at least one worker is alive."""
+    broker: Broker = request.app.state.broker
+    redis_ok = await broker.ping()
+    workers = len(await broker.registry.live_workers()) if redis_ok else 0
+    status = 200 if redis_ok and workers else 503
+    return JSONResponse({"ready": status == 200, "redis": redis_ok, "workers": workers}, status_code=status)
+
+
+ROUTES = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/ready", ready, methods=["GET"]),
+]

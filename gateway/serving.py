@@ -1,0 +1,201 @@
+"""Serve validated requests: build jobs, queue them, collect or stream their events (no Starlette here).
+
+- run_completion: collects every event into one chat.completion / text_completion body.
+- stream_completion: waits for the FIRST event of every job before returning, so an early failure
+  (context_length_exceeded, queue full in the worker, ...) still becomes a plain HTTP error; the returned
+  ChunkStream then yields OpenAI chunks, and a failure after that point becomes a final {"error": ...}
+  chunk (the SSE layer appends [DONE]).
+- run_embeddings: one embed job, one embeddings list.
+Whatever way a request ends, its jobs are closed in a `finally`: a job whose terminal event was not seen
+(client gone, deadline, error elsewhere) gets a cancel published.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway import responses
+from gateway.broker import Broker
+from gateway.generation import Generation
+from gateway.protocol import ChatRequest, CompletionRequest, EmbeddingRequest, GenerationParams
+from gateway.responses import ChoiceResult, ChunkHeader
+from shared.errors import InternalError, LLMFleetError
+from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, TokenEvent
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+GenerationRequest = ChatRequest | CompletionRequest
+
+
+def new_request_id() -> str:
+    """A fresh request id: 'req-' and 32 hex digits."""
+    return f"req-{uuid.uuid4().hex}"
+
+
+def _job_base(params: GenerationParams, settings: Settings, request_id: str, now: float) -> dict[str, Any]:
+    sampling = params.sampling
+    if sampling.seed is None:  # a seed lets a replacement worker continue the same stream
+        sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
+    return {
+        "id": request_id,
+        "model": params.model,
+        "created": now,
+        "deadline": now + settings.request_timeout_s,
+        "priority": params.priority,
+        "max_tokens": params.max_tokens,
+        "n": params.n,
+        "sampling": sampling,
+        "stop": params.stop,
+        "ignore_eos": params.ignore_eos,
+        "cache_prompt": params.cache_prompt,
+        "stream": params.stream,
+    }
+
+
+def build_jobs(request: GenerationRequest, settings: Settings, request_id: str, now: float) -> list[GenerateJob]:
+    """The generate jobs of a request: one for chat, one per prompt for completions."""
+    base = _job_base(request.params, settings, request_id, now)
+    if isinstance(request, ChatRequest):
+        logprobs = (request.top_logprobs or 0) if request.logprobs else None
+        return [GenerateJob(**base, messages=request.messages, logprobs=logprobs)]
+    jobs = []
+    for i, prompt in enumerate(request.prompts):
+        job_id = request_id if len(request.prompts) == 1 else f"{request_id}-{i}"
+        form = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+        jobs.append(GenerateJob(**{**base, "id": job_id}, **form, logprobs=request.logprobs, echo=request.echo))
+    return jobs
+
+
+def build_embed_job(request: EmbeddingRequest, settings: Settings, request_id: str, now: float) -> EmbedJob:
+    """The embed job of an embeddings request."""
+    return EmbedJob(
+        id=request_id,
+        model=request.model,
+        created=now,
+        deadline=now + settings.request_timeout_s,
+        inputs=request.inputs,
+    )
+
+
+def _response_id(request: GenerationRequest | EmbeddingRequest, request_id: str) -> str:
+    prefix = "chatcmpl-" if isinstance(request, ChatRequest) else "cmpl-"
+    return prefix + request_id.removeprefix("req-")
+
+
+def _wants_logprobs(request: GenerationRequest) -> bool:
+    return request.logprobs if isinstance(request, ChatRequest) else request.logprobs is not None
+
+
+async def run_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> dict[str, Any]:
+    """Queue the request's jobs and collect their events into one response body."""
+    request_id, now = new_request_id(), time.time()
+    generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
+    try:
+        want_logprobs = _wants_logprobs(request)
+        choices = [ChoiceResult(index=i, logprobs=[] if want_logprobs else None) for i in range(generation.choices)]
+        parts: list[list[str]] = [[] for _ in choices]
+        while (item := await generation.next()) is not None:
+            index, event = item
+            if isinstance(event, TokenEvent):
+                parts[index].append(event.text)
+                if want_logprobs and event.logprobs:
+                    choices[index].logprobs.extend(event.logprobs)  # type: ignore[union-attr]
+            else:
+                choices[index].finish_reason = event.finish_reason.value
+        for choice, texts in zip(choices, parts, strict=True):
+            choice.text = "".join(texts)
+    finally:
+        await generation.close()
+    build = responses.chat_completion if isinstance(request, ChatRequest) else responses.text_completion
+    log.info("%s done: %d choices, %d completion tokens", request_id, len(choices), generation.usage.completion_tokens)
+    return build(_response_id(request, request_id), int(now), request.params.model, choices, generation.usage)
+
+
+async def stream_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> ChunkStream:
+    """Queue the request's jobs and wait for their first events; errors until then are raised."""
+    request_id, now = new_request_id(), time.time()
+    generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
+    try:
+        await generation.prime()
+    except BaseException:
+        await generation.close()
+        raise
+    header = ChunkHeader(_response_id(request, request_id), int(now), request.params.model, request.params.include_usage)
+    return ChunkStream(generation, header, chat=isinstance(request, ChatRequest), logprobs=_wants_logprobs(request))
+
+
+class ChunkStream:
+    """The OpenAI chunks of one streaming request, whose first events already arrived."""
+
+    def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool) -> None:
+        self._generation = generation
+        self._header = header
+        self._chat = chat
+        self._logprobs = logprobs
+
+    async def aclose(self) -> None:
+        """Close the request's jobs (publishing cancels where unfinished); idempotent."""
+        await self._generation.close()
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[dict[str, Any]]:
+        header, started = self._header, [False] * self._generation.choices
+        offsets = [0] * self._generation.choices
+        try:
+            while (item := await self._generation.next()) is not None:
+                index, event = item
+                if self._chat and not started[index]:
+                    started[index] = True
+                    yield responses.chat_chunk(header, index, {"role": "assistant", "content": ""})
+                if not isinstance(event, TokenEvent):
+                    reason = event.finish_reason.value
+                    if self._chat:
+                        yield responses.chat_chunk(header, index, {}, finish_reason=reason)
+                    else:
+                        yield responses.completion_chunk(header, index, "", finish_reason=reason)
+                    continue
+                entries = (event.logprobs or []) if self._logprobs else None
+                if not event.text and not entries:
+                    continue
+                if self._chat:
+                    yield responses.chat_chunk(header, index, {"content": event.text}, entries)
+                    continue
+                logprobs = None if entries is None else responses.completion_logprobs(entries, offsets[index])
+                offsets[index] += sum(len(e.token) for e in entries or [])
+                yield responses.completion_chunk(header, index, event.text, logprobs)
+            if header.include_usage:
+                obj = "chat.completion.chunk" if self._chat else "text_completion"
+                yield header.usage_chunk(obj, self._generation.usage)
+            log.info("%s streamed: %d completion tokens", header.response_id, self._generation.usage.completion_tokens)
+        except LLMFleetError as exc:
+            log.info("%s failed after the stream began: %s %s", header.response_id, exc.status, exc.code)
+            yield exc.to_openai()
+        finally:
+            await self.aclose()
+
+
+async def run_embeddings(broker: Broker, request: EmbeddingRequest, settings: Settings) -> dict[str, Any]:
+    """Queue one embed job and turn its DoneEvent into an embeddings list."""
+    request_id, now = new_request_id(), time.time()
+    stream = await broker.submit(build_embed_job(request, settings, request_id, now))
+    try:
+        async for event in stream:
+            if isinstance(event, ErrorEvent):
+                raise LLMFleetError.from_event(event)
+            if isinstance(event, DoneEvent):
+                vectors = event.embeddings or []
+                if len(vectors) != len(request.inputs):
+                    raise InternalError(f"the worker returned {len(vectors)} embeddings for {len(request.inputs)} inputs")
+                return responses.embedding_list(request.model, vectors, event.usage, request.encoding_format)
+        raise InternalError("the event stream ended without a terminal event")
+    finally:
+        await Generation([stream], 1).close()
