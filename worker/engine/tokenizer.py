@@ -29,17 +29,8 @@ BYTE_TOKEN_PATTERN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 # Token texts that end generation besides eos/eot, as llama.cpp's vocabulary loader lists them.
 EOG_TOKEN_TEXTS = frozenset(
-    {
-        "<|im_end|>",
-        "<|eot_id|>",
-        "<|eom_id|>",
-        "<|end|>",
-        "<end_of_turn>",
-        "<|endoftext|>",
-        "<|end_of_text|>",
-        "<EOT>",
-        "_<EOT>",
-    }
+    ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>")
+    + ("<EOT>", "_<EOT>")
 )
 
 # llama.cpp's pre-tokenizer regexes (llama-vocab.cpp), applied one after another.
@@ -103,6 +94,11 @@ def _byte_level_bytes(text: str) -> bytes:
         else:
             out.append(byte)
     return bytes(out)
+
+
+def _verbatim_bytes(text: str, token_type: int) -> bytes:
+    """Control and user-defined tokens stand for their own text; unused ones for nothing."""
+    return b"" if token_type == TOKEN_UNUSED else text.encode("utf-8")
 
 
 def _spm_bytes(text: str, token_type: int) -> bytes:
@@ -192,8 +188,9 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
         """Text of a whole id sequence; invalid UTF-8 becomes U+FFFD."""
         pieces = [self.token_bytes(i) for i in ids if not (skip_special and self.is_special(i))]
-        if self.strip_space_prefix and pieces and pieces[0].startswith(b" "):
-            pieces[0] = pieces[0][1:]
+        first = next((index for index, piece in enumerate(pieces) if piece), None)
+        if self.strip_space_prefix and first is not None and pieces[first].startswith(b" "):
+            pieces[first] = pieces[first][1:]  # the space SPM put in front of the text
         return b"".join(pieces).decode("utf-8", errors="replace")
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -320,7 +317,7 @@ def _gpt2_parts(metadata: Mapping[str, Any], source: str, tokens: list[str], typ
         pre_tokenizer=_byte_level_pre_tokenizer(spec),
         decoder=decoders.ByteLevel(),
         token_bytes=[
-            _byte_level_bytes(text) if kind == TOKEN_NORMAL else text.encode("utf-8")
+            _byte_level_bytes(text) if kind == TOKEN_NORMAL else _verbatim_bytes(text, kind)
             for text, kind in zip(tokens, types, strict=True)
         ],
         default_add_bos=False,
@@ -355,7 +352,7 @@ def _llama_parts(
         pre_tokenizer=None,
         decoder=decoders.ByteFallback(),
         token_bytes=[
-            _spm_bytes(text, kind) if kind in (TOKEN_NORMAL, TOKEN_BYTE) else text.encode("utf-8")
+            _spm_bytes(text, kind) if kind in (TOKEN_NORMAL, TOKEN_BYTE) else _verbatim_bytes(text, kind)
             for text, kind in zip(tokens, types, strict=True)
         ],
         default_add_bos=True,
