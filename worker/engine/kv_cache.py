@@ -62,6 +62,16 @@ class SequenceKVCache:
         self.values[:, :, :length] = other.values[:, :, :length]  # (L, Hkv, T, Dh)
         self.length = length
 
+    def compact_copy(self, length: int) -> SequenceKVCache:
+        """A new cache holding a copy of the first `length` positions, with no spare capacity."""
+        copy = SequenceKVCache.__new__(SequenceKVCache)
+        copy.n_layers, copy.n_kv_heads, copy.head_dim = self.n_layers, self.n_kv_heads, self.head_dim
+        copy.max_length = self.max_length
+        copy.keys = np.ascontiguousarray(self.keys[:, :, :length])  # (L, Hkv, T, Dh)
+        copy.values = np.ascontiguousarray(self.values[:, :, :length])  # (L, Hkv, T, Dh)
+        copy.length = length
+        return copy
+
     def release(self) -> None:
         """Drop the buffers (the cache can be reused and will grow again)."""
         self.keys = np.empty((self.n_layers, self.n_kv_heads, 0, self.head_dim), np.float32)  # (L, Hkv, 0, Dh)

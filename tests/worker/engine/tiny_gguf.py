@@ -9,7 +9,7 @@ import numpy as np
 
 from worker.engine.tokenizer import byte_level_alphabet
 
-D_MODEL, N_HEADS, N_KV_HEADS, D_FF, N_LAYERS, CONTEXT = 32, 4, 2, 64, 2, 256
+D_MODEL, N_HEADS, N_KV_HEADS, D_FF, N_LAYERS, CONTEXT = 32, 4, 2, 64, 2, 2048
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
 

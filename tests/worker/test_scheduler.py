@@ -1,0 +1,170 @@
+"""Continuous batching: batching, chunking, preemption, prefix reuse and cancellation never change outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from worker.engine.sampling import SamplingParams
+from worker.engine.sequence import GenerationParams
+from worker.scheduler import Scheduler, SchedulerConfig
+from worker.sequences import GenerationRequest, Priority, QueueFull, RequestDone, SequenceStep
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _prompt(engine: Any, n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, engine.model.config.vocab_size, n)]
+
+
+def _request(rid: str, prompt: list[int], max_tokens: int = 12, **kw: Any) -> GenerationRequest:
+    sampling = kw.pop("sampling", GREEDY)
+    params = GenerationParams(max_tokens=max_tokens, sampling=sampling, ignore_eos=True)
+    return GenerationRequest(rid, prompt, params, **kw)
+
+
+def run_all(sched: Scheduler, max_steps: int = 10_000, on_step: Any = None) -> dict[str, dict[int, list[int]]]:
+    """Step until idle; return request -> choice -> token ids."""
+    tokens: dict[str, dict[int, list[int]]] = {}
+    for _ in range(max_steps):
+        if not sched.has_work:
+            return tokens
+        for event in sched.step():
+            if isinstance(event, SequenceStep):
+                tokens.setdefault(event.request_id, {}).setdefault(event.index, []).append(event.output.token_id)
+        if on_step:
+            on_step(sched)
+    raise AssertionError("scheduler did not go idle")
+
+
+def alone(engine: Any, prompt: list[int], max_tokens: int = 12) -> list[int]:
+    sched = Scheduler(engine, SchedulerConfig(prefix_cache_mib=0))
+    sched.add(_request("solo", prompt, max_tokens))
+    return run_all(sched)["solo"][0]
+
+
+def test_batched_equals_alone(tiny_engine: Any) -> None:
+    prompts = [_prompt(tiny_engine, n, i) for i, n in enumerate([3, 17, 40, 5, 64, 9, 30, 1])]
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_prefill_tokens=16, prefix_cache_mib=0))
+    for i, p in enumerate(prompts):
+        sched.add(_request(f"r{i}", p))
+    together = run_all(sched)
+    for i, p in enumerate(prompts):
+        assert together[f"r{i}"][0] == alone(tiny_engine, p), f"prompt {i}"
+
+
+def test_long_prompt_prefills_in_chunks_beside_decodes(tiny_engine: Any) -> None:
+    long_prompt = _prompt(tiny_engine, 1000, 42)
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_prefill_tokens=128, max_batch_tokens=160, prefix_cache_mib=0))
+    sched.add(_request("short", _prompt(tiny_engine, 4, 1), max_tokens=20))
+    sched.step()  # short is now decoding
+    sched.add(_request("long", long_prompt, max_tokens=4))
+    short_tokens_during_prefill = 0
+    for _ in range(8):  # 1000 tokens at 128 per step take 8 steps
+        events = sched.step()
+        short_tokens_during_prefill += sum(1 for e in events if isinstance(e, SequenceStep) and e.request_id == "short")
+    assert short_tokens_during_prefill == 8  # decode never paused for the prefill
+    rest = run_all(sched)
+    assert len(rest["long"][0]) == 4
+    # chunked logits equal one-piece logits (the 1,000-token prompt)
+    from worker.engine.model import BatchEntry
+
+    model = tiny_engine.model
+    whole = model.forward([BatchEntry(np.array(long_prompt), model.new_cache())])[0]
+    cache = model.new_cache()
+    for start in range(0, 1000, 128):
+        chunked = model.forward([BatchEntry(np.array(long_prompt[start : start + 128]), cache)])[0]
+    np.testing.assert_allclose(chunked, whole, rtol=1e-4, atol=1e-4)
+
+
+def test_kv_budget_never_exceeded_and_preemption_keeps_outputs(tiny_engine: Any) -> None:
+    per_token = tiny_engine.model.config.kv_bytes_per_token
+    budget_mib = 4 * 256 * per_token / 2**20  # room for four 256-token capacity steps
+    prompts = [_prompt(tiny_engine, 200, 100 + i) for i in range(4)]
+    expected = [alone(tiny_engine, p, max_tokens=120) for p in prompts]
+    # without preemption these four would need 4 x 320 tokens = 8 capacity steps of KV
+    sched = Scheduler(tiny_engine, SchedulerConfig(kv_budget_mib=budget_mib, prefix_cache_mib=0))
+    for i, p in enumerate(prompts):
+        sched.add(_request(f"r{i}", p, max_tokens=120))
+    peaks = []
+    got = run_all(sched, on_step=lambda s: peaks.append(s.stats.kv_bytes))
+    assert sched.stats.preemptions > 0
+    assert max(peaks) <= sched.kv_budget and sched.stats.kv_peak_bytes <= sched.kv_budget
+    for i in range(4):
+        assert got[f"r{i}"][0] == expected[i], f"request {i} changed by preemption"
+
+
+def test_prefix_cache_hit_gives_same_output(tiny_engine: Any) -> None:
+    shared = _prompt(tiny_engine, 300, 7)
+    sched = Scheduler(tiny_engine, SchedulerConfig())
+    sched.add(_request("first", shared + [5, 6]))
+    first = run_all(sched)["first"][0]
+    assert sched.prefix_cache.stats.misses == 1
+    sched.add(_request("second", shared + [5, 6]))
+    second = run_all(sched)["second"][0]
+    assert sched.prefix_cache.stats.hits == 1 and sched.prefix_cache.stats.tokens_saved == len(shared) + 1
+    assert first == second
+    sched.add(_request("third", shared + [9], cache_prompt=False))
+    run_all(sched)
+    assert sched.prefix_cache.stats.hits == 1  # cache_prompt=False neither reads nor writes
+
+
+def test_cancel_frees_slot_in_any_state(tiny_engine: Any) -> None:
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_sequences=1, prefix_cache_mib=0))
+    sched.add(_request("running", _prompt(tiny_engine, 5, 1), max_tokens=100))
+    sched.add(_request("waiting", _prompt(tiny_engine, 5, 2), max_tokens=3))
+    sched.step()
+    assert sched.stats.active == 1 and sched.stats.queue_depth == 1
+    done = sched.cancel("running")
+    assert isinstance(done, RequestDone) and done.finish_reasons == ["cancelled"]
+    assert sched.stats.active == 0 and sched.stats.kv_bytes == 0
+    sched.step()
+    assert sched.stats.active == 1  # the waiting one took the slot on the very next step
+    assert sched.cancel("waiting") is not None and sched.cancel("waiting") is None
+    assert not sched.has_work
+
+
+def test_queue_full_refuses(tiny_engine: Any) -> None:
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_queue=2))
+    sched.add(_request("a", [5, 6]))
+    sched.add(_request("b", [5, 6]))
+    with pytest.raises(QueueFull):
+        sched.add(_request("c", [5, 6]))
+
+
+def test_higher_priority_admitted_first(tiny_engine: Any) -> None:
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_sequences=1, prefix_cache_mib=0))
+    order = []
+    for rid, prio in [("low", Priority.LOW), ("normal", Priority.NORMAL), ("crit", Priority.CRITICAL),
+                      ("high", Priority.HIGH), ("normal2", Priority.NORMAL)]:
+        sched.add(_request(rid, [5, 6, 7], max_tokens=2, priority=prio))
+    while sched.has_work:
+        for e in sched.step():
+            if isinstance(e, RequestDone):
+                order.append(e.request_id)
+    assert order == ["crit", "high", "normal", "normal2", "low"]
+
+
+def test_n_choices_share_one_prefill(tiny_engine: Any) -> None:
+    prompt = _prompt(tiny_engine, 50, 3)
+    sched = Scheduler(tiny_engine, SchedulerConfig(prefix_cache_mib=0))
+    sched.add(_request("multi", prompt, max_tokens=8, n=3, sampling=SamplingParams(temperature=1.0, seed=11)))
+    got = run_all(sched)["multi"]
+    assert sorted(got) == [0, 1, 2] and all(len(v) == 8 for v in got.values())
+    assert sched.stats.prompt_tokens == 50  # prefilled once, not three times
+    assert len({tuple(v) for v in got.values()}) > 1  # distinct seeds give distinct samples
+    sched.add(_request("multi2", prompt, max_tokens=8, n=3, sampling=SamplingParams(temperature=1.0, seed=11)))
+    assert run_all(sched)["multi2"] == got  # seeded: reproducible
+
+
+def test_timings_and_stats(tiny_engine: Any) -> None:
+    sched = Scheduler(tiny_engine, SchedulerConfig())
+    sched.add(_request("t", [5, 6, 7], max_tokens=4))
+    done = [e for _ in range(10) for e in sched.step() if isinstance(e, RequestDone)]
+    assert len(done) == 1
+    t = done[0].timings
+    assert t.queue_s is not None and t.ttft_s is not None and t.decode_s is not None
+    assert done[0].completion_tokens == 4 and done[0].prompt_tokens == 3
+    assert sched.stats.requests_finished == 1 and sched.stats.generated_tokens == 4

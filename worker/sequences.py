@@ -1,0 +1,176 @@
+"""The scheduler's vocabulary: priorities, sequence states, requests, per-step events and stats."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+
+from worker.engine.kv_cache import SequenceKVCache
+from worker.engine.sequence import GenerationParams, GenerationState, TokenOutput
+
+
+class QueueFull(Exception):
+    """The waiting queue is at its bound; the caller should retry later."""
+
+
+class Priority(IntEnum):
+    """Admission priority: higher is admitted first."""
+
+    LOW = 0
+    NORMAL = 1
+    HIGH = 2
+    CRITICAL = 3
+
+    @classmethod
+    def parse(cls, name: str | int | None) -> Priority:
+        """'low' / 'normal' / 'high' / 'critical' (or the int) to a Priority; None means normal."""
+        if name is None:
+            return cls.NORMAL
+        if isinstance(name, int):
+            return cls(name)
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            raise ValueError(f"unknown priority {name!r}; expected low, normal, high or critical") from None
+
+
+class SeqState(str, Enum):
+    """Where a sequence is in its life."""
+
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    FINISHED = "finished"
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class GenerationRequest:
+    """What a caller submits: one prompt, n completions of it."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: GenerationParams
+    n: int = 1
+    priority: Priority = Priority.NORMAL
+    cache_prompt: bool = True
+
+
+@dataclass
+class RequestTimings:
+    """Monotonic timestamps of one request's life, and the durations derived from them."""
+
+    arrived: float = field(default_factory=time.monotonic)
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def queue_s(self) -> float | None:
+        """Seconds spent waiting before admission."""
+        return None if self.admitted is None else self.admitted - self.arrived
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Seconds from arrival to the first generated token."""
+        return None if self.first_token is None else self.first_token - self.arrived
+
+    @property
+    def decode_s(self) -> float | None:
+        """Seconds from the first token to the end."""
+        if self.first_token is None or self.finished is None:
+            return None
+        return self.finished - self.first_token
+
+
+class Sequence:
+    """One choice of a request: its generation state, its KV cache and its scheduling state."""
+
+    def __init__(self, group: RequestGroup, index: int, state: GenerationState) -> None:
+        self.group = group
+        self.index = index
+        self.gen = state
+        self.state = SeqState.WAITING
+        self.cache: SequenceKVCache | None = None
+        self.admit_order = -1
+        self.fork_from: Sequence | None = None  # set while waiting to copy the leader's prompt KV
+        self.was_preempted = False
+
+    @property
+    def target_ids(self) -> list[int]:
+        """Tokens that must be in the cache before the next token is sampled."""
+        return self.gen.all_ids
+
+    @property
+    def pending_prefill(self) -> int:
+        """Tokens still to prefill before sampling."""
+        return 0 if self.cache is None else len(self.target_ids) - self.cache.length
+
+
+class RequestGroup:
+    """A submitted request and its n sequences."""
+
+    def __init__(self, request: GenerationRequest, arrival: int) -> None:
+        self.request = request
+        self.arrival = arrival
+        self.sequences: list[Sequence] = []
+        self.timings = RequestTimings()
+        self.cached_tokens = 0
+        self.cancelled = False
+
+    @property
+    def done(self) -> bool:
+        """True when every sequence has finished or was cancelled."""
+        return all(s.state in (SeqState.FINISHED, SeqState.CANCELLED) for s in self.sequences)
+
+
+@dataclass(frozen=True)
+class SequenceStep:
+    """One token (and the text it released) for one choice of one request."""
+
+    request_id: str
+    index: int
+    output: TokenOutput
+
+
+@dataclass(frozen=True)
+class RequestDone:
+    """A request ended: per-choice finish reasons, token counts and timings."""
+
+    request_id: str
+    finish_reasons: list[str]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    timings: RequestTimings
+    seeds: list[int]
+    tail_texts: list[str] = field(default_factory=list)  # text released at the very end (cancel), per choice
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    """A request could not be completed; message is safe to show the client."""
+
+    request_id: str
+    message: str
+    code: str = "engine_error"
+
+
+@dataclass
+class SchedulerStats:
+    """Counters and gauges of one scheduler."""
+
+    requests_received: int = 0
+    requests_finished: int = 0
+    requests_cancelled: int = 0
+    requests_failed: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    steps: int = 0
+    preemptions: int = 0
+    queue_depth: int = 0
+    active: int = 0
+    kv_bytes: int = 0
+    kv_peak_bytes: int = 0
