@@ -61,13 +61,15 @@ def test_long_prompt_prefills_in_chunks_beside_decodes(tiny_engine: Any) -> None
     sched.add(_request("short", _prompt(tiny_engine, 4, 1), max_tokens=20))
     sched.step()  # short is now decoding
     sched.add(_request("long", long_prompt, max_tokens=4))
-    short_tokens_during_prefill = 0
-    for _ in range(8):  # 1000 tokens at 128 per step take 8 steps
+    short_tokens_during_prefill = long_tokens = 0
+    for _ in range(8):  # 1000 tokens at 128 per step take 8 steps; the 8th samples long's first token
         events = sched.step()
         short_tokens_during_prefill += sum(1 for e in events if isinstance(e, SequenceStep) and e.request_id == "short")
+        long_tokens += sum(1 for e in events if isinstance(e, SequenceStep) and e.request_id == "long")
     assert short_tokens_during_prefill == 8  # decode never paused for the prefill
+    assert long_tokens == 1
     rest = run_all(sched)
-    assert len(rest["long"][0]) == 4
+    assert len(rest["long"][0]) == 3
     # chunked logits equal one-piece logits (the 1,000-token prompt)
     from worker.engine.model import BatchEntry
 
@@ -150,12 +152,12 @@ def test_higher_priority_admitted_first(tiny_engine: Any) -> None:
 def test_n_choices_share_one_prefill(tiny_engine: Any) -> None:
     prompt = _prompt(tiny_engine, 50, 3)
     sched = Scheduler(tiny_engine, SchedulerConfig(prefix_cache_mib=0))
-    sched.add(_request("multi", prompt, max_tokens=8, n=3, sampling=SamplingParams(temperature=1.0, seed=11)))
+    sched.add(_request("multi", prompt, max_tokens=8, n=3, sampling=SamplingParams(temperature=50.0, seed=11)))
     got = run_all(sched)["multi"]
     assert sorted(got) == [0, 1, 2] and all(len(v) == 8 for v in got.values())
     assert sched.stats.prompt_tokens == 50  # prefilled once, not three times
     assert len({tuple(v) for v in got.values()}) > 1  # distinct seeds give distinct samples
-    sched.add(_request("multi2", prompt, max_tokens=8, n=3, sampling=SamplingParams(temperature=1.0, seed=11)))
+    sched.add(_request("multi2", prompt, max_tokens=8, n=3, sampling=SamplingParams(temperature=50.0, seed=11)))
     assert run_all(sched)["multi2"] == got  # seeded: reproducible
 
 
