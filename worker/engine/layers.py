@@ -74,3 +74,20 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, past: int) -> np
     probs = softmax_inplace(scores)  # (Hkv, G, T, L)
     out = np.matmul(probs, values[:, None])  # (Hkv, G, T, Dh)
     return out.transpose(2, 0, 1, 3).reshape(t, n_heads * head_dim)  # (T, H*Dh)
+
+
+def attend_decode_batch(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray]) -> np.ndarray:
+    """Attention of one new (pre-scaled) query per sequence over each sequence's own keys, softmax batched."""
+    b, n_heads, head_dim = q.shape
+    n_kv = keys[0].shape[0]
+    group = n_heads // n_kv
+    lengths = [k.shape[1] for k in keys]
+    qg = q.reshape(b, n_kv, group, head_dim)  # (B, Hkv, G, Dh)
+    scores = np.full((b, n_kv, group, max(lengths)), -np.inf, np.float32)  # (B, Hkv, G, Lmax)
+    for i, k in enumerate(keys):
+        scores[i, :, :, : lengths[i]] = np.matmul(qg[i], k.transpose(0, 2, 1))  # (Hkv, G, L_i)
+    probs = softmax_inplace(scores)  # (B, Hkv, G, Lmax)
+    out = np.empty((b, n_kv, group, head_dim), np.float32)  # (B, Hkv, G, Dh)
+    for i, v in enumerate(values):
+        np.matmul(probs[i, :, :, : lengths[i]], v, out=out[i])  # (Hkv, G, Dh)
+    return out.reshape(b, n_heads * head_dim)  # (B, H*Dh)

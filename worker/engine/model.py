@@ -13,7 +13,7 @@ from worker.engine.config import ModelConfig
 from worker.engine.errors import ContextLengthError
 from worker.engine.gguf_file import read_gguf
 from worker.engine.kv_cache import SequenceKVCache
-from worker.engine.layers import RotaryTable, attend, rms_normalize, swiglu
+from worker.engine.layers import RotaryTable, attend, attend_decode_batch, rms_normalize, swiglu
 from worker.engine.weights import TransformerWeights
 
 OutputKind = Literal["last", "all", "hidden", "none"]
@@ -62,6 +62,10 @@ class Model:
         positions = np.concatenate([np.arange(e.cache.length, e.cache.length + n) for e, n in zip(batch, lengths)])  # (N,)
         starts = np.concatenate([[0], np.cumsum(lengths)])  # (B+1,)
         q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        pasts = [e.cache.length for e in batch]
+        single = [bi for bi, n in enumerate(lengths) if n == 1]
+        single_rows = np.array([starts[bi] for bi in single], dtype=np.int64)  # (B1,)
+        multi = [bi for bi, n in enumerate(lengths) if n > 1]
         cos, sin = self.rotary.angles(positions)  # (N, 1, R/2) x2
         x = self.weights.token_embedding[tokens]  # (N, D)
         for li, layer in enumerate(self.weights.layers):
@@ -74,13 +78,23 @@ class Model:
             k = qk[:, cfg.n_heads :]  # (N, Hkv, Dh)
             v = qkv[:, q_dim + kv_dim :].reshape(-1, cfg.n_kv_heads, cfg.head_dim)  # (N, Hkv, Dh)
             attn = np.empty((len(tokens), q_dim), np.float32)  # (N, H*Dh)
-            for bi, entry in enumerate(batch):
+            if single:  # entries with one new token: one batched softmax over all of them
+                for bi, row in zip(single, single_rows):
+                    cache = batch[bi].cache
+                    cache.keys[li, :, pasts[bi]] = k[row]  # (Hkv, Dh)
+                    cache.values[li, :, pasts[bi]] = v[row]  # (Hkv, Dh)
+                attn[single_rows] = attend_decode_batch(
+                    q[single_rows],
+                    [batch[bi].cache.keys[li, :, : pasts[bi] + 1] for bi in single],
+                    [batch[bi].cache.values[li, :, : pasts[bi] + 1] for bi in single],
+                )  # (B1, H*Dh)
+            for bi in multi:  # prefill chunks: causal attention per sequence
                 s, e = starts[bi], starts[bi + 1]
-                cache, past = entry.cache, entry.cache.length
+                cache, past = batch[bi].cache, pasts[bi]
                 cache.keys[li, :, past : past + e - s] = k[s:e].transpose(1, 0, 2)  # (Hkv, T, Dh)
                 cache.values[li, :, past : past + e - s] = v[s:e].transpose(1, 0, 2)  # (Hkv, T, Dh)
-                attn[s:e] = attend(q[s:e], cache.keys[li, :, : past + e - s], cache.values[li, :, : past + e - s],
-                                   past)  # (T, H*Dh)
+                attn[s:e] = attend(q[s:e], cache.keys[li, :, : past + e - s],
+                                   cache.values[li, :, : past + e - s], past)  # (T, H*Dh)
             x += attn @ layer.wo.T  # (N, D)
             x += swiglu(rms_normalize(x, cfg.rms_eps) @ layer.w_gate_up.T) @ layer.w_down.T  # (N, D)
         for entry, n in zip(batch, lengths):
