@@ -39,6 +39,7 @@ class Subscriber:
         self._confirmations: dict[bytes, asyncio.Future[None]] = {}
         self._connected = asyncio.Event()
         self._connections = 0
+        self._closing = False
 
     @property
     def active(self) -> int:
@@ -52,9 +53,12 @@ class Subscriber:
 
     async def close(self) -> None:
         """Stop the dispatcher and drop the connection."""
+        self._closing = True
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            # redis-py can swallow a cancel that lands while it connects, so repeat until the task is gone.
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=0.01)
             self._task = None
         if self._pubsub is not None:
             await self._pubsub.aclose()
@@ -110,7 +114,7 @@ class Subscriber:
 
     async def _run(self) -> None:
         backoff = 0.05
-        while True:
+        while not self._closing:
             try:
                 await self._pubsub.connect()
                 self._pubsub.connection.register_connect_callback(self._on_connect)

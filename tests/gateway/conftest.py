@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import fakeredis
@@ -148,6 +148,12 @@ class FakeWorker:
             await self.token(job, text)
         await self.end(job, reason=reason)
         await self.done(job, completion_tokens=len(texts))
+
+
+@pytest.fixture
+def make_worker(redis: fakeredis.FakeAsyncRedis) -> Callable[..., FakeWorker]:
+    """Build more (unregistered) fake workers: make_worker(model=..., worker_id=...)."""
+    return lambda **kwargs: FakeWorker(redis, **kwargs)
 
 
 @pytest.fixture
