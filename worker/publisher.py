@@ -1,0 +1,127 @@
+"""Scheduler events to wire events: numbered per request, journaled, and published in one round trip."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from redis import Redis
+
+from shared import codec, keys
+from shared.errors import LLMFleetError
+from shared.messages import (
+    ChoiceEndEvent,
+    DoneEvent,
+    Event,
+    FinishReason,
+    Timing,
+    TokenEvent,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from worker.engine.tokenizer import Tokenizer
+from worker.sequences import RequestDone, RequestFailed, SequenceStep
+
+log = logging.getLogger(__name__)
+JOURNAL_MAXLEN = 100_000  # events kept per request (approximate trim)
+
+
+class EventPublisher:
+    """Numbers every request's events from 0 and sends a step's worth of them in one MULTI/EXEC."""
+
+    def __init__(self, redis: Redis, tokenizer: Tokenizer, journal_ttl_s: float) -> None:
+        self.redis = redis
+        self.tokenizer = tokenizer
+        self.journal_ttl_s = max(1, int(journal_ttl_s))
+        self._next_seq: dict[str, int] = {}
+        self._pending: list[Event] = []
+
+    def next_seq(self, request_id: str) -> int:
+        """Allocate the next sequence number of a request."""
+        seq = self._next_seq.get(request_id, 0)
+        self._next_seq[request_id] = seq + 1
+        return seq
+
+    def resume_from(self, request_id: str, seq: int) -> None:
+        """Continue a request's numbering at seq (a job reclaimed from a dead worker)."""
+        self._next_seq[request_id] = seq
+
+    def _logprobs(self, step: SequenceStep) -> list[TokenLogprob] | None:
+        """The wire form of one step's logprobs, or None when the request asked for none."""
+        out = step.output
+        if out.logprob is None:
+            return None
+        top = [TopLogprob(token_id=t, token=self._text(t), logprob=lp, bytes=list(self.tokenizer.token_bytes(t)))
+               for t, lp in out.top_logprobs]
+        return [TokenLogprob(token_id=out.token_id, token=self._text(out.token_id), logprob=out.logprob,
+                             bytes=list(self.tokenizer.token_bytes(out.token_id)), top=top)]
+
+    def _text(self, token_id: int) -> str:
+        """A token's own text (bytes decoded with replacement; the exact bytes travel beside it)."""
+        return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def add_steps(self, events: Iterable[SequenceStep | RequestDone | RequestFailed]) -> list[str]:
+        """Queue the wire events of one scheduler step; returns the ids of requests that ended."""
+        ended = []
+        for event in events:
+            if isinstance(event, SequenceStep):
+                out = event.output
+                self._pending.append(TokenEvent(id=event.request_id, seq=self.next_seq(event.request_id),
+                                                index=event.index, text=out.text, token_ids=[out.token_id],
+                                                logprobs=self._logprobs(event)))
+                if out.finish_reason is not None:
+                    self._pending.append(ChoiceEndEvent(id=event.request_id, seq=self.next_seq(event.request_id),
+                                                        index=event.index, finish_reason=FinishReason(out.finish_reason)))
+            elif isinstance(event, RequestDone):
+                self.add_done(event)
+                ended.append(event.request_id)
+            else:
+                self.add_error(event.request_id, LLMFleetError(event.message))
+                ended.append(event.request_id)
+        return ended
+
+    def add_done(self, done: RequestDone) -> None:
+        """Queue the terminal DoneEvent (after ChoiceEnd events for choices cut short, e.g. cancelled)."""
+        rid = done.request_id
+        for index, (reason, tail) in enumerate(zip(done.finish_reasons, done.tail_texts or [""] * len(done.finish_reasons))):
+            if reason == "cancelled":
+                if tail:
+                    self._pending.append(TokenEvent(id=rid, seq=self.next_seq(rid), index=index, text=tail))
+                self._pending.append(ChoiceEndEvent(id=rid, seq=self.next_seq(rid), index=index,
+                                                    finish_reason=FinishReason.CANCELLED))
+        t = done.timings
+        timing = None
+        if t.finished is not None:
+            timing = Timing(queue_s=t.queue_s or 0.0, first_token_s=t.ttft_s or 0.0, total_s=t.finished - t.arrived)
+        usage = Usage(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
+                      total_tokens=done.prompt_tokens + done.completion_tokens)
+        self._pending.append(DoneEvent(id=rid, seq=self.next_seq(rid), usage=usage, timing=timing))
+
+    def add_event(self, event: Event) -> None:
+        """Queue an already-built event (its seq must come from next_seq)."""
+        self._pending.append(event)
+
+    def add_error(self, request_id: str, error: LLMFleetError) -> None:
+        """Queue a terminal ErrorEvent."""
+        self._pending.append(error.to_event(request_id, self.next_seq(request_id)))
+
+    def flush(self, acks: list[tuple[str, str]] = ()) -> None:
+        """Journal and publish every queued event, and XACK finished jobs, in one transaction."""
+        if not self._pending and not acks:
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        for event in self._pending:
+            data = codec.encode_event(event)
+            journal = keys.journal_stream(event.id)
+            pipe.xadd(journal, {keys.JOURNAL_SEQ_FIELD: str(event.seq), keys.JOURNAL_EVENT_FIELD: data},
+                      maxlen=JOURNAL_MAXLEN, approximate=True)
+            if event.seq == 0 or isinstance(event, DoneEvent) or event.kind == "error":
+                pipe.expire(journal, self.journal_ttl_s)
+            pipe.publish(keys.events_channel(event.id), data)
+            if isinstance(event, DoneEvent) or event.kind == "error":
+                self._next_seq.pop(event.id, None)
+        for stream, message_id in acks:
+            pipe.xack(stream, keys.JOBS_GROUP, message_id)
+        self._pending = []
+        pipe.execute()

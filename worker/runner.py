@@ -1,0 +1,271 @@
+"""The worker process loop: take jobs from the model's stream, drive the scheduler, publish events."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from redis import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from shared import codec, keys
+from shared.codec import WireFormatError
+from shared.errors import DeadlineExceeded, InvalidRequest, LLMFleetError, Unavailable
+from shared.messages import ChoiceEndEvent, DoneEvent, EmbedJob, FinishReason, GenerateJob, TokenEvent, Usage
+from shared.settings import Settings
+from worker.cancel_listener import CancelListener
+from worker.engine.engine import Engine
+from worker.engine.errors import EngineError
+from worker.heartbeat import Heartbeat
+from worker.jobs import generation_request
+from worker.publisher import EventPublisher
+from worker.scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger(__name__)
+RECLAIM_EVERY_S = 5.0
+IDLE_BLOCK_MS = 200
+
+
+@dataclass
+class HeldJob:
+    """A job this worker has taken from the stream and not yet acked."""
+
+    message_id: str
+    job: GenerateJob
+    width: int  # sequences it occupies (n)
+
+
+class WorkerRunner:
+    """One model-pinned worker: intake, scheduling, publishing, cancels, deadlines, leases, draining."""
+
+    def __init__(self, engine: Engine, redis: Redis, settings: Settings, *, model: str,
+                 scheduler_config: SchedulerConfig | None = None, worker_id: str | None = None) -> None:
+        self.engine = engine
+        self.redis = redis
+        self.settings = settings
+        self.model = model
+        self.worker_id = worker_id or f"{model}-{uuid.uuid4().hex[:8]}"
+        self.stream = keys.jobs_stream(model)
+        config = scheduler_config or SchedulerConfig(max_sequences=settings.slots)
+        self.scheduler = Scheduler(engine, config)
+        self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60)
+        self.stop_requested = threading.Event()
+        self.ready = threading.Event()  # set once registered and listening
+        self._held: dict[str, HeldJob] = {}
+        self._lock = threading.Lock()
+        self._last_reclaim = 0.0
+        self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=config.max_sequences,
+                                   interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
+                                   load=self._load, held_jobs=self._held_ids)
+        self.cancels = CancelListener(redis, model)
+
+    # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
+
+    def _load(self) -> int:
+        with self._lock:
+            return sum(h.width for h in self._held.values())
+
+    def _held_ids(self) -> list[str]:
+        with self._lock:
+            return [h.message_id for h in self._held.values()]
+
+    def _free_width(self) -> int:
+        return self.scheduler.config.max_sequences - self._load()
+
+    # ---- lifecycle -----------------------------------------------------------------------------------------
+
+    def ensure_group(self) -> None:
+        """Create the model's stream and consumer group if they do not exist yet."""
+        try:
+            self.redis.xgroup_create(self.stream, keys.JOBS_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def run(self) -> None:
+        """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
+        self.ensure_group()
+        self.cancels.start()
+        self.heartbeat.start()
+        self.ready.set()
+        log.info("worker %s serving %s with %d slots", self.worker_id, self.model, self.scheduler.config.max_sequences)
+        try:
+            while True:
+                if self.stop_requested.is_set() and self.heartbeat.state != "draining":
+                    self.heartbeat.state = "draining"
+                    self._safe(self.heartbeat.beat)
+                    log.info("worker %s draining %d jobs", self.worker_id, len(self._held))
+                if self.heartbeat.state == "draining" and not self._held:
+                    return
+                self._safe(self.run_once)
+        finally:
+            self.cancels.stop()
+            self.heartbeat.stop()
+            self._safe(self.heartbeat.deregister)
+            log.info("worker %s stopped", self.worker_id)
+
+    def _safe(self, fn: object) -> None:
+        """Run one part of the loop; Redis trouble is logged and retried, never fatal."""
+        try:
+            fn()  # type: ignore[operator]
+        except RedisError as exc:
+            log.warning("Redis error in the worker loop: %s; retrying", exc)
+            time.sleep(0.5)
+
+    def run_once(self) -> None:
+        """One turn: cancels, deadlines, intake (and reclaim), one scheduler step, one publish round trip."""
+        acks: list[tuple[str, str]] = []
+        for request_id in self.cancels.drain():
+            self._cancel(request_id, acks)
+        self._expire_deadlines(acks)
+        if self.heartbeat.state == "ready":
+            if time.monotonic() - self._last_reclaim > RECLAIM_EVERY_S:
+                self._last_reclaim = time.monotonic()
+                self._reclaim(acks)
+            self._intake(acks, block=not self.scheduler.has_work and not acks)
+        ended = self.publisher.add_steps(self.scheduler.step())
+        acks.extend(self._release(rid) for rid in ended if rid in self._held)
+        self.publisher.flush(acks)
+
+    # ---- intake ------------------------------------------------------------------------------------------
+
+    def _intake(self, acks: list[tuple[str, str]], *, block: bool) -> None:
+        """Read as many new jobs as there are free slots."""
+        free = self._free_width()
+        if free <= 0:
+            return
+        reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {self.stream: ">"}, count=free,
+                                      block=IDLE_BLOCK_MS if block else None)
+        for _stream, messages in reply or []:
+            for message_id, fields in messages:
+                self._accept(_text(message_id), fields, acks, resumed_seq=None)
+
+    def _reclaim(self, acks: list[tuple[str, str]]) -> None:
+        """Take over jobs whose worker stopped renewing its lease; each one ends, never hangs."""
+        free = self._free_width()
+        if free <= 0:
+            return
+        reply = self.redis.xautoclaim(self.stream, keys.JOBS_GROUP, self.worker_id,
+                                      min_idle_time=int(self.settings.lease_s * 1000), start_id="0-0", count=free)
+        claimed = reply[1] if reply else []
+        for message_id, fields in claimed:
+            mid = _text(message_id)
+            job_id = _job_id(fields) if fields else None
+            if job_id is None:  # trimmed away or unreadable: nothing can be done for it
+                acks.append((self.stream, mid))
+                continue
+            last = self.redis.xrevrange(keys.journal_stream(job_id), count=1)
+            sent = int(last[0][1][keys.JOURNAL_SEQ_FIELD.encode()]) + 1 if last else 0
+            log.info("reclaimed job %s (%d events already sent) from a silent worker", job_id, sent)
+            self._accept(mid, fields, acks, resumed_seq=sent)
+
+    def _accept(self, message_id: str, fields: dict, acks: list[tuple[str, str]], *, resumed_seq: int | None) -> None:
+        """Decode one job and start it, or end it at once with the right terminal event."""
+        try:
+            job = codec.decode_job(fields[keys.JOB_FIELD.encode()])
+        except (WireFormatError, KeyError) as exc:
+            log.warning("dropping undecodable job %s: %s", message_id, exc)
+            acks.append((self.stream, message_id))
+            return
+        if resumed_seq:
+            self.publisher.resume_from(job.id, resumed_seq)
+            # Resuming a half-sent stream invisibly is a later goal (journal + seed make it possible).
+            self.publisher.add_error(job.id, Unavailable(
+                "the worker serving this request stopped mid-stream; please retry", retry_after=1.0))
+            acks.append((self.stream, message_id))
+            return
+        if time.time() > job.deadline:
+            self.publisher.add_error(job.id, DeadlineExceeded("the request's deadline passed before it started"))
+            acks.append((self.stream, message_id))
+            return
+        if self.redis.exists(keys.cancelled_marker(job.id)):
+            self._end_cancelled_before_start(job)
+            acks.append((self.stream, message_id))
+            return
+        log.info("job %s", job.describe())
+        try:
+            if isinstance(job, EmbedJob):
+                self._run_embed(job)
+                acks.append((self.stream, message_id))
+                return
+            request = generation_request(self.engine, job)
+            if job.echo:
+                text = self.engine.tokenizer.decode(request.prompt_ids, skip_special=False)
+                for index in range(job.n):
+                    self.publisher.add_event(TokenEvent(id=job.id, seq=self.publisher.next_seq(job.id), index=index,
+                                                        text=text, token_ids=list(request.prompt_ids), echo=True))
+            self.scheduler.add(request)
+        except LLMFleetError as exc:
+            self.publisher.add_error(job.id, exc)
+            acks.append((self.stream, message_id))
+            return
+        except (ValueError, EngineError) as exc:
+            self.publisher.add_error(job.id, InvalidRequest(str(exc)))
+            acks.append((self.stream, message_id))
+            return
+        with self._lock:
+            self._held[job.id] = HeldJob(message_id, job, job.n)
+
+    def _run_embed(self, job: EmbedJob) -> None:
+        """Embed every input now (one forward each) and publish the terminal DoneEvent with the vectors."""
+        vectors, prompt_tokens = [], 0
+        for i, item in enumerate(job.inputs):
+            ids = self.engine.encode_prompt(item) if isinstance(item, str) else list(item)
+            if not ids:
+                raise InvalidRequest(f"input {i} is empty", param="input")
+            if len(ids) > self.engine.context_length:
+                raise InvalidRequest(f"input {i} has {len(ids)} tokens, over the context length "
+                                     f"{self.engine.context_length}", param="input")
+            if any(not 0 <= t < self.engine.model.config.vocab_size for t in ids):
+                raise InvalidRequest(f"input {i} has a token id outside the vocabulary", param="input")
+            prompt_tokens += len(ids)
+            vectors.append(self.engine.embed(ids, pooling=job.pooling, normalize=job.normalize).tolist())
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
+        self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id), usage=usage,
+                                           embeddings=vectors))
+
+    def _end_cancelled_before_start(self, job: GenerateJob | EmbedJob) -> None:
+        """A job cancelled while it waited in the stream ends with cancelled choices and no tokens."""
+        for index in range(job.n if isinstance(job, GenerateJob) else 0):
+            self.publisher.add_event(ChoiceEndEvent(id=job.id, seq=self.publisher.next_seq(job.id), index=index,
+                                                    finish_reason=FinishReason.CANCELLED))
+        self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id),
+                                           usage=Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)))
+
+    # ---- cancels and deadlines -------------------------------------------------------------------------
+
+    def _release(self, request_id: str) -> tuple[str, str]:
+        with self._lock:
+            held = self._held.pop(request_id)
+        return (self.stream, held.message_id)
+
+    def _cancel(self, request_id: str, acks: list[tuple[str, str]]) -> None:
+        if request_id not in self._held:
+            return
+        done = self.scheduler.cancel(request_id)
+        if done is not None:
+            self.publisher.add_done(done)
+        acks.append(self._release(request_id))
+        log.info("cancelled %s", request_id)
+
+    def _expire_deadlines(self, acks: list[tuple[str, str]]) -> None:
+        now = time.time()
+        for request_id in [rid for rid, h in self._held.items() if h.job.deadline < now]:
+            self.scheduler.cancel(request_id)
+            self.publisher.add_error(request_id, DeadlineExceeded("the request's deadline passed"))
+            acks.append(self._release(request_id))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _job_id(fields: dict) -> str | None:
+    """The request id inside a raw job entry, or None when it cannot be read."""
+    try:
+        return codec.decode_job(fields[keys.JOB_FIELD.encode()]).id
+    except (WireFormatError, KeyError):
+        return None
