@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, Protocol
 
+import anyio
+from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -40,8 +43,19 @@ class SSEResponse(StreamingResponse):
         super().__init__(encode(chunks), media_type="text/event-stream", headers=HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Unlike Starlette's default for ASGI spec >= 2.4 (notice the client only when a send fails), always
+        # watch for the disconnect: a stream can wait long between events, and its work must stop at once.
         try:
-            await super().__call__(scope, receive, send)
+            async with anyio.create_task_group() as group:
+
+                async def stream_then_stop() -> None:
+                    with contextlib.suppress(OSError, ClientDisconnect):
+                        await self.stream_response(send)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream_then_stop)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
             await self._chunks.aclose()

@@ -1,0 +1,180 @@
+"""A request's life: cancel when the client leaves, seq gaps refilled from the journal, duplicates dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from shared import codec, keys
+from shared.errors import DeadlineExceeded
+from shared.messages import CancelRequest, ChoiceEndEvent, DoneEvent, FinishReason, TokenEvent, Usage
+
+pytestmark = pytest.mark.anyio
+
+CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def call_app(app: Any, path: str, body: dict[str, Any], leave: asyncio.Event, spec: str = "2.3") -> list[dict[str, Any]]:
+    """Drive the ASGI app directly; the client 'disconnects' once `leave` is set."""
+    raw = json.dumps(body).encode()
+    pending = [{"type": "http.request", "body": raw, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if pending:
+            return pending.pop(0)
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if leave.is_set() and spec == "2.4":
+            raise OSError("connection reset")
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": spec},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+        "client": ("127.0.0.1", 5000),
+        "server": ("gateway", 80),
+    }
+    await app(scope, receive, send)
+    return sent
+
+
+async def _next_cancel(pubsub: Any) -> CancelRequest:
+    for _ in range(200):
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.01)
+        if message is not None:
+            notice = codec.decode(message["data"])
+            assert isinstance(notice, CancelRequest)
+            return notice
+    raise AssertionError("no cancel was published")
+
+
+@pytest.fixture
+async def cancels(redis):
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.cancel_channel("smollm2"))
+    yield pubsub
+    await pubsub.aclose()
+
+
+@pytest.mark.parametrize("spec", ["2.3", "2.4"])
+async def test_client_leaving_a_stream_publishes_cancel(app_client, worker, redis, cancels, spec: str) -> None:
+    app, _ = app_client
+    leave = asyncio.Event()
+    call = asyncio.create_task(call_app(app, "/v1/chat/completions", {**CHAT, "stream": True}, leave, spec))
+    job = await worker.take()
+    await worker.token(job, "Hel")
+    await asyncio.sleep(0.05)
+    leave.set()
+    sent = await asyncio.wait_for(call, 5)
+    assert sent[0]["status"] == 200
+    assert b'"content":"Hel"' in b"".join(m.get("body", b"") for m in sent)
+    notice = await _next_cancel(cancels)
+    assert (notice.id, notice.model, notice.reason) == (job.id, "smollm2", "client_disconnected")
+    assert await redis.get(keys.cancelled_marker(job.id)) == b"1"
+    assert 0 < await redis.ttl(keys.cancelled_marker(job.id)) <= 5 + 60 + 1
+    assert app.state.broker.subscriber.active == 0
+
+
+async def test_client_leaving_a_non_streaming_request_publishes_cancel(app_client, worker, redis, cancels) -> None:
+    app, _ = app_client
+    leave = asyncio.Event()
+    call = asyncio.create_task(call_app(app, "/v1/chat/completions", CHAT, leave))
+    job = await worker.take()
+    leave.set()
+    await asyncio.wait_for(call, 5)
+    notice = await _next_cancel(cancels)
+    assert notice.id == job.id
+    assert app.state.broker.subscriber.active == 0
+
+
+async def test_finished_requests_publish_no_cancel_and_drop_their_journal(client, worker, redis, cancels) -> None:
+    task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    job = await worker.take()
+    await worker.answer(job, ["ok"])
+    assert (await task).status_code == 200
+    assert await cancels.get_message(ignore_subscribe_messages=True, timeout=0.05) is None
+    assert await redis.exists(keys.journal_stream(job.id)) == 0
+    assert await redis.exists(keys.cancelled_marker(job.id)) == 0
+
+
+async def test_a_gap_is_refilled_from_the_journal(client, worker) -> None:
+    task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    job = await worker.take()
+    await worker.token(job, "A")
+    await worker.send(TokenEvent(id=job.id, seq=worker.next_seq(job.id), text="B", token_ids=[2]), publish=False)
+    await worker.token(job, "C")
+    await worker.end(job)
+    await worker.done(job)
+    data = (await task).json()
+    assert data["choices"][0]["message"]["content"] == "ABC"
+
+
+async def test_duplicates_are_dropped(client, worker) -> None:
+    task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    job = await worker.take()
+    first = TokenEvent(id=job.id, seq=worker.next_seq(job.id), text="A", token_ids=[1])
+    await worker.send(first)
+    await worker.send(first, journal=False)  # e.g. replayed by a replacement worker
+    await worker.token(job, "B")
+    await worker.end(job)
+    await worker.done(job)
+    assert (await task).json()["choices"][0]["message"]["content"] == "AB"
+
+
+async def test_a_gap_the_journal_cannot_fill_is_an_error_and_cancels(client, worker, cancels) -> None:
+    task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    job = await worker.take()
+    await worker.token(job, "A")
+    worker.next_seq(job.id)  # seq 1 is lost: neither journaled nor published
+    await worker.token(job, "C")
+    response = await task
+    assert response.status_code == 500
+    assert "were lost" in response.json()["error"]["message"]
+    assert (await _next_cancel(cancels)).id == job.id
+
+
+async def test_after_a_reconnect_events_are_read_back_from_the_journal(app_client, worker) -> None:
+    app, client = app_client
+    task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    job = await worker.take()
+    # Published while the gateway's pub/sub connection was down: only the journal has them.
+    for event in (
+        TokenEvent(id=job.id, seq=0, text="X", token_ids=[1]),
+        ChoiceEndEvent(id=job.id, seq=1, finish_reason=FinishReason.STOP),
+        DoneEvent(id=job.id, seq=2, usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)),
+    ):
+        await worker.send(event, publish=False)
+    await app.state.broker.subscriber._on_connect(None)  # what redis-py calls after reconnecting
+    assert (await task).json()["choices"][0]["message"]["content"] == "X"
+
+
+async def test_a_worker_deadline_error_is_504(client, worker) -> None:
+    task = asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "stream": True}))
+    job = await worker.take()
+    await worker.send(DeadlineExceeded("deadline passed in the queue").to_event(job.id, 0))
+    response = await task
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "deadline_exceeded"
+
+
+async def test_unreadable_events_fail_the_request(client, worker, redis) -> None:
+    task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    job = await worker.take()
+    await redis.publish(keys.events_channel(job.id), b"\x93garbage")
+    response = await task
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "server_error"
