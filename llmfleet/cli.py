@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
+from shared.settings import Settings, SettingsError
 from worker.engine.errors import EngineError
 from worker.models import ModelResolveError, pull, resolve
 
@@ -79,6 +81,77 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, overridden by the flags given on the command line."""
+    from dataclasses import replace
+
+    settings = Settings.from_env()
+    overrides = {name: getattr(args, name) for name in ("host", "port", "slots", "queue_limit", "max_body_bytes")
+                 if getattr(args, name, None) is not None}
+    return replace(settings, **overrides)
+
+
+def _worker_args(args: argparse.Namespace) -> list[str]:
+    """The scheduler flags, as they are passed on to worker processes."""
+    return ["--kv-budget-mib", str(args.kv_budget_mib), "--prefix-cache-mib", str(args.prefix_cache_mib),
+            "--max-batch-tokens", str(args.max_batch_tokens), "--max-prefill-tokens", str(args.max_prefill_tokens),
+            *(["--slots", str(args.slots)] if args.slots else [])]
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run one worker pinned to a model, against REDIS_URL."""
+    from llmfleet.processes import configure_logging, run_worker
+
+    settings = _settings(args)
+    configure_logging(settings.log_level)
+    return run_worker(args.model, settings, kv_budget_mib=args.kv_budget_mib, prefix_cache_mib=args.prefix_cache_mib,
+                      max_batch_tokens=args.max_batch_tokens, max_prefill_tokens=args.max_prefill_tokens)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    """Run the HTTP gateway against REDIS_URL."""
+    from llmfleet.processes import configure_logging, run_gateway
+
+    settings = _settings(args)
+    configure_logging(settings.log_level)
+    return run_gateway(settings)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run Redis (bundled unless REDIS_URL is set), the gateway and N workers on this machine."""
+    from llmfleet.processes import configure_logging, serve
+
+    settings = _settings(args)
+    configure_logging(settings.log_level)
+    return serve(args.model, settings, workers=args.workers, worker_args=_worker_args(args))
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return float(raw) if raw else default
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return int(raw) if raw else default
+
+
+def _add_server_flags(parser: argparse.ArgumentParser, *, gateway: bool, worker: bool) -> None:
+    """Flags of the long-running commands; each defaults to its environment variable."""
+    if gateway:
+        parser.add_argument("--host", default=None, help="listen address (LLMFLEET_HOST, default 127.0.0.1)")
+        parser.add_argument("--port", type=int, default=None, help="listen port (LLMFLEET_PORT, default 8000)")
+        parser.add_argument("--queue-limit", type=int, default=None, help="waiting jobs per model before 429 "
+                            "(LLMFLEET_QUEUE_LIMIT)")
+        parser.add_argument("--max-body-bytes", type=int, default=None, help="LLMFLEET_MAX_BODY_BYTES")
+    if worker:
+        parser.add_argument("--slots", type=int, default=None, help="sequences per worker (LLMFLEET_SLOTS)")
+        parser.add_argument("--kv-budget-mib", type=float, default=_env_float("LLMFLEET_KV_BUDGET_MIB", 1024.0))
+        parser.add_argument("--prefix-cache-mib", type=float, default=_env_float("LLMFLEET_PREFIX_CACHE_MIB", 256.0))
+        parser.add_argument("--max-batch-tokens", type=int, default=_env_int("LLMFLEET_MAX_BATCH_TOKENS", 2048))
+        parser.add_argument("--max-prefill-tokens", type=int, default=_env_int("LLMFLEET_MAX_PREFILL_TOKENS", 512))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="llmfleet", description="A self-hosted LLM-serving cluster.")
@@ -94,6 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message via the chat template")
     _add_sampling_flags(p)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("serve", help="everything on this machine: Redis, the gateway and N workers")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--workers", type=int, default=1)
+    _add_server_flags(p, gateway=True, worker=True)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("gateway", help="the OpenAI-compatible HTTP gateway alone (uses REDIS_URL)")
+    _add_server_flags(p, gateway=True, worker=False)
+    p.set_defaults(func=cmd_gateway)
+
+    p = sub.add_parser("worker", help="one worker pinned to a model (uses REDIS_URL)")
+    p.add_argument("--model", default="smollm2-135m")
+    _add_server_flags(p, gateway=False, worker=True)
+    p.set_defaults(func=cmd_worker)
     return parser
 
 
@@ -103,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except (ModelResolveError, EngineError) as exc:
+    except (ModelResolveError, EngineError, SettingsError) as exc:
         print(f"llmfleet: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
