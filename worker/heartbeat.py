@@ -17,17 +17,17 @@ log = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    """Every interval: refresh the registry hash (model, slots, load, state) and renew leases of held jobs."""
+    """Every interval: refresh the registry hash (model, slots, load, served, state) and renew held jobs' leases."""
 
     def __init__(self, redis: Redis, *, worker_id: str, model: str, slots: int, interval_s: float, ttl_s: float,
-                 load: Callable[[], int], held_jobs: Callable[[], list[str]]) -> None:
+                 gauges: Callable[[], dict[str, int]], held_jobs: Callable[[], list[str]]) -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.model = model
         self.slots = slots
         self.interval_s = interval_s
         self.ttl_s = ttl_s
-        self._load = load
+        self._gauges = gauges  # {"load": sequences in flight, "served": requests ended so far}
         self._held_jobs = held_jobs
         self.state = "ready"
         self.started = time.time()
@@ -40,8 +40,8 @@ class Heartbeat:
         key = keys.worker_key(self.worker_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, mapping={
-            "model": self.model, "slots": self.slots, "load": self._load(), "version": WIRE_VERSION,
-            "heartbeat": now, "started": self.started, "state": self.state,
+            "model": self.model, "slots": self.slots, "version": WIRE_VERSION,
+            "heartbeat": now, "started": self.started, "state": self.state, **self._gauges(),
         })
         pipe.expire(key, max(1, int(self.ttl_s)))
         pipe.zadd(keys.WORKERS_INDEX, {self.worker_id: now})

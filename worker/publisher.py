@@ -107,7 +107,11 @@ class EventPublisher:
         self._pending.append(error.to_event(request_id, self.next_seq(request_id)))
 
     def flush(self, acks: list[tuple[str, str]] = ()) -> None:
-        """Journal and publish every queued event, and XACK finished jobs, in one transaction."""
+        """Journal and publish every queued event, and XACK + XDEL finished jobs, in one transaction.
+
+        Deleting acked entries keeps a job stream to waiting + in-flight jobs, so XLEN - pending is the queue
+        depth the gateway bounds (Redis 6.2 has no consumer-group lag).
+        """
         if not self._pending and not acks:
             return
         pipe = self.redis.pipeline(transaction=True)
@@ -123,5 +127,6 @@ class EventPublisher:
                 self._next_seq.pop(event.id, None)
         for stream, message_id in acks:
             pipe.xack(stream, keys.JOBS_GROUP, message_id)
+            pipe.xdel(stream, message_id)
         self._pending = []
         pipe.execute()

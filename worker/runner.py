@@ -57,9 +57,10 @@ class WorkerRunner:
         self._held: dict[str, HeldJob] = {}
         self._lock = threading.Lock()
         self._last_reclaim = 0.0
+        self.served = 0  # requests that ended here (any way)
         self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=config.max_sequences,
                                    interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
-                                   load=self._load, held_jobs=self._held_ids)
+                                   gauges=self._gauges, held_jobs=self._held_ids)
         self.cancels = CancelListener(redis, model)
 
     # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
@@ -67,6 +68,9 @@ class WorkerRunner:
     def _load(self) -> int:
         with self._lock:
             return sum(h.width for h in self._held.values())
+
+    def _gauges(self) -> dict[str, int]:
+        return {"load": self._load(), "served": self.served}
 
     def _held_ids(self) -> list[str]:
         with self._lock:
@@ -240,6 +244,7 @@ class WorkerRunner:
     def _release(self, request_id: str) -> tuple[str, str]:
         with self._lock:
             held = self._held.pop(request_id)
+            self.served += 1
         return (self.stream, held.message_id)
 
     def _cancel(self, request_id: str, acks: list[tuple[str, str]]) -> None:

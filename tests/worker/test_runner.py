@@ -90,6 +90,7 @@ def test_generate_events_are_numbered_and_terminal_once(worker: WorkerRunner, cl
     assert len(journal) == len(events)  # everything published is journaled
     time.sleep(0.3)
     assert client.xpending(keys.jobs_stream(MODEL), keys.JOBS_GROUP)["pending"] == 0  # acked
+    assert client.xlen(keys.jobs_stream(MODEL)) == 0  # and deleted: the stream holds only open jobs
 
 
 def test_registry_entry(worker: WorkerRunner, client: redis.Redis) -> None:
