@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -20,6 +20,7 @@ from gateway.routes import ROUTES
 from shared.errors import LLMFleetError
 from shared.settings import Settings
 
+POOL_WAIT_S = 5.0
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for 'the client went away'; nobody receives it
 
 
@@ -27,13 +28,28 @@ async def _client_gone(_request: Request, _exc: Exception) -> Response:
     return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
+def _redis_client(settings: Settings) -> Redis:
+    """A client whose pool makes requests wait for a free connection instead of failing when all are busy."""
+    pool = BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=settings.redis_max_connections,
+        timeout=POOL_WAIT_S,
+        socket_connect_timeout=POOL_WAIT_S,
+    )
+    return Redis(connection_pool=pool)
+
+
 def create_app(settings: Settings | None = None, redis: Redis | None = None) -> Starlette:
-    """Build the gateway; `redis` (bytes responses, e.g. a FakeRedis in tests) replaces REDIS_URL."""
+    """Build the gateway; `redis` (bytes responses, e.g. a FakeRedis in tests) replaces REDIS_URL.
+
+    An injected client should have a pool large enough for the concurrency it will see (redis-py's default
+    pool refuses the 101st concurrent command); the gateway's own client uses a blocking pool.
+    """
     settings = settings or Settings.from_env()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        client = redis if redis is not None else Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+        client = redis if redis is not None else _redis_client(settings)
         broker = Broker(client, settings)
         await broker.start()
         app.state.broker = broker

@@ -12,7 +12,7 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _POSITIVE_INTS = (
     "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_n", "max_embed_inputs", "queue_limit",
-    "stream_maxlen", "slots",
+    "stream_maxlen", "slots", "redis_max_connections",
 )
 _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
@@ -29,6 +29,7 @@ class Settings:
     """All knobs of gateway and workers; see ENV for the environment variable of each field."""
 
     redis_url: str = field(default="redis://localhost:6379/0", repr=False)  # may hold a password
+    redis_max_connections: int = 64  # the gateway's connection pool; requests wait for a free connection
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = field(default=None, repr=False)  # when set, every /v1 request needs "Authorization: Bearer <key>"
@@ -93,6 +94,7 @@ class Settings:
 
 ENV: dict[str, str] = {
     "redis_url": "REDIS_URL",
+    "redis_max_connections": "LLMFLEET_REDIS_MAX_CONNECTIONS",
     "host": "LLMFLEET_HOST",
     "port": "LLMFLEET_PORT",
     "api_key": "LLMFLEET_API_KEY",

@@ -11,6 +11,7 @@ from typing import Any
 import fakeredis
 import httpx
 import pytest
+from redis.asyncio import BlockingConnectionPool
 from redis.exceptions import ResponseError
 
 from gateway.app import create_app
@@ -169,7 +170,9 @@ async def app_client(
     settings: Settings, server: fakeredis.FakeServer
 ) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
     """The gateway app (lifespan running, its own FakeRedis client) and an HTTP client for it."""
-    gateway_redis = fakeredis.FakeAsyncRedis(server=server)
+    gateway_redis = fakeredis.FakeAsyncRedis(
+        server=server, connection_pool_class=BlockingConnectionPool, max_connections=settings.redis_max_connections
+    )
     app = create_app(settings, redis=gateway_redis)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
