@@ -49,6 +49,7 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        """Open Redis and the broker for the app's lifetime."""
         client = redis if redis is not None else _redis_client(settings)
         broker = Broker(client, settings)
         await broker.start()

@@ -61,6 +61,7 @@ class BodyLimitMiddleware:
         received = 0
 
         async def limited_receive() -> Message:
+            """Pass messages through, counting body bytes."""
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":

@@ -49,6 +49,7 @@ class SSEResponse(StreamingResponse):
             async with anyio.create_task_group() as group:
 
                 async def stream_then_stop() -> None:
+                    """Send the whole stream, then stop watching for the disconnect."""
                     with contextlib.suppress(OSError, ClientDisconnect):
                         await self.stream_response(send)
                     group.cancel_scope.cancel()

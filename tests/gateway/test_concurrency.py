@@ -1,4 +1,4 @@
-"""Many concurrent streams share the gateway's one pub/sub connection."""
+"""Many concurrent streams (streaming and not) share the gateway's one pub/sub connection."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from shared import keys
 
 pytestmark = pytest.mark.anyio
 
-N = 200
+N = 100
 
 
 async def test_many_concurrent_streams(app_client, worker, redis, settings) -> None:

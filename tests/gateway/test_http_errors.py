@@ -147,6 +147,7 @@ async def test_body_too_large_is_413_by_content_length(client) -> None:
 
 async def test_body_too_large_is_413_when_chunked(client) -> None:
     async def chunks():
+        """A body sent chunked, with no Content-Length."""
         for _ in range(40):
             yield b"x" * 65536
 
@@ -181,6 +182,7 @@ async def test_redis_down_is_503_unavailable(client, server, worker) -> None:
 
 @pytest.fixture
 async def keyed_client(server: fakeredis.FakeServer):
+    """A gateway that requires an API key."""
     app = create_app(Settings(api_key="sk-right", registry_cache_s=0.0), redis=fakeredis.FakeAsyncRedis(server=server))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

@@ -24,12 +24,14 @@ async def call_app(app: Any, path: str, body: dict[str, Any], leave: asyncio.Eve
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
+        """The request body, then (once told) the disconnect."""
         if pending:
             return pending.pop(0)
         await leave.wait()
         return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
+        """Record what the app sends; fail like a dead socket after the disconnect (spec 2.4)."""
         if leave.is_set() and spec == "2.4":
             raise OSError("connection reset")
         sent.append(message)
@@ -64,6 +66,7 @@ async def _next_cancel(pubsub: Any) -> CancelRequest:
 
 @pytest.fixture
 async def cancels(redis):
+    """A subscription to the model's cancel channel."""
     pubsub = redis.pubsub()
     await pubsub.subscribe(keys.cancel_channel("smollm2"))
     yield pubsub

@@ -15,6 +15,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture
 def sdk(app_client) -> openai.AsyncOpenAI:
+    """An AsyncOpenAI client wired to the app in process."""
     app, _ = app_client
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway/v1")
     return openai.AsyncOpenAI(api_key="unused", base_url="http://gateway/v1", http_client=http, max_retries=0)
@@ -32,6 +33,7 @@ async def test_chat_completion(sdk, worker) -> None:
 
 async def test_chat_stream_with_usage(sdk, worker) -> None:
     async def consume() -> tuple[str, object]:
+        """Read the stream with the SDK: the text and the usage."""
         stream = await sdk.chat.completions.create(
             model="smollm2", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
         )

@@ -19,6 +19,7 @@ CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "st
 
 @pytest.fixture(autouse=True)
 def fixed_request_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make response ids predictable."""
     monkeypatch.setattr(serving, "new_request_id", lambda: "req-0123")
 
 

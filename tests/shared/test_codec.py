@@ -180,7 +180,7 @@ def test_refuses_non_bytes_and_non_messages() -> None:
 
 def test_encode_reports_unpackable_values() -> None:
     class Weird:
-        pass
+        """Something msgpack cannot pack."""
 
     event = TokenEvent(id="r", seq=0, text="x", token_ids=[Weird()])  # type: ignore[list-item]
     with pytest.raises(WireFormatError, match="cannot encode token message"):
