@@ -11,6 +11,7 @@ llmfleet:models, refreshed by every heartbeat of a worker serving it, is within 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -68,12 +69,18 @@ class Registry:
         self._clock = clock
         self._cached: list[WorkerInfo] = []
         self._cached_at: float | None = None
+        self._refreshing = asyncio.Lock()
 
     async def live_workers(self) -> list[WorkerInfo]:
         """Every live worker (see the module docstring for what counts as live)."""
-        now = self._clock()
-        if self._cached_at is not None and now - self._cached_at < self._settings.registry_cache_s:
+        async with self._refreshing:  # one refresh at a time; the others reuse its result
+            now = self._clock()
+            if self._cached_at is not None and now - self._cached_at < self._settings.registry_cache_s:
+                return self._cached
+            self._cached, self._cached_at = await self._read(now), now
             return self._cached
+
+    async def _read(self, now: float) -> list[WorkerInfo]:
         ttl = self._settings.heartbeat_ttl_s
         with redis_unavailable(self._settings.retry_after_s):
             ids = await self._redis.zrangebyscore(keys.WORKERS_INDEX, now - ttl, "+inf")
@@ -91,7 +98,6 @@ class Registry:
                 continue
             if info.version == WIRE_VERSION and info.state == "ready" and info.model and info.heartbeat >= now - ttl:
                 workers.append(info)
-        self._cached, self._cached_at = workers, now
         return workers
 
     async def live_models(self) -> dict[str, list[WorkerInfo]]:

@@ -23,7 +23,8 @@ def _state(request: Request) -> tuple[Broker, Settings]:
 async def _generate(request: Request, parsed: ChatRequest | CompletionRequest) -> Response:
     broker, settings = _state(request)
     if parsed.params.stream:
-        return SSEResponse(await serving.stream_completion(broker, parsed, settings))
+        stream = await unless_disconnected(request.receive, serving.stream_completion(broker, parsed, settings))
+        return SSEResponse(stream)
     body = await unless_disconnected(request.receive, serving.run_completion(broker, parsed, settings))
     return JSONResponse(body)
 

@@ -181,3 +181,15 @@ async def test_unreadable_events_fail_the_request(client, worker, redis) -> None
     response = await task
     assert response.status_code == 500
     assert response.json()["error"]["type"] == "server_error"
+
+
+async def test_client_leaving_before_the_first_event_of_a_stream_publishes_cancel(app_client, worker, cancels) -> None:
+    app, _ = app_client
+    leave = asyncio.Event()
+    call = asyncio.create_task(call_app(app, "/v1/chat/completions", {**CHAT, "stream": True}, leave))
+    job = await worker.take()  # queued; the worker has not started it
+    leave.set()
+    sent = await asyncio.wait_for(call, 5)
+    assert sent[0]["status"] == 499  # nobody reads it: the client is gone
+    assert (await _next_cancel(cancels)).id == job.id
+    assert app.state.broker.subscriber.active == 0
