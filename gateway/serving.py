@@ -179,6 +179,9 @@ class ChunkStream:
         except LLMFleetError as exc:
             log.info("%s failed after the stream began: %s %s", header.response_id, exc.status, exc.code)
             yield exc.to_openai()
+        except Exception:  # a bug: still end the stream properly, with an error and [DONE]
+            log.exception("%s broke after the stream began", header.response_id)
+            yield InternalError("The server had an error while processing your request.").to_openai()
         finally:
             await self.aclose()
 
