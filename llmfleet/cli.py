@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -86,16 +85,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     from dataclasses import replace
 
     settings = Settings.from_env()
-    overrides = {name: getattr(args, name) for name in ("host", "port", "slots", "queue_limit", "max_body_bytes")
-                 if getattr(args, name, None) is not None}
+    names = ("host", "port", "slots", "queue_limit", "max_body_bytes", "kv_budget_mib", "prefix_cache_mib",
+             "max_batch_tokens", "max_prefill_tokens")
+    overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     return replace(settings, **overrides)
-
-
-def _worker_args(args: argparse.Namespace) -> list[str]:
-    """The scheduler flags, as they are passed on to worker processes."""
-    return ["--kv-budget-mib", str(args.kv_budget_mib), "--prefix-cache-mib", str(args.prefix_cache_mib),
-            "--max-batch-tokens", str(args.max_batch_tokens), "--max-prefill-tokens", str(args.max_prefill_tokens),
-            *(["--slots", str(args.slots)] if args.slots else [])]
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -104,8 +97,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings.log_level)
-    return run_worker(args.model, settings, kv_budget_mib=args.kv_budget_mib, prefix_cache_mib=args.prefix_cache_mib,
-                      max_batch_tokens=args.max_batch_tokens, max_prefill_tokens=args.max_prefill_tokens)
+    return run_worker(args.model, settings)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -123,17 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings.log_level)
-    return serve(args.model, settings, workers=args.workers, worker_args=_worker_args(args))
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    return float(raw) if raw else default
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    return int(raw) if raw else default
+    return serve(args.model, settings, workers=args.workers)
 
 
 def _add_server_flags(parser: argparse.ArgumentParser, *, gateway: bool, worker: bool) -> None:
@@ -146,10 +128,10 @@ def _add_server_flags(parser: argparse.ArgumentParser, *, gateway: bool, worker:
         parser.add_argument("--max-body-bytes", type=int, default=None, help="LLMFLEET_MAX_BODY_BYTES")
     if worker:
         parser.add_argument("--slots", type=int, default=None, help="sequences per worker (LLMFLEET_SLOTS)")
-        parser.add_argument("--kv-budget-mib", type=float, default=_env_float("LLMFLEET_KV_BUDGET_MIB", 1024.0))
-        parser.add_argument("--prefix-cache-mib", type=float, default=_env_float("LLMFLEET_PREFIX_CACHE_MIB", 256.0))
-        parser.add_argument("--max-batch-tokens", type=int, default=_env_int("LLMFLEET_MAX_BATCH_TOKENS", 2048))
-        parser.add_argument("--max-prefill-tokens", type=int, default=_env_int("LLMFLEET_MAX_PREFILL_TOKENS", 512))
+        parser.add_argument("--kv-budget-mib", type=float, default=None, help="LLMFLEET_KV_BUDGET_MIB (1024)")
+        parser.add_argument("--prefix-cache-mib", type=float, default=None, help="LLMFLEET_PREFIX_CACHE_MIB (256)")
+        parser.add_argument("--max-batch-tokens", type=int, default=None, help="LLMFLEET_MAX_BATCH_TOKENS (2048)")
+        parser.add_argument("--max-prefill-tokens", type=int, default=None, help="LLMFLEET_MAX_PREFILL_TOKENS (512)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,30 +15,33 @@ from shared.settings import Settings
 log = logging.getLogger("llmfleet")
 
 
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives child processes the same settings (flags included)."""
+    from shared.settings import ENV
+
+    values = {name: getattr(settings, name) for name in ENV}
+    return {ENV[name]: str(value) for name, value in values.items() if value is not None}
+
+
 def configure_logging(level: str) -> None:
     """One log format for every llmfleet process (lengths and ids only, never prompt text)."""
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def run_worker(model_name: str, settings: Settings, *, kv_budget_mib: float, prefix_cache_mib: float,
-               max_batch_tokens: int, max_prefill_tokens: int) -> int:
+def run_worker(model_name: str, settings: Settings) -> int:
     """Load the model and serve its job stream until SIGTERM/SIGINT, then drain and exit."""
     import redis
 
     from worker.engine.engine import Engine
     from worker.models import model_id, resolve
     from worker.runner import WorkerRunner
-    from worker.scheduler import SchedulerConfig
 
     path = resolve(model_name, progress=sys.stderr.isatty())
     started = time.monotonic()
     engine = Engine.load(path)
     log.info("loaded %s in %.1fs", path.name, time.monotonic() - started)
-    config = SchedulerConfig(max_sequences=settings.slots, max_batch_tokens=max_batch_tokens,
-                             max_prefill_tokens=max_prefill_tokens, kv_budget_mib=kv_budget_mib,
-                             prefix_cache_mib=prefix_cache_mib, max_queue=settings.slots)
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, health_check_interval=30)
-    runner = WorkerRunner(engine, client, settings, model=model_id(model_name), scheduler_config=config)
+    runner = WorkerRunner(engine, client, settings, model=model_id(model_name))
 
     def request_stop(signum: int, _frame: object) -> None:
         log.info("signal %d: finishing in-flight requests, taking no new ones", signum)
@@ -78,7 +81,7 @@ def _wait_http_ready(url: str, timeout_s: float, gateway: subprocess.Popen[bytes
     return False
 
 
-def serve(model_name: str, settings: Settings, *, workers: int, worker_args: list[str]) -> int:
+def serve(model_name: str, settings: Settings, *, workers: int) -> int:
     """Everything on one machine: Redis (bundled unless REDIS_URL is set), the gateway and N workers."""
     from llmfleet.redis_server import BundledRedis
     from worker.models import resolve
@@ -88,19 +91,16 @@ def serve(model_name: str, settings: Settings, *, workers: int, worker_args: lis
     env = dict(os.environ)
     if not os.environ.get("REDIS_URL"):
         redis_server = BundledRedis().start()
-        env["REDIS_URL"] = redis_server.url
         settings = replace(settings, redis_url=redis_server.url)
         log.info("started bundled redis-server on port %d", redis_server.port)
-    env.update({"LLMFLEET_HOST": settings.host, "LLMFLEET_PORT": str(settings.port),
-                "LLMFLEET_QUEUE_LIMIT": str(settings.queue_limit), "LLMFLEET_MAX_BODY_BYTES": str(settings.max_body_bytes),
-                "LLMFLEET_SLOTS": str(settings.slots)})
+    env.update(settings_env(settings))
     cli = [sys.executable, "-m", "llmfleet.cli"]
     children: list[subprocess.Popen[bytes]] = []
     try:
         gateway = subprocess.Popen([*cli, "gateway"], env=env)
         children.append(gateway)
         for _ in range(workers):
-            children.append(subprocess.Popen([*cli, "worker", "--model", model_name, *worker_args], env=env))
+            children.append(subprocess.Popen([*cli, "worker", "--model", model_name], env=env))
         url = f"http://{settings.host}:{settings.port}"
         if _wait_http_ready(url, 300, gateway):
             print(f"llmfleet is serving {model_name} at {url}/v1  (Ctrl-C stops everything)", flush=True)

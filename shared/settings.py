@@ -12,11 +12,11 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _POSITIVE_INTS = (
     "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_n", "max_embed_inputs", "queue_limit",
-    "stream_maxlen", "slots", "redis_max_connections",
+    "stream_maxlen", "slots", "redis_max_connections", "max_batch_tokens", "max_prefill_tokens",
 )
 _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
-    "model_memory_s",
+    "model_memory_s", "kv_budget_mib",
 )
 
 
@@ -47,6 +47,10 @@ class Settings:
     heartbeat_ttl_s: float = 10.0  # a worker without a heartbeat for this long is dead
     lease_s: float = 30.0  # a job idle this long in the pending list may be reclaimed (XAUTOCLAIM)
     slots: int = 8  # sequences a worker runs at once
+    kv_budget_mib: float = 1024.0  # a worker's KV cache for all its sequences; over it, it preempts
+    prefix_cache_mib: float = 256.0  # a worker's prefix KV cache (0 = off)
+    max_batch_tokens: int = 2048  # tokens (decodes + prefill chunks) in one forward step
+    max_prefill_tokens: int = 512  # the largest prefill chunk of one sequence in one step
     model_memory_s: float = 86_400.0  # a model stays 'known' (503, not 404) this long after its last worker
     registry_cache_s: float = 1.0  # the gateway re-reads the worker registry at most this often
     log_level: str = "INFO"
@@ -64,7 +68,7 @@ class Settings:
         for name in _POSITIVE_FLOATS:
             if not getattr(self, name) > 0:
                 _fail(name, "must be > 0")
-        for name in ("deadline_grace_s", "registry_cache_s"):
+        for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache_mib"):
             if not getattr(self, name) >= 0:
                 _fail(name, "must be >= 0")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
@@ -112,6 +116,10 @@ ENV: dict[str, str] = {
     "heartbeat_ttl_s": "LLMFLEET_HEARTBEAT_TTL_S",
     "lease_s": "LLMFLEET_LEASE_S",
     "slots": "LLMFLEET_SLOTS",
+    "kv_budget_mib": "LLMFLEET_KV_BUDGET_MIB",
+    "prefix_cache_mib": "LLMFLEET_PREFIX_CACHE_MIB",
+    "max_batch_tokens": "LLMFLEET_MAX_BATCH_TOKENS",
+    "max_prefill_tokens": "LLMFLEET_MAX_PREFILL_TOKENS",
     "model_memory_s": "LLMFLEET_MODEL_MEMORY_S",
     "registry_cache_s": "LLMFLEET_REGISTRY_CACHE_S",
     "log_level": "LLMFLEET_LOG_LEVEL",

@@ -49,7 +49,10 @@ class WorkerRunner:
         self.model = model
         self.worker_id = worker_id or f"{model}-{uuid.uuid4().hex[:8]}"
         self.stream = keys.jobs_stream(model)
-        config = scheduler_config or SchedulerConfig(max_sequences=settings.slots)
+        config = scheduler_config or SchedulerConfig(
+            max_sequences=settings.slots, max_batch_tokens=settings.max_batch_tokens,
+            max_prefill_tokens=settings.max_prefill_tokens, kv_budget_mib=settings.kv_budget_mib,
+            prefix_cache_mib=settings.prefix_cache_mib, max_queue=settings.slots)
         self.scheduler = Scheduler(engine, config)
         self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60)
         self.stop_requested = threading.Event()
