@@ -134,6 +134,18 @@ def _add_server_flags(parser: argparse.ArgumentParser, *, gateway: bool, worker:
         parser.add_argument("--max-prefill-tokens", type=int, default=None, help="LLMFLEET_MAX_PREFILL_TOKENS (512)")
 
 
+def cmd_healthcheck(args: argparse.Namespace) -> int:
+    """Container health check: 0 when this host's gateway or worker is healthy."""
+    from redis.exceptions import RedisError
+
+    from llmfleet.processes import healthcheck
+
+    try:
+        return healthcheck(args.role, _settings(args))
+    except RedisError:
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="llmfleet", description="A self-hosted LLM-serving cluster.")
@@ -164,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m")
     _add_server_flags(p, gateway=False, worker=True)
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("healthcheck", help="exit 0 if this host's gateway or worker is healthy (for containers)")
+    p.add_argument("role", choices=["gateway", "worker"])
+    p.add_argument("--port", type=int, default=None, help="the gateway's port (LLMFLEET_PORT)")
+    p.set_defaults(func=cmd_healthcheck)
     return parser
 
 

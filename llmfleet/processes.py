@@ -128,3 +128,28 @@ def _stop_children(children: list[subprocess.Popen[bytes]], grace_s: float = 30.
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+
+
+def healthcheck(role: str, settings: Settings) -> int:
+    """Exit 0 when this host's gateway answers /health, or a worker on this host has a fresh heartbeat."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    if role == "gateway":
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{settings.port}/health", timeout=3) as response:
+                return 0 if response.status == 200 else 1
+        except (urllib.error.URLError, OSError):
+            return 1
+    import redis
+
+    from shared import keys
+
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=3)
+    host, now = socket.gethostname(), time.time()
+    for worker_id in client.zrangebyscore(keys.WORKERS_INDEX, now - settings.heartbeat_ttl_s, "+inf"):
+        entry = client.hgetall(keys.worker_key(worker_id.decode()))
+        if entry.get(b"host", b"").decode() == host and float(entry.get(b"heartbeat", 0)) >= now - settings.heartbeat_ttl_s:
+            return 0
+    return 1

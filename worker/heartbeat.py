@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +42,8 @@ class Heartbeat:
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, mapping={
             "model": self.model, "slots": self.slots, "version": WIRE_VERSION,
-            "heartbeat": now, "started": self.started, "state": self.state, **self._gauges(),
+            "heartbeat": now, "started": self.started, "state": self.state, "host": socket.gethostname(),
+            **self._gauges(),
         })
         pipe.expire(key, max(1, int(self.ttl_s)))
         pipe.zadd(keys.WORKERS_INDEX, {self.worker_id: now})

@@ -1,0 +1,59 @@
+"""docker-compose.yml and the Dockerfile: the topology the issue asks for (no Docker engine needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_services(compose: dict) -> None:
+    assert set(compose["services"]) == {"redis", "gateway", "worker"}
+
+
+def test_redis_is_not_published(compose: dict) -> None:
+    redis = compose["services"]["redis"]
+    assert "ports" not in redis and "healthcheck" in redis
+
+
+def test_gateway_on_port_8000(compose: dict) -> None:
+    gateway = compose["services"]["gateway"]
+    assert any(str(p).split(":")[-1] == "8000" for p in gateway["ports"])
+    assert gateway["environment"]["REDIS_URL"].startswith("redis://redis:")
+    assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert "llmfleet" in gateway["healthcheck"]["test"]
+
+
+def test_worker_scales(compose: dict) -> None:
+    worker = compose["services"]["worker"]
+    assert "container_name" not in worker and "ports" not in worker  # --scale worker=N works
+    assert worker["environment"]["REDIS_URL"].startswith("redis://redis:")
+    cache = worker["environment"]["LLMFLEET_CACHE"]
+    assert any(v.split(":")[1] == cache and v.split(":")[0] in compose["volumes"] for v in worker["volumes"])
+    assert worker["command"][:2] == ["llmfleet", "worker"] and "healthcheck" in worker
+    assert worker["stop_signal"] == "SIGTERM"
+
+
+def test_dockerfile_installs_the_package_and_runs_as_a_user() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert "pip install ." in text and "USER " in text and "EXPOSE 8000" in text
+    for package in ("gateway", "worker", "shared", "llmfleet"):
+        assert f"COPY {package} " in text
+
+
+def test_commands_in_compose_exist(compose: dict) -> None:
+    from llmfleet.cli import build_parser
+
+    parser = build_parser()
+    for name in ("gateway", "worker"):
+        service = compose["services"][name]
+        parser.parse_args(service["command"][1:])
+        parser.parse_args(service["healthcheck"]["test"][2:])
