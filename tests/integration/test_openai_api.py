@@ -115,7 +115,10 @@ def test_disconnect_frees_the_worker_slot(cluster: Any) -> None:
         lines = resp.iter_lines()
         received = [line for line, _ in zip(lines, range(6)) if line.startswith("data:")]
         assert received
-        assert sum(int(e.get(b"load", 0)) for e in cluster.worker_entries()) >= 1
+        busy_by = time.monotonic() + 10  # the next heartbeat reports the slot in use
+        while sum(int(e.get(b"load", 0)) for e in cluster.worker_entries()) < 1:
+            assert time.monotonic() < busy_by, "no worker reported the stream's slot as busy"
+            time.sleep(0.1)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if sum(int(e.get(b"load", 0)) for e in cluster.worker_entries()) == 0:
