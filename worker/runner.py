@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis import Redis
@@ -13,7 +14,14 @@ from redis.exceptions import RedisError, ResponseError
 
 from shared import codec, keys
 from shared.codec import WireFormatError
-from shared.errors import DeadlineExceeded, InvalidRequest, LLMFleetError, Unavailable
+from shared.errors import (
+    DeadlineExceeded,
+    InternalError,
+    InvalidRequest,
+    LLMFleetError,
+    QueueFull,
+    Unavailable,
+)
 from shared.messages import ChoiceEndEvent, DoneEvent, EmbedJob, FinishReason, GenerateJob, TokenEvent, Usage
 from shared.settings import Settings
 from worker.cancel_listener import CancelListener
@@ -23,6 +31,7 @@ from worker.heartbeat import Heartbeat
 from worker.jobs import generation_request
 from worker.publisher import EventPublisher
 from worker.scheduler import Scheduler, SchedulerConfig
+from worker.sequences import QueueFull as SchedulerQueueFull
 
 log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 5.0
@@ -114,12 +123,15 @@ class WorkerRunner:
             self._safe(self.heartbeat.deregister)
             log.info("worker %s stopped", self.worker_id)
 
-    def _safe(self, fn: object) -> None:
-        """Run one part of the loop; Redis trouble is logged and retried, never fatal."""
+    def _safe(self, fn: Callable[[], None]) -> None:
+        """Run one part of the loop; Redis trouble and bugs are logged and retried, never fatal."""
         try:
-            fn()  # type: ignore[operator]
+            fn()
         except RedisError as exc:
             log.warning("Redis error in the worker loop: %s; retrying", exc)
+            time.sleep(0.5)
+        except Exception:
+            log.exception("unexpected error in the worker loop; continuing")
             time.sleep(0.5)
 
     def run_once(self) -> None:
@@ -211,6 +223,15 @@ class WorkerRunner:
             return
         except (ValueError, EngineError) as exc:
             self.publisher.add_error(job.id, InvalidRequest(str(exc)))
+            acks.append((self.stream, message_id))
+            return
+        except SchedulerQueueFull as exc:
+            self.publisher.add_error(job.id, QueueFull(str(exc), retry_after=self.settings.retry_after_s))
+            acks.append((self.stream, message_id))
+            return
+        except Exception as exc:  # one bad job must never take the worker down
+            log.exception("job %s failed on intake", job.id)
+            self.publisher.add_error(job.id, InternalError(f"the worker could not start this request ({type(exc).__name__})"))
             acks.append((self.stream, message_id))
             return
         with self._lock:
