@@ -1,0 +1,567 @@
+"""Cluster benchmark: full-path streaming tok/s against the engine alone, gateway relay capacity, and a peer.
+
+1. Full path (HTTP -> gateway -> Redis -> worker -> SSE) with the real model, at each concurrency, against
+   the scheduler alone (bench/batching.py's scheduler_decode_rate in a child process), measured just before
+   each level while the worker sits idle, so the two never compute at once: overhead = 1 - full / direct.
+2. Relay: one gateway in front of bench/standin_worker.py (a fixed-rate stand-in engine), driven by N
+   concurrent streams from a lean asyncio client: streams held, tokens/s relayed, added latency.
+3. --peer URL: the part-1 load against any OpenAI-compatible server, side by side ("self" = our gateway).
+Run: python bench/cluster.py [--sizes 1,4,16,32] [--max-tokens 32] [--relay-streams 1000] [--relay-rate 20]
+     [--skip-full] [--skip-relay] [--peer URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import importlib.util
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+
+from standin_worker import RelayResult, cpu_seconds, run_relay  # noqa: E402
+
+from llmfleet.redis_server import BundledRedis, free_port  # noqa: E402
+from worker.models import model_id  # noqa: E402
+
+PY = sys.executable
+STANDIN_MODEL = "standin"
+API_KEY = os.environ.get("LLMFLEET_API_KEY", "none")  # what our gateway expects, if it expects one
+
+
+# ---- processes ------------------------------------------------------------------------------------------
+
+
+class Cluster:
+    """The bundled Redis, one gateway and the workers this benchmark started; close() ends them all."""
+
+    def __init__(self, logdir: Path, queue_limit: int) -> None:
+        self.logdir = logdir
+        self.queue_limit = queue_limit
+        self.redis = BundledRedis()
+        self.port = free_port()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.gateway: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The gateway's /v1 base URL."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> Cluster:
+        """Start Redis and the gateway (the gateway needs no worker to come up)."""
+        self.redis.start()
+        self.gateway = self.spawn("gateway", [PY, "-m", "llmfleet.cli", "gateway", "--port", str(self.port),
+                                              "--queue-limit", str(self.queue_limit)])
+        wait_until(lambda: http_status(f"http://127.0.0.1:{self.port}/health") == 200, 30, "gateway /health")
+        return self
+
+    def spawn(self, name: str, argv: list[str], **popen: object) -> subprocess.Popen[bytes]:
+        """Start a child with REDIS_URL set (output in a log file unless given), ended if this process dies."""
+        env = {**os.environ, "REDIS_URL": self.redis.url}
+        with open(self.logdir / f"{name}.log", "ab") as log:
+            popen = {"stdout": log, "stderr": subprocess.STDOUT, **popen}
+            proc = subprocess.Popen(argv, env=env, cwd=BENCH_DIR.parent, preexec_fn=_die_with_parent, **popen)  # type: ignore[call-overload]
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
+        """SIGTERM (workers drain and deregister), then SIGKILL after the grace period."""
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def wait_model(self, model: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+        """Wait until /ready is 200 and /v1/models lists `model` (its worker is registered and live)."""
+
+        def listed() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{model} worker exited with code {proc.returncode}; see {self.logdir}")
+            if http_status(self.url.removesuffix("/v1") + "/ready") != 200:
+                return False
+            with urllib.request.urlopen(self.url + "/models", timeout=5) as response:
+                return any(m["id"] == model for m in json.load(response)["data"])
+
+        wait_until(listed, timeout_s, f"a live {model} worker")
+
+    def close(self) -> None:
+        """Stop every child (workers first, gateway last) and Redis."""
+        for proc in [p for p in self.procs if p is not self.gateway] + ([self.gateway] if self.gateway else []):
+            self.stop(proc, grace_s=10.0)
+        self.redis.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the benchmark process dies, however it dies (Linux prctl)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def http_status(url: str) -> int:
+    """The status of a GET, 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return 0
+
+
+def wait_until(check: object, timeout_s: float, what: str) -> None:
+    """Poll `check()` every 0.25 s until it is true; RuntimeError after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.25)
+    raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+# ---- engine alone -----------------------------------------------------------------------------------------
+
+
+def serve_direct(model: str) -> None:
+    """Child-process mode: load the engine, then answer each stdin line "BATCH STEPS" with a JSON rate."""
+    from batching import scheduler_decode_rate
+
+    from worker.engine.engine import Engine
+    from worker.models import resolve
+
+    engine = Engine.load(resolve(model))
+    scheduler_decode_rate(engine, 2, 2)  # warm-up
+    print("ready", flush=True)
+    for line in sys.stdin:
+        batch, steps = (int(v) for v in line.split())
+        started = time.process_time()
+        rate = scheduler_decode_rate(engine, batch, steps)
+        print(json.dumps({"rate": rate, "cpu_s": time.process_time() - started}), flush=True)
+
+
+class DirectEngine:
+    """The scheduler alone in a child process, idle (blocked on stdin) except while it measures."""
+
+    def __init__(self, cluster: Cluster, model: str) -> None:
+        self.proc = cluster.spawn("direct", [PY, __file__, "--direct-serve", "--model", model],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def _line(self) -> str:
+        line = self.proc.stdout.readline().decode()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"the engine-alone child exited with code {self.proc.wait()}")
+        return line
+
+    def wait_ready(self) -> None:
+        """Block until the engine is loaded and warm."""
+        while self._line().strip() != "ready":
+            pass
+
+    def rate(self, batch: int, steps: int) -> float:
+        """Aggregate decode tok/s of `batch` greedy sequences over `steps` steps (bench/batching.py)."""
+        self.proc.stdin.write(f"{batch} {steps}\n".encode())  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return float(json.loads(self._line())["rate"])
+
+
+# ---- streaming load (parts 1 and 3) -----------------------------------------------------------------------
+
+
+@dataclass
+class StreamResult:
+    """One streamed completion as the client saw it."""
+
+    sent: float
+    chunk_times: list[float] = field(default_factory=list)
+    tokens: int = 0  # usage.completion_tokens when the server reports it, else chunks with text
+    error: str | None = None
+
+
+@dataclass
+class LevelResult:
+    """One concurrency level: end-to-end and steady (all streams decoding) rates, TTFT."""
+
+    size: int
+    tokens: int
+    wall_s: float
+    e2e_rate: float
+    steady_rate: float
+    ttft_p50_s: float
+    errors: list[str]
+    note: str = ""
+
+
+async def stream_one(client: httpx.AsyncClient, base: str, body: dict[str, object]) -> StreamResult:
+    """POST one streaming /completions request and time every chunk that carries text."""
+    result = StreamResult(sent=time.perf_counter())
+    try:
+        async with client.stream("POST", base + "/completions", json=body) as response:
+            if response.status_code != 200:
+                payload = json.loads(await response.aread() or b"{}").get("error") or {}
+                result.error = f"HTTP {response.status_code} {payload.get('code') or payload.get('type')}"
+                return result
+            usage = None
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line[6:].strip() == "[DONE]":
+                    break
+                chunk = json.loads(line[6:])
+                if chunk.get("error"):
+                    result.error = f"stream error {chunk['error'].get('code') or chunk['error'].get('type')}"
+                    break
+                if any(c.get("text") for c in chunk.get("choices") or []):
+                    result.chunk_times.append(time.perf_counter())
+                usage = chunk.get("usage") or usage
+            result.tokens = int(usage["completion_tokens"]) if usage else len(result.chunk_times)
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        result.error = type(exc).__name__
+    return result
+
+
+def steady_rate(results: list[StreamResult]) -> float:
+    """Tok/s while every stream was decoding: from the last first-chunk to the first last-chunk."""
+    timed = [r for r in results if len(r.chunk_times) >= 2]
+    if len(timed) != len(results):
+        return float("nan")
+    start, end = max(r.chunk_times[0] for r in timed), min(r.chunk_times[-1] for r in timed)
+    chunks = sum(len(r.chunk_times) for r in timed)
+    inside = sum(1 for r in timed for t in r.chunk_times if start < t <= end)
+    if end <= start or inside == 0:
+        return float("nan")
+    return inside / (end - start) * sum(r.tokens for r in timed) / chunks  # chunks -> tokens
+
+
+async def run_level(base: str, model: str, size: int, max_tokens: int, api_key: str, ignore_eos: bool,
+                    timeout_s: float, tag: str) -> LevelResult:
+    """`size` streams at once, each a distinct short prompt, greedy, exactly max_tokens when ignore_eos."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    limits = httpx.Limits(max_connections=size + 4, max_keepalive_connections=size + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10), limits=limits, headers=headers) as client:
+        bodies = [{"model": model, "prompt": f"({tag}) Item {i} of {size}: name a fruit, a colour and a city.",
+                   "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                   "stream_options": {"include_usage": True}, **({"ignore_eos": True} if ignore_eos else {})}
+                  for i in range(size)]
+        start = time.perf_counter()
+        results = await asyncio.wait_for(asyncio.gather(*(stream_one(client, base, b) for b in bodies)), timeout_s)
+        wall = time.perf_counter() - start
+    ok = [r for r in results if r.error is None]
+    ttfts = sorted(r.chunk_times[0] - r.sent for r in ok if r.chunk_times)
+    tokens = sum(r.tokens for r in ok)
+    return LevelResult(size, tokens, wall, tokens / wall, steady_rate(ok) if len(ok) == size else float("nan"),
+                       ttfts[len(ttfts) // 2] if ttfts else float("nan"), [r.error for r in results if r.error])
+
+
+async def run_levels(base: str, model: str, sizes: list[int], max_tokens: int, api_key: str,
+                     ignore_eos: bool) -> list[LevelResult]:
+    """A warm-up request, then every concurrency level in turn (prompts tagged "peer": no prefix-cache hits)."""
+    await run_level(base, model, 1, 4, api_key, ignore_eos, 120, "warm-up")
+    return [await run_level(base, model, s, max_tokens, api_key, ignore_eos, 300, "peer") for s in sizes]
+
+
+def peer_model(base: str, api_key: str) -> str:
+    """The first model a peer lists."""
+    response = httpx.get(base + "/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=10)
+    response.raise_for_status()
+    return str(response.json()["data"][0]["id"])
+
+
+# ---- reports ------------------------------------------------------------------------------------------------
+
+
+def print_full(levels: list[LevelResult], direct: dict[int, float]) -> None:
+    """The full-path table with the engine-alone baseline and the overhead ratio."""
+    print(f"{'streams':>7} {'direct tok/s':>12} {'full steady':>11} {'overhead':>8} {'full e2e':>9} "
+          f"{'TTFT p50':>9} {'tokens':>6} {'errors':>6}")
+    for lv in levels:
+        base = direct.get(lv.size, float("nan"))
+        print(f"{lv.size:>7} {base:>12.2f} {lv.steady_rate:>11.2f} {1 - lv.steady_rate / base:>8.1%} "
+              f"{lv.e2e_rate:>9.2f} {lv.ttft_p50_s * 1000:>7.0f}ms {lv.tokens:>6} {len(lv.errors):>6}  {lv.note}")
+        for error in sorted(set(lv.errors)):
+            print(f"        error x{lv.errors.count(error)}: {error}")
+
+
+def print_peer(ours: list[LevelResult] | None, peer: list[LevelResult], name: str) -> None:
+    """Ours and the peer's rates side by side at each concurrency."""
+    print(f"{'streams':>7} {'ours steady':>11} {'ours e2e':>9} {'ours TTFT':>9} | {'peer steady':>11} "
+          f"{'peer e2e':>9} {'peer TTFT':>9} {'peer/ours':>9}   (peer: {name})")
+    for i, p in enumerate(peer):
+        o = ours[i] if ours else None
+        ours_cols = (f"{o.steady_rate:>11.2f} {o.e2e_rate:>9.2f} {o.ttft_p50_s * 1000:>7.0f}ms" if o
+                     else f"{'-':>11} {'-':>9} {'-':>9}")
+        ratio = f"{p.e2e_rate / o.e2e_rate:>8.2f}x" if o and o.e2e_rate else f"{'-':>9}"
+        print(f"{p.size:>7} {ours_cols} | {p.steady_rate:>11.2f} {p.e2e_rate:>9.2f} {p.ttft_p50_s * 1000:>7.0f}ms "
+              f"{ratio}{'  errors: ' + ', '.join(sorted(set(p.errors))) if p.errors else ''}")
+
+
+def print_relay(r: RelayResult, streams: int, rate: float, tokens: int, standin: dict[str, float]) -> None:
+    """The relay report: streams held, tok/s, added latency, CPU shares, a timeline and the aim."""
+    print(f"streams requested {streams}, completed {r.completed}, failed {sum(r.errors.values())}"
+          f"{' ' + json.dumps(r.errors) if r.errors else ''}")
+    print(f"held concurrently: peak {r.peak_open} open in the gateway, peak {r.peak_streaming} streaming "
+          f"(200 headers come after each stream's first event)")
+    print(f"tokens received {r.tokens} of {streams * tokens} expected; out of order or missing: {r.misordered}; "
+          f"wall {r.wall_s:.1f}s, overall {r.tokens / r.wall_s:,.0f} tok/s (offered {streams * rate:,.0f} tok/s "
+          f"while every stream is live)")
+    best = max((b[1] for b in r.timeline), default=0.0)
+    if r.window_s > 0:
+        print(f"steady window (all {streams} streams streaming) {r.window_s:.1f}s: {r.window_rate:,.0f} tok/s; "
+              f"added latency p50 {r.window_lat['p50'] * 1000:.1f} ms, p99 {r.window_lat['p99'] * 1000:.1f} ms")
+    else:
+        print(f"no steady window (never all {streams} streaming at once); best 5 s: {best:,.0f} tok/s")
+    print(f"added latency, all tokens: p50 {r.all_lat['p50'] * 1000:.1f} ms, p90 {r.all_lat['p90'] * 1000:.1f} ms, "
+          f"p99 {r.all_lat['p99'] * 1000:.1f} ms, max {r.all_lat['max'] * 1000:.1f} ms  (stand-in publish stamp -> "
+          f"SSE chunk read; includes the stand-in's build p50 {standin.get('build_ms_p50', 0):.1f} / "
+          f"p99 {standin.get('build_ms_p99', 0):.1f} ms and MULTI/EXEC p50 {standin.get('execute_ms_p50', 0):.1f} "
+          f"/ p99 {standin.get('execute_ms_p99', 0):.1f} ms)")
+    events = standin.get("events", 0)
+    print(f"stand-in (whole part 2): {standin.get('ticks', 0):.0f} ticks ({standin.get('late_ticks', 0):.0f} late), {events:.0f} "
+          f"events, {standin.get('jobs', 0):.0f} jobs, {standin['cpu_s'] / max(events, 1) * 1e6:.0f} us CPU per event")
+    print("timeline: " + " | ".join(f"{t:.0f}s {v:,.0f} tok/s {o}/{st} gw {g:.0%}" for t, v, o, st, g in r.timeline)
+          + "   (tok/s, open/streaming, gateway CPU)")
+    shares = ", ".join(f"{name} {share:.0%}" for name, share in r.cpu_share.items())
+    print(f"CPU {'in the window' if r.window_s > 0 else 'over the run'} (of one core; {os.cpu_count()} cores, "
+          f"shared with whatever else runs): {shares}")
+    measured = r.window_rate if r.window_s > 0 else r.tokens / r.wall_s
+    gw = r.cpu_share.get("gateway", 0.0)
+    if gw > 0:
+        print(f"gateway: {gw / measured * 1e6:.0f} us of CPU per relayed token -> one fully busy gateway core "
+              f"would relay ~{measured / gw:,.0f} tok/s")
+    held = r.peak_streaming
+    verdict = "met" if measured >= 20_000 and held >= 1000 else "NOT met"
+    print(f"aim (>= 20,000 tok/s to 1,000 concurrent streams): {verdict}: {measured:,.0f} tok/s "
+          f"({measured / 20_000:.0%} of it), {held} streams streaming at once")
+
+
+PROFILE_STAGES = {  # label -> the frame (function (file) prefix) whose inclusive time it is
+    "admission: parse, queue the job, wait for the first event": "stream_completion (gateway/serving.py",
+    "pub/sub read + RESP parse (dispatcher task)": "Subscriber._run (gateway/subscriber.py",
+    "event decode (shared.codec)": "decode_event (shared/codec.py",
+    "per-event wait (asyncio.wait_for on the queue)": "EventStream._receive (gateway/broker.py",
+    "chunk dicts (gateway/responses.py)": "completion_chunk (gateway/responses.py",
+    "json.dumps + SSE framing": "event (gateway/sse.py",
+    "send path (Starlette/uvicorn h11 send)": "RequestResponseCycle.send (uvicorn/",
+    "  of which socket send() syscalls": "_SelectorSocketTransport.write (asyncio/selector_events.py",
+}
+
+
+def profile_summary(raw: Path, top: int = 8) -> list[str]:
+    """A py-spy raw (collapsed) profile of the gateway: inclusive time per relay stage, hottest own frames."""
+    own: dict[str, int] = {}
+    stages = dict.fromkeys(PROFILE_STAGES, 0)
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        frames, n = stack.split(";"), int(count)
+        total += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for label, prefix in PROFILE_STAGES.items():
+            if any(f.startswith(prefix) for f in frames):
+                stages[label] += n
+    lines = [f"py-spy: {total} samples of the gateway's busy time; inclusive time by stage:"]
+    lines += [f"  {n / total:6.1%} {label}" for label, n in stages.items()]
+    lines.append("hottest own frames:")
+    lines += [f"  {n / total:6.1%} {f}" for f, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]]
+    return lines
+
+
+def gateway_stack() -> str:
+    """Which event loop and HTTP parser uvicorn's 'auto' picks in this environment."""
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return f"uvicorn on {loop} + {http}"
+
+
+# ---- main ------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's flags."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--sizes", default="1,4,16,32", help="concurrent streams for parts 1 and 3")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per stream in parts 1 and 3")
+    parser.add_argument("--direct-steps", type=int, default=None, help="decode steps timed per size, engine "
+                        "alone (default: max-tokens - 2, about the full path's steady window)")
+    parser.add_argument("--relay-streams", type=int, default=1000)
+    parser.add_argument("--relay-rate", type=float, default=20.0, help="stand-in tokens/s per stream")
+    parser.add_argument("--relay-tokens", type=int, default=100, help="max_tokens of each relay stream")
+    parser.add_argument("--relay-light", type=int, default=100, help="streams of a light-load relay run first "
+                        "(the latency floor; 0 = skip)")
+    parser.add_argument("--skip-full", action="store_true")
+    parser.add_argument("--skip-relay", action="store_true")
+    parser.add_argument("--peer", default=None, help="base URL of an OpenAI-compatible server ('self' = ours)")
+    parser.add_argument("--peer-model", default=None, help="default: the first model the peer lists")
+    parser.add_argument("--peer-api-key", default=os.environ.get("OPENAI_API_KEY", "none"))
+    parser.add_argument("--no-ignore-eos", action="store_true", help="for peers that reject ignore_eos")
+    parser.add_argument("--py-spy", default=None, metavar="PATH", help="py-spy binary: profile the gateway "
+                        "during the relay (a separate run: the sampler takes CPU from this 2-core box)")
+    parser.add_argument("--py-spy-seconds", type=int, default=15)
+    parser.add_argument("--repeat", type=int, default=3, help="part 1: best of this many runs per size")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the children's logs (always kept on failure)")
+    parser.add_argument("--direct-serve", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def raise_open_files(needed: int) -> None:
+    """Raise the soft RLIMIT_NOFILE (children inherit it) so many streams can be open."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else min(hard, needed), hard))
+
+
+def load_note() -> str:
+    """The 1-minute load average: other processes on this machine skew every number."""
+    return f"(load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)"
+
+
+def run(args: argparse.Namespace, cluster: Cluster) -> None:
+    """Parts 1 and 3, then part 2; the worker and the engine-alone child never compute at the same time."""
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ours: list[LevelResult] | None = None
+    if not (args.skip_full and args.skip_relay) or args.peer == "self":
+        cluster.start()
+    if not args.skip_full:
+        ours = run_full_part(args, cluster, sizes)
+    if args.peer:
+        base = cluster.url if args.peer == "self" else args.peer.rstrip("/")
+        base = base if base.endswith("/v1") else base + "/v1"
+        name = args.peer_model or peer_model(base, args.peer_api_key)
+        print(f"== peer {base} model {name} {load_note()}", flush=True)
+        peer = asyncio.run(run_levels(base, name, sizes, args.max_tokens, args.peer_api_key, not args.no_ignore_eos))
+        print_peer(ours, peer, name)
+    for proc in [p for p in cluster.procs if p is not cluster.gateway]:
+        cluster.stop(proc)  # the real worker and the engine-alone child
+    if not args.skip_relay:
+        run_relay_part(args, cluster)
+
+
+def run_full_part(args: argparse.Namespace, cluster: Cluster, sizes: list[int]) -> list[LevelResult]:
+    """Part 1: per size, the engine alone (worker idle) then the full path (engine child idle), best of --repeat."""
+    direct = DirectEngine(cluster, args.model)
+    worker = cluster.spawn("worker", [PY, "-m", "llmfleet.cli", "worker", "--model", args.model,
+                                      "--slots", str(max(sizes))])
+    direct.wait_ready()
+    model = model_id(args.model)
+    cluster.wait_model(model, worker, 300)
+    print(f"== full path (HTTP -> gateway -> Redis -> 1 worker -> SSE, max_tokens {args.max_tokens}) against the "
+          f"scheduler alone ({args.direct_steps} decode steps), interleaved, best of {args.repeat} "
+          f"{load_note()}", flush=True)
+    asyncio.run(run_level(cluster.url, model, 1, 4, API_KEY, True, 120, "warm-up"))
+    rates: dict[int, float] = {}
+    levels: list[LevelResult] = []
+    pids = {"worker": worker.pid, "gateway": cluster.gateway.pid, "redis": cluster.redis.process.pid,  # type: ignore[union-attr]
+            "client": os.getpid()}
+    for size in sizes:
+        best: LevelResult | None = None
+        for rep in range(args.repeat):
+            before, child, started = cpu_seconds(worker.pid), cpu_seconds(direct.proc.pid), time.monotonic()
+            rates[size] = max(rates.get(size, 0.0), direct.rate(size, args.direct_steps))
+            elapsed = time.monotonic() - started
+            idle_share, direct_cores = (cpu_seconds(worker.pid) - before) / elapsed, (cpu_seconds(direct.proc.pid) - child) / elapsed
+            before_all, started = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
+            level = asyncio.run(run_level(cluster.url, model, size, args.max_tokens, API_KEY, True, 300, f"ours {rep}"))
+            shares = {n: (cpu_seconds(p) - before_all[n]) / (time.monotonic() - started) for n, p in pids.items()}
+            level.note = (f"load {os.getloadavg()[0]:.1f}; cores: direct {direct_cores:.2f} (idle worker {idle_share:.2f}); "
+                          "full: " + " ".join(f"{n} {v:.2f}" for n, v in shares.items()))
+            if best is None or not level.steady_rate <= best.steady_rate:
+                best = level
+        assert best is not None
+        levels.append(best)
+    print_full(levels, rates)
+    return levels
+
+
+def run_relay_part(args: argparse.Namespace, cluster: Cluster) -> None:
+    """Part 2: the stand-in behind the gateway, N streams from this process, optionally py-spy on the gateway."""
+    stats_file = cluster.logdir / "standin.json"
+    standin = cluster.spawn("standin", [PY, str(BENCH_DIR / "standin_worker.py"), "--model", STANDIN_MODEL,
+                                        "--rate", str(args.relay_rate), "--slots", str(2 * args.relay_streams),
+                                        "--stats-file", str(stats_file)])
+    cluster.wait_model(STANDIN_MODEL, standin, 60)
+    print(f"== relay: {args.relay_streams} streams x {args.relay_tokens} tokens at {args.relay_rate:g} tok/s each "
+          f"through one gateway ({gateway_stack()}) {load_note()}", flush=True)
+    assert cluster.gateway is not None and cluster.redis.process is not None
+    pids = {"gateway": cluster.gateway.pid, "stand-in": standin.pid, "redis": cluster.redis.process.pid,
+            "client": os.getpid()}
+    if args.relay_light:
+        light = asyncio.run(run_relay("127.0.0.1", cluster.port, STANDIN_MODEL, args.relay_light, args.relay_tokens,
+                                      pids, timeout_s=args.relay_tokens / args.relay_rate + 60, api_key=API_KEY))
+        rate = light.window_rate if light.window_s > 0 else light.tokens / light.wall_s
+        print(f"light load first: {args.relay_light} streams, {light.completed} completed, {rate:,.0f} tok/s "
+              f"(offered {args.relay_light * args.relay_rate:,.0f}), added latency p50 "
+              f"{(light.window_lat or light.all_lat)['p50'] * 1000:.1f} ms, p99 "
+              f"{(light.window_lat or light.all_lat)['p99'] * 1000:.1f} ms, gateway CPU "
+              f"{light.cpu_share.get('gateway', 0):.0%}", flush=True)
+    spy = None
+    if args.py_spy:
+        raw = cluster.logdir / "gateway-profile.txt"
+        spy = subprocess.Popen([args.py_spy, "record", "--pid", str(cluster.gateway.pid), "--rate", "100",
+                                "--duration", str(args.py_spy_seconds), "--format", "raw", "--nonblocking",
+                                "--output", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cluster.procs.append(spy)
+    result = asyncio.run(run_relay("127.0.0.1", cluster.port, STANDIN_MODEL, args.relay_streams, args.relay_tokens,
+                                   pids, timeout_s=args.relay_tokens / args.relay_rate + 120, api_key=API_KEY))
+    standin_cpu_s = cpu_seconds(standin.pid)
+    cluster.stop(standin)
+    stats = {**(json.loads(stats_file.read_text()) if stats_file.exists() else {}), "cpu_s": standin_cpu_s}
+    print_relay(result, args.relay_streams, args.relay_rate, args.relay_tokens, stats)
+    if spy is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spy.wait(timeout=args.py_spy_seconds + 10)  # it writes the profile when its duration is over
+        cluster.stop(spy)
+        print("\n".join(profile_summary(raw)) if raw.exists() else "py-spy wrote no profile")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark; every process it started is stopped, whatever happens."""
+    args = parse_args(argv)
+    args.direct_steps = args.direct_steps or max(4, args.max_tokens - 2)
+    if args.direct_serve:
+        serve_direct(args.model)
+        return
+    raise_open_files(4 * args.relay_streams + 1024)
+    logdir = Path(tempfile.mkdtemp(prefix="llmfleet-bench-"))
+    cluster = Cluster(logdir, queue_limit=max(256, 2 * args.relay_streams))
+    signal.signal(signal.SIGTERM, _interrupt)
+    started, ok = time.monotonic(), False
+    try:
+        run(args, cluster)
+        ok = True
+    finally:
+        cluster.close()
+        if ok and not args.keep_logs:
+            shutil.rmtree(logdir, ignore_errors=True)
+        print(f"total {time.monotonic() - started:.0f}s" + ("" if ok and not args.keep_logs else
+                                                            f"; process logs in {logdir}"), flush=True)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    main()
