@@ -487,12 +487,17 @@ def run_full_part(args: argparse.Namespace, cluster: Cluster, sizes: list[int]) 
             shares = {n: (cpu_seconds(p) - before_all[n]) / (time.monotonic() - started) for n, p in pids.items()}
             level.note = (f"load {os.getloadavg()[0]:.1f}; cores: direct {direct_cores:.2f} (idle worker {idle_share:.2f}); "
                           "full: " + " ".join(f"{n} {v:.2f}" for n, v in shares.items()))
-            if best is None or not level.steady_rate <= best.steady_rate:
+            if best is None or _rank(level) > _rank(best):
                 best = level
         assert best is not None
         levels.append(best)
     print_full(levels, rates)
     return levels
+
+
+def _rank(level: LevelResult) -> float:
+    """Best-of order: the steady rate, a level without one (nan) last."""
+    return level.steady_rate if level.steady_rate == level.steady_rate else float("-inf")
 
 
 def run_relay_part(args: argparse.Namespace, cluster: Cluster) -> None:
@@ -551,12 +556,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(args, cluster)
         ok = True
+    except KeyboardInterrupt:
+        print("interrupted: stopping everything this benchmark started", file=sys.stderr, flush=True)
     finally:
         cluster.close()
         if ok and not args.keep_logs:
             shutil.rmtree(logdir, ignore_errors=True)
         print(f"total {time.monotonic() - started:.0f}s" + ("" if ok and not args.keep_logs else
                                                             f"; process logs in {logdir}"), flush=True)
+    if not ok:
+        sys.exit(130)
 
 
 def _interrupt(_signum: int, _frame: object) -> None:

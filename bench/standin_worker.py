@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, ResponseError
 
 from shared import codec, keys
@@ -256,14 +257,14 @@ class StandinWorker:
         self.stats.build_s.append(built - stamp)
         self.stats.execute_s.append(time.time() - built)
 
-    def _journal_publish(self, pipe: object, journal: str, channel: str, seq: int, data: bytes) -> None:
-        pipe.xadd(journal, {keys.JOURNAL_SEQ_FIELD: str(seq), keys.JOURNAL_EVENT_FIELD: data},  # type: ignore[attr-defined]
+    def _journal_publish(self, pipe: Pipeline, journal: str, channel: str, seq: int, data: bytes) -> None:
+        pipe.xadd(journal, {keys.JOURNAL_SEQ_FIELD: str(seq), keys.JOURNAL_EVENT_FIELD: data},
                   maxlen=JOURNAL_MAXLEN, approximate=True)
         if seq == 0:
-            pipe.expire(journal, self.journal_ttl_s)  # type: ignore[attr-defined]
-        pipe.publish(channel, data)  # type: ignore[attr-defined]
+            pipe.expire(journal, self.journal_ttl_s)
+        pipe.publish(channel, data)
 
-    def _finish(self, pipe: object, held: HeldStream, journal: str, channel: str) -> int:
+    def _finish(self, pipe: Pipeline, held: HeldStream, journal: str, channel: str) -> int:
         """Queue ChoiceEnd per choice and the Done event, and the XACK; returns the number of events."""
         reason = FinishReason.CANCELLED if held.cancelled else FinishReason.LENGTH
         for index in range(held.n):
@@ -274,8 +275,8 @@ class StandinWorker:
         done = DoneEvent(id=held.job_id, seq=held.seq, usage=Usage(
             prompt_tokens=held.prompt_tokens, completion_tokens=completion, total_tokens=held.prompt_tokens + completion))
         self._journal_publish(pipe, journal, channel, held.seq, codec.encode_event(done))
-        pipe.expire(journal, self.journal_ttl_s)  # type: ignore[attr-defined]
-        pipe.xack(self.stream, keys.JOBS_GROUP, held.message_id)  # type: ignore[attr-defined]
+        pipe.expire(journal, self.journal_ttl_s)
+        pipe.xack(self.stream, keys.JOBS_GROUP, held.message_id)
         return held.n + 1
 
 
