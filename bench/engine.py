@@ -1,7 +1,8 @@
 """Engine benchmark: SmolLM2 prefill and single-stream decode tok/s against the float32 matmul ceiling.
 
-The ceiling is measured in the same run: the same chain of matmuls with the model's own weight arrays
-(fused QKV, output, fused gate/up, down, then the vocabulary projection), batch 1, no attention, no norms.
+The ceiling is measured in the same run: the same chain of matmuls (the engine's own `linear`) with the model's
+own weight arrays (fused QKV, output, fused gate/up, down, then the vocabulary projection), batch 1, no
+attention, no norms, no sampling.
 Run: python bench/engine.py [--model smollm2-135m] [--decode-tokens 64] [--prompt-tokens 256]
 """
 
@@ -12,6 +13,7 @@ import time
 
 import numpy as np
 
+from worker.engine.layers import linear
 from worker.engine.model import BatchEntry, Model
 from worker.engine.weights import TransformerWeights
 from worker.models import resolve
@@ -24,12 +26,11 @@ def matmul_chain_rate(weights: TransformerWeights, batch: int, steps: int) -> fl
     start = time.perf_counter()
     for _ in range(steps):
         for layer in weights.layers:
-            layer_in = x
-            _ = layer_in @ layer.wqkv.T  # (B, H*Dh + 2*Hkv*Dh)
-            _ = layer_in @ layer.wo.T  # (B, D)
-            gate_up = layer_in @ layer.w_gate_up.T  # (B, 2F)
-            _ = gate_up[:, : layer.w_down.shape[1]] @ layer.w_down.T  # (B, D)
-        _ = x @ weights.output.T  # (B, V)
+            _ = linear(x, layer.wqkv)  # (B, H*Dh + 2*Hkv*Dh)
+            _ = linear(x, layer.wo)  # (B, D)
+            gate_up = linear(x, layer.w_gate_up)  # (B, 2F)
+            _ = linear(gate_up[:, : layer.w_down.shape[1]], layer.w_down)  # (B, D)
+        _ = linear(x, weights.output)  # (B, V)
     return batch * steps / (time.perf_counter() - start)
 
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 
+def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """x @ weight.T for x (N, in) and weight (out, in); computed as weight @ x.T, which OpenBLAS runs faster."""
+    return np.ascontiguousarray((weight @ x.T).T)  # (N, out)
+
+
 def rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
     """Root-mean-square normalisation over the last axis (the norm's weight is folded into the next matmul)."""
     scale = np.einsum("nd,nd->n", x, x)[:, None]  # (N, 1)

@@ -13,7 +13,7 @@ from worker.engine.config import ModelConfig
 from worker.engine.errors import ContextLengthError
 from worker.engine.gguf_file import read_gguf
 from worker.engine.kv_cache import SequenceKVCache
-from worker.engine.layers import RotaryTable, attend, attend_decode_batch, rms_normalize, swiglu
+from worker.engine.layers import RotaryTable, attend, attend_decode_batch, linear, rms_normalize, swiglu
 from worker.engine.weights import TransformerWeights
 
 OutputKind = Literal["last", "all", "hidden", "none"]
@@ -69,7 +69,7 @@ class Model:
         cos, sin = self.rotary.angles(positions)  # (N, 1, R/2) x2
         x = self.weights.token_embedding[tokens]  # (N, D)
         for li, layer in enumerate(self.weights.layers):
-            qkv = rms_normalize(x, cfg.rms_eps) @ layer.wqkv.T  # (N, H*Dh + 2*Hkv*Dh)
+            qkv = linear(rms_normalize(x, cfg.rms_eps), layer.wqkv)  # (N, H*Dh + 2*Hkv*Dh)
             if layer.bqkv is not None:
                 qkv += layer.bqkv
             qk = qkv[:, : q_dim + kv_dim].reshape(-1, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)  # (N, H+Hkv, Dh)
@@ -95,8 +95,8 @@ class Model:
                 cache.values[li, :, past : past + e - s] = v[s:e].transpose(1, 0, 2)  # (Hkv, T, Dh)
                 attn[s:e] = attend(q[s:e], cache.keys[li, :, : past + e - s],
                                    cache.values[li, :, : past + e - s], past)  # (T, H*Dh)
-            x += attn @ layer.wo.T  # (N, D)
-            x += swiglu(rms_normalize(x, cfg.rms_eps) @ layer.w_gate_up.T) @ layer.w_down.T  # (N, D)
+            x += linear(attn, layer.wo)  # (N, D)
+            x += linear(swiglu(linear(rms_normalize(x, cfg.rms_eps), layer.w_gate_up)), layer.w_down)  # (N, D)
         for entry, n in zip(batch, lengths):
             entry.cache.length += n
         return self._outputs(batch, x, starts)
@@ -112,7 +112,7 @@ class Model:
         hidden = rms_normalize(x[index], self.config.rms_eps) * self.weights.output_norm  # (M, D)
         logit_rows = np.concatenate(
             [np.full(b - a, e.output in ("last", "all")) for (a, b), e in zip(spans, batch)])  # (M,)
-        logits = hidden[logit_rows] @ self.weights.output.T  # (M', V)
+        logits = linear(hidden[logit_rows], self.weights.output)  # (M', V)
         results: list[np.ndarray | None] = []
         offset = logit_offset = 0
         for (a, b), entry in zip(spans, batch):
