@@ -182,6 +182,11 @@ class EventStream:
             self.finished = True
         return event
 
+    @property
+    def buffered(self) -> bool:
+        """True when the next event is already here (no wait needed)."""
+        return not self._queue.empty() or self._expected in self._pending
+
     async def close(self, reason: str = "client_disconnected") -> None:
         """Stop listening; publish a cancel first if the terminal event was not seen. Idempotent."""
         if self._closed:
@@ -197,6 +202,8 @@ class EventStream:
                     await self._broker.redis.delete(keys.journal_stream(self.request_id))
 
     async def _receive(self) -> QueueItem:
+        if not self._queue.empty():  # the common case under load: no timer, no task
+            return self._queue.get_nowait()
         remaining = self.deadline + self._broker.settings.deadline_grace_s - self._broker.clock()
         try:
             if remaining <= 0:

@@ -44,6 +44,13 @@ class Generation:
         """How many choices the request has in all."""
         return self._n * len(self._streams)
 
+    @property
+    def buffered(self) -> bool:
+        """True when the next event can be had without waiting."""
+        if self._buffer:
+            return True
+        return not self._queue.empty() if self._tasks else self._streams[0].buffered
+
     @classmethod
     async def start(cls, broker: Broker, jobs: list[GenerateJob]) -> Generation:
         """Submit every job; if one cannot be queued, cancel the ones that were and re-raise."""

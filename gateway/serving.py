@@ -144,6 +144,11 @@ class ChunkStream:
         """Close the request's jobs (publishing cancels where unfinished); idempotent."""
         await self._generation.close()
 
+    @property
+    def buffered(self) -> bool:
+        """True when more events already wait, so the SSE writer can join them into one send."""
+        return self._generation.buffered
+
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         return self._chunks()
 
