@@ -83,11 +83,16 @@ class Model:
                     cache = batch[bi].cache
                     cache.keys[li, :, pasts[bi]] = k[row]  # (Hkv, Dh)
                     cache.values[li, :, pasts[bi]] = v[row]  # (Hkv, Dh)
-                attn[single_rows] = attend_decode_batch(
-                    q[single_rows],
-                    [batch[bi].cache.keys[li, :, : pasts[bi] + 1] for bi in single],
-                    [batch[bi].cache.values[li, :, : pasts[bi] + 1] for bi in single],
-                )  # (B1, H*Dh)
+                if len(single) == 1:  # one stream: plain attention, no padded batch
+                    bi, row = single[0], int(single_rows[0])
+                    attn[row : row + 1] = attend(q[row : row + 1], batch[bi].cache.keys[li, :, : pasts[bi] + 1],
+                                                 batch[bi].cache.values[li, :, : pasts[bi] + 1], pasts[bi])  # (1, H*Dh)
+                else:
+                    attn[single_rows] = attend_decode_batch(
+                        q[single_rows],
+                        [batch[bi].cache.keys[li, :, : pasts[bi] + 1] for bi in single],
+                        [batch[bi].cache.values[li, :, : pasts[bi] + 1] for bi in single],
+                    )  # (B1, H*Dh)
             for bi in multi:  # prefill chunks: causal attention per sequence
                 s, e = starts[bi], starts[bi + 1]
                 cache, past = batch[bi].cache, pasts[bi]
