@@ -35,7 +35,7 @@ import httpx
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from standin_worker import RelayResult, cpu_seconds, run_relay  # noqa: E402
+from relay_client import RelayResult, cpu_seconds, run_relay  # noqa: E402
 
 from llmfleet.redis_server import BundledRedis, free_port  # noqa: E402
 from worker.models import model_id  # noqa: E402
