@@ -69,7 +69,7 @@ class Model:
         cos, sin = self.rotary.angles(positions)  # (N, 1, R/2) x2
         x = self.weights.token_embedding[tokens]  # (N, D)
         for li, layer in enumerate(self.weights.layers):
-            qkv = linear(rms_normalize(x, cfg.rms_eps), layer.wqkv)  # (N, H*Dh + 2*Hkv*Dh)
+            qkv = np.ascontiguousarray(linear(rms_normalize(x, cfg.rms_eps), layer.wqkv))  # (N, H*Dh + 2*Hkv*Dh)
             if layer.bqkv is not None:
                 qkv += layer.bqkv
             qk = qkv[:, : q_dim + kv_dim].reshape(-1, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)  # (N, H+Hkv, Dh)
@@ -117,7 +117,7 @@ class Model:
         hidden = rms_normalize(x[index], self.config.rms_eps) * self.weights.output_norm  # (M, D)
         logit_rows = np.concatenate(
             [np.full(b - a, e.output in ("last", "all")) for (a, b), e in zip(spans, batch)])  # (M,)
-        logits = linear(hidden[logit_rows], self.weights.output)  # (M', V)
+        logits = np.ascontiguousarray(linear(hidden[logit_rows], self.weights.output))  # (M', V)
         results: list[np.ndarray | None] = []
         offset = logit_offset = 0
         for (a, b), entry in zip(spans, batch):
