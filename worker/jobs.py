@@ -5,7 +5,7 @@ from __future__ import annotations
 from shared.errors import ContextLengthExceeded, InvalidRequest
 from shared.messages import GenerateJob
 from worker.engine.engine import Engine
-from worker.engine.errors import ContextLengthError, TemplateError
+from worker.engine.errors import TemplateError
 from worker.engine.sampling import SamplingParams
 from worker.engine.sequence import GenerationParams
 from worker.sequences import GenerationRequest, Priority
@@ -57,7 +57,3 @@ def generation_request(engine: Engine, job: GenerateJob) -> GenerationRequest:
     return GenerationRequest(job.id, prompt_ids, params, n=job.n, priority=Priority.parse(job.priority),
                              cache_prompt=job.cache_prompt)
 
-
-def context_error(exc: ContextLengthError) -> ContextLengthExceeded:
-    """The client-facing form of an engine context error."""
-    return ContextLengthExceeded(str(exc), param="input")

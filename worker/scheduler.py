@@ -127,11 +127,6 @@ class Scheduler:
         """True while anything waits or runs."""
         return bool(self._waiting or self._active)
 
-    @property
-    def free_slots(self) -> int:
-        """How many more sequences could be admitted now (queue room aside)."""
-        return max(0, self.config.max_sequences - len(self._active) - len(self._waiting))
-
     def step(self) -> list[StepEvent]:
         """Admit, plan one batch within the token and KV budgets (preempting if needed), forward, sample."""
         self._admit()

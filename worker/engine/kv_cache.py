@@ -51,10 +51,6 @@ class SequenceKVCache:
         values[:, :, : self.length] = self.values[:, :, : self.length]  # (L, Hkv, T, Dh)
         self.keys, self.values = keys, values
 
-    def truncate(self, length: int) -> None:
-        """Forget every position from `length` on."""
-        self.length = min(self.length, length)
-
     def copy_prefix_from(self, other: SequenceKVCache, length: int) -> None:
         """Make this cache hold the first `length` positions of `other`."""
         self.reserve(length)
