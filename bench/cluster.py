@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import importlib.util
 import json
 import os
@@ -26,118 +25,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import httpx
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
+from cluster_processes import Cluster  # noqa: E402
 from relay_client import RelayResult, cpu_seconds, run_relay  # noqa: E402
+from stream_load import LevelResult, peer_model, run_level, run_levels  # noqa: E402
 
-from llmfleet.redis_server import BundledRedis, free_port  # noqa: E402
 from worker.models import model_id  # noqa: E402
 
 PY = sys.executable
 STANDIN_MODEL = "standin"
 API_KEY = os.environ.get("LLMFLEET_API_KEY", "none")  # what our gateway expects, if it expects one
-
-
-# ---- processes ------------------------------------------------------------------------------------------
-
-
-class Cluster:
-    """The bundled Redis, one gateway and the workers this benchmark started; close() ends them all."""
-
-    def __init__(self, logdir: Path, queue_limit: int) -> None:
-        self.logdir = logdir
-        self.queue_limit = queue_limit
-        self.redis = BundledRedis()
-        self.port = free_port()
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.gateway: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """The gateway's /v1 base URL."""
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> Cluster:
-        """Start Redis and the gateway (the gateway needs no worker to come up)."""
-        self.redis.start()
-        self.gateway = self.spawn("gateway", [PY, "-m", "llmfleet.cli", "gateway", "--port", str(self.port),
-                                              "--queue-limit", str(self.queue_limit)])
-        wait_until(lambda: http_status(f"http://127.0.0.1:{self.port}/health") == 200, 30, "gateway /health")
-        return self
-
-    def spawn(self, name: str, argv: list[str], **popen: object) -> subprocess.Popen[bytes]:
-        """Start a child with REDIS_URL set (output in a log file unless given), ended if this process dies."""
-        env = {**os.environ, "REDIS_URL": self.redis.url}
-        with open(self.logdir / f"{name}.log", "ab") as log:
-            popen = {"stdout": log, "stderr": subprocess.STDOUT, **popen}
-            proc = subprocess.Popen(argv, env=env, cwd=BENCH_DIR.parent, preexec_fn=_die_with_parent, **popen)  # type: ignore[call-overload]
-        self.procs.append(proc)
-        return proc
-
-    def stop(self, proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
-        """SIGTERM (workers drain and deregister), then SIGKILL after the grace period."""
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc in self.procs:
-            self.procs.remove(proc)
-
-    def wait_model(self, model: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-        """Wait until /ready is 200 and /v1/models lists `model` (its worker is registered and live)."""
-
-        def listed() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{model} worker exited with code {proc.returncode}; see {self.logdir}")
-            if http_status(self.url.removesuffix("/v1") + "/ready") != 200:
-                return False
-            with urllib.request.urlopen(self.url + "/models", timeout=5) as response:
-                return any(m["id"] == model for m in json.load(response)["data"])
-
-        wait_until(listed, timeout_s, f"a live {model} worker")
-
-    def close(self) -> None:
-        """Stop every child (workers first, gateway last) and Redis."""
-        for proc in [p for p in self.procs if p is not self.gateway] + ([self.gateway] if self.gateway else []):
-            self.stop(proc, grace_s=10.0)
-        self.redis.stop()
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when the benchmark process dies, however it dies (Linux prctl)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def http_status(url: str) -> int:
-    """The status of a GET, 0 when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except OSError:
-        return 0
-
-
-def wait_until(check: object, timeout_s: float, what: str) -> None:
-    """Poll `check()` every 0.25 s until it is true; RuntimeError after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.25)
-    raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 # ---- engine alone -----------------------------------------------------------------------------------------
@@ -183,108 +84,6 @@ class DirectEngine:
         self.proc.stdin.write(f"{batch} {steps}\n".encode())  # type: ignore[union-attr]
         self.proc.stdin.flush()  # type: ignore[union-attr]
         return float(json.loads(self._line())["rate"])
-
-
-# ---- streaming load (parts 1 and 3) -----------------------------------------------------------------------
-
-
-@dataclass
-class StreamResult:
-    """One streamed completion as the client saw it."""
-
-    sent: float
-    chunk_times: list[float] = field(default_factory=list)
-    tokens: int = 0  # usage.completion_tokens when the server reports it, else chunks with text
-    error: str | None = None
-
-
-@dataclass
-class LevelResult:
-    """One concurrency level: end-to-end and steady (all streams decoding) rates, TTFT."""
-
-    size: int
-    tokens: int
-    wall_s: float
-    e2e_rate: float
-    steady_rate: float
-    ttft_p50_s: float
-    errors: list[str]
-    note: str = ""
-
-
-async def stream_one(client: httpx.AsyncClient, base: str, body: dict[str, object]) -> StreamResult:
-    """POST one streaming /completions request and time every chunk that carries text."""
-    result = StreamResult(sent=time.perf_counter())
-    try:
-        async with client.stream("POST", base + "/completions", json=body) as response:
-            if response.status_code != 200:
-                payload = json.loads(await response.aread() or b"{}").get("error") or {}
-                result.error = f"HTTP {response.status_code} {payload.get('code') or payload.get('type')}"
-                return result
-            usage = None
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if line[6:].strip() == "[DONE]":
-                    break
-                chunk = json.loads(line[6:])
-                if chunk.get("error"):
-                    result.error = f"stream error {chunk['error'].get('code') or chunk['error'].get('type')}"
-                    break
-                if any(c.get("text") for c in chunk.get("choices") or []):
-                    result.chunk_times.append(time.perf_counter())
-                usage = chunk.get("usage") or usage
-            result.tokens = int(usage["completion_tokens"]) if usage else len(result.chunk_times)
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        result.error = type(exc).__name__
-    return result
-
-
-def steady_rate(results: list[StreamResult]) -> float:
-    """Tok/s while every stream was decoding: from the last first-chunk to the first last-chunk."""
-    timed = [r for r in results if len(r.chunk_times) >= 2]
-    if len(timed) != len(results):
-        return float("nan")
-    start, end = max(r.chunk_times[0] for r in timed), min(r.chunk_times[-1] for r in timed)
-    chunks = sum(len(r.chunk_times) for r in timed)
-    inside = sum(1 for r in timed for t in r.chunk_times if start < t <= end)
-    if end <= start or inside == 0:
-        return float("nan")
-    return inside / (end - start) * sum(r.tokens for r in timed) / chunks  # chunks -> tokens
-
-
-async def run_level(base: str, model: str, size: int, max_tokens: int, api_key: str, ignore_eos: bool,
-                    timeout_s: float, tag: str) -> LevelResult:
-    """`size` streams at once, each a distinct short prompt, greedy, exactly max_tokens when ignore_eos."""
-    headers = {"Authorization": f"Bearer {api_key}"}
-    limits = httpx.Limits(max_connections=size + 4, max_keepalive_connections=size + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10), limits=limits, headers=headers) as client:
-        bodies = [{"model": model, "prompt": f"({tag}) Item {i} of {size}: name a fruit, a colour and a city.",
-                   "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                   "stream_options": {"include_usage": True}, **({"ignore_eos": True} if ignore_eos else {})}
-                  for i in range(size)]
-        start = time.perf_counter()
-        results = await asyncio.wait_for(asyncio.gather(*(stream_one(client, base, b) for b in bodies)), timeout_s)
-        wall = time.perf_counter() - start
-    ok = [r for r in results if r.error is None]
-    ttfts = sorted(r.chunk_times[0] - r.sent for r in ok if r.chunk_times)
-    tokens = sum(r.tokens for r in ok)
-    return LevelResult(size, tokens, wall, tokens / wall, steady_rate(ok) if len(ok) == size else float("nan"),
-                       ttfts[len(ttfts) // 2] if ttfts else float("nan"), [r.error for r in results if r.error])
-
-
-async def run_levels(base: str, model: str, sizes: list[int], max_tokens: int, api_key: str,
-                     ignore_eos: bool) -> list[LevelResult]:
-    """A warm-up request, then every concurrency level in turn (prompts tagged "peer": no prefix-cache hits)."""
-    await run_level(base, model, 1, 4, api_key, ignore_eos, 120, "warm-up")
-    return [await run_level(base, model, s, max_tokens, api_key, ignore_eos, 300, "peer") for s in sizes]
-
-
-def peer_model(base: str, api_key: str) -> str:
-    """The first model a peer lists."""
-    response = httpx.get(base + "/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=10)
-    response.raise_for_status()
-    return str(response.json()["data"][0]["id"])
 
 
 # ---- reports ------------------------------------------------------------------------------------------------
