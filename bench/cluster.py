@@ -245,6 +245,10 @@ def run(args: argparse.Namespace, cluster: Cluster) -> None:
         cluster.start()
     if not args.skip_full:
         ours = run_full_part(args, cluster, sizes)
+    elif args.peer == "self":  # "self" needs a live worker even without part 1
+        worker = cluster.spawn("worker", [PY, "-m", "llmfleet.cli", "worker", "--model", args.model,
+                                          "--slots", str(max(sizes))])
+        cluster.wait_model(model_id(args.model), worker, 300)
     if args.peer:
         base = cluster.url if args.peer == "self" else args.peer.rstrip("/")
         base = base if base.endswith("/v1") else base + "/v1"
