@@ -40,7 +40,7 @@ from shared.messages import (
     TokenEvent,
     Usage,
 )
-from worker.publisher import JOURNAL_MAXLEN
+from worker.wire_commands import queue_deregistration, queue_event, queue_job_done, queue_registration
 
 log = logging.getLogger("standin")
 DEFAULT_MAX_TOKENS = 16
@@ -125,21 +125,16 @@ class StandinWorker:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             pipe = self.redis.pipeline(transaction=True)
-            pipe.delete(keys.worker_key(self.worker_id))
-            pipe.zrem(keys.WORKERS_INDEX, self.worker_id)
+            queue_deregistration(pipe, self.worker_id)
             await pipe.execute()
         return self.stats
 
     async def beat(self) -> None:
         """Write the registry entry (as worker/heartbeat.py does) and renew the lease of every held job."""
-        now = time.time()
-        key = keys.worker_key(self.worker_id)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(key, mapping={"model": self.model, "slots": self.slots, "load": len(self.held),
-                                "version": WIRE_VERSION, "heartbeat": now, "started": self.started, "state": "ready"})
-        pipe.expire(key, max(1, int(self.ttl_s)))
-        pipe.zadd(keys.WORKERS_INDEX, {self.worker_id: now})
-        pipe.zadd(keys.MODELS_INDEX, {self.model: now})
+        queue_registration(pipe, worker_id=self.worker_id, model=self.model, slots=self.slots, state="ready",
+                           started=self.started, gauges={"load": len(self.held), "served": self.stats.jobs},
+                           ttl_s=self.ttl_s, now=time.time())
         await pipe.execute()
         held = [h.message_id for h in self.held.values()]
         for start in range(0, len(held), 500):
@@ -176,15 +171,15 @@ class StandinWorker:
         try:
             job = codec.decode_job(fields[keys.JOB_FIELD.encode()])
         except (codec.WireFormatError, KeyError):
-            await self.redis.xack(self.stream, keys.JOBS_GROUP, message_id)
+            pipe = self.redis.pipeline(transaction=True)
+            queue_job_done(pipe, self.stream, message_id)
+            await pipe.execute()
             return
         if not isinstance(job, GenerateJob):
             data = codec.encode_event(InvalidRequest("the stand-in engine only generates").to_event(job.id, 0))
             pipe = self.redis.pipeline(transaction=True)
-            pipe.xadd(keys.journal_stream(job.id), {keys.JOURNAL_SEQ_FIELD: "0", keys.JOURNAL_EVENT_FIELD: data})
-            pipe.expire(keys.journal_stream(job.id), self.journal_ttl_s)
-            pipe.publish(keys.events_channel(job.id), data)
-            pipe.xack(self.stream, keys.JOBS_GROUP, message_id)
+            queue_event(pipe, job.id, 0, data, journal_ttl_s=self.journal_ttl_s, refresh_ttl=True)
+            queue_job_done(pipe, self.stream, message_id)
             await pipe.execute()
             return
         prompt_tokens = len(job.prompt_token_ids or []) or len((job.prompt or "").split()) or 1
@@ -235,17 +230,17 @@ class StandinWorker:
         finished: list[HeldStream] = []
         events = 0
         for held in list(self.held.values()):
-            journal, channel = keys.journal_stream(held.job_id), keys.events_channel(held.job_id)
             if held.sent < held.max_tokens and not held.cancelled:
                 for index in range(held.n):
                     data = token_event_bytes(held.job_id, held.seq, index, f"{held.sent}{text_tail}",
                                              1 + held.sent % 1000)
-                    self._journal_publish(pipe, journal, channel, held.seq, data)
+                    queue_event(pipe, held.job_id, held.seq, data, journal_ttl_s=self.journal_ttl_s,
+                                refresh_ttl=held.seq == 0)
                     held.seq += 1
                     events += 1
                 held.sent += 1
             if held.sent >= held.max_tokens or held.cancelled:
-                events += self._finish(pipe, held, journal, channel)
+                events += self._finish(pipe, held)
                 finished.append(held)
         for held in finished:
             del self.held[held.job_id]
@@ -256,26 +251,20 @@ class StandinWorker:
         self.stats.build_s.append(built - stamp)
         self.stats.execute_s.append(time.time() - built)
 
-    def _journal_publish(self, pipe: Pipeline, journal: str, channel: str, seq: int, data: bytes) -> None:
-        pipe.xadd(journal, {keys.JOURNAL_SEQ_FIELD: str(seq), keys.JOURNAL_EVENT_FIELD: data},
-                  maxlen=JOURNAL_MAXLEN, approximate=True)
-        if seq == 0:
-            pipe.expire(journal, self.journal_ttl_s)
-        pipe.publish(channel, data)
-
-    def _finish(self, pipe: Pipeline, held: HeldStream, journal: str, channel: str) -> int:
-        """Queue ChoiceEnd per choice and the Done event, and the XACK; returns the number of events."""
+    def _finish(self, pipe: Pipeline, held: HeldStream) -> int:
+        """Queue ChoiceEnd per choice, the Done event, and the ack; returns the number of events."""
         reason = FinishReason.CANCELLED if held.cancelled else FinishReason.LENGTH
         for index in range(held.n):
             end = ChoiceEndEvent(id=held.job_id, seq=held.seq, index=index, finish_reason=reason)
-            self._journal_publish(pipe, journal, channel, held.seq, codec.encode_event(end))
+            queue_event(pipe, held.job_id, held.seq, codec.encode_event(end), journal_ttl_s=self.journal_ttl_s,
+                        refresh_ttl=held.seq == 0)
             held.seq += 1
         completion = held.sent * held.n
         done = DoneEvent(id=held.job_id, seq=held.seq, usage=Usage(
             prompt_tokens=held.prompt_tokens, completion_tokens=completion, total_tokens=held.prompt_tokens + completion))
-        self._journal_publish(pipe, journal, channel, held.seq, codec.encode_event(done))
-        pipe.expire(journal, self.journal_ttl_s)
-        pipe.xack(self.stream, keys.JOBS_GROUP, held.message_id)
+        queue_event(pipe, held.job_id, held.seq, codec.encode_event(done), journal_ttl_s=self.journal_ttl_s,
+                    refresh_ttl=True)
+        queue_job_done(pipe, self.stream, held.message_id)
         return held.n + 1
 
 

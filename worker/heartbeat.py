@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -12,7 +11,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from shared import keys
-from shared.messages import WIRE_VERSION
+from worker.wire_commands import queue_deregistration, queue_registration
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +37,9 @@ class Heartbeat:
     def beat(self) -> None:
         """Write the registry entry and renew the lease on every job this worker holds."""
         now = time.time()
-        key = keys.worker_key(self.worker_id)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(key, mapping={
-            "model": self.model, "slots": self.slots, "version": WIRE_VERSION,
-            "heartbeat": now, "started": self.started, "state": self.state, "host": socket.gethostname(),
-            **self._gauges(),
-        })
-        pipe.expire(key, max(1, int(self.ttl_s)))
-        pipe.zadd(keys.WORKERS_INDEX, {self.worker_id: now})
-        pipe.zadd(keys.MODELS_INDEX, {self.model: now})
+        queue_registration(pipe, worker_id=self.worker_id, model=self.model, slots=self.slots, state=self.state,
+                           started=self.started, gauges=self._gauges(), ttl_s=self.ttl_s, now=now)
         pipe.execute()
         held = self._held_jobs()
         if held:  # XCLAIM by the owner resets the idle time: the lease other workers respect
@@ -56,8 +48,7 @@ class Heartbeat:
     def deregister(self) -> None:
         """Remove the registry entry (clean shutdown)."""
         pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(keys.worker_key(self.worker_id))
-        pipe.zrem(keys.WORKERS_INDEX, self.worker_id)
+        queue_deregistration(pipe, self.worker_id)
         pipe.execute()
 
     def start(self) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from redis import Redis
 
-from shared import codec, keys
+from shared import codec
 from shared.errors import LLMFleetError
 from shared.messages import (
     ChoiceEndEvent,
@@ -19,12 +19,13 @@ from shared.messages import (
     TokenLogprob,
     TopLogprob,
     Usage,
+    is_terminal,
 )
 from worker.engine.tokenizer import Tokenizer
 from worker.sequences import RequestDone, RequestFailed, SequenceStep
+from worker.wire_commands import queue_event, queue_job_done
 
 log = logging.getLogger(__name__)
-JOURNAL_MAXLEN = 100_000  # events kept per request (approximate trim)
 
 
 class EventPublisher:
@@ -107,26 +108,17 @@ class EventPublisher:
         self._pending.append(error.to_event(request_id, self.next_seq(request_id)))
 
     def flush(self, acks: list[tuple[str, str]] = ()) -> None:
-        """Journal and publish every queued event, and XACK + XDEL finished jobs, in one transaction.
-
-        Deleting acked entries keeps a job stream to waiting + in-flight jobs, so XLEN - pending is the queue
-        depth the gateway bounds (Redis 6.2 has no consumer-group lag).
-        """
+        """Journal and publish every queued event, and ack (+ delete) finished jobs, in one transaction."""
         if not self._pending and not acks:
             return
         pipe = self.redis.pipeline(transaction=True)
         for event in self._pending:
-            data = codec.encode_event(event)
-            journal = keys.journal_stream(event.id)
-            pipe.xadd(journal, {keys.JOURNAL_SEQ_FIELD: str(event.seq), keys.JOURNAL_EVENT_FIELD: data},
-                      maxlen=JOURNAL_MAXLEN, approximate=True)
-            if event.seq == 0 or isinstance(event, DoneEvent) or event.kind == "error":
-                pipe.expire(journal, self.journal_ttl_s)
-            pipe.publish(keys.events_channel(event.id), data)
-            if isinstance(event, DoneEvent) or event.kind == "error":
+            terminal = is_terminal(event)
+            queue_event(pipe, event.id, event.seq, codec.encode_event(event), journal_ttl_s=self.journal_ttl_s,
+                        refresh_ttl=event.seq == 0 or terminal)
+            if terminal:
                 self._next_seq.pop(event.id, None)
         for stream, message_id in acks:
-            pipe.xack(stream, keys.JOBS_GROUP, message_id)
-            pipe.xdel(stream, message_id)
+            queue_job_done(pipe, stream, message_id)
         self._pending = []
         pipe.execute()
