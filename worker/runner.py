@@ -160,7 +160,9 @@ class WorkerRunner:
                                       block=IDLE_BLOCK_MS if block else None)
         for _stream, messages in reply or []:
             for message_id, fields in messages:
-                self._accept(_text(message_id), fields, acks, resumed_seq=None)
+                job = self._decode(_text(message_id), fields, acks)
+                if job is not None:
+                    self._accept(_text(message_id), job, acks, resumed_seq=0)
 
     def _reclaim(self, acks: list[tuple[str, str]]) -> None:
         """Take over jobs whose worker stopped renewing its lease; each one ends, never hangs."""
@@ -172,23 +174,26 @@ class WorkerRunner:
         claimed = reply[1] if reply else []
         for message_id, fields in claimed:
             mid = _text(message_id)
-            job_id = _job_id(fields) if fields else None
-            if job_id is None:  # trimmed away or unreadable: nothing can be done for it
-                acks.append((self.stream, mid))
+            job = self._decode(mid, fields, acks)  # None: trimmed away or unreadable, acked and dropped
+            if job is None:
                 continue
-            last = self.redis.xrevrange(keys.journal_stream(job_id), count=1)
+            last = self.redis.xrevrange(keys.journal_stream(job.id), count=1)
             sent = int(last[0][1][keys.JOURNAL_SEQ_FIELD.encode()]) + 1 if last else 0
-            log.info("reclaimed job %s (%d events already sent) from a silent worker", job_id, sent)
-            self._accept(mid, fields, acks, resumed_seq=sent)
+            log.info("reclaimed job %s (%d events already sent) from a silent worker", job.id, sent)
+            self._accept(mid, job, acks, resumed_seq=sent)
 
-    def _accept(self, message_id: str, fields: dict, acks: list[tuple[str, str]], *, resumed_seq: int | None) -> None:
-        """Decode one job and start it, or end it at once with the right terminal event."""
+    def _decode(self, message_id: str, fields: dict | None, acks: list[tuple[str, str]]) -> GenerateJob | EmbedJob | None:
+        """The job in a stream entry; an entry that cannot be read is acked and dropped (None)."""
         try:
-            job = codec.decode_job(fields[keys.JOB_FIELD.encode()])
+            return codec.decode_job((fields or {})[keys.JOB_FIELD.encode()])
         except (WireFormatError, KeyError) as exc:
             log.warning("dropping undecodable job %s: %s", message_id, exc)
             acks.append((self.stream, message_id))
-            return
+            return None
+
+    def _accept(self, message_id: str, job: GenerateJob | EmbedJob, acks: list[tuple[str, str]], *,
+                resumed_seq: int) -> None:
+        """Start a job, or end it at once with the right terminal event (resumed_seq > 0: events already sent)."""
         if resumed_seq:
             self.publisher.resume_from(job.id, resumed_seq)
             # Resuming a half-sent stream invisibly is a later goal (journal + seed make it possible).
@@ -291,10 +296,3 @@ class WorkerRunner:
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
-
-def _job_id(fields: dict) -> str | None:
-    """The request id inside a raw job entry, or None when it cannot be read."""
-    try:
-        return codec.decode_job(fields[keys.JOB_FIELD.encode()]).id
-    except (WireFormatError, KeyError):
-        return None
