@@ -109,8 +109,9 @@ class Scheduler:
         group.cancelled = True
         tails = []
         for seq in group.sequences:
-            tails.append("" if seq.state in (SeqState.FINISHED, SeqState.CANCELLED) else seq.gen.finish("cancelled"))
-            if seq.state not in (SeqState.FINISHED,):
+            ended = seq.state in (SeqState.FINISHED, SeqState.CANCELLED)
+            tails.append("" if ended else seq.gen.finish("cancelled"))
+            if not ended:
                 seq.state = SeqState.CANCELLED
             self._free(seq)
         self._active = [s for s in self._active if s.group is not group]
