@@ -1,0 +1,144 @@
+"""Sampling a whole step at once: one vectorised pass over every row's logits, each row with its own controls.
+
+Rows are independent: a row's token depends only on its logits, its params, its history and its own
+generator, never on the other rows of the batch (so a resumed sequence samples the same on any worker).
+A single row is sampled by this same code (Sampler.sample calls it with a batch of one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from worker.engine.sampling import SampledToken, Sampler
+
+LogitsProcessor = Callable[[np.ndarray], None]  # edits one row of processed scores (V,) in place, e.g. a grammar mask
+NUCLEUS_PREFIX = 256  # top_p looks for the nucleus among this many best tokens before sorting everything
+
+
+def sample_batch(samplers: Sequence[Sampler], logits: np.ndarray, context_ids: Sequence[Sequence[int]],
+                 generated_ids: Sequence[Sequence[int]],
+                 processors: Sequence[LogitsProcessor | None] | None = None) -> list[SampledToken]:
+    """One token per row of raw logits (B, V): bias, penalties, processors, then greedy or a seeded draw."""
+    from worker.engine.sampling import SampledToken, log_softmax_top
+
+    b = len(samplers)
+    raw = np.asarray(logits, dtype=np.float32)  # (B, V)
+    if raw.ndim != 2 or raw.shape[0] != b or (b and raw.shape[1] != samplers[0].vocab_size):
+        raise ValueError(f"logits must have shape ({b}, V), got {raw.shape}")
+    scores = processed_logits(samplers, raw, context_ids, generated_ids, processors)  # (B, V)
+    tokens = np.empty(b, np.int64)  # (B,)
+    greedy = [i for i, s in enumerate(samplers) if s.params.is_greedy]
+    if greedy:
+        tokens[greedy] = np.argmax(scores[greedy], axis=1)  # (G,)
+    drawn = [i for i, s in enumerate(samplers) if not s.params.is_greedy]
+    if drawn:
+        tokens[drawn] = _draw_rows([samplers[i] for i in drawn], scores[drawn])  # (S,)
+    results = []
+    for i, sampler in enumerate(samplers):
+        token = int(tokens[i])
+        if sampler.params.logprobs is None:
+            results.append(SampledToken(token))
+        else:
+            logprob, top = log_softmax_top(raw[i], token, sampler.params.logprobs)
+            results.append(SampledToken(token, logprob, top))
+    return results
+
+
+def processed_logits(samplers: Sequence[Sampler], raw: np.ndarray, context_ids: Sequence[Sequence[int]],
+                     generated_ids: Sequence[Sequence[int]],
+                     processors: Sequence[LogitsProcessor | None] | None = None) -> np.ndarray:
+    """A copy of raw logits (B, V) after logit_bias, repetition and presence/frequency penalties, processors."""
+    b, vocab = raw.shape
+    scores = np.array(raw, dtype=np.float32, copy=True)  # (B, V)
+    biased = [i for i, s in enumerate(samplers) if s.bias_ids.size]
+    if biased:
+        rows = np.concatenate([np.full(samplers[i].bias_ids.size, i) for i in biased])  # (NB,)
+        ids = np.concatenate([samplers[i].bias_ids for i in biased])  # (NB,)
+        scores[rows, ids] += np.concatenate([samplers[i].bias_values for i in biased])  # (NB,)
+    repeat = [i for i, s in enumerate(samplers) if s.params.repetition_penalty != 1.0]
+    if repeat:
+        rows, ids = _row_ids(samplers, repeat, [list(context_ids[i]) + list(generated_ids[i]) for i in repeat], vocab)
+        seen = np.zeros((b, vocab), dtype=bool)  # (B, V)
+        seen[rows, ids] = True
+        penalty = np.array([s.params.repetition_penalty for s in samplers], np.float32)[:, None]  # (B, 1)
+        penalised = np.where(scores > 0, scores / penalty, scores * penalty)  # (B, V)
+        scores = np.where(seen, penalised, scores)  # (B, V)
+    counted = [i for i, s in enumerate(samplers)
+               if s.params.presence_penalty != 0.0 or s.params.frequency_penalty != 0.0]
+    if counted:
+        rows, ids = _row_ids(samplers, counted, [generated_ids[i] for i in counted], vocab)
+        counts = np.zeros((b, vocab), np.float32)  # (B, V)
+        np.add.at(counts, (rows, ids), 1.0)
+        presence = np.array([s.params.presence_penalty for s in samplers], np.float32)[:, None]  # (B, 1)
+        frequency = np.array([s.params.frequency_penalty for s in samplers], np.float32)[:, None]  # (B, 1)
+        scores -= np.where(counts > 0, presence + frequency * counts, 0.0).astype(np.float32)  # (B, V)
+    for i, processor in enumerate(processors or ()):
+        if processor is not None:
+            processor(scores[i])
+    if not np.isfinite(scores.max(axis=1)).all():
+        raise ValueError("every token is banned by logit_bias")
+    return scores
+
+
+def _row_ids(samplers: Sequence[Sampler], rows: list[int], histories: list[Sequence[int]],
+             vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, token id) pairs (M,) x2 of the given histories, refusing ids outside the vocabulary."""
+    ids = [np.asarray(h, dtype=np.int64).reshape(-1) for h in histories]
+    flat = np.concatenate(ids) if ids else np.empty(0, np.int64)  # (M,)
+    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= vocab):
+        raise ValueError(f"token ids must be in [0, {vocab}), got {flat.min()}..{flat.max()}")
+    return np.concatenate([np.full(len(t), r) for r, t in zip(rows, ids)]).astype(np.int64), flat  # (M,) x2
+
+
+def _draw_rows(samplers: Sequence[Sampler], scores: np.ndarray) -> np.ndarray:
+    """Temperature, top_k, top_p, min_p and one draw per row (S, V) from each row's own generator: (S,)."""
+    s, vocab = scores.shape
+    temperature = np.array([x.params.temperature for x in samplers], np.float32)[:, None]  # (S, 1)
+    scaled = scores / temperature  # (S, V)
+    peak = scaled.max(axis=1, keepdims=True)  # (S, 1)
+    top_k = np.array([x.params.top_k if 0 < x.params.top_k < vocab else vocab for x in samplers])  # (S,)
+    top_p = np.array([x.params.top_p for x in samplers])  # (S,)
+    min_p = np.array([x.params.min_p for x in samplers], np.float32)[:, None]  # (S, 1)
+    width = int(min(vocab, max(int(top_k.max()) if (top_k < vocab).any() else 0,
+                               NUCLEUS_PREFIX if (top_p < 1.0).any() else 0) or vocab))
+    if width < vocab:  # the best `width` tokens of each row, best first (ties by id)
+        ids = np.argpartition(-scaled, width - 1, axis=1)[:, :width]  # (S, W)
+    else:
+        ids = np.broadcast_to(np.arange(vocab), (s, vocab))  # (S, V)
+    values = np.take_along_axis(scaled, ids, axis=1)  # (S, W)
+    order = np.lexsort((ids, -values), axis=1)  # (S, W)
+    ids, values = np.take_along_axis(ids, order, axis=1), np.take_along_axis(values, order, axis=1)  # (S, W) x2
+    weights = np.exp(values - peak)  # (S, W), best = 1
+    weights[np.arange(width)[None, :] >= top_k[:, None]] = 0.0  # top_k
+    full_total = np.exp(scaled - peak).sum(axis=1, dtype=np.float64)  # (S,) the whole vocabulary's weight
+    kept_total = np.where(top_k < vocab, weights.sum(axis=1, dtype=np.float64), full_total)  # (S,)
+    cumulative = np.cumsum(weights, axis=1, dtype=np.float64)  # (S, W)
+    nucleus = top_p < 1.0  # (S,)
+    overflow = nucleus & (top_k >= vocab) & (cumulative[:, -1] < top_p * kept_total) & (width < vocab)  # (S,)
+    before = cumulative - weights  # (S, W) weight of the better tokens
+    weights[nucleus[:, None] & (before >= (top_p * kept_total)[:, None])] = 0.0  # top_p: smallest nucleus
+    weights[weights < min_p] = 0.0  # min_p (the best token has weight 1)
+    cumulative = np.cumsum(weights, axis=1, dtype=np.float64)  # (S, W)
+    draws = np.array([x.next_uniform() for x in samplers])  # (S,)
+    targets = draws * cumulative[:, -1]  # (S,)
+    chosen = np.minimum((cumulative <= targets[:, None]).sum(axis=1), width - 1)  # (S,)
+    tokens = ids[np.arange(s), chosen]  # (S,)
+    for row in np.flatnonzero(overflow):  # the nucleus reaches past the candidates: sort the whole row
+        tokens[row] = _draw_full_row(samplers[row], scaled[row], peak[row, 0], draws[row])
+    return tokens
+
+
+def _draw_full_row(sampler: Sampler, scaled: np.ndarray, peak: float, draw: float) -> int:
+    """The same draw for one row over its whole vocabulary (top_p with a nucleus wider than the prefix)."""
+    order = np.lexsort((np.arange(scaled.shape[0]), -scaled))  # (V,) best first, ties by id
+    weights = np.exp(scaled[order] - peak)  # (V,)
+    before = np.cumsum(weights, dtype=np.float64) - weights  # (V,)
+    weights[before >= sampler.params.top_p * float(weights.sum(dtype=np.float64))] = 0.0
+    weights[weights < sampler.params.min_p] = 0.0
+    cumulative = np.cumsum(weights, dtype=np.float64)  # (V,)
+    chosen = min(int((cumulative <= draw * cumulative[-1]).sum()), weights.shape[0] - 1)
+    return int(order[chosen])
