@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine import matmul_chain_rate  # noqa: E402
 
 from worker.engine.engine import Engine  # noqa: E402
+from worker.engine.generation import GenerationParams  # noqa: E402
 from worker.engine.sampling import SamplingParams  # noqa: E402
-from worker.engine.sequence import GenerationParams  # noqa: E402
 from worker.models import resolve  # noqa: E402
 from worker.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from worker.sequences import GenerationRequest, SequenceStep  # noqa: E402
@@ -28,7 +28,7 @@ from worker.sequences import GenerationRequest, SequenceStep  # noqa: E402
 
 def scheduler_decode_rate(engine: Engine, batch: int, steps: int) -> float:
     """Aggregate tok/s of `batch` concurrent greedy requests, timed over decode steps only."""
-    sched = Scheduler(engine, SchedulerConfig(max_sequences=max(batch, 1), prefix_cache_mib=0, max_queue=batch))
+    sched = Scheduler(engine, SchedulerConfig(max_sequences=max(batch, 1), prefix_cache=False, max_queue=batch))
     rng = np.random.default_rng(batch)
     params = GenerationParams(max_tokens=steps + 2, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
     for i in range(batch):
@@ -80,7 +80,7 @@ def main() -> None:
     sched = Scheduler(engine, SchedulerConfig())
     miss = ttft(engine, sched, prefix + [1000, 1001], "miss")
     hit = ttft(engine, sched, prefix + [1002, 1003], "hit")
-    saved = sched.prefix_cache.stats.tokens_saved
+    saved = sched.blocks.stats.tokens_hit
     print(f"TTFT with a {args.prefix_tokens}-token prefix: miss {miss * 1000:.0f} ms, hit {hit * 1000:.1f} ms "
           f"({miss / hit:.0f}x lower; {saved} tokens reused)")
 

@@ -13,13 +13,14 @@ import time
 
 import numpy as np
 
-from worker.engine.layers import linear
-from worker.engine.model import BatchEntry, Model
-from worker.engine.weights import TransformerWeights
+from worker.engine.architectures.llama import LlamaWeights
+from worker.engine.forward_batch import BatchEntry
+from worker.engine.model import Model
+from worker.engine.ops import linear
 from worker.models import resolve
 
 
-def matmul_chain_rate(weights: TransformerWeights, batch: int, steps: int) -> float:
+def matmul_chain_rate(weights: LlamaWeights, batch: int, steps: int) -> float:
     """Tokens/s of the bare matmul chain of one forward step at the given batch size."""
     d = weights.token_embedding.shape[1]
     x = np.random.default_rng(0).standard_normal((batch, d)).astype(np.float32)  # (B, D)
@@ -37,12 +38,19 @@ def matmul_chain_rate(weights: TransformerWeights, batch: int, steps: int) -> fl
 def decode_rate(model: Model, batch: int, steps: int, prompt_tokens: int = 16) -> float:
     """Aggregate decode tokens/s of `batch` sequences stepping together (after a short prefill)."""
     rng = np.random.default_rng(1)
-    caches = [model.new_cache() for _ in range(batch)]
-    model.forward([BatchEntry(rng.integers(0, model.config.vocab_size, prompt_tokens), c) for c in caches])
+    pool = model.new_pool(batch * (prompt_tokens + steps + 64) * model.config.kv_bytes_per_token,
+                          enable_prefix_caching=False)
+    for i in range(batch):
+        pool.ensure(i, prompt_tokens)
+    model.forward([BatchEntry(i, rng.integers(0, model.config.vocab_size, prompt_tokens), 0)
+                   for i in range(batch)], pool)
     next_tokens = rng.integers(0, model.config.vocab_size, batch)  # (B,)
     start = time.perf_counter()
-    for _ in range(steps):
-        logits = model.forward([BatchEntry(next_tokens[i : i + 1], c) for i, c in enumerate(caches)])
+    for step in range(steps):
+        for i in range(batch):
+            pool.extend(i, 1)
+        logits = model.forward([BatchEntry(i, next_tokens[i : i + 1], prompt_tokens + step)
+                                for i in range(batch)], pool)
         next_tokens = np.array([int(np.argmax(row)) for row in logits])  # (B,)
     return batch * steps / (time.perf_counter() - start)
 
@@ -50,8 +58,10 @@ def decode_rate(model: Model, batch: int, steps: int, prompt_tokens: int = 16) -
 def prefill_rate(model: Model, tokens: int) -> float:
     """Tokens/s of one prompt prefilled in a single forward."""
     ids = np.random.default_rng(2).integers(0, model.config.vocab_size, tokens)  # (T,)
+    pool = model.new_pool((tokens + 64) * model.config.kv_bytes_per_token, enable_prefix_caching=False)
+    pool.ensure(0, tokens)
     start = time.perf_counter()
-    model.forward([BatchEntry(ids, model.new_cache())])
+    model.forward([BatchEntry(0, ids, 0)], pool)
     return tokens / (time.perf_counter() - start)
 
 

@@ -50,10 +50,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    """Run the engine alone and stream only the completion to stdout."""
+    """Run one request through the worker's scheduler (no Redis, no HTTP); stream only the completion."""
     from worker.engine.engine import Engine
+    from worker.engine.generation import GenerationParams
     from worker.engine.sampling import SamplingParams
-    from worker.engine.sequence import GenerationParams
+    from worker.local_generation import generate
 
     engine = Engine.load(resolve(args.model))
     sampling = SamplingParams(
@@ -69,7 +70,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             prompt_ids = engine.encode_prompt(args.prompt)
         params = GenerationParams(max_tokens=args.max_tokens, sampling=sampling, stop=tuple(args.stop),
                                   ignore_eos=args.ignore_eos)
-        for out in engine.generate(prompt_ids, params):
+        for out in generate(engine, prompt_ids, params):
             if out.text:
                 sys.stdout.write(out.text)
                 sys.stdout.flush()

@@ -6,8 +6,8 @@ from shared.errors import ContextLengthExceeded, InvalidRequest
 from shared.messages import GenerateJob
 from worker.engine.engine import Engine
 from worker.engine.errors import TemplateError
+from worker.engine.generation import GenerationParams
 from worker.engine.sampling import SamplingParams
-from worker.engine.sequence import GenerationParams
 from worker.sequences import GenerationRequest, Priority
 
 

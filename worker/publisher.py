@@ -22,10 +22,11 @@ from shared.messages import (
     is_terminal,
 )
 from worker.engine.tokenizer import Tokenizer
-from worker.sequences import RequestDone, RequestFailed, SequenceStep
+from worker.sequences import EmbeddingDone, RequestDone, RequestFailed, SequenceStep
 from worker.wire_commands import queue_event, queue_job_done
 
 log = logging.getLogger(__name__)
+StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone
 
 
 class EventPublisher:
@@ -62,7 +63,7 @@ class EventPublisher:
         """A token's own text (bytes decoded with replacement; the exact bytes travel beside it)."""
         return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
 
-    def add_steps(self, events: Iterable[SequenceStep | RequestDone | RequestFailed]) -> list[str]:
+    def add_steps(self, events: Iterable[StepEvent]) -> list[str]:
         """Queue the wire events of one scheduler step; returns the ids of requests that ended."""
         ended = []
         for event in events:
@@ -76,6 +77,11 @@ class EventPublisher:
                                                         index=event.index, finish_reason=FinishReason(out.finish_reason)))
             elif isinstance(event, RequestDone):
                 self.add_done(event)
+                ended.append(event.request_id)
+            elif isinstance(event, EmbeddingDone):
+                usage = Usage(prompt_tokens=event.prompt_tokens, completion_tokens=0, total_tokens=event.prompt_tokens)
+                self._pending.append(DoneEvent(id=event.request_id, seq=self.next_seq(event.request_id), usage=usage,
+                                               embeddings=event.embeddings))
                 ended.append(event.request_id)
             else:
                 self.add_error(event.request_id, LLMFleetError(event.message))

@@ -19,7 +19,6 @@ from shared.errors import (
     InternalError,
     InvalidRequest,
     LLMFleetError,
-    QueueFull,
     Unavailable,
 )
 from shared.messages import ChoiceEndEvent, DoneEvent, EmbedJob, FinishReason, GenerateJob, TokenEvent, Usage
@@ -31,7 +30,7 @@ from worker.heartbeat import Heartbeat
 from worker.jobs import generation_request
 from worker.publisher import EventPublisher
 from worker.scheduler import Scheduler, SchedulerConfig
-from worker.sequences import QueueFull as SchedulerQueueFull
+from worker.sequences import EmbeddingRequest, Priority
 
 log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 5.0
@@ -61,7 +60,7 @@ class WorkerRunner:
         config = scheduler_config or SchedulerConfig(
             max_sequences=settings.slots, max_batch_tokens=settings.max_batch_tokens,
             max_prefill_tokens=settings.max_prefill_tokens, kv_budget_mib=settings.kv_budget_mib,
-            prefix_cache_mib=settings.prefix_cache_mib, max_queue=settings.slots)
+            prefix_cache=settings.prefix_cache_mib > 0, max_queue=max(settings.slots, 64))
         self.scheduler = Scheduler(engine, config)
         self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60)
         self.stop_requested = threading.Event()
@@ -212,8 +211,9 @@ class WorkerRunner:
         log.info("job %s", job.describe())
         try:
             if isinstance(job, EmbedJob):
-                self._run_embed(job)
-                acks.append((self.stream, message_id))
+                self.scheduler.add_embedding(self._embedding_request(job))
+                with self._lock:
+                    self._held[job.id] = HeldJob(message_id, job, 1)
                 return
             request = generation_request(self.engine, job)
             if job.echo:
@@ -230,10 +230,6 @@ class WorkerRunner:
             self.publisher.add_error(job.id, InvalidRequest(str(exc)))
             acks.append((self.stream, message_id))
             return
-        except SchedulerQueueFull as exc:
-            self.publisher.add_error(job.id, QueueFull(str(exc), retry_after=self.settings.retry_after_s))
-            acks.append((self.stream, message_id))
-            return
         except Exception as exc:  # one bad job must never take the worker down
             log.exception("job %s failed on intake", job.id)
             self.publisher.add_error(job.id, InternalError(f"the worker could not start this request ({type(exc).__name__})"))
@@ -242,9 +238,9 @@ class WorkerRunner:
         with self._lock:
             self._held[job.id] = HeldJob(message_id, job, job.n)
 
-    def _run_embed(self, job: EmbedJob) -> None:
-        """Embed every input now (one forward each) and publish the terminal DoneEvent with the vectors."""
-        vectors, prompt_tokens = [], 0
+    def _embedding_request(self, job: EmbedJob) -> EmbeddingRequest:
+        """The scheduler request of an embed job: every input tokenized and checked."""
+        inputs = []
         for i, item in enumerate(job.inputs):
             ids = self.engine.encode_prompt(item) if isinstance(item, str) else list(item)
             if not ids:
@@ -254,11 +250,9 @@ class WorkerRunner:
                                      f"{self.engine.context_length}", param="input")
             if any(not 0 <= t < self.engine.model.config.vocab_size for t in ids):
                 raise InvalidRequest(f"input {i} has a token id outside the vocabulary", param="input")
-            prompt_tokens += len(ids)
-            vectors.append(self.engine.embed(ids, pooling=job.pooling, normalize=job.normalize).tolist())
-        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
-        self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id), usage=usage,
-                                           embeddings=vectors))
+            inputs.append(ids)
+        return EmbeddingRequest(job.id, inputs, pooling=job.pooling, normalize=job.normalize,
+                                priority=Priority.parse(job.priority))
 
     def _end_cancelled_before_start(self, job: GenerateJob | EmbedJob) -> None:
         """A job cancelled while it waited in the stream ends with cancelled choices and no tokens."""

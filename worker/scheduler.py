@@ -1,4 +1,4 @@
-"""Continuous batching: admit by priority, chunked prefill beside decodes, KV budget with preemption."""
+"""Continuous batching: admit by priority, chunked prefill beside decodes, KV blocks with preemption."""
 
 from __future__ import annotations
 
@@ -10,38 +10,48 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from shared.errors import QueueFull
+from worker.engine.batch_sampling import sample_batch
+from worker.engine.block_manager import NoFreeBlocks
 from worker.engine.engine import Engine
-from worker.engine.kv_cache import SequenceKVCache
-from worker.engine.model import BatchEntry
-from worker.engine.prefix_cache import PrefixCache
-from worker.engine.sequence import GenerationParams
+from worker.engine.forward_batch import BatchEntry
+from worker.engine.generation import GenerationParams
+from worker.engine.sampling import SampledToken
 from worker.sequences import (
+    EmbeddingDone,
+    EmbeddingRequest,
     GenerationRequest,
-    QueueFull,
     RequestDone,
     RequestFailed,
     RequestGroup,
+    ScheduledSequence,
     SchedulerStats,
     SeqState,
-    Sequence,
     SequenceStep,
 )
 
 log = logging.getLogger(__name__)
-StepEvent = SequenceStep | RequestDone | RequestFailed
+StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone
 MIB = 1 << 20
+AUTO_MAX_SLOTS = 64  # past this, a step's attention and sampling grow faster than its matmuls get cheaper
+AUTO_TOKENS_PER_SLOT = 320  # KV the pool should hold per slot when the slot count is derived
+
+
+def auto_slots(pool_tokens: int) -> int:
+    """Sequences per step derived from the KV pool (as vLLM bounds max_num_seqs by memory): 1..AUTO_MAX_SLOTS."""
+    return max(1, min(AUTO_MAX_SLOTS, pool_tokens // AUTO_TOKENS_PER_SLOT))
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Limits of one scheduler."""
 
-    max_sequences: int = 32  # sequences in one forward step
+    max_sequences: int = 0  # sequences in one forward step; 0 = auto, from the KV pool (see auto_slots)
     max_batch_tokens: int = 2048  # tokens (decodes + prefill chunks) in one forward step
     max_prefill_tokens: int = 512  # largest prefill chunk of one sequence in one step
     max_queue: int = 256  # waiting requests before add() refuses
-    kv_budget_mib: float = 1024.0  # KV cache of all active sequences
-    prefix_cache_mib: float = 256.0  # separate budget of the prefix cache (0 = off)
+    kv_budget_mib: float = 1024.0  # the KV pool, allocated once
+    prefix_cache: bool = True  # keep full prompt blocks in the pool's free space for reuse
 
 
 class Scheduler:
@@ -49,16 +59,20 @@ class Scheduler:
 
     def __init__(self, engine: Engine, config: SchedulerConfig | None = None) -> None:
         self.engine = engine
-        self.config = config or SchedulerConfig()
-        self.kv_budget = int(self.config.kv_budget_mib * MIB)
-        self.prefix_cache = PrefixCache(int(self.config.prefix_cache_mib * MIB))
-        self.stats = SchedulerStats()
+        config = config or SchedulerConfig()
+        self.pool = engine.model.new_pool(int(config.kv_budget_mib * MIB), enable_prefix_caching=config.prefix_cache)
+        if config.max_sequences <= 0:
+            config = replace(config, max_sequences=auto_slots(self.pool.capacity_tokens))
+        self.config = config
+        self.blocks = self.pool.blocks
+        self.stats = SchedulerStats(kv_blocks_total=self.pool.n_blocks)
         self._groups: dict[str, RequestGroup] = {}
-        self._waiting: list[tuple[int, int, int, int, Sequence]] = []  # heap of (-priority, front, order, tie, seq)
-        self._active: list[Sequence] = []
+        self._waiting: list[tuple[int, int, int, int, ScheduledSequence]] = []  # heap (-priority, front, order, tie, seq)
+        self._active: list[ScheduledSequence] = []
         self._arrivals = itertools.count()
         self._admissions = itertools.count()
         self._ties = itertools.count()
+        self._seq_ids = itertools.count()
 
     # ---- submission -------------------------------------------------------------------------------------
 
@@ -74,17 +88,38 @@ class Scheduler:
             raise ValueError(f"n must be between 1 and {self.config.max_sequences}")
         total = len(request.prompt_ids) + request.params.max_tokens
         self.engine.check_fits(len(request.prompt_ids), request.params.max_tokens)
-        if SequenceKVCache.bytes_for(self.engine.model.config, total) > self.kv_budget:
-            raise ValueError(f"{total} tokens do not fit this worker's KV budget of {self.config.kv_budget_mib} MiB")
+        if self.blocks.blocks_for(total) > self.pool.n_blocks:
+            raise ValueError(f"{total} tokens do not fit this worker's KV pool of {self.pool.capacity_tokens} tokens")
         group = RequestGroup(request, next(self._arrivals))
         for index in range(request.n):
             gen = self.engine.new_generation(request.prompt_ids, self._choice_params(request, index))
-            group.sequences.append(Sequence(group, index, gen))
+            group.sequences.append(ScheduledSequence(group, index, gen, next(self._seq_ids)))
         self._groups[request.request_id] = group
         self.stats.requests_received += 1
         self._push_waiting(group.sequences[0], front=False)
         for follower in group.sequences[1:]:
             follower.fork_from = group.sequences[0]
+        self._refresh_gauges()
+
+    def add_embedding(self, request: EmbeddingRequest) -> None:
+        """Queue an embedding request: each input is prefilled (chunked, batched with other work), then pooled."""
+        if request.request_id in self._groups:
+            raise ValueError(f"duplicate request id {request.request_id}")
+        if self.stats.queue_depth >= self.config.max_queue:
+            raise QueueFull(f"{self.stats.queue_depth} requests are waiting (limit {self.config.max_queue})")
+        if not request.inputs or not all(request.inputs):
+            raise ValueError("cannot embed an empty input")
+        for ids in request.inputs:
+            self.engine.check_fits(len(ids), 0)
+            if self.blocks.blocks_for(len(ids)) > self.pool.n_blocks:
+                raise ValueError(f"{len(ids)} tokens do not fit this worker's KV pool")
+        group = RequestGroup(request, next(self._arrivals))
+        for index, ids in enumerate(request.inputs):
+            group.sequences.append(ScheduledSequence(group, index, None, next(self._seq_ids), embed_ids=list(ids)))
+        self._groups[request.request_id] = group
+        self.stats.requests_received += 1
+        for seq in group.sequences:
+            self._push_waiting(seq, front=False)
         self._refresh_gauges()
 
     @staticmethod
@@ -95,14 +130,17 @@ class Scheduler:
             return request.params
         return replace(request.params, sampling=replace(sampling, seed=sampling.seed + index))
 
-    def _push_waiting(self, seq: Sequence, *, front: bool) -> None:
+    def _push_waiting(self, seq: ScheduledSequence, *, front: bool) -> None:
         """Queue a sequence: by priority, preempted ones ahead of new arrivals, then by arrival."""
         seq.state = SeqState.PREEMPTED if front else SeqState.WAITING
         key = (-int(seq.group.request.priority), 0 if front else 1, seq.group.arrival, next(self._ties), seq)
         heapq.heappush(self._waiting, key)
 
     def cancel(self, request_id: str) -> RequestDone | None:
-        """Cancel a request in any state; its slots and KV are freed at once. None if it is unknown or over."""
+        """Cancel a request in any state; its slots and KV blocks are freed at once.
+
+        Returns the terminal record of a generation; None for an embedding, or a request unknown or over.
+        """
         group = self._groups.pop(request_id, None)
         if group is None:
             return None
@@ -110,7 +148,7 @@ class Scheduler:
         tails = []
         for seq in group.sequences:
             ended = seq.state in (SeqState.FINISHED, SeqState.CANCELLED)
-            tails.append("" if ended else seq.gen.finish("cancelled"))
+            tails.append("" if ended or seq.gen is None else seq.gen.finish("cancelled"))
             if not ended:
                 seq.state = SeqState.CANCELLED
             self._free(seq)
@@ -119,6 +157,8 @@ class Scheduler:
         heapq.heapify(self._waiting)
         self.stats.requests_cancelled += 1
         self._refresh_gauges()
+        if isinstance(group.request, EmbeddingRequest):
+            return None  # an embedding has no partial result to report
         return self._done_event(group, tails)
 
     # ---- the step --------------------------------------------------------------------------------------
@@ -135,8 +175,10 @@ class Scheduler:
         if not plan:
             return []
         events: list[StepEvent] = []
+        entries = [BatchEntry(seq.seq_id, np.asarray(tokens, np.int64), seq.computed,
+                              "hidden" if seq.gen is None else "last") for seq, tokens in plan]
         try:
-            outputs = self.engine.model.forward([BatchEntry(np.asarray(tokens), seq.cache) for seq, tokens in plan])
+            outputs = self.engine.model.forward(entries, self.pool)
         except Exception as exc:  # the loop must survive anything one batch does
             log.exception("forward failed; failing the %d requests in the batch", len(plan))
             for group in {id(seq.group): seq.group for seq, _ in plan}.values():
@@ -144,101 +186,143 @@ class Scheduler:
             return events
         self.stats.steps += 1
         now = time.monotonic()
-        for (seq, _tokens), logits in zip(plan, outputs):
+        rows: list[tuple[ScheduledSequence, np.ndarray]] = []  # (sequence, its logits) to sample this step
+        for (seq, tokens), logits in zip(plan, outputs):
+            self._computed(seq, len(tokens))
+            if seq.gen is None:
+                self._on_hidden(seq, logits, now, events)
+                continue
             if seq.group.cancelled or seq.pending_prefill > 0:
                 continue
             if seq.state == SeqState.PREFILLING:
-                self._on_prefill_done(seq, logits, now, events)
+                rows.extend(self._on_prefill_done(seq, logits))
             else:
-                self._on_logits(seq, logits, now, events)
+                rows.append((seq, logits))
+        if rows:
+            self._sample(rows, now, events)
         self._refresh_gauges()
         return events
 
+    def _sample(self, rows: list[tuple[ScheduledSequence, np.ndarray]], now: float, events: list[StepEvent]) -> None:
+        """Sample every row of the step in one vectorised pass, then let each sequence take its token."""
+        gens = [seq.gen for seq, _ in rows]
+        try:
+            sampled = sample_batch([g.sampler for g in gens], np.stack([logits for _, logits in rows]),
+                                   [g.prompt_ids for g in gens], [g.generated_ids for g in gens])
+        except ValueError:  # one row cannot be sampled (e.g. every token banned): find it, sample the rest alone
+            sampled = []
+            for gen, (seq, logits) in zip(gens, rows):
+                try:
+                    sampled.append(gen.sampler.sample(logits, gen.prompt_ids, gen.generated_ids))
+                except ValueError as exc:
+                    events.append(self._fail(seq.group, f"sampling failed: {exc}"))
+                    sampled.append(None)
+        for (seq, _), token in zip(rows, sampled):
+            if token is not None and not seq.group.cancelled and seq.state != SeqState.CANCELLED:
+                self._on_token(seq, token, now, events)
+
+    def _on_hidden(self, seq: ScheduledSequence, hidden: np.ndarray, now: float, events: list[StepEvent]) -> None:
+        """Pool an embedding input's final hidden states (T, D) chunk by chunk; finish it after its last chunk."""
+        request = seq.group.request
+        assert isinstance(request, EmbeddingRequest)
+        part = hidden.sum(axis=0) if request.pooling == "mean" else hidden[-1]  # (D,)
+        seq.pooled = part if seq.pooled is None or request.pooling != "mean" else seq.pooled + part  # (D,)
+        if seq.pending_prefill > 0:
+            return
+        vector = seq.pooled / len(seq.embed_ids) if request.pooling == "mean" else seq.pooled  # (D,)
+        if request.normalize:
+            norm = float(np.linalg.norm(vector))
+            vector = vector / norm if norm > 0 else vector  # (D,)
+        seq.pooled = vector.astype(np.float32)  # (D,)
+        seq.state = SeqState.FINISHED
+        self._free(seq)
+        self._active.remove(seq)
+        self.stats.prompt_tokens += len(seq.embed_ids)
+        group = seq.group
+        if group.done:
+            group.timings.first_token = group.timings.finished = now
+            self._groups.pop(request.request_id, None)
+            self.stats.requests_finished += 1
+            events.append(EmbeddingDone(request.request_id, [s.pooled.tolist() for s in group.sequences],
+                                        len(request.prompt_ids), group.timings))
+
+    def _computed(self, seq: ScheduledSequence, n: int) -> None:
+        """Record n more tokens in the pool; blocks that became full join the prefix cache."""
+        before = seq.computed
+        seq.computed += n
+        size = self.blocks.block_size
+        if seq.group.request.cache_prompt and seq.computed // size > before // size:
+            self.blocks.commit(seq.seq_id, seq.target_ids[: seq.computed])
+
     def _admit(self) -> None:
-        """Move waiting sequences into free slots, best priority first, while their prompts fit the KV budget."""
-        cfg = self.engine.model.config
+        """Move waiting sequences into free slots, best priority first, while the pool can hold their prompts."""
         while self._waiting:
             seq = self._waiting[0][-1]
             group = seq.group
-            shares = seq.index == 0 and not seq.was_preempted
+            shares = seq.gen is not None and seq.index == 0 and not seq.was_preempted and group.request.n > 1
             width = group.request.n if shares else 1
-            need = width * SequenceKVCache.bytes_for(cfg, len(seq.target_ids) + 1)
             if len(self._active) + width > self.config.max_sequences:
                 break
-            if self._active and self._kv_in_use() + need > self.kv_budget:
+            use_cache = group.request.cache_prompt
+            # leave one free block per running decode so admission does not force an immediate preemption
+            headroom = sum(1 for s in self._active if s.state == SeqState.DECODING)
+            if self._active and self.blocks.num_free_blocks - headroom < self.blocks.blocks_for(len(seq.target_ids)):
+                break
+            if not self.blocks.can_allocate(seq.target_ids, use_cache=use_cache):
+                break
+            try:
+                computed = self.blocks.allocate(seq.seq_id, seq.target_ids, use_cache=use_cache)
+            except NoFreeBlocks:
                 break
             heapq.heappop(self._waiting)
             if group.timings.admitted is None:
                 group.timings.admitted = time.monotonic()
-            seq.cache = self.engine.model.new_cache()
+            seq.in_pool, seq.computed = True, computed
             seq.admit_order = next(self._admissions)
-            if group.request.cache_prompt and self.prefix_cache.max_bytes > 0:
-                restored = self.prefix_cache.restore(seq.target_ids, seq.cache)
-                if not seq.was_preempted:
-                    group.cached_tokens = restored
+            if not seq.was_preempted:
+                group.cached_tokens = computed
             seq.state = SeqState.PREFILLING
             self._active.append(seq)
-            if shares:  # the other choices share this prefill and copy its KV when it is done
+            if shares:  # the other choices share this prefill's blocks when it is done
                 for follower in group.sequences[1:]:
                     follower.state = SeqState.PREFILLING
-                    follower.cache = self.engine.model.new_cache()
                     follower.admit_order = next(self._admissions)
                     self._active.append(follower)
 
-    def _kv_in_use(self) -> int:
-        """Bytes of KV held by active sequences."""
-        return sum(s.cache.nbytes for s in self._active if s.cache is not None)
-
-    def _plan(self) -> list[tuple[Sequence, list[int]]]:
+    def _plan(self) -> list[tuple[ScheduledSequence, list[int]]]:
         """Choose this step's tokens: every decode, then prefill chunks, within budgets; preempt to fit KV."""
         while True:
-            plan: list[tuple[Sequence, list[int]]] = []
-            budget = self.config.max_batch_tokens
             decoding = [s for s in self._active if s.state == SeqState.DECODING]
-            prefilling = sorted((s for s in self._active if s.state == SeqState.PREFILLING and s.fork_from is None),
-                                key=lambda s: (-int(s.group.request.priority), s.admit_order))
-            for seq in decoding:
-                if budget <= 0:
-                    break
-                plan.append((seq, [seq.gen.generated_ids[-1]]))
-                budget -= 1
-            for seq in prefilling:
-                if budget <= 0:
-                    break
-                start = seq.cache.length
-                chunk = min(seq.pending_prefill, self.config.max_prefill_tokens, budget)
-                plan.append((seq, seq.target_ids[start : start + chunk]))
-                budget -= chunk
-            if self._fits(plan):
-                for seq, tokens in plan:
-                    seq.cache.reserve(seq.cache.length + len(tokens))
-                self._refresh_gauges()
-                return plan
+            if sum(self.blocks.append_cost(s.seq_id, 1) for s in decoding) <= self.blocks.num_free_blocks:
+                break
             self._preempt_one()
-
-    def _fits(self, plan: list[tuple[Sequence, list[int]]]) -> bool:
-        """Whether the KV of all active sequences after this step (forks included) stays within budget."""
-        cfg = self.engine.model.config
-        growth = {id(seq): seq.cache.length + len(tokens) for seq, tokens in plan}
-        total = 0
-        for seq in self._active:
-            if seq.fork_from is not None:
-                total += SequenceKVCache.bytes_for(cfg, len(seq.group.request.prompt_ids))
-            elif id(seq) in growth:
-                total += max(seq.cache.nbytes, SequenceKVCache.bytes_for(cfg, growth[id(seq)]))
-            else:
-                total += seq.cache.nbytes
-        return total <= self.kv_budget
+        plan: list[tuple[ScheduledSequence, list[int]]] = []
+        budget = self.config.max_batch_tokens
+        for seq in decoding[:budget]:
+            self.pool.extend(seq.seq_id, 1)
+            plan.append((seq, [seq.gen.generated_ids[-1]]))
+            budget -= 1
+        prefilling = sorted((s for s in self._active if s.state == SeqState.PREFILLING and s.fork_from is None),
+                            key=lambda s: (-int(s.group.request.priority), s.admit_order))
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            chunk = min(seq.pending_prefill, self.config.max_prefill_tokens, budget)
+            plan.append((seq, seq.target_ids[seq.computed : seq.computed + chunk]))
+            budget -= chunk
+        self._refresh_gauges()
+        return plan
 
     def _preempt_one(self) -> None:
-        """Free the KV of the lowest-priority, most recently admitted sequence and requeue it at the front."""
+        """Free the blocks of the lowest-priority, most recently admitted sequence and requeue it at the front."""
         victims = [s for s in self._active if s.fork_from is None]
         if len(victims) <= 1 and not any(s.fork_from for s in self._active):
-            raise RuntimeError("a single sequence exceeds the KV budget")  # add() prevents this
+            raise RuntimeError("a single sequence exceeds the KV pool")  # add() prevents this
         victim = min(victims, key=lambda s: (int(s.group.request.priority), -s.admit_order))
         group_followers = [s for s in self._active if s.fork_from is victim]
         for seq in [victim, *group_followers]:
             self._free(seq)
+            seq.pooled = None
             seq.fork_from = None
             seq.was_preempted = True
             self._active.remove(seq)
@@ -246,23 +330,24 @@ class Scheduler:
         self.stats.preemptions += 1
         log.info("preempted request %s choice %d", victim.group.request.request_id, victim.index)
 
-    def _on_prefill_done(self, seq: Sequence, logits: np.ndarray, now: float, events: list[StepEvent]) -> None:
-        """The prompt is in the cache: store it for reuse, give forked choices a copy, sample."""
+    def _on_prefill_done(self, seq: ScheduledSequence,
+                         logits: np.ndarray) -> list[tuple[ScheduledSequence, np.ndarray]]:
+        """The prompt is in the pool: forked choices share its blocks; every choice samples from its logits."""
         group = seq.group
-        if not seq.was_preempted and group.request.cache_prompt and self.prefix_cache.max_bytes > 0:
-            self.prefix_cache.store(group.request.prompt_ids, seq.cache)
         if not seq.was_preempted:
             self.stats.prompt_tokens += len(group.request.prompt_ids)
+        rows = []
         for follower in [s for s in self._active if s.fork_from is seq]:
-            follower.cache.copy_prefix_from(seq.cache, seq.cache.length)
+            self.blocks.fork(seq.seq_id, follower.seq_id)
+            follower.in_pool, follower.computed = True, seq.computed
             follower.fork_from = None
-            self._on_logits(follower, logits, now, events)
-        self._on_logits(seq, logits, now, events)
+            rows.append((follower, logits))
+        return [*rows, (seq, logits)]
 
-    def _on_logits(self, seq: Sequence, logits: np.ndarray, now: float, events: list[StepEvent]) -> None:
-        """Sample one token for a sequence, emit it, and retire the sequence if it finished."""
+    def _on_token(self, seq: ScheduledSequence, sampled: SampledToken, now: float, events: list[StepEvent]) -> None:
+        """Give a sequence its sampled token, emit it, and retire the sequence if it finished."""
         seq.state = SeqState.DECODING
-        out = seq.gen.accept_logits(logits)
+        out = seq.gen.accept(sampled)
         self.stats.generated_tokens += 1
         group = seq.group
         if group.timings.first_token is None:
@@ -301,16 +386,20 @@ class Scheduler:
         self.stats.requests_failed += 1
         return RequestFailed(group.request.request_id, message)
 
-    @staticmethod
-    def _free(seq: Sequence) -> None:
-        """Release a sequence's KV buffers."""
-        if seq.cache is not None:
-            seq.cache.release()
-            seq.cache = None
+    def _free(self, seq: ScheduledSequence) -> None:
+        """Give a sequence's blocks back to the pool (full prompt blocks stay cached until evicted)."""
+        if seq.in_pool:
+            self.blocks.free(seq.seq_id)
+            seq.in_pool, seq.computed = False, 0
 
     def _refresh_gauges(self) -> None:
-        """Update queue depth, active count and KV bytes (and the peak)."""
+        """Update queue depth, active count, KV usage (and its peak) and prefix-cache counters."""
         self.stats.queue_depth = len({id(item[-1].group) for item in self._waiting if not item[-1].was_preempted})
         self.stats.active = len(self._active)
-        self.stats.kv_bytes = self._kv_in_use()
+        self.stats.kv_blocks_used = self.blocks.num_used_blocks
+        self.stats.kv_bytes = self.blocks.num_used_blocks * self.pool.bytes_per_block(self.engine.model.config,
+                                                                                       self.pool.block_size)
         self.stats.kv_peak_bytes = max(self.stats.kv_peak_bytes, self.stats.kv_bytes)
+        prefix = self.blocks.stats
+        self.stats.prefix_queries, self.stats.prefix_hits = prefix.queries, prefix.hits
+        self.stats.prefix_tokens_hit = prefix.tokens_hit

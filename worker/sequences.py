@@ -6,12 +6,9 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
-from worker.engine.kv_cache import SequenceKVCache
-from worker.engine.sequence import GenerationParams, GenerationState, TokenOutput
+import numpy as np
 
-
-class QueueFull(Exception):
-    """The waiting queue is at its bound; the caller should retry later."""
+from worker.engine.generation import GenerationParams, GenerationState, TokenOutput
 
 
 class Priority(IntEnum):
@@ -59,6 +56,24 @@ class GenerationRequest:
 
 
 @dataclass
+class EmbeddingRequest:
+    """Embed each input (token ids): a prefill-only request; no KV is kept after it ends."""
+
+    request_id: str
+    inputs: list[list[int]]
+    pooling: str = "mean"  # "mean" or "last"
+    normalize: bool = True
+    priority: Priority = Priority.NORMAL
+    n: int = 1  # sequences are the inputs, none forked
+    cache_prompt: bool = False
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """Every input's tokens (for counting)."""
+        return [t for ids in self.inputs for t in ids]
+
+
+@dataclass
 class RequestTimings:
     """Monotonic timestamps of one request's life, and the durations derived from them."""
 
@@ -85,37 +100,46 @@ class RequestTimings:
         return self.finished - self.first_token
 
 
-class Sequence:
-    """One choice of a request: its generation state, its KV cache and its scheduling state."""
+class ScheduledSequence:
+    """One choice of a request: its generation state, its blocks in the KV pool and its scheduling state."""
 
-    def __init__(self, group: RequestGroup, index: int, state: GenerationState) -> None:
+    def __init__(self, group: RequestGroup, index: int, state: GenerationState | None, seq_id: int,
+                 embed_ids: list[int] | None = None) -> None:
         self.group = group
         self.index = index
-        self.gen = state
+        self.gen = state  # None for an embedding input
+        self.embed_ids = embed_ids  # the input of an embedding sequence
+        self.pooled: np.ndarray | None = None  # (D,) running sum (mean) or last hidden state of an embedding
+        self.seq_id = seq_id  # its block table's id in the engine's KV pool
         self.state = SeqState.WAITING
-        self.cache: SequenceKVCache | None = None
+        self.in_pool = False  # holds a block table
+        self.computed = 0  # tokens whose KV is in the pool
         self.admit_order = -1
-        self.fork_from: Sequence | None = None  # set while waiting to copy the leader's prompt KV
+        self.fork_from: ScheduledSequence | None = None  # set while waiting to share the leader's prompt blocks
         self.was_preempted = False
 
     @property
     def target_ids(self) -> list[int]:
-        """Tokens that must be in the cache before the next token is sampled."""
-        return self.gen.all_ids
+        """Tokens that must be in the cache before the next token is sampled (or the embedding is ready)."""
+        return self.embed_ids if self.gen is None else self.gen.all_ids
 
     @property
     def pending_prefill(self) -> int:
         """Tokens still to prefill before sampling."""
-        return 0 if self.cache is None else len(self.target_ids) - self.cache.length
+        if not self.in_pool:
+            return 0
+        if self.gen is None:
+            return len(self.embed_ids) - self.computed
+        return len(self.gen.prompt_ids) + len(self.gen.generated_ids) - self.computed
 
 
 class RequestGroup:
     """A submitted request and its n sequences."""
 
-    def __init__(self, request: GenerationRequest, arrival: int) -> None:
+    def __init__(self, request: GenerationRequest | EmbeddingRequest, arrival: int) -> None:
         self.request = request
         self.arrival = arrival
-        self.sequences: list[Sequence] = []
+        self.sequences: list[ScheduledSequence] = []
         self.timings = RequestTimings()
         self.cached_tokens = 0
         self.cancelled = False
@@ -150,6 +174,16 @@ class RequestDone:
 
 
 @dataclass(frozen=True)
+class EmbeddingDone:
+    """An embedding request ended: one vector per input, in order."""
+
+    request_id: str
+    embeddings: list[list[float]]
+    prompt_tokens: int
+    timings: RequestTimings
+
+
+@dataclass(frozen=True)
 class RequestFailed:
     """A request could not be completed; message is safe to show the client."""
 
@@ -174,3 +208,8 @@ class SchedulerStats:
     active: int = 0
     kv_bytes: int = 0
     kv_peak_bytes: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    prefix_tokens_hit: int = 0

@@ -7,10 +7,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shared.errors import QueueFull
+from worker.engine.forward_batch import BatchEntry
+from worker.engine.generation import GenerationParams
+from worker.engine.kv_pool import KVPool
 from worker.engine.sampling import SamplingParams
-from worker.engine.sequence import GenerationParams
 from worker.scheduler import Scheduler, SchedulerConfig
-from worker.sequences import GenerationRequest, Priority, QueueFull, RequestDone, SequenceStep
+from worker.sequences import GenerationRequest, Priority, RequestDone, SequenceStep
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -40,14 +43,14 @@ def run_all(sched: Scheduler, max_steps: int = 10_000, on_step: Any = None) -> d
 
 
 def alone(engine: Any, prompt: list[int], max_tokens: int = 12) -> list[int]:
-    sched = Scheduler(engine, SchedulerConfig(prefix_cache_mib=0))
+    sched = Scheduler(engine, SchedulerConfig(prefix_cache=False))
     sched.add(_request("solo", prompt, max_tokens))
     return run_all(sched)["solo"][0]
 
 
 def test_batched_equals_alone(tiny_engine: Any) -> None:
     prompts = [_prompt(tiny_engine, n, i) for i, n in enumerate([3, 17, 40, 5, 64, 9, 30, 1])]
-    sched = Scheduler(tiny_engine, SchedulerConfig(max_prefill_tokens=16, prefix_cache_mib=0))
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_prefill_tokens=16, prefix_cache=False))
     for i, p in enumerate(prompts):
         sched.add(_request(f"r{i}", p))
     together = run_all(sched)
@@ -57,7 +60,7 @@ def test_batched_equals_alone(tiny_engine: Any) -> None:
 
 def test_long_prompt_prefills_in_chunks_beside_decodes(tiny_engine: Any) -> None:
     long_prompt = _prompt(tiny_engine, 1000, 42)
-    sched = Scheduler(tiny_engine, SchedulerConfig(max_prefill_tokens=128, max_batch_tokens=160, prefix_cache_mib=0))
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_prefill_tokens=128, max_batch_tokens=160, prefix_cache=False))
     sched.add(_request("short", _prompt(tiny_engine, 4, 1), max_tokens=20))
     sched.step()  # short is now decoding
     sched.add(_request("long", long_prompt, max_tokens=4))
@@ -71,31 +74,34 @@ def test_long_prompt_prefills_in_chunks_beside_decodes(tiny_engine: Any) -> None
     rest = run_all(sched)
     assert len(rest["long"][0]) == 3
     # chunked logits equal one-piece logits (the 1,000-token prompt)
-    from worker.engine.model import BatchEntry
-
     model = tiny_engine.model
-    whole = model.forward([BatchEntry(np.array(long_prompt), model.new_cache())])[0]
-    cache = model.new_cache()
+    pool = KVPool(model.config, 160, 16, enable_prefix_caching=False)
+    pool.ensure(0, 1000)
+    pool.ensure(1, 1000)
+    whole = model.forward([BatchEntry(0, np.array(long_prompt), 0)], pool)[0]
     for start in range(0, 1000, 128):
-        chunked = model.forward([BatchEntry(np.array(long_prompt[start : start + 128]), cache)])[0]
+        chunked = model.forward([BatchEntry(1, np.array(long_prompt[start : start + 128]), start)], pool)[0]
     np.testing.assert_allclose(chunked, whole, rtol=1e-4, atol=1e-4)
 
 
-def test_kv_budget_never_exceeded_and_preemption_keeps_outputs(tiny_engine: Any) -> None:
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_kv_pool_never_overflows_and_preemption_keeps_outputs(tiny_engine: Any, prefix_cache: bool) -> None:
     per_token = tiny_engine.model.config.kv_bytes_per_token
-    budget_mib = 4 * 256 * per_token / 2**20  # room for four 256-token capacity steps
+    budget_mib = 1024 * per_token / 2**20  # a pool of 1,024 tokens
     prompts = [_prompt(tiny_engine, 200, 100 + i) for i in range(4)]
     expected = [alone(tiny_engine, p, max_tokens=120) for p in prompts]
-    # without preemption these four would need 4 x 320 tokens = 8 capacity steps of KV
-    sched = Scheduler(tiny_engine, SchedulerConfig(kv_budget_mib=budget_mib, prefix_cache_mib=0))
+    # all four at once would need 4 x 320 tokens: someone must be preempted and resumed
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_sequences=4, kv_budget_mib=budget_mib, prefix_cache=prefix_cache))
     for i, p in enumerate(prompts):
         sched.add(_request(f"r{i}", p, max_tokens=120))
     peaks = []
-    got = run_all(sched, on_step=lambda s: peaks.append(s.stats.kv_bytes))
+    got = run_all(sched, on_step=lambda s: peaks.append(s.blocks.num_used_blocks))
     assert sched.stats.preemptions > 0
-    assert max(peaks) <= sched.kv_budget and sched.stats.kv_peak_bytes <= sched.kv_budget
+    assert max(peaks) <= sched.pool.n_blocks
     for i in range(4):
         assert got[f"r{i}"][0] == expected[i], f"request {i} changed by preemption"
+    assert sched.blocks.num_used_blocks == 0  # nothing leaked
+    sched.blocks.check_invariants()
 
 
 def test_prefix_cache_hit_gives_same_output(tiny_engine: Any) -> None:
@@ -103,18 +109,47 @@ def test_prefix_cache_hit_gives_same_output(tiny_engine: Any) -> None:
     sched = Scheduler(tiny_engine, SchedulerConfig())
     sched.add(_request("first", shared + [5, 6]))
     first = run_all(sched)["first"][0]
-    assert sched.prefix_cache.stats.misses == 1
+    assert sched.blocks.stats.hits == 0
     sched.add(_request("second", shared + [5, 6]))
     second = run_all(sched)["second"][0]
-    assert sched.prefix_cache.stats.hits == 1 and sched.prefix_cache.stats.tokens_saved == len(shared) + 1
+    size = sched.pool.block_size
+    assert sched.blocks.stats.hits == 1 and sched.blocks.stats.tokens_hit == (len(shared) + 1) // size * size
     assert first == second
     sched.add(_request("third", shared + [9], cache_prompt=False))
     run_all(sched)
-    assert sched.prefix_cache.stats.hits == 1  # cache_prompt=False neither reads nor writes
+    assert sched.blocks.stats.hits == 1  # cache_prompt=False neither reads nor writes
+    assert sched.blocks.num_used_blocks == 0
+
+
+def test_concurrent_requests_share_prefix_blocks(tiny_engine: Any) -> None:
+    """A running request's full prompt blocks serve a later one with the same prefix while both run."""
+    shared = _prompt(tiny_engine, 96, 8)
+    expected = alone(tiny_engine, shared + [7], max_tokens=30)
+    sched = Scheduler(tiny_engine, SchedulerConfig())
+    sched.add(_request("a", shared + [5], max_tokens=30))
+    sched.step()
+    sched.add(_request("b", shared + [7], max_tokens=30))
+    used_before = sched.blocks.num_used_blocks
+    first = [e.output.token_id for e in sched.step() if isinstance(e, SequenceStep) and e.request_id == "b"]
+    assert sched.blocks.num_used_blocks - used_before <= 2  # b reuses a's full blocks, holds only its own tail
+    assert sched.blocks.stats.tokens_hit >= 96 - sched.pool.block_size
+    assert first + run_all(sched)["b"][0] == expected
+    assert sched.blocks.num_used_blocks == 0
+
+
+def test_n_choices_copy_on_write_keeps_each_choice_its_own(tiny_engine: Any) -> None:
+    """n=3 greedy choices share the prompt's blocks (the last one partly full) and all equal the lone run."""
+    prompt = _prompt(tiny_engine, 37, 12)  # 37 tokens: a partly filled last block at any block size > 1
+    expected = alone(tiny_engine, prompt, max_tokens=20)
+    sched = Scheduler(tiny_engine, SchedulerConfig())
+    sched.add(_request("n3", prompt, max_tokens=20, n=3))
+    got = run_all(sched)["n3"]
+    assert got == {0: expected, 1: expected, 2: expected}
+    assert sched.blocks.num_used_blocks == 0
 
 
 def test_cancel_frees_slot_in_any_state(tiny_engine: Any) -> None:
-    sched = Scheduler(tiny_engine, SchedulerConfig(max_sequences=1, prefix_cache_mib=0))
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_sequences=1, prefix_cache=False))
     sched.add(_request("running", _prompt(tiny_engine, 5, 1), max_tokens=100))
     sched.add(_request("waiting", _prompt(tiny_engine, 5, 2), max_tokens=3))
     sched.step()
@@ -137,7 +172,7 @@ def test_queue_full_refuses(tiny_engine: Any) -> None:
 
 
 def test_higher_priority_admitted_first(tiny_engine: Any) -> None:
-    sched = Scheduler(tiny_engine, SchedulerConfig(max_sequences=1, prefix_cache_mib=0))
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_sequences=1, prefix_cache=False))
     order = []
     for rid, prio in [("low", Priority.LOW), ("normal", Priority.NORMAL), ("crit", Priority.CRITICAL),
                       ("high", Priority.HIGH), ("normal2", Priority.NORMAL)]:
@@ -151,7 +186,7 @@ def test_higher_priority_admitted_first(tiny_engine: Any) -> None:
 
 def test_n_choices_share_one_prefill(tiny_engine: Any) -> None:
     prompt = _prompt(tiny_engine, 50, 3)
-    sched = Scheduler(tiny_engine, SchedulerConfig(prefix_cache_mib=0))
+    sched = Scheduler(tiny_engine, SchedulerConfig(prefix_cache=False))
     sched.add(_request("multi", prompt, max_tokens=8, n=3, sampling=SamplingParams(temperature=50.0, seed=11)))
     got = run_all(sched)["multi"]
     assert sorted(got) == [0, 1, 2] and all(len(v) == 8 for v in got.values())
@@ -170,3 +205,36 @@ def test_timings_and_stats(tiny_engine: Any) -> None:
     assert t.queue_s is not None and t.ttft_s is not None and t.decode_s is not None
     assert done[0].completion_tokens == 4 and done[0].prompt_tokens == 3
     assert sched.stats.requests_finished == 1 and sched.stats.generated_tokens == 4
+
+
+def test_embeddings_run_in_the_scheduler_beside_decodes(tiny_engine: Any) -> None:
+    """An embedding is a prefill-only request: chunked, batched with decodes, equal to the engine's own."""
+    from worker.sequences import EmbeddingDone, EmbeddingRequest
+
+    inputs = [_prompt(tiny_engine, 70, 21), _prompt(tiny_engine, 5, 22)]
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_prefill_tokens=16))
+    sched.add(_request("gen", _prompt(tiny_engine, 4, 23), max_tokens=30))
+    sched.step()
+    sched.add_embedding(EmbeddingRequest("emb", inputs, pooling="mean"))
+    decoded_while_embedding = 0
+    done = None
+    while done is None:
+        events = sched.step()
+        decoded_while_embedding += sum(1 for e in events if isinstance(e, SequenceStep))
+        done = next((e for e in events if isinstance(e, EmbeddingDone)), None)
+    assert decoded_while_embedding >= 4  # 70 tokens in 16-token chunks: the decode never paused
+    assert done.prompt_tokens == 75 and len(done.embeddings) == 2
+    for ids, vector in zip(inputs, done.embeddings):
+        np.testing.assert_allclose(vector, tiny_engine.embed(ids), rtol=1e-4, atol=1e-5)
+    run_all(sched)
+    assert sched.blocks.num_used_blocks == 0  # no KV kept after an embedding
+
+
+def test_slots_default_to_what_the_pool_holds(tiny_engine: Any) -> None:
+    from worker.scheduler import AUTO_MAX_SLOTS, AUTO_TOKENS_PER_SLOT
+
+    per_token = tiny_engine.model.config.kv_bytes_per_token
+    small = Scheduler(tiny_engine, SchedulerConfig(kv_budget_mib=10 * AUTO_TOKENS_PER_SLOT * per_token / 2**20))
+    assert 8 <= small.config.max_sequences <= 10
+    assert Scheduler(tiny_engine, SchedulerConfig()).config.max_sequences == AUTO_MAX_SLOTS
+    assert Scheduler(tiny_engine, SchedulerConfig(max_sequences=3)).config.max_sequences == 3

@@ -6,7 +6,9 @@ from typing import Literal
 
 import numpy as np
 
-from worker.engine.model import BatchEntry, Model
+from worker.engine.forward_batch import BatchEntry
+from worker.engine.kv_pool import KVPool
+from worker.engine.model import Model
 
 Pooling = Literal["mean", "last"]
 
@@ -15,7 +17,10 @@ def embed(model: Model, token_ids: list[int], *, pooling: Pooling = "mean", norm
     """One embedding (D,) for a token sequence: mean (or last-token) pooling, L2-normalised by default."""
     if not token_ids:
         raise ValueError("cannot embed an empty input")
-    hidden = model.forward([BatchEntry(np.asarray(token_ids), model.new_cache(), output="hidden")])[0]  # (T, D)
+    pool = KVPool(model.config, n_blocks=max(2, -(-len(token_ids) // 16)), block_size=16,
+                  enable_prefix_caching=False)  # a scratch pool: nothing is kept
+    pool.ensure(0, len(token_ids))
+    hidden = model.forward([BatchEntry(0, np.asarray(token_ids), 0, output="hidden")], pool)[0]  # (T, D)
     assert hidden is not None
     vector = hidden.mean(axis=0) if pooling == "mean" else hidden[-1]  # (D,)
     if normalize:

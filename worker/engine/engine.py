@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +10,9 @@ import numpy as np
 from worker.engine.chat_template import ChatTemplate
 from worker.engine.embeddings import Pooling, embed
 from worker.engine.errors import ContextLengthError
-from worker.engine.model import BatchEntry, Model
-from worker.engine.sequence import GenerationParams, GenerationState, TokenOutput
+from worker.engine.generation import GenerationParams, GenerationState
+from worker.engine.model import Model
 from worker.engine.tokenizer import Tokenizer
-
-DEFAULT_PREFILL_CHUNK = 512
 
 
 class Engine:
@@ -58,25 +55,6 @@ class Engine:
     def new_generation(self, prompt_ids: list[int], params: GenerationParams) -> GenerationState:
         """A fresh generation state for one sequence."""
         return GenerationState(prompt_ids, params, self.tokenizer, self.model.config.vocab_size)
-
-    def generate(self, prompt_ids: list[int], params: GenerationParams,
-                 *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Iterator[TokenOutput]:
-        """Generate one sequence alone, yielding each step's output until it finishes."""
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        self.check_fits(len(prompt_ids), params.max_tokens)
-        state = self.new_generation(prompt_ids, params)
-        cache = self.model.new_cache(len(prompt_ids) + params.max_tokens)
-        logits = None
-        for start in range(0, len(prompt_ids), prefill_chunk):
-            chunk = np.asarray(prompt_ids[start : start + prefill_chunk])  # (T,)
-            logits = self.model.forward([BatchEntry(chunk, cache)])[0]  # (V,)
-        while True:
-            out = state.accept_logits(logits)
-            yield out
-            if out.finish_reason is not None:
-                return
-            logits = self.model.forward([BatchEntry(np.array([out.token_id]), cache)])[0]  # (V,)
 
     def embed(self, token_ids: list[int], *, pooling: Pooling = "mean", normalize: bool = True) -> np.ndarray:
         """An embedding (D,) of a token sequence."""

@@ -2,54 +2,130 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from worker.engine import ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, take, unpermute_rope_rows
 from worker.engine.config import ModelConfig
-from worker.engine.weights import LayerWeights, TransformerWeights
+from worker.engine.forward_batch import ForwardBatch
+from worker.engine.ops import Array, RotaryTable
 
 
-def build_weights(
-    tensors: dict[str, np.ndarray], config: ModelConfig, path: str, *, rope_rows_permuted: bool = True
-) -> TransformerWeights:
-    """Map GGUF tensor names to fused, matmul-ready weights (Q/K rows restored to half-rotation order)."""
-    d, f, v = config.d_model, config.d_ff, config.vocab_size
-    query_scale = np.float32(1.0 / np.sqrt(config.head_dim))
-    q_dim, kv_dim = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
-    layers = []
-    for i in range(config.n_layers):
-        p = f"blk.{i}."
-        wq = take(tensors, p + "attn_q.weight", (q_dim, d), path)  # (H*Dh, D)
-        wk = take(tensors, p + "attn_k.weight", (kv_dim, d), path)  # (Hkv*Dh, D)
-        wv = take(tensors, p + "attn_v.weight", (kv_dim, d), path)  # (Hkv*Dh, D)
-        if rope_rows_permuted:
-            wq = unpermute_rope_rows(wq, config.n_heads)  # (H*Dh, D)
-            wk = unpermute_rope_rows(wk, config.n_kv_heads)  # (Hkv*Dh, D)
-        wq = wq * query_scale  # (H*Dh, D)
-        bqkv = None
-        if p + "attn_q.bias" in tensors:
-            bqkv = np.concatenate([
-                take(tensors, p + "attn_q.bias", (q_dim,), path) * query_scale,
-                take(tensors, p + "attn_k.bias", (kv_dim,), path),
-                take(tensors, p + "attn_v.bias", (kv_dim,), path),
-            ]).astype(np.float32)  # (H*Dh + 2*Hkv*Dh,)
-        attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
-        ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
-        layers.append(LayerWeights(
-            wqkv=fold_norm(fuse_rows(wq, wk, wv), attn_norm),  # (H*Dh + 2*Hkv*Dh, D)
-            bqkv=bqkv,
-            wo=np.ascontiguousarray(take(tensors, p + "attn_output.weight", (d, q_dim), path)),  # (D, H*Dh)
-            w_gate_up=fold_norm(fuse_rows(
-                take(tensors, p + "ffn_gate.weight", (f, d), path),
-                take(tensors, p + "ffn_up.weight", (f, d), path),
-            ), ffn_norm),  # (2F, D)
-            w_down=np.ascontiguousarray(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
-        ))
-    embedding = take(tensors, "token_embd.weight", (v, d), path)  # (V, D)
-    output = take(tensors, "output.weight", (v, d), path) if "output.weight" in tensors else embedding  # (V, D)
-    return TransformerWeights(
-        token_embedding=embedding,
-        layers=tuple(layers),
-        output_norm=take(tensors, "output_norm.weight", (d,), path),
-        output=output,
-    )
+@dataclass(frozen=True)
+class LlamaLayer:
+    """One block; every matrix is (out, in), C-contiguous. Norm weights and 1/sqrt(Dh) are folded in at load."""
+
+    wqkv: Array  # (H*Dh + 2*Hkv*Dh, D) fused query/key/value projection, attn_norm folded in
+    bqkv: Array | None  # (H*Dh + 2*Hkv*Dh,) or None
+    wo: Array  # (D, H*Dh)
+    w_gate_up: Array  # (2F, D) fused gate/up projection, ffn_norm folded in
+    w_down: Array  # (D, F)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all arrays in the block."""
+        arrays = [self.wqkv, self.wo, self.w_gate_up, self.w_down]
+        return sum(a.nbytes for a in arrays) + (0 if self.bqkv is None else self.bqkv.nbytes)
+
+
+@dataclass(frozen=True)
+class LlamaWeights:
+    """All weights of the model; `output` may be the same array as `token_embedding` (tied)."""
+
+    config: ModelConfig
+    token_embedding: Array  # (V, D)
+    layers: tuple[LlamaLayer, ...]
+    output_norm: Array  # (D,)
+    output: Array  # (V, D)
+    rotary: RotaryTable
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all distinct arrays."""
+        total = self.token_embedding.nbytes + self.output_norm.nbytes + sum(layer.nbytes for layer in self.layers)
+        return total + (0 if self.output is self.token_embedding else self.output.nbytes)
+
+
+class Llama:
+    """Pre-norm decoder block: x += Wo·attn(RoPE(Wqkv·norm(x))); x += Wdown·SwiGLU(Wgate_up·norm(x))."""
+
+    name = "llama"
+    rope_rows_permuted = True  # llama.cpp's converter permutes Q/K rows for adjacent-pair RoPE
+
+    def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> LlamaWeights:
+        """Map GGUF tensor names to fused, matmul-ready weights (Q/K rows restored to half-rotation order)."""
+        d, f, v = config.d_model, config.d_ff, config.vocab_size
+        query_scale = np.float32(1.0 / np.sqrt(config.head_dim))
+        q_dim, kv_dim = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+        layers = []
+        for i in range(config.n_layers):
+            p = f"blk.{i}."
+            wq = take(tensors, p + "attn_q.weight", (q_dim, d), path)  # (H*Dh, D)
+            wk = take(tensors, p + "attn_k.weight", (kv_dim, d), path)  # (Hkv*Dh, D)
+            wv = take(tensors, p + "attn_v.weight", (kv_dim, d), path)  # (Hkv*Dh, D)
+            if self.rope_rows_permuted:
+                wq = unpermute_rope_rows(wq, config.n_heads)  # (H*Dh, D)
+                wk = unpermute_rope_rows(wk, config.n_kv_heads)  # (Hkv*Dh, D)
+            wq = wq * query_scale  # (H*Dh, D)
+            bqkv = None
+            if p + "attn_q.bias" in tensors:
+                bqkv = np.concatenate([
+                    take(tensors, p + "attn_q.bias", (q_dim,), path) * query_scale,
+                    take(tensors, p + "attn_k.bias", (kv_dim,), path),
+                    take(tensors, p + "attn_v.bias", (kv_dim,), path),
+                ]).astype(np.float32)  # (H*Dh + 2*Hkv*Dh,)
+            attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
+            ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
+            layers.append(LlamaLayer(
+                wqkv=ops.asarray(fold_norm(fuse_rows(wq, wk, wv), attn_norm)),  # (H*Dh + 2*Hkv*Dh, D)
+                bqkv=None if bqkv is None else ops.asarray(bqkv),
+                wo=ops.contiguous(ops.asarray(take(tensors, p + "attn_output.weight", (d, q_dim), path))),  # (D, H*Dh)
+                w_gate_up=ops.asarray(fold_norm(fuse_rows(
+                    take(tensors, p + "ffn_gate.weight", (f, d), path),
+                    take(tensors, p + "ffn_up.weight", (f, d), path),
+                ), ffn_norm)),  # (2F, D)
+                w_down=ops.contiguous(ops.asarray(take(tensors, p + "ffn_down.weight", (d, f), path))),  # (D, F)
+            ))
+        embedding = ops.asarray(take(tensors, "token_embd.weight", (v, d), path))  # (V, D)
+        output = (ops.asarray(take(tensors, "output.weight", (v, d), path))
+                  if "output.weight" in tensors else embedding)  # (V, D)
+        return LlamaWeights(
+            config=config,
+            token_embedding=embedding,
+            layers=tuple(layers),
+            output_norm=ops.asarray(take(tensors, "output_norm.weight", (d,), path)),
+            output=output,
+            rotary=RotaryTable(config.rope_dim, config.rope_base, config.context_length),
+        )
+
+    def embed(self, weights: LlamaWeights, tokens: Array) -> Array:
+        """Token ids (N,) to embeddings (N, D)."""
+        return weights.token_embedding[tokens]  # (N, D)
+
+    def block(self, weights: LlamaWeights, layer: int, x: Array, batch: ForwardBatch) -> Array:
+        """Attention then SwiGLU MLP, each pre-normed and residual; updates and returns x (N, D)."""
+        cfg, w = weights.config, weights.layers[layer]
+        q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        qkv = ops.contiguous(ops.linear(ops.rms_normalize(x, cfg.rms_eps), w.wqkv))  # (N, H*Dh + 2*Hkv*Dh)
+        if w.bqkv is not None:
+            qkv += w.bqkv
+        qk = qkv[:, : q_dim + kv_dim].reshape(-1, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)  # (N, H+Hkv, Dh)
+        cos, sin = batch.rope_angles(weights.rotary)  # (N, 1, R/2) x2
+        weights.rotary.apply(qk, cos, sin)
+        q = qk[:, : cfg.n_heads]  # (N, H, Dh)
+        k = qk[:, cfg.n_heads :]  # (N, Hkv, Dh)
+        v = qkv[:, q_dim + kv_dim :].reshape(-1, cfg.n_kv_heads, cfg.head_dim)  # (N, Hkv, Dh)
+        attn = batch.attention(layer, q, k, v)  # (N, H*Dh)
+        x += ops.linear(attn, w.wo)  # (N, D)
+        x += ops.linear(ops.swiglu(ops.linear(ops.rms_normalize(x, cfg.rms_eps), w.w_gate_up)), w.w_down)  # (N, D)
+        return x
+
+    def final_hidden(self, weights: LlamaWeights, x: Array) -> Array:
+        """Final RMSNorm with its weight: (M, D)."""
+        return ops.rms_norm(x, weights.output_norm, weights.config.rms_eps)  # (M, D)
+
+    def logits(self, weights: LlamaWeights, hidden: Array) -> Array:
+        """Tied or separate output projection: (M, V), rows contiguous."""
+        return ops.contiguous(ops.linear(hidden, weights.output))  # (M, V)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-from worker.engine.architectures import llama
-from worker.engine.config import ModelConfig
-from worker.engine.weights import TransformerWeights
+from worker.engine.architectures.llama import Llama
 
 
-def build_weights(tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> TransformerWeights:
+class Qwen2(Llama):
     """Qwen2 tensors are llama's plus biases, with Q/K already in half-rotation order."""
-    return llama.build_weights(tensors, config, path, rope_rows_permuted=False)
+
+    name = "qwen2"
+    rope_rows_permuted = False

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from worker.engine.sampling import Sampler, SamplingParams
+from worker.engine.sampling import SampledToken, Sampler, SamplingParams
 from worker.engine.stopping import StopStringMatcher, check_token_stop
 from worker.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -59,7 +59,12 @@ class GenerationState:
         """Sample the next token from logits (V,), detokenize it, and check every stop condition."""
         if self.finish_reason is not None:
             raise RuntimeError("sequence already finished")
-        sampled = self.sampler.sample(logits, self.prompt_ids, self.generated_ids)
+        return self.accept(self.sampler.sample(logits, self.prompt_ids, self.generated_ids))
+
+    def accept(self, sampled: SampledToken) -> TokenOutput:
+        """Take a token sampled for this sequence (alone or in a batch): detokenize it, check every stop."""
+        if self.finish_reason is not None:
+            raise RuntimeError("sequence already finished")
         token = int(sampled.token_id)
         self.generated_ids.append(token)
         reason = check_token_stop(

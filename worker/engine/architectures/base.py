@@ -1,0 +1,32 @@
+"""What an architecture is: a loader (GGUF tensors -> weights) and a block function over the engine's ops."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from worker.engine.config import ModelConfig
+from worker.engine.forward_batch import ForwardBatch
+from worker.engine.ops import Array
+
+
+class Architecture(Protocol):
+    """One model family. Everything numeric goes through worker.engine.ops; weights come from `load`."""
+
+    name: str
+
+    def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> Any:
+        """Map GGUF tensors to this architecture's weights (folding and fusing passes included)."""
+
+    def embed(self, weights: Any, tokens: Array) -> Array:
+        """Token ids (N,) to the first hidden states (N, D)."""
+
+    def block(self, weights: Any, layer: int, x: Array, batch: ForwardBatch) -> Array:
+        """One transformer block over the step's hidden states x (N, D); returns the new (N, D)."""
+
+    def final_hidden(self, weights: Any, x: Array) -> Array:
+        """The last hidden states after the final norm (M, D)."""
+
+    def logits(self, weights: Any, hidden: Array) -> Array:
+        """Output projection of final hidden states (M, D) to logits (M, V)."""

@@ -1,0 +1,136 @@
+"""Every array operation of the forward pass, in one place: norms, RoPE, activations, attention.
+
+Model and architecture code call only these functions (plus array methods such as reshape), so a second
+array backend (CuPy on a GPU) replaces `xp` and this module, not the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+xp: Any = np  # the array module of the forward path
+Array = Any  # an array of the backend in `xp`
+
+
+def asarray(values: Any, dtype: Any = None) -> Array:
+    """An array of the backend (token ids, positions, indices)."""
+    return xp.asarray(values, dtype=dtype)
+
+
+def empty(shape: tuple[int, ...], dtype: Any = np.float32) -> Array:
+    """An uninitialised array of the backend."""
+    return xp.empty(shape, dtype)
+
+
+def linear(x: Array, weight: Array) -> Array:
+    """x @ weight.T for x (N, in) and weight (out, in), as (weight @ x.T).T: faster on OpenBLAS; column-major result."""
+    return (weight @ x.T).T  # (N, out), Fortran-ordered: callers that need rows contiguous copy it
+
+
+def contiguous(x: Array) -> Array:
+    """A row-major copy (or x itself when it already is)."""
+    return xp.ascontiguousarray(x)
+
+
+def rms_normalize(x: Array, eps: float) -> Array:
+    """Root-mean-square normalisation over the last axis (the norm's weight is folded into the next matmul)."""
+    scale = xp.einsum("nd,nd->n", x, x)[:, None]  # (N, 1)
+    scale *= 1.0 / x.shape[1]
+    scale += eps
+    xp.sqrt(scale, out=scale)
+    return x / scale  # (N, D)
+
+
+def rms_norm(x: Array, weight: Array, eps: float) -> Array:
+    """RMSNorm with its weight applied (for norms that cannot be folded into a following matmul)."""
+    return rms_normalize(x, eps) * weight  # (N, D)
+
+
+class RotaryTable:
+    """Cosine/sine tables for rotary position embeddings in half-rotation (NEOX) form."""
+
+    def __init__(self, rope_dim: int, base: float, max_positions: int) -> None:
+        self.rope_dim = rope_dim
+        inv_freq = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)  # (R/2,)
+        angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (P, R/2)
+        self.cos = xp.asarray(np.cos(angles).astype(np.float32))  # (P, R/2)
+        self.sin = xp.asarray(np.sin(angles).astype(np.float32))  # (P, R/2)
+
+    def angles(self, positions: Array) -> tuple[Array, Array]:
+        """Cosines and sines for the given positions, shaped to broadcast over heads."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]  # (N, 1, R/2) x2
+
+    def apply(self, x: Array, cos: Array, sin: Array) -> None:
+        """Rotate the first rope_dim features of every head of x (N, H, Dh) in place."""
+        half = self.rope_dim // 2
+        x1 = x[:, :, :half]  # (N, H, R/2) view
+        x2 = x[:, :, half : self.rope_dim]  # (N, H, R/2) view
+        x1_old = x1.copy()  # (N, H, R/2)
+        x1 *= cos
+        x1 -= x2 * sin  # (N, H, R/2)
+        x2 *= cos
+        x2 += x1_old * sin  # (N, H, R/2)
+
+
+def swiglu(gate_up: Array) -> Array:
+    """SiLU(gate) * up for a fused (N, 2F) gate/up projection."""
+    f = gate_up.shape[1] // 2
+    gate = gate_up[:, :f]  # (N, F)
+    up = gate_up[:, f:]  # (N, F)
+    return gate / (1.0 + xp.exp(-gate)) * up  # (N, F)
+
+
+def gelu_tanh(x: Array) -> Array:
+    """GELU, tanh approximation (as GGML's gelu)."""
+    return 0.5 * x * (1.0 + xp.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))  # (N, F)
+
+
+def geglu(gate_up: Array) -> Array:
+    """GELU(gate) * up for a fused (N, 2F) gate/up projection."""
+    f = gate_up.shape[1] // 2
+    return gelu_tanh(gate_up[:, :f]) * gate_up[:, f:]  # (N, F)
+
+
+def softmax_inplace(scores: Array) -> Array:
+    """Softmax over the last axis, computed in place."""
+    scores -= scores.max(axis=-1, keepdims=True)  # (..., L)
+    xp.exp(scores, out=scores)  # (..., L)
+    scores /= scores.sum(axis=-1, keepdims=True)  # (..., L)
+    return scores
+
+
+def attend_causal(q: Array, keys: Array, values: Array, past: int, window: int = 0) -> Array:
+    """Causal GQA of T new (pre-scaled) queries over one sequence's L = past + T keys; window > 0 limits the span."""
+    t, n_heads, head_dim = q.shape
+    n_kv = keys.shape[0]
+    group = n_heads // n_kv
+    length = keys.shape[1]
+    qg = q.reshape(t, n_kv, group, head_dim).transpose(1, 2, 0, 3)  # (Hkv, G, T, Dh)
+    scores = xp.matmul(qg, keys[:, None].transpose(0, 1, 3, 2))  # (Hkv, G, T, L)
+    query_pos = past + xp.arange(t)  # (T,)
+    key_pos = xp.arange(length)  # (L,)
+    hidden = key_pos[None, :] > query_pos[:, None]  # (T, L)
+    if window > 0:
+        hidden |= key_pos[None, :] <= query_pos[:, None] - window  # (T, L)
+    scores[:, :, hidden] = -xp.inf
+    probs = softmax_inplace(scores)  # (Hkv, G, T, L)
+    out = xp.matmul(probs, values[:, None])  # (Hkv, G, T, Dh)
+    return out.transpose(2, 0, 1, 3).reshape(t, n_heads * head_dim)  # (T, H*Dh)
+
+
+def attend_decode(q: Array, keys: Array, values: Array, mask: Array) -> Array:
+    """One (pre-scaled) query per sequence over its padded keys: q (B, H, Dh), keys/values (Hkv, B, L, Dh).
+
+    `mask` (B, L) is additive: 0 where a key is visible, -inf past the sequence's length (or outside its window).
+    """
+    b, n_heads, head_dim = q.shape
+    n_kv = keys.shape[0]
+    group = n_heads // n_kv
+    qg = q.reshape(b, n_kv, group, head_dim).transpose(1, 0, 2, 3)  # (Hkv, B, G, Dh)
+    scores = xp.matmul(qg, keys.transpose(0, 1, 3, 2))  # (Hkv, B, G, L)
+    scores += mask[None, :, None, :]  # (Hkv, B, G, L)
+    probs = softmax_inplace(scores)  # (Hkv, B, G, L)
+    out = xp.matmul(probs, values)  # (Hkv, B, G, Dh)
+    return out.transpose(1, 0, 2, 3).reshape(b, n_heads * head_dim)  # (B, H*Dh)
