@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from worker.engine.batch_sampling import NUCLEUS_PREFIX, sample_batch
-from worker.engine.sampling import Sampler, SamplingParams
+from worker.engine.sampling import SampledToken, Sampler, SamplingParams, log_softmax_top
 
 VOCAB = 1000
 
@@ -185,6 +185,113 @@ def test_rows_do_not_depend_on_the_rest_of_the_batch() -> None:
     assert together[0] == together[1]
     alone = [Sampler(p, VOCAB).sample(logits[i], [1, 2], [3]) for i, p in enumerate(params)]
     assert together[0] == alone
+
+
+def test_min_p_drops_tokens_below_the_ratio() -> None:
+    """min_p=0.5 keeps tokens with at least half the best probability."""
+    logits = np.full(VOCAB, -10.0, dtype=np.float32)
+    logits[1], logits[2], logits[3] = 0.0, math.log(0.6), math.log(0.4)
+    assert set(draw(SamplingParams(min_p=0.5, seed=2), logits, 400)) == {1, 2}
+
+
+def test_temperature_flattens_and_sharpens() -> None:
+    """Higher temperature spreads choices; lower concentrates them on the argmax."""
+    logits = random_logits(3)
+    hot = draw(SamplingParams(temperature=5.0, seed=0), logits, 300)
+    cold = draw(SamplingParams(temperature=0.05, seed=0), logits, 300)
+    assert len(set(hot)) > len(set(cold))
+    assert cold.count(int(np.argmax(logits))) > 250
+
+
+def test_sampling_follows_the_distribution() -> None:
+    """Frequencies of 4000 draws match softmax probabilities within a few percent."""
+    logits = np.full(4, 0.0, dtype=np.float32)
+    logits[:] = np.log([0.1, 0.2, 0.3, 0.4])
+    counts = np.bincount(draw(SamplingParams(seed=11), logits, 4000, vocab=4), minlength=4) / 4000
+    assert np.allclose(counts, [0.1, 0.2, 0.3, 0.4], atol=0.03)
+
+
+# ---------------------------------------------------------------- penalties and bias
+
+
+def test_repetition_penalty_formula() -> None:
+    """Seen tokens (prompt or generated): positive logits divided, negative multiplied; others unchanged."""
+    logits = np.array([2.0, -2.0, 3.0, -1.0, 0.5], dtype=np.float32)
+    sampler = Sampler(SamplingParams(repetition_penalty=2.0), 5)
+    out = sampler.processed_logits(logits, [0, 1, 0], [1, 2])
+    assert np.allclose(out, [1.0, -4.0, 1.5, -1.0, 0.5])
+    assert np.array_equal(logits, [2.0, -2.0, 3.0, -1.0, 0.5])  # input untouched
+
+
+def test_presence_and_frequency_penalty_formula() -> None:
+    """logit -= presence * (count > 0) + frequency * count, over generated tokens only."""
+    logits = np.zeros(5, dtype=np.float32)
+    sampler = Sampler(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), 5)
+    out = sampler.processed_logits(logits, [4, 4, 4], [1, 2, 2, 2])
+    assert np.allclose(out, [0.0, -0.75, -1.25, 0.0, 0.0])
+
+
+def test_penalties_apply_in_order() -> None:
+    """bias, then repetition (sees the biased sign), then presence/frequency."""
+    logits = np.array([1.0, 0.0], dtype=np.float32)
+    params = SamplingParams(logit_bias={0: -3.0}, repetition_penalty=2.0, presence_penalty=1.0)
+    out = Sampler(params, 2).processed_logits(logits, [], [0])
+    assert np.allclose(out, [(1.0 - 3.0) * 2.0 - 1.0, 0.0])
+
+
+def test_logit_bias_forces_and_bans() -> None:
+    """+100 makes a token win every draw; -100 removes it even when it is the argmax."""
+    logits = random_logits(5)
+    weak = int(np.argmin(logits))
+    assert set(draw(SamplingParams(logit_bias={weak: 100.0}, temperature=1.5, seed=0), logits, 50)) == {weak}
+    best = int(np.argmax(logits))
+    banned_greedy = Sampler(SamplingParams(temperature=0, logit_bias={best: -100.0}), VOCAB)
+    assert banned_greedy.sample(logits, [], []).token_id == int(np.argsort(logits)[-2])
+    peaked = np.zeros(VOCAB, dtype=np.float32)
+    peaked[best] = 50.0
+    assert best not in draw(SamplingParams(logit_bias={best: -100.0}, seed=0), peaked, 200)
+
+
+def test_out_of_range_history_ids_are_refused() -> None:
+    """Context/generated ids outside the vocabulary raise instead of wrapping around."""
+    sampler = Sampler(SamplingParams(repetition_penalty=1.1), VOCAB)
+    with pytest.raises(ValueError, match="token ids"):
+        sampler.sample(random_logits(), [-1], [])
+    with pytest.raises(ValueError, match="shape"):
+        sampler.sample(np.zeros(VOCAB + 1, dtype=np.float32), [], [])
+
+
+# ---------------------------------------------------------------- logprobs
+
+
+def test_logprobs_are_log_softmax_of_raw_logits() -> None:
+    """Chosen-token and top-k logprobs equal a float64 log-softmax of the unprocessed logits."""
+    logits = random_logits(9, vocab=49152, scale=4.0)
+    reference = reference_log_softmax(logits)
+    params = SamplingParams(temperature=0.7, repetition_penalty=1.3, logit_bias={17: 5.0}, logprobs=5, seed=0)
+    sampler = Sampler(params, 49152)
+    result = sampler.sample(logits, [1, 2, 3], [17])
+    assert result.logprob == pytest.approx(reference[result.token_id], abs=1e-5)
+    expected_top = np.argsort(-reference)[:5]
+    assert [i for i, _ in result.top_logprobs] == expected_top.tolist()
+    assert np.allclose([lp for _, lp in result.top_logprobs], reference[expected_top], atol=1e-5)
+
+
+def test_logprobs_off_and_zero() -> None:
+    """logprobs=None computes nothing; logprobs=0 gives the chosen token's logprob only."""
+    logits = random_logits(1)
+    assert Sampler(SamplingParams(seed=0), VOCAB).sample(logits, [], []) == SampledToken(
+        Sampler(SamplingParams(seed=0), VOCAB).sample(logits, [], []).token_id
+    )
+    zero = Sampler(SamplingParams(seed=0, logprobs=0), VOCAB).sample(logits, [], [])
+    assert zero.logprob is not None and zero.top_logprobs == []
+
+
+def test_log_softmax_top_handles_ties() -> None:
+    """Equal logits are ordered by token id."""
+    logprob, top = log_softmax_top(np.zeros(4, dtype=np.float32), 2, 3)
+    assert logprob == pytest.approx(math.log(0.25))
+    assert [i for i, _ in top] == [0, 1, 2]
 
 
 # ---------------------------------------------------------------- batch helper
