@@ -45,6 +45,7 @@ class ForwardBatch:
         self.write_blocks = ops.asarray(blocks)  # (N,)
         self.write_offsets = ops.asarray(positions % pool.block_size)  # (N,)
         decode = [i for i, n in enumerate(lengths) if n == 1]
+        self.all_decode = len(decode) == len(entries)  # rows are the decode rows in order: no gather/scatter
         self.decode_rows = ops.asarray(self.starts[decode])  # (B1,)
         self.prefill = [(i, int(self.starts[i]), int(self.starts[i + 1]), ops.asarray(tables[i]))
                         for i, n in enumerate(lengths) if n > 1]
@@ -94,6 +95,8 @@ class ForwardBatch:
         out = ops.empty((n, n_heads * head_dim))  # (N, H*Dh)
         if self._decode_tables is not None:
             keys, values = pool.gather(layer, self._decode_tables)  # (Hkv, B1, L, Dh) x2
+            if self.all_decode:
+                return ops.attend_decode(q, keys, values, self._decode_mask(window))  # (N, H*Dh)
             out[self.decode_rows] = ops.attend_decode(q[self.decode_rows], keys, values,
                                                       self._decode_mask(window))  # (B1, H*Dh)
         for i, s, e, table in self.prefill:

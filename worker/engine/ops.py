@@ -78,8 +78,12 @@ def swiglu(gate_up: Array) -> Array:
     """SiLU(gate) * up for a fused (N, 2F) gate/up projection."""
     f = gate_up.shape[1] // 2
     gate = gate_up[:, :f]  # (N, F)
-    up = gate_up[:, f:]  # (N, F)
-    return gate / (1.0 + xp.exp(-gate)) * up  # (N, F)
+    out = xp.negative(gate)  # (N, F)
+    xp.exp(out, out=out)
+    out += 1.0
+    xp.divide(gate, out, out=out)  # SiLU(gate)
+    out *= gate_up[:, f:]  # (N, F)
+    return out
 
 
 def gelu_tanh(x: Array) -> Array:

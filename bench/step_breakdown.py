@@ -1,0 +1,131 @@
+"""Where a decode step goes: matmul / attention / other, at B streams, for this tree and a git revision.
+
+The same script measures both trees in one run (the revision through a temporary git worktree, in a
+subprocess with that tree first on sys.path), alternating, so background load hits both alike:
+- step: wall time of a scheduler decode step with B greedy streams (no profiler);
+- matmul: the step's matmul chain alone at batch B (the engine's own `linear` and weights, no attention);
+- attention: the share of profiled step time spent in the attention functions (KV writes, gathers,
+  scores, softmax, values), applied to the unprofiled step time;
+- other: the rest (norms, RoPE, activations, embedding, sampling, detokenizing, scheduling).
+Run: python bench/step_breakdown.py [--streams 32] [--ref fb9a5c4] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# the attention entry points (not nested in one another): ForwardBatch.attention now; attend and
+# attend_decode_batch before (where the KV writes were inline in Model.forward, so "other" holds them)
+ATTENTION_ENTRY_POINTS = ("attention", "attend", "attend_decode_batch")
+
+
+def _scheduler(engine: Any, streams: int) -> Any:
+    """A scheduler of this tree's or the older API, prefix caching off."""
+    from worker.scheduler import Scheduler, SchedulerConfig
+
+    try:
+        config = SchedulerConfig(max_sequences=streams, max_queue=streams, prefix_cache=False)
+    except TypeError:  # the older API
+        config = SchedulerConfig(max_sequences=streams, max_queue=streams, prefix_cache_mib=0)
+    return Scheduler(engine, config)
+
+
+def measure(streams: int, steps: int) -> dict[str, float]:
+    """Seconds per decode step: total, matmul, attention, other (this process's tree)."""
+    sys.path.insert(0, str(Path.cwd() / "bench"))  # the measured tree's own bench/engine.py
+    from engine import matmul_chain_rate
+
+    from worker.engine.engine import Engine
+    from worker.engine.sampling import SamplingParams
+    from worker.models import resolve
+    from worker.sequences import GenerationRequest
+
+    try:
+        from worker.engine.generation import GenerationParams
+    except ImportError:
+        from worker.engine.sequence import GenerationParams
+    engine = Engine.load(resolve("smollm2-135m"))
+    rng = np.random.default_rng(streams)
+    params = GenerationParams(max_tokens=2 * steps + 4, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
+    sched = _scheduler(engine, streams)
+    for i in range(streams):
+        sched.add(GenerationRequest(f"b{i}", [int(t) for t in rng.integers(100, 40000, 16)], params))
+    sched.step()  # prefill everything
+    sched.step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        sched.step()
+    step_s = (time.perf_counter() - start) / steps
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        sched.step()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = sum(row[2] for row in stats.stats.values())  # tottime of everything
+    attention = sum(row[3] for func, row in stats.stats.items() if func[2] in ATTENTION_ENTRY_POINTS)  # cumtime
+    matmul_s = streams / matmul_chain_rate(engine.model.weights, streams, steps)
+    attention_s = step_s * attention / total
+    return {"step": step_s, "matmul": matmul_s, "attention": attention_s,
+            "other": step_s - matmul_s - attention_s, "tok_s": streams / step_s}
+
+
+def _run_in(tree: Path, streams: int, steps: int) -> dict[str, float]:
+    """measure() in a subprocess whose imports come from `tree`."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = subprocess.run([sys.executable, __file__, "--child", "--streams", str(streams), "--steps", str(steps)],
+                         cwd=tree, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    """Print the breakdown of this tree and of --ref, alternating rounds, with ranges."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--ref", default="fb9a5c4", help="git revision to compare with ('' = none)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.streams, args.steps)))
+        return
+    here = Path(__file__).resolve().parent.parent
+    trees = {"this tree": here}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.ref:
+            ref_tree = Path(tmp) / "ref"
+            subprocess.run(["git", "worktree", "add", "-q", "--detach", str(ref_tree), args.ref], cwd=here, check=True)
+            trees[f"ref {args.ref}"] = ref_tree
+        try:
+            results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+            for _ in range(args.rounds):
+                for name, tree in trees.items():
+                    results[name].append(_run_in(tree, args.streams, args.steps))
+        finally:
+            if args.ref:
+                subprocess.run(["git", "worktree", "remove", "--force", str(ref_tree)], cwd=here, check=False)
+    print(f"decode step at {args.streams} streams, ms (median of {args.rounds}; range)")
+    print(f"{'tree':<16} {'step':>16} {'matmul':>16} {'attention':>16} {'other':>16} {'tok/s':>14}")
+    for name, rows in results.items():
+        cells = []
+        for key in ("step", "matmul", "attention", "other", "tok_s"):
+            values = [r[key] * (1 if key == "tok_s" else 1000) for r in rows]
+            cells.append(f"{np.median(values):6.1f} ({min(values):.0f}-{max(values):.0f})")
+        print(f"{name:<16} " + " ".join(f"{c:>16}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
