@@ -86,7 +86,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     from dataclasses import replace
 
     settings = Settings.from_env()
-    names = ("host", "port", "slots", "queue_limit", "max_body_bytes", "kv_budget_mib", "prefix_cache_mib",
+    names = ("host", "port", "slots", "threads", "queue_limit", "max_body_bytes", "kv_budget_mib", "prefix_cache",
              "max_batch_tokens", "max_prefill_tokens")
     overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     return replace(settings, **overrides)
@@ -119,6 +119,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(args.model, settings, workers=args.workers)
 
 
+def _slots_flag(raw: str) -> int:
+    """--slots N or auto (0)."""
+    return 0 if raw.strip().lower() == "auto" else int(raw)
+
+
 def _add_server_flags(parser: argparse.ArgumentParser, *, gateway: bool, worker: bool) -> None:
     """Flags of the long-running commands; each defaults to its environment variable."""
     if gateway:
@@ -128,9 +133,13 @@ def _add_server_flags(parser: argparse.ArgumentParser, *, gateway: bool, worker:
                             "(LLMFLEET_QUEUE_LIMIT)")
         parser.add_argument("--max-body-bytes", type=int, default=None, help="LLMFLEET_MAX_BODY_BYTES")
     if worker:
-        parser.add_argument("--slots", type=int, default=None, help="sequences per worker (LLMFLEET_SLOTS)")
-        parser.add_argument("--kv-budget-mib", type=float, default=None, help="LLMFLEET_KV_BUDGET_MIB (1024)")
-        parser.add_argument("--prefix-cache-mib", type=float, default=None, help="LLMFLEET_PREFIX_CACHE_MIB (256)")
+        parser.add_argument("--slots", type=_slots_flag, default=None, help="sequences per worker, or auto "
+                            "(LLMFLEET_SLOTS; auto = derived from the KV budget, up to 64)")
+        parser.add_argument("--threads", type=int, default=None, help="BLAS threads per worker (LLMFLEET_THREADS; "
+                            "0 = every core, split among serve's workers)")
+        parser.add_argument("--kv-budget-mib", type=float, default=None, help="the KV pool (LLMFLEET_KV_BUDGET_MIB, 1024)")
+        parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_const", const=0, default=None,
+                            help="do not reuse the KV of shared prompt prefixes (LLMFLEET_PREFIX_CACHE=0)")
         parser.add_argument("--max-batch-tokens", type=int, default=None, help="LLMFLEET_MAX_BATCH_TOKENS (2048)")
         parser.add_argument("--max-prefill-tokens", type=int, default=None, help="LLMFLEET_MAX_PREFILL_TOKENS (512)")
 

@@ -31,15 +31,18 @@ def configure_logging(level: str) -> None:
 def run_worker(model_name: str, settings: Settings) -> int:
     """Load the model and serve its job stream until SIGTERM/SIGINT, then drain and exit."""
     import redis
+    from threadpoolctl import threadpool_limits
 
     from worker.engine.engine import Engine
     from worker.models import model_id, resolve
     from worker.runner import WorkerRunner
 
+    threads = settings.threads or os.cpu_count() or 1
+    blas_limits = threadpool_limits(limits=threads, user_api="blas")  # noqa: F841 (kept for the process's life)
     path = resolve(model_name, progress=sys.stderr.isatty())
     started = time.monotonic()
     engine = Engine.load(path)
-    log.info("loaded %s in %.1fs", path.name, time.monotonic() - started)
+    log.info("loaded %s in %.1fs; %d BLAS threads", path.name, time.monotonic() - started, threads)
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, health_check_interval=30)
     runner = WorkerRunner(engine, client, settings, model=model_id(model_name))
 
@@ -93,6 +96,8 @@ def serve(model_name: str, settings: Settings, *, workers: int) -> int:
         redis_server = BundledRedis().start()
         settings = replace(settings, redis_url=redis_server.url)
         log.info("started bundled redis-server on port %d", redis_server.port)
+    if not settings.threads:  # split the machine's cores among the workers (measured: see README)
+        settings = replace(settings, threads=max(1, (os.cpu_count() or 1) // max(1, workers)))
     env.update(settings_env(settings))
     cli = [sys.executable, "-m", "llmfleet.cli"]
     children: list[subprocess.Popen[bytes]] = []

@@ -12,7 +12,7 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _POSITIVE_INTS = (
     "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_n", "max_embed_inputs", "queue_limit",
-    "stream_maxlen", "slots", "redis_max_connections", "max_batch_tokens", "max_prefill_tokens",
+    "stream_maxlen", "redis_max_connections", "max_batch_tokens", "max_prefill_tokens",
 )
 _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
@@ -46,9 +46,10 @@ class Settings:
     heartbeat_interval_s: float = 2.0  # workers refresh their registry entry this often
     heartbeat_ttl_s: float = 10.0  # a worker without a heartbeat for this long is dead
     lease_s: float = 30.0  # a job idle this long in the pending list may be reclaimed (XAUTOCLAIM)
-    slots: int = 8  # sequences a worker runs at once
+    slots: int = 0  # sequences a worker runs at once; 0 ("auto") = derived from the KV budget (up to 64)
+    threads: int = 0  # BLAS threads of a worker; 0 = every core (`serve` splits the cores among its workers)
     kv_budget_mib: float = 1024.0  # a worker's KV cache for all its sequences; over it, it preempts
-    prefix_cache_mib: float = 256.0  # a worker's prefix KV cache (0 = off)
+    prefix_cache: int = 1  # 1: full prompt blocks stay in the KV pool's free space for reuse; 0: off
     max_batch_tokens: int = 2048  # tokens (decodes + prefill chunks) in one forward step
     max_prefill_tokens: int = 512  # the largest prefill chunk of one sequence in one step
     model_memory_s: float = 86_400.0  # a model stays 'known' (503, not 404) this long after its last worker
@@ -68,7 +69,7 @@ class Settings:
         for name in _POSITIVE_FLOATS:
             if not getattr(self, name) > 0:
                 _fail(name, "must be > 0")
-        for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache_mib"):
+        for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads"):
             if not getattr(self, name) >= 0:
                 _fail(name, "must be >= 0")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
@@ -116,8 +117,9 @@ ENV: dict[str, str] = {
     "heartbeat_ttl_s": "LLMFLEET_HEARTBEAT_TTL_S",
     "lease_s": "LLMFLEET_LEASE_S",
     "slots": "LLMFLEET_SLOTS",
+    "threads": "LLMFLEET_THREADS",
     "kv_budget_mib": "LLMFLEET_KV_BUDGET_MIB",
-    "prefix_cache_mib": "LLMFLEET_PREFIX_CACHE_MIB",
+    "prefix_cache": "LLMFLEET_PREFIX_CACHE",
     "max_batch_tokens": "LLMFLEET_MAX_BATCH_TOKENS",
     "max_prefill_tokens": "LLMFLEET_MAX_PREFILL_TOKENS",
     "model_memory_s": "LLMFLEET_MODEL_MEMORY_S",
@@ -145,14 +147,19 @@ def _upper(raw: str) -> str:
     return raw.upper()
 
 
+def _slots(raw: str) -> int:
+    return 0 if raw.strip().lower() == "auto" else int(raw)
+
+
 _EXPECTED: dict[Callable[[str], Any], str] = {
     int: "an integer",
     _float: "a finite number",
     _text: "text",
     _upper: "text",
+    _slots: "an integer or auto",
 }
 _PARSE_BY_TYPE: dict[str, Callable[[str], Any]] = {"int": int, "float": _float, "str": _text, "str | None": _text}
 _PARSERS: dict[str, Callable[[str], Any]] = {
-    item.name: _upper if item.name == "log_level" else _PARSE_BY_TYPE[str(item.type)]
+    item.name: {"log_level": _upper, "slots": _slots}.get(item.name) or _PARSE_BY_TYPE[str(item.type)]
     for item in dataclasses.fields(Settings)
 }

@@ -60,7 +60,7 @@ class WorkerRunner:
         config = scheduler_config or SchedulerConfig(
             max_sequences=settings.slots, max_batch_tokens=settings.max_batch_tokens,
             max_prefill_tokens=settings.max_prefill_tokens, kv_budget_mib=settings.kv_budget_mib,
-            prefix_cache=settings.prefix_cache_mib > 0, max_queue=max(settings.slots, 64))
+            prefix_cache=bool(settings.prefix_cache), max_queue=settings.queue_limit)
         self.scheduler = Scheduler(engine, config)
         self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60)
         self.stop_requested = threading.Event()
@@ -69,7 +69,7 @@ class WorkerRunner:
         self._lock = threading.Lock()
         self._last_reclaim = 0.0
         self.served = 0  # requests that ended here (any way)
-        self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=config.max_sequences,
+        self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
                                    interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
                                    gauges=self._gauges, held_jobs=self._held_ids)
         self.cancels = CancelListener(redis, model)
