@@ -5,7 +5,9 @@
    each level while the worker sits idle, so the two never compute at once: overhead = 1 - full / direct.
 2. Relay: one gateway in front of bench/standin_worker.py (a fixed-rate stand-in engine), driven by N
    concurrent streams from a lean asyncio client: streams held, tokens/s relayed, added latency.
-3. --peer URL: the part-1 load against any OpenAI-compatible server, side by side ("self" = our gateway).
+3. --peer URL: the part-1 load against any OpenAI-compatible server, side by side ("self" = our gateway);
+   --peer llama-server: llama.cpp's server and `llmfleet serve` (defaults) started here, one after the other
+   (bench/peer_llama.py).
 Run: python bench/cluster.py [--sizes 1,4,16,32] [--max-tokens 32] [--relay-streams 1000] [--relay-rate 20]
      [--skip-full] [--skip-relay] [--peer URL]
 """
@@ -212,7 +214,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(the latency floor; 0 = skip)")
     parser.add_argument("--skip-full", action="store_true")
     parser.add_argument("--skip-relay", action="store_true")
-    parser.add_argument("--peer", default=None, help="base URL of an OpenAI-compatible server ('self' = ours)")
+    parser.add_argument("--peer", default=None, help="base URL of an OpenAI-compatible server ('self' = ours; "
+                        "'llama-server' = build/start llama.cpp's server and `llmfleet serve`, compare them)")
     parser.add_argument("--peer-model", default=None, help="default: the first model the peer lists")
     parser.add_argument("--peer-api-key", default=os.environ.get("OPENAI_API_KEY", "none"))
     parser.add_argument("--no-ignore-eos", action="store_true", help="for peers that reject ignore_eos")
@@ -350,6 +353,11 @@ def main(argv: list[str] | None = None) -> None:
     args.direct_steps = args.direct_steps or max(4, args.max_tokens - 2)
     if args.direct_serve:
         serve_direct(args.model)
+        return
+    if args.peer == "llama-server":  # both systems started here, side by side (bench/peer_llama.py)
+        from peer_llama import main as peer_llama_main
+
+        peer_llama_main(["--model", args.model, "--sizes", args.sizes, "--max-tokens", str(args.max_tokens)])
         return
     raise_open_files(4 * args.relay_streams + 1024)
     logdir = Path(tempfile.mkdtemp(prefix="llmfleet-bench-"))

@@ -32,6 +32,7 @@ class LevelResult:
     ttft_p50_s: float
     errors: list[str]
     note: str = ""
+    itl_p50_s: float = float("nan")  # median gap between a stream's consecutive text chunks
 
 
 async def stream_one(client: httpx.AsyncClient, base: str, body: dict[str, object]) -> StreamResult:
@@ -91,8 +92,10 @@ async def run_level(base: str, model: str, size: int, max_tokens: int, api_key: 
     ok = [r for r in results if r.error is None]
     ttfts = sorted(r.chunk_times[0] - r.sent for r in ok if r.chunk_times)
     tokens = sum(r.tokens for r in ok)
+    gaps = sorted(b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:]))
     return LevelResult(size, tokens, wall, tokens / wall, steady_rate(ok) if len(ok) == size else float("nan"),
-                       ttfts[len(ttfts) // 2] if ttfts else float("nan"), [r.error for r in results if r.error])
+                       ttfts[len(ttfts) // 2] if ttfts else float("nan"), [r.error for r in results if r.error],
+                       itl_p50_s=gaps[len(gaps) // 2] if gaps else float("nan"))
 
 
 async def run_levels(base: str, model: str, sizes: list[int], max_tokens: int, api_key: str,

@@ -1,0 +1,145 @@
+"""llmfleet (`llmfleet serve` with its defaults) against llama.cpp's llama-server on the same box, one run.
+
+Both serve the same GGUF file; the same streaming /v1/completions load (N concurrent streams, distinct short
+prompts, greedy, exactly --max-tokens tokens each) runs against one system, then the other, per round; each
+row reports aggregate tok/s (steady: while every stream decodes), median TTFT and inter-token latency, and
+the ratio llmfleet / llama-server. llama-server runs with -t <cores> -np <largest N> -c <N x 256>.
+Run: python bench/cluster.py --peer llama-server [--sizes 1,4,16,32,64] [--max-tokens 128] [--rounds 2]
+     (or python bench/peer_llama.py ...; --llama-server PATH skips ../shared/peers/build-llama-server.sh)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+
+from cluster_processes import http_status, wait_until  # noqa: E402
+from stream_load import LevelResult, run_level  # noqa: E402
+
+from llmfleet.redis_server import free_port  # noqa: E402
+from worker.models import model_id, resolve  # noqa: E402
+
+BUILD_SCRIPT = BENCH_DIR.parent.parent / "shared" / "peers" / "build-llama-server.sh"
+
+
+def llama_server_binary(given: str | None) -> str:
+    """The llama-server binary: --llama-server, else the peers build script's (built once, cached)."""
+    if given:
+        return given
+    if not BUILD_SCRIPT.exists():
+        raise SystemExit(f"no --llama-server given and {BUILD_SCRIPT} is missing")
+    return subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True).stdout.strip()
+
+
+class System:
+    """One server under test, started and stopped around its measurements."""
+
+    def __init__(self, name: str, argv: list[str], port: int, ready_path: str, logdir: Path) -> None:
+        self.name, self.argv, self.port, self.ready_path, self.logdir = name, argv, port, ready_path, logdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base(self) -> str:
+        """The /v1 base URL."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> None:
+        """Start it and wait until it answers its readiness URL."""
+        log = open(self.logdir / f"{self.name}.log", "ab")  # noqa: SIM115 (closed with the process)
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=BENCH_DIR.parent,
+                                     start_new_session=True)
+        url = f"http://127.0.0.1:{self.port}{self.ready_path}"
+        wait_until(lambda: self.proc.poll() is None and http_status(url) == 200, 600, f"{self.name} ready")
+
+    def stop(self) -> None:
+        """SIGINT (llmfleet serve drains), then SIGKILL the whole group after a grace period."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, 2)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+
+
+def measure(system: System, model: str, sizes: list[int], max_tokens: int, tag: str) -> list[LevelResult]:
+    """A warm-up, then every size in turn against one system."""
+    asyncio.run(run_level(system.base, model, 1, 4, "none", True, 120, f"warm-up {tag}"))
+    return [asyncio.run(run_level(system.base, model, n, max_tokens, "none", True, 600, f"{tag} {n}")) for n in sizes]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Start each system in turn, run the load, print the side-by-side table with ratios."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--sizes", default="1,4,16,32,64")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2, help="each system measured this many times, alternating")
+    parser.add_argument("--llama-server", default=None, help="path of a llama-server binary")
+    parser.add_argument("--serve-args", default="", help="extra flags for `llmfleet serve` (default: none)")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    path = resolve(args.model, progress=True)
+    binary = llama_server_binary(args.llama_server)
+    cores = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="llmfleet-peer-") as tmp:
+        logdir = Path(tmp)
+        lport, fport = free_port(), free_port()
+        llama = System("llama-server", [binary, "-m", str(path), "-t", str(cores), "-np", str(max(sizes)),
+                                        "-c", str(max(sizes) * 256), "--port", str(lport), "--host", "127.0.0.1"],
+                       lport, "/health", logdir)
+        fleet = System("llmfleet", [sys.executable, "-m", "llmfleet.cli", "serve", "--model", args.model,
+                                    "--port", str(fport), *args.serve_args.split()], fport, "/ready", logdir)
+        env_note = f"load average {os.getloadavg()[0]:.2f} on {cores} cores"
+        print(f"== {path.name}: streaming /v1/completions, {args.max_tokens} tokens, greedy; llama-server -t {cores} "
+              f"-np {max(sizes)} -c {max(sizes) * 256}; llmfleet serve {args.serve_args or '(defaults)'}; {env_note}",
+              flush=True)
+        results: dict[str, list[list[LevelResult]]] = {"llama-server": [], "llmfleet": []}
+        try:
+            for round_ in range(args.rounds):
+                for system, model in ((llama, "model"), (fleet, model_id(args.model))):
+                    started = time.monotonic()
+                    system.start()
+                    results[system.name].append(measure(system, model, sizes, args.max_tokens, f"r{round_}"))
+                    system.stop()
+                    print(f"   round {round_ + 1} {system.name}: {time.monotonic() - started:.0f}s", flush=True)
+        finally:
+            llama.stop()
+            fleet.stop()
+    print_table(sizes, results)
+
+
+def _best(rounds: list[list[LevelResult]], i: int) -> LevelResult:
+    """The round with the best steady rate at size index i (nan last)."""
+    return max((r[i] for r in rounds), key=lambda lv: lv.steady_rate if lv.steady_rate == lv.steady_rate else -1)
+
+
+def print_table(sizes: list[int], results: dict[str, list[list[LevelResult]]]) -> None:
+    """Per size: both systems' best steady tok/s (range over rounds), TTFT and ITL p50, and the ratio."""
+    print(f"{'streams':>7} | {'llama-server tok/s':>20} {'TTFT':>7} {'ITL':>6} | {'llmfleet tok/s':>20} {'TTFT':>7} "
+          f"{'ITL':>6} | {'ratio':>6}")
+    for i, n in enumerate(sizes):
+        cells = []
+        for name in ("llama-server", "llmfleet"):
+            best = _best(results[name], i)
+            rates = [r[i].steady_rate for r in results[name]]
+            spread = f"{min(rates):.0f}-{max(rates):.0f}" if len(rates) > 1 else ""
+            errors = sum(len(r[i].errors) for r in results[name])
+            cells.append(f"{best.steady_rate:>8.1f} ({spread:>9}) {best.ttft_p50_s * 1000:>5.0f}ms "
+                         f"{best.itl_p50_s * 1000:>4.0f}ms" + (f" [{errors} errors]" if errors else ""))
+        ratio = _best(results["llmfleet"], i).steady_rate / _best(results["llama-server"], i).steady_rate
+        print(f"{n:>7} | {cells[0]} | {cells[1]} | {ratio:>5.2f}x")
+
+
+if __name__ == "__main__":
+    main()
