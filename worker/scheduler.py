@@ -29,12 +29,20 @@ from worker.sequences import (
     SeqState,
     SequenceStep,
 )
+from worker.speculation import NgramProposer
 
 log = logging.getLogger(__name__)
 StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone
 MIB = 1 << 20
 AUTO_MAX_SLOTS = 64  # past this, a step's attention and sampling grow faster than its matmuls get cheaper
 AUTO_TOKENS_PER_SLOT = 320  # KV the pool should hold per slot when the slot count is derived
+
+
+def _output_kind(seq: ScheduledSequence, tokens: list[int]) -> str:
+    """What the forward returns for a plan row: pooled states, every row's logits (drafts), or the last."""
+    if seq.gen is None:
+        return "hidden"
+    return "all" if seq.state == SeqState.DECODING and len(tokens) > 1 else "last"
 
 
 def auto_slots(pool_tokens: int) -> int:
@@ -52,6 +60,8 @@ class SchedulerConfig:
     max_queue: int = 256  # waiting requests before add() refuses
     kv_budget_mib: float = 1024.0  # the KV pool, allocated once
     prefix_cache: bool = True  # keep full prompt blocks in the pool's free space for reuse
+    speculative_tokens: int = 6  # drafts checked per greedy sequence per step (prompt lookup); 0 = off
+    speculative_max_batch: int = 4  # speculate only while at most this many sequences decode (weight-bound)
 
 
 class Scheduler:
@@ -175,8 +185,8 @@ class Scheduler:
         if not plan:
             return []
         events: list[StepEvent] = []
-        entries = [BatchEntry(seq.seq_id, np.asarray(tokens, np.int64), seq.computed,
-                              "hidden" if seq.gen is None else "last") for seq, tokens in plan]
+        entries = [BatchEntry(seq.seq_id, np.asarray(tokens, np.int64), seq.computed, _output_kind(seq, tokens))
+                   for seq, tokens in plan]
         try:
             outputs = self.engine.model.forward(entries, self.pool)
         except Exception as exc:  # the loop must survive anything one batch does
@@ -188,6 +198,9 @@ class Scheduler:
         now = time.monotonic()
         rows: list[tuple[ScheduledSequence, np.ndarray]] = []  # (sequence, its logits) to sample this step
         for (seq, tokens), logits in zip(plan, outputs):
+            if seq.state == SeqState.DECODING and len(tokens) > 1:
+                self._verify(seq, tokens, logits, now, events)
+                continue
             self._computed(seq, len(tokens))
             if seq.gen is None:
                 self._on_hidden(seq, logits, now, events)
@@ -207,7 +220,7 @@ class Scheduler:
         """Sample every row of the step in one vectorised pass, then let each sequence take its token."""
         gens = [seq.gen for seq, _ in rows]
         try:
-            sampled = sample_batch([g.sampler for g in gens], np.stack([logits for _, logits in rows]),
+            sampled = sample_batch([g.sampler for g in gens], [logits for _, logits in rows],
                                    [g.prompt_ids for g in gens], [g.generated_ids for g in gens])
         except ValueError:  # one row cannot be sampled (e.g. every token banned): find it, sample the rest alone
             sampled = []
@@ -298,12 +311,20 @@ class Scheduler:
             self._preempt_one()
         plan: list[tuple[ScheduledSequence, list[int]]] = []
         budget = self.config.max_batch_tokens
-        for seq in decoding[:budget]:
-            self.pool.extend(seq.seq_id, 1)
-            plan.append((seq, [seq.gen.generated_ids[-1]]))
-            budget -= 1
         prefilling = sorted((s for s in self._active if s.state == SeqState.PREFILLING and s.fork_from is None),
                             key=lambda s: (-int(s.group.request.priority), s.admit_order))
+        speculate = (self.config.speculative_tokens > 0 and len(decoding) <= self.config.speculative_max_batch
+                     and not prefilling)  # drafts never delay a prompt's prefill (TTFT)
+        spare = self.blocks.num_free_blocks - sum(self.blocks.append_cost(s.seq_id, 1) for s in decoding)
+        for seq in decoding[:budget]:
+            drafts = self._drafts(seq, budget) if speculate else []
+            extra = self.blocks.append_cost(seq.seq_id, 1 + len(drafts)) - self.blocks.append_cost(seq.seq_id, 1)
+            if extra > spare:  # drafts never take blocks a plain decode needs
+                drafts, extra = [], 0
+            spare -= extra
+            self.pool.extend(seq.seq_id, 1 + len(drafts))
+            plan.append((seq, [seq.gen.generated_ids[-1], *drafts]))
+            budget -= 1 + len(drafts)
         for seq in prefilling:
             if budget <= 0:
                 break
@@ -312,6 +333,36 @@ class Scheduler:
             budget -= chunk
         self._refresh_gauges()
         return plan
+
+    def _drafts(self, seq: ScheduledSequence, budget: int) -> list[int]:
+        """Tokens to check after a greedy sequence's last one this step (none if they would not fit)."""
+        gen = seq.gen
+        if not gen.sampler.params.is_greedy:
+            return []
+        room = min(self.config.speculative_tokens, gen.params.max_tokens - len(gen.generated_ids) - 1, budget - 1,
+                   self.engine.context_length - seq.computed - 1)
+        if room <= 0:
+            return []
+        if seq.proposer is None:
+            seq.proposer = NgramProposer()
+        return seq.proposer.propose(gen.all_ids, room)
+
+    def _verify(self, seq: ScheduledSequence, tokens: list[int], logits: np.ndarray, now: float,
+                events: list[StepEvent]) -> None:
+        """Keep drafted tokens while each equals what the sampler picks after the one before; drop the rest."""
+        gen, start = seq.gen, seq.computed
+        self.stats.speculated_tokens += len(tokens) - 1
+        for row in range(len(tokens)):
+            sampled = gen.sampler.sample(logits[row], gen.prompt_ids, gen.generated_ids)
+            self._on_token(seq, sampled, now, events)
+            if seq.state != SeqState.DECODING:  # finished: its blocks are already freed
+                return
+            if row + 1 < len(tokens) and sampled.token_id == tokens[row + 1]:
+                self.stats.accepted_tokens += 1
+                continue
+            break
+        self.blocks.truncate(seq.seq_id, start + row + 1)  # KV of tokens[0..row] is right; the rest is dropped
+        self._computed(seq, row + 1)
 
     def _preempt_one(self) -> None:
         """Free the blocks of the lowest-priority, most recently admitted sequence and requeue it at the front."""

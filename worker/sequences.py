@@ -9,6 +9,7 @@ from enum import Enum, IntEnum
 import numpy as np
 
 from worker.engine.generation import GenerationParams, GenerationState, TokenOutput
+from worker.speculation import NgramProposer
 
 
 class Priority(IntEnum):
@@ -117,6 +118,7 @@ class ScheduledSequence:
         self.admit_order = -1
         self.fork_from: ScheduledSequence | None = None  # set while waiting to share the leader's prompt blocks
         self.was_preempted = False
+        self.proposer: NgramProposer | None = None  # speculative drafts of a greedy sequence
 
     @property
     def target_ids(self) -> list[int]:
@@ -213,3 +215,5 @@ class SchedulerStats:
     prefix_queries: int = 0
     prefix_hits: int = 0
     prefix_tokens_hit: int = 0
+    speculated_tokens: int = 0  # drafted tokens checked
+    accepted_tokens: int = 0  # of which kept

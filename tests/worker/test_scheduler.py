@@ -238,3 +238,32 @@ def test_slots_default_to_what_the_pool_holds(tiny_engine: Any) -> None:
     assert 8 <= small.config.max_sequences <= 10
     assert Scheduler(tiny_engine, SchedulerConfig()).config.max_sequences == AUTO_MAX_SLOTS
     assert Scheduler(tiny_engine, SchedulerConfig(max_sequences=3)).config.max_sequences == 3
+
+
+@pytest.mark.parametrize("max_sequences", [1, 3])
+def test_speculative_drafts_never_change_greedy_output(tiny_engine: Any, max_sequences: int) -> None:
+    """Prompt-lookup drafts are checked exactly: the tokens equal one-at-a-time decoding, fewer steps."""
+    loop = _prompt(tiny_engine, 12, 31)
+    prompts = [loop * 6, _prompt(tiny_engine, 40, 32), loop * 3 + [7]]  # repetitive prompts invite drafts
+    plain = Scheduler(tiny_engine, SchedulerConfig(speculative_tokens=0, max_sequences=max_sequences))
+    spec = Scheduler(tiny_engine, SchedulerConfig(speculative_tokens=5, max_sequences=max_sequences))
+    for sched in (plain, spec):
+        for i, p in enumerate(prompts):
+            sched.add(_request(f"r{i}", p, max_tokens=60))
+    assert run_all(spec) == run_all(plain)
+    assert spec.stats.speculated_tokens > 0 and spec.stats.accepted_tokens > 0
+    assert spec.stats.steps < plain.stats.steps
+    assert spec.blocks.num_used_blocks == 0
+    spec.blocks.check_invariants()
+
+
+def test_speculation_respects_stop_strings_and_max_tokens(tiny_engine: Any) -> None:
+    """A finish inside an accepted run of drafts ends the sequence there."""
+    loop = _prompt(tiny_engine, 10, 33)
+    for max_tokens in (1, 2, 7):
+        outs = []
+        for k in (0, 6):
+            sched = Scheduler(tiny_engine, SchedulerConfig(speculative_tokens=k))
+            sched.add(_request("r", loop * 5, max_tokens=max_tokens))
+            outs.append(run_all(sched)["r"][0])
+        assert outs[0] == outs[1] and len(outs[1]) == max_tokens

@@ -19,31 +19,39 @@ LogitsProcessor = Callable[[np.ndarray], None]  # edits one row of processed sco
 NUCLEUS_PREFIX = 256  # top_p looks for the nucleus among this many best tokens before sorting everything
 
 
-def sample_batch(samplers: Sequence[Sampler], logits: np.ndarray, context_ids: Sequence[Sequence[int]],
-                 generated_ids: Sequence[Sequence[int]],
+def sample_batch(samplers: Sequence[Sampler], logits: np.ndarray | Sequence[np.ndarray],
+                 context_ids: Sequence[Sequence[int]], generated_ids: Sequence[Sequence[int]],
                  processors: Sequence[LogitsProcessor | None] | None = None) -> list[SampledToken]:
-    """One token per row of raw logits (B, V): bias, penalties, processors, then greedy or a seeded draw."""
+    """One token per row of raw logits (B, V) (or a list of B rows): bias, penalties, processors, then pick."""
     from worker.engine.sampling import SampledToken, log_softmax_top
 
     b = len(samplers)
-    raw = np.asarray(logits, dtype=np.float32)  # (B, V)
-    if raw.ndim != 2 or raw.shape[0] != b or (b and raw.shape[1] != samplers[0].vocab_size):
-        raise ValueError(f"logits must have shape ({b}, V), got {raw.shape}")
-    scores = processed_logits(samplers, raw, context_ids, generated_ids, processors)  # (B, V)
+    rows = [np.asarray(row, dtype=np.float32) for row in logits]  # B x (V,)
+    if len(rows) != b or any(row.shape != (samplers[0].vocab_size,) for row in rows):
+        raise ValueError(f"logits must be {b} rows of the vocabulary size")
     tokens = np.empty(b, np.int64)  # (B,)
-    greedy = [i for i, s in enumerate(samplers) if s.params.is_greedy]
-    if greedy:
-        tokens[greedy] = np.argmax(scores[greedy], axis=1)  # (G,)
-    drawn = [i for i, s in enumerate(samplers) if not s.params.is_greedy]
-    if drawn:
-        tokens[drawn] = _draw_rows([samplers[i] for i in drawn], scores[drawn])  # (S,)
+    plain = [i for i, s in enumerate(samplers) if s.is_plain_greedy and not (processors and processors[i])]
+    for i in plain:  # argmax of the raw row: no copy of the logits at all
+        tokens[i] = int(np.argmax(rows[i]))
+    rest = [i for i in range(b) if i not in set(plain)]
+    if rest:
+        raw = np.stack([rows[i] for i in rest])  # (R, V)
+        scores = processed_logits([samplers[i] for i in rest], raw, [context_ids[i] for i in rest],
+                                  [generated_ids[i] for i in rest],
+                                  [processors[i] for i in rest] if processors else None)  # (R, V)
+        greedy = [j for j, i in enumerate(rest) if samplers[i].params.is_greedy]
+        if greedy:
+            tokens[[rest[j] for j in greedy]] = np.argmax(scores[greedy], axis=1)  # (G,)
+        drawn = [j for j, i in enumerate(rest) if not samplers[i].params.is_greedy]
+        if drawn:
+            tokens[[rest[j] for j in drawn]] = _draw_rows([samplers[rest[j]] for j in drawn], scores[drawn])  # (S,)
     results = []
     for i, sampler in enumerate(samplers):
         token = int(tokens[i])
         if sampler.params.logprobs is None:
             results.append(SampledToken(token))
         else:
-            logprob, top = log_softmax_top(raw[i], token, sampler.params.logprobs)
+            logprob, top = log_softmax_top(rows[i], token, sampler.params.logprobs)
             results.append(SampledToken(token, logprob, top))
     return results
 

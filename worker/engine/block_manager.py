@@ -173,6 +173,19 @@ class BlockManager:
         self._n_tokens[seq_id] = n + n_new
         return copies
 
+    def truncate(self, seq_id: int, n_tokens: int) -> None:
+        """Forget positions n_tokens.. of a sequence (rejected speculative tokens); trailing blocks are freed."""
+        if n_tokens > self._n_tokens[seq_id]:
+            raise ValueError("truncate cannot grow a sequence")
+        table = self._tables[seq_id]
+        keep = self.blocks_for(n_tokens)
+        if keep < self._committed[seq_id][0]:
+            raise ValueError("truncate cannot drop registered blocks")
+        for block in reversed(table[keep:]):
+            self._release(block)
+        del table[keep:]
+        self._n_tokens[seq_id] = n_tokens
+
     def commit(self, seq_id: int, token_ids: Sequence[int]) -> None:
         """The KV of token_ids is now computed; register the sequence's newly full blocks for reuse."""
         if not self.enable_prefix_caching:

@@ -29,9 +29,12 @@ class KVPool:
         self.block_size = block_size
         self.n_blocks = n_blocks
         shape = (config.n_kv_heads, n_blocks, block_size, config.head_dim)
-        # zeros (not empty): padded reads of never-written slots must be finite, and calloc commits pages lazily
+        # zeros, not empty: padded reads of never-written slots must be finite. fill() touches every page now,
+        # so the pool's memory is committed once at start-up instead of page-faulting inside decode steps.
         self.keys = [ops.xp.zeros(shape, np.float32) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
         self.values = [ops.xp.zeros(shape, np.float32) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
+        for array in (*self.keys, *self.values):
+            array.fill(0.0)
         self.blocks = BlockManager(n_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
 
     @staticmethod

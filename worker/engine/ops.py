@@ -29,6 +29,11 @@ def linear(x: Array, weight: Array) -> Array:
     return (weight @ x.T).T  # (N, out), Fortran-ordered: callers that need rows contiguous copy it
 
 
+def linear_rows(x: Array, weight: Array) -> Array:
+    """x @ weight.T with a row-major result (cheaper than linear + a copy for wide outputs such as logits)."""
+    return x @ weight.T  # (N, out), C-ordered
+
+
 def contiguous(x: Array) -> Array:
     """A row-major copy (or x itself when it already is)."""
     return xp.ascontiguousarray(x)

@@ -121,6 +121,13 @@ class Sampler:
             [-np.inf if b <= -MAX_LOGIT_BIAS else b for _, b in bias], np.float32
         )  # (NB,)
 
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy with nothing that changes the logits: the pick is the raw argmax."""
+        p = self.params
+        return (p.is_greedy and not self.bias_ids.size and p.repetition_penalty == 1.0
+                and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
+
     def skip_draws(self, draws: int) -> None:
         """Advance the generator as if `draws` samples had been taken (to resume a sequence elsewhere)."""
         self._rng.bit_generator.advance(draws)
@@ -138,7 +145,7 @@ class Sampler:
         raw = np.asarray(logits, dtype=np.float32)  # (V,)
         if raw.shape != (self.vocab_size,):
             raise ValueError(f"logits must have shape ({self.vocab_size},), got {raw.shape}")
-        return sample_batch([self], raw[None, :], [context_ids], [generated_ids])[0]
+        return sample_batch([self], [raw], [context_ids], [generated_ids])[0]
 
     def processed_logits(
         self, raw: np.ndarray, context_ids: Sequence[int], generated_ids: Sequence[int]

@@ -128,4 +128,4 @@ class Llama:
 
     def logits(self, weights: LlamaWeights, hidden: Array) -> Array:
         """Tied or separate output projection: (M, V), rows contiguous."""
-        return ops.contiguous(ops.linear(hidden, weights.output))  # (M, V)
+        return ops.linear_rows(hidden, weights.output)  # (M, V)
