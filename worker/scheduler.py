@@ -6,7 +6,7 @@ import heapq
 import itertools
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from worker.engine.engine import Engine
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams
 from worker.engine.sampling import SampledToken
+from worker.scheduler_config import SchedulerConfig, auto_slots
 from worker.sequences import (
     EmbeddingDone,
     EmbeddingRequest,
@@ -29,13 +30,11 @@ from worker.sequences import (
     SeqState,
     SequenceStep,
 )
-from worker.speculation import NgramProposer
+from worker.speculation import draft_tokens
+
+__all__ = ["Scheduler", "SchedulerConfig", "StepEvent"]
 
 log = logging.getLogger(__name__)
-StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone
-MIB = 1 << 20
-AUTO_MAX_SLOTS = 64  # past this, a step's attention and sampling grow faster than its matmuls get cheaper
-AUTO_TOKENS_PER_SLOT = 320  # KV the pool should hold per slot when the slot count is derived
 
 
 def _output_kind(seq: ScheduledSequence, tokens: list[int]) -> str:
@@ -44,26 +43,8 @@ def _output_kind(seq: ScheduledSequence, tokens: list[int]) -> str:
         return "hidden"
     return "all" if seq.state == SeqState.DECODING and len(tokens) > 1 else "last"
 
-
-def auto_slots(pool_tokens: int) -> int:
-    """Sequences per step derived from the KV pool (as vLLM bounds max_num_seqs by memory): 1..AUTO_MAX_SLOTS."""
-    return max(1, min(AUTO_MAX_SLOTS, pool_tokens // AUTO_TOKENS_PER_SLOT))
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """Limits of one scheduler."""
-
-    max_sequences: int = 0  # sequences in one forward step; 0 = auto, from the KV pool (see auto_slots)
-    max_batch_tokens: int = 2048  # tokens (decodes + prefill chunks) in one forward step
-    max_prefill_tokens: int = 512  # largest prefill chunk of one sequence in one step
-    max_queue: int = 256  # waiting requests before add() refuses
-    kv_budget_mib: float = 1024.0  # the KV pool, allocated once
-    prefix_cache: bool = True  # keep full prompt blocks in the pool's free space for reuse
-    speculative_tokens: int = 6  # drafts checked per greedy sequence per step (prompt lookup); 0 = off
-    speculative_max_batch: int = 4  # speculate only while at most this many sequences decode (weight-bound)
-
-
+StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone
+MIB = 1 << 20
 class Scheduler:
     """Drives one engine: each step() runs ONE forward over every active sequence's new tokens."""
 
@@ -317,7 +298,8 @@ class Scheduler:
                      and not prefilling)  # drafts never delay a prompt's prefill (TTFT)
         spare = self.blocks.num_free_blocks - sum(self.blocks.append_cost(s.seq_id, 1) for s in decoding)
         for seq in decoding[:budget]:
-            drafts = self._drafts(seq, budget) if speculate else []
+            drafts = draft_tokens(seq, self.config.speculative_tokens, budget, self.engine.context_length) \
+                if speculate else []
             extra = self.blocks.append_cost(seq.seq_id, 1 + len(drafts)) - self.blocks.append_cost(seq.seq_id, 1)
             if extra > spare:  # drafts never take blocks a plain decode needs
                 drafts, extra = [], 0
@@ -333,19 +315,6 @@ class Scheduler:
             budget -= chunk
         self._refresh_gauges()
         return plan
-
-    def _drafts(self, seq: ScheduledSequence, budget: int) -> list[int]:
-        """Tokens to check after a greedy sequence's last one this step (none if they would not fit)."""
-        gen = seq.gen
-        if not gen.sampler.params.is_greedy:
-            return []
-        room = min(self.config.speculative_tokens, gen.params.max_tokens - len(gen.generated_ids) - 1, budget - 1,
-                   self.engine.context_length - seq.computed - 1)
-        if room <= 0:
-            return []
-        if seq.proposer is None:
-            seq.proposer = NgramProposer()
-        return seq.proposer.propose(gen.all_ids, room)
 
     def _verify(self, seq: ScheduledSequence, tokens: list[int], logits: np.ndarray, now: float,
                 events: list[StepEvent]) -> None:

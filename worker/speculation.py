@@ -10,6 +10,10 @@ Verification is exact: each drafted position is kept only while it equals the to
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from worker.sequences import ScheduledSequence
 
 NGRAM_SIZES = (3, 2)  # longest match first
 
@@ -39,3 +43,17 @@ class NgramProposer:
                 if end >= n:
                     self._index[n][tuple(history[end - n : end])] = end
         self._indexed = max(self._indexed, len(history))
+
+
+def draft_tokens(seq: ScheduledSequence, max_drafts: int, budget: int, context_length: int) -> list[int]:
+    """Tokens to check after a greedy decoding sequence's last one this step (none for sampled sequences)."""
+    gen = seq.gen
+    if gen is None or not gen.sampler.params.is_greedy:
+        return []
+    room = min(max_drafts, gen.params.max_tokens - len(gen.generated_ids) - 1, budget - 1,
+               context_length - seq.computed - 1)
+    if room <= 0:
+        return []
+    if seq.proposer is None:
+        seq.proposer = NgramProposer()
+    return seq.proposer.propose(gen.all_ids, room)

@@ -231,7 +231,7 @@ def test_embeddings_run_in_the_scheduler_beside_decodes(tiny_engine: Any) -> Non
 
 
 def test_slots_default_to_what_the_pool_holds(tiny_engine: Any) -> None:
-    from worker.scheduler import AUTO_MAX_SLOTS, AUTO_TOKENS_PER_SLOT
+    from worker.scheduler_config import AUTO_MAX_SLOTS, AUTO_TOKENS_PER_SLOT
 
     per_token = tiny_engine.model.config.kv_bytes_per_token
     small = Scheduler(tiny_engine, SchedulerConfig(kv_budget_mib=10 * AUTO_TOKENS_PER_SLOT * per_token / 2**20))
