@@ -62,6 +62,23 @@ class Broker:
         except (RedisError, OSError):
             return False
 
+    async def supervisor_status(self) -> dict[str, object] | None:
+        """What `llmfleet serve` reports about the workers it supervises, when it runs this gateway."""
+        if not self.settings.supervisor_key:
+            return None
+        try:
+            raw = await self.redis.hgetall(self.settings.supervisor_key)
+        except (RedisError, OSError):
+            return None
+        if not raw:
+            return None
+        fields = {k.decode(): v.decode() for k, v in raw.items()}
+        names = fields.get("workers_given_up", "")
+        return {"workers_expected": int(fields.get("workers_expected", 0)),
+                "workers_running": int(fields.get("workers_running", 0)),
+                "workers_given_up": names.split(",") if names else [],
+                "restarts": int(fields.get("restarts", 0))}
+
     async def submit(self, job: Job) -> EventStream:
         """Admit and queue `job`; returns the stream of its events (close it when done)."""
         await self._admit(job.model)

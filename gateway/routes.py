@@ -71,12 +71,18 @@ async def health(_request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    """GET /ready: Redis answers and at least one worker is alive."""
+    """GET /ready: Redis answers and at least one worker is alive (plus what `serve` supervises, if it runs us)."""
     broker: Broker = request.app.state.broker
     redis_ok = await broker.ping()
     workers = len(await broker.registry.live_workers()) if redis_ok else 0
     status = 200 if redis_ok and workers else 503
-    return JSONResponse({"ready": status == 200, "redis": redis_ok, "workers": workers}, status_code=status)
+    body: dict[str, object] = {"ready": status == 200, "redis": redis_ok, "workers": workers}
+    supervisor = await broker.supervisor_status() if redis_ok else None
+    if supervisor is not None:
+        body["supervisor"] = supervisor
+        body["degraded"] = bool(supervisor["workers_given_up"]) or \
+            supervisor["workers_running"] < supervisor["workers_expected"]
+    return JSONResponse(body, status_code=status)
 
 
 ROUTES = [

@@ -5,12 +5,16 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from llmfleet.supervisor import Supervisor
 
 log = logging.getLogger("llmfleet")
 
@@ -63,17 +67,17 @@ def run_gateway(settings: Settings) -> int:
     from gateway.app import create_app
 
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=settings.log_level.lower(), timeout_graceful_shutdown=5)
+                log_level=settings.log_level.lower(), timeout_graceful_shutdown=int(settings.drain_timeout_s))
     return 0
 
 
-def _wait_http_ready(url: str, timeout_s: float, gateway: subprocess.Popen[bytes]) -> bool:
-    """Poll /ready until it answers 200 (a worker is registered), the gateway dies, or time runs out."""
+def _wait_http_ready(url: str, timeout_s: float, supervisor: Supervisor) -> bool:
+    """Poll /ready until it answers 200 (a worker is registered), a stop is asked for, or time runs out."""
     import urllib.error
     import urllib.request
 
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and gateway.poll() is None:
+    while time.monotonic() < deadline and not supervisor.stopping:
         try:
             with urllib.request.urlopen(url + "/ready", timeout=2) as response:
                 if response.status == 200:
@@ -85,54 +89,69 @@ def _wait_http_ready(url: str, timeout_s: float, gateway: subprocess.Popen[bytes
 
 
 def serve(model_name: str, settings: Settings, *, workers: int) -> int:
-    """Everything on one machine: Redis (bundled unless REDIS_URL is set), the gateway and N workers."""
+    """Everything on one machine, supervised: Redis (bundled unless REDIS_URL is set), the gateway, N workers."""
+    import socket
+
     from llmfleet.redis_server import BundledRedis
+    from llmfleet.supervisor import STATUS_TTL_S, Child, Supervisor
+    from shared import keys
     from worker.models import resolve
 
     resolve(model_name, progress=True)  # pull once here, so the workers do not race for it
+    status_key = keys.supervisor_status(f"{socket.gethostname()}:{settings.port}")
+    settings = replace(settings, supervisor_key=status_key)
+    if not settings.threads:  # split the machine's cores among the workers (measured: see README)
+        settings = replace(settings, threads=max(1, (os.cpu_count() or 1) // max(1, workers)))
     redis_server = None
-    env = dict(os.environ)
     if not os.environ.get("REDIS_URL"):
         redis_server = BundledRedis().start()
         settings = replace(settings, redis_url=redis_server.url)
         log.info("started bundled redis-server on port %d", redis_server.port)
-    if not settings.threads:  # split the machine's cores among the workers (measured: see README)
-        settings = replace(settings, threads=max(1, (os.cpu_count() or 1) // max(1, workers)))
-    env.update(settings_env(settings))
+    env = {**os.environ, **settings_env(settings)}
     cli = [sys.executable, "-m", "llmfleet.cli"]
-    children: list[subprocess.Popen[bytes]] = []
+    gateway = Child("gateway", [*cli, "gateway"], env)
+    fleet = [Child(f"worker-{i + 1}", [*cli, "worker", "--model", model_name], env) for i in range(workers)]
+    alive = None if redis_server is None else (lambda: redis_server.process.poll() is None)
+    supervisor = Supervisor(gateway, fleet, drain_timeout_s=settings.drain_timeout_s, redis_alive=alive,
+                            status=_status_writer(settings.redis_url, status_key, STATUS_TTL_S))
+    for signum in (signal.SIGINT, signal.SIGTERM):  # also when started with SIGINT ignored (a background job)
+        signal.signal(signum, supervisor.on_signal)
+    code, forced = 0, False
     try:
-        gateway = subprocess.Popen([*cli, "gateway"], env=env)
-        children.append(gateway)
-        for _ in range(workers):
-            children.append(subprocess.Popen([*cli, "worker", "--model", model_name], env=env))
+        supervisor.start()
         url = f"http://{settings.host}:{settings.port}"
-        if _wait_http_ready(url, 300, gateway):
-            print(f"llmfleet is serving {model_name} at {url}/v1  (Ctrl-C stops everything)", flush=True)
-        while all(child.poll() is None for child in children):
-            time.sleep(0.5)
-        log.error("a child process exited; shutting everything down")
-        return 1
-    except KeyboardInterrupt:
-        return 0
+        if _wait_http_ready(url, 300, supervisor):
+            print(f"llmfleet is serving {model_name} at {url}/v1  (Ctrl-C drains and stops everything)", flush=True)
+        code = supervisor.run()
+    except KeyboardInterrupt:  # a second signal
+        forced, code = True, 130
     finally:
-        _stop_children(children)
+        if not forced:
+            try:
+                supervisor.stop()
+            except KeyboardInterrupt:
+                forced, code = True, 130
+        if forced:
+            supervisor.kill_all()
         if redis_server is not None:
             redis_server.stop()
+        log.info("serve stopped (exit %d)", code)
+    return code
 
 
-def _stop_children(children: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
-    """SIGTERM every child (workers drain), wait, then SIGKILL stragglers."""
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for child in children:
-        try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+def _status_writer(redis_url: str, key: str, ttl_s: int) -> Callable[[dict[str, object]], None]:
+    """A function that stores the supervisor's state in Redis for /ready (with a TTL)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url, socket_connect_timeout=1, socket_timeout=1)
+
+    def write(fields: dict[str, object]) -> None:
+        pipe = client.pipeline(transaction=False)
+        pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
+        pipe.expire(key, ttl_s)
+        pipe.execute()
+
+    return write
 
 
 def healthcheck(role: str, settings: Settings) -> int:

@@ -50,7 +50,9 @@ class BundledRedis:
         """Start the server and wait until it answers PING."""
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", self.directory, "--protected-mode", "yes"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # its own session: a terminal's Ctrl-C reaches only `serve`, which stops Redis last
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -15,6 +15,8 @@ Layout (values in brackets are what is stored there):
   llmfleet:worker:{worker_id}    hash, the worker's registry entry, EXPIRE heartbeat TTL
   llmfleet:workers               sorted set worker_id -> last heartbeat (unix s)
   llmfleet:models                sorted set model -> last heartbeat of any worker serving it (unix s)
+  llmfleet:supervisor:{name}     hash [workers_expected, workers_running, workers_given_up, restarts]
+                                 written by `llmfleet serve` every poll, EXPIRE 10 s; read by /ready
 """
 
 from __future__ import annotations
@@ -57,3 +59,8 @@ def cancelled_marker(request_id: str) -> str:
 def worker_key(worker_id: str) -> str:
     """The registry hash of one worker."""
     return f"{PREFIX}worker:{worker_id}"
+
+
+def supervisor_status(name: str) -> str:
+    """Hash: what one `llmfleet serve` supervises (workers expected, running, given up); TTL-refreshed."""
+    return f"{PREFIX}supervisor:{name}"

@@ -16,7 +16,7 @@ _POSITIVE_INTS = (
 )
 _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
-    "model_memory_s", "kv_budget_mib",
+    "model_memory_s", "kv_budget_mib", "drain_timeout_s",
 )
 
 
@@ -54,6 +54,8 @@ class Settings:
     max_prefill_tokens: int = 512  # the largest prefill chunk of one sequence in one step
     model_memory_s: float = 86_400.0  # a model stays 'known' (503, not 404) this long after its last worker
     registry_cache_s: float = 1.0  # the gateway re-reads the worker registry at most this often
+    drain_timeout_s: float = 60.0  # on SIGTERM/SIGINT: how long open streams may take to finish
+    supervisor_key: str | None = None  # set by `serve`: the Redis hash /ready reads the supervisor's state from
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -124,6 +126,8 @@ ENV: dict[str, str] = {
     "max_prefill_tokens": "LLMFLEET_MAX_PREFILL_TOKENS",
     "model_memory_s": "LLMFLEET_MODEL_MEMORY_S",
     "registry_cache_s": "LLMFLEET_REGISTRY_CACHE_S",
+    "drain_timeout_s": "LLMFLEET_DRAIN_TIMEOUT_S",
+    "supervisor_key": "LLMFLEET_SUPERVISOR_KEY",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 

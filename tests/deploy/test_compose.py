@@ -57,3 +57,11 @@ def test_commands_in_compose_exist(compose: dict) -> None:
         service = compose["services"][name]
         parser.parse_args(service["command"][1:])
         parser.parse_args(service["healthcheck"]["test"][2:])
+
+
+def test_stop_grace_covers_the_drain_timeout(compose: dict) -> None:
+    for name in ("gateway", "worker"):
+        service = compose["services"][name]
+        drain = float(service["environment"]["LLMFLEET_DRAIN_TIMEOUT_S"])
+        assert service["stop_signal"] == "SIGTERM"
+        assert float(service["stop_grace_period"].rstrip("s")) > drain

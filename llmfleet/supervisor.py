@@ -1,0 +1,202 @@
+"""`llmfleet serve` as a supervisor: restart what dies, stop everything in order, leave nothing behind.
+
+Children run in their own sessions, so a terminal's Ctrl-C reaches only `serve`, which then stops them in
+order: the gateway first (it stops taking requests and finishes open streams, up to the drain timeout),
+then the workers (they finish what they hold), then the bundled Redis. A worker or gateway that exits on
+its own is logged with its exit code or signal and restarted with exponential backoff; past
+MAX_RESTARTS_PER_MINUTE it is left down, and `serve` keeps running with the rest and says so in the logs
+and in /ready. The bundled Redis dying is fatal: a new empty Redis would silently drop every queued job
+and journal, so `serve` shuts everything down with a clear message instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+log = logging.getLogger("llmfleet.supervisor")
+
+MAX_RESTARTS_PER_MINUTE = 5
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+STATUS_TTL_S = 10
+
+
+def describe_exit(returncode: int) -> str:
+    """'exit code 3' or 'signal SIGKILL' for a Popen returncode."""
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+@dataclass
+class RestartPolicy:
+    """Exponential backoff between restarts, and at most `per_minute` restarts in any 60 s."""
+
+    per_minute: int = MAX_RESTARTS_PER_MINUTE
+    first_s: float = BACKOFF_FIRST_S
+    max_s: float = BACKOFF_MAX_S
+    history: deque[float] = field(default_factory=deque)
+
+    def next_delay(self, now: float) -> float | None:
+        """Seconds to wait before the next restart, or None when the bound is reached (give up)."""
+        while self.history and now - self.history[0] > 60.0:
+            self.history.popleft()
+        if len(self.history) >= self.per_minute:
+            return None
+        delay = min(self.max_s, self.first_s * 2 ** len(self.history))
+        self.history.append(now)
+        return delay
+
+
+@dataclass
+class Child:
+    """One supervised process: what to run, the running process, and its restart bookkeeping."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+    restart_at: float | None = None  # monotonic time of a scheduled restart
+    given_up: bool = False
+    restarts: int = 0
+
+    def start(self) -> None:
+        """Start (or restart) the process in its own session."""
+        self.process = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+        log.info("started %s (pid %d)", self.name, self.process.pid)
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive."""
+        return self.process is not None and self.process.poll() is None
+
+
+class Supervisor:
+    """Runs the gateway and workers of `serve`, restarting them; stop() ends them in order."""
+
+    def __init__(self, gateway: Child, workers: list[Child], *, drain_timeout_s: float,
+                 redis_alive: object = None, status: object = None) -> None:
+        self.gateway = gateway
+        self.workers = workers
+        self.drain_timeout_s = drain_timeout_s
+        self._redis_alive = redis_alive  # callable -> bool, or None when Redis is not ours
+        self._status = status  # callable(dict) publishing the supervisor's state, or None
+        self.stopping = False
+        self.signals = 0
+
+    @property
+    def children(self) -> list[Child]:
+        """The gateway, then the workers."""
+        return [self.gateway, *self.workers]
+
+    def start(self) -> None:
+        """Start every child."""
+        for child in self.children:
+            child.start()
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        """First SIGINT/SIGTERM: drain and stop; a second one: stop at once."""
+        self.signals += 1
+        if self.signals == 1:
+            log.info("%s: draining (up to %.0fs), then stopping; send it again to stop at once",
+                     signal.Signals(signum).name, self.drain_timeout_s)
+            self.stopping = True
+        else:
+            log.warning("%s again: stopping now", signal.Signals(signum).name)
+            raise KeyboardInterrupt
+
+    def run(self, poll_s: float = 0.5) -> int:
+        """Supervise until a stop signal (0) or the death of the bundled Redis (1)."""
+        while not self.stopping:
+            if self._redis_alive is not None and not self._redis_alive():
+                log.error("the bundled redis-server died; every queued job and stream is gone with it: shutting down")
+                return 1
+            now = time.monotonic()
+            for child in self.children:
+                self._check(child, now)
+            self._publish_status()
+            time.sleep(poll_s)
+        return 0
+
+    def _check(self, child: Child, now: float) -> None:
+        """Notice an unexpected exit, schedule its restart with backoff, or restart it when due."""
+        if child.given_up:
+            return
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                child.restart_at = None
+                child.restarts += 1
+                child.start()
+            return
+        if child.process is None or child.running:
+            return
+        how = describe_exit(child.process.returncode)
+        delay = child.policy.next_delay(now)
+        if delay is None:
+            child.given_up = True
+            log.error("%s exited unexpectedly (%s) %d times within a minute; not restarting it: serve goes on "
+                      "with the rest", child.name, how, child.policy.per_minute)
+            return
+        log.error("%s exited unexpectedly (%s); restarting it in %.1fs", child.name, how, delay)
+        child.restart_at = now + delay
+
+    def _publish_status(self) -> None:
+        """Tell the gateway's /ready how many workers serve runs and which ones it gave up on."""
+        if self._status is None:
+            return
+        try:
+            self._status({
+                "workers_expected": len(self.workers),
+                "workers_running": sum(1 for w in self.workers if w.running),
+                "workers_given_up": ",".join(w.name for w in self.workers if w.given_up),
+                "restarts": sum(c.restarts for c in self.children),
+            })
+        except Exception as exc:  # Redis may be briefly away; /ready says so on its own
+            log.debug("could not publish the supervisor status: %s", exc)
+
+    def stop(self) -> None:
+        """The gateway first (finishes open streams), then the workers (finish what they hold)."""
+        self.stopping = True
+        self._stop_group([self.gateway], self.drain_timeout_s + 5)
+        self._stop_group(self.workers, self.drain_timeout_s + 5)
+
+    def kill_all(self) -> None:
+        """SIGKILL every child still running (after a second signal)."""
+        for child in self.children:
+            if child.running:
+                _signal_group(child, signal.SIGKILL)
+                child.process.wait()
+
+    @staticmethod
+    def _stop_group(children: list[Child], grace_s: float) -> None:
+        """SIGTERM the children, wait up to grace_s, then SIGKILL stragglers."""
+        for child in children:
+            if child.running:
+                _signal_group(child, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in children:
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0fs; killing it", child.name, grace_s)
+                _signal_group(child, signal.SIGKILL)
+                child.process.wait()
+
+
+def _signal_group(child: Child, signum: int) -> None:
+    """Signal a child's whole session (it and anything it started)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.process.pid, signum)

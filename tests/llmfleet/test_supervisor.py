@@ -1,0 +1,62 @@
+"""The supervisor's bookkeeping without processes: exit descriptions, backoff, the restart bound."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from llmfleet.supervisor import Child, RestartPolicy, Supervisor, describe_exit
+
+
+def test_describe_exit() -> None:
+    assert describe_exit(3) == "exit code 3"
+    assert describe_exit(-signal.SIGKILL) == "signal SIGKILL"
+
+
+def test_backoff_doubles_and_the_bound_is_per_minute() -> None:
+    policy = RestartPolicy(per_minute=3, first_s=0.5, max_s=1.5)
+    assert [policy.next_delay(t) for t in (0.0, 1.0, 2.0)] == [0.5, 1.0, 1.5]
+    assert policy.next_delay(3.0) is None  # a 4th restart within a minute: give up
+    assert policy.next_delay(61.5) == 1.0  # the first two are older than a minute: one restart counts
+
+
+def _exited_child(name: str, code: int) -> Child:
+    child = Child(name, [sys.executable, "-c", f"raise SystemExit({code})"], {})
+    child.process = subprocess.Popen(child.argv)
+    child.process.wait()
+    return child
+
+
+def test_a_dead_worker_is_restarted_then_given_up_on() -> None:
+    worker = _exited_child("worker-1", 7)
+    worker.policy = RestartPolicy(per_minute=1, first_s=0.0)
+    gateway = Child("gateway", [sys.executable, "-c", "import time; time.sleep(30)"], {})
+    gateway.start()
+    seen: list[dict[str, object]] = []
+    sup = Supervisor(gateway, [worker], drain_timeout_s=1, status=seen.append)
+    try:
+        sup._check(worker, now=100.0)
+        assert worker.restart_at == 100.0 and not worker.given_up
+        sup._check(worker, now=100.0)  # due: restarted (it exits again at once)
+        assert worker.restarts == 1
+        worker.process.wait()
+        sup._check(worker, now=101.0)
+        assert worker.given_up  # the bound (1 a minute) is reached
+        sup._publish_status()
+        assert seen[-1]["workers_given_up"] == "worker-1" and seen[-1]["workers_running"] == 0
+        assert gateway.running  # the rest goes on
+    finally:
+        sup.stop()
+    assert not gateway.running
+
+
+def test_second_signal_forces() -> None:
+    sup = Supervisor(Child("gateway", ["true"], {}), [], drain_timeout_s=1)
+    sup.on_signal(signal.SIGTERM, None)
+    assert sup.stopping
+    try:
+        sup.on_signal(signal.SIGINT, None)
+    except KeyboardInterrupt:
+        return
+    raise AssertionError("a second signal must force the stop")
