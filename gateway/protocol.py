@@ -35,7 +35,7 @@ INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 @dataclass(frozen=True)
-class GenerationParams:
+class CompletionOptions:
     """What chat and text completions share."""
 
     model: str
@@ -54,7 +54,7 @@ class GenerationParams:
 class ChatRequest:
     """A validated /v1/chat/completions request."""
 
-    params: GenerationParams
+    params: CompletionOptions
     messages: list[ChatMessage]
     logprobs: bool
     top_logprobs: int | None
@@ -64,7 +64,7 @@ class ChatRequest:
 class CompletionRequest:
     """A validated /v1/completions request; one job per prompt."""
 
-    params: GenerationParams
+    params: CompletionOptions
     prompts: list[str] | list[list[int]]
     logprobs: int | None
     echo: bool
@@ -136,7 +136,7 @@ def _model(body: dict[str, Any]) -> str:
 
 def _generation(
     body: dict[str, Any], settings: Settings, *, max_tokens: int | None, choices_per_n: int
-) -> GenerationParams:
+) -> CompletionOptions:
     model = _model(body)
     n = integer(body, "n", 1, 1, settings.max_n)
     if n * choices_per_n > settings.max_n:
@@ -162,7 +162,7 @@ def _generation(
         seed=integer(body, "seed", None, *INT64),
     )
     string(body, "user", default="", max_len=256)
-    return GenerationParams(
+    return CompletionOptions(
         model=model,
         max_tokens=max_tokens,
         n=n,

@@ -23,7 +23,7 @@ from typing import Any
 from gateway import responses
 from gateway.broker import Broker
 from gateway.generation import Generation
-from gateway.protocol import ChatRequest, CompletionRequest, EmbeddingRequest, GenerationParams
+from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
 from gateway.responses import ChoiceResult, ChunkHeader
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, TokenEvent
@@ -39,7 +39,7 @@ def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex}"
 
 
-def _job_base(params: GenerationParams, settings: Settings, request_id: str, now: float) -> dict[str, Any]:
+def _job_base(params: CompletionOptions, settings: Settings, request_id: str, now: float) -> dict[str, Any]:
     sampling = params.sampling
     if sampling.seed is None:  # a seed lets a replacement worker continue the same stream
         sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))

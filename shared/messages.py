@@ -53,14 +53,8 @@ class Sampling:
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None  # choice i samples with seed + i; the gateway always fills one in
-
-    def __post_init__(self) -> None:
-        _require(self.temperature >= 0.0, "sampling.temperature must be >= 0")
-        _require(0.0 < self.top_p <= 1.0, "sampling.top_p must be in (0, 1]")
-        _require(self.top_k >= 0, "sampling.top_k must be >= 0")
-        _require(0.0 <= self.min_p <= 1.0, "sampling.min_p must be in [0, 1]")
-        _require(self.repetition_penalty > 0.0, "sampling.repetition_penalty must be > 0")
-        _require(all(t >= 0 for t in self.logit_bias), "sampling.logit_bias keys must be token ids >= 0")
+    # Value ranges are not checked here: the wire checks types; the engine's SamplingParams.validate owns
+    # the ranges (the worker answers a bad value with a 400 naming the field), the gateway OpenAI's limits.
 
 
 @dataclass(frozen=True, kw_only=True)

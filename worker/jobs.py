@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from shared.errors import ContextLengthExceeded, InvalidRequest
 from shared.messages import GenerateJob
 from worker.engine.engine import Engine
@@ -42,12 +44,8 @@ def generation_request(engine: Engine, job: GenerateJob) -> GenerationRequest:
             f"This model's maximum context length is {context} tokens. However, you requested "
             f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, {max_tokens} for the "
             "completion). Please reduce the prompt or max_tokens.", param=param)
-    s = job.sampling
-    sampling = SamplingParams(
-        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
-        repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias), seed=s.seed, logprobs=job.logprobs,
-    )
+    wire = job.sampling
+    sampling = SamplingParams(**{f.name: getattr(wire, f.name) for f in fields(wire)}, logprobs=job.logprobs)
     try:
         sampling.validate(engine.model.config.vocab_size)
     except ValueError as exc:

@@ -21,6 +21,7 @@ from shared.messages import (
     Usage,
     is_terminal,
 )
+from worker.engine.stopping import StopReason
 from worker.engine.tokenizer import Tokenizer
 from worker.sequences import EmbeddingDone, RequestDone, RequestFailed, SequenceStep
 from worker.wire_commands import queue_event, queue_job_done
@@ -92,7 +93,7 @@ class EventPublisher:
         """Queue the terminal DoneEvent (after ChoiceEnd events for choices cut short, e.g. cancelled)."""
         rid = done.request_id
         for index, (reason, tail) in enumerate(zip(done.finish_reasons, done.tail_texts or [""] * len(done.finish_reasons))):
-            if reason == "cancelled":
+            if reason == StopReason.CANCELLED:
                 if tail:
                     self._pending.append(TokenEvent(id=rid, seq=self.next_seq(rid), index=index, text=tail))
                 self._pending.append(ChoiceEndEvent(id=rid, seq=self.next_seq(rid), index=index,

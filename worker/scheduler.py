@@ -17,6 +17,7 @@ from worker.engine.engine import Engine
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams
 from worker.engine.sampling import SampledToken
+from worker.engine.stopping import StopReason
 from worker.scheduler_config import SchedulerConfig, auto_slots
 from worker.sequences import (
     EmbeddingDone,
@@ -139,7 +140,7 @@ class Scheduler:
         tails = []
         for seq in group.sequences:
             ended = seq.state in (SeqState.FINISHED, SeqState.CANCELLED)
-            tails.append("" if ended or seq.gen is None else seq.gen.finish("cancelled"))
+            tails.append("" if ended or seq.gen is None else seq.gen.finish(StopReason.CANCELLED))
             if not ended:
                 seq.state = SeqState.CANCELLED
             self._free(seq)
@@ -387,7 +388,7 @@ class Scheduler:
         """The terminal record of a request."""
         return RequestDone(
             request_id=group.request.request_id,
-            finish_reasons=[s.gen.finish_reason or "cancelled" for s in group.sequences],
+            finish_reasons=[s.gen.finish_reason or StopReason.CANCELLED for s in group.sequences],
             prompt_tokens=len(group.request.prompt_ids),
             completion_tokens=sum(len(s.gen.generated_ids) for s in group.sequences),
             cached_tokens=group.cached_tokens,

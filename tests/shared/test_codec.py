@@ -145,8 +145,8 @@ def _token_body(**changes: object) -> dict[str, object]:
             "priority: expected one of",
         ),
         (
-            _raw(kind="generate", version=WIRE_VERSION, id="r", model="m", created=1.0, deadline=2.0, prompt="p", sampling={"top_p": 0}),
-            r"top_p must be in \(0, 1\]",
+            _raw(kind="generate", version=WIRE_VERSION, id="r", model="m", created=1.0, deadline=2.0, prompt="p", sampling={"top_p": "high"}),
+            r"top_p",  # the wire checks types; value ranges are the engine's (SamplingParams.validate)
         ),
         (
             _raw(kind="embed", version=WIRE_VERSION, id="r", model="m", created=1.0, deadline=2.0, inputs=[["a"], [1]]),

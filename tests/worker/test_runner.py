@@ -59,9 +59,10 @@ def job(rid: str, **kw: Any) -> GenerateJob:
 
 def submit(client: redis.Redis, message: Any) -> Any:
     """Subscribe to the request's events (confirmed), then enqueue; returns the pubsub."""
-    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub = client.pubsub()
     pubsub.subscribe(keys.events_channel(message.id))
-    assert pubsub.get_message(timeout=2) is None or True
+    confirmation = pubsub.get_message(timeout=2)  # wait for Redis to confirm, as the gateway does
+    assert confirmation is not None and confirmation["type"] == "subscribe"
     client.xadd(keys.jobs_stream(MODEL), {keys.JOB_FIELD: codec.encode_job(message)})
     return pubsub
 

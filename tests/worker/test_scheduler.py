@@ -267,3 +267,19 @@ def test_speculation_respects_stop_strings_and_max_tokens(tiny_engine: Any) -> N
             sched.add(_request("r", loop * 5, max_tokens=max_tokens))
             outs.append(run_all(sched)["r"][0])
         assert outs[0] == outs[1] and len(outs[1]) == max_tokens
+
+
+def test_sampling_values_are_checked_by_the_engine_and_named(tiny_engine: Any) -> None:
+    """The wire carries types only; an out-of-range value is the engine's to refuse, naming the field."""
+    from dataclasses import replace as replace_field
+
+    from shared.errors import InvalidRequest
+    from shared.messages import GenerateJob, Sampling
+    from worker.jobs import generation_request
+
+    job = GenerateJob(id="j", model="m", created=1.0, deadline=2.0, prompt_token_ids=[5, 6], max_tokens=4,
+                      sampling=Sampling(top_p=0.0))
+    with pytest.raises(InvalidRequest, match="top_p"):
+        generation_request(tiny_engine, job)
+    ok = generation_request(tiny_engine, replace_field(job, sampling=Sampling(top_p=0.5, seed=3)))
+    assert ok.params.sampling.top_p == 0.5 and ok.params.sampling.seed == 3

@@ -7,10 +7,11 @@ from typing import Final
 
 
 class StopReason:
-    """OpenAI finish_reason values the engine produces."""
+    """The finish_reason values of the engine (the wire's FinishReason has the same values)."""
 
     STOP: Final = "stop"  # an end-of-generation token or a stop string
     LENGTH: Final = "length"  # max_tokens (or the context window) reached
+    CANCELLED: Final = "cancelled"  # ended from outside (client gone, deadline)
 
 
 class StopStringMatcher:
