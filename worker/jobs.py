@@ -7,7 +7,7 @@ from dataclasses import fields
 from shared.errors import ContextLengthExceeded, InvalidRequest
 from shared.messages import GenerateJob
 from worker.engine.engine import Engine
-from worker.engine.errors import TemplateError
+from worker.engine.errors import ContextLengthError, TemplateError
 from worker.engine.generation import GenerationParams
 from worker.engine.sampling import SamplingParams
 from worker.sequences import GenerationRequest, Priority
@@ -39,11 +39,10 @@ def generation_request(engine: Engine, job: GenerateJob) -> GenerationRequest:
         raise InvalidRequest("the prompt is empty", param=param)
     context = engine.context_length
     max_tokens = job.max_tokens if job.max_tokens is not None else context - len(prompt_ids)
-    if len(prompt_ids) + max_tokens > context:
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, {max_tokens} for the "
-            "completion). Please reduce the prompt or max_tokens.", param=param)
+    try:
+        engine.check_fits(len(prompt_ids), max_tokens)  # the one context-length rule, with OpenAI's wording
+    except ContextLengthError as exc:
+        raise ContextLengthExceeded(str(exc), param=param) from None
     wire = job.sampling
     sampling = SamplingParams(**{f.name: getattr(wire, f.name) for f in fields(wire)}, logprobs=job.logprobs)
     try:

@@ -46,11 +46,12 @@ class Engine:
         return self.tokenizer.encode(text, parse_special=True, add_bos=False)
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
-        """Raise ContextLengthError unless prompt + max_tokens fits in the context window."""
+        """Raise ContextLengthError (OpenAI's wording) unless prompt + max_tokens fits in the context window."""
         if prompt_len + max_tokens > self.context_length:
             raise ContextLengthError(
-                f"this model's maximum context length is {self.context_length} tokens; the request asks for "
-                f"{prompt_len} prompt tokens + {max_tokens} completion tokens")
+                f"This model's maximum context length is {self.context_length} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the completion). "
+                "Please reduce the prompt or max_tokens.")
 
     def new_generation(self, prompt_ids: list[int], params: GenerationParams) -> GenerationState:
         """A fresh generation state for one sequence."""
