@@ -39,6 +39,7 @@ class EventPublisher:
         self.journal_ttl_s = max(1, int(journal_ttl_s))
         self._next_seq: dict[str, int] = {}
         self._pending: list[Event] = []
+        self._acks: list[tuple[str, str]] = []  # (stream, entry id) of jobs whose terminal event is queued
 
     def next_seq(self, request_id: str) -> int:
         """Allocate the next sequence number of a request."""
@@ -115,17 +116,27 @@ class EventPublisher:
         self._pending.append(error.to_event(request_id, self.next_seq(request_id)))
 
     def flush(self, acks: list[tuple[str, str]] = ()) -> None:
-        """Journal and publish every queued event, and ack (+ delete) finished jobs, in one transaction."""
-        if not self._pending and not acks:
+        """Journal and publish every queued event, and ack (+ delete) finished jobs, in one transaction.
+
+        If the transaction fails (Redis away), nothing is dropped: the events and acks stay queued, in
+        order, and the next flush sends them with whatever came since; the error propagates to the caller.
+        """
+        self._acks.extend(acks)
+        if not self._pending and not self._acks:
             return
         pipe = self.redis.pipeline(transaction=True)
         for event in self._pending:
-            terminal = is_terminal(event)
             queue_event(pipe, event.id, event.seq, codec.encode_event(event), journal_ttl_s=self.journal_ttl_s,
-                        refresh_ttl=event.seq == 0 or terminal)
-            if terminal:
-                self._next_seq.pop(event.id, None)
-        for stream, message_id in acks:
+                        refresh_ttl=event.seq == 0 or is_terminal(event))
+        for stream, message_id in self._acks:
             queue_job_done(pipe, stream, message_id)
-        self._pending = []
         pipe.execute()
+        for event in self._pending:
+            if is_terminal(event):
+                self._next_seq.pop(event.id, None)
+        self._pending, self._acks = [], []
+
+    @property
+    def backlog(self) -> int:
+        """Events and acks waiting for a successful flush."""
+        return len(self._pending) + len(self._acks)

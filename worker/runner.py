@@ -66,6 +66,7 @@ class WorkerRunner:
         self.stop_requested = threading.Event()
         self.ready = threading.Event()  # set once registered and listening
         self._held: dict[str, HeldJob] = {}
+        self._failures = 0  # consecutive failed loop turns (backoff)
         self._lock = threading.Lock()
         self._last_reclaim = 0.0
         self.served = 0  # requests that ended here (any way)
@@ -123,15 +124,29 @@ class WorkerRunner:
             log.info("worker %s stopped", self.worker_id)
 
     def _safe(self, fn: Callable[[], None]) -> None:
-        """Run one part of the loop; Redis trouble and bugs are logged and retried, never fatal."""
+        """Run one part of the loop; Redis trouble and bugs are logged and retried with backoff, never fatal."""
         try:
             fn()
+            self._failures = 0
+        except ResponseError as exc:
+            if "NOGROUP" in str(exc):  # Redis came back empty: recreate our stream and group, then go on
+                log.warning("the job stream or its group is gone (Redis restarted?); recreating it")
+                self._safe(self.ensure_group)
+            else:
+                self._back_off(f"Redis error in the worker loop: {exc}")
         except RedisError as exc:
-            log.warning("Redis error in the worker loop: %s; retrying", exc)
-            time.sleep(0.5)
+            self._back_off(f"Redis error in the worker loop: {exc} ({self.publisher.backlog} events and acks "
+                           "kept for the retry)")
         except Exception:
             log.exception("unexpected error in the worker loop; continuing")
             time.sleep(0.5)
+
+    def _back_off(self, message: str) -> None:
+        """Log and sleep 0.1 s, doubling per consecutive failure up to 2 s (the engine keeps its state)."""
+        self._failures += 1
+        if self._failures == 1 or self._failures % 10 == 0:
+            log.warning("%s; retrying", message)
+        time.sleep(min(2.0, 0.1 * 2 ** (self._failures - 1)))
 
     def run_once(self) -> None:
         """One turn: cancels, deadlines, intake (and reclaim), one scheduler step, one publish round trip."""
@@ -140,10 +155,18 @@ class WorkerRunner:
             self._cancel(request_id, acks)
         self._expire_deadlines(acks)
         if self.heartbeat.state == "ready":
-            if time.monotonic() - self._last_reclaim > RECLAIM_EVERY_S:
-                self._last_reclaim = time.monotonic()
-                self._reclaim(acks)
-            self._intake(acks, block=not self.scheduler.has_work and not acks)
+            try:
+                if time.monotonic() - self._last_reclaim > RECLAIM_EVERY_S:
+                    self._last_reclaim = time.monotonic()
+                    self._reclaim(acks)
+                self._intake(acks, block=not self.scheduler.has_work and not acks and not self.publisher.backlog)
+            except RedisError as exc:
+                if "NOGROUP" in str(exc):
+                    log.warning("the job stream or its group is gone (Redis restarted?); recreating it")
+                    self._safe(self.ensure_group)
+                if not self.scheduler.has_work:
+                    raise  # nothing to step: the loop backs off (and recreates a lost group)
+                # Redis is away but sequences run: keep stepping; their events wait in the publisher
         ended = self.publisher.add_steps(self.scheduler.step())
         acks.extend(self._release(rid) for rid in ended if rid in self._held)
         self.publisher.flush(acks)

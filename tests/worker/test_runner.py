@@ -168,3 +168,29 @@ def test_a_job_that_breaks_intake_fails_alone(worker: WorkerRunner, client: redi
     events = collect(submit(client, job("boom")))
     assert isinstance(events[-1], ErrorEvent) and events[-1].status == 500 and "simulated" not in events[-1].message
     assert isinstance(collect(submit(client, job("after")))[-1], DoneEvent)  # the worker lives on
+
+
+def test_worker_recovers_when_redis_restarts_empty(tiny_engine: Any, redis_server: Any, settings: Settings) -> None:
+    """No NOGROUP loop: the worker recreates its stream and group and serves the next job by itself."""
+    from llmfleet.redis_server import BundledRedis
+
+    client = redis.Redis.from_url(redis_server.url, socket_connect_timeout=1)
+    runner = WorkerRunner(tiny_engine, client, settings, model=MODEL)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    assert runner.ready.wait(10)
+    replacement = None
+    try:
+        assert isinstance(collect(submit(client, job("before")))[-1], DoneEvent)
+        redis_server.stop()
+        time.sleep(1.0)  # the worker sees connection errors meanwhile
+        replacement = BundledRedis(port=redis_server.port).start()  # same port, no data
+        started = time.monotonic()
+        events = collect(submit(client, job("after")), timeout=30)  # no group: only the worker can recreate it
+        assert isinstance(events[-1], DoneEvent)
+        assert time.monotonic() - started < 15
+    finally:
+        runner.stop_requested.set()
+        thread.join(timeout=15)
+        if replacement is not None:
+            replacement.stop()
