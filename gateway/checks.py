@@ -23,7 +23,38 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, got {_kind(body)}.")
+    path = lone_surrogate_path(body)
+    if path is not None:  # refused rather than replaced: silently changing a prompt is worse than a clear 400
+        raise InvalidRequest(f"{path} contains a lone UTF-16 surrogate (such as \\ud800), which is not valid "
+                             "Unicode; send well-formed text.", param=path)
     return body
+
+
+def lone_surrogate_path(value: Any) -> str | None:
+    """The path (e.g. 'messages[0].content') of the first string or key holding a lone surrogate, else None."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and not _encodable(item):
+                return path or "body"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                child_path = f"{path}.{key}" if path else str(key)
+                if not key.isascii() and not _encodable(key):
+                    return path or "body"
+                stack.append((child_path, child))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _refuse_constant(name: str) -> Any:

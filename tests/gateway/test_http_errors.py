@@ -86,6 +86,29 @@ async def test_bodies_that_are_not_json_objects(client, raw: bytes) -> None:
     assert response.json()["error"]["param"] is None
 
 
+@pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    [
+        ("/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": "hi \\ud800"}]}',
+         "messages[0].content"),
+        ("/v1/chat/completions", b'{"model": "m\\udfff", "messages": [{"role": "user", "content": "hi"}]}', "model"),
+        ("/v1/chat/completions",
+         b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "\\ud800b"]}', "stop[1]"),
+        ("/v1/completions", b'{"model": "m", "prompt": ["ok", "\\udc00"]}', "prompt[1]"),
+        ("/v1/embeddings", b'{"model": "m", "input": "\\ud83d"}', "input"),
+    ],
+)
+async def test_lone_surrogates_are_a_400_naming_the_field(client, path: str, raw: bytes, param: str) -> None:
+    """JSON allows "\\ud800"; UTF-8 (and so the wire) does not: refuse it clearly instead of a 500."""
+    response = await client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and "surrogate" in error["message"]
+    assert response.headers.get("connection") != "close"
+    ok = await client.post(path, content=raw.replace(b"\\u", b"u"), headers={"content-type": "application/json"})
+    assert ok.status_code != 500  # a well-formed variant of the same body is not refused for this reason
+
+
 async def test_unknown_fields_are_ignored_like_openai(client, worker) -> None:
     # An unknown model is only found out at admission, after validation: the unknown field passed.
     response = await client.post("/v1/chat/completions", json=_chat(model="nope", frobnicate=True))
