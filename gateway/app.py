@@ -6,6 +6,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -35,6 +39,10 @@ def _redis_client(settings: Settings) -> Redis:
         max_connections=settings.redis_max_connections,
         timeout=POOL_WAIT_S,
         socket_connect_timeout=POOL_WAIT_S,
+        # a pooled connection that died (Redis restarted) is redialled on its next use instead of failing the
+        # request; no health_check_interval: its PING would race the shared pub/sub connection's reader
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
     return Redis(connection_pool=pool)
 

@@ -113,10 +113,16 @@ class Broker:
         log.info("cancelled %s (%s)", request_id, reason)
 
     async def _admit(self, model: str) -> None:
-        if not any(w.model == model for w in await self.registry.live_workers()):
+        live = await self.registry.live_workers()
+        if not any(w.model == model for w in live):
             if await self.registry.is_known(model):
                 raise NoWorkerAvailable(
                     f"no worker serving model '{model}' is alive right now; please retry",
+                    retry_after=self.settings.retry_after_s,
+                )
+            if not live:  # an empty registry proves nothing (starting up, or Redis came back empty): retryable
+                raise NoWorkerAvailable(
+                    "no worker is registered right now (the cluster is starting, or Redis restarted); please retry",
                     retry_after=self.settings.retry_after_s,
                 )
             raise ModelNotFound(f"The model '{model}' does not exist", param="model")

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterable
 
 from redis import Redis
+from redis.exceptions import ResponseError
 
 from shared import codec
 from shared.errors import LLMFleetError
@@ -130,7 +131,11 @@ class EventPublisher:
                         refresh_ttl=event.seq == 0 or is_terminal(event))
         for stream, message_id in self._acks:
             queue_job_done(pipe, stream, message_id)
-        pipe.execute()
+        results = pipe.execute(raise_on_error=False)  # a lost connection raises: everything is kept for a retry
+        refused = [r for r in results if isinstance(r, ResponseError)]
+        if refused:  # Redis ran the transaction but refused some commands (e.g. WRONGTYPE); retrying cannot
+            # help and would repeat the rest, so they are logged and dropped
+            log.warning("Redis refused %d of %d commands of a publish (%s)", len(refused), len(results), refused[0])
         for event in self._pending:
             if is_terminal(event):
                 self._next_seq.pop(event.id, None)

@@ -62,3 +62,16 @@ def test_failed_flushes_keep_events_and_acks_in_order(tiny_engine: Any) -> None:
     assert isinstance(events[-1], DoneEvent) and publisher.backlog == 0
     assert client.xpending(keys.jobs_stream("m"), keys.JOBS_GROUP)["pending"] == 0
     assert publisher.next_seq("r") == 0  # a finished request's numbering is forgotten only once it is written
+
+
+def test_a_refused_ack_does_not_make_the_events_repeat(tiny_engine: Any) -> None:
+    """Redis runs the transaction but refuses the ack (here WRONGTYPE): the events went out, once."""
+    client = FlakyRedis()
+    client.set(keys.jobs_stream("gone"), b"not a stream")
+    publisher = EventPublisher(client, tiny_engine.tokenizer, 60)
+    publisher.add_event(DoneEvent(id="r", seq=publisher.next_seq("r"), usage=Usage(prompt_tokens=1, completion_tokens=0,
+                                                                                   total_tokens=1)))
+    publisher.flush([(keys.jobs_stream("gone"), "1-0")])
+    assert publisher.backlog == 0
+    publisher.flush()
+    assert len(_journal(client, "r")) == 1
