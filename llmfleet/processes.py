@@ -9,12 +9,8 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from shared.settings import Settings
-
-if TYPE_CHECKING:
-    from llmfleet.supervisor import Supervisor
 
 log = logging.getLogger("llmfleet")
 
@@ -71,21 +67,16 @@ def run_gateway(settings: Settings) -> int:
     return 0
 
 
-def _wait_http_ready(url: str, timeout_s: float, supervisor: Supervisor) -> bool:
-    """Poll /ready until it answers 200 (a worker is registered), a stop is asked for, or time runs out."""
+def _http_ready(url: str) -> bool:
+    """Whether the gateway's /ready answers 200 (a worker is registered)."""
     import urllib.error
     import urllib.request
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not supervisor.stopping:
-        try:
-            with urllib.request.urlopen(url + "/ready", timeout=2) as response:
-                if response.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    return False
+    try:
+        with urllib.request.urlopen(url + "/ready", timeout=1) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def serve(model_name: str, settings: Settings, *, workers: int) -> int:
@@ -120,9 +111,8 @@ def serve(model_name: str, settings: Settings, *, workers: int) -> int:
     try:
         supervisor.start()
         url = f"http://{settings.host}:{settings.port}"
-        if _wait_http_ready(url, 300, supervisor):
-            print(f"llmfleet is serving {model_name} at {url}/v1  (Ctrl-C drains and stops everything)", flush=True)
-        code = supervisor.run()
+        code = supervisor.run(ready=lambda: _http_ready(url), on_ready=lambda: print(
+            f"llmfleet is serving {model_name} at {url}/v1  (Ctrl-C drains and stops everything)", flush=True))
     except KeyboardInterrupt:  # a second signal
         forced, code = True, 130
     finally:

@@ -116,9 +116,17 @@ class Supervisor:
             log.warning("%s again: stopping now", signal.Signals(signum).name)
             raise KeyboardInterrupt
 
-    def run(self, poll_s: float = 0.5) -> int:
-        """Supervise until a stop signal (0) or the death of the bundled Redis (1)."""
+    def run(self, poll_s: float = 0.5, *, ready: object = None, on_ready: object = None) -> int:
+        """Supervise until a stop signal (0) or the death of the bundled Redis (1).
+
+        `ready` (a callable -> bool) is polled until it first holds, then `on_ready()` is called once;
+        children are supervised from the start, also while the service is coming up.
+        """
+        announced = ready is None
         while not self.stopping:
+            if not announced and ready():
+                announced = True
+                on_ready()
             if self._redis_alive is not None and not self._redis_alive():
                 log.error("the bundled redis-server died; every queued job and stream is gone with it: shutting down")
                 return 1

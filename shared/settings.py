@@ -43,8 +43,8 @@ class Settings:
     request_timeout_s: float = 600.0  # deadline = created + this
     deadline_grace_s: float = 1.0  # the gateway waits this long past the deadline for the worker's error
     retry_after_s: float = 2.0  # Retry-After of 429 / 503
-    heartbeat_interval_s: float = 2.0  # workers refresh their registry entry this often
-    heartbeat_ttl_s: float = 10.0  # a worker without a heartbeat for this long is dead
+    heartbeat_interval_s: float = 1.0  # workers refresh their registry entry this often
+    heartbeat_ttl_s: float = 4.0  # a worker without a heartbeat for this long is dead: its jobs fail over
     lease_s: float = 30.0  # a job idle this long in the pending list may be reclaimed (XAUTOCLAIM)
     slots: int = 0  # sequences a worker runs at once; 0 ("auto") = derived from the KV budget (up to 64)
     threads: int = 0  # BLAS threads of a worker; 0 = every core (`serve` splits the cores among its workers)

@@ -29,11 +29,12 @@ from worker.engine.errors import EngineError
 from worker.heartbeat import Heartbeat
 from worker.jobs import generation_request
 from worker.publisher import EventPublisher
+from worker.resume import JournalState, JournalUnusable, read_journal
 from worker.scheduler import Scheduler, SchedulerConfig
 from worker.sequences import EmbeddingRequest, Priority
 
 log = logging.getLogger(__name__)
-RECLAIM_EVERY_S = 5.0
+RECLAIM_EVERY_S = 1.0  # how often a worker looks for dead or silent workers' jobs
 IDLE_BLOCK_MS = 200
 
 
@@ -184,25 +185,69 @@ class WorkerRunner:
             for message_id, fields in messages:
                 job = self._decode(_text(message_id), fields, acks)
                 if job is not None:
-                    self._accept(_text(message_id), job, acks, resumed_seq=0)
+                    self._accept(_text(message_id), job, acks)
 
     def _reclaim(self, acks: list[tuple[str, str]]) -> None:
-        """Take over jobs whose worker stopped renewing its lease; each one ends, never hangs."""
+        """Take over jobs of dead workers (registry entry expired) or silent ones (lease passed) and resume them."""
         free = self._free_width()
         if free <= 0:
             return
-        reply = self.redis.xautoclaim(self.stream, keys.JOBS_GROUP, self.worker_id,
-                                      min_idle_time=int(self.settings.lease_s * 1000), start_id="0-0", count=free)
-        claimed = reply[1] if reply else []
+        claimed = self._claim_from_dead_workers(free)
+        if len(claimed) < free:
+            reply = self.redis.xautoclaim(self.stream, keys.JOBS_GROUP, self.worker_id, start_id="0-0",
+                                          min_idle_time=int(self.settings.lease_s * 1000), count=free - len(claimed))
+            claimed += reply[1] if reply else []
         for message_id, fields in claimed:
             mid = _text(message_id)
             job = self._decode(mid, fields, acks)  # None: trimmed away or unreadable, acked and dropped
-            if job is None:
+            if job is None or job.id in self._held:
                 continue
-            last = self.redis.xrevrange(keys.journal_stream(job.id), count=1)
-            sent = int(last[0][1][keys.JOURNAL_SEQ_FIELD.encode()]) + 1 if last else 0
-            log.info("reclaimed job %s (%d events already sent) from a silent worker", job.id, sent)
-            self._accept(mid, job, acks, resumed_seq=sent)
+            try:
+                state = read_journal(self.redis, job.id)
+            except JournalUnusable as exc:
+                log.warning("cannot resume job %s: %s", job.id, exc)
+                state = None
+            log.info("reclaimed job %s (%s) from a dead or silent worker", job.id,
+                     "journal unusable" if state is None else f"{state.next_seq} events already sent")
+            self._resume(mid, job, state, acks)
+
+    def _claim_from_dead_workers(self, count: int) -> list:
+        """Pending entries of consumers whose registry entry has expired (failover by heartbeat TTL)."""
+        claimed: list = []
+        for consumer in self.redis.xinfo_consumers(self.stream, keys.JOBS_GROUP):
+            name = _text(consumer["name"])
+            if name == self.worker_id or not consumer.get("pending") or self.redis.exists(keys.worker_key(name)):
+                continue
+            pending = self.redis.xpending_range(self.stream, keys.JOBS_GROUP, min="-", max="+", count=count,
+                                                consumername=name)
+            ids = [p["message_id"] for p in pending]
+            if ids:  # min idle: the dead worker's TTL; a live owner renews well within it
+                min_idle = int(self.settings.heartbeat_ttl_s * 1000)
+                claimed += [e for e in self.redis.xclaim(self.stream, keys.JOBS_GROUP, self.worker_id, min_idle, ids)
+                            if e and e[1] is not None]
+            if len(claimed) >= count:
+                break
+        return claimed[:count]
+
+    def _resume(self, message_id: str, job: GenerateJob | EmbedJob, state: JournalState | None,
+                acks: list[tuple[str, str]]) -> None:
+        """Continue a reclaimed job from its journal (invisibly), or end it with a retryable error."""
+        if state is not None and state.terminal:
+            acks.append((self.stream, message_id))  # it ended; only the ack was missing
+            return
+        if state is not None and state.next_seq == 0:
+            self._accept(message_id, job, acks)  # nothing was sent: a plain start
+            return
+        if state is None or not isinstance(job, GenerateJob):
+            if state is not None:
+                self.publisher.resume_from(job.id, state.next_seq)
+            self.publisher.add_error(job.id, Unavailable(
+                "the worker serving this request stopped and the request cannot be resumed; please retry",
+                retry_after=1.0))
+            acks.append((self.stream, message_id))
+            return
+        self.publisher.resume_from(job.id, state.next_seq)
+        self._accept(message_id, job, acks, resume=state)
 
     def _decode(self, message_id: str, fields: dict | None, acks: list[tuple[str, str]]) -> GenerateJob | EmbedJob | None:
         """The job in a stream entry; an entry that cannot be read is acked and dropped (None)."""
@@ -214,15 +259,8 @@ class WorkerRunner:
             return None
 
     def _accept(self, message_id: str, job: GenerateJob | EmbedJob, acks: list[tuple[str, str]], *,
-                resumed_seq: int) -> None:
-        """Start a job, or end it at once with the right terminal event (resumed_seq > 0: events already sent)."""
-        if resumed_seq:
-            self.publisher.resume_from(job.id, resumed_seq)
-            # Resuming a half-sent stream invisibly is a later goal (journal + seed make it possible).
-            self.publisher.add_error(job.id, Unavailable(
-                "the worker serving this request stopped mid-stream; please retry", retry_after=1.0))
-            acks.append((self.stream, message_id))
-            return
+                resume: JournalState | None = None) -> None:
+        """Start a job (or continue a reclaimed one from its journal), or end it at once with a terminal event."""
         if time.time() > job.deadline:
             self.publisher.add_error(job.id, DeadlineExceeded("the request's deadline passed before it started"))
             acks.append((self.stream, message_id))
@@ -239,7 +277,10 @@ class WorkerRunner:
                     self._held[job.id] = HeldJob(message_id, job, 1)
                 return
             request = generation_request(self.engine, job)
-            if job.echo:
+            if resume is not None:
+                request.resume_tokens = [resume.tokens.get(i, []) for i in range(job.n)]
+                request.resume_ended = set(resume.ended)
+            if job.echo and (resume is None or not resume.echoed):
                 text = self.engine.tokenizer.decode(request.prompt_ids, skip_special=False)
                 for index in range(job.n):
                     self.publisher.add_event(TokenEvent(id=job.id, seq=self.publisher.next_seq(job.id), index=index,

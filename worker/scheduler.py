@@ -65,6 +65,7 @@ class Scheduler:
         self._admissions = itertools.count()
         self._ties = itertools.count()
         self._seq_ids = itertools.count()
+        self._ready: list[StepEvent] = []  # events that need no forward (a resumed request already complete)
 
     # ---- submission -------------------------------------------------------------------------------------
 
@@ -88,10 +89,40 @@ class Scheduler:
             group.sequences.append(ScheduledSequence(group, index, gen, next(self._seq_ids)))
         self._groups[request.request_id] = group
         self.stats.requests_received += 1
-        self._push_waiting(group.sequences[0], front=False)
-        for follower in group.sequences[1:]:
-            follower.fork_from = group.sequences[0]
+        if request.resume_tokens is not None:
+            self._resume(group)
+        else:
+            self._push_waiting(group.sequences[0], front=False)
+            for follower in group.sequences[1:]:
+                follower.fork_from = group.sequences[0]
         self._refresh_gauges()
+
+    def _resume(self, group: RequestGroup) -> None:
+        """Continue another worker's request: replay each choice's sent tokens, then queue what is unfinished.
+
+        Replaying through the generation state rebuilds penalties, detokenizer bytes and stop-string holdback;
+        a sampled choice's generator skips the draws already made. Each choice then prefills prompt + its
+        tokens on its own (shared prompt blocks come from the prefix cache), so the stream goes on exactly.
+        """
+        request = group.request
+        for seq, tokens in zip(group.sequences, request.resume_tokens):
+            gen = seq.gen
+            for token in tokens:
+                if gen.finish_reason is not None:
+                    break
+                gen.accept(SampledToken(token))
+            if not gen.sampler.params.is_greedy:
+                gen.sampler.skip_draws(len(tokens))
+            if seq.index in request.resume_ended or gen.finish_reason is not None:
+                gen.finish_reason = gen.finish_reason or StopReason.STOP
+                seq.state = SeqState.FINISHED
+            else:
+                seq.was_preempted = True  # its prompt was counted by the first worker; it prefills alone
+                self._push_waiting(seq, front=False)
+        if group.done:  # every choice had ended: only the terminal event was missing
+            self._groups.pop(request.request_id, None)
+            self.stats.requests_finished += 1
+            self._ready.append(self._done_event(group, []))
 
     def add_embedding(self, request: EmbeddingRequest) -> None:
         """Queue an embedding request: each input is prefilled (chunked, batched with other work), then pooled."""
@@ -158,15 +189,16 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         """True while anything waits or runs."""
-        return bool(self._waiting or self._active)
+        return bool(self._waiting or self._active or self._ready)
 
     def step(self) -> list[StepEvent]:
         """Admit, plan one batch within the token and KV budgets (preempting if needed), forward, sample."""
+        events: list[StepEvent] = self._ready
+        self._ready = []
         self._admit()
         plan = self._plan()
         if not plan:
-            return []
-        events: list[StepEvent] = []
+            return events
         entries = [BatchEntry(seq.seq_id, np.asarray(tokens, np.int64), seq.computed, _output_kind(seq, tokens))
                    for seq, tokens in plan]
         try:

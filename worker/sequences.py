@@ -54,6 +54,8 @@ class GenerationRequest:
     n: int = 1
     priority: Priority = Priority.NORMAL
     cache_prompt: bool = True
+    resume_tokens: list[list[int]] | None = None  # per choice, tokens a previous worker already sent
+    resume_ended: set[int] = field(default_factory=set)  # choices that previous worker already ended
 
 
 @dataclass

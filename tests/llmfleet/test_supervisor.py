@@ -60,3 +60,25 @@ def test_second_signal_forces() -> None:
     except KeyboardInterrupt:
         return
     raise AssertionError("a second signal must force the stop")
+
+
+def test_children_are_supervised_while_the_service_comes_up() -> None:
+    """A worker that dies before the gateway is ready is restarted, not left a zombie."""
+    worker = _exited_child("worker-1", 1)
+    worker.policy = RestartPolicy(per_minute=1, first_s=0.0)
+    gateway = Child("gateway", [sys.executable, "-c", "import time; time.sleep(30)"], {})
+    gateway.start()
+    sup = Supervisor(gateway, [worker], drain_timeout_s=1)
+    checks = []
+
+    def never_ready() -> bool:
+        checks.append(1)
+        if len(checks) > 3:
+            sup.stopping = True
+        return False
+
+    try:
+        assert sup.run(poll_s=0.01, ready=never_ready, on_ready=lambda: None) == 0
+        assert worker.restarts == 1
+    finally:
+        sup.stop()

@@ -283,3 +283,38 @@ def test_sampling_values_are_checked_by_the_engine_and_named(tiny_engine: Any) -
         generation_request(tiny_engine, job)
     ok = generation_request(tiny_engine, replace_field(job, sampling=Sampling(top_p=0.5, seed=3)))
     assert ok.params.sampling.top_p == 0.5 and ok.params.sampling.seed == 3
+
+
+def _events_by_choice(sched: Scheduler) -> dict[int, list[tuple[int, str]]]:
+    """Step until idle; choice -> [(token id, text released)]."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    while sched.has_work:
+        for e in sched.step():
+            if isinstance(e, SequenceStep):
+                out.setdefault(e.index, []).append((e.output.token_id, e.output.text))
+    return out
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.9, top_p=0.95, seed=7),
+                                      SamplingParams(temperature=1.2, repetition_penalty=1.2, seed=11)])
+def test_a_resumed_request_continues_exactly(tiny_engine: Any, sampling: SamplingParams) -> None:
+    """Replaying the tokens another worker sent, then continuing, gives the undisturbed tokens and text."""
+    prompt = _prompt(tiny_engine, 30, 41)
+    params = GenerationParams(max_tokens=24, sampling=sampling, stop=("ab",), ignore_eos=True)
+    full = _events_by_choice(_with(tiny_engine, GenerationRequest("r", prompt, params, n=2)))
+    for cut in (1, 9, 23):
+        resumed_from = [[t for t, _ in full[i][:cut]] for i in (0, 1)]
+        sched = _with(tiny_engine, GenerationRequest("r", prompt, params, n=2, resume_tokens=resumed_from))
+        rest = _events_by_choice(sched)
+        for i in (0, 1):
+            assert [t for t, _ in rest.get(i, [])] == [t for t, _ in full[i][cut:]], f"choice {i} cut {cut}"
+            assert "".join(x for _, x in rest.get(i, [])) == "".join(x for _, x in full[i][cut:])
+    done = _with(tiny_engine, GenerationRequest("r", prompt, params, n=2, resume_tokens=[[5], [6]],
+                                                resume_ended={0, 1})).step()
+    assert isinstance(done[0], RequestDone) and done[0].completion_tokens == 2  # only the terminal was missing
+
+
+def _with(engine: Any, request: GenerationRequest) -> Scheduler:
+    sched = Scheduler(engine, SchedulerConfig())
+    sched.add(request)
+    return sched

@@ -1,0 +1,148 @@
+"""kill -9 a worker mid-stream: another worker resumes every stream from the journal, and no client notices.
+
+Real redis-server, gateway and two SmolLM2 workers (one stream each) as processes, the official openai
+client. The same requests run undisturbed first; after the kill, every stream's text (per choice) must be
+byte-identical to the undisturbed run: greedy with logprobs and a stop string, seeded sampling with n=2.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+
+from llmfleet.redis_server import BundledRedis, free_port
+from shared import keys
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+MODEL = "smollm2-135m"
+REQUESTS = [  # (name, request body extras), started one after the other so each worker holds one
+    ("greedy", {"temperature": 0, "max_tokens": 120, "logprobs": 2, "stop": [" the end"]}),
+    ("seeded-n2", {"temperature": 0.8, "top_p": 0.95, "seed": 5, "n": 2, "max_tokens": 120}),
+]
+
+
+@pytest.fixture()
+def cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]], redis.Redis]]:
+    """Redis, a gateway and two workers; yields (gateway URL, the workers, a Redis client)."""
+    try:
+        server = BundledRedis().start()
+    except RuntimeError as exc:
+        pytest.skip(f"no redis-server available: {exc}")
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_SLOTS": "4",
+           "LLMFLEET_HEARTBEAT_INTERVAL_S": "0.5", "LLMFLEET_HEARTBEAT_TTL_S": "2", "LLMFLEET_LEASE_S": "30",
+           "LLMFLEET_REGISTRY_CACHE_S": "0", "LLMFLEET_THREADS": "1"}
+    procs = []
+    for name, args in (("gateway", ["gateway"]), ("worker-a", ["worker", "--model", MODEL]),
+                       ("worker-b", ["worker", "--model", MODEL])):
+        with (tmp_path / f"{name}.log").open("wb") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))
+    base = f"http://127.0.0.1:{port}"
+    client = redis.Redis.from_url(server.url)
+
+    def ready() -> bool:
+        try:
+            return httpx.get(base + "/ready", timeout=2).json().get("workers") == 2
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    try:
+        _wait(ready, 240, "the cluster")
+        yield base, procs[1:], client
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        server.stop()
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _run(base: str, extras: dict, result: dict) -> None:
+    """One streaming completion: per choice, the text, the token logprobs and the finish reason."""
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    texts: dict[int, str] = {}
+    logprobs: dict[int, list[float]] = {}
+    finish: dict[int, str] = {}
+    result["times"] = []
+    try:
+        for chunk in client.completions.create(model=MODEL, prompt="Tell me a story about a lighthouse keeper.",
+                                               stream=True, extra_body={"ignore_eos": True}, **extras):
+            result["times"].append(time.monotonic())
+            for choice in chunk.choices:
+                texts[choice.index] = texts.get(choice.index, "") + choice.text
+                if choice.logprobs and choice.logprobs.token_logprobs:
+                    logprobs.setdefault(choice.index, []).extend(choice.logprobs.token_logprobs)
+                if choice.finish_reason:
+                    finish[choice.index] = choice.finish_reason
+    except (openai.APIError, httpx.HTTPError) as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    result.update(texts=texts, logprobs=logprobs, finish=finish)
+
+
+def _run_all(base: str, on_streaming=None) -> dict[str, dict]:
+    results = {name: {} for name, _ in REQUESTS}
+    threads = [threading.Thread(target=_run, args=(base, extras, results[name])) for name, extras in REQUESTS]
+    for thread, (name, _) in zip(threads, REQUESTS):
+        thread.start()  # the idle worker is the one blocked on the stream: it takes the next job
+        _wait(lambda name=name: len(results[name].get("times", [])) >= 2, 120, f"{name} to stream")
+    if on_streaming is not None:
+        _wait(lambda: all(len(r.get("times", [])) >= 3 for r in results.values()), 120, "every stream to stream")
+        on_streaming()
+    for thread in threads:
+        thread.join(timeout=180)
+        assert not thread.is_alive(), "a stream hung"
+    return results
+
+
+def test_kill_9_mid_stream_is_invisible(cluster: tuple[str, list[subprocess.Popen[bytes]], redis.Redis]) -> None:
+    base, workers, client = cluster
+    undisturbed = _run_all(base)
+    assert all("error" not in r for r in undisturbed.values()), undisturbed
+    killed_at: list[float] = []
+
+    def kill_a_worker() -> None:
+        def loads() -> list[int]:
+            return [int(client.hget(keys.worker_key(w.decode()), "load") or 0)
+                    for w in client.zrange(keys.WORKERS_INDEX, 0, -1)]
+
+        _wait(lambda: len(loads()) == 2 and min(loads()) > 0, 5, "both workers to report a stream")
+        os.kill(workers[0].pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    disturbed = _run_all(base, kill_a_worker)
+    for name, _ in REQUESTS:
+        got, want = disturbed[name], undisturbed[name]
+        assert "error" not in got, f"{name}: {got.get('error')}"
+        assert got["texts"] == want["texts"], f"{name}: the resumed text differs"
+        assert got["finish"] == want["finish"], name
+        for index, values in want["logprobs"].items():
+            assert got["logprobs"][index] == pytest.approx(values, abs=1e-3), f"{name} logprobs"
+    # failover: the longest silence of any stream after the kill (TTL 2 s + reclaim <= 1 s + re-prefill)
+    gaps = [b - a for r in disturbed.values() for a, b in zip(r["times"], r["times"][1:]) if b > killed_at[0]]
+    assert max(gaps) < 6, f"a stream was silent for {max(gaps):.1f}s"
+    assert workers[0].poll() is not None and workers[1].poll() is None
