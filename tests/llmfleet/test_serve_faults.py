@@ -145,28 +145,29 @@ def _start_streams(base_url: str, n: int, max_tokens: int) -> list[StreamOutcome
     return outcomes
 
 
-def test_a_killed_worker_is_restarted_and_the_other_workers_streams_are_untouched(serve: Serve) -> None:
+def test_a_killed_worker_is_restarted_and_no_stream_notices(serve: Serve) -> None:
+    """kill -9 one of two workers with streams on both: the other worker's streams are untouched, the dead
+    one's are resumed (by the survivor or the restarted worker) and end byte-identical to an undisturbed run."""
+    undisturbed = _start_streams(serve.base_url, 4, 120)
+    for outcome in undisturbed:
+        assert outcome.done.wait(120) and outcome.error is None
     workers = serve.pids_of("worker")
     assert len(workers) == 2
-    outcomes = _start_streams(serve.base_url, 4, 160)  # two slots per worker: two streams on each
+    outcomes = _start_streams(serve.base_url, 4, 120)  # two slots per worker: two streams on each
     _wait(lambda: all(o.chunks >= 2 for o in outcomes), 120, "all four streams to be streaming")
     os.kill(workers[0], signal.SIGKILL)
     for outcome in outcomes:
         assert outcome.done.wait(120), "a stream hung"
-    completed = [o for o in outcomes if o.error is None]
-    failed = [o for o in outcomes if o.error is not None]
-    assert len(completed) == 2 and all(o.finish == "length" for o in completed)  # the other worker's streams
-    assert len(failed) == 2 and all("retry" in o.error for o in failed), [o.error for o in failed]
+    for before, after in zip(undisturbed, outcomes):
+        assert after.error is None, after.error
+        assert after.text == before.text and after.finish == "length"
     _wait(lambda: len(serve.pids_of("worker")) == 2 and workers[0] not in serve.pids_of("worker"), 30,
           "a replacement worker process")
     _wait(lambda: serve.ready().get("supervisor", {}).get("restarts") == 1 and serve.ready().get("workers") == 2,
           60, "the replacement to register (and the dead entry to expire)")
     assert serve.process.poll() is None
-    assert "worker-1 exited unexpectedly (signal SIGKILL)" in serve.log.read_text() or \
-        "worker-2 exited unexpectedly (signal SIGKILL)" in serve.log.read_text()
-    again = StreamOutcome()
-    _stream(serve.base_url, "after the restart", 8, again)
-    assert again.error is None and again.finish == "length"
+    log = serve.log.read_text()
+    assert "worker-1 exited unexpectedly (signal SIGKILL)" in log or "worker-2 exited unexpectedly (signal SIGKILL)" in log
 
 
 def test_a_killed_gateway_is_restarted(serve: Serve) -> None:
