@@ -14,7 +14,8 @@ def main() -> None:
     """Serve the gateway on LLMFLEET_HOST:LLMFLEET_PORT with uvicorn."""
     settings = Settings.from_env()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)))  # as `llmfleet gateway`
 
 
 if __name__ == "__main__":

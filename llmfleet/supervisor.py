@@ -12,12 +12,15 @@ and journal, so `serve` shuts everything down with a clear message instead.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger("llmfleet.supervisor")
@@ -26,6 +29,24 @@ MAX_RESTARTS_PER_MINUTE = 5
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 STATUS_TTL_S = 10
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def parent_death_signal(parent_pid: int) -> Callable[[], None] | None:
+    """A preexec function: the kernel sends the child SIGTERM when serve dies, even by kill -9 (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up now: the child does as little as possible
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent_pid:  # serve died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def describe_exit(returncode: int) -> str:
@@ -72,8 +93,9 @@ class Child:
     restarts: int = 0
 
     def start(self) -> None:
-        """Start (or restart) the process in its own session."""
-        self.process = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+        """Start (or restart) the process in its own session, asking for SIGTERM if serve itself dies."""
+        self.process = subprocess.Popen(self.argv, env=self.env, start_new_session=True,
+                                        preexec_fn=parent_death_signal(os.getpid()))
         log.info("started %s (pid %d)", self.name, self.process.pid)
 
     @property

@@ -82,3 +82,35 @@ def test_children_are_supervised_while_the_service_comes_up() -> None:
         assert worker.restarts == 1
     finally:
         sup.stop()
+
+
+def test_children_are_stopped_when_serve_dies_by_kill_9(tmp_path) -> None:
+    """A supervised child asks the kernel for SIGTERM when its parent dies, so kill -9 of serve orphans nothing."""
+    import os
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from llmfleet.supervisor import Child\n"
+        "child = Child('worker-1', [sys.executable, '-c', 'import time; time.sleep(60)'], None)\n"
+        "child.start()\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.process.pid))\n"
+        "time.sleep(60)\n")])
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child_pid = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            return
+        stat = open(f"/proc/{child_pid}/stat").read().split(")")[-1].split()[0]
+        if stat == "Z":
+            return
+        time.sleep(0.05)
+    raise AssertionError("the child outlived its killed parent")
