@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from llmfleet.supervisor import Child, RestartPolicy, Supervisor, describe_exit
 
@@ -109,7 +110,7 @@ def test_children_are_stopped_when_serve_dies_by_kill_9(tmp_path) -> None:
             os.kill(child_pid, 0)
         except ProcessLookupError:
             return
-        stat = open(f"/proc/{child_pid}/stat").read().split(")")[-1].split()[0]
+        stat = Path(f"/proc/{child_pid}/stat").read_text().split(")")[-1].split()[0]
         if stat == "Z":
             return
         time.sleep(0.05)

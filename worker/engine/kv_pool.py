@@ -36,6 +36,7 @@ class KVPool:
         for array in (*self.keys, *self.values):
             array.fill(0.0)
         self.blocks = BlockManager(n_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+        self._scratch: tuple[Array, Array] | None = None  # gather's reusable output buffers
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
@@ -91,12 +92,23 @@ class KVPool:
         self.values[layer][:, blocks, offsets] = v.transpose(1, 0, 2)  # (Hkv, N, Dh)
 
     def gather(self, layer: int, tables: Array) -> tuple[Array, Array]:
-        """Keys and values of many sequences through padded block tables (B, nb): each (Hkv, B, nb*BS, Dh)."""
+        """Keys and values of many sequences through padded block tables (B, nb): each (Hkv, B, nb*BS, Dh).
+
+        The result lives in scratch buffers reused from call to call (valid until the next gather): fresh
+        multi-MB arrays every layer would page-fault and zero new memory each time.
+        """
         b, nb = tables.shape
         n_kv, dh = self.config.n_kv_heads, self.config.head_dim
-        keys = self.keys[layer][:, tables].reshape(n_kv, b, nb * self.block_size, dh)  # (Hkv, B, L, Dh)
-        values = self.values[layer][:, tables].reshape(n_kv, b, nb * self.block_size, dh)  # (Hkv, B, L, Dh)
-        return keys, values
+        shape = (n_kv, b, nb, self.block_size, dh)
+        size = n_kv * b * nb * self.block_size * dh
+        if self._scratch is None or self._scratch[0].size < size:  # grown, never shrunk
+            self._scratch = (ops.empty((2 * size,)), ops.empty((2 * size,)))  # (S,) x2 flat
+        keys = self._scratch[0][:size].reshape(shape)  # (Hkv, B, nb, BS, Dh)
+        values = self._scratch[1][:size].reshape(shape)  # (Hkv, B, nb, BS, Dh)
+        ops.xp.take(self.keys[layer], tables, axis=1, out=keys)  # (Hkv, B, nb, BS, Dh)
+        ops.xp.take(self.values[layer], tables, axis=1, out=values)  # (Hkv, B, nb, BS, Dh)
+        length = nb * self.block_size
+        return keys.reshape(n_kv, b, length, dh), values.reshape(n_kv, b, length, dh)  # (Hkv, B, L, Dh) x2
 
     def gather_one(self, layer: int, table: Array, length: int) -> tuple[Array, Array]:
         """Keys and values of positions [0, length) of one sequence: each (Hkv, length, Dh)."""
