@@ -23,7 +23,6 @@ import uuid
 from array import array
 from dataclasses import dataclass, field
 
-import msgpack
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, ResponseError
@@ -31,35 +30,20 @@ from redis.exceptions import RedisError, ResponseError
 from shared import codec, keys
 from shared.errors import InvalidRequest
 from shared.messages import (
-    WIRE_VERSION,
     CancelRequest,
     ChoiceEndEvent,
     DoneEvent,
-    FinishReason,
     GenerateJob,
     TokenEvent,
     Usage,
 )
+from shared.registry import RegistryEntry
 from worker.wire_commands import queue_deregistration, queue_event, queue_job_done, queue_registration
 
 log = logging.getLogger("standin")
 DEFAULT_MAX_TOKENS = 16
 INTAKE_BLOCK_MS = 100
 INTAKE_BATCH = 500
-
-
-def token_event_bytes(request_id: str, seq: int, index: int, text: str, token_id: int) -> bytes:
-    """The codec bytes of a plain TokenEvent, packed directly (checked against shared.codec at start-up)."""
-    return msgpack.packb({"kind": "token", "id": request_id, "seq": seq, "index": index, "text": text,
-                          "token_ids": [token_id], "logprobs": None, "echo": False, "version": WIRE_VERSION},
-                         use_bin_type=True)
-
-
-def check_fast_encoding() -> None:
-    """Fail fast if the direct packing ever stops matching shared.codec's encoding."""
-    expected = codec.encode(TokenEvent(id="req-x", seq=3, index=1, text="7@1.5 ", token_ids=[8]))
-    if token_event_bytes("req-x", 3, 1, "7@1.5 ", 8) != expected:
-        raise RuntimeError("token_event_bytes no longer matches shared.codec.encode; update the stand-in")
 
 
 @dataclass
@@ -132,9 +116,9 @@ class StandinWorker:
     async def beat(self) -> None:
         """Write the registry entry (as worker/heartbeat.py does) and renew the lease of every held job."""
         pipe = self.redis.pipeline(transaction=True)
-        queue_registration(pipe, worker_id=self.worker_id, model=self.model, slots=self.slots, state="ready",
-                           started=self.started, gauges={"load": len(self.held), "served": self.stats.jobs},
-                           ttl_s=self.ttl_s, now=time.time())
+        entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=time.time(),
+                              started=self.started, load=len(self.held), served=self.stats.jobs)
+        queue_registration(pipe, entry, ttl_s=self.ttl_s)
         await pipe.execute()
         held = [h.message_id for h in self.held.values()]
         for start in range(0, len(held), 500):
@@ -232,8 +216,9 @@ class StandinWorker:
         for held in list(self.held.values()):
             if held.sent < held.max_tokens and not held.cancelled:
                 for index in range(held.n):
-                    data = token_event_bytes(held.job_id, held.seq, index, f"{held.sent}{text_tail}",
-                                             1 + held.sent % 1000)
+                    data = codec.encode_event(TokenEvent(id=held.job_id, seq=held.seq, index=index,
+                                                         text=f"{held.sent}{text_tail}",
+                                                         token_ids=[1 + held.sent % 1000]))
                     queue_event(pipe, held.job_id, held.seq, data, journal_ttl_s=self.journal_ttl_s,
                                 refresh_ttl=held.seq == 0)
                     held.seq += 1
@@ -253,7 +238,7 @@ class StandinWorker:
 
     def _finish(self, pipe: Pipeline, held: HeldStream) -> int:
         """Queue ChoiceEnd per choice, the Done event, and the ack; returns the number of events."""
-        reason = FinishReason.CANCELLED if held.cancelled else FinishReason.LENGTH
+        reason = "cancelled" if held.cancelled else "length"
         for index in range(held.n):
             end = ChoiceEndEvent(id=held.job_id, seq=held.seq, index=index, finish_reason=reason)
             queue_event(pipe, held.job_id, held.seq, codec.encode_event(end), journal_ttl_s=self.journal_ttl_s,
@@ -285,7 +270,6 @@ def percentiles(values: list[float] | array) -> dict[str, float]:
 
 async def amain(args: argparse.Namespace) -> None:
     """Serve until SIGTERM/SIGINT, then write the tick statistics as JSON."""
-    check_fast_encoding()
     redis = Redis.from_url(args.redis_url, socket_connect_timeout=5)
     worker = StandinWorker(redis, model=args.model, rate=args.rate, slots=args.slots,
                            heartbeat_s=args.heartbeat_s, ttl_s=args.ttl_s)

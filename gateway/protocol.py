@@ -4,11 +4,14 @@ Each parse_* function takes the decoded JSON object and returns a typed request,
 InvalidRequest that names the offending `param`. Unknown fields are ignored, as OpenAI does; known
 fields llmfleet cannot honour (tools, non-text content, suffix, best_of > 1, dimensions) are refused
 rather than silently ignored. Extensions beyond OpenAI: top_k, min_p, repetition_penalty, ignore_eos,
-priority, cache_prompt.
+priority, cache_prompt. Only OpenAI's documented limits are checked here (temperature, top_p, penalties,
+logit_bias, top_logprobs, ...); the ranges of the extensions (top_k, min_p, repetition_penalty) are checked
+once, by the engine's SamplingParams.validate in the worker, which answers with a 400 error event.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -150,12 +153,13 @@ def _generation(
         if not isinstance(options, dict):
             raise invalid("stream_options", "expected an object.")
         include_usage = boolean(options, "include_usage", False)
-    sampling = Sampling(
+    top_k = integer(body, "top_k", 0, *INT64)
+    sampling = Sampling(  # OpenAI's documented limits here; the extensions' ranges are the engine's to check
         temperature=number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        top_k=max(0, integer(body, "top_k", 0, -1, 1 << 20)),
-        min_p=number(body, "min_p", 0.0, 0.0, 1.0),
-        repetition_penalty=number(body, "repetition_penalty", 1.0, 0.0, 2.0, lo_open=True),
+        top_k=0 if top_k == -1 else top_k,  # -1 means off, as in llama.cpp
+        min_p=number(body, "min_p", 0.0, -math.inf, math.inf),
+        repetition_penalty=number(body, "repetition_penalty", 1.0, -math.inf, math.inf),
         presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         logit_bias=_logit_bias(body.get("logit_bias")),

@@ -15,49 +15,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
 from gateway.redis_errors import redis_unavailable
 from shared import keys
-from shared.messages import WIRE_VERSION
+from shared.registry import RegistryEntry
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class WorkerInfo:
-    """One live worker's registry entry."""
-
-    worker_id: str
-    model: str
-    slots: int
-    load: int
-    version: int
-    heartbeat: float
-    started: float
-    state: str
-
-
-def parse_worker(worker_id: str, fields: dict[bytes, bytes]) -> WorkerInfo | None:
-    """Parse a registry hash; None when it is missing or malformed."""
-    values = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}
-    try:
-        heartbeat = float(values["heartbeat"])
-        return WorkerInfo(
-            worker_id=worker_id,
-            model=values["model"],
-            slots=int(values.get("slots", "0")),
-            load=int(values.get("load", "0")),
-            version=int(values["version"]),
-            heartbeat=heartbeat,
-            started=float(values.get("started", heartbeat)),
-            state=values.get("state", "ready"),
-        )
-    except (KeyError, ValueError):
-        return None
+WorkerInfo = RegistryEntry  # one live worker's registry entry
 
 
 class Registry:
@@ -91,12 +60,12 @@ class Registry:
             results = await pipe.execute()
         workers = []
         for worker_id, fields in zip(ids, results, strict=False):
-            info = parse_worker(worker_id.decode(), fields or {})
+            info = RegistryEntry.from_hash(worker_id.decode(), fields or {})
             if info is None:
                 if fields:
                     log.warning("ignoring malformed registry entry of worker %s", worker_id.decode())
                 continue
-            if info.version == WIRE_VERSION and info.state == "ready" and info.model and info.heartbeat >= now - ttl:
+            if info.is_live(now, ttl):
                 workers.append(info)
         return workers
 

@@ -12,13 +12,14 @@ Whatever way a request ends, its jobs are closed in a `finally`: a job whose ter
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
+
+import msgspec
 
 from gateway import responses
 from gateway.broker import Broker
@@ -42,7 +43,7 @@ def new_request_id() -> str:
 def _job_base(params: CompletionOptions, settings: Settings, request_id: str, now: float) -> dict[str, Any]:
     sampling = params.sampling
     if sampling.seed is None:  # a seed lets a replacement worker continue the same stream
-        sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
+        sampling = msgspec.structs.replace(sampling, seed=secrets.randbits(63))
     return {
         "id": request_id,
         "model": params.model,
@@ -108,7 +109,7 @@ async def run_completion(broker: Broker, request: GenerationRequest, settings: S
                 if want_logprobs and event.logprobs:
                     choices[index].logprobs.extend(event.logprobs)  # type: ignore[union-attr]
             else:
-                choices[index].finish_reason = event.finish_reason.value
+                choices[index].finish_reason = event.finish_reason
         for choice, texts in zip(choices, parts, strict=True):
             choice.text = "".join(texts)
     finally:
@@ -162,7 +163,7 @@ class ChunkStream:
                     started[index] = True
                     yield responses.chat_chunk(header, index, {"role": "assistant", "content": ""})
                 if not isinstance(event, TokenEvent):
-                    reason = event.finish_reason.value
+                    reason = event.finish_reason
                     if self._chat:
                         yield responses.chat_chunk(header, index, {}, finish_reason=reason)
                     else:

@@ -1,29 +1,30 @@
 """Wire messages between gateway and workers: jobs, events and cancel notices (version WIRE_VERSION).
 
-Every message is a frozen, keyword-only dataclass with a `version` field; `shared.codec` is the only
-place that turns them into bytes and back. Field types are checked by the codec on decode; the
-invariants that span fields are checked here, in `__post_init__`, so a decoded message is always whole.
+Every message is a frozen, keyword-only `msgspec.Struct` tagged by its `kind` field; `shared.codec` is
+the only place that turns them into bytes and back. The wire checks TYPES (msgspec does that on decode)
+and the few invariants without which a message is not whole (one prompt form, logprobs aligned with
+token ids, seq >= 0). Value ranges of sampling parameters are NOT checked here: the engine's
+`SamplingParams.validate` owns them (a worker answers out-of-range values with a 400 error event), and
+the gateway checks only OpenAI's documented limits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
+
+import msgspec
 
 WIRE_VERSION = 1
 
 Priority = Literal["low", "normal", "high", "critical"]
 PRIORITIES: tuple[str, ...] = ("low", "normal", "high", "critical")
 Pooling = Literal["mean", "last"]
+FinishReason = Literal["stop", "length", "cancelled"]  # why one choice ended; one type for engine, wire, gateway
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "cancelled")
 
-
-class FinishReason(str, Enum):
-    """Why one choice ended."""
-
-    STOP = "stop"
-    LENGTH = "length"
-    CANCELLED = "cancelled"
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+HttpErrorStatus = Annotated[int, msgspec.Meta(ge=400, le=599)]
 
 
 def _require(condition: bool, message: str) -> None:
@@ -31,8 +32,15 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ChatMessage:
+class _Part(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A nested part of a message (a plain map on the wire)."""
+
+
+class _Message(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="kind"):
+    """A top-level wire message: a map tagged by `kind`, with a `version` field (see shared.codec)."""
+
+
+class ChatMessage(_Part, kw_only=True):
     """One chat turn; the worker renders the model's chat template over a list of these."""
 
     role: str
@@ -40,8 +48,7 @@ class ChatMessage:
     name: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Sampling:
+class Sampling(_Part, kw_only=True):
     """Sampler settings of one generate job; defaults mean 'plain sampling at temperature 1'."""
 
     temperature: float = 1.0
@@ -51,14 +58,12 @@ class Sampling:
     repetition_penalty: float = 1.0  # 1 = disabled
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: dict[int, float] = field(default_factory=dict)
+    logit_bias: dict[int, float] = {}
     seed: int | None = None  # choice i samples with seed + i; the gateway always fills one in
     # Value ranges are not checked here: the wire checks types; the engine's SamplingParams.validate owns
     # the ranges (the worker answers a bad value with a 400 naming the field), the gateway OpenAI's limits.
 
-
-@dataclass(frozen=True, kw_only=True)
-class GenerateJob:
+class GenerateJob(_Message, tag="generate", kw_only=True):
     """A text-generation job (chat or completion, streaming or not); exactly one prompt form is set."""
 
     kind: ClassVar[str] = "generate"
@@ -72,10 +77,10 @@ class GenerateJob:
     prompt_token_ids: list[int] | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
-    max_tokens: int | None = None  # None = up to the model's context
-    n: int = 1
-    sampling: Sampling = field(default_factory=Sampling)
-    stop: list[str] = field(default_factory=list)
+    max_tokens: NonNegative | None = None  # None = up to the model's context
+    n: Positive = 1
+    sampling: Sampling = msgspec.field(default_factory=Sampling)
+    stop: list[str] = []
     logprobs: int | None = None  # None = no logprobs; k = the chosen token's plus k top alternatives
     echo: bool = False
     ignore_eos: bool = False
@@ -84,13 +89,9 @@ class GenerateJob:
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:
-        forms = [self.prompt is not None, self.prompt_token_ids is not None, self.messages is not None]
-        _require(sum(forms) == 1, "exactly one of prompt, prompt_token_ids, messages must be set")
-        _require(self.n >= 1, "n must be >= 1")
-        _require(self.max_tokens is None or self.max_tokens >= 0, "max_tokens must be >= 0")
-        _require(self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0")
+        forms = (self.prompt is not None) + (self.prompt_token_ids is not None) + (self.messages is not None)
+        _require(forms == 1, "exactly one of prompt, prompt_token_ids, messages must be set")
         _require(not (self.echo and self.messages is not None), "echo is for prompt jobs only")
-        _require(self.deadline >= self.created, "deadline must not be before created")
 
     def describe(self) -> str:
         """A log line naming sizes only, never the prompt itself."""
@@ -103,9 +104,8 @@ class GenerateJob:
         return f"{self.id} generate model={self.model} {size} max_tokens={self.max_tokens} n={self.n}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class EmbedJob:
-    """An embeddings job: one vector per input (strings or token-id lists)."""
+class EmbedJob(_Message, tag="embed", kw_only=True):
+    """An embeddings job: one vector per input, all strings or all token-id lists."""
 
     kind: ClassVar[str] = "embed"
 
@@ -113,7 +113,7 @@ class EmbedJob:
     model: str
     created: float
     deadline: float
-    inputs: list[str] | list[list[int]]
+    inputs: list[str | list[int]]
     pooling: Pooling = "mean"
     normalize: bool = True
     priority: Priority = "normal"
@@ -121,15 +121,15 @@ class EmbedJob:
 
     def __post_init__(self) -> None:
         _require(len(self.inputs) >= 1, "inputs must not be empty")
-        _require(self.deadline >= self.created, "deadline must not be before created")
+        strings = sum(isinstance(item, str) for item in self.inputs)
+        _require(strings in (0, len(self.inputs)), "inputs must be all strings or all token-id lists")
 
     def describe(self) -> str:
         """A log line naming sizes only, never the inputs themselves."""
         return f"{self.id} embed model={self.model} inputs={len(self.inputs)}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class TopLogprob:
+class TopLogprob(_Part, kw_only=True):
     """One alternative token at a position."""
 
     token_id: int
@@ -138,58 +138,48 @@ class TopLogprob:
     bytes: list[int] | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class TokenLogprob:
+class TokenLogprob(_Part, kw_only=True):
     """The chosen token at a position, its logprob and the top alternatives."""
 
     token_id: int
     token: str
     logprob: float | None  # None only for the first prompt token of an echo
     bytes: list[int] | None = None
-    top: list[TopLogprob] = field(default_factory=list)
+    top: list[TopLogprob] = []
 
 
-@dataclass(frozen=True, kw_only=True)
-class TokenEvent:
+class TokenEvent(_Message, tag="token", kw_only=True):
     """New text of one choice: `text` is the delta; logprobs, when asked for, align with token_ids."""
 
     kind: ClassVar[str] = "token"
 
     id: str
-    seq: int
-    index: int = 0
+    seq: NonNegative
+    index: NonNegative = 0
     text: str
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = []
     logprobs: list[TokenLogprob] | None = None
     echo: bool = False  # True: this is the prompt, echoed before the choice's first generated token
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:
-        _require(self.seq >= 0 and self.index >= 0, "seq and index must be >= 0")
-        _require(
-            self.logprobs is None or len(self.logprobs) == len(self.token_ids),
-            "logprobs must have one entry per token id",
-        )
+        if self.logprobs is not None:
+            _require(len(self.logprobs) == len(self.token_ids), "logprobs must have one entry per token id")
 
 
-@dataclass(frozen=True, kw_only=True)
-class ChoiceEndEvent:
+class ChoiceEndEvent(_Message, tag="choice_end", kw_only=True):
     """One choice finished."""
 
     kind: ClassVar[str] = "choice_end"
 
     id: str
-    seq: int
-    index: int = 0
+    seq: NonNegative
+    index: NonNegative = 0
     finish_reason: FinishReason
     version: int = WIRE_VERSION
 
-    def __post_init__(self) -> None:
-        _require(self.seq >= 0 and self.index >= 0, "seq and index must be >= 0")
 
-
-@dataclass(frozen=True, kw_only=True)
-class Usage:
+class Usage(_Part, kw_only=True):
     """Token counts of one request (all choices together)."""
 
     prompt_tokens: int
@@ -197,8 +187,7 @@ class Usage:
     total_tokens: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class Timing:
+class Timing(_Part, kw_only=True):
     """Worker-measured durations in seconds, from the job's `created`."""
 
     queue_s: float  # created -> admitted into a batch slot
@@ -206,32 +195,27 @@ class Timing:
     total_s: float  # created -> terminal event
 
 
-@dataclass(frozen=True, kw_only=True)
-class DoneEvent:
+class DoneEvent(_Message, tag="done", kw_only=True):
     """Terminal success of a request; embed jobs carry one vector per input here."""
 
     kind: ClassVar[str] = "done"
 
     id: str
-    seq: int
+    seq: NonNegative
     usage: Usage
     embeddings: list[list[float]] | None = None
     timing: Timing | None = None
     version: int = WIRE_VERSION
 
-    def __post_init__(self) -> None:
-        _require(self.seq >= 0, "seq must be >= 0")
 
-
-@dataclass(frozen=True, kw_only=True)
-class ErrorEvent:
+class ErrorEvent(_Message, tag="error", kw_only=True):
     """Terminal failure of a request, already in OpenAI terms (see shared.errors)."""
 
     kind: ClassVar[str] = "error"
 
     id: str
-    seq: int
-    status: int
+    seq: NonNegative
+    status: HttpErrorStatus
     type: str
     code: str | None = None
     param: str | None = None
@@ -239,13 +223,8 @@ class ErrorEvent:
     retry_after: float | None = None
     version: int = WIRE_VERSION
 
-    def __post_init__(self) -> None:
-        _require(self.seq >= 0, "seq must be >= 0")
-        _require(400 <= self.status <= 599, "status must be an HTTP error status")
 
-
-@dataclass(frozen=True, kw_only=True)
-class CancelRequest:
+class CancelRequest(_Message, tag="cancel", kw_only=True):
     """Stop working on a request (client gone or deadline passed); sent on the model's cancel channel."""
 
     kind: ClassVar[str] = "cancel"
@@ -268,4 +247,4 @@ MESSAGE_TYPES: tuple[type, ...] = (*JOB_TYPES, *EVENT_TYPES, CancelRequest)
 
 def is_terminal(event: Event) -> bool:
     """True for the one event that ends a request (Done or Error)."""
-    return isinstance(event, DoneEvent | ErrorEvent)
+    return type(event) is DoneEvent or type(event) is ErrorEvent

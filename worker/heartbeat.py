@@ -11,6 +11,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from shared import keys
+from shared.registry import RegistryEntry
 from worker.wire_commands import queue_deregistration, queue_registration
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,11 @@ class Heartbeat:
         """Write the registry entry and renew the lease on every job this worker holds."""
         now = time.time()
         pipe = self.redis.pipeline(transaction=True)
-        queue_registration(pipe, worker_id=self.worker_id, model=self.model, slots=self.slots, state=self.state,
-                           started=self.started, gauges=self._gauges(), ttl_s=self.ttl_s, now=now)
+        gauges = self._gauges()
+        entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=now,
+                              started=self.started, state=self.state, load=gauges.get("load", 0),
+                              served=gauges.get("served", 0))
+        queue_registration(pipe, entry, ttl_s=self.ttl_s)
         pipe.execute()
         held = self._held_jobs()
         if held:  # XCLAIM by the owner resets the idle time: the lease other workers respect

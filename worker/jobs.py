@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+import msgspec
 
 from shared.errors import ContextLengthExceeded, InvalidRequest
 from shared.messages import GenerateJob
@@ -43,14 +43,21 @@ def generation_request(engine: Engine, job: GenerateJob) -> GenerationRequest:
         engine.check_fits(len(prompt_ids), max_tokens)  # the one context-length rule, with OpenAI's wording
     except ContextLengthError as exc:
         raise ContextLengthExceeded(str(exc), param=param) from None
-    wire = job.sampling
-    sampling = SamplingParams(**{f.name: getattr(wire, f.name) for f in fields(wire)}, logprobs=job.logprobs)
+    sampling = sampling_params(job)
     try:
         sampling.validate(engine.model.config.vocab_size)
     except ValueError as exc:
-        raise InvalidRequest(str(exc), param="logit_bias" if "logit_bias" in str(exc) else None) from None
+        name = str(exc).split(" ", 1)[0]  # validate's messages start with the field's name
+        raise InvalidRequest(str(exc), param=name if hasattr(sampling, name) else None) from None
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(job.stop),
                               ignore_eos=job.ignore_eos)
     return GenerationRequest(job.id, prompt_ids, params, n=job.n, priority=Priority.parse(job.priority),
                              cache_prompt=job.cache_prompt)
 
+
+def sampling_params(job: GenerateJob) -> SamplingParams:
+    """The engine's sampler settings of a job: the wire's Sampling fields (same names) plus logprobs.
+
+    Values are not range-checked here; `SamplingParams.validate` is the one place that does.
+    """
+    return SamplingParams(**msgspec.structs.asdict(job.sampling), logprobs=job.logprobs)

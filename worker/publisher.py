@@ -14,7 +14,6 @@ from shared.messages import (
     ChoiceEndEvent,
     DoneEvent,
     Event,
-    FinishReason,
     Timing,
     TokenEvent,
     TokenLogprob,
@@ -77,7 +76,7 @@ class EventPublisher:
                                                 logprobs=self._logprobs(event)))
                 if out.finish_reason is not None:
                     self._pending.append(ChoiceEndEvent(id=event.request_id, seq=self.next_seq(event.request_id),
-                                                        index=event.index, finish_reason=FinishReason(out.finish_reason)))
+                                                        index=event.index, finish_reason=out.finish_reason))
             elif isinstance(event, RequestDone):
                 self.add_done(event)
                 ended.append(event.request_id)
@@ -99,7 +98,7 @@ class EventPublisher:
                 if tail:
                     self._pending.append(TokenEvent(id=rid, seq=self.next_seq(rid), index=index, text=tail))
                 self._pending.append(ChoiceEndEvent(id=rid, seq=self.next_seq(rid), index=index,
-                                                    finish_reason=FinishReason.CANCELLED))
+                                                    finish_reason="cancelled"))
         t = done.timings
         timing = None
         if t.finished is not None:

@@ -21,7 +21,7 @@ from shared.errors import (
     LLMFleetError,
     Unavailable,
 )
-from shared.messages import ChoiceEndEvent, DoneEvent, EmbedJob, FinishReason, GenerateJob, TokenEvent, Usage
+from shared.messages import ChoiceEndEvent, DoneEvent, EmbedJob, GenerateJob, TokenEvent, Usage
 from shared.settings import Settings
 from worker.cancel_listener import CancelListener
 from worker.engine.engine import Engine
@@ -322,7 +322,7 @@ class WorkerRunner:
         """A job cancelled while it waited in the stream ends with cancelled choices and no tokens."""
         for index in range(job.n if isinstance(job, GenerateJob) else 0):
             self.publisher.add_event(ChoiceEndEvent(id=job.id, seq=self.publisher.next_seq(job.id), index=index,
-                                                    finish_reason=FinishReason.CANCELLED))
+                                                    finish_reason="cancelled"))
         self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id),
                                            usage=Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)))
 

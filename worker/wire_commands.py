@@ -6,25 +6,21 @@ gateway reads, the journal-then-publish of an event, and the ack that also delet
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Mapping
 from typing import Any
 
 from shared import keys
-from shared.messages import WIRE_VERSION
+from shared.registry import RegistryEntry
 
 JOURNAL_MAXLEN = 100_000  # events kept per request (approximate trim)
 
 
-def queue_registration(pipe: Any, *, worker_id: str, model: str, slots: int, state: str, started: float,
-                       gauges: Mapping[str, int], ttl_s: float, now: float) -> None:
+def queue_registration(pipe: Any, entry: RegistryEntry, *, ttl_s: float) -> None:
     """Queue the registry hash (with its TTL) and the workers/models index scores of one heartbeat."""
-    key = keys.worker_key(worker_id)
-    pipe.hset(key, mapping={"model": model, "slots": slots, "version": WIRE_VERSION, "heartbeat": now,
-                            "started": started, "state": state, "host": socket.gethostname(), **gauges})
+    key = keys.worker_key(entry.worker_id)
+    pipe.hset(key, mapping=entry.to_hash())
     pipe.expire(key, max(1, int(ttl_s)))
-    pipe.zadd(keys.WORKERS_INDEX, {worker_id: now})
-    pipe.zadd(keys.MODELS_INDEX, {model: now})
+    pipe.zadd(keys.WORKERS_INDEX, {entry.worker_id: entry.heartbeat})
+    pipe.zadd(keys.MODELS_INDEX, {entry.model: entry.heartbeat})
 
 
 def queue_deregistration(pipe: Any, worker_id: str) -> None:

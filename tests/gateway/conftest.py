@@ -17,7 +17,6 @@ from redis.exceptions import ResponseError
 from gateway.app import create_app
 from shared import codec, keys
 from shared.messages import (
-    WIRE_VERSION,
     ChoiceEndEvent,
     DoneEvent,
     Event,
@@ -26,7 +25,9 @@ from shared.messages import (
     TokenEvent,
     Usage,
 )
+from shared.registry import RegistryEntry
 from shared.settings import Settings
+from worker.wire_commands import queue_registration
 
 MODEL = "smollm2"
 
@@ -76,13 +77,12 @@ class FakeWorker:
     async def register(self, **fields: Any) -> None:
         """Write a registry entry as a live worker does on each heartbeat (fields override)."""
         now = time.time()
-        entry = {"model": self.model, "slots": 8, "load": 0, "version": WIRE_VERSION, "heartbeat": now, "started": now}
-        entry.update(fields)
-        key = keys.worker_key(self.worker_id)
-        await self.redis.hset(key, mapping={k: str(v) for k, v in entry.items()})
-        await self.redis.expire(key, 10)
-        await self.redis.zadd(keys.WORKERS_INDEX, {self.worker_id: float(entry["heartbeat"])})
-        await self.redis.zadd(keys.MODELS_INDEX, {self.model: float(entry["heartbeat"])})
+        entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=8, heartbeat=now, started=now)
+        pipe = self.redis.pipeline(transaction=True)
+        queue_registration(pipe, entry, ttl_s=10)
+        if fields:
+            pipe.hset(keys.worker_key(self.worker_id), mapping={k: str(v) for k, v in fields.items()})
+        await pipe.execute()
 
     async def take(self, timeout: float = 3.0) -> Job:
         """The next job of this worker's model; checks the gateway subscribed before queueing it."""
@@ -132,7 +132,7 @@ class FakeWorker:
         fields.setdefault("token_ids", [len(text)])
         await self.send(TokenEvent(id=job.id, seq=self.next_seq(job.id), index=index, text=text, **fields))
 
-    async def end(self, job: Job, index: int = 0, reason: FinishReason = FinishReason.STOP) -> None:
+    async def end(self, job: Job, index: int = 0, reason: FinishReason = "stop") -> None:
         """Send one ChoiceEndEvent."""
         await self.send(ChoiceEndEvent(id=job.id, seq=self.next_seq(job.id), index=index, finish_reason=reason))
 
@@ -143,7 +143,7 @@ class FakeWorker:
         )
         await self.send(DoneEvent(id=job.id, seq=self.next_seq(job.id), usage=usage, **fields))
 
-    async def answer(self, job: Job, texts: list[str], reason: FinishReason = FinishReason.STOP) -> None:
+    async def answer(self, job: Job, texts: list[str], reason: FinishReason = "stop") -> None:
         """Tokens, choice end and done for a one-choice job."""
         for text in texts:
             await self.token(job, text)

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from shared.messages import EmbedJob, FinishReason, GenerateJob, TokenLogprob, TopLogprob
+from shared.messages import EmbedJob, GenerateJob, TokenLogprob, TopLogprob
 
 pytestmark = pytest.mark.anyio
 
@@ -37,7 +37,7 @@ async def test_chat_collects_tokens_of_every_choice(client, worker) -> None:
     await worker.token(job, "Hi", index=1)
     await worker.token(job, "Hello", index=0)
     await worker.token(job, " there", index=1)
-    await worker.end(job, index=0, reason=FinishReason.LENGTH)
+    await worker.end(job, index=0, reason='length')
     await worker.end(job, index=1)
     await worker.done(job, prompt_tokens=9, completion_tokens=3)
     response = await task
@@ -69,7 +69,7 @@ async def test_completion_with_echo_and_logprobs(client, worker) -> None:
     await worker.token(job, "Hi", token_ids=[1], logprobs=prompt_lp, echo=True)
     top = [TopLogprob(token_id=2, token="!", logprob=-0.1)]
     await worker.token(job, "!", token_ids=[2], logprobs=[TokenLogprob(token_id=2, token="!", logprob=-0.1, top=top)])
-    await worker.end(job, reason=FinishReason.LENGTH)
+    await worker.end(job, reason='length')
     await worker.done(job, prompt_tokens=1, completion_tokens=1)
     data = (await task).json()
     assert data["object"] == "text_completion" and data["id"].startswith("cmpl-")

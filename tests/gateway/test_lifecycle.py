@@ -10,7 +10,7 @@ import pytest
 
 from shared import codec, keys
 from shared.errors import DeadlineExceeded
-from shared.messages import CancelRequest, ChoiceEndEvent, DoneEvent, FinishReason, TokenEvent, Usage
+from shared.messages import CancelRequest, ChoiceEndEvent, DoneEvent, TokenEvent, Usage
 
 pytestmark = pytest.mark.anyio
 
@@ -157,7 +157,7 @@ async def test_after_a_reconnect_events_are_read_back_from_the_journal(app_clien
     # Published while the gateway's pub/sub connection was down: only the journal has them.
     for event in (
         TokenEvent(id=job.id, seq=0, text="X", token_ids=[1]),
-        ChoiceEndEvent(id=job.id, seq=1, finish_reason=FinishReason.STOP),
+        ChoiceEndEvent(id=job.id, seq=1, finish_reason="stop"),
         DoneEvent(id=job.id, seq=2, usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)),
     ):
         await worker.send(event, publish=False)

@@ -10,7 +10,7 @@ import pytest
 
 from gateway import serving
 from shared.errors import ContextLengthExceeded, InternalError
-from shared.messages import FinishReason, TokenLogprob, TopLogprob
+from shared.messages import TokenLogprob, TopLogprob
 
 pytestmark = pytest.mark.anyio
 
@@ -55,7 +55,7 @@ async def test_chat_stream_golden_bytes_with_usage(client, worker) -> None:
 async def test_chat_stream_golden_bytes_without_usage(client, worker) -> None:
     task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
     job = await worker.take()
-    await worker.answer(job, ["Hi"], reason=FinishReason.LENGTH)
+    await worker.answer(job, ["Hi"], reason='length')
     response = await task
     created = _created(response.content)
     head = f'"id":"chatcmpl-0123","object":"chat.completion.chunk","created":{created},"model":"smollm2","system_fingerprint":"fp_llmfleet"'
@@ -72,7 +72,7 @@ async def test_completion_stream_golden_bytes(client, worker) -> None:
     task = asyncio.create_task(client.post("/v1/completions", json=body))
     job = await worker.take()
     assert (job.prompt, job.max_tokens, job.echo) == ("Once", 2, False)
-    await worker.answer(job, [" upon", " a"], reason=FinishReason.LENGTH)
+    await worker.answer(job, [" upon", " a"], reason='length')
     response = await task
     created = _created(response.content)
     head = f'"id":"cmpl-0123","object":"text_completion","created":{created},"model":"smollm2","system_fingerprint":"fp_llmfleet"'
@@ -94,7 +94,7 @@ async def test_chat_stream_n2_logprobs_each_choice_starts_with_a_role_chunk(clie
     await worker.token(job, "A", index=1, token_ids=[5], logprobs=lp)
     await worker.token(job, "A", index=0, token_ids=[5], logprobs=lp)
     await worker.end(job, index=1)
-    await worker.end(job, index=0, reason=FinishReason.LENGTH)
+    await worker.end(job, index=0, reason='length')
     await worker.done(job)
     response = await task
     chunks = [json.loads(line[6:]) for line in response.text.split("\n\n") if line.startswith("data: {")]

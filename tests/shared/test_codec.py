@@ -15,7 +15,6 @@ from shared.messages import (
     DoneEvent,
     EmbedJob,
     ErrorEvent,
-    FinishReason,
     GenerateJob,
     Sampling,
     Timing,
@@ -58,7 +57,7 @@ MESSAGES = [
         ],
         echo=True,
     ),
-    ChoiceEndEvent(id="req-1", seq=2, index=1, finish_reason=FinishReason.LENGTH),
+    ChoiceEndEvent(id="req-1", seq=2, index=1, finish_reason='length'),
     DoneEvent(
         id="req-1",
         seq=3,
@@ -123,18 +122,18 @@ def _token_body(**changes: object) -> dict[str, object]:
         (_raw(version=WIRE_VERSION), "unknown message type None"),
         (msgpack.packb(_token_body(version=WIRE_VERSION + 1)), "wire version 2; this side speaks 1"),
         (msgpack.packb(_token_body(version="1")), "no integer version"),
-        (msgpack.packb({k: v for k, v in _token_body().items() if k != "seq"}), "missing field.*seq"),
-        (msgpack.packb(_token_body(surprise=1)), "unknown field.*surprise"),
-        (msgpack.packb(_token_body(seq="0")), r"token\.seq: expected int, got str"),
-        (msgpack.packb(_token_body(seq=True)), r"token\.seq: expected int, got bool"),
-        (msgpack.packb(_token_body(seq=-1)), "seq and index must be >= 0"),
-        (msgpack.packb(_token_body(token_ids=[1, "2"])), r"token_ids\[1\]: expected int"),
+        (msgpack.packb({k: v for k, v in _token_body().items() if k != "seq"}), "missing required field `seq`"),
+        (msgpack.packb(_token_body(surprise=1)), "unknown field `surprise`"),
+        (msgpack.packb(_token_body(seq="0")), r"invalid token message: Expected `int`, got `str` - at `\$\.seq`"),
+        (msgpack.packb(_token_body(seq=True)), r"Expected `int`, got `bool` - at `\$\.seq`"),
+        (msgpack.packb(_token_body(seq=-1)), r"Expected `int` >= 0 - at `\$\.seq`"),
+        (msgpack.packb(_token_body(token_ids=[1, "2"])), r"Expected `int`, got `str` - at `\$\.token_ids\[1\]`"),
         (msgpack.packb(_token_body(token_ids=[1], logprobs=[])), "one entry per token id"),
-        (msgpack.packb(_token_body(text=b"bytes", token_ids=[])), r"token\.text: expected str, got bytes"),
+        (msgpack.packb(_token_body(text=b"bytes", token_ids=[])), r"Expected `str`, got `bytes` - at `\$\.text`"),
         (b"\x81\xa4kind\xc7\x01\x05x", "unknown message type"),
         (
             _raw(kind="choice_end", version=WIRE_VERSION, id="r", seq=0, finish_reason="bored"),
-            "expected one of",
+            r"Invalid enum value 'bored' - at `\$\.finish_reason`",
         ),
         (
             _raw(kind="generate", version=WIRE_VERSION, id="r", model="m", created=1.0, deadline=2.0),
@@ -142,15 +141,27 @@ def _token_body(**changes: object) -> dict[str, object]:
         ),
         (
             _raw(kind="generate", version=WIRE_VERSION, id="r", model="m", created=1.0, deadline=2.0, prompt="p", priority="urgent"),
-            "priority: expected one of",
+            r"Invalid enum value 'urgent' - at `\$\.priority`",
         ),
         (
-            _raw(kind="generate", version=WIRE_VERSION, id="r", model="m", created=1.0, deadline=2.0, prompt="p", sampling={"top_p": "high"}),
-            r"top_p",  # the wire checks types; value ranges are the engine's (SamplingParams.validate)
+            _raw(kind="generate", version=WIRE_VERSION, id="r", model="m", created=1.0, deadline=2.0, prompt="p", sampling={"top_p": "0"}),
+            r"Expected `float`, got `str` - at `\$\.sampling\.top_p`",
+        ),
+        (
+            _raw(kind="generate", version=WIRE_VERSION, id="r", model="m", created=1.0, deadline=2.0, prompt="p", n=0),
+            r"Expected `int` >= 1 - at `\$\.n`",
+        ),
+        (
+            _raw(kind="error", version=WIRE_VERSION, id="r", seq=0, status=200, type="t", message="m"),
+            r"Expected `int` >= 400 - at `\$\.status`",
         ),
         (
             _raw(kind="embed", version=WIRE_VERSION, id="r", model="m", created=1.0, deadline=2.0, inputs=[["a"], [1]]),
-            "matches none of",
+            r"Expected `int`, got `str` - at `\$\.inputs\[0\]\[0\]`",
+        ),
+        (
+            _raw(kind="embed", version=WIRE_VERSION, id="r", model="m", created=1.0, deadline=2.0, inputs=["a", [1]]),
+            "all strings or all token-id lists",
         ),
     ],
 )
@@ -195,3 +206,24 @@ def test_floats_accept_integers_and_keep_infinities() -> None:
     assert all(type(v) is float for v in event.embeddings[0])
     lp = TokenEvent(id="r", seq=0, text="", token_ids=[1], logprobs=[TokenLogprob(token_id=1, token="", logprob=float("-inf"))])
     assert codec.decode(codec.encode(lp)) == lp
+
+
+def test_the_wire_checks_types_not_sampling_ranges() -> None:
+    """Out-of-range sampling values travel; the engine's SamplingParams.validate refuses them (one rule, one place)."""
+    job = GenerateJob(id="r", model="m", created=NOW, deadline=NOW + 1, prompt="p",
+                      sampling=Sampling(top_p=0.0, min_p=7.0, repetition_penalty=-1.0))
+    assert codec.decode(codec.encode(job)) == job
+
+
+def test_encode_refuses_lone_surrogates_and_numpy_ints() -> None:
+    import numpy as np
+
+    with pytest.raises(WireFormatError, match="cannot encode generate message"):
+        codec.encode(GenerateJob(id="r", model="m", created=NOW, deadline=NOW + 1, prompt="hi \ud800"))
+    with pytest.raises(WireFormatError, match="cannot encode token message"):
+        codec.encode(TokenEvent(id="r", seq=0, text="x", token_ids=[np.int64(3)]))  # type: ignore[list-item]
+
+
+def test_finish_reason_is_one_literal_type() -> None:
+    end = codec.decode(_raw(kind="choice_end", version=WIRE_VERSION, id="r", seq=0, finish_reason="cancelled"))
+    assert isinstance(end, ChoiceEndEvent) and end.finish_reason == "cancelled"

@@ -84,7 +84,7 @@ def test_generate_events_are_numbered_and_terminal_once(worker: WorkerRunner, cl
     assert [e.seq for e in events] == list(range(len(events)))
     tokens = [e for e in events if isinstance(e, TokenEvent)]
     assert len(tokens) == 10 and {e.index for e in tokens} == {0, 1}
-    assert [e.finish_reason.value for e in events if isinstance(e, ChoiceEndEvent)] == ["length", "length"]
+    assert [e.finish_reason for e in events if isinstance(e, ChoiceEndEvent)] == ["length", "length"]
     done = events[-1]
     assert isinstance(done, DoneEvent) and done.usage.prompt_tokens == 3 and done.usage.completion_tokens == 10
     journal = client.xrange(keys.journal_stream("g1"))
@@ -114,7 +114,7 @@ def test_cancel_frees_the_slot(worker: WorkerRunner, client: redis.Redis) -> Non
             first = codec.decode_event(msg["data"])
     client.publish(keys.cancel_channel(MODEL), codec.encode(CancelRequest(id="c1", model=MODEL, reason="test")))
     events = collect(pubsub)
-    assert any(isinstance(e, ChoiceEndEvent) and e.finish_reason.value == "cancelled" for e in events)
+    assert any(isinstance(e, ChoiceEndEvent) and e.finish_reason == "cancelled" for e in events)
     assert isinstance(events[-1], DoneEvent) and events[-1].usage.completion_tokens < 1500
     assert worker.scheduler.stats.active == 0
 
@@ -194,3 +194,14 @@ def test_worker_recovers_when_redis_restarts_empty(tiny_engine: Any, redis_serve
         thread.join(timeout=15)
         if replacement is not None:
             replacement.stop()
+
+
+@pytest.mark.parametrize(("sampling", "param"), [(Sampling(min_p=7.0), "min_p"),
+                                                  (Sampling(repetition_penalty=-1.0), "repetition_penalty"),
+                                                  (Sampling(top_k=-5), "top_k")])
+def test_out_of_range_sampling_is_a_400_event(worker: WorkerRunner, client: redis.Redis, sampling: Sampling,
+                                              param: str) -> None:
+    """The wire carries any value; the engine's SamplingParams.validate is the one range check."""
+    events = collect(submit(client, job(f"bad-{param}", sampling=sampling)))
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent)
+    assert (events[0].status, events[0].param) == (400, param)

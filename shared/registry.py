@@ -1,0 +1,56 @@
+"""The worker registry entry: the one schema of the hash `llmfleet:worker:{id}` that workers write and
+gateways read (see CONTRACT.md, "Registry").
+
+Live = the hash exists, `model` is non-empty, `version` == WIRE_VERSION, `heartbeat` is within the TTL and
+`state` is "ready" ("draining" workers finish what they hold but take nothing new).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+from shared.messages import WIRE_VERSION
+
+READY = "ready"
+DRAINING = "draining"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegistryEntry:
+    """One worker's registry hash, as fields."""
+
+    worker_id: str
+    model: str
+    slots: int
+    heartbeat: float  # unix s of the write
+    started: float  # unix s the worker started
+    state: str = READY
+    load: int = 0  # sequences in flight
+    served: int = 0  # requests ended so far
+    version: int = WIRE_VERSION
+    host: str = field(default_factory=socket.gethostname)
+
+    def to_hash(self) -> dict[str, str | int | float]:
+        """The hash fields to HSET (the worker id is the key, not a field)."""
+        return {"model": self.model, "slots": self.slots, "version": self.version, "heartbeat": self.heartbeat,
+                "started": self.started, "state": self.state, "host": self.host, "load": self.load,
+                "served": self.served}
+
+    @classmethod
+    def from_hash(cls, worker_id: str, fields: dict[bytes, bytes]) -> RegistryEntry | None:
+        """Parse a registry hash as HGETALL returns it; None when it is missing or malformed."""
+        values = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}
+        try:
+            heartbeat = float(values["heartbeat"])
+            return cls(worker_id=worker_id, model=values["model"], slots=int(values.get("slots", "0")),
+                       heartbeat=heartbeat, started=float(values.get("started", heartbeat)),
+                       state=values.get("state", READY), load=int(values.get("load", "0")),
+                       served=int(values.get("served", "0")), version=int(values["version"]),
+                       host=values.get("host", ""))
+        except (KeyError, ValueError):
+            return None
+
+    def is_live(self, now: float, ttl_s: float) -> bool:
+        """Whether the gateway may send this worker's model new jobs on its account."""
+        return self.version == WIRE_VERSION and self.state == READY and bool(self.model) and self.heartbeat >= now - ttl_s
