@@ -271,7 +271,7 @@ def test_speculation_respects_stop_strings_and_max_tokens(tiny_engine: Any) -> N
 
 def test_sampling_values_are_checked_by_the_engine_and_named(tiny_engine: Any) -> None:
     """The wire carries types only; an out-of-range value is the engine's to refuse, naming the field."""
-    from dataclasses import replace as replace_field
+    import msgspec
 
     from shared.errors import InvalidRequest
     from shared.messages import GenerateJob, Sampling
@@ -281,7 +281,7 @@ def test_sampling_values_are_checked_by_the_engine_and_named(tiny_engine: Any) -
                       sampling=Sampling(top_p=0.0))
     with pytest.raises(InvalidRequest, match="top_p"):
         generation_request(tiny_engine, job)
-    ok = generation_request(tiny_engine, replace_field(job, sampling=Sampling(top_p=0.5, seed=3)))
+    ok = generation_request(tiny_engine, msgspec.structs.replace(job, sampling=Sampling(top_p=0.5, seed=3)))
     assert ok.params.sampling.top_p == 0.5 and ok.params.sampling.seed == 3
 
 
