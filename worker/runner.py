@@ -266,7 +266,7 @@ class WorkerRunner:
             acks.append((self.stream, message_id))
             return
         if self.redis.exists(keys.cancelled_marker(job.id)):
-            self._end_cancelled_before_start(job)
+            self._end_without_tokens(job, "cancelled", prompt_tokens=0)
             acks.append((self.stream, message_id))
             return
         log.info("job %s", job.describe())
@@ -285,6 +285,10 @@ class WorkerRunner:
                 for index in range(job.n):
                     self.publisher.add_event(TokenEvent(id=job.id, seq=self.publisher.next_seq(job.id), index=index,
                                                         text=text, token_ids=list(request.prompt_ids), echo=True))
+            if request.params.max_tokens == 0:  # OpenAI's completions: no tokens, finish_reason "length"
+                self._end_without_tokens(job, "length", prompt_tokens=len(request.prompt_ids))
+                acks.append((self.stream, message_id))
+                return
             self.scheduler.add(request)
         except LLMFleetError as exc:
             self.publisher.add_error(job.id, exc)
@@ -318,13 +322,14 @@ class WorkerRunner:
         return EmbeddingRequest(job.id, inputs, pooling=job.pooling, normalize=job.normalize,
                                 priority=Priority.parse(job.priority))
 
-    def _end_cancelled_before_start(self, job: GenerateJob | EmbedJob) -> None:
-        """A job cancelled while it waited in the stream ends with cancelled choices and no tokens."""
+    def _end_without_tokens(self, job: GenerateJob | EmbedJob, reason: str, *, prompt_tokens: int) -> None:
+        """End a job with no generated tokens: every choice ends with `reason`, then Done (e.g. cancelled while
+        it waited in the stream, or max_tokens 0)."""
         for index in range(job.n if isinstance(job, GenerateJob) else 0):
             self.publisher.add_event(ChoiceEndEvent(id=job.id, seq=self.publisher.next_seq(job.id), index=index,
-                                                    finish_reason="cancelled"))
-        self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id),
-                                           usage=Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)))
+                                                    finish_reason=reason))
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
+        self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id), usage=usage))
 
     # ---- cancels and deadlines -------------------------------------------------------------------------
 

@@ -205,3 +205,15 @@ def test_out_of_range_sampling_is_a_400_event(worker: WorkerRunner, client: redi
     events = collect(submit(client, job(f"bad-{param}", sampling=sampling)))
     assert len(events) == 1 and isinstance(events[0], ErrorEvent)
     assert (events[0].status, events[0].param) == (400, param)
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_max_tokens_zero_ends_with_length_and_no_tokens(worker: WorkerRunner, client: redis.Redis, echo: bool) -> None:
+    """OpenAI's completions accept max_tokens 0 (scoring a prompt with echo): no tokens, finish_reason length."""
+    events = collect(submit(client, job(f"zero-{echo}", prompt_token_ids=[5, 6, 7], max_tokens=0, n=2, echo=echo)))
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    assert all(e.echo for e in tokens) and len(tokens) == (2 if echo else 0)
+    assert [e.finish_reason for e in events if isinstance(e, ChoiceEndEvent)] == ["length", "length"]
+    assert isinstance(events[-1], DoneEvent) and events[-1].usage.completion_tokens == 0
+    assert events[-1].usage.prompt_tokens == 3
+    assert [e.seq for e in events] == list(range(len(events)))
