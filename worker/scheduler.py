@@ -13,6 +13,7 @@ import numpy as np
 from shared.errors import QueueFull
 from worker.engine.batch_sampling import sample_batch
 from worker.engine.block_manager import NoFreeBlocks
+from worker.engine.embeddings import finish_pool, pool_chunk
 from worker.engine.engine import Engine
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams
@@ -98,21 +99,12 @@ class Scheduler:
         self._refresh_gauges()
 
     def _resume(self, group: RequestGroup) -> None:
-        """Continue another worker's request: replay each choice's sent tokens, then queue what is unfinished.
-
-        Replaying through the generation state rebuilds penalties, detokenizer bytes and stop-string holdback;
-        a sampled choice's generator skips the draws already made. Each choice then prefills prompt + its
-        tokens on its own (shared prompt blocks come from the prefix cache), so the stream goes on exactly.
-        """
+        """Continue another worker's request: replay each choice's sent tokens (GenerationState.replay), then
+        queue what is unfinished; each choice prefills prompt + its tokens alone (prompt blocks shared)."""
         request = group.request
         for seq, tokens in zip(group.sequences, request.resume_tokens):
             gen = seq.gen
-            for token in tokens:
-                if gen.finish_reason is not None:
-                    break
-                gen.accept(SampledToken(token))
-            if not gen.sampler.params.is_greedy:
-                gen.sampler.skip_draws(len(tokens))
+            gen.replay(tokens)
             if seq.index in request.resume_ended or gen.finish_reason is not None:
                 gen.finish_reason = gen.finish_reason or StopReason.STOP
                 seq.state = SeqState.FINISHED
@@ -252,15 +244,10 @@ class Scheduler:
         """Pool an embedding input's final hidden states (T, D) chunk by chunk; finish it after its last chunk."""
         request = seq.group.request
         assert isinstance(request, EmbeddingRequest)
-        part = hidden.sum(axis=0) if request.pooling == "mean" else hidden[-1]  # (D,)
-        seq.pooled = part if seq.pooled is None or request.pooling != "mean" else seq.pooled + part  # (D,)
+        seq.pooled = pool_chunk(seq.pooled, hidden, request.pooling)  # (D,)
         if seq.pending_prefill > 0:
             return
-        vector = seq.pooled / len(seq.embed_ids) if request.pooling == "mean" else seq.pooled  # (D,)
-        if request.normalize:
-            norm = float(np.linalg.norm(vector))
-            vector = vector / norm if norm > 0 else vector  # (D,)
-        seq.pooled = vector.astype(np.float32)  # (D,)
+        seq.pooled = finish_pool(seq.pooled, len(seq.embed_ids), request.pooling, request.normalize)  # (D,)
         seq.state = SeqState.FINISHED
         self._free(seq)
         self._active.remove(seq)

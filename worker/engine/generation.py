@@ -84,6 +84,18 @@ class GenerationState:
         self.finish_reason = reason
         return TokenOutput(token, text, sampled.logprob, list(sampled.top_logprobs), reason)
 
+    def replay(self, token_ids: list[int]) -> None:
+        """Take tokens that were already emitted elsewhere (a resumed stream): rebuild penalties, detokenizer
+        bytes and stop-string holdback silently, and advance a sampled sequence's generator past their draws."""
+        taken = 0
+        for token in token_ids:
+            if self.finish_reason is not None:
+                break
+            self.accept(SampledToken(int(token)))
+            taken += 1
+        if not self.sampler.params.is_greedy:
+            self.sampler.skip_draws(taken)  # one uniform per sampled token (Sampler.next_uniform)
+
     def _drain(self) -> str:
         """Release whatever text is still held back when the sequence ends for a reason other than a stop string."""
         tail, stopped = self.stop_matcher.push(self.detokenizer.flush())
