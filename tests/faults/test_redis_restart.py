@@ -6,69 +6,17 @@ and the gateway recover by themselves, and no request is told its model does not
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from process_cluster import MODEL, ready, wait_until
 
-from llmfleet.redis_server import BundledRedis, free_port
+from llmfleet.redis_server import BundledRedis
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-MODEL = "smollm2-135m"
-
-
-@pytest.fixture()
-def cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[tuple[str, BundledRedis, dict[str, str]]]:
-    """Redis, a gateway and one worker as processes; yields (gateway URL, the Redis, the env)."""
-    try:
-        server = BundledRedis().start()
-    except RuntimeError as exc:
-        pytest.skip(f"no redis-server available: {exc}")
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_HEARTBEAT_INTERVAL_S": "0.5",
-           "LLMFLEET_HEARTBEAT_TTL_S": "3", "LLMFLEET_LEASE_S": "4", "LLMFLEET_REGISTRY_CACHE_S": "0",
-           "LLMFLEET_REQUEST_TIMEOUT_S": "60", "LLMFLEET_THREADS": "1"}
-    procs = []
-    for name, args in (("gateway", ["gateway"]), ("worker", ["worker", "--model", MODEL])):
-        with (tmp_path / f"{name}.log").open("wb") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait(lambda: _ready(base).get("ready") is True, 240, "the cluster")
-        yield base, server, env
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        server.stop()
-
-
-def _ready(base: str) -> dict:
-    try:
-        return httpx.get(base + "/ready", timeout=2).json()
-    except (httpx.HTTPError, ValueError):
-        return {}
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _complete(base: str, max_tokens: int, outcome: dict) -> None:
@@ -87,8 +35,10 @@ def _complete(base: str, max_tokens: int, outcome: dict) -> None:
     outcome["seconds"] = time.monotonic() - started
 
 
-def test_redis_restarted_empty_mid_stream(cluster: tuple[str, BundledRedis, dict[str, str]]) -> None:
-    base, server, _env = cluster
+def test_redis_restarted_empty_mid_stream(start_cluster) -> None:
+    cluster = start_cluster(1, LLMFLEET_HEARTBEAT_INTERVAL_S="0.5", LLMFLEET_HEARTBEAT_TTL_S="3",
+                            LLMFLEET_LEASE_S="4", LLMFLEET_REQUEST_TIMEOUT_S="60")
+    base, server = cluster.base_url, cluster.redis
     open_request: dict = {}
     thread = threading.Thread(target=_complete, args=(base, 300, open_request))
     thread.start()
@@ -105,7 +55,7 @@ def test_redis_restarted_empty_mid_stream(cluster: tuple[str, BundledRedis, dict
         assert ("error" in open_request) != ("finish" in open_request and open_request.get("finish") == "length")
         if "error" in open_request:
             assert open_request.get("status") in (None, 503, 504), open_request
-        _wait(lambda: _ready(base).get("ready") is True, 15, "/ready after the restart")
+        wait_until(lambda: ready(base).get("ready") is True, 15, "/ready after the restart")
         statuses = []
         served = None
         while time.monotonic() - back < 30 and served is None:

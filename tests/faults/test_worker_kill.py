@@ -9,77 +9,23 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import redis
+from process_cluster import MODEL
+from process_cluster import wait_until as _wait
 
-from llmfleet.redis_server import BundledRedis, free_port
 from shared import keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-MODEL = "smollm2-135m"
 REQUESTS = [  # (name, request body extras), started one after the other so each worker holds one
     ("greedy", {"temperature": 0, "max_tokens": 120, "logprobs": 2, "stop": [" the end"]}),
     ("seeded-n2", {"temperature": 0.8, "top_p": 0.95, "seed": 5, "n": 2, "max_tokens": 120}),
 ]
-
-
-@pytest.fixture()
-def cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]], redis.Redis]]:
-    """Redis, a gateway and two workers; yields (gateway URL, the workers, a Redis client)."""
-    try:
-        server = BundledRedis().start()
-    except RuntimeError as exc:
-        pytest.skip(f"no redis-server available: {exc}")
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_SLOTS": "4",
-           "LLMFLEET_HEARTBEAT_INTERVAL_S": "0.5", "LLMFLEET_HEARTBEAT_TTL_S": "2", "LLMFLEET_LEASE_S": "30",
-           "LLMFLEET_REGISTRY_CACHE_S": "0", "LLMFLEET_THREADS": "1"}
-    procs = []
-    for name, args in (("gateway", ["gateway"]), ("worker-a", ["worker", "--model", MODEL]),
-                       ("worker-b", ["worker", "--model", MODEL])):
-        with (tmp_path / f"{name}.log").open("wb") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))
-    base = f"http://127.0.0.1:{port}"
-    client = redis.Redis.from_url(server.url)
-
-    def ready() -> bool:
-        try:
-            return httpx.get(base + "/ready", timeout=2).json().get("workers") == 2
-        except (httpx.HTTPError, ValueError):
-            return False
-
-    try:
-        _wait(ready, 240, "the cluster")
-        yield base, procs[1:], client
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        server.stop()
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _run(base: str, extras: dict, result: dict) -> None:
@@ -119,8 +65,10 @@ def _run_all(base: str, on_streaming=None) -> dict[str, dict]:
     return results
 
 
-def test_kill_9_mid_stream_is_invisible(cluster: tuple[str, list[subprocess.Popen[bytes]], redis.Redis]) -> None:
-    base, workers, client = cluster
+def test_kill_9_mid_stream_is_invisible(start_cluster) -> None:
+    cluster = start_cluster(2, LLMFLEET_SLOTS="4", LLMFLEET_HEARTBEAT_INTERVAL_S="0.5", LLMFLEET_HEARTBEAT_TTL_S="2",
+                            LLMFLEET_LEASE_S="30")
+    base, workers, client = cluster.base_url, cluster.workers, redis.Redis.from_url(cluster.redis.url)
     undisturbed = _run_all(base)
     assert all("error" not in r for r in undisturbed.values()), undisturbed
     killed_at: list[float] = []

@@ -1,0 +1,58 @@
+"""Real-process clusters for the fault tests: a redis-server, a gateway and SmolLM2 workers as processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from process_cluster import MODEL, ProcessCluster, ready, wait_until  # noqa: E402
+
+from llmfleet.redis_server import BundledRedis, free_port  # noqa: E402
+
+
+@pytest.fixture()
+def start_cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Callable[..., ProcessCluster]]:
+    """A factory: start Redis, a gateway and N workers with extra env settings; everything stops afterwards."""
+    procs: list[subprocess.Popen[bytes]] = []
+    servers: list[BundledRedis] = []
+
+    def start(workers: int, **settings: str) -> ProcessCluster:
+        try:
+            server = BundledRedis().start()
+        except RuntimeError as exc:
+            pytest.skip(f"no redis-server available: {exc}")
+        servers.append(server)
+        port = free_port()
+        env = {**os.environ, "REDIS_URL": server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_REGISTRY_CACHE_S": "0",
+               "LLMFLEET_THREADS": "1", **settings}
+        started = []
+        for name, args in [("gateway", ["gateway"])] + [(f"worker-{i}", ["worker", "--model", MODEL])
+                                                        for i in range(workers)]:
+            with (tmp_path / f"{name}.log").open("wb") as log:
+                started.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,
+                                                stderr=subprocess.STDOUT))
+        procs.extend(started)
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: ready(base).get("workers") == workers, 240, "the cluster")
+        return ProcessCluster(base, server, started[1:])
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for server in servers:
+            server.stop()

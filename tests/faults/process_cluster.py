@@ -1,0 +1,41 @@
+"""Helpers of the fault tests: waiting, reading /ready, a running cluster's handles."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from llmfleet.redis_server import BundledRedis
+
+MODEL = "smollm2-135m"
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll predicate until it holds, or fail naming what was awaited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ready(base_url: str) -> dict:
+    """The gateway's /ready body ({} when it does not answer)."""
+    try:
+        return httpx.get(base_url + "/ready", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+@dataclass
+class ProcessCluster:
+    """A running cluster: its gateway URL, its Redis and its worker processes."""
+
+    base_url: str
+    redis: BundledRedis
+    workers: list[subprocess.Popen[bytes]]
