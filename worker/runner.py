@@ -216,7 +216,11 @@ class WorkerRunner:
         claimed: list = []
         for consumer in self.redis.xinfo_consumers(self.stream, keys.JOBS_GROUP):
             name = _text(consumer["name"])
-            if name == self.worker_id or not consumer.get("pending") or self.redis.exists(keys.worker_key(name)):
+            if name == self.worker_id or self.redis.exists(keys.worker_key(name)):
+                continue
+            if not consumer.get("pending"):  # a dead worker that held nothing: forget it once it is long idle
+                if consumer.get("idle", 0) > self.settings.lease_s * 1000:
+                    self.redis.xgroup_delconsumer(self.stream, keys.JOBS_GROUP, name)
                 continue
             pending = self.redis.xpending_range(self.stream, keys.JOBS_GROUP, min="-", max="+", count=count,
                                                 consumername=name)

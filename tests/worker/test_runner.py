@@ -217,3 +217,14 @@ def test_max_tokens_zero_ends_with_length_and_no_tokens(worker: WorkerRunner, cl
     assert isinstance(events[-1], DoneEvent) and events[-1].usage.completion_tokens == 0
     assert events[-1].usage.prompt_tokens == 3
     assert [e.seq for e in events] == list(range(len(events)))
+
+
+def test_a_dead_workers_idle_consumer_is_forgotten(tiny_engine: Any, client: redis.Redis, settings: Settings) -> None:
+    """A consumer with nothing pending and no registry entry, idle past the lease, leaves the group."""
+    live = WorkerRunner(tiny_engine, client, settings, model=MODEL)
+    live.ensure_group()
+    client.xreadgroup(keys.JOBS_GROUP, "long-gone", {keys.jobs_stream(MODEL): ">"}, count=1)  # creates it
+    time.sleep(settings.lease_s + 0.2)
+    live._claim_from_dead_workers(4)
+    names = [c["name"] for c in client.xinfo_consumers(keys.jobs_stream(MODEL), keys.JOBS_GROUP)]
+    assert b"long-gone" not in names and "long-gone" not in names
