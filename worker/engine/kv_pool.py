@@ -82,10 +82,6 @@ class KVPool:
 
     # ---- the forward side -----------------------------------------------------------------------------
 
-    def slots(self, table: Array, positions: Array) -> tuple[Array, Array]:
-        """(block ids, offsets) of token positions (N,) in one sequence's block table."""
-        return table[positions // self.block_size], positions % self.block_size  # (N,) x2
-
     def write(self, layer: int, blocks: Array, offsets: Array, k: Array, v: Array) -> None:
         """Store new keys/values k, v (N, Hkv, Dh) at (blocks, offsets) (N,) of one layer."""
         self.keys[layer][:, blocks, offsets] = k.transpose(1, 0, 2)  # (Hkv, N, Dh)
