@@ -130,10 +130,7 @@ class WorkerRunner:
             fn()
             self._failures = 0
         except ResponseError as exc:
-            if "NOGROUP" in str(exc):  # Redis came back empty: recreate our stream and group, then go on
-                log.warning("the job stream or its group is gone (Redis restarted?); recreating it")
-                self._safe(self.ensure_group)
-            else:
+            if not self._recreate_lost_group(exc):
                 self._back_off(f"Redis error in the worker loop: {exc}")
         except RedisError as exc:
             self._back_off(f"Redis error in the worker loop: {exc} ({self.publisher.backlog} events and acks "
@@ -141,6 +138,14 @@ class WorkerRunner:
         except Exception:
             log.exception("unexpected error in the worker loop; continuing")
             time.sleep(0.5)
+
+    def _recreate_lost_group(self, exc: Exception) -> bool:
+        """On NOGROUP (Redis came back empty) recreate the stream and its group; True if that was the error."""
+        if "NOGROUP" not in str(exc):
+            return False
+        log.warning("the job stream or its group is gone (Redis restarted?); recreating it")
+        self._safe(self.ensure_group)
+        return True
 
     def _back_off(self, message: str) -> None:
         """Log and sleep 0.1 s, doubling per consecutive failure up to 2 s (the engine keeps its state)."""
@@ -162,9 +167,7 @@ class WorkerRunner:
                     self._reclaim(acks)
                 self._intake(acks, block=not self.scheduler.has_work and not acks and not self.publisher.backlog)
             except RedisError as exc:
-                if "NOGROUP" in str(exc):
-                    log.warning("the job stream or its group is gone (Redis restarted?); recreating it")
-                    self._safe(self.ensure_group)
+                self._recreate_lost_group(exc)
                 if not self.scheduler.has_work:
                     raise  # nothing to step: the loop backs off (and recreates a lost group)
                 # Redis is away but sequences run: keep stepping; their events wait in the publisher
