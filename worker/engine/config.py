@@ -24,6 +24,8 @@ class ModelConfig:
     rms_eps: float
     rope_base: float
     rope_dim: int
+    sliding_window: int = 0  # keys a sliding-window layer sees (itself included); 0: the architecture has none
+    final_logit_softcap: float = 0.0  # logits -> cap * tanh(logits / cap) when > 0
 
     @property
     def group_size(self) -> int:
@@ -69,4 +71,6 @@ class ModelConfig:
             rms_eps=float(metadata.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             rope_base=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
             rope_dim=int(metadata.get(f"{arch}.rope.dimension_count", head_dim)),
+            sliding_window=int(metadata.get(f"{arch}.attention.sliding_window", 0) or 0),
+            final_logit_softcap=float(metadata.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
         )

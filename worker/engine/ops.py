@@ -48,6 +48,23 @@ def rms_normalize(x: Array, eps: float) -> Array:
     return x / scale  # (N, D)
 
 
+def rms_normalize_heads(x: Array, eps: float) -> Array:
+    """RMS normalisation of every head vector of x (N, H, Dh) over Dh (QK-norm); a new array."""
+    scale = xp.einsum("nhd,nhd->nh", x, x)[:, :, None]  # (N, H, 1)
+    scale *= 1.0 / x.shape[2]
+    scale += eps
+    xp.sqrt(scale, out=scale)
+    return x / scale  # (N, H, Dh)
+
+
+def soft_cap(x: Array, cap: float) -> Array:
+    """cap * tanh(x / cap), in place (Gemma's logit soft-capping)."""
+    x *= 1.0 / cap
+    xp.tanh(x, out=x)
+    x *= cap
+    return x
+
+
 def rms_norm(x: Array, weight: Array, eps: float) -> Array:
     """RMSNorm with its weight applied (for norms that cannot be folded into a following matmul)."""
     return rms_normalize(x, eps) * weight  # (N, D)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from worker.engine.architectures.base import Architecture
+from worker.engine.architectures.gemma3 import Gemma3
 from worker.engine.architectures.llama import Llama
 from worker.engine.architectures.qwen2 import Qwen2
 from worker.engine.config import ModelConfig
 from worker.engine.errors import ModelLoadError
 
-ARCHITECTURES: dict[str, Architecture] = {arch.name: arch for arch in (Llama(), Qwen2())}
+ARCHITECTURES: dict[str, Architecture] = {arch.name: arch for arch in (Llama(), Qwen2(), Gemma3())}
 
 
 def architecture_for(config: ModelConfig, path: str) -> Architecture:

@@ -1,0 +1,155 @@
+"""The `gemma3` architecture: QK-norm, norms before and after attention and MLP, GeGLU, √D-scaled embeddings,
+sliding-window attention (window from metadata) on five of every six layers, a separate RoPE base for those.
+
+What the GGUF metadata does not say is taken from llama.cpp's gemma3 graph: layer i is global when
+i % 6 == 5, local layers use RoPE base 10000 (global ones the file's freq_base), the query scale is
+1/sqrt(head_dim) applied after QK-norm, and the converter already added Gemma's +1 to every norm weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from worker.engine import ops
+from worker.engine.architectures.common import fold_norm, fuse_rows, take
+from worker.engine.config import ModelConfig
+from worker.engine.forward_batch import ForwardBatch
+from worker.engine.ops import Array, RotaryTable
+
+SLIDING_WINDOW_PATTERN = 6  # every 6th layer (i % 6 == 5) attends globally
+LOCAL_ROPE_BASE = 10000.0
+
+
+def is_global_layer(layer: int) -> bool:
+    """Whether a layer attends over the whole sequence (the others use the sliding window)."""
+    return layer % SLIDING_WINDOW_PATTERN == SLIDING_WINDOW_PATTERN - 1
+
+
+@dataclass(frozen=True)
+class Gemma3Layer:
+    """One block; matrices are (out, in), C-contiguous; pre-norm weights folded into the following matmuls."""
+
+    wqkv: Array  # (H*Dh + 2*Hkv*Dh, D) fused query/key/value projection, attn_norm folded in
+    q_norm: Array  # (Dh,) QK-norm weight of queries, 1/sqrt(Dh) folded in
+    k_norm: Array  # (Dh,) QK-norm weight of keys
+    wo: Array  # (D, H*Dh)
+    post_attention_norm: Array  # (D,)
+    w_gate_up: Array  # (2F, D) fused gate/up projection, ffn_norm folded in
+    w_down: Array  # (D, F)
+    post_ffw_norm: Array  # (D,)
+    window: int  # 0 for a global layer
+    rotary: RotaryTable  # the local or the global table
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all arrays in the block (the shared rotary tables excluded)."""
+        arrays = (self.wqkv, self.q_norm, self.k_norm, self.wo, self.post_attention_norm, self.w_gate_up,
+                  self.w_down, self.post_ffw_norm)
+        return sum(a.nbytes for a in arrays)
+
+
+@dataclass(frozen=True)
+class Gemma3Weights:
+    """All weights; `output` is usually the embedding itself (tied)."""
+
+    config: ModelConfig
+    token_embedding: Array  # (V, D)
+    embedding_scale: float  # sqrt(D)
+    layers: tuple[Gemma3Layer, ...]
+    output_norm: Array  # (D,)
+    output: Array  # (V, D)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all distinct arrays."""
+        total = self.token_embedding.nbytes + self.output_norm.nbytes + sum(layer.nbytes for layer in self.layers)
+        return total + (0 if self.output is self.token_embedding else self.output.nbytes)
+
+
+class Gemma3:
+    """x += post_norm(Wo·attn(RoPE(QKnorm(Wqkv·norm(x))))); x += post_norm(Wdown·GeGLU(Wgate_up·norm(x)))."""
+
+    name = "gemma3"
+
+    def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> Gemma3Weights:
+        """Map GGUF tensors to fused, matmul-ready weights (Q/K rows are already in half-rotation order)."""
+        d, f, v, dh = config.d_model, config.d_ff, config.vocab_size, config.head_dim
+        q_dim, kv_dim = config.n_heads * dh, config.n_kv_heads * dh
+        query_scale = np.float32(1.0 / np.sqrt(dh))
+        global_rotary = RotaryTable(config.rope_dim, config.rope_base, config.context_length)
+        local_rotary = (RotaryTable(config.rope_dim, LOCAL_ROPE_BASE, config.context_length)
+                        if config.sliding_window > 0 else global_rotary)
+        layers = []
+        for i in range(config.n_layers):
+            p = f"blk.{i}."
+            local = config.sliding_window > 0 and not is_global_layer(i)
+            attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
+            ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
+            layers.append(Gemma3Layer(
+                wqkv=ops.asarray(fold_norm(fuse_rows(
+                    take(tensors, p + "attn_q.weight", (q_dim, d), path),
+                    take(tensors, p + "attn_k.weight", (kv_dim, d), path),
+                    take(tensors, p + "attn_v.weight", (kv_dim, d), path),
+                ), attn_norm)),  # (H*Dh + 2*Hkv*Dh, D)
+                q_norm=ops.asarray(take(tensors, p + "attn_q_norm.weight", (dh,), path) * query_scale),  # (Dh,)
+                k_norm=ops.asarray(take(tensors, p + "attn_k_norm.weight", (dh,), path)),  # (Dh,)
+                wo=ops.contiguous(ops.asarray(take(tensors, p + "attn_output.weight", (d, q_dim), path))),  # (D, H*Dh)
+                post_attention_norm=ops.asarray(take(tensors, p + "post_attention_norm.weight", (d,), path)),
+                w_gate_up=ops.asarray(fold_norm(fuse_rows(
+                    take(tensors, p + "ffn_gate.weight", (f, d), path),
+                    take(tensors, p + "ffn_up.weight", (f, d), path),
+                ), ffn_norm)),  # (2F, D)
+                w_down=ops.contiguous(ops.asarray(take(tensors, p + "ffn_down.weight", (d, f), path))),  # (D, F)
+                post_ffw_norm=ops.asarray(take(tensors, p + "post_ffw_norm.weight", (d,), path)),  # (D,)
+                window=config.sliding_window if local else 0,
+                rotary=local_rotary if local else global_rotary,
+            ))
+        embedding = ops.asarray(take(tensors, "token_embd.weight", (v, d), path))  # (V, D)
+        output = (ops.asarray(take(tensors, "output.weight", (v, d), path))
+                  if "output.weight" in tensors else embedding)  # (V, D)
+        return Gemma3Weights(
+            config=config,
+            token_embedding=embedding,
+            embedding_scale=float(np.sqrt(np.float32(d))),
+            layers=tuple(layers),
+            output_norm=ops.asarray(take(tensors, "output_norm.weight", (d,), path)),
+            output=output,
+        )
+
+    def embed(self, weights: Gemma3Weights, tokens: Array) -> Array:
+        """Token ids (N,) to embeddings scaled by sqrt(D): (N, D)."""
+        x = weights.token_embedding[tokens]  # (N, D) a copy: scaling in place is safe
+        x *= np.float32(weights.embedding_scale)
+        return x
+
+    def block(self, weights: Gemma3Weights, layer: int, x: Array, batch: ForwardBatch) -> Array:
+        """Attention then GeGLU MLP, each pre- and post-normed, residual; updates and returns x (N, D)."""
+        cfg, w = weights.config, weights.layers[layer]
+        n_heads, n_kv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        q_dim, kv_dim = n_heads * dh, n_kv * dh
+        qkv = ops.linear(ops.rms_normalize(x, cfg.rms_eps), w.wqkv)  # (N, H*Dh + 2*Hkv*Dh)
+        qk = ops.rms_normalize_heads(qkv[:, : q_dim + kv_dim].reshape(-1, n_heads + n_kv, dh),
+                                     cfg.rms_eps)  # (N, H+Hkv, Dh)
+        qk[:, :n_heads] *= w.q_norm  # (N, H, Dh)
+        qk[:, n_heads:] *= w.k_norm  # (N, Hkv, Dh)
+        cos, sin = batch.rope_angles(w.rotary)  # (N, 1, R/2) x2
+        w.rotary.apply(qk, cos, sin)
+        v = qkv[:, q_dim + kv_dim :].reshape(-1, n_kv, dh)  # (N, Hkv, Dh)
+        attn = batch.attention(layer, qk[:, :n_heads], qk[:, n_heads:], v, window=w.window)  # (N, H*Dh)
+        x += ops.rms_norm(ops.linear(attn, w.wo), w.post_attention_norm, cfg.rms_eps)  # (N, D)
+        mlp = ops.linear(ops.geglu(ops.linear(ops.rms_normalize(x, cfg.rms_eps), w.w_gate_up)), w.w_down)  # (N, D)
+        x += ops.rms_norm(mlp, w.post_ffw_norm, cfg.rms_eps)  # (N, D)
+        return x
+
+    def final_hidden(self, weights: Gemma3Weights, x: Array) -> Array:
+        """Final RMSNorm with its weight: (M, D)."""
+        return ops.rms_norm(x, weights.output_norm, weights.config.rms_eps)  # (M, D)
+
+    def logits(self, weights: Gemma3Weights, hidden: Array) -> Array:
+        """Tied output projection, soft-capped when the file asks for it: (M, V), rows contiguous."""
+        logits = ops.linear_rows(hidden, weights.output)  # (M, V)
+        if weights.config.final_logit_softcap > 0:
+            ops.soft_cap(logits, weights.config.final_logit_softcap)  # (M, V)
+        return logits
