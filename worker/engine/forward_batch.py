@@ -51,6 +51,7 @@ class ForwardBatch:
                         for i, n in enumerate(lengths) if n > 1]
         self._decode_lengths = np.array([entries[i].start + 1 for i in decode], np.int64)  # (B1,)
         self._decode_tables = None
+        self._decode_block_lists = [tables[i] for i in decode]
         if decode:
             width = int(-(-self._decode_lengths.max() // pool.block_size))
             padded = np.zeros((len(decode), width), np.int64)  # (B1, nb) block 0 pads: finite, masked out
@@ -58,7 +59,7 @@ class ForwardBatch:
                 used = tables[i][:width]
                 padded[row, : len(used)] = used
             self._decode_tables = ops.asarray(padded)  # (B1, nb)
-        self._masks: dict[int, Array] = {}
+        self._views: dict[int, tuple[Array, Array]] = {}  # window -> (tables, mask) of the decode rows
         self._angles: dict[int, tuple[Array, Array]] = {}
 
     @property
@@ -73,34 +74,52 @@ class ForwardBatch:
             angles = self._angles[id(rotary)] = rotary.angles(self.positions)  # (N, 1, R/2) x2
         return angles
 
-    def _decode_mask(self, window: int) -> Array:
-        """Additive (B1, L) mask of the decode rows: -inf past each length (and before its window)."""
-        mask = self._masks.get(window)
-        if mask is None:
-            width = self._decode_tables.shape[1] * self.pool.block_size
-            key_pos = np.arange(width)[None, :]  # (1, L)
-            lengths = self._decode_lengths[:, None]  # (B1, 1)
-            hidden = key_pos >= lengths  # (B1, L)
-            if window > 0:
-                hidden |= key_pos <= lengths - 1 - window  # (B1, L)
-            mask = ops.asarray(np.where(hidden, -np.inf, 0.0).astype(np.float32))  # (B1, L)
-            self._masks[window] = mask
-        return mask
+    def _decode_view(self, window: int) -> tuple[Array, Array]:
+        """Block tables (B1, nb) and additive mask (B1, nb*BS) of the decode rows for one attention span.
+
+        A sliding-window layer reads only the blocks that hold a row's last `window` positions, so its cost
+        stays bounded however long the sequences grow; -inf hides keys past a row's length or its window.
+        """
+        view = self._views.get(window)
+        if view is not None:
+            return view
+        bs, lengths = self.pool.block_size, self._decode_lengths  # (B1,)
+        if window <= 0 or int(lengths.max()) <= window:
+            tables, first = self._decode_tables, np.zeros_like(lengths)  # (B1, nb), (B1,)
+        else:
+            first = np.maximum(lengths - window, 0) // bs  # (B1,) first block inside the window
+            count = (lengths - 1) // bs - first + 1  # (B1,)
+            padded = np.zeros((len(lengths), int(count.max())), np.int64)  # (B1, nw) block 0 pads
+            for row, table in enumerate(self._decode_block_lists):
+                padded[row, : count[row]] = table[first[row] : first[row] + count[row]]
+            tables = ops.asarray(padded)  # (B1, nw)
+        key_pos = (first[:, None] * bs + np.arange(tables.shape[1] * bs)[None, :])  # (B1, L)
+        hidden = key_pos >= lengths[:, None]  # (B1, L)
+        if window > 0:
+            hidden |= key_pos <= lengths[:, None] - 1 - window  # (B1, L)
+        mask = ops.asarray(np.where(hidden, -np.inf, 0.0).astype(np.float32))  # (B1, L)
+        self._views[window] = (tables, mask)
+        return tables, mask
 
     def attention(self, layer: int, q: Array, k: Array, v: Array, *, window: int = 0) -> Array:
-        """Store this step's k, v (N, Hkv, Dh) in the pool, then attend q (N, H, Dh) for every row: (N, H*Dh)."""
+        """Store this step's k, v (N, Hkv, Dh) in the pool, then attend q (N, H, Dh) for every row: (N, H*Dh).
+
+        window > 0: each query sees only the last `window` positions (itself included), as llama.cpp's SWA.
+        """
         pool = self.pool
         pool.write(layer, self.write_blocks, self.write_offsets, k, v)
         n, n_heads, head_dim = q.shape
         out = ops.empty((n, n_heads * head_dim))  # (N, H*Dh)
         if self._decode_tables is not None:
-            keys, values = pool.gather(layer, self._decode_tables)  # (Hkv, B1, L, Dh) x2
+            tables, mask = self._decode_view(window)  # (B1, nb), (B1, L)
+            keys, values = pool.gather(layer, tables)  # (Hkv, B1, L, Dh) x2
             if self.all_decode:
-                return ops.attend_decode(q, keys, values, self._decode_mask(window))  # (N, H*Dh)
-            out[self.decode_rows] = ops.attend_decode(q[self.decode_rows], keys, values,
-                                                      self._decode_mask(window))  # (B1, H*Dh)
+                return ops.attend_decode(q, keys, values, mask)  # (N, H*Dh)
+            out[self.decode_rows] = ops.attend_decode(q[self.decode_rows], keys, values, mask)  # (B1, H*Dh)
         for i, s, e, table in self.prefill:
             start = self.entries[i].start
-            keys, values = pool.gather_one(layer, table, start + e - s)  # (Hkv, L, Dh) x2
-            out[s:e] = ops.attend_causal(q[s:e], keys, values, start, window)  # (T, H*Dh)
+            first_block = max(0, start - window + 1) // pool.block_size if window > 0 else 0
+            keys, values = pool.gather_one(layer, table, start + e - s, first_block)  # (Hkv, L', Dh) x2
+            out[s:e] = ops.attend_causal(q[s:e], keys, values, start, window,
+                                         key_start=first_block * pool.block_size)  # (T, H*Dh)
         return out

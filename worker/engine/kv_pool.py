@@ -106,10 +106,11 @@ class KVPool:
         length = nb * self.block_size
         return keys.reshape(n_kv, b, length, dh), values.reshape(n_kv, b, length, dh)  # (Hkv, B, L, Dh) x2
 
-    def gather_one(self, layer: int, table: Array, length: int) -> tuple[Array, Array]:
-        """Keys and values of positions [0, length) of one sequence: each (Hkv, length, Dh)."""
-        used = table[: -(-length // self.block_size)]  # (nb,)
+    def gather_one(self, layer: int, table: Array, length: int, first_block: int = 0) -> tuple[Array, Array]:
+        """Keys and values of positions [first_block*BS, length) of one sequence: each (Hkv, L', Dh)."""
+        used = table[first_block : -(-length // self.block_size)]  # (nb',)
         n_kv, dh = self.config.n_kv_heads, self.config.head_dim
-        keys = self.keys[layer][:, used].reshape(n_kv, -1, dh)[:, :length]  # (Hkv, L, Dh)
-        values = self.values[layer][:, used].reshape(n_kv, -1, dh)[:, :length]  # (Hkv, L, Dh)
+        span = length - first_block * self.block_size
+        keys = self.keys[layer][:, used].reshape(n_kv, -1, dh)[:, :span]  # (Hkv, L', Dh)
+        values = self.values[layer][:, used].reshape(n_kv, -1, dh)[:, :span]  # (Hkv, L', Dh)
         return keys, values

@@ -127,8 +127,11 @@ def softmax_inplace(scores: Array) -> Array:
     return scores
 
 
-def attend_causal(q: Array, keys: Array, values: Array, past: int, window: int = 0) -> Array:
-    """Causal GQA of T new (pre-scaled) queries over one sequence's L = past + T keys; window > 0 limits the span."""
+def attend_causal(q: Array, keys: Array, values: Array, past: int, window: int = 0, key_start: int = 0) -> Array:
+    """Causal GQA of T new (pre-scaled) queries at positions past.. over keys at positions key_start..past+T-1.
+
+    window > 0 limits each query to its last `window` positions (itself included).
+    """
     t, n_heads, head_dim = q.shape
     n_kv = keys.shape[0]
     group = n_heads // n_kv
@@ -136,7 +139,7 @@ def attend_causal(q: Array, keys: Array, values: Array, past: int, window: int =
     qg = q.reshape(t, n_kv, group, head_dim).transpose(1, 2, 0, 3)  # (Hkv, G, T, Dh)
     scores = xp.matmul(qg, keys[:, None].transpose(0, 1, 3, 2))  # (Hkv, G, T, L)
     query_pos = past + xp.arange(t)  # (T,)
-    key_pos = xp.arange(length)  # (L,)
+    key_pos = key_start + xp.arange(length)  # (L,)
     hidden = key_pos[None, :] > query_pos[:, None]  # (T, L)
     if window > 0:
         hidden |= key_pos[None, :] <= query_pos[:, None] - window  # (T, L)
