@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from shared.settings import Settings, SettingsError
 from worker.engine.errors import EngineError
@@ -87,8 +88,10 @@ def _settings(args: argparse.Namespace) -> Settings:
 
     settings = Settings.from_env()
     names = ("host", "port", "slots", "threads", "queue_limit", "max_body_bytes", "kv_budget_mib", "prefix_cache",
-             "max_batch_tokens", "max_prefill_tokens")
+             "max_batch_tokens", "max_prefill_tokens", "chat_template")
     overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    if overrides.get("chat_template"):  # serve's workers may start elsewhere: give them an absolute path
+        overrides["chat_template"] = str(Path(overrides["chat_template"]).expanduser().resolve())
     return replace(settings, **overrides)
 
 
@@ -116,7 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings.log_level)
-    return serve(args.model, settings, workers=args.workers)
+    return serve(args.model or ["smollm2-135m"], settings, workers=args.workers)
 
 
 def _slots_flag(raw: str) -> int:
@@ -142,6 +145,8 @@ def _add_server_flags(parser: argparse.ArgumentParser, *, gateway: bool, worker:
                             help="do not reuse the KV of shared prompt prefixes (LLMFLEET_PREFIX_CACHE=0)")
         parser.add_argument("--max-batch-tokens", type=int, default=None, help="LLMFLEET_MAX_BATCH_TOKENS (2048)")
         parser.add_argument("--max-prefill-tokens", type=int, default=None, help="LLMFLEET_MAX_PREFILL_TOKENS (512)")
+        parser.add_argument("--chat-template", default=None, metavar="FILE", help="a jinja2 chat template used "
+                            "instead of the model's own; base models need one for chat (LLMFLEET_CHAT_TEMPLATE)")
 
 
 def cmd_healthcheck(args: argparse.Namespace) -> int:
@@ -172,9 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_flags(p)
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("serve", help="everything on this machine: Redis, the gateway and N workers")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--workers", type=int, default=1)
+    p = sub.add_parser("serve", help="everything on this machine: Redis, the gateway and N workers per model")
+    p.add_argument("--model", action="append", default=None, help="repeat to serve several models "
+                   "(default smollm2-135m)")
+    p.add_argument("--workers", type=int, default=1, help="workers per model")
     _add_server_flags(p, gateway=True, worker=True)
     p.set_defaults(func=cmd_serve)
 

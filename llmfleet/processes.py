@@ -9,8 +9,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
-from shared.settings import Settings
+from shared.settings import Settings, SettingsError
 
 log = logging.getLogger("llmfleet")
 
@@ -28,6 +29,19 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def read_chat_template(path: str | None) -> str | None:
+    """The jinja2 source of a configured chat-template file (None when none is configured)."""
+    if not path:
+        return None
+    try:
+        source = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"LLMFLEET_CHAT_TEMPLATE: cannot read {path} ({exc})") from None
+    if not source.strip():
+        raise SettingsError(f"LLMFLEET_CHAT_TEMPLATE: {path} is empty")
+    return source
+
+
 def run_worker(model_name: str, settings: Settings) -> int:
     """Load the model and serve its job stream until SIGTERM/SIGINT, then drain and exit."""
     import redis
@@ -41,7 +55,7 @@ def run_worker(model_name: str, settings: Settings) -> int:
     blas_limits = threadpool_limits(limits=threads, user_api="blas")  # noqa: F841 (kept for the process's life)
     path = resolve(model_name, progress=sys.stderr.isatty())
     started = time.monotonic()
-    engine = Engine.load(path)
+    engine = Engine.load(path, chat_template=read_chat_template(settings.chat_template))
     log.info("loaded %s in %.1fs; %d BLAS threads", path.name, time.monotonic() - started, threads)
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, health_check_interval=30)
     runner = WorkerRunner(engine, client, settings, model=model_id(model_name))
@@ -79,20 +93,23 @@ def _http_ready(url: str) -> bool:
         return False
 
 
-def serve(model_name: str, settings: Settings, *, workers: int) -> int:
-    """Everything on one machine, supervised: Redis (bundled unless REDIS_URL is set), the gateway, N workers."""
+def serve(model_names: list[str], settings: Settings, *, workers: int) -> int:
+    """Everything on one machine, supervised: Redis (bundled unless REDIS_URL is set), the gateway, N workers
+    per model."""
     import socket
 
     from llmfleet.redis_server import BundledRedis
     from llmfleet.supervisor import STATUS_TTL_S, Child, Supervisor
     from shared import keys
-    from worker.models import resolve
+    from worker.models import model_id, resolve
 
-    resolve(model_name, progress=True)  # pull once here, so the workers do not race for it
+    for model_name in model_names:
+        resolve(model_name, progress=True)  # pull once here, so the workers do not race for it
     status_key = keys.supervisor_status(f"{socket.gethostname()}:{settings.port}")
     settings = replace(settings, supervisor_key=status_key)
     if not settings.threads:  # split the machine's cores among the workers (measured: see README)
-        settings = replace(settings, threads=max(1, (os.cpu_count() or 1) // max(1, workers)))
+        processes = max(1, workers * len(model_names))
+        settings = replace(settings, threads=max(1, (os.cpu_count() or 1) // processes))
     redis_server = None
     if not os.environ.get("REDIS_URL"):
         redis_server = BundledRedis().start()
@@ -101,7 +118,9 @@ def serve(model_name: str, settings: Settings, *, workers: int) -> int:
     env = {**os.environ, **settings_env(settings)}
     cli = [sys.executable, "-m", "llmfleet.cli"]
     gateway = Child("gateway", [*cli, "gateway"], env)
-    fleet = [Child(f"worker-{i + 1}", [*cli, "worker", "--model", model_name], env) for i in range(workers)]
+    fleet = [Child(f"worker-{i + 1}" if len(model_names) == 1 else f"worker-{model_id(name)}-{i + 1}",
+                   [*cli, "worker", "--model", name], env)
+             for name in model_names for i in range(workers)]
     alive = None if redis_server is None else (lambda: redis_server.process.poll() is None)
     supervisor = Supervisor(gateway, fleet, drain_timeout_s=settings.drain_timeout_s, redis_alive=alive,
                             status=_status_writer(settings.redis_url, status_key, STATUS_TTL_S))
@@ -112,7 +131,7 @@ def serve(model_name: str, settings: Settings, *, workers: int) -> int:
         supervisor.start()
         url = f"http://{settings.host}:{settings.port}"
         code = supervisor.run(ready=lambda: _http_ready(url), on_ready=lambda: print(
-            f"llmfleet is serving {model_name} at {url}/v1  (Ctrl-C drains and stops everything)", flush=True))
+            f"llmfleet is serving {', '.join(model_names)} at {url}/v1  (Ctrl-C drains and stops everything)", flush=True))
     except KeyboardInterrupt:  # a second signal
         forced, code = True, 130
     finally:

@@ -4,6 +4,7 @@
 |------------------------|--------|-----------------------|-------------------------|-------------|
 | InvalidRequest         | 400    | invalid_request_error | None                    |             |
 | ContextLengthExceeded  | 400    | invalid_request_error | context_length_exceeded |             |
+| NoChatTemplate         | 400    | invalid_request_error | no_chat_template        |             |
 | AuthenticationFailed   | 401    | authentication_error  | invalid_api_key         |             |
 | ModelNotFound          | 404    | invalid_request_error | model_not_found         |             |
 | NotFound (bad URL)     | 404    | invalid_request_error | None                    |             |
@@ -93,6 +94,12 @@ class ContextLengthExceeded(InvalidRequest):
     error_code = "context_length_exceeded"
 
 
+class NoChatTemplate(InvalidRequest):
+    """Chat completion asked of a model without a chat template (a base model with none configured)."""
+
+    error_code = "no_chat_template"
+
+
 class AuthenticationFailed(LLMFleetError):
     """Missing or wrong API key."""
 
@@ -174,6 +181,7 @@ _BY_STATUS_CODE: dict[tuple[int, str | None], type[LLMFleetError]] = {
     for cls in (
         InvalidRequest,
         ContextLengthExceeded,
+        NoChatTemplate,
         AuthenticationFailed,
         ModelNotFound,
         BodyTooLarge,

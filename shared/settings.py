@@ -56,6 +56,7 @@ class Settings:
     registry_cache_s: float = 1.0  # the gateway re-reads the worker registry at most this often
     drain_timeout_s: float = 60.0  # on SIGTERM/SIGINT: how long open streams may take to finish
     supervisor_key: str | None = None  # set by `serve`: the Redis hash /ready reads the supervisor's state from
+    chat_template: str | None = None  # a jinja2 chat template file workers use instead of the model's own
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -128,6 +129,7 @@ ENV: dict[str, str] = {
     "registry_cache_s": "LLMFLEET_REGISTRY_CACHE_S",
     "drain_timeout_s": "LLMFLEET_DRAIN_TIMEOUT_S",
     "supervisor_key": "LLMFLEET_SUPERVISOR_KEY",
+    "chat_template": "LLMFLEET_CHAT_TEMPLATE",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.errors import ContextLengthExceeded, InvalidRequest
+from shared.errors import ContextLengthExceeded, InvalidRequest, NoChatTemplate
 from shared.messages import GenerateJob
 from worker.engine.engine import Engine
-from worker.engine.errors import ContextLengthError, TemplateError
+from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
 from worker.engine.generation import GenerationParams
 from worker.engine.sampling import SamplingParams
 from worker.sequences import GenerationRequest, Priority
@@ -20,6 +20,10 @@ def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
                     for m in job.messages]
         try:
             return engine.encode_chat(messages, add_generation_prompt=job.add_generation_prompt)
+        except NoChatTemplateError:
+            raise NoChatTemplate(
+                f"model {job.model!r} has no chat template (it is a base model): use /v1/completions, or start "
+                "its workers with --chat-template FILE (LLMFLEET_CHAT_TEMPLATE)", param="messages") from None
         except TemplateError as exc:
             raise InvalidRequest(f"the model's chat template refused these messages: {exc}", param="messages") from None
     if job.prompt_token_ids is not None:

@@ -9,7 +9,7 @@ import numpy as np
 
 from worker.engine.chat_template import ChatTemplate
 from worker.engine.embeddings import Pooling, embed
-from worker.engine.errors import ContextLengthError
+from worker.engine.errors import ContextLengthError, NoChatTemplateError
 from worker.engine.generation import GenerationParams, GenerationState
 from worker.engine.model import Model
 from worker.engine.tokenizer import Tokenizer
@@ -18,17 +18,23 @@ from worker.engine.tokenizer import Tokenizer
 class Engine:
     """Everything needed to turn a prompt into tokens for one model file."""
 
-    def __init__(self, model: Model, tokenizer: Tokenizer, chat_template: ChatTemplate) -> None:
+    def __init__(self, model: Model, tokenizer: Tokenizer, chat_template: ChatTemplate | None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.chat_template = chat_template
 
     @classmethod
-    def load(cls, path: str | Path) -> Engine:
-        """Load a GGUF file: dequantized weights, tokenizer from its metadata, its chat template."""
+    def load(cls, path: str | Path, *, chat_template: str | None = None) -> Engine:
+        """Load a GGUF file: dequantized weights, tokenizer from its metadata, a chat template.
+
+        `chat_template` (jinja2 source) replaces the file's own; a file without one (a base model) and no
+        replacement leaves the engine without chat: encode_chat raises NoChatTemplateError.
+        """
         model = Model.from_file(path)
         tokenizer = Tokenizer.from_gguf_metadata(model.metadata, source=str(path))
-        template = ChatTemplate.from_gguf_metadata(model.metadata, tokenizer)
+        source = chat_template if chat_template is not None else model.metadata.get("tokenizer.chat_template")
+        template = (ChatTemplate.from_source(source, tokenizer)
+                    if isinstance(source, str) and source.strip() else None)
         return cls(model, tokenizer, template)
 
     @property
@@ -42,6 +48,8 @@ class Engine:
 
     def encode_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
         """Render messages through the model's chat template, then tokenize (no extra BOS: the template has it)."""
+        if self.chat_template is None:
+            raise NoChatTemplateError("the model has no chat template (it is a base model)")
         text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
         return self.tokenizer.encode(text, parse_special=True, add_bos=False)
 

@@ -24,3 +24,7 @@ class TemplateError(EngineError):
 
 class ContextLengthError(EngineError):
     """A sequence would not fit in the model's context window."""
+
+
+class NoChatTemplateError(TemplateError):
+    """Chat was asked of a model that has no chat template (a base model) and none was configured."""
