@@ -16,7 +16,8 @@ def compose() -> dict:
 
 
 def test_services(compose: dict) -> None:
-    assert set(compose["services"]) == {"redis", "gateway", "worker"}
+    assert set(compose["services"]) == {"redis", "gateway", "worker", "worker-gemma"}
+    assert compose["services"]["worker-gemma"]["profiles"] == ["gemma"]  # only with --profile gemma
 
 
 def test_redis_is_not_published(compose: dict) -> None:
@@ -32,8 +33,9 @@ def test_gateway_on_port_8000(compose: dict) -> None:
     assert "llmfleet" in gateway["healthcheck"]["test"]
 
 
-def test_worker_scales(compose: dict) -> None:
-    worker = compose["services"]["worker"]
+@pytest.mark.parametrize("name", ["worker", "worker-gemma"])
+def test_worker_scales(compose: dict, name: str) -> None:
+    worker = compose["services"][name]
     assert "container_name" not in worker and "ports" not in worker  # --scale worker=N works
     assert worker["environment"]["REDIS_URL"].startswith("redis://redis:")
     cache = worker["environment"]["LLMFLEET_CACHE"]
@@ -53,14 +55,14 @@ def test_commands_in_compose_exist(compose: dict) -> None:
     from llmfleet.cli import build_parser
 
     parser = build_parser()
-    for name in ("gateway", "worker"):
+    for name in ("gateway", "worker", "worker-gemma"):
         service = compose["services"][name]
         parser.parse_args(service["command"][1:])
         parser.parse_args(service["healthcheck"]["test"][2:])
 
 
 def test_stop_grace_covers_the_drain_timeout(compose: dict) -> None:
-    for name in ("gateway", "worker"):
+    for name in ("gateway", "worker", "worker-gemma"):
         service = compose["services"][name]
         drain = float(service["environment"]["LLMFLEET_DRAIN_TIMEOUT_S"])
         assert service["stop_signal"] == "SIGTERM"
