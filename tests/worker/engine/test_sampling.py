@@ -174,6 +174,36 @@ def test_nucleus_outside_the_prefix() -> None:
     assert max(tokens) < expected and len(set(tokens)) > expected // 2
 
 
+def _nucleus_by_full_sort(logits: np.ndarray, params: SamplingParams, uniform: float) -> int:
+    """The definition of a top_p/min_p draw: sort the whole row (best first, ties by id), keep the nucleus."""
+    scaled = logits.astype(np.float64) / params.temperature
+    order = np.lexsort((np.arange(len(scaled)), -scaled))
+    weights = np.exp(scaled[order] - scaled.max())
+    weights[np.cumsum(weights) - weights >= params.top_p * weights.sum()] = 0.0
+    weights[weights < params.min_p] = 0.0
+    cumulative = np.cumsum(weights)
+    return int(order[min(int((cumulative <= uniform * cumulative[-1]).sum()), len(order) - 1)])
+
+
+@pytest.mark.parametrize("scale", [8.0, 3.0, 0.5])  # nucleus inside 256, inside 8192, wider than 8192
+def test_wide_nuclei_on_a_large_vocabulary_match_the_full_sort(scale: float) -> None:
+    vocab = 40_000
+    logits = random_logits(7, vocab=vocab, scale=scale)
+    for seed in range(20):
+        params = SamplingParams(top_p=0.9, temperature=0.9, seed=seed)
+        uniform = Sampler(params, vocab).next_uniform()
+        assert Sampler(params, vocab).sample(logits, [], []).token_id == _nucleus_by_full_sort(logits, params, uniform)
+
+
+def test_temperature_only_draws_follow_the_distribution_without_sorting() -> None:
+    """The unranked path (no top_k/top_p): frequencies still match softmax(logits / T)."""
+    logits = np.log(np.array([0.05, 0.4, 0.15, 0.3, 0.1], np.float32))
+    sampler = Sampler(SamplingParams(seed=5, temperature=1.0, min_p=0.2), 5)
+    counts = np.bincount([sampler.sample(logits, [], []).token_id for _ in range(4000)], minlength=5) / 4000
+    kept = np.array([0.0, 0.4, 0.15, 0.3, 0.1]) / 0.95  # min_p 0.2 of the best (0.4) drops only the 0.05
+    assert np.allclose(counts, kept, atol=0.03)
+
+
 def test_rows_do_not_depend_on_the_rest_of_the_batch() -> None:
     """A row samples the same token whatever else is in the batch (a resumed stream reproduces)."""
     logits = np.stack([random_logits(s) for s in range(6)])  # (6, V)
