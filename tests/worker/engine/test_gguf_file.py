@@ -58,3 +58,40 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
 def test_separate_output_weight(tmp_path: Path) -> None:
     model = Model.from_file(write_tiny_gguf(tmp_path / "untied.gguf", tied=False))
     assert model.weights.output is not model.weights.token_embedding
+
+
+def test_own_parser_agrees_with_the_gguf_package(tiny_gguf_path: Path) -> None:
+    """Metadata and raw tensors as gguf's own (slow) reader sees them."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from worker.engine.gguf_file import read_metadata
+
+    reader = gguf.GGUFReader(str(tiny_gguf_path), "r")
+    expected = {}
+    for name, field in reader.fields.items():
+        value = field.contents()
+        expected[name] = value.item() if isinstance(value, np.generic) else value
+    assert read_metadata(tiny_gguf_path) == expected
+    contents = read_gguf(tiny_gguf_path)
+    for tensor in reader.tensors:
+        want = dequantize(tensor.data, tensor.tensor_type).reshape(tuple(reversed(tensor.shape.tolist())))
+        assert np.array_equal(contents.tensors[tensor.name], want), tensor.name
+
+
+def test_a_bad_tensor_type_is_named(tiny_gguf_path: Path, tmp_path: Path) -> None:
+    import struct
+
+    from worker.engine.gguf_file import _Cursor, _open, _parse_metadata
+
+    buffer = _open(tiny_gguf_path)
+    cursor = _Cursor(buffer)
+    _parse_metadata(cursor, tiny_gguf_path)
+    name = cursor.string()
+    type_pos = cursor.pos + 4 + 8 * cursor.scalar("<I")
+    data = bytearray(tiny_gguf_path.read_bytes())
+    data[type_pos : type_pos + 4] = struct.pack("<I", 999)
+    bad = tmp_path / "badtype.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match=f"tensor {name}: unknown type 999"):
+        read_gguf(bad)
