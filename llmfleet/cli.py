@@ -52,12 +52,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Run one request through the worker's scheduler (no Redis, no HTTP); stream only the completion."""
+    from llmfleet.processes import read_chat_template
     from worker.engine.engine import Engine
     from worker.engine.generation import GenerationParams
     from worker.engine.sampling import SamplingParams
     from worker.local_generation import generate
 
-    engine = Engine.load(resolve(args.model))
+    engine = Engine.load(resolve(args.model), chat_template=read_chat_template(args.chat_template))
     sampling = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
@@ -174,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="alias, path to a .gguf, or hf:owner/repo/file.gguf")
     p.add_argument("--prompt", required=True, help="raw text; special tokens like <|im_start|> are parsed")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message via the chat template")
+    p.add_argument("--chat-template", default=None, metavar="FILE", help="a jinja2 chat template instead of "
+                   "the model's own (base models have none)")
     _add_sampling_flags(p)
     p.set_defaults(func=cmd_generate)
 

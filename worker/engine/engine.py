@@ -49,7 +49,8 @@ class Engine:
     def encode_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
         """Render messages through the model's chat template, then tokenize (no extra BOS: the template has it)."""
         if self.chat_template is None:
-            raise NoChatTemplateError("the model has no chat template (it is a base model)")
+            raise NoChatTemplateError("the model has no chat template (it is a base model); configure one "
+                                      "(--chat-template FILE) or send raw prompts")
         text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
         return self.tokenizer.encode(text, parse_special=True, add_bos=False)
 
