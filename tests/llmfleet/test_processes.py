@@ -1,0 +1,34 @@
+"""llmfleet.processes helpers: the configured chat template is read once, with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmfleet.processes import read_chat_template, settings_env
+from shared.settings import Settings, SettingsError
+
+
+def test_no_template_configured_is_none() -> None:
+    assert read_chat_template(None) is None and read_chat_template("") is None
+
+
+def test_a_template_file_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "chat.jinja"
+    path.write_text("{{ messages[0].content }}", encoding="utf-8")
+    assert read_chat_template(str(path)) == "{{ messages[0].content }}"
+
+
+@pytest.mark.parametrize("content", [None, "  \n"])
+def test_missing_or_empty_template_is_a_settings_error(tmp_path: Path, content: str | None) -> None:
+    path = tmp_path / "chat.jinja"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SettingsError, match="LLMFLEET_CHAT_TEMPLATE: .*chat.jinja"):
+        read_chat_template(str(path))
+
+
+def test_serve_passes_the_template_to_its_workers(tmp_path: Path) -> None:
+    env = settings_env(Settings(chat_template=str(tmp_path / "t.jinja")))
+    assert Settings.from_env(env).chat_template == str(tmp_path / "t.jinja")
