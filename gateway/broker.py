@@ -23,6 +23,7 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from gateway.metrics import FleetSnapshot, GatewayMetrics
 from gateway.redis_errors import redis_unavailable
 from gateway.registry import Registry
 from gateway.subscriber import RESYNC, QueueItem, Subscriber
@@ -45,6 +46,7 @@ class Broker:
         self.settings = settings
         self.clock = clock
         self.registry = Registry(redis, settings, clock=clock)
+        self.metrics = GatewayMetrics()
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s)
 
     async def start(self) -> None:
@@ -133,6 +135,12 @@ class Broker:
                 "please retry",
                 retry_after=self.settings.retry_after_s,
             )
+
+    async def fleet_snapshot(self) -> FleetSnapshot:
+        """Live workers and the waiting jobs of each of their models, for /metrics."""
+        workers = await self.registry.live_workers()
+        models = sorted({w.model for w in workers})
+        return FleetSnapshot(workers, {model: await self.waiting(model) for model in models})
 
     async def waiting(self, model: str) -> int:
         """Jobs of `model` queued but not yet taken by any worker."""

@@ -15,6 +15,7 @@ from collections import deque
 import anyio
 
 from gateway.broker import Broker, EventStream
+from gateway.metrics import RequestTracker
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import ChoiceEndEvent, DoneEvent, ErrorEvent, Event, GenerateJob, TokenEvent, Usage
 
@@ -28,8 +29,9 @@ ChoiceEvent = TokenEvent | ChoiceEndEvent
 class Generation:
     """Events of several jobs as one sequence of (global choice index, token or choice-end event)."""
 
-    def __init__(self, streams: list[EventStream], n: int) -> None:
+    def __init__(self, streams: list[EventStream], n: int, tracker: RequestTracker | None = None) -> None:
         self._streams = streams
+        self._tracker = tracker
         self._n = n
         self._open = len(streams)
         self._buffer: deque[tuple[int, Event]] = deque()
@@ -61,33 +63,58 @@ class Generation:
         except BaseException:
             await cls(streams, 1).close()
             raise
-        return cls(streams, jobs[0].n)
+        return cls(streams, jobs[0].n, broker.metrics.track(jobs[0].model))
 
     async def prime(self) -> None:
         """Wait for the first event of every job; raise a job's error if it failed before it started."""
         seen: set[int] = set()
-        while len(seen) < len(self._streams):
-            job, event = await self._receive()
-            self._raise_error(event)
-            seen.add(job)
-            self._buffer.append((job, event))
+        try:
+            while len(seen) < len(self._streams):
+                job, event = await self._receive()
+                self._raise_error(event)
+                seen.add(job)
+                self._buffer.append((job, event))
+        except LLMFleetError as exc:
+            self.failed(exc)
+            raise
 
     async def next(self) -> tuple[int, ChoiceEvent] | None:
         """The next token or choice-end event with its global choice index; None once every job is done."""
+        try:
+            return await self._next()
+        except LLMFleetError as exc:
+            self.failed(exc)
+            raise
+
+    async def _next(self) -> tuple[int, ChoiceEvent] | None:
         while self._open:
             job, event = self._buffer.popleft() if self._buffer else await self._receive()
             self._raise_error(event)
             if isinstance(event, DoneEvent):
                 self._add_usage(event.usage)
                 self._open -= 1
+                if self._tracker is not None:
+                    self._tracker.job_done(event.timing)
                 continue
             if not isinstance(event, TokenEvent | ChoiceEndEvent) or event.index >= self._n:
                 raise InternalError(f"a worker sent an unexpected event for request {event.id}")
+            if self._tracker is not None:
+                if isinstance(event, ChoiceEndEvent):
+                    self._tracker.choice_ended(event.finish_reason)
+                elif not event.echo:
+                    self._tracker.token(len(event.token_ids))
             return job * self._n + event.index, event
         return None
 
+    def failed(self, error: LLMFleetError) -> None:
+        """Note the error that ends the request (for the metrics)."""
+        if self._tracker is not None:
+            self._tracker.failed(error.code)
+
     async def close(self) -> None:
         """Cancel unfinished jobs and stop listening; shielded from cancellation, bounded in time."""
+        if self._tracker is not None:
+            self._tracker.close(self.usage, complete=self._open == 0)
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
             for task in self._tasks:
                 task.cancel()

@@ -10,11 +10,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.http_errors import error_response
 from shared.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest
 
-OPEN_PATHS = frozenset({"/health", "/ready"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
 class ApiKeyMiddleware:
-    """Require `Authorization: Bearer <LLMFLEET_API_KEY>` on everything but /health and /ready."""
+    """Require `Authorization: Bearer <LLMFLEET_API_KEY>` on everything but /health, /ready and /metrics."""
 
     def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app = app

@@ -10,9 +10,10 @@ from gateway import protocol, responses, serving
 from gateway.broker import Broker
 from gateway.checks import parse_json_object
 from gateway.disconnect import unless_disconnected
+from gateway.metrics import CONTENT_TYPE, FleetSnapshot
 from gateway.protocol import ChatRequest, CompletionRequest
 from gateway.sse import SSEResponse
-from shared.errors import ModelNotFound
+from shared.errors import LLMFleetError, ModelNotFound
 from shared.settings import Settings
 
 
@@ -65,6 +66,16 @@ async def get_model(request: Request) -> Response:
     return JSONResponse(responses.model_object(model, int(min(w.started for w in workers))))
 
 
+async def metrics(request: Request) -> Response:
+    """GET /metrics: Prometheus text of this gateway's requests and the whole fleet's workers and queues."""
+    broker: Broker = request.app.state.broker
+    try:
+        snapshot = await broker.fleet_snapshot()
+    except LLMFleetError:  # Redis away: still export this gateway's own numbers
+        snapshot = FleetSnapshot()
+    return Response(broker.metrics.render(snapshot), media_type=CONTENT_TYPE)
+
+
 async def health(_request: Request) -> Response:
     """GET /health: the process is up."""
     return JSONResponse({"status": "ok"})
@@ -91,6 +102,7 @@ ROUTES = [
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
 ]

@@ -194,7 +194,7 @@ class ChunkStream:
 
 async def run_embeddings(broker: Broker, request: EmbeddingRequest, settings: Settings) -> dict[str, Any]:
     """Queue one embed job and turn its DoneEvent into an embeddings list."""
-    request_id, now = new_request_id(), time.time()
+    request_id, now, started = new_request_id(), time.time(), time.monotonic()
     stream = await broker.submit(build_embed_job(request, settings, request_id, now))
     try:
         async for event in stream:
@@ -204,6 +204,7 @@ async def run_embeddings(broker: Broker, request: EmbeddingRequest, settings: Se
                 vectors = event.embeddings or []
                 if len(vectors) != len(request.inputs):
                     raise InternalError(f"the worker returned {len(vectors)} embeddings for {len(request.inputs)} inputs")
+                broker.metrics.embedding_done(request.model, event.usage, started)
                 return responses.embedding_list(request.model, vectors, event.usage, request.encoding_format)
         raise InternalError("the event stream ended without a terminal event")
     finally:

@@ -14,6 +14,7 @@ from shared.messages import WIRE_VERSION
 
 READY = "ready"
 DRAINING = "draining"
+STAT_PREFIX = "stat."  # hash fields of the worker's statistics (exported by every gateway's /metrics)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,12 +31,15 @@ class RegistryEntry:
     served: int = 0  # requests ended so far
     version: int = WIRE_VERSION
     host: str = field(default_factory=socket.gethostname)
+    stats: dict[str, float] = field(default_factory=dict)  # scheduler counters and gauges, as `stat.<name>` fields
 
     def to_hash(self) -> dict[str, str | int | float]:
         """The hash fields to HSET (the worker id is the key, not a field)."""
-        return {"model": self.model, "slots": self.slots, "version": self.version, "heartbeat": self.heartbeat,
-                "started": self.started, "state": self.state, "host": self.host, "load": self.load,
-                "served": self.served}
+        fields: dict[str, str | int | float] = {
+            "model": self.model, "slots": self.slots, "version": self.version, "heartbeat": self.heartbeat,
+            "started": self.started, "state": self.state, "host": self.host, "load": self.load, "served": self.served}
+        fields.update({STAT_PREFIX + name: value for name, value in self.stats.items()})
+        return fields
 
     @classmethod
     def from_hash(cls, worker_id: str, fields: dict[bytes, bytes]) -> RegistryEntry | None:
@@ -47,7 +51,9 @@ class RegistryEntry:
                        heartbeat=heartbeat, started=float(values.get("started", heartbeat)),
                        state=values.get("state", READY), load=int(values.get("load", "0")),
                        served=int(values.get("served", "0")), version=int(values["version"]),
-                       host=values.get("host", ""))
+                       host=values.get("host", ""),
+                       stats={k.removeprefix(STAT_PREFIX): float(v) for k, v in values.items()
+                              if k.startswith(STAT_PREFIX)})
         except (KeyError, ValueError):
             return None
 

@@ -21,7 +21,8 @@ class Heartbeat:
     """Every interval: refresh the registry hash (model, slots, load, served, state) and renew held jobs' leases."""
 
     def __init__(self, redis: Redis, *, worker_id: str, model: str, slots: int, interval_s: float, ttl_s: float,
-                 gauges: Callable[[], dict[str, int]], held_jobs: Callable[[], list[str]]) -> None:
+                 gauges: Callable[[], dict[str, int]], held_jobs: Callable[[], list[str]],
+                 stats: Callable[[], dict[str, float]] | None = None) -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.model = model
@@ -30,6 +31,7 @@ class Heartbeat:
         self.ttl_s = ttl_s
         self._gauges = gauges  # {"load": sequences in flight, "served": requests ended so far}
         self._held_jobs = held_jobs
+        self._stats = stats or dict  # scheduler statistics for the fleet's /metrics
         self.state = "ready"
         self.started = time.time()
         self._stop = threading.Event()
@@ -42,7 +44,7 @@ class Heartbeat:
         gauges = self._gauges()
         entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=now,
                               started=self.started, state=self.state, load=gauges.get("load", 0),
-                              served=gauges.get("served", 0))
+                              served=gauges.get("served", 0), stats=self._stats())
         queue_registration(pipe, entry, ttl_s=self.ttl_s)
         pipe.execute()
         held = self._held_jobs()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -35,6 +36,10 @@ from worker.sequences import EmbeddingRequest, Priority
 
 log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 1.0  # how often a worker looks for dead or silent workers' jobs
+EXPORTED_STATS = frozenset({  # SchedulerStats fields every gateway's /metrics shows per worker
+    "active", "queue_depth", "kv_blocks_used", "kv_blocks_total", "prefix_queries", "prefix_hits",
+    "prefix_tokens_hit", "preemptions", "prompt_tokens", "generated_tokens", "requests_finished",
+    "requests_cancelled", "requests_failed", "steps", "speculated_tokens", "accepted_tokens"})
 IDLE_BLOCK_MS = 200
 
 
@@ -73,7 +78,7 @@ class WorkerRunner:
         self.served = 0  # requests that ended here (any way)
         self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
                                    interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
-                                   gauges=self._gauges, held_jobs=self._held_ids)
+                                   gauges=self._gauges, held_jobs=self._held_ids, stats=self._stats)
         self.cancels = CancelListener(redis, model)
 
     # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
@@ -84,6 +89,11 @@ class WorkerRunner:
 
     def _gauges(self) -> dict[str, int]:
         return {"load": self._load(), "served": self.served}
+
+    def _stats(self) -> dict[str, float]:
+        """The scheduler's counters and gauges as published for the fleet's /metrics (numbers only)."""
+        stats = dataclasses.asdict(self.scheduler.stats)
+        return {name: float(value) for name, value in stats.items() if name in EXPORTED_STATS}
 
     def _held_ids(self) -> list[str]:
         with self._lock:
