@@ -13,6 +13,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -69,9 +70,13 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
             if redis is None:
                 await client.aclose()
 
+    origins = [origin.strip() for origin in settings.cors_origins.split(",") if origin.strip()]
+    cors = [Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "OPTIONS"],
+                       allow_headers=["*"], max_age=600)] if origins else []  # outermost: preflights need no key
     app = Starlette(
         routes=ROUTES,
         middleware=[
+            *cors,
             Middleware(ApiKeyMiddleware, api_key=settings.api_key),
             Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
         ],

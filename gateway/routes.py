@@ -13,7 +13,7 @@ from gateway.disconnect import unless_disconnected
 from gateway.metrics import CONTENT_TYPE, FleetSnapshot
 from gateway.protocol import ChatRequest, CompletionRequest
 from gateway.sse import SSEResponse
-from shared.errors import LLMFleetError, ModelNotFound
+from shared.errors import InvalidRequest, LLMFleetError, ModelNotFound
 from shared.settings import Settings
 
 
@@ -30,22 +30,34 @@ async def _generate(request: Request, parsed: ChatRequest | CompletionRequest) -
     return JSONResponse(body)
 
 
+async def _body(request: Request) -> dict:
+    """The JSON object body; a missing `model` is the one model served when there is exactly one (as
+    llama-server does), else a 400 naming `model`."""
+    body = parse_json_object(await request.body())
+    if "model" not in body:
+        live = sorted(await request.app.state.broker.registry.live_models())
+        if len(live) != 1:
+            served = ", ".join(live) or "none"
+            raise InvalidRequest(f"Missing required parameter: 'model' ({len(live)} models are served: {served}).",
+                                 param="model")
+        body["model"] = live[0]
+    return body
+
+
 async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions"""
-    body = parse_json_object(await request.body())
-    return await _generate(request, protocol.parse_chat(body, request.app.state.settings))
+    return await _generate(request, protocol.parse_chat(await _body(request), request.app.state.settings))
 
 
 async def completions(request: Request) -> Response:
     """POST /v1/completions"""
-    body = parse_json_object(await request.body())
-    return await _generate(request, protocol.parse_completion(body, request.app.state.settings))
+    return await _generate(request, protocol.parse_completion(await _body(request), request.app.state.settings))
 
 
 async def embeddings(request: Request) -> Response:
     """POST /v1/embeddings"""
     broker, settings = _state(request)
-    parsed = protocol.parse_embeddings(parse_json_object(await request.body()), settings)
+    parsed = protocol.parse_embeddings(await _body(request), settings)
     body = await unless_disconnected(request.receive, serving.run_embeddings(broker, parsed, settings))
     return JSONResponse(body)
 
@@ -96,12 +108,16 @@ async def ready(request: Request) -> Response:
     return JSONResponse(body, status_code=status)
 
 
+OPENAI_ROUTES = [  # served under /v1 and, as llama-server does, without the prefix
+    ("/chat/completions", chat_completions, "POST"),
+    ("/completions", completions, "POST"),
+    ("/embeddings", embeddings, "POST"),
+    ("/models", list_models, "GET"),
+    ("/models/{model:path}", get_model, "GET"),
+]
 ROUTES = [
-    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    Route("/v1/completions", completions, methods=["POST"]),
-    Route("/v1/embeddings", embeddings, methods=["POST"]),
-    Route("/v1/models", list_models, methods=["GET"]),
-    Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+    *(Route(prefix + path, endpoint, methods=[method]) for prefix in ("/v1", "") for path, endpoint, method
+      in OPENAI_ROUTES),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
