@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import http_errors
+from gateway.api_keys import KeyStore
 from gateway.broker import Broker
 from gateway.disconnect import ClientDisconnected
 from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware
@@ -77,7 +79,8 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
         routes=ROUTES,
         middleware=[
             *cors,
-            Middleware(ApiKeyMiddleware, api_key=settings.api_key),
+            Middleware(ApiKeyMiddleware, keys=KeyStore(
+                Path(settings.keys_file).expanduser() if settings.keys_file else None, settings.api_key)),
             Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
         ],
         exception_handlers={

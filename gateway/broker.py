@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.metrics import FleetSnapshot, GatewayMetrics
+from gateway.rate_limit import RateLimiter
 from gateway.redis_errors import redis_unavailable
 from gateway.registry import Registry
 from gateway.subscriber import RESYNC, QueueItem, Subscriber
@@ -47,6 +48,7 @@ class Broker:
         self.clock = clock
         self.registry = Registry(redis, settings, clock=clock)
         self.metrics = GatewayMetrics()
+        self.limiter = RateLimiter(redis)
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s)
 
     async def start(self) -> None:

@@ -13,7 +13,9 @@ import logging
 from collections import deque
 
 import anyio
+from redis.exceptions import RedisError
 
+from gateway.api_keys import KeyRecord, current_key
 from gateway.broker import Broker, EventStream
 from gateway.metrics import RequestTracker
 from shared.errors import InternalError, LLMFleetError
@@ -26,12 +28,23 @@ CLOSE_TIMEOUT_S = 5.0
 ChoiceEvent = TokenEvent | ChoiceEndEvent
 
 
+async def charge_key(broker: Broker, key: KeyRecord, tokens: int) -> None:
+    """Charge a finished request's tokens to its API key (metrics, and its tokens-per-minute limit)."""
+    broker.metrics.key_tokens.labels(key.name).inc(tokens)
+    try:
+        await broker.limiter.charge_tokens(key, tokens)
+    except (RedisError, OSError) as exc:  # the request already ended; losing one charge is better than failing it
+        log.warning("could not charge %d tokens to key %s: %s", tokens, key.name, type(exc).__name__)
+
+
 class Generation:
     """Events of several jobs as one sequence of (global choice index, token or choice-end event)."""
 
     def __init__(self, streams: list[EventStream], n: int, tracker: RequestTracker | None = None) -> None:
         self._streams = streams
         self._tracker = tracker
+        self._key: KeyRecord | None = None  # the API key the request came with (its tokens are charged to it)
+        self._broker: Broker | None = None
         self._n = n
         self._open = len(streams)
         self._buffer: deque[tuple[int, Event]] = deque()
@@ -63,7 +76,9 @@ class Generation:
         except BaseException:
             await cls(streams, 1).close()
             raise
-        return cls(streams, jobs[0].n, broker.metrics.track(jobs[0].model))
+        generation = cls(streams, jobs[0].n, broker.metrics.track(jobs[0].model))
+        generation._key, generation._broker = current_key.get(), broker
+        return generation
 
     async def prime(self) -> None:
         """Wait for the first event of every job; raise a job's error if it failed before it started."""
@@ -116,6 +131,9 @@ class Generation:
         if self._tracker is not None:
             self._tracker.close(self.usage, complete=self._open == 0)
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+            if self._key is not None and self._broker is not None:
+                await charge_key(self._broker, self._key, self.usage.total_tokens)
+                self._key = None
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -102,6 +102,10 @@ class GatewayMetrics:
         self.queue_time = Histogram("llmfleet_request_queue_time_seconds", "Queued until a worker gave the "
                                     "request a batch slot (worker-measured).", ("model",), buckets=LATENCY_BUCKETS,
                                     registry=r)
+        self.rate_limited = Counter("llmfleet_api_key_rate_limited", "Requests refused by a key's limit.",
+                                    ("key", "limit"), registry=r)
+        self.key_tokens = Counter("llmfleet_api_key_tokens", "Tokens (prompt + completion) used per API key.",
+                                  ("key",), registry=r)
         self.in_flight = Gauge("llmfleet_gateway_requests_in_flight", "Requests this gateway is serving now.",
                                registry=r)
 

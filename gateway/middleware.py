@@ -2,41 +2,90 @@
 
 from __future__ import annotations
 
-import hmac
+import logging
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.api_keys import KeyStore, current_key
 from gateway.http_errors import error_response
-from shared.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest
+from gateway.redis_errors import redis_unavailable
+from shared.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest, LLMFleetError, RateLimited
+
+log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
 class ApiKeyMiddleware:
-    """Require `Authorization: Bearer <LLMFLEET_API_KEY>` on everything but /health, /ready and /metrics."""
+    """Require a known key (`Authorization: Bearer <key>` or `X-Api-Key: <key>`) on everything but the open
+    paths and CORS preflights; apply the key's rate limits and add OpenAI's x-ratelimit-* headers."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyStore) -> None:
         self.app = app
-        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.expected is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if (not self.keys.enabled or scope["type"] != "http" or scope["path"] in OPEN_PATHS
+                or scope["method"] == "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        given = Headers(scope=scope).get("authorization")
-        if given is None:
+        headers = Headers(scope=scope)
+        presented = _presented_key(headers)
+        record = None if presented is None else self.keys.lookup(presented)
+        if record is None:
             error = AuthenticationFailed(
-                "You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY'."
-            )
-        elif not hmac.compare_digest(given.encode(), self.expected):
-            error = AuthenticationFailed("Incorrect API key provided.")
-        else:
-            await self.app(scope, receive, send)
+                "You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY' "
+                "(or as X-Api-Key)." if presented is None else "Incorrect API key provided.")
+            response = error_response(error)
+            response.headers["WWW-Authenticate"] = "Bearer"
+            await response(scope, receive, send)
             return
-        response = error_response(error)
-        response.headers["WWW-Authenticate"] = "Bearer"
-        await response(scope, receive, send)
+        limit_headers: dict[str, str] = {}
+        if record.rpm or record.tpm:
+            broker = scope["app"].state.broker
+            try:
+                with redis_unavailable(broker.settings.retry_after_s):
+                    states = await broker.limiter.admit(record)
+            except LLMFleetError as exc:  # raised outside the app's handlers: answer here
+                await error_response(exc)(scope, receive, send)
+                return
+            for state in states:
+                limit_headers.update(state.headers())
+            denied = [s for s in states if not s.allowed]
+            if denied:
+                broker.metrics.rate_limited.labels(record.name, denied[0].kind).inc()
+                log.info("key %s: %s per minute limit reached", record.name, denied[0].kind)
+                response = error_response(RateLimited(
+                    f"Rate limit reached for {denied[0].kind} per minute ({denied[0].limit}) on key "
+                    f"'{record.name}'. Please try again in {max(s.retry_after_s for s in denied):g}s.",
+                    retry_after=max(s.retry_after_s for s in denied)))
+                response.headers.update(limit_headers)
+                await response(scope, receive, send)
+                return
+        log.info("key %s: %s %s", record.name, scope["method"], scope["path"])
+
+        async def send_with_limits(message: Message) -> None:
+            """Add the rate-limit headers to the response's start."""
+            if message["type"] == "http.response.start" and limit_headers:
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  *((k.encode(), v.encode()) for k, v in limit_headers.items())]}
+            await send(message)
+
+        token = current_key.set(record)
+        try:
+            await self.app(scope, receive, send_with_limits)
+        finally:
+            current_key.reset(token)
+
+
+def _presented_key(headers: Headers) -> str | None:
+    """The key of `Authorization: Bearer <key>`, else of `X-Api-Key`, else None."""
+    authorization = headers.get("authorization")
+    if authorization is not None and authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip()
+    api_key = headers.get("x-api-key")
+    return api_key.strip() if api_key else None
 
 
 class BodyLimitMiddleware:

@@ -22,8 +22,9 @@ from typing import Any
 import msgspec
 
 from gateway import responses
+from gateway.api_keys import current_key
 from gateway.broker import Broker
-from gateway.generation import Generation
+from gateway.generation import Generation, charge_key
 from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
 from gateway.responses import ChoiceResult, ChunkHeader
 from shared.errors import InternalError, LLMFleetError
@@ -205,6 +206,9 @@ async def run_embeddings(broker: Broker, request: EmbeddingRequest, settings: Se
                 if len(vectors) != len(request.inputs):
                     raise InternalError(f"the worker returned {len(vectors)} embeddings for {len(request.inputs)} inputs")
                 broker.metrics.embedding_done(request.model, event.usage, started)
+                key = current_key.get()
+                if key is not None:
+                    await charge_key(broker, key, event.usage.total_tokens)
                 return responses.embedding_list(request.model, vectors, event.usage, request.encoding_format)
         raise InternalError("the event stream ended without a terminal event")
     finally:

@@ -50,6 +50,31 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keys(args: argparse.Namespace) -> int:
+    """Add, list or revoke API keys in the key file the gateways read (LLMFLEET_KEYS_FILE)."""
+    from gateway import api_keys
+
+    path = Path(args.file).expanduser() if args.file else api_keys.default_path()
+    if args.action in ("add", "revoke") and not args.name:
+        print(f"llmfleet: keys {args.action} needs a name", file=sys.stderr)
+        return 2
+    try:
+        if args.action == "add":
+            key = api_keys.add(path, args.name, rpm=args.rpm, tpm=args.tpm)
+            print(f"{key}\n(shown once: only its sha256 is kept in {path})")
+        elif args.action == "revoke":
+            api_keys.revoke(path, args.name)
+            print(f"revoked {args.name}; gateways reading {path} refuse it within a second")
+        else:
+            for record in api_keys.load(path):
+                limits = f"rpm={record.rpm or 'unlimited'} tpm={record.tpm or 'unlimited'}"
+                print(f"{record.name}\t{limits}\tsha256:{record.digest[:12]}...")
+    except api_keys.KeyFileError as exc:
+        print(f"llmfleet: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """Run one request through the worker's scheduler (no Redis, no HTTP); stream only the completion."""
     from llmfleet.processes import read_chat_template
@@ -170,6 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pull", help="download a known model into the cache")
     p.add_argument("model", help="a known alias, e.g. smollm2-135m")
     p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("keys", help="manage API keys (LLMFLEET_KEYS_FILE, default ~/.config/llmfleet/keys.json)")
+    p.add_argument("action", choices=["add", "list", "revoke"])
+    p.add_argument("name", nargs="?", help="the key's name (add, revoke); logs and metrics show only this")
+    p.add_argument("--rpm", type=int, default=0, help="requests per minute (0 = unlimited)")
+    p.add_argument("--tpm", type=int, default=0, help="tokens (prompt + completion) per minute (0 = unlimited)")
+    p.add_argument("--file", default=None, help="the key file (default: LLMFLEET_KEYS_FILE or ~/.config/llmfleet/keys.json)")
+    p.set_defaults(func=cmd_keys)
 
     p = sub.add_parser("generate", help="generate with the engine alone (no Redis, no HTTP)")
     p.add_argument("--model", default="smollm2-135m", help="alias, path to a .gguf, or hf:owner/repo/file.gguf")

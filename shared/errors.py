@@ -145,6 +145,10 @@ class QueueFull(LLMFleetError):
     error_code = "rate_limit_exceeded"
 
 
+class RateLimited(QueueFull):
+    """An API key is over its requests- or tokens-per-minute limit (same status and code as OpenAI's)."""
+
+
 class InternalError(LLMFleetError):
     """A bug or a broken invariant; the message says what, never the prompt."""
 

@@ -57,6 +57,7 @@ class Settings:
     drain_timeout_s: float = 60.0  # on SIGTERM/SIGINT: how long open streams may take to finish
     supervisor_key: str | None = None  # set by `serve`: the Redis hash /ready reads the supervisor's state from
     chat_template: str | None = None  # a jinja2 chat template file workers use instead of the model's own
+    keys_file: str | None = None  # API keys managed by `llmfleet keys` (each with its own limits)
     cors_origins: str = ""  # comma-separated origins browsers may call the API from ("*" = any; empty = no CORS)
     log_level: str = "INFO"
 
@@ -131,6 +132,7 @@ ENV: dict[str, str] = {
     "drain_timeout_s": "LLMFLEET_DRAIN_TIMEOUT_S",
     "supervisor_key": "LLMFLEET_SUPERVISOR_KEY",
     "chat_template": "LLMFLEET_CHAT_TEMPLATE",
+    "keys_file": "LLMFLEET_KEYS_FILE",
     "cors_origins": "LLMFLEET_CORS_ORIGINS",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
