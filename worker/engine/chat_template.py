@@ -357,24 +357,11 @@ class ChatTemplate:
             raise TemplateError(f"chat template cannot be compiled: {_describe(exc)}") from None
 
     @classmethod
-    def from_source(cls, source: str, tokenizer: Tokenizer, **caps: Any) -> ChatTemplate:
-        """A template from jinja2 source, with the tokenizer's bos/eos texts."""
+    def from_source(cls, source: str | None, tokenizer: Tokenizer, **caps: Any) -> ChatTemplate:
+        """A template from jinja2 source (None: ChatML), with the tokenizer's bos/eos texts."""
         bos_id, eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
         return cls(
             source,
-            bos_token=tokenizer.token_text(bos_id) if bos_id is not None else "",
-            eos_token=tokenizer.token_text(eos_id) if eos_id is not None else "",
-            **caps,
-        )
-
-    @classmethod
-    def from_gguf_metadata(
-        cls, metadata: Mapping[str, Any], tokenizer: Tokenizer, **caps: Any
-    ) -> ChatTemplate:
-        """The model's own template (`tokenizer.chat_template`), or ChatML when it has none."""
-        bos_id, eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
-        return cls(
-            metadata.get("tokenizer.chat_template"),
             bos_token=tokenizer.token_text(bos_id) if bos_id is not None else "",
             eos_token=tokenizer.token_text(eos_id) if eos_id is not None else "",
             **caps,

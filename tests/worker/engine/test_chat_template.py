@@ -29,7 +29,7 @@ def smollm2_template(smollm2_gguf_path: Path) -> ChatTemplate:
     from worker.engine.tokenizer import Tokenizer
 
     metadata = read_metadata(smollm2_gguf_path)
-    return ChatTemplate.from_gguf_metadata(metadata, Tokenizer.from_gguf_metadata(metadata))
+    return ChatTemplate.from_source(metadata.get("tokenizer.chat_template"), Tokenizer.from_gguf_metadata(metadata))
 
 
 @pytest.mark.slow
