@@ -32,22 +32,32 @@ class JournalState:
 
 
 class JournalUnusable(Exception):
-    """The journal cannot be trusted for a resume (trimmed, gapped or unreadable)."""
+    """The journal cannot be trusted for a resume (trimmed, gapped or unreadable).
+
+    `next_seq` is one past the highest seq it records, so an error event sent next is not taken for a
+    duplicate by the gateway (which drops every seq it has already seen)."""
+
+    def __init__(self, message: str, next_seq: int) -> None:
+        super().__init__(message)
+        self.next_seq = next_seq
 
 
 def read_journal(redis: Redis, request_id: str) -> JournalState:
     """Replay the journal of a request into a JournalState, or raise JournalUnusable."""
     state = JournalState()
-    field_name = keys.JOURNAL_EVENT_FIELD.encode()
-    for _entry, fields in redis.xrange(keys.journal_stream(request_id)):
+    entries = redis.xrange(keys.journal_stream(request_id))
+    event_field, seq_field = keys.JOURNAL_EVENT_FIELD.encode(), keys.JOURNAL_SEQ_FIELD.encode()
+    highest = max((_seq(fields.get(seq_field)) for _entry, fields in entries), default=-1)
+    for _entry, fields in entries:
         try:
-            event = codec.decode_event(fields[field_name])
+            event = codec.decode_event(fields[event_field])
         except (WireFormatError, KeyError) as exc:
-            raise JournalUnusable(f"an unreadable journal entry ({exc})") from None
+            raise JournalUnusable(f"an unreadable journal entry ({exc})", highest + 1) from None
         if event.seq < state.next_seq:
             continue  # a duplicate
         if event.seq != state.next_seq:
-            raise JournalUnusable(f"the journal jumps from seq {state.next_seq - 1} to {event.seq}")
+            raise JournalUnusable(f"the journal jumps from seq {state.next_seq - 1} to {event.seq}",
+                                  max(highest, event.seq) + 1)
         state.next_seq += 1
         if isinstance(event, TokenEvent):
             if event.echo:
@@ -59,3 +69,11 @@ def read_journal(redis: Redis, request_id: str) -> JournalState:
         elif is_terminal(event):
             state.terminal = True
     return state
+
+
+def _seq(value: bytes | None) -> int:
+    """A journal entry's seq field (-1 when missing or unreadable)."""
+    try:
+        return int(value) if value is not None else -1
+    except ValueError:
+        return -1
