@@ -5,12 +5,12 @@ from __future__ import annotations
 import msgspec
 
 from shared.errors import ContextLengthExceeded, InvalidRequest, NoChatTemplate
-from shared.messages import GenerateJob
+from shared.messages import EmbedJob, GenerateJob
 from worker.engine.engine import Engine
 from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
 from worker.engine.generation import GenerationParams
 from worker.engine.sampling import SamplingParams
-from worker.sequences import GenerationRequest, Priority
+from worker.sequences import EmbeddingRequest, GenerationRequest, Priority
 
 
 def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
@@ -65,3 +65,20 @@ def sampling_params(job: GenerateJob) -> SamplingParams:
     Values are not range-checked here; `SamplingParams.validate` is the one place that does.
     """
     return SamplingParams(**msgspec.structs.asdict(job.sampling), logprobs=job.logprobs)
+
+
+def embedding_request(engine: Engine, job: EmbedJob) -> EmbeddingRequest:
+    """The scheduler request of an embed job: every input tokenized and checked."""
+    inputs = []
+    for i, item in enumerate(job.inputs):
+        ids = engine.encode_prompt(item) if isinstance(item, str) else list(item)
+        if not ids:
+            raise InvalidRequest(f"input {i} is empty", param="input")
+        if len(ids) > engine.context_length:
+            raise InvalidRequest(f"input {i} has {len(ids)} tokens, over the context length "
+                                 f"{engine.context_length}", param="input")
+        if any(not 0 <= t < engine.model.config.vocab_size for t in ids):
+            raise InvalidRequest(f"input {i} has a token id outside the vocabulary", param="input")
+        inputs.append(ids)
+    return EmbeddingRequest(job.id, inputs, pooling=job.pooling, normalize=job.normalize,
+                            priority=Priority.parse(job.priority))
