@@ -12,6 +12,8 @@ Layout (values in brackets are what is stored there):
                                  every worker of the model listens
   llmfleet:cancelled:{request_id} string "1" with a TTL; set with every cancel so a worker that takes
                                  the job later (or missed the publish) still sees it
+  llmfleet:owner:{request_id}    string "<epoch>:<worker_id>" (then "done"), TTL request timeout + 60 s: the
+                                 fence of the request's journal, channel and ack (worker/fencing.py)
   llmfleet:worker:{worker_id}    hash, the worker's registry entry, EXPIRE heartbeat TTL
   llmfleet:workers               sorted set worker_id -> last heartbeat (unix s)
   llmfleet:models                sorted set model -> last heartbeat of any worker serving it (unix s)
@@ -64,3 +66,8 @@ def worker_key(worker_id: str) -> str:
 def supervisor_status(name: str) -> str:
     """Hash: what one `llmfleet serve` supervises (workers expected, running, given up); TTL-refreshed."""
     return f"{PREFIX}supervisor:{name}"
+
+
+def owner_key(request_id: str) -> str:
+    """Who may write one request's events now ("<epoch>:<worker_id>", or "done")."""
+    return f"{PREFIX}owner:{request_id}"

@@ -1,4 +1,7 @@
-"""The worker's registry entry and job leases, kept fresh by a background thread."""
+"""The worker's registry entry and job leases, kept fresh by a background thread.
+
+Leases are renewed only for jobs this worker still owns (worker.fencing.RENEW_SCRIPT): a worker that wakes
+from a stall does not pull back an entry another worker took over, and learns at once that it lost it."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from redis.exceptions import RedisError
 
 from shared import keys
 from shared.registry import RegistryEntry
+from worker.fencing import Lease, renew_leases
 from worker.wire_commands import queue_deregistration, queue_registration
 
 log = logging.getLogger(__name__)
@@ -21,8 +25,9 @@ class Heartbeat:
     """Every interval: refresh the registry hash (model, slots, load, served, state) and renew held jobs' leases."""
 
     def __init__(self, redis: Redis, *, worker_id: str, model: str, slots: int, interval_s: float, ttl_s: float,
-                 gauges: Callable[[], dict[str, int]], held_jobs: Callable[[], list[str]],
-                 stats: Callable[[], dict[str, float]] | None = None) -> None:
+                 gauges: Callable[[], dict[str, int]], held_jobs: Callable[[], list[Lease]],
+                 stats: Callable[[], dict[str, float]] | None = None,
+                 on_lost: Callable[[list[str]], None] | None = None) -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.model = model
@@ -31,6 +36,7 @@ class Heartbeat:
         self.ttl_s = ttl_s
         self._gauges = gauges  # {"load": sequences in flight, "served": requests ended so far}
         self._held_jobs = held_jobs
+        self._on_lost = on_lost or (lambda entry_ids: None)  # told the entries another worker owns now
         self._stats = stats or dict  # scheduler statistics for the fleet's /metrics
         self.state = "ready"
         self.started = time.time()
@@ -49,7 +55,9 @@ class Heartbeat:
         pipe.execute()
         held = self._held_jobs()
         if held:  # XCLAIM by the owner resets the idle time: the lease other workers respect
-            self.redis.xclaim(keys.jobs_stream(self.model), keys.JOBS_GROUP, self.worker_id, 0, held, justid=True)
+            lost = renew_leases(self.redis, keys.jobs_stream(self.model), self.worker_id, held)
+            if lost:
+                self._on_lost(lost)
 
     def deregister(self) -> None:
         """Remove the registry entry (clean shutdown)."""

@@ -1,14 +1,20 @@
-"""Scheduler events to wire events: numbered per request, journaled, and published in one round trip."""
+"""Scheduler events to wire events: numbered per request, journaled, and published in one round trip.
+
+A request the runner owns (worker.fencing) has its events and its ack written by one fenced script call per
+flush, refused if another worker took the request over since; the refused requests are reported in
+`fenced_off` for the runner to drop. Requests without an owner value (tests, stand-ins) use plain commands.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from redis import Redis
 from redis.exceptions import ResponseError
 
-from shared import codec
+from shared import codec, keys
 from shared.errors import LLMFleetError
 from shared.messages import (
     ChoiceEndEvent,
@@ -23,6 +29,7 @@ from shared.messages import (
 )
 from worker.engine.stopping import StopReason
 from worker.engine.tokenizer import Tokenizer
+from worker.fencing import is_noscript, load_scripts, queue_fenced_publish
 from worker.sequences import EmbeddingDone, RequestDone, RequestFailed, SequenceStep
 from worker.wire_commands import queue_event, queue_job_done
 
@@ -40,12 +47,28 @@ class EventPublisher:
         self._next_seq: dict[str, int] = {}
         self._pending: list[Event] = []
         self._acks: list[tuple[str, str]] = []  # (stream, entry id) of jobs whose terminal event is queued
+        self._owners: dict[str, str] = {}  # request id -> the owner value its writes are fenced with
+        self._entries: dict[str, str] = {}  # job entry id -> request id (its ack goes with the fenced write)
+        self.fenced_off: list[tuple[str, str]] = []  # (request id, current owner): refused writes, to drop
 
     def next_seq(self, request_id: str) -> int:
         """Allocate the next sequence number of a request."""
         seq = self._next_seq.get(request_id, 0)
         self._next_seq[request_id] = seq + 1
         return seq
+
+    def own(self, request_id: str, owner: str, entry_id: str) -> None:
+        """Fence every later write of a request, and the ack of its job entry, with its owner value."""
+        self._owners[request_id] = owner
+        self._entries[entry_id] = request_id
+
+    def forget(self, request_id: str) -> None:
+        """Drop everything queued or known for a request (another worker owns it now)."""
+        self._pending = [event for event in self._pending if event.id != request_id]
+        self._acks = [ack for ack in self._acks if self._entries.get(ack[1]) != request_id]
+        self._entries = {entry: rid for entry, rid in self._entries.items() if rid != request_id}
+        self._owners.pop(request_id, None)
+        self._next_seq.pop(request_id, None)
 
     def resume_from(self, request_id: str, seq: int) -> None:
         """Continue a request's numbering at seq (a job reclaimed from a dead worker)."""
@@ -120,25 +143,76 @@ class EventPublisher:
 
         If the transaction fails (Redis away), nothing is dropped: the events and acks stay queued, in
         order, and the next flush sends them with whatever came since; the error propagates to the caller.
+        A fenced write that Redis could not run (NOSCRIPT: it restarted and forgot the script) stays queued
+        too, after the script is loaded again; a refused one (stale owner) is dropped and reported.
         """
         self._acks.extend(acks)
         if not self._pending and not self._acks:
             return
         pipe = self.redis.pipeline(transaction=True)
-        for event in self._pending:
-            queue_event(pipe, event.id, event.seq, codec.encode_event(event), journal_ttl_s=self.journal_ttl_s,
-                        refresh_ttl=event.seq == 0 or is_terminal(event))
-        for stream, message_id in self._acks:
-            queue_job_done(pipe, stream, message_id)
+        fenced = self._queue_commands(pipe)
         results = pipe.execute(raise_on_error=False)  # a lost connection raises: everything is kept for a retry
-        refused = [r for r in results if isinstance(r, ResponseError)]
+        kept: set[str] = set()
+        refused = []
+        for index, request_id in fenced:
+            result = results[index]
+            if is_noscript(result):
+                kept.add(request_id)
+            elif isinstance(result, ResponseError):
+                refused.append(result)
+            elif result != 1:  # another worker took the request over: the runner drops it
+                self.fenced_off.append((request_id, result.decode() if isinstance(result, bytes) else str(result)))
+        fenced_at = {index for index, _ in fenced}
+        refused += [r for i, r in enumerate(results) if isinstance(r, ResponseError) and i not in fenced_at]
         if refused:  # Redis ran the transaction but refused some commands (e.g. WRONGTYPE); retrying cannot
             # help and would repeat the rest, so they are logged and dropped
             log.warning("Redis refused %d of %d commands of a publish (%s)", len(refused), len(results), refused[0])
+        self._settle(kept)
+        if kept:
+            log.warning("Redis lost the fencing scripts (restarted?); loading them again")
+            load_scripts(self.redis)
+
+    def _queue_commands(self, pipe: Any) -> list[tuple[int, str]]:
+        """Queue every pending write; returns (command index, request id) of each fenced script call."""
+        groups: dict[str, list[Event]] = {}
         for event in self._pending:
+            if event.id in self._owners:
+                groups.setdefault(event.id, []).append(event)
+            else:  # not fenced: plain commands
+                queue_event(pipe, event.id, event.seq, codec.encode_event(event), journal_ttl_s=self.journal_ttl_s,
+                            refresh_ttl=event.seq == 0 or is_terminal(event))
+        bound: dict[str, tuple[str, str]] = {}
+        for stream, entry_id in self._acks:
+            request_id = self._entries.get(entry_id)
+            if request_id in self._owners:
+                bound[request_id] = (stream, entry_id)
+                groups.setdefault(request_id, [])
+            else:
+                queue_job_done(pipe, stream, entry_id)
+        fenced = []
+        for request_id, events in groups.items():
+            stream, entry_id = bound.get(request_id, (keys.journal_stream(request_id), ""))
+            fenced.append((len(pipe.command_stack), request_id))
+            queue_fenced_publish(pipe, request_id, self._owners[request_id],
+                                 [(e.seq, codec.encode_event(e)) for e in events], ttl_s=self.journal_ttl_s,
+                                 refresh_ttl=any(e.seq == 0 or is_terminal(e) for e in events), stream=stream,
+                                 ack_id=entry_id or None)
+        return fenced
+
+    def _settle(self, kept: set[str]) -> None:
+        """After a transaction ran: keep what must be retried (`kept` requests), forget what was written."""
+        for request_id, _owner in self.fenced_off:
+            self.forget(request_id)
+        written = [event for event in self._pending if event.id not in kept]
+        acked = [ack for ack in self._acks if self._entries.get(ack[1]) not in kept]
+        self._pending = [event for event in self._pending if event.id in kept]
+        self._acks = [ack for ack in self._acks if self._entries.get(ack[1]) in kept]
+        for event in written:
             if is_terminal(event):
                 self._next_seq.pop(event.id, None)
-        self._pending, self._acks = [], []
+                self._owners.pop(event.id, None)
+        for _stream, entry_id in acked:
+            self._entries.pop(entry_id, None)
 
     @property
     def backlog(self) -> int:

@@ -27,12 +27,13 @@ from shared.settings import Settings
 from worker.cancel_listener import CancelListener
 from worker.engine.engine import Engine
 from worker.engine.errors import EngineError
+from worker.fencing import Grant, Lease, take_ownership
 from worker.heartbeat import Heartbeat
-from worker.jobs import generation_request
+from worker.jobs import embedding_request, generation_request
 from worker.publisher import EventPublisher
 from worker.resume import JournalState, JournalUnusable, read_journal
 from worker.scheduler import Scheduler, SchedulerConfig
-from worker.sequences import EmbeddingRequest, Priority
+from worker.takeover import claim_stalled
 
 log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 1.0  # how often a worker looks for dead or silent workers' jobs
@@ -48,8 +49,9 @@ class HeldJob:
     """A job this worker has taken from the stream and not yet acked."""
 
     message_id: str
-    job: GenerateJob
+    job: GenerateJob | EmbedJob
     width: int  # sequences it occupies (n)
+    owner: str  # "<epoch>:<worker_id>": the owner value its writes and lease renewals are fenced with
 
 
 class WorkerRunner:
@@ -74,11 +76,13 @@ class WorkerRunner:
         self._held: dict[str, HeldJob] = {}
         self._failures = 0  # consecutive failed loop turns (backoff)
         self._lock = threading.Lock()
+        self._lost: set[str] = set()  # entry ids whose lease renewal was refused (another owner): to drop
         self._last_reclaim = 0.0
         self.served = 0  # requests that ended here (any way)
         self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
                                    interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
-                                   gauges=self._gauges, held_jobs=self._held_ids, stats=self._stats)
+                                   gauges=self._gauges, held_jobs=self._leases, stats=self._stats,
+                                   on_lost=self._lost_leases)
         self.cancels = CancelListener(redis, model)
 
     # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
@@ -95,9 +99,14 @@ class WorkerRunner:
         stats = dataclasses.asdict(self.scheduler.stats)
         return {name: float(value) for name, value in stats.items() if name in EXPORTED_STATS}
 
-    def _held_ids(self) -> list[str]:
+    def _leases(self) -> list[Lease]:
         with self._lock:
-            return [h.message_id for h in self._held.values()]
+            return [Lease(h.message_id, h.job.id, h.owner) for h in self._held.values()]
+
+    def _lost_leases(self, entry_ids: list[str]) -> None:
+        """Called by the heartbeat: these held jobs belong to another worker now (it took them over)."""
+        with self._lock:
+            self._lost.update(entry_ids)
 
     def _free_width(self) -> int:
         return self.scheduler.config.max_sequences - self._load()
@@ -167,6 +176,7 @@ class WorkerRunner:
     def run_once(self) -> None:
         """One turn: cancels, deadlines, intake (and reclaim), one scheduler step, one publish round trip."""
         acks: list[tuple[str, str]] = []
+        self._drop_lost_leases()
         for request_id in self.cancels.drain():
             self._cancel(request_id, acks)
         self._expire_deadlines(acks)
@@ -183,88 +193,87 @@ class WorkerRunner:
                 # Redis is away but sequences run: keep stepping; their events wait in the publisher
         ended = self.publisher.add_steps(self.scheduler.step())
         acks.extend(self._release(rid) for rid in ended if rid in self._held)
-        self.publisher.flush(acks)
+        try:
+            self.publisher.flush(acks)
+        finally:
+            for request_id, owner in self.publisher.fenced_off:
+                self._fenced(request_id, f"its events were refused; owner {owner} has it now")
+            self.publisher.fenced_off.clear()
 
     # ---- intake ------------------------------------------------------------------------------------------
 
     def _intake(self, acks: list[tuple[str, str]], *, block: bool) -> None:
-        """Read as many new jobs as there are free slots."""
+        """Read as many new jobs as there are free slots, and take them."""
         free = self._free_width()
         if free <= 0:
             return
         reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {self.stream: ">"}, count=free,
                                       block=IDLE_BLOCK_MS if block else None)
+        jobs = []
         for _stream, messages in reply or []:
             for message_id, fields in messages:
                 job = self._decode(_text(message_id), fields, acks)
                 if job is not None:
-                    self._accept(_text(message_id), job, acks)
+                    jobs.append((_text(message_id), job))
+        self._take(jobs, acks, takeover=False)
 
     def _reclaim(self, acks: list[tuple[str, str]]) -> None:
         """Take over jobs of dead workers (registry entry expired) or silent ones (lease passed) and resume them."""
         free = self._free_width()
         if free <= 0:
             return
-        claimed = self._claim_from_dead_workers(free)
-        if len(claimed) < free:
-            reply = self.redis.xautoclaim(self.stream, keys.JOBS_GROUP, self.worker_id, start_id="0-0",
-                                          min_idle_time=int(self.settings.lease_s * 1000), count=free - len(claimed))
-            claimed += reply[1] if reply else []
+        claimed = claim_stalled(self.redis, self.stream, self.worker_id, count=free,
+                                ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s)
+        jobs = []
         for message_id, fields in claimed:
             mid = _text(message_id)
             job = self._decode(mid, fields, acks)  # None: trimmed away or unreadable, acked and dropped
-            if job is None or job.id in self._held:
-                continue
-            try:
-                state = read_journal(self.redis, job.id)
-            except JournalUnusable as exc:
-                log.warning("cannot resume job %s: %s", job.id, exc)
-                state = None
-            log.info("reclaimed job %s (%s) from a dead or silent worker", job.id,
-                     "journal unusable" if state is None else f"{state.next_seq} events already sent")
-            self._resume(mid, job, state, acks)
+            if job is not None and job.id not in self._held:
+                jobs.append((mid, job))
+        self._take(jobs, acks, takeover=True)
 
-    def _claim_from_dead_workers(self, count: int) -> list:
-        """Pending entries of consumers whose registry entry has expired (failover by heartbeat TTL)."""
-        claimed: list = []
-        for consumer in self.redis.xinfo_consumers(self.stream, keys.JOBS_GROUP):
-            name = _text(consumer["name"])
-            if name == self.worker_id or self.redis.exists(keys.worker_key(name)):
-                continue
-            if not consumer.get("pending"):  # a dead worker that held nothing: forget it once it is long idle
-                if consumer.get("idle", 0) > self.settings.lease_s * 1000:
-                    self.redis.xgroup_delconsumer(self.stream, keys.JOBS_GROUP, name)
-                continue
-            pending = self.redis.xpending_range(self.stream, keys.JOBS_GROUP, min="-", max="+", count=count,
-                                                consumername=name)
-            ids = [p["message_id"] for p in pending]
-            if ids:  # min idle: the dead worker's TTL; a live owner renews well within it
-                min_idle = int(self.settings.heartbeat_ttl_s * 1000)
-                claimed += [e for e in self.redis.xclaim(self.stream, keys.JOBS_GROUP, self.worker_id, min_idle, ids)
-                            if e and e[1] is not None]
-            if len(claimed) >= count:
-                break
-        return claimed[:count]
+    def _take(self, jobs: list[tuple[str, GenerateJob | EmbedJob]], acks: list[tuple[str, str]], *,
+              takeover: bool) -> None:
+        """Own each job with a new epoch (fencing off any earlier owner), then start, resume or set it aside."""
+        grants = take_ownership(self.redis, self.stream, self.worker_id, [(job.id, mid) for mid, job in jobs],
+                                ttl_s=self.publisher.journal_ttl_s)
+        for (message_id, job), grant in zip(jobs, grants, strict=True):
+            if grant.status == "lost":
+                log.info("job %s was claimed by another worker before this one could own it; leaving it", job.id)
+            elif grant.status == "done":
+                acks.append((self.stream, message_id))  # it ended; only the ack was missing
+            else:
+                self.publisher.own(job.id, grant.owner, message_id)
+                if takeover or grant.previous:
+                    self._take_over(message_id, job, grant, acks)
+                else:
+                    self._accept(message_id, job, acks, owner=grant.owner)
 
-    def _resume(self, message_id: str, job: GenerateJob | EmbedJob, state: JournalState | None,
-                acks: list[tuple[str, str]]) -> None:
-        """Continue a reclaimed job from its journal (invisibly), or end it with a retryable error."""
+    def _take_over(self, message_id: str, job: GenerateJob | EmbedJob, grant: Grant,
+                   acks: list[tuple[str, str]]) -> None:
+        """Continue a job another worker held, from its journal (read after the fence went up)."""
+        try:
+            state: JournalState | None = read_journal(self.redis, job.id)
+            next_seq = state.next_seq
+        except JournalUnusable as exc:
+            log.warning("cannot resume job %s: %s", job.id, exc)
+            state, next_seq = None, exc.next_seq
+        log.info("took over job %s as owner epoch %d (delivery %d, previous owner %s, %s)", job.id, grant.epoch,
+                 grant.deliveries, grant.previous or "none", "journal unusable" if state is None
+                 else f"{next_seq} events already sent")
         if state is not None and state.terminal:
             acks.append((self.stream, message_id))  # it ended; only the ack was missing
-            return
-        if state is not None and state.next_seq == 0:
-            self._accept(message_id, job, acks)  # nothing was sent: a plain start
-            return
-        if state is None or not isinstance(job, GenerateJob):
-            if state is not None:
-                self.publisher.resume_from(job.id, state.next_seq)
+        elif state is not None and next_seq == 0:
+            self._accept(message_id, job, acks, owner=grant.owner)  # nothing was sent: a plain start
+        elif state is None or not isinstance(job, GenerateJob):
+            self.publisher.resume_from(job.id, next_seq)
             self.publisher.add_error(job.id, Unavailable(
                 "the worker serving this request stopped and the request cannot be resumed; please retry",
                 retry_after=1.0))
             acks.append((self.stream, message_id))
-            return
-        self.publisher.resume_from(job.id, state.next_seq)
-        self._accept(message_id, job, acks, resume=state)
+        else:
+            self.publisher.resume_from(job.id, next_seq)
+            self._accept(message_id, job, acks, owner=grant.owner, resume=state)
 
     def _decode(self, message_id: str, fields: dict | None, acks: list[tuple[str, str]]) -> GenerateJob | EmbedJob | None:
         """The job in a stream entry; an entry that cannot be read is acked and dropped (None)."""
@@ -275,7 +284,7 @@ class WorkerRunner:
             acks.append((self.stream, message_id))
             return None
 
-    def _accept(self, message_id: str, job: GenerateJob | EmbedJob, acks: list[tuple[str, str]], *,
+    def _accept(self, message_id: str, job: GenerateJob | EmbedJob, acks: list[tuple[str, str]], *, owner: str,
                 resume: JournalState | None = None) -> None:
         """Start a job (or continue a reclaimed one from its journal), or end it at once with a terminal event."""
         if time.time() > job.deadline:
@@ -289,9 +298,9 @@ class WorkerRunner:
         log.info("job %s", job.describe())
         try:
             if isinstance(job, EmbedJob):
-                self.scheduler.add_embedding(self._embedding_request(job))
+                self.scheduler.add_embedding(embedding_request(self.engine, job))
                 with self._lock:
-                    self._held[job.id] = HeldJob(message_id, job, 1)
+                    self._held[job.id] = HeldJob(message_id, job, 1, owner)
                 return
             request = generation_request(self.engine, job)
             if resume is not None:
@@ -321,23 +330,7 @@ class WorkerRunner:
             acks.append((self.stream, message_id))
             return
         with self._lock:
-            self._held[job.id] = HeldJob(message_id, job, job.n)
-
-    def _embedding_request(self, job: EmbedJob) -> EmbeddingRequest:
-        """The scheduler request of an embed job: every input tokenized and checked."""
-        inputs = []
-        for i, item in enumerate(job.inputs):
-            ids = self.engine.encode_prompt(item) if isinstance(item, str) else list(item)
-            if not ids:
-                raise InvalidRequest(f"input {i} is empty", param="input")
-            if len(ids) > self.engine.context_length:
-                raise InvalidRequest(f"input {i} has {len(ids)} tokens, over the context length "
-                                     f"{self.engine.context_length}", param="input")
-            if any(not 0 <= t < self.engine.model.config.vocab_size for t in ids):
-                raise InvalidRequest(f"input {i} has a token id outside the vocabulary", param="input")
-            inputs.append(ids)
-        return EmbeddingRequest(job.id, inputs, pooling=job.pooling, normalize=job.normalize,
-                                priority=Priority.parse(job.priority))
+            self._held[job.id] = HeldJob(message_id, job, job.n, owner)
 
     def _end_without_tokens(self, job: GenerateJob | EmbedJob, reason: str, *, prompt_tokens: int) -> None:
         """End a job with no generated tokens: every choice ends with `reason`, then Done (e.g. cancelled while
@@ -355,6 +348,24 @@ class WorkerRunner:
             held = self._held.pop(request_id)
             self.served += 1
         return (self.stream, held.message_id)
+
+    def _drop_lost_leases(self) -> None:
+        """Drop the held jobs whose lease renewal the heartbeat found refused (another worker owns them)."""
+        with self._lock:
+            lost, self._lost = self._lost, set()
+        for request_id in [rid for rid, h in list(self._held.items()) if h.message_id in lost]:
+            self._fenced(request_id, "its lease renewal was refused")
+
+    def _fenced(self, request_id: str, why: str) -> None:
+        """Another worker took this request over (this one stalled past its lease): drop it, write nothing."""
+        if request_id not in self._held:
+            return
+        self.scheduler.cancel(request_id)
+        self.publisher.forget(request_id)
+        with self._lock:
+            self._held.pop(request_id, None)
+        log.warning("fenced off: job %s was taken over by another worker (%s); dropping it without "
+                    "publishing or acking", request_id, why)
 
     def _cancel(self, request_id: str, acks: list[tuple[str, str]]) -> None:
         if request_id not in self._held:

@@ -22,7 +22,9 @@ from shared.messages import (
     TokenEvent,
 )
 from shared.settings import Settings
+from worker.fencing import take_ownership
 from worker.runner import WorkerRunner
+from worker.takeover import claim_from_dead_workers
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
@@ -225,6 +227,40 @@ def test_a_dead_workers_idle_consumer_is_forgotten(tiny_engine: Any, client: red
     live.ensure_group()
     client.xreadgroup(keys.JOBS_GROUP, "long-gone", {keys.jobs_stream(MODEL): ">"}, count=1)  # creates it
     time.sleep(settings.lease_s + 0.2)
-    live._claim_from_dead_workers(4)
+    claim_from_dead_workers(client, keys.jobs_stream(MODEL), live.worker_id, count=4, ttl_s=settings.heartbeat_ttl_s,
+                            lease_s=settings.lease_s)
     names = [c["name"] for c in client.xinfo_consumers(keys.jobs_stream(MODEL), keys.JOBS_GROUP)]
     assert b"long-gone" not in names and "long-gone" not in names
+
+
+def test_a_worker_whose_job_was_taken_over_is_fenced_off(worker: WorkerRunner, client: redis.Redis,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """Once another worker owns the request (a new epoch), this one writes nothing more and acks nothing."""
+    pubsub = submit(client, job("fenced", max_tokens=1500))
+    while (first := pubsub.get_message(timeout=5)) is None or first["type"] != "message":
+        pass  # wait until the worker is under way
+    stream = keys.jobs_stream(MODEL)
+    entry = client.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=1)[0]["message_id"].decode()
+
+    def other_worker_holds_it() -> None:  # a live worker that took the job over: registered, renewing its lease
+        client.hset(keys.worker_key("other"), mapping={"model": MODEL, "heartbeat": time.time()})
+        client.xclaim(stream, keys.JOBS_GROUP, "other", 0, [entry], justid=True)
+
+    other_worker_holds_it()
+    grant = take_ownership(client, stream, "other", [("fenced", entry)], ttl_s=60)[0]
+    assert grant.epoch == 2 and grant.previous.endswith(":" + worker.worker_id)
+    deadline = time.monotonic() + 10
+    while "fenced" in worker._held and time.monotonic() < deadline:
+        other_worker_holds_it()
+        time.sleep(0.05)
+    assert "fenced" not in worker._held and worker.scheduler.stats.active == 0
+    seen = client.xlen(keys.journal_stream("fenced"))
+    for _ in range(10):
+        other_worker_holds_it()
+        time.sleep(0.05)
+    assert client.xlen(keys.journal_stream("fenced")) == seen  # the stale worker wrote nothing more
+    pending = client.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=5)
+    assert [(p["message_id"].decode(), p["consumer"]) for p in pending] == [(entry, b"other")]  # nor acked it
+    assert client.get(keys.owner_key("fenced")) == grant.owner.encode()
+    assert "fenced off: job fenced" in caplog.text
+
