@@ -12,6 +12,7 @@
 | BodyTooLarge           | 413    | invalid_request_error | None                    |             |
 | QueueFull              | 429    | rate_limit_error      | rate_limit_exceeded     | yes         |
 | InternalError          | 500    | server_error          | None                    |             |
+| DeadLettered           | 500    | server_error          | dead_lettered           |             |
 | NoWorkerAvailable      | 503    | server_error          | no_worker_available     | yes         |
 | Unavailable            | 503    | server_error          | unavailable             | yes         |
 | DeadlineExceeded       | 504    | server_error          | deadline_exceeded       |             |
@@ -156,6 +157,12 @@ class InternalError(LLMFleetError):
     error_type = "server_error"
 
 
+class DeadLettered(InternalError):
+    """A poison job: taken over too often without ever finishing, set aside in the dead-letter stream."""
+
+    error_code = "dead_lettered"
+
+
 class NoWorkerAvailable(LLMFleetError):
     """The model is known but no worker serving it is alive right now."""
 
@@ -191,6 +198,7 @@ _BY_STATUS_CODE: dict[tuple[int, str | None], type[LLMFleetError]] = {
         BodyTooLarge,
         QueueFull,
         InternalError,
+        DeadLettered,
         NoWorkerAvailable,
         Unavailable,
         DeadlineExceeded,

@@ -14,6 +14,8 @@ Layout (values in brackets are what is stored there):
                                  the job later (or missed the publish) still sees it
   llmfleet:owner:{request_id}    string "<epoch>:<worker_id>" (then "done"), TTL request timeout + 60 s: the
                                  fence of the request's journal, channel and ack (worker/fencing.py)
+  llmfleet:deadletter:{model}    stream [fields "job" = codec bytes, "worker", "deliveries", "at"]; jobs
+                                 delivered LLMFLEET_MAX_DELIVERIES times without an ack, set aside
   llmfleet:worker:{worker_id}    hash, the worker's registry entry, EXPIRE heartbeat TTL
   llmfleet:workers               sorted set worker_id -> last heartbeat (unix s)
   llmfleet:models                sorted set model -> last heartbeat of any worker serving it (unix s)
@@ -71,3 +73,8 @@ def supervisor_status(name: str) -> str:
 def owner_key(request_id: str) -> str:
     """Who may write one request's events now ("<epoch>:<worker_id>", or "done")."""
     return f"{PREFIX}owner:{request_id}"
+
+
+def deadletter_stream(model: str) -> str:
+    """The stream where one model's poison jobs are set aside."""
+    return f"{PREFIX}deadletter:{model}"

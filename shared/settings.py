@@ -12,7 +12,7 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _POSITIVE_INTS = (
     "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_n", "max_embed_inputs", "queue_limit",
-    "stream_maxlen", "redis_max_connections", "max_batch_tokens", "max_prefill_tokens",
+    "stream_maxlen", "max_deliveries", "redis_max_connections", "max_batch_tokens", "max_prefill_tokens",
 )
 _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
@@ -46,6 +46,7 @@ class Settings:
     heartbeat_interval_s: float = 1.0  # workers refresh their registry entry this often
     heartbeat_ttl_s: float = 4.0  # a worker without a heartbeat for this long is dead: its jobs fail over
     lease_s: float = 30.0  # a job idle this long in the pending list may be reclaimed (XAUTOCLAIM)
+    max_deliveries: int = 3  # a job taken over after this many deliveries without an ack is dead-lettered
     slots: int = 0  # sequences a worker runs at once; 0 ("auto") = derived from the KV budget (up to 64)
     threads: int = 0  # BLAS threads of a worker; 0 = every core (`serve` splits the cores among its workers)
     kv_budget_mib: float = 1024.0  # a worker's KV cache for all its sequences; over it, it preempts
@@ -121,6 +122,7 @@ ENV: dict[str, str] = {
     "heartbeat_interval_s": "LLMFLEET_HEARTBEAT_INTERVAL_S",
     "heartbeat_ttl_s": "LLMFLEET_HEARTBEAT_TTL_S",
     "lease_s": "LLMFLEET_LEASE_S",
+    "max_deliveries": "LLMFLEET_MAX_DELIVERIES",
     "slots": "LLMFLEET_SLOTS",
     "threads": "LLMFLEET_THREADS",
     "kv_budget_mib": "LLMFLEET_KV_BUDGET_MIB",

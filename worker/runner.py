@@ -16,6 +16,7 @@ from redis.exceptions import RedisError, ResponseError
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.errors import (
+    DeadLettered,
     DeadlineExceeded,
     InternalError,
     InvalidRequest,
@@ -33,7 +34,7 @@ from worker.jobs import embedding_request, generation_request
 from worker.publisher import EventPublisher
 from worker.resume import JournalState, JournalUnusable, read_journal
 from worker.scheduler import Scheduler, SchedulerConfig
-from worker.takeover import claim_stalled
+from worker.takeover import claim_stalled, dead_letter
 
 log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 1.0  # how often a worker looks for dead or silent workers' jobs
@@ -263,6 +264,8 @@ class WorkerRunner:
                  else f"{next_seq} events already sent")
         if state is not None and state.terminal:
             acks.append((self.stream, message_id))  # it ended; only the ack was missing
+        elif grant.deliveries > self.settings.max_deliveries:
+            self._dead_letter(message_id, job, grant, next_seq, acks)
         elif state is not None and next_seq == 0:
             self._accept(message_id, job, acks, owner=grant.owner)  # nothing was sent: a plain start
         elif state is None or not isinstance(job, GenerateJob):
@@ -274,6 +277,19 @@ class WorkerRunner:
         else:
             self.publisher.resume_from(job.id, next_seq)
             self._accept(message_id, job, acks, owner=grant.owner, resume=state)
+
+    def _dead_letter(self, message_id: str, job: GenerateJob | EmbedJob, grant: Grant, next_seq: int,
+                     acks: list[tuple[str, str]]) -> None:
+        """Set a poison job aside (taken over too often without an ack) and end it with a clear error."""
+        tries = grant.deliveries - 1  # this delivery is not run
+        dead_letter(self.redis, self.model, codec.encode_job(job), worker_id=self.worker_id, deliveries=tries)
+        log.warning("dead-lettered job %s: delivered %d times without finishing (LLMFLEET_MAX_DELIVERIES=%d)",
+                    job.id, tries, self.settings.max_deliveries)
+        self.publisher.resume_from(job.id, next_seq)
+        self.publisher.add_error(job.id, DeadLettered(
+            f"this request was started {tries} times and every worker running it stopped before it finished; "
+            "it was set aside and will not be retried"))
+        acks.append((self.stream, message_id))
 
     def _decode(self, message_id: str, fields: dict | None, acks: list[tuple[str, str]]) -> GenerateJob | EmbedJob | None:
         """The job in a stream entry; an entry that cannot be read is acked and dropped (None)."""

@@ -1,14 +1,19 @@
-"""Finding the jobs of dead or stalled workers.
+"""Finding the jobs of dead or stalled workers, and setting poison jobs aside.
 
 A worker takes over (XCLAIM) the pending entries of consumers whose registry entry has expired at once
-(failover by heartbeat TTL), and entries idle past the lease whatever their owner (XAUTOCLAIM).
+(failover by heartbeat TTL), and entries idle past the lease whatever their owner (XAUTOCLAIM). Every
+claim counts as a delivery; a job delivered more than LLMFLEET_MAX_DELIVERIES times without an ack is a
+poison job (each worker that took it died or stalled on it) and goes to `deadletter:{model}` instead.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from shared import keys
+
+DEAD_LETTER_MAXLEN = 10_000  # dead-lettered jobs kept per model (approximate trim)
 
 
 def claim_stalled(redis: Any, stream: str, worker_id: str, *, count: int, ttl_s: float, lease_s: float) -> list[Any]:
@@ -41,6 +46,13 @@ def claim_from_dead_workers(redis: Any, stream: str, worker_id: str, *, count: i
         if len(claimed) >= count:
             break
     return claimed[:count]
+
+
+def dead_letter(redis: Any, model: str, job_bytes: bytes, *, worker_id: str, deliveries: int) -> None:
+    """Append a poison job to the model's dead-letter stream (with who set it aside and how often it ran)."""
+    redis.xadd(keys.deadletter_stream(model), {keys.JOB_FIELD: job_bytes, "worker": worker_id,
+                                               "deliveries": str(deliveries), "at": f"{time.time():.3f}"},
+               maxlen=DEAD_LETTER_MAXLEN, approximate=True)
 
 
 def _text(value: bytes | str) -> str:

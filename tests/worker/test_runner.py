@@ -264,3 +264,30 @@ def test_a_worker_whose_job_was_taken_over_is_fenced_off(worker: WorkerRunner, c
     assert client.get(keys.owner_key("fenced")) == grant.owner.encode()
     assert "fenced off: job fenced" in caplog.text
 
+
+def test_a_poison_job_is_dead_lettered_and_its_client_told(tiny_engine: Any, client: redis.Redis,
+                                                           settings: Settings) -> None:
+    """A job delivered max_deliveries times without an ack (each holder died on it) is set aside, with an error
+    event numbered after what its clients already saw."""
+    stream = keys.jobs_stream(MODEL)
+    live = WorkerRunner(tiny_engine, client, settings, model=MODEL)
+    live.ensure_group()
+    pubsub = submit(client, job("poison"))
+    entry = client.xreadgroup(keys.JOBS_GROUP, "ghost-1", {stream: ">"}, count=1)[0][1][0][0]
+    for ghost in ("ghost-2", "ghost-3"):  # two takeovers, each holder died too: three deliveries
+        client.xclaim(stream, keys.JOBS_GROUP, ghost, 0, [entry])
+    client.xadd(keys.journal_stream("poison"), {"seq": "0", "event": codec.encode_event(
+        TokenEvent(id="poison", seq=0, text="a", token_ids=[5]))})  # what the first holder got out
+    thread = threading.Thread(target=live.run, daemon=True)
+    thread.start()
+    try:
+        events = collect(pubsub, timeout=30)
+    finally:
+        live.stop_requested.set()
+        thread.join(timeout=10)
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent) and events[0].seq == 1
+    assert (events[0].status, events[0].code, events[0].retry_after) == (500, "dead_lettered", None)
+    dead = client.xrange(keys.deadletter_stream(MODEL))
+    assert len(dead) == 1 and dead[0][1][b"deliveries"] == b"3" and dead[0][1][b"worker"] == live.worker_id.encode()
+    assert codec.decode_job(dead[0][1][keys.JOB_FIELD.encode()]).id == "poison"
+    assert client.xpending(stream, keys.JOBS_GROUP)["pending"] == 0 and client.xlen(stream) == 0
