@@ -41,7 +41,7 @@ def start_cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Callable[
         procs.extend(started)
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: ready(base).get("workers") == workers, 240, "the cluster")
-        return ProcessCluster(base, server, started[1:])
+        return ProcessCluster(base, server, started[1:], [tmp_path / f"worker-{i}.log" for i in range(workers)])
 
     try:
         yield start

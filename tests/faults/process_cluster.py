@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -34,8 +35,16 @@ def ready(base_url: str) -> dict:
 
 @dataclass
 class ProcessCluster:
-    """A running cluster: its gateway URL, its Redis and its worker processes."""
+    """A running cluster: its gateway URL, its Redis, its worker processes and their log files."""
 
     base_url: str
     redis: BundledRedis
     workers: list[subprocess.Popen[bytes]]
+    logs: list[Path] = field(default_factory=list)  # one per worker, same order
+
+    def worker_index(self, worker_id: str) -> int:
+        """Which of the worker processes registered as `worker_id` (from its start-up log line)."""
+        for index, log in enumerate(self.logs):
+            if f"worker {worker_id} serving" in log.read_text(errors="replace"):
+                return index
+        raise LookupError(f"no worker process logged the id {worker_id}")
