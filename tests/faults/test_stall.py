@@ -52,6 +52,7 @@ def test_a_stalled_worker_is_fenced_off_and_the_stream_resumes(start_cluster) ->
     published: list[tuple[str, int, str]] = []
     pubsub = client.pubsub()
     pubsub.psubscribe(**{keys.events_channel("*"): lambda m: published.append(_identity(m["data"]))})
+    assert pubsub.get_message(timeout=5)["type"] == "psubscribe"  # listening before the request is sent
     tap = pubsub.run_in_thread(sleep_time=0.01, daemon=True)
     disturbed: dict = {}
     thread = threading.Thread(target=_stream, args=(base, disturbed))
