@@ -143,3 +143,20 @@ def test_lease_renewal_refreshes_only_jobs_still_owned(client: redis.Redis) -> N
     delivered = {row["message_id"].decode(): row["times_delivered"]
                  for row in client.xpending_range(STREAM, keys.JOBS_GROUP, min="-", max="+", count=10)}
     assert delivered[mine] == 1  # a renewal is not a delivery
+
+
+def test_the_heartbeat_reports_the_jobs_it_no_longer_owns(client: redis.Redis) -> None:
+    """A woken worker learns from its next heartbeat, even with nothing to publish, which jobs to drop."""
+    from worker.heartbeat import Heartbeat
+
+    entry = _enqueue(client, "a")
+    owner = _take(client, "a", entry).owner
+    lost: list[str] = []
+    beat = Heartbeat(client, worker_id="a", model="m", slots=1, interval_s=0.5, ttl_s=2.0, gauges=dict,
+                     held_jobs=lambda: [Lease(entry, "r", owner)], on_lost=lost.extend)
+    beat.beat()
+    assert lost == []
+    client.xclaim(STREAM, keys.JOBS_GROUP, "b", 0, [entry])
+    _take(client, "b", entry)
+    beat.beat()
+    assert lost == [entry]
