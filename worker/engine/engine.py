@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from worker.engine.chat_template import ChatTemplate
+from worker.engine.constraints import Constraint, GrammarCompiler
 from worker.engine.embeddings import Pooling, embed
 from worker.engine.errors import ContextLengthError, NoChatTemplateError
 from worker.engine.generation import GenerationParams, GenerationState
@@ -22,6 +23,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)  # one llguidance tokenizer per engine
 
     @classmethod
     def load(cls, path: str | Path, *, chat_template: str | None = None) -> Engine:
@@ -62,9 +64,14 @@ class Engine:
                 f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the completion). "
                 "Please reduce the prompt or max_tokens.")
 
+    def compile_constraint(self, constraint: Constraint) -> None:
+        """Compile an output constraint now (cached); ConstraintError with the compiler's message if invalid."""
+        self.grammars.compile(constraint)
+
     def new_generation(self, prompt_ids: list[int], params: GenerationParams) -> GenerationState:
-        """A fresh generation state for one sequence."""
-        return GenerationState(prompt_ids, params, self.tokenizer, self.model.config.vocab_size)
+        """A fresh generation state for one sequence (with its own matcher when the output is constrained)."""
+        constraint = None if params.constraint is None else self.grammars.new_sequence(params.constraint)
+        return GenerationState(prompt_ids, params, self.tokenizer, self.model.config.vocab_size, constraint)
 
     def embed(self, token_ids: list[int], *, pooling: Pooling = "mean", normalize: bool = True) -> np.ndarray:
         """An embedding (D,) of a token sequence."""

@@ -1,0 +1,166 @@
+"""Output constraints (JSON schemas, grammars, regexes) enforced token by token with llguidance.
+
+One `GrammarCompiler` per engine holds the llguidance tokenizer built from our tokenizer's per-token bytes
+and a small cache of compiled grammars. Each constrained sequence holds its own `SequenceConstraint` (an
+llguidance matcher, copied from the compiled one): it is the sequence's logits processor (it bans every
+token the grammar does not allow next) and it advances on every token the sequence accepts.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+import llguidance as llg
+import numpy as np
+
+from worker.engine.tokenizer import Tokenizer
+
+ConstraintKind = Literal["json_schema", "grammar", "lark", "regex"]
+# Whitespace between JSON tokens, bounded as llama.cpp bounds it: nothing, one space, or one or two newlines
+# and an indent of at most 20 spaces or tabs; a small model cannot loop on whitespace.
+JSON_WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
+MAX_CACHED_GRAMMARS = 64
+# Each byte of a mask word as 8 additive penalties: 0 for an allowed token, -inf for a banned one.
+_BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")  # (256, 8)
+_BYTE_PENALTY = np.where(_BYTE_BITS == 1, 0.0, -np.inf).astype(np.float32)  # (256, 8)
+
+
+class ConstraintError(ValueError):
+    """A constraint that does not compile (the message is the compiler's), or a matcher that failed."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What one request's output must match."""
+
+    kind: ConstraintKind  # grammar: GBNF or Lark (told apart by llguidance); lark: Lark only
+    source: str  # the JSON schema as JSON text, or the grammar or regex text
+    strict: bool = True  # JSON schemas: an unsupported keyword is an error (False: it is ignored)
+
+
+def grammar_of(constraint: Constraint) -> str:
+    """The llguidance grammar of a constraint; ConstraintError with the converter's message if it is malformed."""
+    try:
+        if constraint.kind == "json_schema":
+            options = {"whitespace_pattern": JSON_WHITESPACE, "lenient": not constraint.strict}
+            return llg.LLMatcher.grammar_from_json_schema(constraint.source, overrides=options)
+        if constraint.kind == "grammar":
+            return llg.grammar_from("grammar", constraint.source)
+        if constraint.kind == "lark":
+            return llg.LLMatcher.grammar_from_lark(constraint.source)
+        if constraint.kind == "regex":
+            return llg.LLMatcher.grammar_from_regex(constraint.source)
+    except ValueError as exc:
+        raise ConstraintError(str(exc)) from None
+    raise ConstraintError(f"unknown constraint kind {constraint.kind!r}")
+
+
+class _Vocabulary:
+    """What llguidance's TokenizerWrapper reads: per-token bytes, special ids, bos/eos, and an encoder."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        own = tokenizer.vocab_size
+        self.tokens = [tokenizer.token_bytes(i) if i < own else b"" for i in range(vocab_size)]
+        self.special_token_ids = [i for i in range(own) if tokenizer.is_special(i)]
+        eog = sorted(tokenizer.eog_token_ids)
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else (eog or [0])[0]
+        self.bos_token_id = tokenizer.bos_token_id
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        """Token ids of text (special-token text is read as plain text)."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tokenizer.encode(text, parse_special=False, add_bos=False)
+
+
+class SequenceConstraint:
+    """One sequence's matcher: masks each step's scores and advances on every accepted token."""
+
+    def __init__(self, matcher: llg.LLMatcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self._vocab_size = vocab_size
+        self._mask = np.zeros((vocab_size + 31) // 32, np.int32)  # (W,) one bit per token
+        self._penalty = np.empty((self._mask.size * 4, 8), np.float32)  # (W*4, 8) 0 or -inf per token
+
+    def __call__(self, scores: np.ndarray) -> None:
+        """Ban, in place, every token of scores (V,) the grammar does not allow next (a LogitsProcessor)."""
+        self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+        self._check()
+        np.take(_BYTE_PENALTY, self._mask.view(np.uint8), axis=0, out=self._penalty)  # (W*4, 8)
+        scores += self._penalty.reshape(-1)[: self._vocab_size]  # (V,)
+
+    def allowed(self) -> np.ndarray:
+        """The ids (K,) the grammar allows next (for tests and debugging)."""
+        self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+        bits = np.unpackbits(self._mask.view(np.uint8), bitorder="little", count=self._vocab_size)  # (V,)
+        return np.flatnonzero(bits)  # (K,)
+
+    def advance(self, token_id: int) -> bool:
+        """Consume an accepted token; True once the grammar is complete (nothing may follow)."""
+        if not self._matcher.consume_token(int(token_id)):
+            self._check()
+            raise ConstraintError(f"the output constraint refused token {token_id}")
+        return self._matcher.is_stopped()
+
+    @property
+    def complete(self) -> bool:
+        """Whether the grammar is complete (nothing may follow)."""
+        return self._matcher.is_stopped()
+
+    def copy(self) -> SequenceConstraint:
+        """An independent matcher in the same state (a forked choice)."""
+        return SequenceConstraint(self._matcher.deep_copy(), self._vocab_size)
+
+    def _check(self) -> None:
+        """Raise ConstraintError if the matcher is in its error state (it never leaves it)."""
+        if self._matcher.is_error():
+            raise ConstraintError(f"the output constraint failed: {self._matcher.get_error()}")
+
+
+class GrammarCompiler:
+    """One per engine: the llguidance tokenizer of its vocabulary and the compiled grammars it has seen."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._ll_tokenizer: llg.LLTokenizer | None = None
+        self._compiled: OrderedDict[Constraint, llg.LLMatcher] = OrderedDict()
+
+    @property
+    def ll_tokenizer(self) -> llg.LLTokenizer:
+        """llguidance's tokenizer over our per-token bytes, built on first use (~0.1 s for 49k tokens)."""
+        if self._ll_tokenizer is None:
+            vocabulary = _Vocabulary(self._tokenizer, self.vocab_size)
+            eos = sorted(self._tokenizer.eog_token_ids) or [vocabulary.eos_token_id]
+            self._ll_tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(vocabulary), n_vocab=self.vocab_size,
+                                                 eos_token=eos)
+        return self._ll_tokenizer
+
+    def compile(self, constraint: Constraint) -> None:
+        """Compile a constraint (cached); ConstraintError with the compiler's message if it is invalid."""
+        self._template(constraint)
+
+    def new_sequence(self, constraint: Constraint) -> SequenceConstraint:
+        """A fresh matcher for one sequence, copied from the compiled grammar."""
+        return SequenceConstraint(self._template(constraint).deep_copy(), self.vocab_size)
+
+    def _template(self, constraint: Constraint) -> llg.LLMatcher:
+        """The compiled matcher in its initial state (never advanced: sequences get copies)."""
+        matcher = self._compiled.get(constraint)
+        if matcher is not None:
+            self._compiled.move_to_end(constraint)
+            return matcher
+        grammar = grammar_of(constraint)
+        failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.ll_tokenizer)
+        if failed:
+            raise ConstraintError(messages[0] if messages else "the grammar is invalid")
+        matcher = llg.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ConstraintError(matcher.get_error())
+        self._compiled[constraint] = matcher
+        if len(self._compiled) > MAX_CACHED_GRAMMARS:
+            self._compiled.popitem(last=False)
+        return matcher
