@@ -3,8 +3,9 @@
 Each parse_* function takes the decoded JSON object and returns a typed request, or raises a 400
 InvalidRequest that names the offending `param`. Unknown fields are ignored, as OpenAI does; known
 fields llmfleet cannot honour (tools, non-text content, suffix, best_of > 1, dimensions) are refused
-rather than silently ignored. Extensions beyond OpenAI: top_k, min_p, repetition_penalty, ignore_eos,
-priority, cache_prompt. Only OpenAI's documented limits are checked here (temperature, top_p, penalties,
+rather than silently ignored. Structured output (response_format and llama.cpp's json_schema, grammar,
+regex) is read by gateway/structured.py. Extensions beyond OpenAI: top_k, min_p, repetition_penalty,
+ignore_eos, priority, cache_prompt. Only OpenAI's documented limits are checked here (temperature, top_p, penalties,
 logit_bias, top_logprobs, ...); the ranges of the extensions (top_k, min_p, repetition_penalty) are checked
 once, by the engine's SamplingParams.validate in the worker, which answers with a 400 error event.
 """
@@ -25,8 +26,9 @@ from gateway.checks import (
     string,
     token_ids,
 )
+from gateway.structured import parse_constraint
 from shared.errors import InvalidRequest
-from shared.messages import PRIORITIES, ChatMessage, Sampling
+from shared.messages import PRIORITIES, ChatMessage, OutputConstraint, Sampling
 from shared.settings import Settings
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -51,6 +53,7 @@ class CompletionOptions:
     ignore_eos: bool
     priority: str
     cache_prompt: bool
+    constraint: OutputConstraint | None = None  # structured output, compiled by the worker
 
 
 @dataclass(frozen=True)
@@ -87,9 +90,6 @@ def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:
     for name in ("tools", "functions"):
         if body.get(name):
             raise invalid(name, "tool and function calling are not supported.")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise invalid("response_format", "only {\"type\": \"text\"} is supported.")
     messages = _messages(body.get("messages"), settings)
     logprobs = boolean(body, "logprobs", False)
     top_logprobs = integer(body, "top_logprobs", None, 0, 20)
@@ -177,6 +177,7 @@ def _generation(
         ignore_eos=boolean(body, "ignore_eos", False),
         priority=choice(body, "priority", PRIORITIES, "normal"),
         cache_prompt=boolean(body, "cache_prompt", True),
+        constraint=parse_constraint(body),
     )
 
 

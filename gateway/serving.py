@@ -58,6 +58,7 @@ def _job_base(params: CompletionOptions, settings: Settings, request_id: str, no
         "ignore_eos": params.ignore_eos,
         "cache_prompt": params.cache_prompt,
         "stream": params.stream,
+        "constraint": params.constraint,
     }
 
 

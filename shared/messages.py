@@ -21,6 +21,7 @@ PRIORITIES: tuple[str, ...] = ("low", "normal", "high", "critical")
 Pooling = Literal["mean", "last"]
 FinishReason = Literal["stop", "length", "cancelled"]  # why one choice ended; one type for engine, wire, gateway
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "cancelled")
+ConstraintKind = Literal["json_schema", "grammar", "regex"]
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -63,6 +64,20 @@ class Sampling(_Part, kw_only=True):
     # Value ranges are not checked here: the wire checks types; the engine's SamplingParams.validate owns
     # the ranges (the worker answers a bad value with a 400 naming the field), the gateway OpenAI's limits.
 
+class OutputConstraint(_Part, kw_only=True):
+    """What a generate job's output must match, enforced token by token; the worker compiles it and answers
+    one that does not compile with a 400 naming `param` and carrying the compiler's message."""
+
+    kind: ConstraintKind  # json_schema: `source` is the schema as JSON text; grammar: GBNF or Lark; regex
+    source: str
+    strict: bool = True  # json_schema: an unsupported keyword is an error (False: it is ignored)
+    param: str  # the request field it came from (e.g. "response_format.json_schema.schema")
+
+    def describe(self) -> str:
+        """Kind and size, never the text itself."""
+        return f"{self.kind}({len(self.source)} chars)"
+
+
 class GenerateJob(_Message, tag="generate", kw_only=True):
     """A text-generation job (chat or completion, streaming or not); exactly one prompt form is set."""
 
@@ -86,6 +101,7 @@ class GenerateJob(_Message, tag="generate", kw_only=True):
     ignore_eos: bool = False
     cache_prompt: bool = True
     stream: bool = False
+    constraint: OutputConstraint | None = None  # structured output (response_format, json_schema, grammar, regex)
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:
@@ -101,7 +117,8 @@ class GenerateJob(_Message, tag="generate", kw_only=True):
             size = f"prompt_chars={len(self.prompt)}"
         else:
             size = f"prompt_tokens={len(self.prompt_token_ids or [])}"
-        return f"{self.id} generate model={self.model} {size} max_tokens={self.max_tokens} n={self.n}"
+        constraint = f" constraint={self.constraint.describe()}" if self.constraint is not None else ""
+        return f"{self.id} generate model={self.model} {size} max_tokens={self.max_tokens} n={self.n}{constraint}"
 
 
 class EmbedJob(_Message, tag="embed", kw_only=True):

@@ -6,6 +6,7 @@ import msgspec
 
 from shared.errors import ContextLengthExceeded, InvalidRequest, NoChatTemplate
 from shared.messages import GenerateJob
+from worker.engine.constraints import Constraint, ConstraintError
 from worker.engine.engine import Engine
 from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
 from worker.engine.generation import GenerationParams
@@ -54,9 +55,22 @@ def generation_request(engine: Engine, job: GenerateJob) -> GenerationRequest:
         name = str(exc).split(" ", 1)[0]  # validate's messages start with the field's name
         raise InvalidRequest(str(exc), param=name if hasattr(sampling, name) else None) from None
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(job.stop),
-                              ignore_eos=job.ignore_eos)
+                              ignore_eos=job.ignore_eos, constraint=output_constraint(engine, job))
     return GenerationRequest(job.id, prompt_ids, params, n=job.n, priority=Priority.parse(job.priority),
                              cache_prompt=job.cache_prompt)
+
+
+def output_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:
+    """The engine's constraint of a job, compiled now: one that does not compile is a 400 naming its field."""
+    if job.constraint is None:
+        return None
+    wire = job.constraint
+    constraint = Constraint(wire.kind, wire.source, wire.strict)
+    try:
+        engine.compile_constraint(constraint)
+    except ConstraintError as exc:
+        raise InvalidRequest(f"Invalid value for '{wire.param}': {exc}", param=wire.param) from None
+    return constraint
 
 
 def sampling_params(job: GenerateJob) -> SamplingParams:

@@ -18,6 +18,7 @@ from shared.messages import (
     EmbedJob,
     ErrorEvent,
     GenerateJob,
+    OutputConstraint,
     Sampling,
     TokenEvent,
 )
@@ -228,3 +229,27 @@ def test_a_dead_workers_idle_consumer_is_forgotten(tiny_engine: Any, client: red
     live._claim_from_dead_workers(4)
     names = [c["name"] for c in client.xinfo_consumers(keys.jobs_stream(MODEL), keys.JOBS_GROUP)]
     assert b"long-gone" not in names and "long-gone" not in names
+
+
+@pytest.mark.parametrize(("constraint", "message"), [
+    (OutputConstraint(kind="json_schema", source='{"type": "strin"}', param="response_format.json_schema.schema"),
+     "Invalid type: strin"),
+    (OutputConstraint(kind="json_schema", source='{"not": {}}', param="json_schema"), "Unimplemented keys"),
+    (OutputConstraint(kind="regex", source="[a-", param="regex"), "unclosed character class"),
+])
+def test_a_constraint_that_does_not_compile_is_a_400_naming_its_field(worker: WorkerRunner, client: redis.Redis,
+                                                                     constraint: OutputConstraint, message: str) -> None:
+    events = collect(submit(client, job(f"bad-{constraint.param}", constraint=constraint)))
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent)
+    assert (events[0].status, events[0].param) == (400, constraint.param)
+    assert message in events[0].message and constraint.param in events[0].message
+
+
+def test_a_constrained_job_ends_with_stop_when_its_grammar_is_complete(worker: WorkerRunner,
+                                                                     client: redis.Redis) -> None:
+    constraint = OutputConstraint(kind="regex", source="(yes|no)!", param="regex")
+    events = collect(submit(client, job("yes-no", constraint=constraint, max_tokens=50, n=2,
+                                        sampling=Sampling(temperature=1.0, seed=3))))
+    texts = ["".join(e.text for e in events if isinstance(e, TokenEvent) and e.index == i) for i in (0, 1)]
+    assert all(text in ("yes!", "no!") for text in texts)
+    assert [e.finish_reason for e in events if isinstance(e, ChoiceEndEvent)] == ["stop", "stop"]
