@@ -8,9 +8,11 @@ token the grammar does not allow next) and it advances on every token the sequen
 
 from __future__ import annotations
 
+import copy
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import llguidance as llg
 import numpy as np
@@ -21,6 +23,11 @@ ConstraintKind = Literal["json_schema", "grammar", "lark", "regex"]
 # Whitespace between JSON tokens, bounded as llama.cpp bounds it: nothing, one space, or one or two newlines
 # and an indent of at most 20 spaces or tabs; a small model cannot loop on whitespace.
 JSON_WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
+# Numbers a schema leaves unbounded get bounds, as llama.cpp's grammars bound digits, so a small model cannot
+# loop on digits either: magnitude below 10^15 (16 digits) and at most 9 decimals.
+NUMBER_BOUND = 10**15
+NUMBER_STEP = 1e-9
+_DATA_KEYWORDS = frozenset(("enum", "const", "default", "examples"))  # values, not subschemas
 MAX_CACHED_GRAMMARS = 64
 # Each byte of a mask word as 8 additive penalties: 0 for an allowed token, -inf for a banned one.
 _BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")  # (256, 8)
@@ -40,12 +47,42 @@ class Constraint:
     strict: bool = True  # JSON schemas: an unsupported keyword is an error (False: it is ignored)
 
 
+def bound_numbers(schema: Any) -> Any:
+    """A copy of a JSON schema where every number or integer without bounds gets NUMBER_BOUND (and numbers
+    NUMBER_STEP as multipleOf); bounds the schema sets itself are kept."""
+    root = copy.deepcopy(schema)
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            kinds = node.get("type")
+            kinds = {kinds} if isinstance(kinds, str) else set(kinds) if isinstance(kinds, list) else set()
+            if kinds & {"number", "integer"}:
+                low, high = node.get("minimum"), node.get("maximum")
+                if not _is_number(high) and not (_is_number(low) and low >= NUMBER_BOUND):
+                    node["maximum"] = NUMBER_BOUND
+                if not _is_number(low) and not (_is_number(high) and high <= -NUMBER_BOUND):
+                    node["minimum"] = -NUMBER_BOUND
+                if "number" in kinds and "multipleOf" not in node:
+                    node["multipleOf"] = NUMBER_STEP
+            stack.extend(value for key, value in node.items() if key not in _DATA_KEYWORDS)
+    return root
+
+
+def _is_number(value: Any) -> bool:
+    """A JSON number (not a boolean)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def grammar_of(constraint: Constraint) -> str:
     """The llguidance grammar of a constraint; ConstraintError with the converter's message if it is malformed."""
     try:
         if constraint.kind == "json_schema":
             options = {"whitespace_pattern": JSON_WHITESPACE, "lenient": not constraint.strict}
-            return llg.LLMatcher.grammar_from_json_schema(constraint.source, overrides=options)
+            schema = bound_numbers(json.loads(constraint.source))
+            return llg.LLMatcher.grammar_from_json_schema(schema, overrides=options)
         if constraint.kind == "grammar":
             return llg.grammar_from("grammar", constraint.source)
         if constraint.kind == "lark":

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from worker.engine.constraints import Constraint, ConstraintError
+from worker.engine.constraints import NUMBER_BOUND, NUMBER_STEP, Constraint, ConstraintError, bound_numbers
 from worker.engine.generation import GenerationParams
 from worker.engine.sampling import SamplingParams
 
@@ -39,7 +39,7 @@ def _generate(engine: Any, constraint: Constraint, seed: int, max_tokens: int = 
 @pytest.mark.parametrize(("constraint", "message"), [
     (Constraint("json_schema", '{"type": "strin"}'), "Invalid type: strin"),
     (Constraint("json_schema", '{"type": "array", "uniqueItems": true}'), 'Unimplemented keys: ["uniqueItems"]'),
-    (Constraint("json_schema", '{"type": '), "EOF while parsing"),
+    (Constraint("json_schema", '{"type": '), "Expecting value"),
     (Constraint("regex", "[0-9"), "unclosed character class"),
     (Constraint("grammar", 'root ::= "a | "b"'), "GBNF"),
     (Constraint("grammar", 'start: "a" | b'), "unknown name"),
@@ -103,3 +103,25 @@ def test_a_copied_matcher_is_independent(tiny_engine: Any) -> None:
     assert not gen.constraint.complete and gen.constraint.advance(c)
     with pytest.raises(ConstraintError):
         twin.advance(c)
+
+
+def test_unbounded_numbers_get_bounds_and_set_bounds_are_kept() -> None:
+    schema = {"type": "object", "properties": {
+        "n": {"type": "number"}, "i": {"type": "integer", "minimum": 3}, "z": {"type": ["number", "null"], "maximum": 1},
+        "type": {"enum": [{"type": "number"}]}}, "$defs": {"big": {"type": "integer", "minimum": 10**20}}}
+    bounded = bound_numbers(schema)
+    props = bounded["properties"]
+    assert props["n"] == {"type": "number", "minimum": -NUMBER_BOUND, "maximum": NUMBER_BOUND, "multipleOf": NUMBER_STEP}
+    assert props["i"] == {"type": "integer", "minimum": 3, "maximum": NUMBER_BOUND}
+    assert props["z"] == {"type": ["number", "null"], "maximum": 1, "minimum": -NUMBER_BOUND, "multipleOf": NUMBER_STEP}
+    assert props["type"] == {"enum": [{"type": "number"}]}  # data, not a schema
+    assert bounded["$defs"]["big"] == {"type": "integer", "minimum": 10**20}  # a bound would make it unsatisfiable
+    assert schema["properties"]["n"] == {"type": "number"}  # the caller's schema is not changed
+
+
+def test_a_number_cannot_run_on(tiny_engine: Any) -> None:
+    gen = tiny_engine.new_generation([5], GenerationParams(max_tokens=40, constraint=_json({"type": "number"})))
+    digits = tiny_engine.tokenizer.encode("1234567890123456", add_bos=False)
+    with pytest.raises(ConstraintError):
+        for token in digits + tiny_engine.tokenizer.encode("7", add_bos=False):
+            gen.constraint.advance(token)

@@ -11,6 +11,7 @@ import pytest
 
 from worker.engine.constraints import Constraint
 from worker.engine.generation import GenerationParams
+from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE
 from worker.engine.sampling import SamplingParams
 from worker.scheduler import Scheduler, SchedulerConfig
 from worker.sequences import GenerationRequest, RequestFailed, SequenceStep
@@ -77,7 +78,9 @@ def test_twenty_samples_per_schema_validate(smollm2_engine: Any) -> None:
 def test_samples_validate_across_a_preemption(smollm2_engine: Any) -> None:
     schema = SCHEMAS["nested_and_bounded"]
     prompt = _chat(smollm2_engine, schema)
-    budget = (len(prompt) + 120) * 2.5 * smollm2_engine.model.config.kv_bytes_per_token / 2**20  # ~2.5 sequences
+    size = DEFAULT_BLOCK_SIZE  # every prompt fits at admission, not the prompts plus their JSON
+    blocks = 4 * -(-len(prompt) // size) + 2
+    budget = blocks * size * smollm2_engine.model.config.kv_bytes_per_token / 2**20
     sched = Scheduler(smollm2_engine, SchedulerConfig(max_sequences=4, kv_budget_mib=budget, prefix_cache=False))
     for seed in range(4):
         sched.add(_request(f"p{seed}", prompt, schema, seed))
