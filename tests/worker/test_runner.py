@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import redis
 from shared import codec, keys
 from shared.messages import (
     CancelRequest,
+    ChatMessage,
     ChoiceEndEvent,
     DoneEvent,
     EmbedJob,
@@ -21,6 +23,7 @@ from shared.messages import (
     OutputConstraint,
     Sampling,
     TokenEvent,
+    ToolSpec,
 )
 from shared.settings import Settings
 from worker.runner import WorkerRunner
@@ -253,3 +256,26 @@ def test_a_constrained_job_ends_with_stop_when_its_grammar_is_complete(worker: W
     texts = ["".join(e.text for e in events if isinstance(e, TokenEvent) and e.index == i) for i in (0, 1)]
     assert all(text in ("yes!", "no!") for text in texts)
     assert [e.finish_reason for e in events if isinstance(e, ChoiceEndEvent)] == ["stop", "stop"]
+
+
+def _chat_job(rid: str, **kw: Any) -> GenerateJob:
+    return job(rid, prompt_token_ids=None, messages=[ChatMessage(role="user", content="weather in Oslo?")], **kw)
+
+
+def test_a_tool_whose_schema_does_not_compile_is_named(worker: WorkerRunner, client: redis.Redis) -> None:
+    tools = [ToolSpec(name="ok", parameters='{"type":"object"}'), ToolSpec(name="bad", parameters='{"type":"nope"}')]
+    events = collect(submit(client, _chat_job("bad-tool", tools=tools)))
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent)
+    assert (events[0].status, events[0].param) == (400, "tools[1].function.parameters")
+
+
+def test_a_required_tool_call_is_made_from_the_first_token(worker: WorkerRunner, client: redis.Redis) -> None:
+    params = '{"type":"object","properties":{"city":{"enum":["Oslo","Rome"]}},"required":["city"],"additionalProperties":false}'
+    events = collect(submit(client, _chat_job("tool", tools=[ToolSpec(name="get_weather", parameters=params)],
+                                              tool_choice="required", parallel_tool_calls=False, max_tokens=400,
+                                              ignore_eos=False)))
+    text = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert text.startswith("<tool_call>") and text.rstrip().endswith("</tool_call>")
+    call = json.loads(text.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+    assert call["name"] == "get_weather" and call["arguments"]["city"] in ("Oslo", "Rome")
+    assert [e.finish_reason for e in events if isinstance(e, ChoiceEndEvent)] == ["stop"]

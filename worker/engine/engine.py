@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from worker.engine.errors import ContextLengthError, NoChatTemplateError
 from worker.engine.generation import GenerationParams, GenerationState
 from worker.engine.model import Model
 from worker.engine.tokenizer import Tokenizer
+from worker.engine.tools import Tool, ToolTemplateSupport, prepare_messages, probe
 
 
 class Engine:
@@ -48,12 +51,22 @@ class Engine:
         """Tokenize raw prompt text; special-token text such as <|im_start|> is parsed as special tokens."""
         return self.tokenizer.encode(text, parse_special=True)
 
-    def encode_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
-        """Render messages through the model's chat template, then tokenize (no extra BOS: the template has it)."""
+    @cached_property
+    def tool_support(self) -> ToolTemplateSupport:
+        """What the chat template renders natively in the canonical tool-call format (probed on first use)."""
+        return probe(self.chat_template) if self.chat_template is not None else ToolTemplateSupport(False, False)
+
+    def encode_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                    tools: Sequence[Tool] = ()) -> list[int]:
+        """Render messages (and tools) through the model's chat template, then tokenize (no extra BOS: the
+        template has it); tools and tool-call history go natively or as text, as tools.prepare_messages says."""
         if self.chat_template is None:
             raise NoChatTemplateError("the model has no chat template (it is a base model); configure one "
                                       "(--chat-template FILE) or send raw prompts")
-        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        tools_variable = None
+        if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            messages, tools_variable = prepare_messages(messages, tools, self.tool_support)
+        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools_variable)
         return self.tokenizer.encode(text, parse_special=True, add_bos=False)
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
