@@ -4,10 +4,11 @@ Each parse_* function takes the decoded JSON object and returns a typed request,
 InvalidRequest that names the offending `param`. Unknown fields are ignored, as OpenAI does; known
 fields llmfleet cannot honour (non-text content, suffix, best_of > 1, dimensions, the legacy functions) are
 refused rather than silently ignored. Structured output (response_format and llama.cpp's json_schema,
-grammar, regex) is read by gateway/structured.py, tools and tool_choice by gateway/tools.py. Extensions beyond OpenAI: top_k, min_p, repetition_penalty,
-ignore_eos, priority, cache_prompt. Only OpenAI's documented limits are checked here (temperature, top_p, penalties,
-logit_bias, top_logprobs, ...); the ranges of the extensions (top_k, min_p, repetition_penalty) are checked
-once, by the engine's SamplingParams.validate in the worker, which answers with a 400 error event.
+grammar, regex) is read by gateway/structured.py, tools and tool_choice by gateway/tools.py. Extensions
+beyond OpenAI: top_k, min_p, repetition_penalty, ignore_eos, priority, cache_prompt. Only OpenAI's
+documented limits are checked here (temperature, top_p, penalties, logit_bias, top_logprobs, ...); the
+ranges of the extensions (top_k, min_p, repetition_penalty) are checked once, by the engine's
+SamplingParams.validate in the worker, which answers with a 400 error event.
 """
 
 from __future__ import annotations

@@ -44,7 +44,12 @@ def settings(redis_server: Any) -> Settings:
 
 @pytest.fixture()
 def worker(tiny_engine: Any, client: redis.Redis, settings: Settings) -> Iterator[WorkerRunner]:
-    runner = WorkerRunner(tiny_engine, client, settings, model=MODEL)
+    yield from _running(tiny_engine, client, settings)
+
+
+def _running(engine: Any, client: redis.Redis, settings: Settings) -> Iterator[WorkerRunner]:
+    """A WorkerRunner serving `engine` in a thread, stopped (and joined) afterwards."""
+    runner = WorkerRunner(engine, client, settings, model=MODEL)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     assert runner.ready.wait(10)
@@ -258,18 +263,23 @@ def test_a_constrained_job_ends_with_stop_when_its_grammar_is_complete(worker: W
     assert [e.finish_reason for e in events if isinstance(e, ChoiceEndEvent)] == ["stop", "stop"]
 
 
+@pytest.fixture()
+def chat_worker(tiny_chat_engine: Any, client: redis.Redis, settings: Settings) -> Iterator[WorkerRunner]:
+    yield from _running(tiny_chat_engine, client, settings)
+
+
 def _chat_job(rid: str, **kw: Any) -> GenerateJob:
     return job(rid, prompt_token_ids=None, messages=[ChatMessage(role="user", content="weather in Oslo?")], **kw)
 
 
-def test_a_tool_whose_schema_does_not_compile_is_named(worker: WorkerRunner, client: redis.Redis) -> None:
+def test_a_tool_whose_schema_does_not_compile_is_named(chat_worker: WorkerRunner, client: redis.Redis) -> None:
     tools = [ToolSpec(name="ok", parameters='{"type":"object"}'), ToolSpec(name="bad", parameters='{"type":"nope"}')]
     events = collect(submit(client, _chat_job("bad-tool", tools=tools)))
     assert len(events) == 1 and isinstance(events[0], ErrorEvent)
     assert (events[0].status, events[0].param) == (400, "tools[1].function.parameters")
 
 
-def test_a_required_tool_call_is_made_from_the_first_token(worker: WorkerRunner, client: redis.Redis) -> None:
+def test_a_required_tool_call_is_made_from_the_first_token(chat_worker: WorkerRunner, client: redis.Redis) -> None:
     params = '{"type":"object","properties":{"city":{"enum":["Oslo","Rome"]}},"required":["city"],"additionalProperties":false}'
     events = collect(submit(client, _chat_job("tool", tools=[ToolSpec(name="get_weather", parameters=params)],
                                               tool_choice="required", parallel_tool_calls=False, max_tokens=400,

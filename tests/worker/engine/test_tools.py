@@ -34,12 +34,12 @@ NATIVE = (
 )
 
 
-def test_the_probe_tells_native_templates_from_others(tiny_engine: Any) -> None:
-    assert probe(tiny_engine.chat_template) == ToolTemplateSupport(tools=False, history=False)  # plain ChatML
+def test_the_probe_tells_native_templates_from_others(tiny_chat_engine: Any) -> None:
+    assert probe(tiny_chat_engine.chat_template) == ToolTemplateSupport(tools=False, history=False)  # plain ChatML
     assert probe(ChatTemplate(NATIVE)) == ToolTemplateSupport(tools=True, history=True)
 
 
-def test_a_template_without_tools_gets_them_as_text(tiny_engine: Any) -> None:
+def test_a_template_without_tools_gets_them_as_text(tiny_chat_engine: Any) -> None:
     history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "weather?"},
                {"role": "assistant", "content": "", "tool_calls": [
                    {"id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}]},
@@ -50,7 +50,7 @@ def test_a_template_without_tools_gets_them_as_text(tiny_engine: Any) -> None:
     assert messages[2] == {"role": "assistant",
                            "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'}
     assert messages[3] == {"role": "user", "content": "<tool_response>\n-3C\n</tool_response>"}
-    assert tiny_engine.encode_chat(history, tools=TOOLS)  # renders and tokenizes
+    assert tiny_chat_engine.encode_chat(history, tools=TOOLS)  # renders and tokenizes
 
 
 def test_a_native_template_gets_tools_and_history_as_they_are() -> None:
