@@ -6,7 +6,7 @@ the scores) and the matcher's advance on each token; the time spent in those is 
 which is the robust figure on a machine that others share. Two samplers: greedy (the unconstrained side takes the
 raw argmax, the cheapest path there is) and temperature 0.7 with top_p 0.95. The schema (an array of at
 least 64 small objects) keeps every row decoding for the whole measurement.
-Run: python bench/structured.py [--model smollm2-135m] [--sizes 1,32] [--steps 24]
+Run: python bench/structured.py [--model smollm2-135m] [--sizes 1,32] [--steps 24] [--threads 1]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -98,7 +99,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,32")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per case; the best is kept")
+    parser.add_argument("--threads", type=int, default=0, help="BLAS threads (0: all cores; 1 is steadier on a "
+                                                               "machine that others share)")
     args = parser.parse_args()
+    if args.threads:
+        threadpool_limits(limits=args.threads, user_api="blas")
     engine = Engine.load(resolve(args.model))
     decode_rate(engine, 2, 2, True, SAMPLERS["greedy"])  # warm-up (and the llguidance tokenizer, built once)
     print(f"{'sampler':>10} {'streams':>7} {'free tok/s':>11} {'json tok/s':>11} {'slower':>7} "
