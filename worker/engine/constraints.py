@@ -24,7 +24,7 @@ ConstraintKind = Literal["json_schema", "grammar", "lark", "regex"]
 # and an indent of at most 20 spaces or tabs; a small model cannot loop on whitespace.
 JSON_WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
 # Numbers a schema leaves unbounded get bounds, as llama.cpp's grammars bound digits, so a small model cannot
-# loop on digits either: magnitude below 10^15 (16 digits) and at most 9 decimals.
+# loop on digits either: magnitude below 10^15 (16 digits) and at most 9 decimals (see narrow_schema).
 NUMBER_BOUND = 10**15
 NUMBER_STEP = 1e-9
 _DATA_KEYWORDS = frozenset(("enum", "const", "default", "examples"))  # values, not subschemas
@@ -47,27 +47,36 @@ class Constraint:
     strict: bool = True  # JSON schemas: an unsupported keyword is an error (False: it is ignored)
 
 
-def bound_numbers(schema: Any) -> Any:
-    """A copy of a JSON schema where every number or integer without bounds gets NUMBER_BOUND (and numbers
-    NUMBER_STEP as multipleOf); bounds the schema sets itself are kept."""
+def narrow_schema(schema: Any) -> Any:
+    """A copy of a JSON schema narrowed as llama.cpp's grammars narrow it (every output still validates against
+    the original): numbers and integers without bounds get NUMBER_BOUND (numbers NUMBER_STEP as multipleOf),
+    and objects that list properties but say nothing of others get none (not under allOf, whose branches
+    combine properties)."""
     root = copy.deepcopy(schema)
+    nodes: list[dict[str, Any]] = []
     stack = [root]
     while stack:
         node = stack.pop()
         if isinstance(node, list):
             stack.extend(node)
         elif isinstance(node, dict):
-            kinds = node.get("type")
-            kinds = {kinds} if isinstance(kinds, str) else set(kinds) if isinstance(kinds, list) else set()
-            if kinds & {"number", "integer"}:
-                low, high = node.get("minimum"), node.get("maximum")
-                if not _is_number(high) and not (_is_number(low) and low >= NUMBER_BOUND):
-                    node["maximum"] = NUMBER_BOUND
-                if not _is_number(low) and not (_is_number(high) and high <= -NUMBER_BOUND):
-                    node["minimum"] = -NUMBER_BOUND
-                if "number" in kinds and "multipleOf" not in node:
-                    node["multipleOf"] = NUMBER_STEP
+            nodes.append(node)
             stack.extend(value for key, value in node.items() if key not in _DATA_KEYWORDS)
+    combines = any("allOf" in node for node in nodes)
+    for node in nodes:
+        kinds = node.get("type")
+        kinds = {kinds} if isinstance(kinds, str) else set(kinds) if isinstance(kinds, list) else set()
+        if kinds & {"number", "integer"}:
+            low, high = node.get("minimum"), node.get("maximum")
+            if not _is_number(high) and not (_is_number(low) and low >= NUMBER_BOUND):
+                node["maximum"] = NUMBER_BOUND
+            if not _is_number(low) and not (_is_number(high) and high <= -NUMBER_BOUND):
+                node["minimum"] = -NUMBER_BOUND
+            if "number" in kinds and "multipleOf" not in node:
+                node["multipleOf"] = NUMBER_STEP
+        if (isinstance(node.get("properties"), dict) and not combines
+                and "additionalProperties" not in node and "patternProperties" not in node):
+            node["additionalProperties"] = False
     return root
 
 
@@ -81,7 +90,7 @@ def grammar_of(constraint: Constraint) -> str:
     try:
         if constraint.kind == "json_schema":
             options = {"whitespace_pattern": JSON_WHITESPACE, "lenient": not constraint.strict}
-            schema = bound_numbers(json.loads(constraint.source))
+            schema = narrow_schema(json.loads(constraint.source))
             return llg.LLMatcher.grammar_from_json_schema(schema, overrides=options)
         if constraint.kind == "grammar":
             return llg.grammar_from("grammar", constraint.source)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from worker.engine.chat_template import ChatTemplate
-from worker.engine.constraints import JSON_WHITESPACE, Constraint, bound_numbers
+from worker.engine.constraints import JSON_WHITESPACE, Constraint, narrow_schema
 from worker.engine.errors import TemplateError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -138,7 +138,7 @@ def _as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
     """The JSON schema of one call object: the name first, then arguments that match that tool's parameters."""
     variants = [{"type": "object", "properties": {"name": {"const": t.name},
-                                                  "arguments": bound_numbers(json.loads(t.parameters))},
+                                                  "arguments": narrow_schema(json.loads(t.parameters))},
                  "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     schema: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
     lenient = not all(t.strict for t in tools)  # each strict tool was already compiled alone (unsupported = error)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from worker.engine.constraints import NUMBER_BOUND, NUMBER_STEP, Constraint, ConstraintError, bound_numbers
+from worker.engine.constraints import NUMBER_BOUND, NUMBER_STEP, Constraint, ConstraintError, narrow_schema
 from worker.engine.generation import GenerationParams
 from worker.engine.sampling import SamplingParams
 
@@ -109,14 +109,25 @@ def test_unbounded_numbers_get_bounds_and_set_bounds_are_kept() -> None:
     schema = {"type": "object", "properties": {
         "n": {"type": "number"}, "i": {"type": "integer", "minimum": 3}, "z": {"type": ["number", "null"], "maximum": 1},
         "type": {"enum": [{"type": "number"}]}}, "$defs": {"big": {"type": "integer", "minimum": 10**20}}}
-    bounded = bound_numbers(schema)
-    props = bounded["properties"]
+    narrowed = narrow_schema(schema)
+    props = narrowed["properties"]
     assert props["n"] == {"type": "number", "minimum": -NUMBER_BOUND, "maximum": NUMBER_BOUND, "multipleOf": NUMBER_STEP}
     assert props["i"] == {"type": "integer", "minimum": 3, "maximum": NUMBER_BOUND}
     assert props["z"] == {"type": ["number", "null"], "maximum": 1, "minimum": -NUMBER_BOUND, "multipleOf": NUMBER_STEP}
     assert props["type"] == {"enum": [{"type": "number"}]}  # data, not a schema
-    assert bounded["$defs"]["big"] == {"type": "integer", "minimum": 10**20}  # a bound would make it unsatisfiable
+    assert narrowed["$defs"]["big"] == {"type": "integer", "minimum": 10**20}  # a bound would make it unsatisfiable
     assert schema["properties"]["n"] == {"type": "number"}  # the caller's schema is not changed
+
+
+def test_objects_that_list_properties_get_no_others_unless_they_say_so() -> None:
+    inner = {"type": "object", "properties": {"a": {"type": "string"}}}
+    schema = {"type": "object", "properties": {"x": inner, "y": {**inner, "additionalProperties": True},
+                                               "z": {"type": "object"}}}
+    props = narrow_schema(schema)["properties"]
+    assert narrow_schema(schema)["additionalProperties"] is False and props["x"]["additionalProperties"] is False
+    assert props["y"]["additionalProperties"] is True and "additionalProperties" not in props["z"]  # any object
+    combined = narrow_schema({"allOf": [inner, {"properties": {"b": {"type": "string"}}}]})
+    assert "additionalProperties" not in combined["allOf"][0]  # allOf branches combine their properties
 
 
 def test_a_number_cannot_run_on(tiny_engine: Any) -> None:
