@@ -2,11 +2,13 @@
 
 Each parse_* function takes the decoded JSON object and returns a typed request, or raises a 400
 InvalidRequest that names the offending `param`. Unknown fields are ignored, as OpenAI does; known
-fields llmfleet cannot honour (tools, non-text content, suffix, best_of > 1, dimensions) are refused
-rather than silently ignored. Extensions beyond OpenAI: top_k, min_p, repetition_penalty, ignore_eos,
-priority, cache_prompt. Only OpenAI's documented limits are checked here (temperature, top_p, penalties,
-logit_bias, top_logprobs, ...); the ranges of the extensions (top_k, min_p, repetition_penalty) are checked
-once, by the engine's SamplingParams.validate in the worker, which answers with a 400 error event.
+fields llmfleet cannot honour (non-text content, suffix, best_of > 1, dimensions, the legacy functions) are
+refused rather than silently ignored. Structured output (response_format and llama.cpp's json_schema,
+grammar, regex) is read by gateway/structured.py, tools and tool_choice by gateway/tools.py. Extensions
+beyond OpenAI: top_k, min_p, repetition_penalty, ignore_eos, priority, cache_prompt. Only OpenAI's
+documented limits are checked here (temperature, top_p, penalties, logit_bias, top_logprobs, ...); the
+ranges of the extensions (top_k, min_p, repetition_penalty) are checked once, by the engine's
+SamplingParams.validate in the worker, which answers with a 400 error event.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from gateway.checks import (
     string,
     token_ids,
 )
+from gateway.structured import parse_constraint
+from gateway.tools import ToolOptions, parse_tool_calls, parse_tools
 from shared.errors import InvalidRequest
-from shared.messages import PRIORITIES, ChatMessage, Sampling
+from shared.messages import PRIORITIES, ChatMessage, OutputConstraint, Sampling
 from shared.settings import Settings
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -51,6 +55,7 @@ class CompletionOptions:
     ignore_eos: bool
     priority: str
     cache_prompt: bool
+    constraint: OutputConstraint | None = None  # structured output, compiled by the worker
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class ChatRequest:
     messages: list[ChatMessage]
     logprobs: bool
     top_logprobs: int | None
+    tools: ToolOptions = ToolOptions()
 
 
 @dataclass(frozen=True)
@@ -84,12 +90,7 @@ class EmbeddingRequest:
 
 def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:
     """Validate a chat completions body."""
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise invalid(name, "tool and function calling are not supported.")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise invalid("response_format", "only {\"type\": \"text\"} is supported.")
+    tools = parse_tools(body)
     messages = _messages(body.get("messages"), settings)
     logprobs = boolean(body, "logprobs", False)
     top_logprobs = integer(body, "top_logprobs", None, 0, 20)
@@ -99,7 +100,10 @@ def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:
     if max_tokens is None:
         max_tokens = integer(body, "max_tokens", None, 1, settings.max_tokens_limit)
     params = _generation(body, settings, max_tokens=max_tokens, choices_per_n=1)
-    return ChatRequest(params=params, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs)
+    if tools.active and params.constraint is not None:
+        raise invalid(params.constraint.param.split(".")[0],
+                      "an output constraint cannot be combined with tools unless tool_choice is 'none'.")
+    return ChatRequest(params=params, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs, tools=tools)
 
 
 def parse_completion(body: dict[str, Any], settings: Settings) -> CompletionRequest:
@@ -177,6 +181,7 @@ def _generation(
         ignore_eos=boolean(body, "ignore_eos", False),
         priority=choice(body, "priority", PRIORITIES, "normal"),
         cache_prompt=boolean(body, "cache_prompt", True),
+        constraint=parse_constraint(body),
     )
 
 
@@ -225,8 +230,12 @@ def _message(item: Any, param: str) -> ChatMessage:
     role = item.get("role")
     if role not in ROLES:
         raise invalid(f"{param}.role", f"expected one of {', '.join(map(repr, ROLES))}.")
-    if item.get("tool_calls"):
-        raise invalid(f"{param}.tool_calls", "tool calls are not supported.")
+    tool_calls = parse_tool_calls(item["tool_calls"], f"{param}.tool_calls") if item.get("tool_calls") else None
+    if tool_calls and role != "assistant":
+        raise invalid(f"{param}.tool_calls", "only assistant messages carry tool_calls.")
+    tool_call_id = item.get("tool_call_id")
+    if role == "tool" and not isinstance(tool_call_id, str):
+        raise invalid(f"{param}.tool_call_id", "a tool message needs the id of the call it answers.")
     content = item.get("content")
     if content is None and role == "assistant":
         content = ""
@@ -237,7 +246,8 @@ def _message(item: Any, param: str) -> ChatMessage:
     name = item.get("name")
     if name is not None and not isinstance(name, str):
         raise invalid(f"{param}.name", "expected a string.")
-    return ChatMessage(role=role, content=content, name=name)
+    return ChatMessage(role=role, content=content, name=name, tool_calls=tool_calls,
+                       tool_call_id=tool_call_id if role == "tool" else None)
 
 
 def _text_part(part: Any, param: str) -> str:

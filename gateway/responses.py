@@ -8,6 +8,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.tool_output import CallStart, Item
 from shared.messages import TokenLogprob, Usage
 
 SYSTEM_FINGERPRINT = "fp_llmfleet"
@@ -19,9 +20,30 @@ class ChoiceResult:
     """One finished choice, as collected from its events."""
 
     index: int
-    text: str = ""
+    text: str | None = ""  # None: a reply of tool calls only
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
+    tool_calls: list[dict[str, str]] | None = None  # {"id", "name", "arguments"} parsed out of the text
+
+
+def _message(choice: ChoiceResult) -> dict[str, Any]:
+    """A chat choice's message, with tool_calls when it made any."""
+    message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+    if choice.tool_calls:
+        message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                  "function": {"name": c["name"], "arguments": c["arguments"]}}
+                                 for c in choice.tool_calls]
+    return message
+
+
+def tool_delta(item: Item) -> dict[str, Any]:
+    """The chat chunk delta of one parser item: content, a call's start (id and name) or arguments text."""
+    if isinstance(item, str):
+        return {"content": item}
+    if isinstance(item, CallStart):
+        return {"tool_calls": [{"index": item.index, "id": item.id, "type": "function",
+                                "function": {"name": item.name, "arguments": ""}}]}
+    return {"tool_calls": [{"index": item.index, "function": {"arguments": item.text}}]}
 
 
 def usage_body(usage: Usage) -> dict[str, int]:
@@ -83,7 +105,7 @@ def chat_completion(
         "choices": [
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
+                "message": _message(c),
                 "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs),
                 "finish_reason": c.finish_reason,
             }

@@ -27,6 +27,7 @@ from gateway.broker import Broker
 from gateway.generation import Generation, charge_key
 from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
 from gateway.responses import ChoiceResult, ChunkHeader
+from gateway.tool_output import ToolCallParser, split_reply
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, TokenEvent
 from shared.settings import Settings
@@ -58,6 +59,7 @@ def _job_base(params: CompletionOptions, settings: Settings, request_id: str, no
         "ignore_eos": params.ignore_eos,
         "cache_prompt": params.cache_prompt,
         "stream": params.stream,
+        "constraint": params.constraint,
     }
 
 
@@ -66,7 +68,9 @@ def build_jobs(request: GenerationRequest, settings: Settings, request_id: str, 
     base = _job_base(request.params, settings, request_id, now)
     if isinstance(request, ChatRequest):
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        return [GenerateJob(**base, messages=request.messages, logprobs=logprobs)]
+        tools = request.tools
+        return [GenerateJob(**base, messages=request.messages, logprobs=logprobs, tools=tools.tools,
+                            tool_choice=tools.choice, tool_name=tools.name, parallel_tool_calls=tools.parallel)]
     jobs = []
     for i, prompt in enumerate(request.prompts):
         job_id = request_id if len(request.prompts) == 1 else f"{request_id}-{i}"
@@ -91,6 +95,15 @@ def _response_id(request: GenerationRequest | EmbeddingRequest, request_id: str)
     return prefix + request_id.removeprefix("req-")
 
 
+def _uses_tools(request: GenerationRequest) -> bool:
+    return isinstance(request, ChatRequest) and request.tools.active
+
+
+def _tool_finish(reason: str | None, calls: list[dict[str, str]]) -> str | None:
+    """OpenAI's finish_reason "tool_calls" for a reply that ended (not cut short) after making calls."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
 def _wants_logprobs(request: GenerationRequest) -> bool:
     return request.logprobs if isinstance(request, ChatRequest) else request.logprobs is not None
 
@@ -113,6 +126,10 @@ async def run_completion(broker: Broker, request: GenerationRequest, settings: S
                 choices[index].finish_reason = event.finish_reason
         for choice, texts in zip(choices, parts, strict=True):
             choice.text = "".join(texts)
+            if _uses_tools(request):
+                choice.text, calls = split_reply(choice.text)
+                choice.tool_calls = calls or None
+                choice.finish_reason = _tool_finish(choice.finish_reason, calls)
     finally:
         await generation.close()
     build = responses.chat_completion if isinstance(request, ChatRequest) else responses.text_completion
@@ -130,17 +147,20 @@ async def stream_completion(broker: Broker, request: GenerationRequest, settings
         await generation.close()
         raise
     header = ChunkHeader(_response_id(request, request_id), int(now), request.params.model, request.params.include_usage)
-    return ChunkStream(generation, header, chat=isinstance(request, ChatRequest), logprobs=_wants_logprobs(request))
+    return ChunkStream(generation, header, chat=isinstance(request, ChatRequest), logprobs=_wants_logprobs(request),
+                       tools=_uses_tools(request))
 
 
 class ChunkStream:
     """The OpenAI chunks of one streaming request, whose first events already arrived."""
 
-    def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool) -> None:
+    def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
+                 tools: bool = False) -> None:
         self._generation = generation
         self._header = header
         self._chat = chat
         self._logprobs = logprobs
+        self._parsers = [ToolCallParser() for _ in range(generation.choices)] if tools else None
 
     async def aclose(self) -> None:
         """Close the request's jobs (publishing cancels where unfinished); idempotent."""
@@ -165,6 +185,10 @@ class ChunkStream:
                     yield responses.chat_chunk(header, index, {"role": "assistant", "content": ""})
                 if not isinstance(event, TokenEvent):
                     reason = event.finish_reason
+                    if self._parsers:
+                        for item in self._parsers[index].finish():
+                            yield responses.chat_chunk(header, index, responses.tool_delta(item))
+                        reason = _tool_finish(reason, self._parsers[index].calls)
                     if self._chat:
                         yield responses.chat_chunk(header, index, {}, finish_reason=reason)
                     else:
@@ -172,6 +196,10 @@ class ChunkStream:
                     continue
                 entries = (event.logprobs or []) if self._logprobs else None
                 if not event.text and not entries:
+                    continue
+                if self._parsers:  # content and tool calls, never a partial <tool_call> tag as content
+                    for item in self._parsers[index].feed(event.text):
+                        yield responses.chat_chunk(header, index, responses.tool_delta(item))
                     continue
                 if self._chat:
                     yield responses.chat_chunk(header, index, {"content": event.text}, entries)

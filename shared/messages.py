@@ -21,6 +21,8 @@ PRIORITIES: tuple[str, ...] = ("low", "normal", "high", "critical")
 Pooling = Literal["mean", "last"]
 FinishReason = Literal["stop", "length", "cancelled"]  # why one choice ended; one type for engine, wire, gateway
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "cancelled")
+ConstraintKind = Literal["json_schema", "grammar", "regex"]
+ToolChoice = Literal["none", "auto", "required", "named"]  # named: tool_name must be called
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -40,12 +42,31 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """A top-level wire message: a map tagged by `kind`, with a `version` field (see shared.codec)."""
 
 
+class ToolCall(_Part, kw_only=True):
+    """A function call an assistant turn made (chat history)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
 class ChatMessage(_Part, kw_only=True):
     """One chat turn; the worker renders the model's chat template over a list of these."""
 
     role: str
     content: str
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+
+
+class ToolSpec(_Part, kw_only=True):
+    """A function the model may call; the worker renders it into the prompt and compiles its schema."""
+
+    name: str
+    description: str = ""
+    parameters: str = '{"type":"object"}'  # a JSON schema, as JSON text
+    strict: bool = True  # an unsupported schema keyword is an error (False: it is ignored)
 
 
 class Sampling(_Part, kw_only=True):
@@ -62,6 +83,20 @@ class Sampling(_Part, kw_only=True):
     seed: int | None = None  # choice i samples with seed + i; the gateway always fills one in
     # Value ranges are not checked here: the wire checks types; the engine's SamplingParams.validate owns
     # the ranges (the worker answers a bad value with a 400 naming the field), the gateway OpenAI's limits.
+
+class OutputConstraint(_Part, kw_only=True):
+    """What a generate job's output must match, enforced token by token; the worker compiles it and answers
+    one that does not compile with a 400 naming `param` and carrying the compiler's message."""
+
+    kind: ConstraintKind  # json_schema: `source` is the schema as JSON text; grammar: GBNF or Lark; regex
+    source: str
+    strict: bool = True  # json_schema: an unsupported keyword is an error (False: it is ignored)
+    param: str  # the request field it came from (e.g. "response_format.json_schema.schema")
+
+    def describe(self) -> str:
+        """Kind and size, never the text itself."""
+        return f"{self.kind}({len(self.source)} chars)"
+
 
 class GenerateJob(_Message, tag="generate", kw_only=True):
     """A text-generation job (chat or completion, streaming or not); exactly one prompt form is set."""
@@ -86,12 +121,19 @@ class GenerateJob(_Message, tag="generate", kw_only=True):
     ignore_eos: bool = False
     cache_prompt: bool = True
     stream: bool = False
+    constraint: OutputConstraint | None = None  # structured output (response_format, json_schema, grammar, regex)
+    tools: list[ToolSpec] = []
+    tool_choice: ToolChoice = "auto"  # with tools; "none" leaves them out of the prompt
+    tool_name: str | None = None  # the function tool_choice "named" forces
+    parallel_tool_calls: bool = True
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:
         forms = (self.prompt is not None) + (self.prompt_token_ids is not None) + (self.messages is not None)
         _require(forms == 1, "exactly one of prompt, prompt_token_ids, messages must be set")
         _require(not (self.echo and self.messages is not None), "echo is for prompt jobs only")
+        _require(not self.tools or self.messages is not None, "tools are for chat jobs only")
+        _require((self.tool_choice == "named") == (self.tool_name is not None), "tool_name goes with tool_choice named")
 
     def describe(self) -> str:
         """A log line naming sizes only, never the prompt itself."""
@@ -101,7 +143,9 @@ class GenerateJob(_Message, tag="generate", kw_only=True):
             size = f"prompt_chars={len(self.prompt)}"
         else:
             size = f"prompt_tokens={len(self.prompt_token_ids or [])}"
-        return f"{self.id} generate model={self.model} {size} max_tokens={self.max_tokens} n={self.n}"
+        constraint = f" constraint={self.constraint.describe()}" if self.constraint is not None else ""
+        tools = f" tools={len(self.tools)} tool_choice={self.tool_choice}" if self.tools else ""
+        return f"{self.id} generate model={self.model} {size} max_tokens={self.max_tokens} n={self.n}{constraint}{tools}"
 
 
 class EmbedJob(_Message, tag="embed", kw_only=True):

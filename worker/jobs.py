@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from shared.errors import ContextLengthExceeded, InvalidRequest, NoChatTemplate
-from shared.messages import EmbedJob, GenerateJob
+from shared.messages import ChatMessage, EmbedJob, GenerateJob
+from worker.engine.constraints import Constraint, ConstraintError
 from worker.engine.engine import Engine
 from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
 from worker.engine.generation import GenerationParams
 from worker.engine.sampling import SamplingParams
+from worker.engine.tools import Tool, call_grammar
 from worker.sequences import EmbeddingRequest, GenerationRequest, Priority
 
 
 def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
     """Tokenize a job's prompt form (text, token ids or chat messages); bad input raises InvalidRequest."""
     if job.messages is not None:
-        messages = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
-                    for m in job.messages]
+        messages = [_chat_message(m) for m in job.messages]
         try:
-            return engine.encode_chat(messages, add_generation_prompt=job.add_generation_prompt)
+            return engine.encode_chat(messages, add_generation_prompt=job.add_generation_prompt,
+                                      tools=offered_tools(job))
         except NoChatTemplateError:
             raise NoChatTemplate(
                 f"model {job.model!r} has no chat template (it is a base model): use /v1/completions, or start "
@@ -54,9 +58,59 @@ def generation_request(engine: Engine, job: GenerateJob) -> GenerationRequest:
         name = str(exc).split(" ", 1)[0]  # validate's messages start with the field's name
         raise InvalidRequest(str(exc), param=name if hasattr(sampling, name) else None) from None
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(job.stop),
-                              ignore_eos=job.ignore_eos)
+                              ignore_eos=job.ignore_eos, constraint=output_constraint(engine, job))
     return GenerationRequest(job.id, prompt_ids, params, n=job.n, priority=Priority.parse(job.priority),
                              cache_prompt=job.cache_prompt)
+
+
+def _chat_message(message: ChatMessage) -> dict[str, Any]:
+    """A wire chat message as the chat template reads it."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.name:
+        out["name"] = message.name
+    if message.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def offered_tools(job: GenerateJob) -> list[Tool]:
+    """The tools the prompt shows: all of them, unless tool_choice is none."""
+    if job.tool_choice == "none":
+        return []
+    return [Tool(t.name, t.description, t.parameters, t.strict) for t in job.tools]
+
+
+def _compiled(engine: Engine, constraint: Constraint, param: str) -> Constraint:
+    """Compile a constraint now (cached); one that does not compile is a 400 naming its field."""
+    try:
+        engine.compile_constraint(constraint)
+    except ConstraintError as exc:
+        raise InvalidRequest(f"Invalid value for '{param}': {exc}", param=param) from None
+    return constraint
+
+
+def tool_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:
+    """The grammar of a job's tool calls: forced (required, named) or lazy (auto); each tool's schema first
+    compiled alone, so a bad one is named."""
+    tools = offered_tools(job)
+    if not tools:
+        return None
+    for i, tool in enumerate(tools):
+        _compiled(engine, Constraint("json_schema", tool.parameters, tool.strict), f"tools[{i}].function.parameters")
+    if job.tool_choice == "named":
+        tools = [t for t in tools if t.name == job.tool_name]
+    mode = "auto" if job.tool_choice == "auto" else "required"
+    return _compiled(engine, call_grammar(tools, mode, job.parallel_tool_calls), "tools")
+
+
+def output_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:
+    """The engine's constraint of a job, compiled now: one that does not compile is a 400 naming its field."""
+    if job.constraint is None:
+        return tool_constraint(engine, job)
+    wire = job.constraint
+    return _compiled(engine, Constraint(wire.kind, wire.source, wire.strict), wire.param)
 
 
 def sampling_params(job: GenerateJob) -> SamplingParams:

@@ -13,6 +13,7 @@ import numpy as np
 from shared.errors import QueueFull
 from worker.engine.batch_sampling import sample_batch
 from worker.engine.block_manager import NoFreeBlocks
+from worker.engine.constraints import ConstraintError
 from worker.engine.embeddings import finish_pool, pool_chunk
 from worker.engine.engine import Engine
 from worker.engine.forward_batch import BatchEntry
@@ -227,12 +228,13 @@ class Scheduler:
         gens = [seq.gen for seq, _ in rows]
         try:
             sampled = sample_batch([g.sampler for g in gens], [logits for _, logits in rows],
-                                   [g.prompt_ids for g in gens], [g.generated_ids for g in gens])
+                                   [g.prompt_ids for g in gens], [g.generated_ids for g in gens],
+                                   [g.constraint for g in gens])
         except ValueError:  # one row cannot be sampled (e.g. every token banned): find it, sample the rest alone
             sampled = []
             for gen, (seq, logits) in zip(gens, rows):
                 try:
-                    sampled.append(gen.sampler.sample(logits, gen.prompt_ids, gen.generated_ids))
+                    sampled.append(None if seq.state == SeqState.CANCELLED else gen.sample(logits))
                 except ValueError as exc:
                     events.append(self._fail(seq.group, f"sampling failed: {exc}"))
                     sampled.append(None)
@@ -342,7 +344,7 @@ class Scheduler:
         gen, start = seq.gen, seq.computed
         self.stats.speculated_tokens += len(tokens) - 1
         for row in range(len(tokens)):
-            sampled = gen.sampler.sample(logits[row], gen.prompt_ids, gen.generated_ids)
+            sampled = gen.sample(logits[row])  # a constrained row is masked by its matcher in this exact state
             self._on_token(seq, sampled, now, events)
             if seq.state != SeqState.DECODING:  # finished: its blocks are already freed
                 return
@@ -387,9 +389,13 @@ class Scheduler:
     def _on_token(self, seq: ScheduledSequence, sampled: SampledToken, now: float, events: list[StepEvent]) -> None:
         """Give a sequence its sampled token, emit it, and retire the sequence if it finished."""
         seq.state = SeqState.DECODING
-        out = seq.gen.accept(sampled)
-        self.stats.generated_tokens += 1
         group = seq.group
+        try:
+            out = seq.gen.accept(sampled)
+        except ConstraintError as exc:  # the matcher failed (e.g. a parser limit): end the request clearly
+            events.append(self._fail(group, str(exc)))
+            return
+        self.stats.generated_tokens += 1
         if group.timings.first_token is None:
             group.timings.first_token = now
         events.append(SequenceStep(group.request.request_id, seq.index, out))

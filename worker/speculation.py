@@ -4,7 +4,8 @@ At a handful of streams a step is bound by reading the weights, so checking k dr
 costs about what one token costs. Drafts come from the sequence itself (as llama.cpp's lookup decoding and
 vLLM's n-gram speculator do): the tokens that followed the latest earlier occurrence of its last n tokens.
 Verification is exact: each drafted position is kept only while it equals the token the sampler picks there
-(greedy, after penalties and bias), so the output is identical to decoding one token at a time.
+(greedy, after penalties, bias and the output constraint, whose matcher has taken exactly the tokens kept
+before that position), so the output is identical to decoding one token at a time.
 """
 
 from __future__ import annotations

@@ -23,6 +23,13 @@ def _chat(**changes: object) -> dict[str, object]:
     return {k: v for k, v in body.items() if v is not ...}
 
 
+def _nested(depth: int) -> dict[str, object]:
+    schema: dict[str, object] = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
@@ -53,8 +60,31 @@ def _chat(**changes: object) -> dict[str, object]:
         ("/v1/chat/completions", _chat(logprobs=True, top_logprobs=21), "top_logprobs"),
         ("/v1/chat/completions", _chat(seed="1"), "seed"),
         ("/v1/chat/completions", _chat(priority="urgent"), "priority"),
-        ("/v1/chat/completions", _chat(tools=[{"type": "function"}]), "tools"),
-        ("/v1/chat/completions", _chat(response_format={"type": "json_object"}), "response_format"),
+        ("/v1/chat/completions", _chat(tools=[{"type": "function"}]), "tools[0].function"),
+        ("/v1/chat/completions", _chat(tools=[{"type": "function", "function": {"description": "x"}}]),
+         "tools[0].function.name"),
+        ("/v1/chat/completions", _chat(tools=[{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+         "tools[0].function.parameters"),
+        ("/v1/chat/completions", _chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                                       tool_choice={"type": "function", "function": {"name": "g"}}), "tool_choice"),
+        ("/v1/chat/completions", _chat(tool_choice="required"), "tool_choice"),
+        ("/v1/chat/completions", _chat(functions=[{"name": "f"}]), "functions"),
+        ("/v1/chat/completions", _chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                                       response_format={"type": "json_object"}), "response_format"),
+        ("/v1/chat/completions", _chat(messages=[{"role": "tool", "content": "x"}]), "messages[0].tool_call_id"),
+        ("/v1/chat/completions", _chat(messages=[{"role": "assistant", "tool_calls": [{"id": "c"}]}]),
+         "messages[0].tool_calls[0]"),
+        ("/v1/chat/completions", _chat(response_format={"type": "xml"}), "response_format.type"),
+        ("/v1/chat/completions", _chat(response_format={"type": "json_schema"}), "response_format.json_schema"),
+        ("/v1/chat/completions", _chat(response_format={"type": "json_schema", "json_schema": {"name": "a b"}}),
+         "response_format.json_schema.name"),
+        ("/v1/chat/completions", _chat(response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "x", "schema": [1]}}),
+         "response_format.json_schema.schema"),
+        ("/v1/chat/completions", _chat(json_schema={"type": "array", "items": _nested(40)}), "json_schema"),
+        ("/v1/chat/completions", _chat(grammar=""), "grammar"),
+        ("/v1/chat/completions", _chat(grammar="root ::= \"a\"", regex="a"), "regex"),
+        ("/v1/completions", {"model": "smollm2", "prompt": "x", "regex": "a" * 70_000}, "regex"),
         ("/v1/completions", {"model": "smollm2"}, "prompt"),
         ("/v1/completions", {"model": "smollm2", "prompt": []}, "prompt"),
         ("/v1/completions", {"model": "smollm2", "prompt": [1, -2]}, "prompt"),

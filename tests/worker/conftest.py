@@ -18,3 +18,13 @@ def tiny_engine(tmp_path_factory: pytest.TempPathFactory):
     from worker.engine.engine import Engine
 
     return Engine.load(write_tiny_gguf(tmp_path_factory.mktemp("tiny-engine") / "tiny.gguf"))
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_engine(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny Engine with a ChatML chat template (the tiny GGUF itself has none, like a base model)."""
+    from worker.engine.chat_template import CHATML_TEMPLATE
+    from worker.engine.engine import Engine
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny-chat-engine") / "tiny.gguf")
+    return Engine.load(path, chat_template=CHATML_TEMPLATE)

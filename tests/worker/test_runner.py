@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -13,13 +14,16 @@ import redis
 from shared import codec, keys
 from shared.messages import (
     CancelRequest,
+    ChatMessage,
     ChoiceEndEvent,
     DoneEvent,
     EmbedJob,
     ErrorEvent,
     GenerateJob,
+    OutputConstraint,
     Sampling,
     TokenEvent,
+    ToolSpec,
 )
 from shared.settings import Settings
 from worker.fencing import take_ownership
@@ -42,7 +46,12 @@ def settings(redis_server: Any) -> Settings:
 
 @pytest.fixture()
 def worker(tiny_engine: Any, client: redis.Redis, settings: Settings) -> Iterator[WorkerRunner]:
-    runner = WorkerRunner(tiny_engine, client, settings, model=MODEL)
+    yield from _running(tiny_engine, client, settings)
+
+
+def _running(engine: Any, client: redis.Redis, settings: Settings) -> Iterator[WorkerRunner]:
+    """A WorkerRunner serving `engine` in a thread, stopped (and joined) afterwards."""
+    runner = WorkerRunner(engine, client, settings, model=MODEL)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     assert runner.ready.wait(10)
@@ -291,3 +300,55 @@ def test_a_poison_job_is_dead_lettered_and_its_client_told(tiny_engine: Any, cli
     assert len(dead) == 1 and dead[0][1][b"deliveries"] == b"3" and dead[0][1][b"worker"] == live.worker_id.encode()
     assert codec.decode_job(dead[0][1][keys.JOB_FIELD.encode()]).id == "poison"
     assert client.xpending(stream, keys.JOBS_GROUP)["pending"] == 0 and client.xlen(stream) == 0
+
+
+@pytest.mark.parametrize(("constraint", "message"), [
+    (OutputConstraint(kind="json_schema", source='{"type": "strin"}', param="response_format.json_schema.schema"),
+     "Invalid type: strin"),
+    (OutputConstraint(kind="json_schema", source='{"not": {}}', param="json_schema"), "Unimplemented keys"),
+    (OutputConstraint(kind="regex", source="[a-", param="regex"), "unclosed character class"),
+])
+def test_a_constraint_that_does_not_compile_is_a_400_naming_its_field(worker: WorkerRunner, client: redis.Redis,
+                                                                     constraint: OutputConstraint, message: str) -> None:
+    events = collect(submit(client, job(f"bad-{constraint.param}", constraint=constraint)))
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent)
+    assert (events[0].status, events[0].param) == (400, constraint.param)
+    assert message in events[0].message and constraint.param in events[0].message
+
+
+def test_a_constrained_job_ends_with_stop_when_its_grammar_is_complete(worker: WorkerRunner,
+                                                                     client: redis.Redis) -> None:
+    constraint = OutputConstraint(kind="regex", source="(yes|no)!", param="regex")
+    events = collect(submit(client, job("yes-no", constraint=constraint, max_tokens=50, n=2,
+                                        sampling=Sampling(temperature=1.0, seed=3))))
+    texts = ["".join(e.text for e in events if isinstance(e, TokenEvent) and e.index == i) for i in (0, 1)]
+    assert all(text in ("yes!", "no!") for text in texts)
+    assert [e.finish_reason for e in events if isinstance(e, ChoiceEndEvent)] == ["stop", "stop"]
+
+
+@pytest.fixture()
+def chat_worker(tiny_chat_engine: Any, client: redis.Redis, settings: Settings) -> Iterator[WorkerRunner]:
+    yield from _running(tiny_chat_engine, client, settings)
+
+
+def _chat_job(rid: str, **kw: Any) -> GenerateJob:
+    return job(rid, prompt_token_ids=None, messages=[ChatMessage(role="user", content="weather in Oslo?")], **kw)
+
+
+def test_a_tool_whose_schema_does_not_compile_is_named(chat_worker: WorkerRunner, client: redis.Redis) -> None:
+    tools = [ToolSpec(name="ok", parameters='{"type":"object"}'), ToolSpec(name="bad", parameters='{"type":"nope"}')]
+    events = collect(submit(client, _chat_job("bad-tool", tools=tools)))
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent)
+    assert (events[0].status, events[0].param) == (400, "tools[1].function.parameters")
+
+
+def test_a_required_tool_call_is_made_from_the_first_token(chat_worker: WorkerRunner, client: redis.Redis) -> None:
+    params = '{"type":"object","properties":{"city":{"enum":["Oslo","Rome"]}},"required":["city"],"additionalProperties":false}'
+    events = collect(submit(client, _chat_job("tool", tools=[ToolSpec(name="get_weather", parameters=params)],
+                                              tool_choice="required", parallel_tool_calls=False, max_tokens=400,
+                                              ignore_eos=False)))
+    text = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert text.startswith("<tool_call>") and text.rstrip().endswith("</tool_call>")
+    call = json.loads(text.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+    assert call["name"] == "get_weather" and call["arguments"]["city"] in ("Oslo", "Rome")
+    assert [e.finish_reason for e in events if isinstance(e, ChoiceEndEvent)] == ["stop"]

@@ -89,7 +89,7 @@ def processed_logits(samplers: Sequence[Sampler], raw: np.ndarray, context_ids: 
         if processor is not None:
             processor(scores[i])
     if not np.isfinite(scores.max(axis=1)).all():
-        raise ValueError("every token is banned by logit_bias")
+        raise ValueError("every token is banned (by logit_bias or the output constraint)")
     return scores
 
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from worker.engine.chat_template import ChatTemplate
+from worker.engine.constraints import Constraint, GrammarCompiler
 from worker.engine.embeddings import Pooling, embed
 from worker.engine.errors import ContextLengthError, NoChatTemplateError
 from worker.engine.generation import GenerationParams, GenerationState
 from worker.engine.model import Model
 from worker.engine.tokenizer import Tokenizer
+from worker.engine.tools import Tool, ToolTemplateSupport, prepare_messages, probe
 
 
 class Engine:
@@ -22,6 +26,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)  # one llguidance tokenizer per engine
 
     @classmethod
     def load(cls, path: str | Path, *, chat_template: str | None = None) -> Engine:
@@ -46,12 +51,22 @@ class Engine:
         """Tokenize raw prompt text; special-token text such as <|im_start|> is parsed as special tokens."""
         return self.tokenizer.encode(text, parse_special=True)
 
-    def encode_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
-        """Render messages through the model's chat template, then tokenize (no extra BOS: the template has it)."""
+    @cached_property
+    def tool_support(self) -> ToolTemplateSupport:
+        """What the chat template renders natively in the canonical tool-call format (probed on first use)."""
+        return probe(self.chat_template) if self.chat_template is not None else ToolTemplateSupport(False, False)
+
+    def encode_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                    tools: Sequence[Tool] = ()) -> list[int]:
+        """Render messages (and tools) through the model's chat template, then tokenize (no extra BOS: the
+        template has it); tools and tool-call history go natively or as text, as tools.prepare_messages says."""
         if self.chat_template is None:
             raise NoChatTemplateError("the model has no chat template (it is a base model); configure one "
                                       "(--chat-template FILE) or send raw prompts")
-        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        tools_variable = None
+        if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            messages, tools_variable = prepare_messages(messages, tools, self.tool_support)
+        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools_variable)
         return self.tokenizer.encode(text, parse_special=True, add_bos=False)
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
@@ -62,9 +77,14 @@ class Engine:
                 f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the completion). "
                 "Please reduce the prompt or max_tokens.")
 
+    def compile_constraint(self, constraint: Constraint) -> None:
+        """Compile an output constraint now (cached); ConstraintError with the compiler's message if invalid."""
+        self.grammars.compile(constraint)
+
     def new_generation(self, prompt_ids: list[int], params: GenerationParams) -> GenerationState:
-        """A fresh generation state for one sequence."""
-        return GenerationState(prompt_ids, params, self.tokenizer, self.model.config.vocab_size)
+        """A fresh generation state for one sequence (with its own matcher when the output is constrained)."""
+        constraint = None if params.constraint is None else self.grammars.new_sequence(params.constraint)
+        return GenerationState(prompt_ids, params, self.tokenizer, self.model.config.vocab_size, constraint)
 
     def embed(self, token_ids: list[int], *, pooling: Pooling = "mean", normalize: bool = True) -> np.ndarray:
         """An embedding (D,) of a token sequence."""

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from worker.engine.constraints import Constraint, SequenceConstraint
 from worker.engine.sampling import SampledToken, Sampler, SamplingParams
-from worker.engine.stopping import StopStringMatcher, check_token_stop
+from worker.engine.stopping import StopReason, StopStringMatcher, check_token_stop
 from worker.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -19,6 +20,7 @@ class GenerationParams:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    constraint: Constraint | None = None  # what the output must match (JSON schema, grammar, regex)
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,8 @@ class TokenOutput:
 class GenerationState:
     """Turns a sequence's logits into tokens and text, and decides when it is finished."""
 
-    def __init__(self, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int) -> None:
+    def __init__(self, prompt_ids: list[int], params: GenerationParams, tokenizer: Tokenizer, vocab_size: int,
+                 constraint: SequenceConstraint | None = None) -> None:
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.tokenizer = tokenizer
@@ -43,6 +46,7 @@ class GenerationState:
         self.sampler = Sampler(params.sampling, vocab_size)
         self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.stop_matcher = StopStringMatcher(params.stop)
+        self.constraint = constraint  # masks each step's scores, advances on every accepted token
         self.finish_reason: str | None = None
 
     @property
@@ -55,17 +59,23 @@ class GenerationState:
         """Prompt then generated token ids."""
         return self.prompt_ids + self.generated_ids
 
+    def sample(self, logits: np.ndarray) -> SampledToken:
+        """Pick the next token from logits (V,) alone (within the constraint, if any), without taking it."""
+        return self.sampler.sample(logits, self.prompt_ids, self.generated_ids, processor=self.constraint)
+
     def accept_logits(self, logits: np.ndarray) -> TokenOutput:
         """Sample the next token from logits (V,), detokenize it, and check every stop condition."""
         if self.finish_reason is not None:
             raise RuntimeError("sequence already finished")
-        return self.accept(self.sampler.sample(logits, self.prompt_ids, self.generated_ids))
+        return self.accept(self.sample(logits))
 
     def accept(self, sampled: SampledToken) -> TokenOutput:
-        """Take a token sampled for this sequence (alone or in a batch): detokenize it, check every stop."""
+        """Take a token sampled for this sequence (alone or in a batch): advance the constraint, detokenize
+        it, check every stop; a token the constraint refuses raises ConstraintError and changes nothing."""
         if self.finish_reason is not None:
             raise RuntimeError("sequence already finished")
         token = int(sampled.token_id)
+        complete = self.constraint is not None and self.constraint.advance(token)
         self.generated_ids.append(token)
         reason = check_token_stop(
             token,
@@ -77,8 +87,10 @@ class GenerationState:
         is_eog = token in self.tokenizer.eog_token_ids and not self.params.ignore_eos
         piece = "" if is_eog else self.detokenizer.push(token)
         text, stopped = self.stop_matcher.push(piece) if piece else ("", False)
+        if complete and reason is None:
+            reason = StopReason.STOP  # the grammar is complete: no step is spent on an end-of-text token
         if stopped:
-            reason = "stop"
+            reason = StopReason.STOP
         elif reason is not None:
             text += self._drain()
         self.finish_reason = reason

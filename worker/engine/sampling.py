@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine.batch_sampling import processed_logits, sample_batch
+from worker.engine.batch_sampling import LogitsProcessor, processed_logits, sample_batch
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this mean argmax
 MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs
@@ -139,13 +139,15 @@ class Sampler:
         return float(self._rng.random())
 
     def sample(
-        self, logits: np.ndarray, context_ids: Sequence[int], generated_ids: Sequence[int]
+        self, logits: np.ndarray, context_ids: Sequence[int], generated_ids: Sequence[int],
+        processor: LogitsProcessor | None = None,
     ) -> SampledToken:
-        """Pick the next token from raw logits (V,), given the prompt ids and the ids generated so far."""
+        """Pick the next token from raw logits (V,), given the prompt ids, the ids generated so far and an
+        optional processor (e.g. a grammar mask)."""
         raw = np.asarray(logits, dtype=np.float32)  # (V,)
         if raw.shape != (self.vocab_size,):
             raise ValueError(f"logits must have shape ({self.vocab_size},), got {raw.shape}")
-        return sample_batch([self], [raw], [context_ids], [generated_ids])[0]
+        return sample_batch([self], [raw], [context_ids], [generated_ids], [processor])[0]
 
     def processed_logits(
         self, raw: np.ndarray, context_ids: Sequence[int], generated_ids: Sequence[int]

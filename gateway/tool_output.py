@@ -1,0 +1,150 @@
+"""Tool calls out of a reply's text: canonical `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks
+become OpenAI tool_calls with server-made ids.
+
+The same incremental parser serves both paths, so streamed deltas reassemble to the collected reply: it
+releases content as it comes but holds back whatever could still be the start of `<tool_call>` (a partial
+tag never leaks as content) and trailing whitespace (dropped once calls follow), announces a call with its
+name first, then streams the arguments text as generated, up to the end of the arguments value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+
+
+@dataclass(frozen=True)
+class CallStart:
+    """A new call: its position among the choice's calls, its id and function name."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgumentsDelta:
+    """More of a call's arguments text."""
+
+    index: int
+    text: str
+
+
+Item = str | CallStart | ArgumentsDelta  # a str is content
+
+
+def new_call_id() -> str:
+    """A server-made tool call id: 'call_' and 24 hex digits."""
+    return f"call_{secrets.token_hex(12)}"
+
+
+class ToolCallParser:
+    """Splits one choice's text, fed in pieces, into content and tool calls."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._state = "content"  # content | head (before the arguments value) | arguments | tail (before CLOSE)
+        self._depth, self._in_string, self._escaped = 0, False, False
+        self.calls: list[dict[str, str]] = []  # {"id", "name", "arguments"} of every call started
+
+    def feed(self, text: str) -> list[Item]:
+        """Take more text; return what it released."""
+        self._buffer += text
+        out: list[Item] = []
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> list[Item]:
+        """The reply ended: release what is held (an unfinished call keeps what it has)."""
+        held, self._buffer = self._buffer, ""
+        if self._state == "content" and held and not (self.calls and not held.strip()):
+            return [held]
+        if self._state == "head":
+            return [OPEN + held]  # never became a call: it was text after all
+        return []
+
+    def _step(self, out: list[Item]) -> bool:
+        """Advance one state as far as the buffer allows; True if the state changed."""
+        if self._state == "content":
+            at = self._buffer.find(OPEN)
+            if at < 0:
+                keep = _partial_suffix(self._buffer, OPEN)
+                keep = max(keep, len(self._buffer) - len(self._buffer[: len(self._buffer) - keep].rstrip()))
+                release = self._buffer[: len(self._buffer) - keep]
+                if release and not (self.calls and not release.strip()):
+                    out.append(release)
+                self._buffer = self._buffer[len(release):]
+                return False
+            content = self._buffer[:at].rstrip()  # whitespace before a call is not content
+            if content:
+                out.append(content)
+            self._buffer, self._state = self._buffer[at + len(OPEN):], "head"
+            return True
+        if self._state == "head":
+            match = _HEAD.match(self._buffer)
+            if match is None:
+                return False
+            call = {"id": new_call_id(), "name": json.loads(match.group(1)), "arguments": ""}
+            self.calls.append(call)
+            out.append(CallStart(len(self.calls) - 1, call["id"], call["name"]))
+            self._buffer, self._state = self._buffer[match.end():], "arguments"
+            return True
+        if self._state == "arguments":
+            if not self.calls[-1]["arguments"]:
+                self._buffer = self._buffer.lstrip()  # whitespace before the value, however it was split
+            end = self._scan_arguments()
+            piece, self._buffer = self._buffer[:end], self._buffer[end:]
+            if piece:
+                self.calls[-1]["arguments"] += piece
+                out.append(ArgumentsDelta(len(self.calls) - 1, piece))
+            if self._depth == 0 and self.calls[-1]["arguments"]:
+                self._state = "tail"
+                return True
+            return False
+        at = self._buffer.find(CLOSE)  # tail: the object's "}" and the closing tag
+        if at < 0:
+            return False
+        self._buffer, self._state = self._buffer[at + len(CLOSE):], "content"
+        return True
+
+    def _scan_arguments(self) -> int:
+        """How much of the buffer belongs to the arguments value (it ends where its brackets balance)."""
+        for i, char in enumerate(self._buffer):
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+            elif char == '"':
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    return i + 1
+        return len(self._buffer)
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of tag."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:size]):
+            return size
+    return 0
+
+
+def split_reply(text: str) -> tuple[str | None, list[dict[str, str]]]:
+    """A whole reply's content (None when it is only calls) and its calls."""
+    parser = ToolCallParser()
+    items = parser.feed(text) + parser.finish()
+    content = "".join(item for item in items if isinstance(item, str))
+    return (content or None) if parser.calls else content, parser.calls

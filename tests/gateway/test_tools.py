@@ -1,0 +1,94 @@
+"""Tools in the gateway: requests become job fields, replies become tool_calls (collected or streamed alike),
+through the unmodified openai SDK against a fake worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from gateway import protocol, serving
+from shared.messages import ToolCall
+from shared.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+REPLY = ['Sure.', ' <tool', '_call>\n{"name": "get_', 'weather", "arguments": {"ci', 'ty": "Pa}ris"}}\n</tool_call>',
+         '\n<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>']
+
+
+@pytest.fixture
+def sdk(app_client) -> openai.AsyncOpenAI:
+    app, _ = app_client
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway/v1")
+    return openai.AsyncOpenAI(api_key="unused", base_url="http://gateway/v1", http_client=http, max_retries=0)
+
+
+def test_tools_and_history_ride_in_the_job() -> None:
+    body = {"model": "m", "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": False, "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "-3C"}]}
+    job = serving.build_jobs(protocol.parse_chat(body, Settings()), Settings(), "req-1", 0.0)[0]
+    assert (job.tool_choice, job.tool_name, job.parallel_tool_calls) == ("named", "get_weather", False)
+    assert [t.name for t in job.tools] == ["get_weather"] and json.loads(job.tools[0].parameters)["required"] == ["city"]
+    assert job.messages[1].tool_calls == [ToolCall(id="call_1", name="get_weather", arguments='{"city":"Oslo"}')]
+    assert job.messages[2].tool_call_id == "call_1" and job.constraint is None
+    assert "tools=1 tool_choice=named" in job.describe()
+
+
+@pytest.mark.parametrize(("choice", "expected"), [(None, "auto"), ("none", "none"), ("required", "required")])
+def test_tool_choice_defaults_to_auto_with_tools(choice: str | None, expected: str) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}
+    if choice:
+        body["tool_choice"] = choice
+    assert protocol.parse_chat(body, Settings()).tools.choice == expected
+
+
+async def test_collected_and_streamed_tool_calls_agree(sdk, worker) -> None:
+    task = asyncio.create_task(sdk.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER]))
+    await worker.answer(await worker.take(), REPLY)
+    whole = (await task).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content == "Sure."
+    calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert calls == [("get_weather", '{"city": "Pa}ris"}'), ("get_weather", '{"city": "Rome"}')]
+    assert all(c.id.startswith("call_") and c.type == "function" for c in whole.message.tool_calls)
+
+    async def stream() -> list:
+        response = await sdk.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER], stream=True)
+        return [chunk async for chunk in response]
+
+    task = asyncio.create_task(stream())
+    await worker.answer(await worker.take(), REPLY)
+    chunks = await task
+    deltas = [c.choices[0].delta for c in chunks]
+    assert "".join(d.content or "" for d in deltas) == "Sure."  # no partial <tool_call> tag ever leaked
+    assert not any("<" in (d.content or "") for d in deltas)
+    streamed: dict[int, list[str]] = {}
+    for delta in deltas:
+        for call in delta.tool_calls or []:
+            if call.id:  # the first chunk of a call carries its id and name, with empty arguments
+                assert call.function.name and call.function.arguments == ""
+                streamed[call.index] = [call.function.name, ""]
+            else:
+                streamed[call.index][1] += call.function.arguments
+    assert [tuple(streamed[i]) for i in sorted(streamed)] == calls
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+async def test_a_plain_answer_with_tools_is_plain_content(sdk, worker) -> None:
+    task = asyncio.create_task(sdk.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER]))
+    await worker.answer(await worker.take(), ["Hello", " <b>there</b>"])
+    choice = (await task).choices[0]
+    assert (choice.message.content, choice.message.tool_calls, choice.finish_reason) == ("Hello <b>there</b>", None, "stop")

@@ -1,0 +1,76 @@
+"""Tool calling end to end with the unmodified openai client: gateway -> Redis -> SmolLM2 workers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+MODEL = "smollm2-135m"
+PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                               "unit": {"enum": ["celsius", "fahrenheit"]}},
+              "required": ["city", "unit"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                            "parameters": PARAMETERS}}
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+@pytest.fixture()
+def client(cluster: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_required_makes_a_valid_call(client: openai.OpenAI) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    # one call: with parallel calls allowed, SmolLM2-135M (greedy) repeats the same call until max_tokens
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                           parallel_tool_calls=False, max_tokens=80, temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), PARAMETERS)
+
+
+def test_streamed_tool_call_deltas_reassemble_to_the_collected_reply(client: openai.OpenAI) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    whole = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice=named,
+                                           parallel_tool_calls=False, max_tokens=80, temperature=0).choices[0]
+    calls: dict[int, list[str]] = {}
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice=named,
+                                                 parallel_tool_calls=False, max_tokens=80, temperature=0, stream=True))
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        assert not delta.content  # only calls: no text, and never a piece of a <tool_call> tag
+        for part in delta.tool_calls or []:
+            if part.id:
+                calls[part.index] = [part.function.name, part.function.arguments or ""]
+            else:
+                calls[part.index][1] += part.function.arguments
+    assert [tuple(v) for _, v in sorted(calls.items())] == [(c.function.name, c.function.arguments)
+                                                             for c in whole.message.tool_calls]
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "tool_calls"
+
+
+def test_auto_on_a_prompt_that_needs_no_tool_answers_in_text(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello to Ada in one short sentence."}],
+        tools=[WEATHER], max_tokens=40, temperature=0)
+    choice = reply.choices[0]
+    assert choice.message.tool_calls is None and choice.message.content
+    assert "<tool_call" not in choice.message.content and choice.finish_reason in ("stop", "length")
+
+
+def test_a_conversation_with_a_tool_result_continues(client: openai.OpenAI) -> None:
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "sunny"}'}]
+    reply = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], tool_choice="none",
+                                           max_tokens=40, temperature=0)
+    choice = reply.choices[0]
+    assert choice.message.content and choice.message.tool_calls is None
+    assert choice.finish_reason in ("stop", "length")
