@@ -80,7 +80,8 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
         middleware=[
             *cors,
             Middleware(ApiKeyMiddleware, keys=KeyStore(
-                Path(settings.keys_file).expanduser() if settings.keys_file else None, settings.api_key)),
+                Path(settings.keys_file).expanduser() if settings.keys_file else None, settings.api_key),
+                       public_metrics=bool(settings.public_metrics)),
             Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
         ],
         exception_handlers={

@@ -19,7 +19,16 @@ from gateway.api_keys import KeyRecord, current_key
 from gateway.broker import Broker, EventStream
 from gateway.metrics import RequestTracker
 from shared.errors import InternalError, LLMFleetError
-from shared.messages import ChoiceEndEvent, DoneEvent, ErrorEvent, Event, GenerateJob, TokenEvent, Usage
+from shared.messages import (
+    ChoiceEndEvent,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    GenerateJob,
+    Timing,
+    TokenEvent,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,7 @@ class Generation:
         if len(streams) > 1:
             self._tasks = [asyncio.create_task(self._pump(i, s)) for i, s in enumerate(streams)]
         self.usage = Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
+        self.timings: list[Timing] = []  # one per job that finished with the worker's timing
 
     @property
     def choices(self) -> int:
@@ -107,6 +117,8 @@ class Generation:
             self._raise_error(event)
             if isinstance(event, DoneEvent):
                 self._add_usage(event.usage)
+                if event.timing is not None:
+                    self.timings.append(event.timing)
                 self._open -= 1
                 if self._tracker is not None:
                     self._tracker.job_done(event.timing)
@@ -173,4 +185,5 @@ class Generation:
             prompt_tokens=self.usage.prompt_tokens + usage.prompt_tokens,
             completion_tokens=self.usage.completion_tokens + usage.completion_tokens,
             total_tokens=self.usage.total_tokens + usage.total_tokens,
+            cached_tokens=self.usage.cached_tokens + usage.cached_tokens,
         )

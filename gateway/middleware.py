@@ -14,19 +14,20 @@ from shared.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest, LL
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})  # /metrics: unless configured closed
 
 
 class ApiKeyMiddleware:
     """Require a known key (`Authorization: Bearer <key>` or `X-Api-Key: <key>`) on everything but the open
     paths and CORS preflights; apply the key's rate limits and add OpenAI's x-ratelimit-* headers."""
 
-    def __init__(self, app: ASGIApp, keys: KeyStore) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyStore, *, public_metrics: bool = True) -> None:
         self.app = app
         self.keys = keys
+        self.open_paths = OPEN_PATHS if public_metrics else OPEN_PATHS - {"/metrics"}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (not self.keys.enabled or scope["type"] != "http" or scope["path"] in OPEN_PATHS
+        if (not self.keys.enabled or scope["type"] != "http" or scope["path"] in self.open_paths
                 or scope["method"] == "OPTIONS"):
             await self.app(scope, receive, send)
             return

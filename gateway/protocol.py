@@ -56,6 +56,7 @@ class CompletionOptions:
     priority: str
     cache_prompt: bool
     constraint: OutputConstraint | None = None  # structured output, compiled by the worker
+    timings: bool = False  # llama-server's timings_per_token: the response (last chunk) carries `timings`
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class EmbeddingRequest:
 def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:
     """Validate a chat completions body."""
     tools = parse_tools(body)
-    messages = _messages(body.get("messages"), settings)
+    messages = parse_messages(body.get("messages"), settings)
     logprobs = boolean(body, "logprobs", False)
     top_logprobs = integer(body, "top_logprobs", None, 0, 20)
     if top_logprobs is not None and not logprobs:
@@ -182,6 +183,7 @@ def _generation(
         priority=choice(body, "priority", PRIORITIES, "normal"),
         cache_prompt=boolean(body, "cache_prompt", True),
         constraint=parse_constraint(body),
+        timings=boolean(body, "timings_per_token", False),
     )
 
 
@@ -213,7 +215,8 @@ def _logit_bias(value: Any) -> dict[int, float]:
     return bias
 
 
-def _messages(value: Any, settings: Settings) -> list[ChatMessage]:
+def parse_messages(value: Any, settings: Settings) -> list[ChatMessage]:
+    """Validate a chat request's messages (roles, content parts, tool calls, total size)."""
     if value is None:
         raise InvalidRequest("Missing required parameter: 'messages'.", param="messages")
     if not isinstance(value, list) or not value:

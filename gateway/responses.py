@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.tool_output import CallStart, Item
-from shared.messages import TokenLogprob, Usage
+from shared.messages import Timing, TokenLogprob, Usage
 
 SYSTEM_FINGERPRINT = "fp_llmfleet"
 OWNED_BY = "llmfleet"
@@ -46,12 +46,38 @@ def tool_delta(item: Item) -> dict[str, Any]:
     return {"tool_calls": [{"index": item.index, "function": {"arguments": item.text}}]}
 
 
-def usage_body(usage: Usage) -> dict[str, int]:
-    """OpenAI's usage object."""
+def usage_body(usage: Usage) -> dict[str, Any]:
+    """OpenAI's usage object (with the prompt tokens the prefix cache served)."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def timings_body(usage: Usage, timings: list[Timing]) -> dict[str, float | int]:
+    """llama-server's `timings` object from the workers' timings (several jobs: the slowest one's durations).
+
+    prompt_* counts the prompt tokens computed (not served by the prefix cache) from admission to the first
+    token; predicted_* every completion token from the first to the last; queue_ms is the wait for a slot.
+    """
+    queue = max((t.queue_s for t in timings), default=0.0)
+    prompt_s = max((t.first_token_s - t.queue_s for t in timings), default=0.0)
+    predicted_s = max((t.total_s - t.first_token_s for t in timings), default=0.0)
+    prompt_n = usage.prompt_tokens - usage.cached_tokens
+    predicted_n = usage.completion_tokens
+    return {
+        "cache_n": usage.cached_tokens,
+        "queue_ms": round(queue * 1e3, 3),
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_s * 1e3, 3),
+        "prompt_per_token_ms": round(prompt_s * 1e3 / prompt_n, 3) if prompt_n else 0.0,
+        "prompt_per_second": round(prompt_n / prompt_s, 3) if prompt_s > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": round(predicted_s * 1e3, 3),
+        "predicted_per_token_ms": round(predicted_s * 1e3 / predicted_n, 3) if predicted_n else 0.0,
+        "predicted_per_second": round(predicted_n / predicted_s, 3) if predicted_s > 0 else 0.0,
     }
 
 

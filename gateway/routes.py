@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import protocol, responses, serving
+from gateway import protocol, responses, serving, tokenization
 from gateway.broker import Broker
 from gateway.checks import parse_json_object
 from gateway.disconnect import unless_disconnected
 from gateway.metrics import CONTENT_TYPE, FleetSnapshot
+from gateway.openapi import openapi_document
 from gateway.protocol import ChatRequest, CompletionRequest
 from gateway.sse import SSEResponse
 from shared.errors import InvalidRequest, LLMFleetError, ModelNotFound
@@ -62,6 +65,17 @@ async def embeddings(request: Request) -> Response:
     return JSONResponse(body)
 
 
+def _tokenizer_route(operation: str) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        broker, settings = _state(request)
+        body = await _body(request)
+        return JSONResponse(await unless_disconnected(request.receive,
+                                                      tokenization.answer(broker, settings, operation, body)))
+
+    endpoint.__doc__ = f"POST /{operation.replace('_', '-')} (llama-server's)"
+    return endpoint
+
+
 async def list_models(request: Request) -> Response:
     """GET /v1/models: the models that have a live worker."""
     live = await request.app.state.broker.registry.live_models()
@@ -86,6 +100,11 @@ async def metrics(request: Request) -> Response:
     except LLMFleetError:  # Redis away: still export this gateway's own numbers
         snapshot = FleetSnapshot()
     return Response(broker.metrics.render(snapshot), media_type=CONTENT_TYPE)
+
+
+async def openapi_json(request: Request) -> Response:
+    """GET /openapi.json: the gateway's OpenAPI document, with its configured limits."""
+    return JSONResponse(openapi_document(request.app.state.settings))
 
 
 async def health(_request: Request) -> Response:
@@ -118,7 +137,10 @@ OPENAI_ROUTES = [  # served under /v1 and, as llama-server does, without the pre
 ROUTES = [
     *(Route(prefix + path, endpoint, methods=[method]) for prefix in ("/v1", "") for path, endpoint, method
       in OPENAI_ROUTES),
+    *(Route(f"/{operation.replace('_', '-')}", _tokenizer_route(operation), methods=["POST"])
+      for operation in tokenization.BUILDERS),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
 ]

@@ -134,7 +134,10 @@ async def run_completion(broker: Broker, request: GenerationRequest, settings: S
         await generation.close()
     build = responses.chat_completion if isinstance(request, ChatRequest) else responses.text_completion
     log.info("%s done: %d choices, %d completion tokens", request_id, len(choices), generation.usage.completion_tokens)
-    return build(_response_id(request, request_id), int(now), request.params.model, choices, generation.usage)
+    body = build(_response_id(request, request_id), int(now), request.params.model, choices, generation.usage)
+    if request.params.timings:
+        body["timings"] = responses.timings_body(generation.usage, generation.timings)
+    return body
 
 
 async def stream_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> ChunkStream:
@@ -148,15 +151,16 @@ async def stream_completion(broker: Broker, request: GenerationRequest, settings
         raise
     header = ChunkHeader(_response_id(request, request_id), int(now), request.params.model, request.params.include_usage)
     return ChunkStream(generation, header, chat=isinstance(request, ChatRequest), logprobs=_wants_logprobs(request),
-                       tools=_uses_tools(request))
+                       tools=_uses_tools(request), timings=request.params.timings)
 
 
 class ChunkStream:
     """The OpenAI chunks of one streaming request, whose first events already arrived."""
 
     def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
-                 tools: bool = False) -> None:
+                 tools: bool = False, timings: bool = False) -> None:
         self._generation = generation
+        self._timings = timings
         self._header = header
         self._chat = chat
         self._logprobs = logprobs
@@ -207,9 +211,14 @@ class ChunkStream:
                 logprobs = None if entries is None else responses.completion_logprobs(entries, offsets[index])
                 offsets[index] += sum(len(e.token) for e in entries or [])
                 yield responses.completion_chunk(header, index, event.text, logprobs)
-            if header.include_usage:
-                obj = "chat.completion.chunk" if self._chat else "text_completion"
-                yield header.usage_chunk(obj, self._generation.usage)
+            obj = "chat.completion.chunk" if self._chat else "text_completion"
+            usage = self._generation.usage
+            last = header.usage_chunk(obj, usage) if header.include_usage else None
+            if self._timings:  # as llama-server: the stream's last chunk carries the timings
+                last = last or header.chunk(obj, [])
+                last["timings"] = responses.timings_body(usage, self._generation.timings)
+            if last is not None:
+                yield last
             log.info("%s streamed: %d completion tokens", header.response_id, self._generation.usage.completion_tokens)
         except LLMFleetError as exc:
             log.info("%s failed after the stream began: %s %s", header.response_id, exc.status, exc.code)

@@ -23,6 +23,7 @@ FinishReason = Literal["stop", "length", "cancelled"]  # why one choice ended; o
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "cancelled")
 ConstraintKind = Literal["json_schema", "grammar", "regex"]
 ToolChoice = Literal["none", "auto", "required", "named"]  # named: tool_name must be called
+TextOperation = Literal["tokenize", "detokenize", "apply_template"]  # llama.cpp's /tokenize, /detokenize, /apply-template
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -173,6 +174,44 @@ class EmbedJob(_Message, tag="embed", kw_only=True):
         return f"{self.id} embed model={self.model} inputs={len(self.inputs)}"
 
 
+class TextJob(_Message, tag="text", kw_only=True):
+    """A tokenizer job answered at intake, without a batch slot: tokenize `content`, detokenize `tokens`, or
+    render `messages` through the chat template."""
+
+    kind: ClassVar[str] = "text"
+
+    id: str
+    model: str
+    created: float
+    deadline: float
+    operation: TextOperation
+    content: str | None = None  # tokenize
+    tokens: list[int] | None = None  # detokenize
+    messages: list[ChatMessage] | None = None  # apply_template
+    add_special: bool = False  # tokenize: add BOS as the model's prompts get it
+    parse_special: bool = True  # tokenize: text such as <|im_start|> becomes its special token
+    with_pieces: bool = False  # tokenize: answer each id with its piece
+    add_generation_prompt: bool = True  # apply_template
+    priority: Priority = "normal"
+    version: int = WIRE_VERSION
+
+    def __post_init__(self) -> None:
+        given = {"tokenize": self.content, "detokenize": self.tokens, "apply_template": self.messages}
+        _require(given[self.operation] is not None, f"{self.operation} needs its input field")
+
+    def describe(self) -> str:
+        """A log line naming sizes only, never the text itself."""
+        size = len(self.content or "") + len(self.tokens or []) + len(self.messages or [])
+        return f"{self.id} {self.operation} model={self.model} size={size}"
+
+
+class TokenPiece(_Part, kw_only=True):
+    """One token of a /tokenize answer: its id and text (its bytes where they are not valid UTF-8 alone)."""
+
+    id: int
+    piece: str | list[int]
+
+
 class TopLogprob(_Part, kw_only=True):
     """One alternative token at a position."""
 
@@ -229,6 +268,7 @@ class Usage(_Part, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 class Timing(_Part, kw_only=True):
@@ -249,6 +289,9 @@ class DoneEvent(_Message, tag="done", kw_only=True):
     usage: Usage
     embeddings: list[list[float]] | None = None
     timing: Timing | None = None
+    tokens: list[int] | None = None  # a text job: tokenize
+    pieces: list[TokenPiece] | None = None  # a text job: tokenize with_pieces
+    text: str | None = None  # a text job: detokenize, apply_template
     version: int = WIRE_VERSION
 
 
@@ -279,12 +322,12 @@ class CancelRequest(_Message, tag="cancel", kw_only=True):
     version: int = WIRE_VERSION
 
 
-Job = GenerateJob | EmbedJob
+Job = GenerateJob | EmbedJob | TextJob
 Event = TokenEvent | ChoiceEndEvent | DoneEvent | ErrorEvent
 TerminalEvent = DoneEvent | ErrorEvent
-Message = GenerateJob | EmbedJob | TokenEvent | ChoiceEndEvent | DoneEvent | ErrorEvent | CancelRequest
+Message = GenerateJob | EmbedJob | TextJob | TokenEvent | ChoiceEndEvent | DoneEvent | ErrorEvent | CancelRequest
 
-JOB_TYPES: tuple[type, ...] = (GenerateJob, EmbedJob)
+JOB_TYPES: tuple[type, ...] = (GenerateJob, EmbedJob, TextJob)
 EVENT_TYPES: tuple[type, ...] = (TokenEvent, ChoiceEndEvent, DoneEvent, ErrorEvent)
 MESSAGE_TYPES: tuple[type, ...] = (*JOB_TYPES, *EVENT_TYPES, CancelRequest)
 

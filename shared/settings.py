@@ -36,6 +36,8 @@ class Settings:
     max_body_bytes: int = 1024 * 1024
     max_prompt_chars: int = 400_000  # over all messages / prompts of one request
     max_tokens_limit: int = 4096  # the largest max_tokens a request may ask for
+    public_metrics: int = 1  # 0: /metrics needs an API key like the API (when keys are configured)
+    default_max_tokens: int = 1024  # a chat request without max_tokens (workers apply it; 0 = up to the context)
     max_n: int = 16  # choices per request (n times the number of prompts)
     max_embed_inputs: int = 2048
     queue_limit: int = 256  # waiting (not yet taken) jobs per model before 429
@@ -75,7 +77,8 @@ class Settings:
         for name in _POSITIVE_FLOATS:
             if not getattr(self, name) > 0:
                 _fail(name, "must be > 0")
-        for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads"):
+        for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
+                     "public_metrics"):
             if not getattr(self, name) >= 0:
                 _fail(name, "must be >= 0")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
@@ -112,6 +115,8 @@ ENV: dict[str, str] = {
     "max_body_bytes": "LLMFLEET_MAX_BODY_BYTES",
     "max_prompt_chars": "LLMFLEET_MAX_PROMPT_CHARS",
     "max_tokens_limit": "LLMFLEET_MAX_TOKENS_LIMIT",
+    "default_max_tokens": "LLMFLEET_DEFAULT_MAX_TOKENS",
+    "public_metrics": "LLMFLEET_PUBLIC_METRICS",
     "max_n": "LLMFLEET_MAX_N",
     "max_embed_inputs": "LLMFLEET_MAX_EMBED_INPUTS",
     "queue_limit": "LLMFLEET_QUEUE_LIMIT",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
 
 from shared.errors import ContextLengthExceeded, InvalidRequest, NoChatTemplate
-from shared.messages import ChatMessage, EmbedJob, GenerateJob
+from shared.messages import ChatMessage, EmbedJob, GenerateJob, TextJob, TokenPiece
 from worker.engine.constraints import Constraint, ConstraintError
 from worker.engine.engine import Engine
 from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
@@ -21,15 +23,9 @@ def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
     """Tokenize a job's prompt form (text, token ids or chat messages); bad input raises InvalidRequest."""
     if job.messages is not None:
         messages = [_chat_message(m) for m in job.messages]
-        try:
+        with _template_errors(job.model):
             return engine.encode_chat(messages, add_generation_prompt=job.add_generation_prompt,
                                       tools=offered_tools(job))
-        except NoChatTemplateError:
-            raise NoChatTemplate(
-                f"model {job.model!r} has no chat template (it is a base model): use /v1/completions, or start "
-                "its workers with --chat-template FILE (LLMFLEET_CHAT_TEMPLATE)", param="messages") from None
-        except TemplateError as exc:
-            raise InvalidRequest(f"the model's chat template refused these messages: {exc}", param="messages") from None
     if job.prompt_token_ids is not None:
         vocab = engine.model.config.vocab_size
         bad = [t for t in job.prompt_token_ids if not 0 <= t < vocab]
@@ -39,14 +35,17 @@ def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
     return engine.encode_prompt(job.prompt or "")
 
 
-def generation_request(engine: Engine, job: GenerateJob) -> GenerationRequest:
-    """Build the scheduler request of a generate job, checking it against the model's limits."""
+def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: int = 0) -> GenerationRequest:
+    """Build the scheduler request of a generate job, checking it against the model's limits; a job without
+    max_tokens gets `default_max_tokens` (0: none), cut to what the context has left."""
     prompt_ids = prompt_ids_of(engine, job)
     param = "messages" if job.messages is not None else "prompt"
     if not prompt_ids:
         raise InvalidRequest("the prompt is empty", param=param)
-    context = engine.context_length
-    max_tokens = job.max_tokens if job.max_tokens is not None else context - len(prompt_ids)
+    max_tokens = job.max_tokens
+    if max_tokens is None:
+        left = engine.context_length - len(prompt_ids)
+        max_tokens = min(default_max_tokens, left) if default_max_tokens > 0 else left
     try:
         engine.check_fits(len(prompt_ids), max_tokens)  # the one context-length rule, with OpenAI's wording
     except ContextLengthError as exc:
@@ -61,6 +60,47 @@ def generation_request(engine: Engine, job: GenerateJob) -> GenerationRequest:
                               ignore_eos=job.ignore_eos, constraint=output_constraint(engine, job))
     return GenerationRequest(job.id, prompt_ids, params, n=job.n, priority=Priority.parse(job.priority),
                              cache_prompt=job.cache_prompt)
+
+
+def text_answer(engine: Engine, job: TextJob) -> dict[str, Any]:
+    """The DoneEvent fields answering a text job (llama.cpp's /tokenize, /detokenize, /apply-template)."""
+    tokenizer = engine.tokenizer
+    if job.operation == "tokenize":
+        ids = tokenizer.encode(job.content or "", parse_special=job.parse_special,
+                               add_bos=None if job.add_special else False)
+        if not job.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": ids, "pieces": [TokenPiece(id=i, piece=_piece(tokenizer.token_bytes(i))) for i in ids]}
+    if job.operation == "detokenize":
+        vocab = engine.model.config.vocab_size
+        bad = [t for t in job.tokens or [] if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="tokens")
+        return {"text": tokenizer.decode(job.tokens or [], skip_special=False)}
+    messages = [_chat_message(m) for m in job.messages or []]
+    with _template_errors(job.model):
+        return {"text": engine.render_chat(messages, add_generation_prompt=job.add_generation_prompt)}
+
+
+@contextmanager
+def _template_errors(model: str) -> Iterator[None]:
+    """Chat-template failures as client errors naming `messages`."""
+    try:
+        yield
+    except NoChatTemplateError:
+        raise NoChatTemplate(
+            f"model {model!r} has no chat template (it is a base model): use /v1/completions, or start "
+            "its workers with --chat-template FILE (LLMFLEET_CHAT_TEMPLATE)", param="messages") from None
+    except TemplateError as exc:
+        raise InvalidRequest(f"the model's chat template refused these messages: {exc}", param="messages") from None
+
+
+def _piece(data: bytes) -> str | list[int]:
+    """A token's text, or its bytes where they are not valid UTF-8 on their own (as llama-server answers)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
 
 
 def _chat_message(message: ChatMessage) -> dict[str, Any]:

@@ -127,7 +127,7 @@ class EventPublisher:
         if t.finished is not None:
             timing = Timing(queue_s=t.queue_s or 0.0, first_token_s=t.ttft_s or 0.0, total_s=t.finished - t.arrived)
         usage = Usage(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
-                      total_tokens=done.prompt_tokens + done.completion_tokens)
+                      total_tokens=done.prompt_tokens + done.completion_tokens, cached_tokens=done.cached_tokens)
         self._pending.append(DoneEvent(id=rid, seq=self.next_seq(rid), usage=usage, timing=timing))
 
     def add_event(self, event: Event) -> None:

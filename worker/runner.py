@@ -23,14 +23,14 @@ from shared.errors import (
     LLMFleetError,
     Unavailable,
 )
-from shared.messages import ChoiceEndEvent, DoneEvent, EmbedJob, GenerateJob, TokenEvent, Usage
+from shared.messages import ChoiceEndEvent, DoneEvent, EmbedJob, GenerateJob, Job, TextJob, TokenEvent, Usage
 from shared.settings import Settings
 from worker.cancel_listener import CancelListener
 from worker.engine.engine import Engine
 from worker.engine.errors import EngineError
 from worker.fencing import Grant, Lease, take_ownership
 from worker.heartbeat import Heartbeat
-from worker.jobs import embedding_request, generation_request
+from worker.jobs import embedding_request, generation_request, text_answer
 from worker.publisher import EventPublisher
 from worker.resume import JournalState, JournalUnusable, read_journal
 from worker.scheduler import Scheduler, SchedulerConfig
@@ -50,7 +50,7 @@ class HeldJob:
     """A job this worker has taken from the stream and not yet acked."""
 
     message_id: str
-    job: GenerateJob | EmbedJob
+    job: Job
     width: int  # sequences it occupies (n)
     owner: str  # "<epoch>:<worker_id>": the owner value its writes and lease renewals are fenced with
 
@@ -233,7 +233,7 @@ class WorkerRunner:
                 jobs.append((mid, job))
         self._take(jobs, acks, takeover=True)
 
-    def _take(self, jobs: list[tuple[str, GenerateJob | EmbedJob]], acks: list[tuple[str, str]], *,
+    def _take(self, jobs: list[tuple[str, Job]], acks: list[tuple[str, str]], *,
               takeover: bool) -> None:
         """Own each job with a new epoch (fencing off any earlier owner), then start, resume or set it aside."""
         grants = take_ownership(self.redis, self.stream, self.worker_id, [(job.id, mid) for mid, job in jobs],
@@ -250,7 +250,7 @@ class WorkerRunner:
                 else:
                     self._accept(message_id, job, acks, owner=grant.owner)
 
-    def _take_over(self, message_id: str, job: GenerateJob | EmbedJob, grant: Grant,
+    def _take_over(self, message_id: str, job: Job, grant: Grant,
                    acks: list[tuple[str, str]]) -> None:
         """Continue a job another worker held, from its journal (read after the fence went up)."""
         try:
@@ -278,7 +278,7 @@ class WorkerRunner:
             self.publisher.resume_from(job.id, next_seq)
             self._accept(message_id, job, acks, owner=grant.owner, resume=state)
 
-    def _dead_letter(self, message_id: str, job: GenerateJob | EmbedJob, grant: Grant, next_seq: int,
+    def _dead_letter(self, message_id: str, job: Job, grant: Grant, next_seq: int,
                      acks: list[tuple[str, str]]) -> None:
         """Set a poison job aside (taken over too often without an ack) and end it with a clear error."""
         tries = grant.deliveries - 1  # this delivery is not run
@@ -291,7 +291,7 @@ class WorkerRunner:
             "it was set aside and will not be retried"))
         acks.append((self.stream, message_id))
 
-    def _decode(self, message_id: str, fields: dict | None, acks: list[tuple[str, str]]) -> GenerateJob | EmbedJob | None:
+    def _decode(self, message_id: str, fields: dict | None, acks: list[tuple[str, str]]) -> Job | None:
         """The job in a stream entry; an entry that cannot be read is acked and dropped (None)."""
         try:
             return codec.decode_job((fields or {})[keys.JOB_FIELD.encode()])
@@ -300,7 +300,7 @@ class WorkerRunner:
             acks.append((self.stream, message_id))
             return None
 
-    def _accept(self, message_id: str, job: GenerateJob | EmbedJob, acks: list[tuple[str, str]], *, owner: str,
+    def _accept(self, message_id: str, job: Job, acks: list[tuple[str, str]], *, owner: str,
                 resume: JournalState | None = None) -> None:
         """Start a job (or continue a reclaimed one from its journal), or end it at once with a terminal event."""
         if time.time() > job.deadline:
@@ -313,12 +313,19 @@ class WorkerRunner:
             return
         log.info("job %s", job.describe())
         try:
+            if isinstance(job, TextJob):  # answered now: no batch slot, nothing held
+                answer = text_answer(self.engine, job)
+                self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id),
+                                                   usage=Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0),
+                                                   **answer))
+                acks.append((self.stream, message_id))
+                return
             if isinstance(job, EmbedJob):
                 self.scheduler.add_embedding(embedding_request(self.engine, job))
                 with self._lock:
                     self._held[job.id] = HeldJob(message_id, job, 1, owner)
                 return
-            request = generation_request(self.engine, job)
+            request = generation_request(self.engine, job, default_max_tokens=self.settings.default_max_tokens)
             if resume is not None:
                 request.resume_tokens = [resume.tokens.get(i, []) for i in range(job.n)]
                 request.resume_ended = set(resume.ended)
@@ -348,7 +355,7 @@ class WorkerRunner:
         with self._lock:
             self._held[job.id] = HeldJob(message_id, job, job.n, owner)
 
-    def _end_without_tokens(self, job: GenerateJob | EmbedJob, reason: str, *, prompt_tokens: int) -> None:
+    def _end_without_tokens(self, job: Job, reason: str, *, prompt_tokens: int) -> None:
         """End a job with no generated tokens: every choice ends with `reason`, then Done (e.g. cancelled while
         it waited in the stream, or max_tokens 0)."""
         for index in range(job.n if isinstance(job, GenerateJob) else 0):

@@ -99,3 +99,18 @@ async def test_spent_tokens_refuse_the_next_request_until_they_recover(gateways:
     refused = await two.get("/v1/models", headers={"X-Api-Key": key})
     assert refused.status_code == 429 and "tokens per minute" in refused.json()["error"]["message"]
     assert 1 <= int(refused.headers["retry-after"]) <= 31
+
+
+async def test_metrics_can_be_closed_to_requests_without_a_key(tmp_path: Path) -> None:
+    import fakeredis
+
+    path = tmp_path / "keys.json"
+    key = api_keys.add(path, "ops")
+    settings = dataclasses.replace(Settings(), keys_file=str(path), public_metrics=0)
+    app = create_app(settings, redis=fakeredis.FakeAsyncRedis())
+    async with app.router.lifespan_context(app), \
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+        assert (await client.get("/metrics")).status_code == 401
+        assert (await client.get("/metrics", headers={"X-Api-Key": key})).status_code == 200
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.get("/openapi.json")).status_code == 200

@@ -49,7 +49,8 @@ async def test_chat_collects_tokens_of_every_choice(client, worker) -> None:
         {"index": 0, "message": {"role": "assistant", "content": "Hello"}, "logprobs": None, "finish_reason": "length"},
         {"index": 1, "message": {"role": "assistant", "content": "Hi there"}, "logprobs": None, "finish_reason": "stop"},
     ]
-    assert data["usage"] == {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
+    assert data["usage"] == {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 async def test_gateway_fills_in_a_seed_when_none_is_given(client, worker) -> None:
@@ -101,7 +102,8 @@ async def test_completion_with_several_prompts_numbers_choices_like_openai(clien
         await worker.done(job, prompt_tokens=2, completion_tokens=2)
     data = (await task).json()
     assert [(c["index"], c["text"]) for c in data["choices"]] == [(0, "p0c0"), (1, "p0c1"), (2, "p1c0"), (3, "p1c1")]
-    assert data["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    assert data["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 @pytest.mark.parametrize("encoding_format", ["float", "base64"])

@@ -46,7 +46,7 @@ async def test_chat_stream_golden_bytes_with_usage(client, worker) -> None:
         f'data: {{{head},"choices":[{{"index":0,"delta":{{"content":"Hel"}},"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
         f'data: {{{head},"choices":[{{"index":0,"delta":{{"content":"lo"}},"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
         f'data: {{{head},"choices":[{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"stop"}}],"usage":null}}\n\n'
-        f'data: {{{head},"choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}}}\n\n'
+        f'data: {{{head},"choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{{"cached_tokens":0}}}}}}\n\n'
         "data: [DONE]\n\n"
     )
     assert response.content.decode() == expected
@@ -80,7 +80,7 @@ async def test_completion_stream_golden_bytes(client, worker) -> None:
         f'data: {{{head},"choices":[{{"text":" upon","index":0,"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
         f'data: {{{head},"choices":[{{"text":" a","index":0,"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
         f'data: {{{head},"choices":[{{"text":"","index":0,"logprobs":null,"finish_reason":"length"}}],"usage":null}}\n\n'
-        f'data: {{{head},"choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}}}\n\n'
+        f'data: {{{head},"choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{{"cached_tokens":0}}}}}}\n\n'
         "data: [DONE]\n\n"
     )
 

@@ -38,3 +38,57 @@ def test_a_configured_template_renders_chat(tmp_path: Path) -> None:
     engine = Engine.load(write_tiny_gguf(tmp_path / "tiny.gguf"), chat_template=TEMPLATE)
     ids = prompt_ids_of(engine, _chat_job())
     assert engine.tokenizer.decode(ids) == "[user] hello\n>"
+
+
+def _prompt_job(**fields: Any) -> GenerateJob:
+    now = time.time()
+    return GenerateJob(id="job-2", model="tiny", created=now, deadline=now + 60, prompt_token_ids=[1, 2, 3], **fields)
+
+
+def test_a_job_without_max_tokens_gets_the_default_cut_to_the_context(tiny_engine: Any) -> None:
+    from worker.jobs import generation_request
+
+    left = tiny_engine.context_length - 3
+    assert generation_request(tiny_engine, _prompt_job(), default_max_tokens=5).params.max_tokens == 5
+    assert generation_request(tiny_engine, _prompt_job(), default_max_tokens=10**6).params.max_tokens == left
+    assert generation_request(tiny_engine, _prompt_job(), default_max_tokens=0).params.max_tokens == left
+    assert generation_request(tiny_engine, _prompt_job(max_tokens=7), default_max_tokens=5).params.max_tokens == 7
+
+
+def _text_job(operation: str, **fields: Any) -> Any:
+    from shared.messages import TextJob
+
+    now = time.time()
+    return TextJob(id="t", model="smollm2", created=now, deadline=now + 60, operation=operation, **fields)
+
+
+def test_text_jobs_answer_as_llama_server_does(smollm2_engine: Any, smollm2_reference: dict[str, Any]) -> None:
+    """Tokenize (plain and special), pieces, detokenize and apply-template against llama.cpp's own answers."""
+    from worker.jobs import text_answer
+
+    for case in smollm2_reference["tokenize"]:
+        plain = text_answer(smollm2_engine, _text_job("tokenize", content=case["text"], parse_special=False))
+        special = text_answer(smollm2_engine, _text_job("tokenize", content=case["text"]))
+        assert (plain["tokens"], special["tokens"]) == (case["ids"], case["ids_special"]), case["text"]
+        back = text_answer(smollm2_engine, _text_job("detokenize", tokens=case["ids"]))
+        assert back["text"] == case["text"]
+    pieces = text_answer(smollm2_engine, _text_job("tokenize", content="Hello world", with_pieces=True))["pieces"]
+    assert [(p.id, p.piece) for p in pieces] == [(19556, "Hello"), (905, " world")]
+    split = text_answer(smollm2_engine, _text_job("tokenize", content="🙂", with_pieces=True))["pieces"]
+    assert all(isinstance(p.piece, list) for p in split) and bytes(sum((p.piece for p in split), [])) == "🙂".encode()
+    for case in smollm2_reference["chat_template"]:
+        messages = [ChatMessage(role=m["role"], content=m["content"]) for m in case["messages"]]
+        rendered = text_answer(smollm2_engine, _text_job("apply_template", messages=messages,
+                                                         add_generation_prompt=case["add_generation_prompt"]))
+        assert rendered["text"] == case["rendered"]
+
+
+def test_bad_text_jobs_are_400s(tiny_engine: Any) -> None:
+    from shared.errors import InvalidRequest
+    from worker.jobs import text_answer
+
+    with pytest.raises(InvalidRequest) as caught:
+        text_answer(tiny_engine, _text_job("detokenize", tokens=[10**6]))
+    assert caught.value.param == "tokens"
+    with pytest.raises(NoChatTemplate):
+        text_answer(tiny_engine, _text_job("apply_template", messages=[ChatMessage(role="user", content="x")]))

@@ -170,10 +170,10 @@ def test_a_job_that_breaks_intake_fails_alone(worker: WorkerRunner, client: redi
 
     real = runner_module.generation_request
 
-    def flaky(engine: Any, job: GenerateJob) -> Any:
+    def flaky(engine: Any, job: GenerateJob, **kw: Any) -> Any:
         if job.id == "boom":
             raise RuntimeError("simulated bug")
-        return real(engine, job)
+        return real(engine, job, **kw)
 
     monkeypatch.setattr(runner_module, "generation_request", flaky)
     events = collect(submit(client, job("boom")))

@@ -59,15 +59,21 @@ class Engine:
     def encode_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                     tools: Sequence[Tool] = ()) -> list[int]:
         """Render messages (and tools) through the model's chat template, then tokenize (no extra BOS: the
-        template has it); tools and tool-call history go natively or as text, as tools.prepare_messages says."""
+        template has it)."""
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        return self.tokenizer.encode(text, parse_special=True, add_bos=False)
+
+    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                    tools: Sequence[Tool] = ()) -> str:
+        """The prompt text of messages (and tools) under the model's chat template; tools and tool-call history
+        go natively or as text, as tools.prepare_messages says."""
         if self.chat_template is None:
             raise NoChatTemplateError("the model has no chat template (it is a base model); configure one "
                                       "(--chat-template FILE) or send raw prompts")
         tools_variable = None
         if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
             messages, tools_variable = prepare_messages(messages, tools, self.tool_support)
-        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools_variable)
-        return self.tokenizer.encode(text, parse_special=True, add_bos=False)
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools_variable)
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
         """Raise ContextLengthError (OpenAI's wording) unless prompt + max_tokens fits in the context window."""

@@ -14,6 +14,7 @@ from worker.engine.batch_sampling import LogitsProcessor, processed_logits, samp
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this mean argmax
 MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]; -100 bans the token outright
+REPETITION_PENALTY_RANGE = (0.01, 100.0)  # 1 = off; near 0 would divide logits into overflow
 MAX_PRESENCE_FREQUENCY = 2.0  # OpenAI's range for presence/frequency penalties is [-2, 2]
 SEED_MODULUS = 2**64
 
@@ -57,7 +58,8 @@ class SamplingParams:
         _require(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
         _require(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
         penalty = self.repetition_penalty
-        _require(_finite(penalty) and penalty > 0, "repetition_penalty", "a number > 0", penalty)
+        low, high = REPETITION_PENALTY_RANGE
+        _require(_finite(penalty) and low <= penalty <= high, "repetition_penalty", f"in [{low:g}, {high:g}]", penalty)
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             bound = MAX_PRESENCE_FREQUENCY

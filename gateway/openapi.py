@@ -1,0 +1,194 @@
+"""The gateway's OpenAPI 3.1 document (GET /openapi.json), with this gateway's configured limits in its schemas.
+
+It describes what the gateway accepts: a body valid under these schemas is not refused for its shape (it may
+still be refused for a rule between fields, e.g. top_logprobs without logprobs, with a 400 in OpenAI's shape).
+The routes are also served without the /v1 prefix; the document lists the /v1 ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.messages import PRIORITIES
+from shared.settings import Settings
+
+JSON = "application/json"
+Schema = dict[str, Any]
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(schema: Schema) -> Schema:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _object(properties: dict[str, Schema], required: tuple[str, ...] = ()) -> Schema:
+    return {"type": "object", "properties": properties, "required": list(required)}
+
+
+def _token_ids(limit: int, *, min_items: int = 1) -> Schema:
+    return {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+            "minItems": min_items, "maxItems": limit}
+
+
+def _sampling(settings: Settings) -> dict[str, Schema]:
+    """The fields chat and text completions share."""
+    stop = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "maxItems": 4,
+                                                              "items": {"type": "string", "minLength": 1}},
+                      {"type": "null"}]}
+    return {
+        "model": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": r"\S",
+                  "description": "optional when exactly one model is served"},
+        "n": _nullable({"type": "integer", "minimum": 1, "maximum": settings.max_n}),
+        "stream": _nullable({"type": "boolean"}),
+        "stream_options": _nullable(_object({"include_usage": _nullable({"type": "boolean"})})),
+        "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),
+        "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+        "top_k": _nullable({"type": "integer", "minimum": 0, "maximum": 1000}),
+        "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+        "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+        "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+        "repetition_penalty": _nullable({"type": "number", "minimum": 0.01, "maximum": 100}),
+        "seed": _nullable({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}),
+        "stop": stop,
+        "logit_bias": _nullable({"type": "object", "additionalProperties": {"type": "number", "minimum": -100,
+                                                                            "maximum": 100},
+                                 "propertyNames": {"pattern": "^[0-9]{1,5}$"}, "maxProperties": 300}),
+        "user": _nullable({"type": "string", "maxLength": 256}),
+        "ignore_eos": _nullable({"type": "boolean"}),
+        "cache_prompt": _nullable({"type": "boolean"}),
+        "priority": _nullable({"enum": list(PRIORITIES)}),
+        "timings_per_token": _nullable({"type": "boolean", "description": "add llama-server's `timings`"}),
+    }
+
+
+def _request_schemas(settings: Settings) -> dict[str, Schema]:
+    limit = settings.max_tokens_limit
+    text_part = _object({"type": {"const": "text"}, "text": {"type": "string", "maxLength": 10_000}}, ("type", "text"))
+    content = {"anyOf": [{"type": "string", "maxLength": 10_000},
+                         {"type": "array", "items": text_part, "maxItems": 8}]}
+    message = {"oneOf": [
+        _object({"role": {"enum": ["system", "developer", "user"]}, "content": content, "name":
+                 {"type": "string", "maxLength": 64}}, ("role", "content")),
+        _object({"role": {"const": "assistant"}, "content": _nullable(content)}, ("role",)),
+    ]}
+    chat = _object({**_sampling(settings),
+                    "messages": {"type": "array", "items": message, "minItems": 1, "maxItems": 16},
+                    "max_tokens": _nullable({"type": "integer", "minimum": 1, "maximum": limit}),
+                    "max_completion_tokens": _nullable({"type": "integer", "minimum": 1, "maximum": limit}),
+                    "logprobs": _nullable({"type": "boolean"})}, ("messages",))
+    prompt = {"anyOf": [{"type": "string", "maxLength": 10_000},
+                        {"type": "array", "items": {"type": "string", "maxLength": 10_000}, "minItems": 1,
+                         "maxItems": 1},
+                        _token_ids(256)]}
+    completion = _object({**_sampling(settings), "prompt": prompt,
+                          "max_tokens": _nullable({"type": "integer", "minimum": 0, "maximum": limit}),
+                          "echo": _nullable({"type": "boolean"}),
+                          "logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 5})}, ("prompt",))
+    embed_input = {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 10_000},
+                             {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 2_000},
+                              "minItems": 1, "maxItems": 16},
+                             _token_ids(256)]}
+    embeddings = _object({"model": _sampling(settings)["model"], "input": embed_input,
+                          "encoding_format": _nullable({"enum": ["float", "base64"]})}, ("input",))
+    model = {"model": _sampling(settings)["model"]}
+    return {
+        "ChatCompletionRequest": chat,
+        "CompletionRequest": completion,
+        "EmbeddingRequest": embeddings,
+        "TokenizeRequest": _object({**model, "content": {"type": "string", "maxLength": 10_000},
+                                    "add_special": {"type": "boolean"}, "parse_special": {"type": "boolean"},
+                                    "with_pieces": {"type": "boolean"}}, ("content",)),
+        "DetokenizeRequest": _object({**model, "tokens": _token_ids(256, min_items=0)}, ("tokens",)),
+        "ApplyTemplateRequest": _object({**model, "messages": chat["properties"]["messages"],
+                                         "add_generation_prompt": {"type": "boolean"}}, ("messages",)),
+    }
+
+
+def _response_schemas() -> dict[str, Schema]:
+    usage = _object({"prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
+                     "total_tokens": {"type": "integer"}}, ("prompt_tokens", "total_tokens"))
+    finish = _nullable({"enum": ["stop", "length", "tool_calls", "cancelled"]})
+    chat_choice = _object({"index": {"type": "integer"}, "finish_reason": finish,
+                           "message": _object({"role": {"const": "assistant"}, "content": _nullable({"type": "string"})},
+                                              ("role",))}, ("index", "message", "finish_reason"))
+    text_choice = _object({"index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": finish},
+                          ("index", "text", "finish_reason"))
+    model = _object({"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+                     "owned_by": {"type": "string"}}, ("id", "object", "created", "owned_by"))
+    piece = _object({"id": {"type": "integer"}, "piece": {"anyOf": [{"type": "string"},
+                                                                     {"type": "array", "items": {"type": "integer"}}]}},
+                    ("id", "piece"))
+    return {
+        "Error": _object({"error": _object({"message": {"type": "string"}, "type": {"type": "string"},
+                                            "param": _nullable({"type": "string"}),
+                                            "code": _nullable({"type": "string"})},
+                                           ("message", "type", "param", "code"))}, ("error",)),
+        "ChatCompletion": _object({"id": {"type": "string"}, "object": {"const": "chat.completion"},
+                                   "model": {"type": "string"}, "choices": {"type": "array", "items": chat_choice},
+                                   "usage": usage}, ("id", "object", "model", "choices", "usage")),
+        "Completion": _object({"id": {"type": "string"}, "object": {"const": "text_completion"},
+                               "model": {"type": "string"}, "choices": {"type": "array", "items": text_choice},
+                               "usage": usage}, ("id", "object", "model", "choices", "usage")),
+        "EmbeddingList": _object({"object": {"const": "list"}, "model": {"type": "string"},
+                                  "data": {"type": "array", "items": _object(
+                                      {"object": {"const": "embedding"}, "index": {"type": "integer"},
+                                       "embedding": {"anyOf": [{"type": "string"},
+                                                               {"type": "array", "items": {"type": "number"}}]}},
+                                      ("object", "index", "embedding"))}}, ("object", "data", "model")),
+        "Model": model,
+        "ModelList": _object({"object": {"const": "list"}, "data": {"type": "array", "items": model}},
+                             ("object", "data")),
+        "Tokens": _object({"tokens": {"anyOf": [{"type": "array", "items": {"type": "integer"}},
+                                                {"type": "array", "items": piece}]}}, ("tokens",)),
+        "Detokenized": _object({"content": {"type": "string"}}, ("content",)),
+        "Rendered": _object({"prompt": {"type": "string"}}, ("prompt",)),
+    }
+
+
+ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
+          "413": "body too large", "429": "queue full or rate limited", "503": "no worker or Redis away",
+          "504": "deadline passed"}
+
+
+def _operation(summary: str, body: str | None, reply: str, *, stream: bool = False) -> Schema:
+    ok: Schema = {"description": "success", "content": {JSON: {"schema": _ref(reply)}}}
+    if stream:
+        ok["content"]["text/event-stream"] = {"schema": _object(  # each event: a chunk's JSON, then "[DONE]"
+            {"data": {"type": "string"}}, ("data",))}
+    responses = {"200": ok, **{code: {"description": why, "content": {JSON: {"schema": _ref("Error")}}}
+                               for code, why in ERRORS.items()}}
+    operation: Schema = {"summary": summary, "responses": responses}
+    if body is not None:
+        operation["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
+    return operation
+
+
+def openapi_document(settings: Settings) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of this gateway's API."""
+    plain = {"200": {"description": "success", "content": {JSON: {"schema": {"type": "object"}}}},
+             "503": {"description": "not ready", "content": {JSON: {"schema": {"type": "object"}}}}}
+    paths = {
+        "/v1/chat/completions": {"post": _operation("Chat completion", "ChatCompletionRequest", "ChatCompletion",
+                                                    stream=True)},
+        "/v1/completions": {"post": _operation("Text completion", "CompletionRequest", "Completion", stream=True)},
+        "/v1/embeddings": {"post": _operation("Embeddings", "EmbeddingRequest", "EmbeddingList")},
+        "/v1/models": {"get": _operation("Models with a live worker", None, "ModelList")},
+        "/v1/models/{model}": {"get": {**_operation("One model", None, "Model"), "parameters": [
+            {"name": "model", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}]}},
+        "/tokenize": {"post": _operation("Tokenize (llama-server)", "TokenizeRequest", "Tokens")},
+        "/detokenize": {"post": _operation("Detokenize (llama-server)", "DetokenizeRequest", "Detokenized")},
+        "/apply-template": {"post": _operation("Render the chat template (llama-server)", "ApplyTemplateRequest",
+                                               "Rendered")},
+        "/health": {"get": {"summary": "The process is up", "responses": {"200": plain["200"]}}},
+        "/ready": {"get": {"summary": "Redis answers and a worker is alive", "responses": plain}},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "llmfleet gateway", "version": "1", "description": __doc__.splitlines()[0]},
+        "paths": paths,
+        "components": {"schemas": {**_request_schemas(settings), **_response_schemas()},
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }
