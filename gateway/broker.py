@@ -23,6 +23,7 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from gateway import admission
 from gateway.metrics import FleetSnapshot, GatewayMetrics
 from gateway.rate_limit import RateLimiter
 from gateway.redis_errors import redis_unavailable
@@ -30,8 +31,15 @@ from gateway.registry import Registry
 from gateway.subscriber import RESYNC, QueueItem, Subscriber
 from shared import codec, keys
 from shared.codec import WireFormatError
-from shared.errors import DeadlineExceeded, InternalError, ModelNotFound, NoWorkerAvailable, QueueFull
-from shared.messages import CancelRequest, Event, Job, is_terminal
+from shared.errors import (
+    DeadlineExceeded,
+    InternalError,
+    InvalidRequest,
+    ModelNotFound,
+    NoWorkerAvailable,
+    QueueFull,
+)
+from shared.messages import CancelRequest, Event, GenerateJob, Job, is_terminal
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -85,7 +93,7 @@ class Broker:
 
     async def submit(self, job: Job) -> EventStream:
         """Admit and queue `job`; returns the stream of its events (close it when done)."""
-        await self._admit(job.model)
+        await self._admit(job)
         channel = keys.events_channel(job.id)
         queue = await self.subscriber.subscribe(channel)
         try:
@@ -116,7 +124,8 @@ class Broker:
             return
         log.info("cancelled %s (%s)", request_id, reason)
 
-    async def _admit(self, model: str) -> None:
+    async def _admit(self, job: Job) -> None:
+        model = job.model
         live = await self.registry.live_workers()
         if not any(w.model == model for w in live):
             if await self.registry.is_known(model):
@@ -130,6 +139,11 @@ class Broker:
                     retry_after=self.settings.retry_after_s,
                 )
             raise ModelNotFound(f"The model '{model}' does not exist", param="model")
+        workers = [w for w in live if w.model == model]
+        widest = max(w.slots for w in workers)
+        if isinstance(job, GenerateJob) and widest and job.n > widest:
+            raise InvalidRequest(f"n is {job.n}, but the workers of model '{model}' run at most {widest} "
+                                 "sequences at once.", param="n")
         waiting = await self.waiting(model)
         if waiting >= self.settings.queue_limit:
             raise QueueFull(
@@ -137,6 +151,13 @@ class Broker:
                 "please retry",
                 retry_after=self.settings.retry_after_s,
             )
+        expected_wait = admission.expected_wait_s(workers, waiting)
+        budget = self.settings.request_timeout_s * admission.WAIT_SHARE_OF_DEADLINE
+        if expected_wait > budget:
+            raise QueueFull(
+                f"model '{model}' has {waiting} requests waiting, about {expected_wait:.0f} s of work at the "
+                f"rate its workers finish requests; this one could not start well before its deadline; "
+                "please retry", retry_after=admission.retry_after_s(expected_wait, budget))
 
     async def fleet_snapshot(self) -> FleetSnapshot:
         """Live workers and the waiting jobs of each of their models, for /metrics."""

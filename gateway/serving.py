@@ -12,6 +12,7 @@ Whatever way a request ends, its jobs are closed in a `finally`: a job whose ter
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -27,6 +28,7 @@ from gateway.broker import Broker
 from gateway.generation import Generation, charge_key
 from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
 from gateway.responses import ChoiceResult, ChunkHeader
+from gateway.sse import Comment
 from gateway.tool_output import ToolCallParser, split_reply
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, TokenEvent
@@ -141,26 +143,36 @@ async def run_completion(broker: Broker, request: GenerationRequest, settings: S
 
 
 async def stream_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> ChunkStream:
-    """Queue the request's jobs and wait for their first events; errors until then are raised."""
+    """Queue the request's jobs and wait a moment for their first events, so that an early failure is a plain
+    HTTP error; a request still queued after `sse_queued_after_s` gets its stream at once (`: queued`, then
+    keep-alives) and any failure from then on as an error chunk."""
     request_id, now = new_request_id(), time.time()
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
+    priming = asyncio.create_task(generation.prime())
     try:
-        await generation.prime()
+        await asyncio.wait({priming}, timeout=settings.sse_queued_after_s)
+        if priming.done():
+            priming.result()  # raises the early failure
     except BaseException:
+        priming.cancel()
         await generation.close()
         raise
     header = ChunkHeader(_response_id(request, request_id), int(now), request.params.model, request.params.include_usage)
     return ChunkStream(generation, header, chat=isinstance(request, ChatRequest), logprobs=_wants_logprobs(request),
-                       tools=_uses_tools(request), timings=request.params.timings)
+                       tools=_uses_tools(request), timings=request.params.timings,
+                       priming=None if priming.done() else priming, keepalive_s=settings.sse_keepalive_s)
 
 
 class ChunkStream:
     """The OpenAI chunks of one streaming request, whose first events already arrived."""
 
     def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
-                 tools: bool = False, timings: bool = False) -> None:
+                 tools: bool = False, timings: bool = False, priming: asyncio.Task[None] | None = None,
+                 keepalive_s: float = 10.0) -> None:
         self._generation = generation
         self._timings = timings
+        self._priming = priming  # still waiting for the first events: the stream opens with `: queued`
+        self._keepalive_s = keepalive_s
         self._header = header
         self._chat = chat
         self._logprobs = logprobs
@@ -168,6 +180,8 @@ class ChunkStream:
 
     async def aclose(self) -> None:
         """Close the request's jobs (publishing cancels where unfinished); idempotent."""
+        if self._priming is not None:
+            self._priming.cancel()
         await self._generation.close()
 
     @property
@@ -175,13 +189,26 @@ class ChunkStream:
         """True when more events already wait, so the SSE writer can join them into one send."""
         return self._generation.buffered
 
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+    def __aiter__(self) -> AsyncIterator[dict[str, Any] | Comment]:
         return self._chunks()
 
-    async def _chunks(self) -> AsyncIterator[dict[str, Any]]:
+    async def _queued(self) -> AsyncIterator[Comment]:
+        """`: queued`, then a keep-alive every keepalive_s until the first events came (their error raises)."""
+        if self._priming is None:
+            return
+        yield Comment("queued")
+        while not self._priming.done():
+            await asyncio.wait({self._priming}, timeout=self._keepalive_s)
+            if not self._priming.done():
+                yield Comment("keep-alive")
+        self._priming.result()
+
+    async def _chunks(self) -> AsyncIterator[dict[str, Any] | Comment]:
         header, started = self._header, [False] * self._generation.choices
         offsets = [0] * self._generation.choices
         try:
+            async for comment in self._queued():
+                yield comment
             while (item := await self._generation.next()) is not None:
                 index, event = item
                 if self._chat and not started[index]:

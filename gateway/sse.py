@@ -1,10 +1,11 @@
-"""Server-sent events: exact bytes `data: {compact json}\n\n`, closed by `data: [DONE]\n\n`."""
+"""Server-sent events: exact bytes `data: {compact json}\n\n` (and `: comment` lines), closed by `data: [DONE]\n\n`."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
@@ -16,7 +17,18 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
 
 
-class ClosableChunks(AsyncIterable[dict[str, Any]], Protocol):
+@dataclass(frozen=True)
+class Comment:
+    """An SSE comment line (`: text`): clients ignore it; it tells them and proxies the stream is alive."""
+
+    text: str
+
+    def encode(self) -> bytes:
+        """The comment's bytes."""
+        return b": " + self.text.encode("utf-8") + b"\n\n"
+
+
+class ClosableChunks(AsyncIterable[dict[str, Any] | Comment], Protocol):
     """Chunks that must be closed whether or not they were read to the end."""
 
     async def aclose(self) -> None:
@@ -28,7 +40,7 @@ def event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
-async def encode(chunks: AsyncIterable[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def encode(chunks: AsyncIterable[dict[str, Any] | Comment]) -> AsyncIterator[bytes]:
     """The SSE bytes of every chunk, then [DONE]; chunks whose events were already waiting go out in one send.
 
     A stream that keeps up gets one send per event; one that falls behind (a loaded gateway) catches up with
@@ -36,7 +48,7 @@ async def encode(chunks: AsyncIterable[dict[str, Any]]) -> AsyncIterator[bytes]:
     """
     pending: list[bytes] = []
     async for chunk in chunks:
-        pending.append(event(chunk))
+        pending.append(chunk.encode() if isinstance(chunk, Comment) else event(chunk))
         if not getattr(chunks, "buffered", False):
             yield b"".join(pending)
             pending = []

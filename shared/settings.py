@@ -16,7 +16,7 @@ _POSITIVE_INTS = (
 )
 _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
-    "model_memory_s", "kv_budget_mib", "drain_timeout_s",
+    "model_memory_s", "kv_budget_mib", "drain_timeout_s", "sse_queued_after_s", "sse_keepalive_s",
 )
 
 
@@ -45,6 +45,8 @@ class Settings:
     request_timeout_s: float = 600.0  # deadline = created + this
     deadline_grace_s: float = 1.0  # the gateway waits this long past the deadline for the worker's error
     retry_after_s: float = 2.0  # Retry-After of 429 / 503
+    sse_queued_after_s: float = 1.0  # a stream whose work has not started by then opens with ": queued"
+    sse_keepalive_s: float = 10.0  # then an SSE comment this often until its first token
     heartbeat_interval_s: float = 1.0  # workers refresh their registry entry this often
     heartbeat_ttl_s: float = 4.0  # a worker without a heartbeat for this long is dead: its jobs fail over
     lease_s: float = 30.0  # a job idle this long in the pending list may be reclaimed (XAUTOCLAIM)
@@ -124,6 +126,8 @@ ENV: dict[str, str] = {
     "request_timeout_s": "LLMFLEET_REQUEST_TIMEOUT_S",
     "deadline_grace_s": "LLMFLEET_DEADLINE_GRACE_S",
     "retry_after_s": "LLMFLEET_RETRY_AFTER_S",
+    "sse_queued_after_s": "LLMFLEET_SSE_QUEUED_AFTER_S",
+    "sse_keepalive_s": "LLMFLEET_SSE_KEEPALIVE_S",
     "heartbeat_interval_s": "LLMFLEET_HEARTBEAT_INTERVAL_S",
     "heartbeat_ttl_s": "LLMFLEET_HEARTBEAT_TTL_S",
     "lease_s": "LLMFLEET_LEASE_S",

@@ -6,6 +6,7 @@ from a stall does not pull back an entry another worker took over, and learns at
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,26 @@ from worker.fencing import Lease, renew_leases
 from worker.wire_commands import queue_deregistration, queue_registration
 
 log = logging.getLogger(__name__)
+RATE_TIME_CONSTANT_S = 30.0  # the finish rate follows changes over about this long
+
+
+class EwmaRate:
+    """The rate of a growing counter, exponentially smoothed over a time constant (0 until a second reading)."""
+
+    def __init__(self, time_constant_s: float = RATE_TIME_CONSTANT_S) -> None:
+        self.time_constant_s = time_constant_s
+        self.rate = 0.0
+        self._last: tuple[float, float] | None = None  # (time, counter)
+
+    def update(self, counter: float, now: float) -> float:
+        """Fold in a new reading of the counter; returns the smoothed rate per second."""
+        if self._last is not None and now > self._last[0]:
+            elapsed = now - self._last[0]
+            instant = max(0.0, counter - self._last[1]) / elapsed
+            weight = 1.0 - math.exp(-elapsed / self.time_constant_s)
+            self.rate += weight * (instant - self.rate)
+        self._last = (now, counter)
+        return self.rate
 
 
 class Heartbeat:
@@ -38,6 +59,7 @@ class Heartbeat:
         self._held_jobs = held_jobs
         self._on_lost = on_lost or (lambda entry_ids: None)  # told the entries another worker owns now
         self._stats = stats or dict  # scheduler statistics for the fleet's /metrics
+        self._finish_rate = EwmaRate()  # requests ended per second: the gateways' admission estimates the wait
         self.state = "ready"
         self.started = time.time()
         self._stop = threading.Event()
@@ -48,9 +70,10 @@ class Heartbeat:
         now = time.time()
         pipe = self.redis.pipeline(transaction=True)
         gauges = self._gauges()
+        stats = {**self._stats(), "finish_rate": round(self._finish_rate.update(gauges.get("served", 0), now), 4)}
         entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=now,
                               started=self.started, state=self.state, load=gauges.get("load", 0),
-                              served=gauges.get("served", 0), stats=self._stats())
+                              served=gauges.get("served", 0), stats=stats)
         queue_registration(pipe, entry, ttl_s=self.ttl_s)
         pipe.execute()
         held = self._held_jobs()

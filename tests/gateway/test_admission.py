@@ -1,0 +1,127 @@
+"""Admission that keeps its promise: refuse work that cannot start well before its deadline, check n against the
+workers' width, and open a queued stream at once with `: queued` and keep-alives."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.admission import expected_wait_s, retry_after_s
+from gateway.app import create_app
+from shared.registry import RegistryEntry
+
+pytestmark = pytest.mark.anyio
+CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def _entry(slots: int, load: int, rate: float) -> RegistryEntry:
+    now = time.time()
+    return RegistryEntry(worker_id="w", model="m", slots=slots, heartbeat=now, started=now, load=load,
+                         stats={"finish_rate": rate})
+
+
+def test_the_expected_wait_is_the_queue_ahead_over_the_finish_rate() -> None:
+    assert expected_wait_s([_entry(4, 4, 2.0), _entry(4, 4, 3.0)], waiting=49) == 50 / 5.0
+    assert expected_wait_s([_entry(4, 2, 2.0)], waiting=1) == 0.0  # a free slot: starts at once
+    assert expected_wait_s([_entry(4, 4, 0.0)], waiting=100) == 0.0  # no rate measured yet: the count limit rules
+    assert retry_after_s(400.0, 300.0) == 60 and retry_after_s(300.5, 300.0) == 1
+
+
+async def test_a_request_that_could_not_start_before_its_deadline_is_a_429(
+        client: httpx.AsyncClient, worker: Any) -> None:
+    # settings: request_timeout_s 5 -> budget 2.5 s; a full worker finishing 1 request/s with 3 queued -> 4 s
+    await worker.register(load=8, **{"stat.finish_rate": 1.0})
+    for _ in range(3):
+        asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    await asyncio.sleep(0.3)
+    refused = await client.post("/v1/chat/completions", json=CHAT)
+    assert refused.status_code == 429, refused.text
+    assert "before its deadline" in refused.json()["error"]["message"]
+    assert refused.headers["retry-after"] == "2"  # ceil(4 - 2.5)
+    await worker.register(load=8, **{"stat.finish_rate": 10.0})  # faster workers: 0.4 s of work ahead
+    task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    for _ in range(4):
+        await worker.answer(await worker.take(), ["ok"])
+    assert (await task).status_code == 200
+
+
+async def test_n_wider_than_any_worker_is_a_400_naming_n(client: httpx.AsyncClient, worker: Any) -> None:
+    await worker.register(slots=2)
+    reply = await client.post("/v1/chat/completions", json={**CHAT, "n": 3})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "n"
+    assert "at most 2 sequences" in reply.json()["error"]["message"]
+
+
+@pytest.fixture
+async def patient_app(settings: Any, server: Any) -> Any:
+    """A gateway that opens a queued stream after 0.1 s and sends a keep-alive every 0.2 s."""
+    import fakeredis
+    from redis.asyncio import BlockingConnectionPool
+
+    quick = dataclasses.replace(settings, sse_queued_after_s=0.1, sse_keepalive_s=0.2, request_timeout_s=30.0)
+    redis = fakeredis.FakeAsyncRedis(server=server, connection_pool_class=BlockingConnectionPool, max_connections=64)
+    app = create_app(quick, redis=redis)
+    async with app.router.lifespan_context(app):
+        yield app
+    await redis.aclose()
+
+
+async def _post_stream(app: Any, body: dict[str, Any], sent: list[dict[str, Any]]) -> None:
+    """Drive one streaming POST through the ASGI app, recording every message it sends (httpx's ASGI transport
+    would only hand the response over once it is complete)."""
+    request = {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal request
+        if request is not None:
+            message, request = request, None
+            return message
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "root_path": "", "headers": [(b"content-type", b"application/json"), (b"host", b"gateway")],
+             "client": ("127.0.0.1", 1), "server": ("gateway", 80), "app": app}
+    await app(scope, receive, send)
+
+
+def _body(sent: list[dict[str, Any]]) -> bytes:
+    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+async def test_a_queued_stream_opens_at_once_with_queued_and_keep_alives(patient_app: Any, worker: Any) -> None:
+    sent: list[dict[str, Any]] = []
+    call = asyncio.create_task(_post_stream(patient_app, {**CHAT, "stream": True}, sent))
+    await asyncio.sleep(0.6)  # the job still waits in the queue: no worker took it
+    assert sent and sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    early = _body(sent)
+    assert early.startswith(b": queued\n\n") and b": keep-alive\n\n" in early and b"data:" not in early
+    await worker.answer(await worker.take(), ["Hello"])
+    await asyncio.wait_for(call, 5)
+    body = _body(sent)
+    assert b'"content":"Hello"' in body and body.endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_queued_stream_that_then_fails_ends_with_an_error_chunk(patient_app: Any, worker: Any) -> None:
+    from shared.errors import ContextLengthExceeded
+
+    sent: list[dict[str, Any]] = []
+    call = asyncio.create_task(_post_stream(patient_app, {**CHAT, "stream": True}, sent))
+    await asyncio.sleep(0.3)
+    job = await worker.take()
+    await worker.send(ContextLengthExceeded("too long", param="messages").to_event(job.id, worker.next_seq(job.id)))
+    await asyncio.wait_for(call, 5)
+    text = _body(sent).decode()
+    assert sent[0]["status"] == 200 and text.startswith(": queued\n\n")
+    assert '"code":"context_length_exceeded"' in text and text.endswith("data: [DONE]\n\n")
