@@ -24,6 +24,7 @@ import msgspec
 from gateway import responses
 from gateway.api_keys import current_key
 from gateway.broker import Broker
+from gateway.error_log import ErrorLog, make_entry, note_request
 from gateway.generation import Generation, charge_key
 from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
 from gateway.responses import ChoiceResult, ChunkHeader
@@ -111,6 +112,7 @@ def _wants_logprobs(request: GenerationRequest) -> bool:
 async def run_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> dict[str, Any]:
     """Queue the request's jobs and collect their events into one response body."""
     request_id, now = new_request_id(), time.time()
+    note_request().request_id = request_id
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
     try:
         want_logprobs = _wants_logprobs(request)
@@ -143,6 +145,7 @@ async def run_completion(broker: Broker, request: GenerationRequest, settings: S
 async def stream_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> ChunkStream:
     """Queue the request's jobs and wait for their first events; errors until then are raised."""
     request_id, now = new_request_id(), time.time()
+    note_request().request_id = request_id
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
     try:
         await generation.prime()
@@ -151,20 +154,30 @@ async def stream_completion(broker: Broker, request: GenerationRequest, settings
         raise
     header = ChunkHeader(_response_id(request, request_id), int(now), request.params.model, request.params.include_usage)
     return ChunkStream(generation, header, chat=isinstance(request, ChatRequest), logprobs=_wants_logprobs(request),
-                       tools=_uses_tools(request), timings=request.params.timings)
+                       tools=_uses_tools(request), timings=request.params.timings, errors=broker.errors)
 
 
 class ChunkStream:
     """The OpenAI chunks of one streaming request, whose first events already arrived."""
 
     def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
-                 tools: bool = False, timings: bool = False) -> None:
+                 tools: bool = False, timings: bool = False, errors: ErrorLog | None = None) -> None:
         self._generation = generation
         self._timings = timings
+        self._errors = errors
         self._header = header
         self._chat = chat
         self._logprobs = logprobs
         self._parsers = [ToolCallParser() for _ in range(generation.choices)] if tools else None
+
+    def _record(self, error: LLMFleetError) -> None:
+        """Add an error sent after the stream began to the fleet's recent errors."""
+        if self._errors is None:
+            return
+        key = current_key.get()
+        self._errors.record(make_entry(
+            status=error.status, type=error.type, code=error.code, param=error.param, streamed=True,
+            path="/v1/chat/completions" if self._chat else "/v1/completions", key=key.name if key else None))
 
     async def aclose(self) -> None:
         """Close the request's jobs (publishing cancels where unfinished); idempotent."""
@@ -222,10 +235,13 @@ class ChunkStream:
             log.info("%s streamed: %d completion tokens", header.response_id, self._generation.usage.completion_tokens)
         except LLMFleetError as exc:
             log.info("%s failed after the stream began: %s %s", header.response_id, exc.status, exc.code)
+            self._record(exc)
             yield exc.to_openai()
         except Exception:  # a bug: still end the stream properly, with an error and [DONE]
             log.exception("%s broke after the stream began", header.response_id)
-            yield InternalError("The server had an error while processing your request.").to_openai()
+            error = InternalError("The server had an error while processing your request.")
+            self._record(error)
+            yield error.to_openai()
         finally:
             await self.aclose()
 
@@ -233,6 +249,7 @@ class ChunkStream:
 async def run_embeddings(broker: Broker, request: EmbeddingRequest, settings: Settings) -> dict[str, Any]:
     """Queue one embed job and turn its DoneEvent into an embeddings list."""
     request_id, now, started = new_request_id(), time.time(), time.monotonic()
+    note_request().request_id = request_id
     stream = await broker.submit(build_embed_job(request, settings, request_id, now))
     try:
         async for event in stream:
