@@ -130,7 +130,7 @@
     const styles = getComputedStyle(document.documentElement);
     const colors = { gen: styles.getPropertyValue("--accent").trim(), prompt: styles.getPropertyValue("--prompt").trim(),
                      line: styles.getPropertyValue("--line").trim(), muted: styles.getPropertyValue("--muted").trim() };
-    const left = 44, right = 10, top = 8, bottom = 22;
+    const left = 44, right = 18, top = 8, bottom = 22;
     const plotW = width - left - right, plotH = height - top - bottom;
     const top_ = niceMax(Math.max(0, ...history.map((p) => Math.max(p.gen, p.prompt))));
     const x = (t) => left + plotW * (1 - (now - t) / HISTORY_S);
@@ -219,9 +219,11 @@
     const rows = fleet.errors.map((e) => {
       const request = el("td", e.request_id ? e.request_id.slice(0, 16) + "…" : "–", "mono");
       if (e.request_id) request.title = e.request_id;
-      const code = e.code || e.type || "–";
+      let code = e.code || e.type || "–";
+      if (e.param) code += " · " + e.param;
+      if (e.streamed) code += " · mid-stream";
       return row([el("td", clock(e.time)), num(e.status, "status-" + String(e.status)[0]),
-                  el("td", e.streamed ? code + " (mid-stream)" : code), el("td", e.model || "–"), request,
+                  el("td", code), el("td", e.model || "–"), request,
                   el("td", e.key || "–")]);
     });
     fillBody($("errors"), rows, "No errors recorded.", 6);
