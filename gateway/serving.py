@@ -112,8 +112,8 @@ def _wants_logprobs(request: GenerationRequest) -> bool:
 async def run_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> dict[str, Any]:
     """Queue the request's jobs and collect their events into one response body."""
     request_id, now = new_request_id(), time.time()
-    note_request().request_id = request_id
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
+    note_request().request_id = request_id  # queued: from here on the id is in the logs
     try:
         want_logprobs = _wants_logprobs(request)
         choices = [ChoiceResult(index=i, logprobs=[] if want_logprobs else None) for i in range(generation.choices)]
@@ -145,8 +145,8 @@ async def run_completion(broker: Broker, request: GenerationRequest, settings: S
 async def stream_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> ChunkStream:
     """Queue the request's jobs and wait for their first events; errors until then are raised."""
     request_id, now = new_request_id(), time.time()
-    note_request().request_id = request_id
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
+    note_request().request_id = request_id  # queued: from here on the id is in the logs
     try:
         await generation.prime()
     except BaseException:
@@ -249,8 +249,8 @@ class ChunkStream:
 async def run_embeddings(broker: Broker, request: EmbeddingRequest, settings: Settings) -> dict[str, Any]:
     """Queue one embed job and turn its DoneEvent into an embeddings list."""
     request_id, now, started = new_request_id(), time.time(), time.monotonic()
-    note_request().request_id = request_id
     stream = await broker.submit(build_embed_job(request, settings, request_id, now))
+    note_request().request_id = request_id
     try:
         async for event in stream:
             if isinstance(event, ErrorEvent):

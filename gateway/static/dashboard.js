@@ -227,6 +227,9 @@
                   el("td", e.key || "–")]);
     });
     fillBody($("errors"), rows, "No errors recorded.", 6);
+    const dropped = (fleet.gateway && fleet.gateway.errors_not_recorded) || 0;
+    $("errors-note").textContent = "whole fleet, newest first" +
+      (dropped ? " · " + compact(dropped) + " more not listed (this gateway records at most 20 a second)" : "");
   }
 
   function renderCards(fleet, rates) {
