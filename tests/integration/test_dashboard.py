@@ -112,3 +112,61 @@ def test_the_dashboard_shows_the_live_fleet_and_streams_a_chat_completion(browse
     screenshot = Path(os.environ.get("LLMFLEET_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png")
     assert browser.save_screenshot(str(screenshot))
     assert _console_problems(browser) == []
+
+
+@pytest.fixture
+def keyed_gateway(cluster: Any, tmp_path: Path) -> Iterator[str]:
+    """A second gateway on the cluster's Redis that requires the key 'sk-dashboard-test'; yields its URL."""
+    import subprocess
+    import sys
+    import time
+
+    from llmfleet.redis_server import free_port
+
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": cluster.redis_url, "LLMFLEET_PORT": str(port), "LLMFLEET_HOST": "127.0.0.1",
+           "LLMFLEET_API_KEY": "sk-dashboard-test", "LLMFLEET_REGISTRY_CACHE_S": "0", "LLMFLEET_LOG_LEVEL": "WARNING"}
+    with (tmp_path / "gateway.log").open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "llmfleet.cli", "gateway"], env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise RuntimeError(f"the keyed gateway did not start: {(tmp_path / 'gateway.log').read_text()}")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_with_keys_the_page_asks_for_one_and_then_uses_it(browser: Any, cluster: Any, keyed_gateway: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get_log("browser")  # drop what earlier tests left
+    browser.get(keyed_gateway + "/dashboard")  # the page itself needs no key
+    status = browser.find_element(By.ID, "status")
+    WebDriverWait(browser, 10).until(lambda d: status.text == "API key needed")
+    browser.find_element(By.ID, "api-key").send_keys("sk-dashboard-test")
+    browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    WebDriverWait(browser, 10).until(lambda d: status.text == "live")
+    table = browser.find_element(By.ID, "workers")
+    WebDriverWait(browser, 10).until(lambda d: all(w in table.text for w in _live_worker_ids(cluster)))
+    browser.find_element(By.ID, "pg-max-tokens").clear()
+    browser.find_element(By.ID, "pg-max-tokens").send_keys("8")
+    browser.find_element(By.ID, "pg-send").click()  # the playground sends the key too
+    output = browser.find_element(By.ID, "pg-output")
+    WebDriverWait(browser, 180, poll_frequency=0.2).until(lambda d: output.get_attribute("data-state") != "streaming")
+    assert output.get_attribute("data-state") == "done" and output.text, output.text
+    problems = _console_problems(browser)  # only the polls that went out before the key was typed
+    assert problems and all("fleet.json" in e["message"] and "401" in e["message"] for e in problems), problems
