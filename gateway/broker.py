@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from gateway import admission
+from gateway.error_log import ErrorLog
 from gateway.metrics import FleetSnapshot, GatewayMetrics
 from gateway.rate_limit import RateLimiter
 from gateway.redis_errors import redis_unavailable
@@ -58,13 +59,15 @@ class Broker:
         self.metrics = GatewayMetrics()
         self.limiter = RateLimiter(redis)
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s)
+        self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
 
     async def start(self) -> None:
         """Start the pub/sub dispatcher."""
         await self.subscriber.start()
 
     async def close(self) -> None:
-        """Stop the pub/sub dispatcher."""
+        """Stop the pub/sub dispatcher (after the error entries under way are written)."""
+        await self.errors.flush()
         await self.subscriber.close()
 
     async def ping(self) -> bool:

@@ -8,9 +8,22 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.api_keys import current_key
+from gateway.error_log import make_entry
 from shared.errors import InternalError, LLMFleetError, MethodNotAllowed, NotFound
 
 log = logging.getLogger(__name__)
+
+
+def record_error(app_state: object, error: LLMFleetError, path: str, *, streamed: bool = False,
+                 key_name: str | None = None) -> None:
+    """Add `error` to the fleet's recent errors (the dashboard's list); never raises."""
+    errors = getattr(getattr(app_state, "broker", None), "errors", None)
+    if errors is None:  # the app is not started (no broker yet)
+        return
+    key = current_key.get()
+    errors.record(make_entry(status=error.status, type=error.type, code=error.code, param=error.param, path=path,
+                             key=key_name or (key.name if key is not None else None), streamed=streamed))
 
 
 def error_response(error: LLMFleetError) -> JSONResponse:
@@ -18,9 +31,10 @@ def error_response(error: LLMFleetError) -> JSONResponse:
     return JSONResponse(error.to_openai(), status_code=error.status, headers=error.headers())
 
 
-async def handle_llmfleet_error(_request: Request, exc: Exception) -> Response:
-    """LLMFleetError -> its status and body."""
+async def handle_llmfleet_error(request: Request, exc: Exception) -> Response:
+    """LLMFleetError -> its status and body (and an entry in the recent errors)."""
     assert isinstance(exc, LLMFleetError)
+    record_error(request.app.state, exc, request.url.path)
     return error_response(exc)
 
 
@@ -43,4 +57,6 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     """Anything else is a 500 whose message says nothing about the request's content."""
     log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
-    return error_response(InternalError("The server had an error while processing your request."))
+    error = InternalError("The server had an error while processing your request.")
+    record_error(request.app.state, error, request.url.path)
+    return error_response(error)

@@ -8,13 +8,15 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api_keys import KeyStore, current_key
-from gateway.http_errors import error_response
+from gateway.dashboard import FLEET_PATH, PUBLIC_PATHS
+from gateway.http_errors import error_response, record_error
 from gateway.redis_errors import redis_unavailable
 from shared.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest, LLMFleetError, RateLimited
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})  # /metrics: unless configured closed
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json", *PUBLIC_PATHS})  # /metrics: unless configured closed
+UNMETERED_PATHS = frozenset({FLEET_PATH})  # a key is needed, but no rate limit applies (the dashboard polls it)
 
 
 class ApiKeyMiddleware:
@@ -40,15 +42,18 @@ class ApiKeyMiddleware:
                 "(or as X-Api-Key)." if presented is None else "Incorrect API key provided.")
             response = error_response(error)
             response.headers["WWW-Authenticate"] = "Bearer"
+            if scope["path"] not in UNMETERED_PATHS:  # a dashboard waiting for its key is not an error to list
+                record_error(scope["app"].state, error, scope["path"])
             await response(scope, receive, send)
             return
         limit_headers: dict[str, str] = {}
-        if record.rpm or record.tpm:
+        if (record.rpm or record.tpm) and scope["path"] not in UNMETERED_PATHS:
             broker = scope["app"].state.broker
             try:
                 with redis_unavailable(broker.settings.retry_after_s):
                     states = await broker.limiter.admit(record)
             except LLMFleetError as exc:  # raised outside the app's handlers: answer here
+                record_error(scope["app"].state, exc, scope["path"], key_name=record.name)
                 await error_response(exc)(scope, receive, send)
                 return
             for state in states:
@@ -57,10 +62,12 @@ class ApiKeyMiddleware:
             if denied:
                 broker.metrics.rate_limited.labels(record.name, denied[0].kind).inc()
                 log.info("key %s: %s per minute limit reached", record.name, denied[0].kind)
-                response = error_response(RateLimited(
+                limited = RateLimited(
                     f"Rate limit reached for {denied[0].kind} per minute ({denied[0].limit}) on key "
                     f"'{record.name}'. Please try again in {max(s.retry_after_s for s in denied):g}s.",
-                    retry_after=max(s.retry_after_s for s in denied)))
+                    retry_after=max(s.retry_after_s for s in denied))
+                record_error(scope["app"].state, limited, scope["path"], key_name=record.name)
+                response = error_response(limited)
                 response.headers.update(limit_headers)
                 await response(scope, receive, send)
                 return

@@ -49,7 +49,11 @@ class Registry:
             self._cached, self._cached_at = await self._read(now), now
             return self._cached
 
-    async def _read(self, now: float) -> list[WorkerInfo]:
+    async def reporting_workers(self) -> list[WorkerInfo]:
+        """Every worker whose entry is fresh, draining ones included (for the dashboard; never cached)."""
+        return await self._read(self._clock(), live_only=False)
+
+    async def _read(self, now: float, *, live_only: bool = True) -> list[WorkerInfo]:
         ttl = self._settings.heartbeat_ttl_s
         with redis_unavailable(self._settings.retry_after_s):
             ids = await self._redis.zrangebyscore(keys.WORKERS_INDEX, now - ttl, "+inf")
@@ -65,7 +69,7 @@ class Registry:
                 if fields:
                     log.warning("ignoring malformed registry entry of worker %s", worker_id.decode())
                 continue
-            if info.is_live(now, ttl):
+            if info.is_live(now, ttl) or (not live_only and info.heartbeat >= now - ttl):
                 workers.append(info)
         return workers
 
@@ -81,3 +85,10 @@ class Registry:
         with redis_unavailable(self._settings.retry_after_s):
             score = await self._redis.zscore(keys.MODELS_INDEX, model)
         return score is not None and score >= self._clock() - self._settings.model_memory_s
+
+    async def known_models(self) -> list[str]:
+        """Every model some worker served within LLMFLEET_MODEL_MEMORY_S, sorted."""
+        with redis_unavailable(self._settings.retry_after_s):
+            names = await self._redis.zrangebyscore(keys.MODELS_INDEX, self._clock() - self._settings.model_memory_s,
+                                                    "+inf")
+        return sorted(name.decode(errors="replace") for name in names)

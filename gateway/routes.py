@@ -8,10 +8,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import protocol, responses, serving, tokenization
+from gateway import dashboard, protocol, responses, serving, tokenization
 from gateway.broker import Broker
 from gateway.checks import parse_json_object
 from gateway.disconnect import unless_disconnected
+from gateway.error_log import note_request
 from gateway.metrics import CONTENT_TYPE, FleetSnapshot
 from gateway.openapi import openapi_document
 from gateway.protocol import ChatRequest, CompletionRequest
@@ -36,14 +37,17 @@ async def _generate(request: Request, parsed: ChatRequest | CompletionRequest) -
 async def _body(request: Request) -> dict:
     """The JSON object body; a missing `model` is the one model served when there is exactly one (as
     llama-server does), else a 400 naming `model`."""
+    note = note_request()
     body = parse_json_object(await request.body())
+    if isinstance(body.get("model"), str):
+        note.model = body["model"]
     if "model" not in body:
         live = sorted(await request.app.state.broker.registry.live_models())
         if len(live) != 1:
             served = ", ".join(live) or "none"
             raise InvalidRequest(f"Missing required parameter: 'model' ({len(live)} models are served: {served}).",
                                  param="model")
-        body["model"] = live[0]
+        body["model"] = note.model = live[0]
     return body
 
 
@@ -143,4 +147,5 @@ ROUTES = [
     Route("/openapi.json", openapi_json, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
+    *dashboard.ROUTES,
 ]

@@ -25,6 +25,7 @@ import msgspec
 from gateway import responses
 from gateway.api_keys import current_key
 from gateway.broker import Broker
+from gateway.error_log import ErrorLog, make_entry, note_request
 from gateway.generation import Generation, charge_key
 from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
 from gateway.responses import ChoiceResult, ChunkHeader
@@ -114,6 +115,7 @@ async def run_completion(broker: Broker, request: GenerationRequest, settings: S
     """Queue the request's jobs and collect their events into one response body."""
     request_id, now = new_request_id(), time.time()
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
+    note_request().request_id = request_id  # queued: from here on the id is in the logs
     try:
         want_logprobs = _wants_logprobs(request)
         choices = [ChoiceResult(index=i, logprobs=[] if want_logprobs else None) for i in range(generation.choices)]
@@ -148,6 +150,7 @@ async def stream_completion(broker: Broker, request: GenerationRequest, settings
     keep-alives) and any failure from then on as an error chunk."""
     request_id, now = new_request_id(), time.time()
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
+    note_request().request_id = request_id  # queued: from here on the id is in the logs
     priming = asyncio.create_task(generation.prime())
     try:
         await asyncio.wait({priming}, timeout=settings.sse_queued_after_s)
@@ -159,7 +162,7 @@ async def stream_completion(broker: Broker, request: GenerationRequest, settings
         raise
     header = ChunkHeader(_response_id(request, request_id), int(now), request.params.model, request.params.include_usage)
     return ChunkStream(generation, header, chat=isinstance(request, ChatRequest), logprobs=_wants_logprobs(request),
-                       tools=_uses_tools(request), timings=request.params.timings,
+                       tools=_uses_tools(request), timings=request.params.timings, errors=broker.errors,
                        priming=None if priming.done() else priming, keepalive_s=settings.sse_keepalive_s)
 
 
@@ -167,16 +170,26 @@ class ChunkStream:
     """The OpenAI chunks of one streaming request, whose first events already arrived."""
 
     def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
-                 tools: bool = False, timings: bool = False, priming: asyncio.Task[None] | None = None,
-                 keepalive_s: float = 10.0) -> None:
+                 tools: bool = False, timings: bool = False, errors: ErrorLog | None = None,
+                 priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0) -> None:
         self._generation = generation
         self._timings = timings
+        self._errors = errors
         self._priming = priming  # still waiting for the first events: the stream opens with `: queued`
         self._keepalive_s = keepalive_s
         self._header = header
         self._chat = chat
         self._logprobs = logprobs
         self._parsers = [ToolCallParser() for _ in range(generation.choices)] if tools else None
+
+    def _record(self, error: LLMFleetError) -> None:
+        """Add an error sent after the stream began to the fleet's recent errors."""
+        if self._errors is None:
+            return
+        key = current_key.get()
+        self._errors.record(make_entry(
+            status=error.status, type=error.type, code=error.code, param=error.param, streamed=True,
+            path="/v1/chat/completions" if self._chat else "/v1/completions", key=key.name if key else None))
 
     async def aclose(self) -> None:
         """Close the request's jobs (publishing cancels where unfinished); idempotent."""
@@ -249,10 +262,13 @@ class ChunkStream:
             log.info("%s streamed: %d completion tokens", header.response_id, self._generation.usage.completion_tokens)
         except LLMFleetError as exc:
             log.info("%s failed after the stream began: %s %s", header.response_id, exc.status, exc.code)
+            self._record(exc)
             yield exc.to_openai()
         except Exception:  # a bug: still end the stream properly, with an error and [DONE]
             log.exception("%s broke after the stream began", header.response_id)
-            yield InternalError("The server had an error while processing your request.").to_openai()
+            error = InternalError("The server had an error while processing your request.")
+            self._record(error)
+            yield error.to_openai()
         finally:
             await self.aclose()
 
@@ -261,6 +277,7 @@ async def run_embeddings(broker: Broker, request: EmbeddingRequest, settings: Se
     """Queue one embed job and turn its DoneEvent into an embeddings list."""
     request_id, now, started = new_request_id(), time.time(), time.monotonic()
     stream = await broker.submit(build_embed_job(request, settings, request_id, now))
+    note_request().request_id = request_id
     try:
         async for event in stream:
             if isinstance(event, ErrorEvent):

@@ -21,6 +21,9 @@ Layout (values in brackets are what is stored there):
   llmfleet:models                sorted set model -> last heartbeat of any worker serving it (unix s)
   llmfleet:supervisor:{name}     hash [workers_expected, workers_running, workers_given_up, restarts]
                                  written by `llmfleet serve` every poll, EXPIRE 10 s; read by /ready
+  llmfleet:errors                list [JSON entries: time, model, status, type, code, param, request_id,
+                                 key name, path, streamed; never a message or request content], newest
+                                 first, LTRIM'd to 100; every gateway writes it, /dashboard/fleet.json reads it
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ JOURNAL_SEQ_FIELD = "seq"
 JOURNAL_EVENT_FIELD = "event"
 WORKERS_INDEX = f"{PREFIX}workers"
 MODELS_INDEX = f"{PREFIX}models"
+ERRORS_LIST = f"{PREFIX}errors"
 
 
 def jobs_stream(model: str) -> str:
