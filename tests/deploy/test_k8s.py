@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -229,3 +231,15 @@ def test_renderer_applies_namespace_and_images_and_refuses_what_it_cannot_render
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({"resources": ["pod.yaml"], "patches": []}))
     with pytest.raises(KustomizeError, match="patches"):
         render(tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed: no reference kustomize here")
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_renderer_agrees_with_kubectl_kustomize(name: str) -> None:
+    out = subprocess.run(["kubectl", "kustomize", str(KUSTOMIZATIONS[name])], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    def key(doc: dict[str, Any]) -> tuple[str, str]:
+        return doc["kind"], doc["metadata"]["name"]
+
+    reference = {key(d): d for d in yaml.safe_load_all(out) if d}
+    assert reference == {key(d): d for d in render(KUSTOMIZATIONS[name])}
