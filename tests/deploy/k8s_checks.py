@@ -105,6 +105,9 @@ def selector_problems(docs: list[Doc]) -> list[str]:
             problems.append(f"{ident(workload)}: selector {selector} does not match its pod labels")
         others = [w for w in _pods_selected(docs, selector, namespace) if w is not workload]
         problems += [f"{ident(workload)}: selector also matches {ident(o)}'s pods" for o in others]
+        for spread in pod_spec(workload).get("topologySpreadConstraints", []):
+            if not _selects(spread["labelSelector"]["matchLabels"], workload["spec"]["template"]["metadata"]["labels"]):
+                problems.append(f"{ident(workload)}: a topology spread constraint does not count its own pods")
     for doc in docs:
         namespace = doc["metadata"].get("namespace")
         if doc["kind"] == "Service":

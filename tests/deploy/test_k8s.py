@@ -143,6 +143,9 @@ BROKEN: list[tuple[str, Callable[[Docs], None], Callable[[Docs], list[str]], str
      env_problems, "LLMFLEET_QUEUE_LIMIT: must be >= 1"),
     ("pod labels off the selector", lambda d: _worker(d)["spec"]["template"]["metadata"]["labels"].update(
         {"llmfleet/model": "other"}), selector_problems, "does not match its pod labels"),
+    ("spread over other pods", lambda d: _worker(d)["spec"]["template"]["spec"]["topologySpreadConstraints"][0]
+     ["labelSelector"]["matchLabels"].update({"llmfleet/model": "gemma3-270m"}), selector_problems,
+     "does not count its own pods"),
     ("Service to a port nobody has", lambda d: _get(d, "Service", "llmfleet-gateway")["spec"]["ports"][0].update(
         targetPort=8080), service_problems, "targetPort 8080 is no container port"),
     ("readiness on /health", lambda d: _gateway_container(d)["readinessProbe"]["httpGet"].update(path="/health"),
