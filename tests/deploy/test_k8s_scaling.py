@@ -1,0 +1,164 @@
+"""deploy/k8s's autoscaling on a real cluster (Redis, a gateway, SmolLM2 workers as processes): what the KEDA
+triggers read, and what a scale-down (SIGTERM to one busy worker) does.
+
+KEDA's pendingEntriesCount trigger runs XPENDING <stream> <group> (the summary count), its streamLength trigger
+XLEN <stream>. Under load the first must count the jobs the workers hold (never more than their slots, which is
+why the ScaledObject's target stays under LLMFLEET_SLOTS) and the second held plus waiting jobs; both drop to 0
+when the model is idle, since workers delete a job's entry when they ack it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from kustomize_lite import render
+
+from llmfleet.redis_server import free_port
+from shared import keys
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+MODEL = "smollm2-135m"
+SLOTS = 2
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = "llmfleet-worker-smollm2-135m"
+
+
+class Cluster:
+    """A running gateway and its workers, and a client of their Redis."""
+
+    def __init__(self, base_url: str, redis_url: str, workers: list[subprocess.Popen[bytes]]) -> None:
+        self.base_url = base_url
+        self.redis = redis.Redis.from_url(redis_url)
+        self.workers = workers
+
+    def read_triggers(self) -> tuple[int, int]:
+        """(XPENDING count, XLEN) of the model's stream, in one MULTI so that no ack falls between the reads."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xpending(keys.jobs_stream(MODEL), keys.JOBS_GROUP)
+        pipe.xlen(keys.jobs_stream(MODEL))
+        pending, length = pipe.execute()
+        return pending["pending"], length
+
+    def ask_in_background(self, count: int, max_tokens: int, finishes: list[tuple[str, int]]) -> list[threading.Thread]:
+        """Start `count` completions (ignore_eos, so each runs max_tokens); each appends (finish, tokens)."""
+        from openai import OpenAI
+
+        client = OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+        def ask(i: int) -> None:
+            reply = client.completions.create(model=MODEL, prompt=f"Count to {i + 20}:", max_tokens=max_tokens,
+                                              temperature=0, extra_body={"ignore_eos": True})
+            finishes.append((reply.choices[0].finish_reason, reply.usage.completion_tokens))
+
+        threads = [threading.Thread(target=ask, args=(len(finishes) + i,)) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        return threads
+
+
+@pytest.fixture()
+def start_cluster(redis_server, smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Callable[[int], Cluster]]:
+    """A factory: a gateway and N workers with SLOTS slots each against a real Redis, all stopped afterwards."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(workers: int) -> Cluster:
+        port = free_port()
+        env = {**os.environ, "REDIS_URL": redis_server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_SLOTS": str(SLOTS),
+               "LLMFLEET_THREADS": "1", "LLMFLEET_KV_BUDGET_MIB": "256", "LLMFLEET_REGISTRY_CACHE_S": "0",
+               "LLMFLEET_LOG_LEVEL": "WARNING"}
+        for name, args in [("gateway", ["gateway"])] + [(f"worker{i}", ["worker", "--model", MODEL])
+                                                        for i in range(workers)]:
+            with (tmp_path / f"{name}.log").open("wb") as log:
+                procs.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,
+                                              stderr=subprocess.STDOUT))
+        cluster = Cluster(f"http://127.0.0.1:{port}", redis_server.url, procs[1:])
+        deadline = time.monotonic() + 240
+        while not (_ready(cluster.base_url) and cluster.redis.zcard(keys.WORKERS_INDEX) == workers):
+            assert time.monotonic() < deadline, "the gateway and the workers did not get ready"
+            assert all(p.poll() is None for p in procs), "a process died at start-up (see its log)"
+            time.sleep(0.2)
+        return cluster
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(base + "/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _manifest(kind: str, name: str) -> dict:
+    return next(d for d in render(ROOT / "deploy/k8s/base") if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def test_the_triggers_read_held_and_waiting_jobs(start_cluster: Callable[[int], Cluster]) -> None:
+    streams = {t["metadata"]["stream"] for t in _manifest("ScaledObject", WORKER)["spec"]["triggers"]}
+    assert streams == {keys.jobs_stream(MODEL)}
+    cluster = start_cluster(1)
+    finishes: list[tuple[str, int]] = []
+    samples: list[tuple[int, int]] = []  # (XPENDING count, XLEN) as KEDA reads them
+    started = time.monotonic()
+    threads = cluster.ask_in_background(6, 24, finishes)
+    while any(t.is_alive() for t in threads):
+        samples.append(cluster.read_triggers())
+        time.sleep(0.02)
+    elapsed = time.monotonic() - started
+    assert finishes == [("length", 24)] * 6
+    peak_pending, peak_length = max(s[0] for s in samples), max(s[1] for s in samples)
+    print(f"\n6 requests on {SLOTS} slots in {elapsed:.1f}s; {len(samples)} samples: peak XPENDING "
+          f"{peak_pending}, peak XLEN {peak_length}")
+    assert peak_pending == SLOTS  # the held jobs: a worker takes no more than its slots
+    assert all(pending <= length for pending, length in samples)
+    assert peak_length >= 5  # the backlog shows only in the stream's length
+    _wait_for(lambda: cluster.read_triggers() == (0, 0), 5, "an idle stream")  # the last ack may trail its reply
+
+
+def test_a_scaled_down_worker_finishes_its_streams_within_the_grace_period(
+        start_cluster: Callable[[int], Cluster]) -> None:
+    grace = _manifest("Deployment", WORKER)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    cluster = start_cluster(2)
+    finishes: list[tuple[str, int]] = []
+    threads = cluster.ask_in_background(2 * SLOTS, 32, finishes)
+    _wait_for(lambda: cluster.read_triggers()[0] == 2 * SLOTS, 60, "both workers to hold their slots")
+    victim = cluster.workers[0]
+    victim.send_signal(signal.SIGTERM)  # what the kubelet does to a pod KEDA's HPA scales away
+    stopped = time.monotonic()
+    threads += cluster.ask_in_background(SLOTS, 32, finishes)  # arriving during the drain: the other worker's
+    exit_code = victim.wait(timeout=grace)  # past the grace period the kubelet would SIGKILL it
+    drained_s = time.monotonic() - stopped
+    for thread in threads:
+        thread.join(timeout=300)
+    print(f"\nthe SIGTERM'd worker finished its {SLOTS} streams and exited in {drained_s:.1f}s "
+          f"(grace {grace}s); {len(finishes)} requests done")
+    assert exit_code == 0
+    assert finishes == [("length", 32)] * (3 * SLOTS)  # every stream complete, none cut by the scale-down
+    assert cluster.workers[1].poll() is None and cluster.redis.zcard(keys.WORKERS_INDEX) == 1  # deregistered
