@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-SUPPORTED_FIELDS = frozenset({"apiVersion", "kind", "namespace", "resources", "images"})
+SUPPORTED_FIELDS = frozenset({"apiVersion", "kind", "namespace", "resources", "secretGenerator", "images"})
 CLUSTER_SCOPED_KINDS = frozenset({"Namespace"})
 WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "Job"})
 
@@ -30,6 +31,7 @@ def render(directory: Path) -> list[dict[str, Any]]:
             docs.extend(render(path))
         else:
             docs.extend(copy.deepcopy(doc) for doc in yaml.safe_load_all(path.read_text()) if doc is not None)
+    docs.extend(_generate_secret(directory, spec) for spec in kustomization.get("secretGenerator", []))
     namespace = kustomization.get("namespace")
     if namespace:
         for doc in docs:
@@ -48,6 +50,22 @@ def render(directory: Path) -> list[dict[str, Any]]:
             raise KustomizeError(f"{directory}: {ident} is defined twice")
         seen.add(ident)
     return docs
+
+
+def _generate_secret(directory: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """kustomize's secretGenerator for files, with a fixed name (a hashed name would need its references rewritten)."""
+    options = spec.get("options", {})
+    if set(spec) - {"name", "files", "options"} or set(options) - {"disableNameSuffixHash", "labels"} \
+            or options.get("disableNameSuffixHash") is not True:
+        raise KustomizeError(f"{directory}: secretGenerator {spec.get('name')}: only files with disableNameSuffixHash")
+    data = {}
+    for entry in spec["files"]:
+        key, _, path = entry.rpartition("=") if "=" in entry else (Path(entry).name, "", entry)
+        data[key] = base64.b64encode((directory / path).read_bytes()).decode()
+    metadata: dict[str, Any] = {"name": spec["name"]}
+    if options.get("labels"):
+        metadata["labels"] = dict(options["labels"])
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque", "data": data}
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import shutil
 import subprocess
@@ -109,9 +110,21 @@ def test_semantic_links_hold(rendered: Docs, check: Callable[[Docs], list[str]])
 def test_the_shipped_api_key_file_parses_and_admits_no_key(base: Docs, tmp_path: Path) -> None:
     secret = _get(base, "Secret", "llmfleet-api-keys")
     path = tmp_path / "keys.json"
-    path.write_text(secret["stringData"]["keys.json"])
+    path.write_bytes(base64.b64decode(secret["data"]["keys.json"]))
     assert api_keys.load(path) == []  # every /v1 request is refused until the operator adds a key
     assert api_keys.KeyStore(path).enabled
+
+
+def test_a_key_added_with_the_cli_reaches_the_gateways_secret(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    shutil.copytree(KUSTOMIZATIONS["base"], base)
+    key = api_keys.add(base / "keys.json", "team-a", rpm=60)  # `llmfleet keys add team-a --rpm 60 --file ...`
+    secret = _get(render(base), "Secret", "llmfleet-api-keys")
+    mounted = tmp_path / "keys.json"
+    mounted.write_bytes(base64.b64decode(secret["data"]["keys.json"]))
+    record = api_keys.KeyStore(mounted).lookup(key)
+    assert record is not None and record.name == "team-a" and record.rpm == 60
+    assert key not in mounted.read_text()  # only its digest travels
 
 
 # ---- the validators and checks do fail on broken manifests -----------------------------------------------------
