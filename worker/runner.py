@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 import uuid
@@ -129,13 +130,19 @@ class WorkerRunner:
         self.heartbeat.start()
         self.ready.set()
         log.info("worker %s serving %s with %d slots", self.worker_id, self.model, self.scheduler.config.max_sequences)
+        drain_until = math.inf
         try:
             while True:
                 if self.stop_requested.is_set() and self.heartbeat.state != "draining":
                     self.heartbeat.state = "draining"
                     self._safe(self.heartbeat.beat)
+                    drain_until = time.monotonic() + self.settings.drain_timeout_s
                     log.info("worker %s draining %d jobs", self.worker_id, len(self._held))
                 if self.heartbeat.state == "draining" and not self._held:
+                    return
+                if time.monotonic() > drain_until:  # unacked, they resume on another worker once we deregister
+                    log.warning("worker %s: drain timeout (LLMFLEET_DRAIN_TIMEOUT_S=%g); leaving %d jobs to the "
+                                "other workers", self.worker_id, self.settings.drain_timeout_s, len(self._held))
                     return
                 self._safe(self.run_once)
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -352,3 +353,21 @@ def test_a_required_tool_call_is_made_from_the_first_token(chat_worker: WorkerRu
     call = json.loads(text.removeprefix("<tool_call>").removesuffix("</tool_call>"))
     assert call["name"] == "get_weather" and call["arguments"]["city"] in ("Oslo", "Rome")
     assert [e.finish_reason for e in events if isinstance(e, ChoiceEndEvent)] == ["stop"]
+
+
+def test_a_drain_past_its_timeout_leaves_held_jobs_to_other_workers(tiny_engine: Any, client: redis.Redis,
+                                                                     settings: Settings) -> None:
+    """SIGTERM drains; a job still running after LLMFLEET_DRAIN_TIMEOUT_S stays unacked for a takeover."""
+    runner = WorkerRunner(tiny_engine, client, dataclasses.replace(settings, drain_timeout_s=0.5), model=MODEL)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    assert runner.ready.wait(10)
+    pubsub = submit(client, job("long", max_tokens=1500))
+    while (first := pubsub.get_message(timeout=5)) is None or first["type"] != "message":
+        pass  # under way
+    runner.stop_requested.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    pending = client.xpending_range(keys.jobs_stream(MODEL), keys.JOBS_GROUP, min="-", max="+", count=5)
+    assert [p["consumer"].decode() for p in pending] == [runner.worker_id]  # not acked: another worker resumes it
+    assert not client.exists(keys.worker_key(runner.worker_id))  # deregistered: the takeover can start at once
