@@ -102,7 +102,7 @@ class Broker:
         try:
             with redis_unavailable(self.settings.retry_after_s):
                 await self.redis.xadd(
-                    keys.jobs_stream(job.model),
+                    keys.jobs_stream(job.model, job.priority),
                     {keys.JOB_FIELD: codec.encode_job(job)},
                     maxlen=self.settings.stream_maxlen,
                     approximate=True,
@@ -169,26 +169,29 @@ class Broker:
         return FleetSnapshot(workers, {model: await self.waiting(model) for model in models})
 
     async def waiting(self, model: str) -> int:
-        """Jobs of `model` queued but not yet taken by any worker."""
-        stream = keys.jobs_stream(model)
+        """Jobs of `model` queued but not yet taken by any worker, over all its priority classes."""
+        streams = keys.jobs_streams(model)
         with redis_unavailable(self.settings.retry_after_s):
             pipe = self.redis.pipeline(transaction=False)
-            pipe.xinfo_groups(stream)
-            pipe.xlen(stream)
-            groups, length = await pipe.execute(raise_on_error=False)
-            if isinstance(length, Exception):
-                raise length
-            group = None
-            if not isinstance(groups, ResponseError):
-                group = next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
-            if group is None:
-                await self._create_group(stream)
-                return int(length)
-        lag = group.get("lag")
-        if lag is not None:
-            return int(lag)
-        # Redis cannot tell the lag after deletions past the group's position: entries minus in flight.
-        return max(0, int(length) - int(group.get("pending") or 0))
+            for stream in streams:
+                pipe.xinfo_groups(stream)
+                pipe.xlen(stream)
+            replies = await pipe.execute(raise_on_error=False)
+            total = 0
+            for stream, groups, length in zip(streams, replies[::2], replies[1::2], strict=True):
+                if isinstance(length, Exception):
+                    raise length
+                group = None
+                if not isinstance(groups, ResponseError):
+                    group = next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
+                if group is None:
+                    await self._create_group(stream)
+                    total += int(length)
+                elif group.get("lag") is not None:
+                    total += int(group["lag"])
+                else:  # Redis cannot tell the lag after deletions past the group's position: entries minus in flight
+                    total += max(0, int(length) - int(group.get("pending") or 0))
+        return total
 
     async def _create_group(self, stream: str) -> None:
         try:

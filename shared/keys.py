@@ -39,9 +39,19 @@ MODELS_INDEX = f"{PREFIX}models"
 ERRORS_LIST = f"{PREFIX}errors"
 
 
-def jobs_stream(model: str) -> str:
-    """The job stream of one model."""
-    return f"{PREFIX}jobs:{model}"
+PRIORITY_ORDER = ("critical", "high", "normal", "low")  # the order workers read a model's job streams in
+
+
+def jobs_stream(model: str, priority: str = "normal") -> str:
+    """The job stream of one model and priority class (the normal class keeps the plain name)."""
+    if priority == "normal":
+        return f"{PREFIX}jobs:{model}"
+    return f"{PREFIX}jobs@{priority}:{model}"
+
+
+def jobs_streams(model: str) -> list[str]:
+    """Every job stream of one model, highest priority first."""
+    return [jobs_stream(model, priority) for priority in PRIORITY_ORDER]
 
 
 def events_channel(request_id: str) -> str:

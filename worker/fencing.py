@@ -105,6 +105,7 @@ class Lease:
     entry_id: str
     request_id: str
     owner: str
+    stream: str  # the job stream (priority class) the entry is in
 
 
 def is_noscript(error: object) -> bool:

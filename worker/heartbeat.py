@@ -14,7 +14,6 @@ from collections.abc import Callable
 from redis import Redis
 from redis.exceptions import RedisError
 
-from shared import keys
 from shared.registry import RegistryEntry
 from worker.fencing import Lease, renew_leases
 from worker.wire_commands import queue_deregistration, queue_registration
@@ -48,7 +47,7 @@ class Heartbeat:
     def __init__(self, redis: Redis, *, worker_id: str, model: str, slots: int, interval_s: float, ttl_s: float,
                  gauges: Callable[[], dict[str, int]], held_jobs: Callable[[], list[Lease]],
                  stats: Callable[[], dict[str, float]] | None = None,
-                 on_lost: Callable[[list[str]], None] | None = None) -> None:
+                 on_lost: Callable[[list[tuple[str, str]]], None] | None = None) -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.model = model
@@ -57,7 +56,7 @@ class Heartbeat:
         self.ttl_s = ttl_s
         self._gauges = gauges  # {"load": sequences in flight, "served": requests ended so far}
         self._held_jobs = held_jobs
-        self._on_lost = on_lost or (lambda entry_ids: None)  # told the entries another worker owns now
+        self._on_lost = on_lost or (lambda entries: None)  # told the (stream, entry) another worker owns now
         self._stats = stats or dict  # scheduler statistics for the fleet's /metrics
         self._finish_rate = EwmaRate()  # requests ended per second: the gateways' admission estimates the wait
         self.state = "ready"
@@ -76,11 +75,13 @@ class Heartbeat:
                               served=gauges.get("served", 0), stats=stats)
         queue_registration(pipe, entry, ttl_s=self.ttl_s)
         pipe.execute()
-        held = self._held_jobs()
-        if held:  # XCLAIM by the owner resets the idle time: the lease other workers respect
-            lost = renew_leases(self.redis, keys.jobs_stream(self.model), self.worker_id, held)
-            if lost:
-                self._on_lost(lost)
+        by_stream: dict[str, list[Lease]] = {}
+        for lease in self._held_jobs():
+            by_stream.setdefault(lease.stream, []).append(lease)
+        lost = [(stream, entry_id) for stream, leases in by_stream.items()  # XCLAIM by the owner resets the idle
+                for entry_id in renew_leases(self.redis, stream, self.worker_id, leases)]  # time others respect
+        if lost:
+            self._on_lost(lost)
 
     def deregister(self) -> None:
         """Remove the registry entry (clean shutdown)."""

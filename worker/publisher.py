@@ -48,7 +48,7 @@ class EventPublisher:
         self._pending: list[Event] = []
         self._acks: list[tuple[str, str]] = []  # (stream, entry id) of jobs whose terminal event is queued
         self._owners: dict[str, str] = {}  # request id -> the owner value its writes are fenced with
-        self._entries: dict[str, str] = {}  # job entry id -> request id (its ack goes with the fenced write)
+        self._entries: dict[tuple[str, str], str] = {}  # (stream, entry id) -> request id (ack goes with its write)
         self.fenced_off: list[tuple[str, str]] = []  # (request id, current owner): refused writes, to drop
 
     def next_seq(self, request_id: str) -> int:
@@ -57,15 +57,15 @@ class EventPublisher:
         self._next_seq[request_id] = seq + 1
         return seq
 
-    def own(self, request_id: str, owner: str, entry_id: str) -> None:
-        """Fence every later write of a request, and the ack of its job entry, with its owner value."""
+    def own(self, request_id: str, owner: str, entry: tuple[str, str]) -> None:
+        """Fence every later write of a request, and the ack of its job entry (stream, id), with its owner value."""
         self._owners[request_id] = owner
-        self._entries[entry_id] = request_id
+        self._entries[entry] = request_id
 
     def forget(self, request_id: str) -> None:
         """Drop everything queued or known for a request (another worker owns it now)."""
         self._pending = [event for event in self._pending if event.id != request_id]
-        self._acks = [ack for ack in self._acks if self._entries.get(ack[1]) != request_id]
+        self._acks = [ack for ack in self._acks if self._entries.get(ack) != request_id]
         self._entries = {entry: rid for entry, rid in self._entries.items() if rid != request_id}
         self._owners.pop(request_id, None)
         self._next_seq.pop(request_id, None)
@@ -183,7 +183,7 @@ class EventPublisher:
                             refresh_ttl=event.seq == 0 or is_terminal(event))
         bound: dict[str, tuple[str, str]] = {}
         for stream, entry_id in self._acks:
-            request_id = self._entries.get(entry_id)
+            request_id = self._entries.get((stream, entry_id))
             if request_id in self._owners:
                 bound[request_id] = (stream, entry_id)
                 groups.setdefault(request_id, [])
@@ -204,15 +204,15 @@ class EventPublisher:
         for request_id, _owner in self.fenced_off:
             self.forget(request_id)
         written = [event for event in self._pending if event.id not in kept]
-        acked = [ack for ack in self._acks if self._entries.get(ack[1]) not in kept]
+        acked = [ack for ack in self._acks if self._entries.get(ack) not in kept]
         self._pending = [event for event in self._pending if event.id in kept]
-        self._acks = [ack for ack in self._acks if self._entries.get(ack[1]) in kept]
+        self._acks = [ack for ack in self._acks if self._entries.get(ack) in kept]
         for event in written:
             if is_terminal(event):
                 self._next_seq.pop(event.id, None)
                 self._owners.pop(event.id, None)
-        for _stream, entry_id in acked:
-            self._entries.pop(entry_id, None)
+        for ack in acked:
+            self._entries.pop(ack, None)
 
     @property
     def backlog(self) -> int:

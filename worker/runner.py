@@ -44,6 +44,7 @@ EXPORTED_STATS = frozenset({  # SchedulerStats fields every gateway's /metrics s
     "prefix_tokens_hit", "preemptions", "prompt_tokens", "generated_tokens", "requests_finished",
     "requests_cancelled", "requests_failed", "steps", "speculated_tokens", "accepted_tokens"})
 IDLE_BLOCK_MS = 200
+Entry = tuple[str, str]  # (job stream, entry id): where a job is, and what its ack names
 
 
 @dataclass
@@ -53,6 +54,7 @@ class HeldJob:
     message_id: str
     job: Job
     width: int  # sequences it occupies (n)
+    stream: str  # the job stream (priority class) it was read from
     owner: str  # "<epoch>:<worker_id>": the owner value its writes and lease renewals are fenced with
 
 
@@ -66,7 +68,7 @@ class WorkerRunner:
         self.settings = settings
         self.model = model
         self.worker_id = worker_id or f"{model}-{uuid.uuid4().hex[:8]}"
-        self.stream = keys.jobs_stream(model)
+        self.streams = keys.jobs_streams(model)  # highest priority first
         config = scheduler_config or SchedulerConfig(
             max_sequences=settings.slots, max_batch_tokens=settings.max_batch_tokens,
             max_prefill_tokens=settings.max_prefill_tokens, kv_budget_mib=settings.kv_budget_mib,
@@ -78,7 +80,7 @@ class WorkerRunner:
         self._held: dict[str, HeldJob] = {}
         self._failures = 0  # consecutive failed loop turns (backoff)
         self._lock = threading.Lock()
-        self._lost: set[str] = set()  # entry ids whose lease renewal was refused (another owner): to drop
+        self._lost: set[tuple[str, str]] = set()  # (stream, entry) whose lease renewal was refused: to drop
         self._last_reclaim = 0.0
         self.served = 0  # requests that ended here (any way)
         self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
@@ -103,12 +105,12 @@ class WorkerRunner:
 
     def _leases(self) -> list[Lease]:
         with self._lock:
-            return [Lease(h.message_id, h.job.id, h.owner) for h in self._held.values()]
+            return [Lease(h.message_id, h.job.id, h.owner, h.stream) for h in self._held.values()]
 
-    def _lost_leases(self, entry_ids: list[str]) -> None:
-        """Called by the heartbeat: these held jobs belong to another worker now (it took them over)."""
+    def _lost_leases(self, entries: list[tuple[str, str]]) -> None:
+        """Called by the heartbeat: these (stream, entry) held jobs belong to another worker now (taken over)."""
         with self._lock:
-            self._lost.update(entry_ids)
+            self._lost.update(entries)
 
     def _free_width(self) -> int:
         return self.scheduler.config.max_sequences - self._load()
@@ -116,12 +118,13 @@ class WorkerRunner:
     # ---- lifecycle -----------------------------------------------------------------------------------------
 
     def ensure_group(self) -> None:
-        """Create the model's stream and consumer group if they do not exist yet."""
-        try:
-            self.redis.xgroup_create(self.stream, keys.JOBS_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """Create the model's streams (one per priority class) and their consumer groups where missing."""
+        for stream in self.streams:
+            try:
+                self.redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
     def run(self) -> None:
         """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
@@ -167,8 +170,9 @@ class WorkerRunner:
             time.sleep(0.5)
 
     def _recreate_lost_group(self, exc: Exception) -> bool:
-        """On NOGROUP (Redis came back empty) recreate the stream and its group; True if that was the error."""
-        if "NOGROUP" not in str(exc):
+        """On NOGROUP or a missing stream (Redis came back empty) recreate the streams and their groups; True if
+        that was the error."""
+        if "NOGROUP" not in str(exc) and "no such key" not in str(exc).lower():
             return False
         log.warning("the job stream or its group is gone (Redis restarted?); recreating it")
         self._safe(self.ensure_group)
@@ -183,7 +187,7 @@ class WorkerRunner:
 
     def run_once(self) -> None:
         """One turn: cancels, deadlines, intake (and reclaim), one scheduler step, one publish round trip."""
-        acks: list[tuple[str, str]] = []
+        acks: list[Entry] = []
         self._drop_lost_leases()
         for request_id in self.cancels.drain():
             self._cancel(request_id, acks)
@@ -210,55 +214,70 @@ class WorkerRunner:
 
     # ---- intake ------------------------------------------------------------------------------------------
 
-    def _intake(self, acks: list[tuple[str, str]], *, block: bool) -> None:
-        """Read as many new jobs as there are free slots, and take them."""
+    def _intake(self, acks: list[Entry], *, block: bool) -> None:
+        """Read as many new jobs as there are free slots, highest priority class first, and take them; with
+        nothing to read anywhere (and `block`), wait briefly on every stream at once."""
         free = self._free_width()
         if free <= 0:
             return
-        reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {self.stream: ">"}, count=free,
-                                      block=IDLE_BLOCK_MS if block else None)
+        replies = []
+        for stream in self.streams:
+            reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=free)
+            free -= sum(len(messages) for _stream, messages in reply or [])
+            replies += reply or []
+            if free <= 0:
+                break
+        if not replies and block:
+            replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(self.streams, ">"),
+                                            count=1, block=IDLE_BLOCK_MS) or []
         jobs = []
-        for _stream, messages in reply or []:
+        for stream, messages in replies:
             for message_id, fields in messages:
-                job = self._decode(_text(message_id), fields, acks)
+                job = self._decode(_text(stream), _text(message_id), fields, acks)
                 if job is not None:
-                    jobs.append((_text(message_id), job))
+                    jobs.append((_text(stream), _text(message_id), job))
         self._take(jobs, acks, takeover=False)
 
-    def _reclaim(self, acks: list[tuple[str, str]]) -> None:
+    def _reclaim(self, acks: list[Entry]) -> None:
         """Take over jobs of dead workers (registry entry expired) or silent ones (lease passed) and resume them."""
         free = self._free_width()
         if free <= 0:
             return
-        claimed = claim_stalled(self.redis, self.stream, self.worker_id, count=free,
-                                ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s)
         jobs = []
-        for message_id, fields in claimed:
-            mid = _text(message_id)
-            job = self._decode(mid, fields, acks)  # None: trimmed away or unreadable, acked and dropped
-            if job is not None and job.id not in self._held:
-                jobs.append((mid, job))
+        for stream in self.streams:
+            if free <= 0:
+                break
+            claimed = claim_stalled(self.redis, stream, self.worker_id, count=free,
+                                    ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s)
+            free -= len(claimed)
+            for message_id, fields in claimed:
+                mid = _text(message_id)
+                job = self._decode(stream, mid, fields, acks)  # None: trimmed away or unreadable, acked and dropped
+                if job is not None and job.id not in self._held:
+                    jobs.append((stream, mid, job))
         self._take(jobs, acks, takeover=True)
 
-    def _take(self, jobs: list[tuple[str, Job]], acks: list[tuple[str, str]], *,
-              takeover: bool) -> None:
-        """Own each job with a new epoch (fencing off any earlier owner), then start, resume or set it aside."""
-        grants = take_ownership(self.redis, self.stream, self.worker_id, [(job.id, mid) for mid, job in jobs],
-                                ttl_s=self.publisher.journal_ttl_s)
-        for (message_id, job), grant in zip(jobs, grants, strict=True):
-            if grant.status == "lost":
-                log.info("job %s was claimed by another worker before this one could own it; leaving it", job.id)
-            elif grant.status == "done":
-                acks.append((self.stream, message_id))  # it ended; only the ack was missing
-            else:
-                self.publisher.own(job.id, grant.owner, message_id)
-                if takeover or grant.previous:
-                    self._take_over(message_id, job, grant, acks)
+    def _take(self, jobs: list[tuple[str, str, Job]], acks: list[Entry], *, takeover: bool) -> None:
+        """Own each (stream, entry id, job) with a new epoch (fencing off any earlier owner), then start, resume
+        or set it aside."""
+        for stream in self.streams:
+            mine = [((s, mid), job) for s, mid, job in jobs if s == stream]
+            grants = take_ownership(self.redis, stream, self.worker_id, [(job.id, e[1]) for e, job in mine],
+                                    ttl_s=self.publisher.journal_ttl_s)
+            for (entry, job), grant in zip(mine, grants, strict=True):
+                if grant.status == "lost":
+                    log.info("job %s was claimed by another worker before this one could own it; leaving it", job.id)
+                elif grant.status == "done":
+                    acks.append(entry)  # it ended; only the ack was missing
                 else:
-                    self._accept(message_id, job, acks, owner=grant.owner)
+                    self.publisher.own(job.id, grant.owner, entry)
+                    if takeover or grant.previous:
+                        self._take_over(entry, job, grant, acks)
+                    else:
+                        self._accept(entry, job, acks, owner=grant.owner)
 
-    def _take_over(self, message_id: str, job: Job, grant: Grant,
-                   acks: list[tuple[str, str]]) -> None:
+    def _take_over(self, entry: Entry, job: Job, grant: Grant,
+                   acks: list[Entry]) -> None:
         """Continue a job another worker held, from its journal (read after the fence went up)."""
         try:
             state: JournalState | None = read_journal(self.redis, job.id)
@@ -270,23 +289,23 @@ class WorkerRunner:
                  grant.deliveries, grant.previous or "none", "journal unusable" if state is None
                  else f"{next_seq} events already sent")
         if state is not None and state.terminal:
-            acks.append((self.stream, message_id))  # it ended; only the ack was missing
+            acks.append(entry)  # it ended; only the ack was missing
         elif grant.deliveries > self.settings.max_deliveries:
-            self._dead_letter(message_id, job, grant, next_seq, acks)
+            self._dead_letter(entry, job, grant, next_seq, acks)
         elif state is not None and next_seq == 0:
-            self._accept(message_id, job, acks, owner=grant.owner)  # nothing was sent: a plain start
+            self._accept(entry, job, acks, owner=grant.owner)  # nothing was sent: a plain start
         elif state is None or not isinstance(job, GenerateJob):
             self.publisher.resume_from(job.id, next_seq)
             self.publisher.add_error(job.id, Unavailable(
                 "the worker serving this request stopped and the request cannot be resumed; please retry",
                 retry_after=1.0))
-            acks.append((self.stream, message_id))
+            acks.append(entry)
         else:
             self.publisher.resume_from(job.id, next_seq)
-            self._accept(message_id, job, acks, owner=grant.owner, resume=state)
+            self._accept(entry, job, acks, owner=grant.owner, resume=state)
 
-    def _dead_letter(self, message_id: str, job: Job, grant: Grant, next_seq: int,
-                     acks: list[tuple[str, str]]) -> None:
+    def _dead_letter(self, entry: Entry, job: Job, grant: Grant, next_seq: int,
+                     acks: list[Entry]) -> None:
         """Set a poison job aside (taken over too often without an ack) and end it with a clear error."""
         tries = grant.deliveries - 1  # this delivery is not run
         dead_letter(self.redis, self.model, codec.encode_job(job), worker_id=self.worker_id, deliveries=tries)
@@ -296,27 +315,27 @@ class WorkerRunner:
         self.publisher.add_error(job.id, DeadLettered(
             f"this request was started {tries} times and every worker running it stopped before it finished; "
             "it was set aside and will not be retried"))
-        acks.append((self.stream, message_id))
+        acks.append(entry)
 
-    def _decode(self, message_id: str, fields: dict | None, acks: list[tuple[str, str]]) -> Job | None:
+    def _decode(self, stream: str, message_id: str, fields: dict | None, acks: list[Entry]) -> Job | None:
         """The job in a stream entry; an entry that cannot be read is acked and dropped (None)."""
         try:
             return codec.decode_job((fields or {})[keys.JOB_FIELD.encode()])
         except (WireFormatError, KeyError) as exc:
             log.warning("dropping undecodable job %s: %s", message_id, exc)
-            acks.append((self.stream, message_id))
+            acks.append((stream, message_id))
             return None
 
-    def _accept(self, message_id: str, job: Job, acks: list[tuple[str, str]], *, owner: str,
+    def _accept(self, entry: Entry, job: Job, acks: list[Entry], *, owner: str,
                 resume: JournalState | None = None) -> None:
         """Start a job (or continue a reclaimed one from its journal), or end it at once with a terminal event."""
         if time.time() > job.deadline:
             self.publisher.add_error(job.id, DeadlineExceeded("the request's deadline passed before it started"))
-            acks.append((self.stream, message_id))
+            acks.append(entry)
             return
         if self.redis.exists(keys.cancelled_marker(job.id)):
             self._end_without_tokens(job, "cancelled", prompt_tokens=0)
-            acks.append((self.stream, message_id))
+            acks.append(entry)
             return
         log.info("job %s", job.describe())
         try:
@@ -325,12 +344,12 @@ class WorkerRunner:
                 self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id),
                                                    usage=Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0),
                                                    **answer))
-                acks.append((self.stream, message_id))
+                acks.append(entry)
                 return
             if isinstance(job, EmbedJob):
                 self.scheduler.add_embedding(embedding_request(self.engine, job))
                 with self._lock:
-                    self._held[job.id] = HeldJob(message_id, job, 1, owner)
+                    self._held[job.id] = HeldJob(entry[1], job, 1, entry[0], owner)
                 return
             request = generation_request(self.engine, job, default_max_tokens=self.settings.default_max_tokens)
             if resume is not None:
@@ -343,24 +362,24 @@ class WorkerRunner:
                                                         text=text, token_ids=list(request.prompt_ids), echo=True))
             if request.params.max_tokens == 0:  # OpenAI's completions: no tokens, finish_reason "length"
                 self._end_without_tokens(job, "length", prompt_tokens=len(request.prompt_ids))
-                acks.append((self.stream, message_id))
+                acks.append(entry)
                 return
             self.scheduler.add(request)
         except LLMFleetError as exc:
             self.publisher.add_error(job.id, exc)
-            acks.append((self.stream, message_id))
+            acks.append(entry)
             return
         except (ValueError, EngineError) as exc:
             self.publisher.add_error(job.id, InvalidRequest(str(exc)))
-            acks.append((self.stream, message_id))
+            acks.append(entry)
             return
         except Exception as exc:  # one bad job must never take the worker down
             log.exception("job %s failed on intake", job.id)
             self.publisher.add_error(job.id, InternalError(f"the worker could not start this request ({type(exc).__name__})"))
-            acks.append((self.stream, message_id))
+            acks.append(entry)
             return
         with self._lock:
-            self._held[job.id] = HeldJob(message_id, job, job.n, owner)
+            self._held[job.id] = HeldJob(entry[1], job, job.n, entry[0], owner)
 
     def _end_without_tokens(self, job: Job, reason: str, *, prompt_tokens: int) -> None:
         """End a job with no generated tokens: every choice ends with `reason`, then Done (e.g. cancelled while
@@ -377,13 +396,13 @@ class WorkerRunner:
         with self._lock:
             held = self._held.pop(request_id)
             self.served += 1
-        return (self.stream, held.message_id)
+        return (held.stream, held.message_id)
 
     def _drop_lost_leases(self) -> None:
         """Drop the held jobs whose lease renewal the heartbeat found refused (another worker owns them)."""
         with self._lock:
             lost, self._lost = self._lost, set()
-        for request_id in [rid for rid, h in list(self._held.items()) if h.message_id in lost]:
+        for request_id in [rid for rid, h in list(self._held.items()) if (h.stream, h.message_id) in lost]:
             self._fenced(request_id, "its lease renewal was refused")
 
     def _fenced(self, request_id: str, why: str) -> None:
@@ -397,7 +416,7 @@ class WorkerRunner:
         log.warning("fenced off: job %s was taken over by another worker (%s); dropping it without "
                     "publishing or acking", request_id, why)
 
-    def _cancel(self, request_id: str, acks: list[tuple[str, str]]) -> None:
+    def _cancel(self, request_id: str, acks: list[Entry]) -> None:
         if request_id not in self._held:
             return
         done = self.scheduler.cancel(request_id)
@@ -406,7 +425,7 @@ class WorkerRunner:
         acks.append(self._release(request_id))
         log.info("cancelled %s", request_id)
 
-    def _expire_deadlines(self, acks: list[tuple[str, str]]) -> None:
+    def _expire_deadlines(self, acks: list[Entry]) -> None:
         now = time.time()
         for request_id in [rid for rid, h in self._held.items() if h.job.deadline < now]:
             self.scheduler.cancel(request_id)

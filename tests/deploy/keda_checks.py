@@ -56,8 +56,8 @@ def _trigger_problems(trigger: dict[str, Any], where: str, *, model: str, env: d
     allowed = set(known["keys"]) | {f"{k}FromEnv" for k in known["from_env"]}
     problems = [f"{where}: unknown redis-streams metadata {k!r}" for k in sorted(set(meta) - allowed)]
     problems += [f"{where}: missing {k!r}" for k in known["required"] if k not in meta]
-    if meta.get("stream") != keys.jobs_stream(model):
-        problems.append(f"{where}: stream {meta.get('stream')!r}, the workers read {keys.jobs_stream(model)!r}")
+    if meta.get("stream") not in keys.jobs_streams(model):
+        problems.append(f"{where}: stream {meta.get('stream')!r}, the workers read {keys.jobs_streams(model)!r}")
     if "consumerGroup" in meta and meta["consumerGroup"] != keys.JOBS_GROUP:
         problems.append(f"{where}: consumerGroup {meta['consumerGroup']!r}, the workers' is {keys.JOBS_GROUP!r}")
     if ("consumerGroup" in meta) == ("streamLength" in meta):
@@ -106,6 +106,9 @@ def keda_problems(docs: list[Doc]) -> list[str]:
             if not 0 < target_count < slots:  # a worker holds at most `slots` jobs: at target >= slots, never more
                 problems.append(f"{ident(obj)}: pendingEntriesCount {target_count} must be under the workers' "
                                 f"LLMFLEET_SLOTS ({slots or 'auto'}; set it explicitly)")
+        lengths = {t["metadata"].get("stream") for t in triggers if "streamLength" in t["metadata"]}
+        for stream in sorted(set(keys.jobs_streams(model)) - lengths):  # one stream per priority class
+            problems.append(f"{ident(obj)}: no streamLength trigger on {stream}: its backlog would not scale")
         for index, trigger in enumerate(triggers):
             problems += _trigger_problems(trigger, f"{ident(obj)} trigger {trigger.get('name', index)}", model=model,
                                           env=env, namespace=namespace, docs=docs)

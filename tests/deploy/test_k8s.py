@@ -180,7 +180,7 @@ BROKEN: list[tuple[str, Callable[[Docs], None], Callable[[Docs], list[str]], str
     ("Redis without AOF", lambda d: _get(d, "StatefulSet", "redis")["spec"]["template"]["spec"]["containers"][0]
      .update(args=["redis-server", "--appendonly", "no", "--dir", "/data"]), redis_problems, "--appendonly yes"),
     ("another stream", lambda d: _trigger(d).update(stream="llmfleet:jobs:smollm2"), keda_problems,
-     "the workers read 'llmfleet:jobs:smollm2-135m'"),
+     "the workers read ['llmfleet:jobs@critical:smollm2-135m'"),
     ("another group", lambda d: _trigger(d).update(consumerGroup="worker"), keda_problems, "the workers' is 'workers'"),
     ("a misspelt metadata key", lambda d: _trigger(d).update(consumergroup="workers"), keda_problems,
      "unknown redis-streams metadata 'consumergroup'"),

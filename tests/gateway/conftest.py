@@ -72,7 +72,7 @@ class FakeWorker:
         self.model = model
         self.worker_id = worker_id
         self.seq: dict[str, int] = {}
-        self.entries: dict[str, bytes] = {}
+        self.entries: dict[str, tuple[str, bytes]] = {}  # request id -> (stream, entry id)
 
     async def register(self, **fields: Any) -> None:
         """Write a registry entry as a live worker does on each heartbeat (fields override)."""
@@ -86,20 +86,25 @@ class FakeWorker:
 
     async def take(self, timeout: float = 3.0) -> Job:
         """The next job of this worker's model; checks the gateway subscribed before queueing it."""
-        stream = keys.jobs_stream(self.model)
-        try:
-            await self.redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            assert "BUSYGROUP" in str(exc)
+        streams = keys.jobs_streams(self.model)  # highest priority first, as workers read them
+        for stream in streams:
+            try:
+                await self.redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                assert "BUSYGROUP" in str(exc)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            got = await self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=1)
+            got = None
+            for stream in streams:
+                got = await self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=1)
+                if got:
+                    break
             if got:
                 entry_id, fields = got[0][1][0]
                 job = codec.decode_job(fields[keys.JOB_FIELD.encode()])
                 numsub = await self.redis.pubsub_numsub(keys.events_channel(job.id))
                 assert numsub[0][1] == 1, "the gateway must subscribe before it queues the job"
-                self.entries[job.id] = entry_id
+                self.entries[job.id] = (keys.jobs_stream(self.model, job.priority), entry_id)
                 return job
             await asyncio.sleep(0.005)
         raise AssertionError("no job arrived")
@@ -124,8 +129,8 @@ class FakeWorker:
         if isinstance(event, DoneEvent) or type(event).__name__ == "ErrorEvent":
             entry = self.entries.get(event.id)
             if entry is not None:
-                await self.redis.xack(keys.jobs_stream(self.model), keys.JOBS_GROUP, entry)
-                await self.redis.xdel(keys.jobs_stream(self.model), entry)
+                await self.redis.xack(entry[0], keys.JOBS_GROUP, entry[1])
+                await self.redis.xdel(entry[0], entry[1])
 
     async def token(self, job: Job, text: str, index: int = 0, **fields: Any) -> None:
         """Send one TokenEvent."""

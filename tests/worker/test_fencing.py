@@ -56,7 +56,7 @@ def test_each_taking_gets_the_next_epoch_and_only_the_pending_entrys_consumer_ge
 def test_a_stale_owner_is_refused_and_writes_nothing(client: redis.Redis, tiny_engine: Any) -> None:
     entry = _enqueue(client, "a")
     stale = EventPublisher(client, tiny_engine.tokenizer, 60)
-    stale.own("r", _take(client, "a", entry).owner, entry)
+    stale.own("r", _take(client, "a", entry).owner, (STREAM, entry))
     stale.add_event(_token(stale, "x"))
     stale.flush()
     assert [e.seq for e in _journal(client)] == [0] and not stale.fenced_off
@@ -80,7 +80,7 @@ def test_the_current_owner_writes_events_and_ack_and_the_request_is_then_done(cl
                                                                              tiny_engine: Any) -> None:
     entry = _enqueue(client, "a")
     publisher = EventPublisher(client, tiny_engine.tokenizer, 60)
-    publisher.own("r", _take(client, "a", entry).owner, entry)
+    publisher.own("r", _take(client, "a", entry).owner, (STREAM, entry))
     publisher.add_event(_token(publisher, "x"))
     publisher.add_event(DoneEvent(id="r", seq=publisher.next_seq("r"), usage=Usage(prompt_tokens=1,
                                                                                    completion_tokens=1, total_tokens=2)))
@@ -103,7 +103,7 @@ def test_a_missing_owner_key_lets_the_holder_go_on_and_sets_it_again(client: red
     """Redis restarted empty: no one else can have taken the job over, so the holder keeps publishing."""
     entry = _enqueue(client, "a")
     publisher = EventPublisher(client, tiny_engine.tokenizer, 60)
-    publisher.own("r", _take(client, "a", entry).owner, entry)
+    publisher.own("r", _take(client, "a", entry).owner, (STREAM, entry))
     client.delete(keys.owner_key("r"))
     publisher.add_event(_token(publisher, "x"))
     publisher.flush()
@@ -116,7 +116,7 @@ def test_noscript_reloads_the_scripts_and_nothing_is_lost_or_repeated(client: re
     grant = _take(client, "a", entry)  # NOSCRIPT: loaded, taken once more
     assert grant.status == "owner"
     publisher = EventPublisher(client, tiny_engine.tokenizer, 60)
-    publisher.own("r", grant.owner, entry)
+    publisher.own("r", grant.owner, (STREAM, entry))
     publisher.add_event(TokenEvent(id="plain", seq=publisher.next_seq("plain"), text="p"))  # not fenced
     publisher.add_event(_token(publisher, "x"))
     client.script_flush()  # as a Redis restart does between two flushes
@@ -126,7 +126,7 @@ def test_noscript_reloads_the_scripts_and_nothing_is_lost_or_repeated(client: re
     publisher.flush()  # the kept event goes first, then the new one; the plain one is not repeated
     assert [e.text for e in _journal(client)] == ["x", "y"] and len(_journal(client, "plain")) == 1
     client.script_flush()
-    assert renew_leases(client, STREAM, "a", [Lease(entry, "r", grant.owner)]) == []
+    assert renew_leases(client, STREAM, "a", [Lease(entry, "r", grant.owner, STREAM)]) == []
 
 
 def test_lease_renewal_refreshes_only_jobs_still_owned(client: redis.Redis) -> None:
@@ -135,7 +135,7 @@ def test_lease_renewal_refreshes_only_jobs_still_owned(client: redis.Redis) -> N
     theirs_owner = _take(client, "a", theirs, "theirs").owner
     client.xclaim(STREAM, keys.JOBS_GROUP, "b", 0, [theirs])
     _take(client, "b", theirs, "theirs")
-    leases = [Lease(mine, "mine", mine_owner), Lease(theirs, "theirs", theirs_owner)]
+    leases = [Lease(mine, "mine", mine_owner, STREAM), Lease(theirs, "theirs", theirs_owner, STREAM)]
     assert renew_leases(client, STREAM, "a", leases) == [theirs]
     consumers = {row["message_id"].decode(): row["consumer"].decode()
                  for row in client.xpending_range(STREAM, keys.JOBS_GROUP, min="-", max="+", count=10)}
@@ -151,12 +151,12 @@ def test_the_heartbeat_reports_the_jobs_it_no_longer_owns(client: redis.Redis) -
 
     entry = _enqueue(client, "a")
     owner = _take(client, "a", entry).owner
-    lost: list[str] = []
+    lost: list[tuple[str, str]] = []
     beat = Heartbeat(client, worker_id="a", model="m", slots=1, interval_s=0.5, ttl_s=2.0, gauges=dict,
-                     held_jobs=lambda: [Lease(entry, "r", owner)], on_lost=lost.extend)
+                     held_jobs=lambda: [Lease(entry, "r", owner, STREAM)], on_lost=lost.extend)
     beat.beat()
     assert lost == []
     client.xclaim(STREAM, keys.JOBS_GROUP, "b", 0, [entry])
     _take(client, "b", entry)
     beat.beat()
-    assert lost == [entry]
+    assert lost == [(STREAM, entry)]

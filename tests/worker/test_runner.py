@@ -371,3 +371,37 @@ def test_a_drain_past_its_timeout_leaves_held_jobs_to_other_workers(tiny_engine:
     pending = client.xpending_range(keys.jobs_stream(MODEL), keys.JOBS_GROUP, min="-", max="+", count=5)
     assert [p["consumer"].decode() for p in pending] == [runner.worker_id]  # not acked: another worker resumes it
     assert not client.exists(keys.worker_key(runner.worker_id))  # deregistered: the takeover can start at once
+
+
+def test_a_critical_job_starts_before_fifty_queued_low_ones(tiny_engine: Any, client: redis.Redis,
+                                                            settings: Settings) -> None:
+    """Priority holds across the queue, not only among jobs a worker already took: one stream per class,
+    read highest first."""
+    runner = WorkerRunner(tiny_engine, client, dataclasses.replace(settings, slots=1), model=MODEL)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    assert runner.ready.wait(10)
+    try:
+        busy = submit(client, job("busy", max_tokens=200))
+        while (first := busy.get_message(timeout=5)) is None or first["type"] != "message":
+            pass  # the one slot is taken
+        listener = client.pubsub()
+        ids = [f"low-{i}" for i in range(50)] + ["critical"]
+        listener.subscribe(*(keys.events_channel(rid) for rid in ids))
+        for _ in ids:
+            assert listener.get_message(timeout=2)["type"] == "subscribe"
+        for rid in ids:
+            priority = "critical" if rid == "critical" else "low"
+            message = job(rid, priority=priority, max_tokens=2)
+            client.xadd(keys.jobs_stream(MODEL, priority), {keys.JOB_FIELD: codec.encode_job(message)})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = listener.get_message(timeout=1)
+            if got and got["type"] == "message":
+                assert codec.decode_event(got["data"]).id == "critical"  # the first job after "busy" to start
+                break
+        else:
+            raise AssertionError("no job started")
+    finally:
+        runner.stop_requested.set()
+        thread.join(timeout=30)
