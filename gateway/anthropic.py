@@ -7,7 +7,8 @@ gateway/tools.py), so both APIs make the same jobs and share every limit and che
   text, tool_use (assistant), tool_result (user; becomes a tool turn, `is_error` results are prefixed "Error: "),
   thinking (assistant; dropped). image and document blocks are refused (the served models read text only), as
   is a final assistant turn (prefill: the chat templates close every turn, so it could not be continued).
-- max_tokens is required (not for count_tokens); temperature in [0, 1], top_p, top_k, stop_sequences, stream.
+- max_tokens is required (not for count_tokens); temperature in [0, 1], top_p, top_k, stop_sequences, stream;
+  output_config.format {type: json_schema, schema} is structured output (gateway/structured.py).
 - tools [{name, description, input_schema}] (Anthropic's server tools are refused); tool_choice {type: auto |
   any | tool (with name) | none, disable_parallel_tool_use}. metadata, thinking and unknown fields are ignored.
 Text blocks of one turn are joined with a newline, as the OpenAI side joins text parts.
@@ -54,6 +55,8 @@ def to_chat_body(body: dict[str, Any], settings: Settings, *, count_only: bool =
             raise invalid("temperature", "expected a number between 0 and 1.")
         chat["temperature"] = temperature
         chat["top_p"] = body.get("top_p")
+        if body.get("output_config") is not None:
+            chat["response_format"] = _output_format(body["output_config"])
     tools = _tools(body.get("tools"))
     if tools is not None:
         chat["tools"] = tools
@@ -226,6 +229,20 @@ def _tool_choice(value: Any) -> tuple[Any, bool | None]:
     if kind not in choices:
         raise invalid("tool_choice.type", "expected 'auto', 'any', 'tool' or 'none'.")
     return choices[kind], parallel
+
+
+def _output_format(value: Any) -> dict[str, Any] | None:
+    """OpenAI's response_format for output_config.format (structured output); effort is ignored."""
+    if not isinstance(value, dict):
+        raise invalid("output_config", "expected an object.")
+    output = value.get("format")
+    if output is None:
+        return None
+    if not isinstance(output, dict) or output.get("type") != "json_schema":
+        raise invalid("output_config.format", "expected {\"type\": \"json_schema\", \"schema\": {...}}.")
+    if not isinstance(output.get("schema"), dict):
+        raise invalid("output_config.format.schema", "expected a JSON schema object.")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": output["schema"], "strict": True}}
 
 
 def _stop_sequences(value: Any) -> list[str]:

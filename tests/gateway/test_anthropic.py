@@ -94,6 +94,16 @@ def test_tool_choice_maps_onto_openai_choices(choice: dict[str, Any], expected: 
     assert (job.tool_choice, job.tool_name, job.parallel_tool_calls) == (expected, name, parallel)
 
 
+def test_output_config_format_is_the_same_constraint_as_openais_response_format() -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    job = job_of({"output_config": {"format": {"type": "json_schema", "schema": schema}, "effort": "low"},
+                  "messages": [{"role": "user", "content": "x"}]})
+    twin = openai_job({"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}})
+    assert job.constraint == twin.constraint and job.constraint is not None
+    assert json.loads(job.constraint.source) == schema
+
+
 def test_count_tokens_needs_no_max_tokens_and_generates_nothing() -> None:
     request = anthropic.parse_messages({"model": "m", "messages": [{"role": "user", "content": "Hello"}],
                                         "tools": [WEATHER]}, SETTINGS, count_only=True)
@@ -124,6 +134,8 @@ def test_count_tokens_needs_no_max_tokens_and_generates_nothing() -> None:
      "tools[0].input_schema: Field required"),
     ({"max_tokens": 8, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "other"},
       "messages": [{"role": "user", "content": "x"}]}, "'other'"),
+    ({"max_tokens": 8, "output_config": {"format": {"type": "text"}}, "messages": [{"role": "user", "content": "x"}]},
+     "output_config.format"),
     ({"max_tokens": 8, "tool_choice": {"type": "sometimes"}, "messages": [{"role": "user", "content": "x"}]},
      "tool_choice.type"),
 ])
