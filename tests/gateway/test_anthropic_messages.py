@@ -208,3 +208,38 @@ async def test_an_error_after_the_stream_began_is_an_error_event(client, worker)
     assert [name for name, _ in events] == ["message_start", "content_block_start", "ping", "content_block_delta",
                                             "error"]
     assert events[-1][1] == {"type": "error", "error": {"type": "rate_limit_error", "message": "busy"}}
+
+
+async def test_the_middlewares_refusals_are_anthropic_shaped(server, worker) -> None:
+    import dataclasses
+
+    import fakeredis
+    import httpx2
+    from redis.asyncio import BlockingConnectionPool
+
+    from gateway.app import create_app
+    from shared.settings import Settings
+
+    settings = dataclasses.replace(Settings(), registry_cache_s=0.0, api_key="sk-right", max_body_bytes=4096)
+    redis = fakeredis.FakeAsyncRedis(server=server, connection_pool_class=BlockingConnectionPool, max_connections=8)
+    app = create_app(settings, redis=redis)
+    async with app.router.lifespan_context(app):
+        http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gateway")
+        wrong = anthropic_sdk.AsyncAnthropic(api_key="sk-wrong", base_url="http://gateway", http_client=http,
+                                             max_retries=0)
+        with pytest.raises(anthropic_sdk.AuthenticationError) as caught:
+            await wrong.messages.create(model="smollm2", max_tokens=8, messages=ASK)
+        assert caught.value.body == {"type": "error", "error": {"type": "authentication_error",
+                                                                "message": "Incorrect API key provided."}}
+        right = wrong.with_options(api_key="sk-right")
+        with pytest.raises(anthropic_sdk.APIStatusError) as too_large:
+            await right.messages.create(model="smollm2", max_tokens=8,
+                                        messages=[{"role": "user", "content": "x" * 5000}])
+        assert too_large.value.status_code == 413
+        assert too_large.value.body["error"]["type"] == "request_too_large"
+        task = asyncio.create_task(right.messages.create(model="smollm2", max_tokens=8, messages=ASK))
+        job = await worker.take()
+        await worker.answer(job, ["ok"])
+        assert (await task).content[0].text == "ok"  # x-api-key is accepted
+        await http.aclose()
+    await redis.aclose()
