@@ -12,7 +12,7 @@ import pytest
 
 from gateway import serving
 from shared.errors import ContextLengthExceeded, QueueFull
-from shared.messages import ChoiceEndEvent
+from shared.messages import ChoiceEndEvent, DoneEvent, Usage
 
 anthropic_sdk = pytest.importorskip("anthropic")
 pytestmark = pytest.mark.anyio
@@ -80,7 +80,11 @@ async def test_a_stream_sends_anthropics_events_in_order(client, worker) -> None
         "model": "smollm2", "max_tokens": 16, "messages": ASK, "stream": True}))
     job = await worker.take()
     assert job.stream
-    await worker.answer(job, ["Sun", "", "ny"])
+    for text in ["Sun", "", "ny"]:
+        await worker.token(job, text)
+    await worker.end(job)
+    usage = Usage(prompt_tokens=5, completion_tokens=3, total_tokens=8, cached_tokens=2)
+    await worker.send(DoneEvent(id=job.id, seq=worker.next_seq(job.id), usage=usage))
     response = await task
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = sse_events(response.content)
@@ -93,7 +97,8 @@ async def test_a_stream_sends_anthropics_events_in_order(client, worker) -> None
     assert [e["delta"] for _, e in events[3:5]] == [{"type": "text_delta", "text": "Sun"},
                                                     {"type": "text_delta", "text": "ny"}]
     assert events[6][1] == {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                            "usage": {"output_tokens": 3, "input_tokens": 3}}
+                            "usage": {"input_tokens": 3, "cache_creation_input_tokens": 0,
+                                      "cache_read_input_tokens": 2, "output_tokens": 3}}
     assert not response.content.endswith(b"data: [DONE]\n\n")
 
 
@@ -241,5 +246,50 @@ async def test_the_middlewares_refusals_are_anthropic_shaped(server, worker) -> 
         job = await worker.take()
         await worker.answer(job, ["ok"])
         assert (await task).content[0].text == "ok"  # x-api-key is accepted
+        await http.aclose()
+    await redis.aclose()
+
+
+async def test_a_queued_stream_opens_with_comments_the_sdk_ignores(settings, server, worker) -> None:
+    import dataclasses
+
+    import fakeredis
+    import httpx
+    import httpx2
+    from redis.asyncio import BlockingConnectionPool
+
+    from gateway.app import create_app
+
+    quick = dataclasses.replace(settings, sse_queued_after_s=0.1, sse_keepalive_s=0.2, request_timeout_s=30.0)
+    redis = fakeredis.FakeAsyncRedis(server=server, connection_pool_class=BlockingConnectionPool, max_connections=64)
+    app = create_app(quick, redis=redis)
+    async with app.router.lifespan_context(app):
+        raw = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
+        task = asyncio.create_task(raw.post("/v1/messages", json={"model": "smollm2", "max_tokens": 8, "messages": ASK,
+                                                                  "stream": True}))
+        await asyncio.sleep(0.6)  # nobody took the job yet: the stream is open, with comments only
+        await worker.answer(await worker.take(), ["Hi"])
+        body = (await task).content
+        assert body.startswith(b": queued\n\n: keep-alive\n\n") and b"event: message_start\n" in body
+
+        http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gateway")
+        sdk = anthropic_sdk.AsyncAnthropic(api_key="unused", base_url="http://gateway", http_client=http, max_retries=0)
+
+        async def run() -> Any:
+            async with sdk.messages.stream(model="smollm2", max_tokens=8, messages=ASK) as stream:
+                return await stream.get_final_message()
+
+        task = asyncio.create_task(run())
+        await asyncio.sleep(0.4)
+        await worker.answer(await worker.take(), ["Hel", "lo"])
+        assert (await task).content[0].text == "Hello"
+        task = asyncio.create_task(run())
+        await asyncio.sleep(0.3)
+        job = await worker.take()
+        await worker.send(ContextLengthExceeded("too long").to_event(job.id, worker.next_seq(job.id)))
+        with pytest.raises(anthropic_sdk.APIStatusError) as caught:  # sent as `event: error` (the stream was open)
+            await task
+        assert caught.value.body == {"type": "error", "error": {"type": "invalid_request_error", "message": "too long"}}
+        await raw.aclose()
         await http.aclose()
     await redis.aclose()

@@ -44,7 +44,8 @@ def test_a_greedy_message_equals_the_same_chat_through_openai(client: Any, opena
     assert block.type == "text" and block.text == twin.choices[0].message.content and block.text
     expected = {"length": "max_tokens", "stop": "end_turn"}[twin.choices[0].finish_reason]
     assert message.stop_reason == expected and message.stop_sequence is None
-    assert message.usage.input_tokens == twin.usage.prompt_tokens > 0
+    usage = message.usage  # input_tokens are the prompt tokens computed, cache reads those the prefix cache served
+    assert usage.input_tokens + usage.cache_read_input_tokens == twin.usage.prompt_tokens > 0
     assert message.usage.output_tokens == twin.usage.completion_tokens > 0
 
 
@@ -62,8 +63,9 @@ def test_a_stream_accumulates_to_the_same_message_in_anthropics_event_order(clie
     streamed = "".join(e.delta.text for e in events if e.type == "content_block_delta")
     assert streamed == final.content[0].text == whole.content[0].text
     assert final.stop_reason == whole.stop_reason
-    assert (final.usage.input_tokens, final.usage.output_tokens) == (whole.usage.input_tokens,
-                                                                       whole.usage.output_tokens)
+    prompt = whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == prompt
+    assert final.usage.output_tokens == whole.usage.output_tokens
     body = {"model": MODEL, "system": SYSTEM, "messages": ASK, "max_tokens": 24, "stream": True, **GREEDY}
     raw = httpx.post(cluster.base_url + "/v1/messages", json=body, timeout=120).text  # the SDK hides pings
     names = [line.removeprefix("event: ") for line in raw.split("\n") if line.startswith("event: ")]
@@ -114,7 +116,7 @@ def test_a_conversation_with_a_tool_result_continues(client: Any) -> None:
 def test_count_tokens_equals_the_input_tokens_of_the_same_message(client: Any) -> None:
     counted = client.messages.count_tokens(model=MODEL, system=SYSTEM, messages=ASK)
     message = client.messages.create(model=MODEL, system=SYSTEM, messages=ASK, max_tokens=1, extra_body=GREEDY)
-    assert counted.input_tokens == message.usage.input_tokens > 0
+    assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens > 0
     with_tools = client.messages.count_tokens(model=MODEL, messages=WEATHER_ASK, tools=[WEATHER])
     without = client.messages.count_tokens(model=MODEL, messages=WEATHER_ASK)
     assert with_tools.input_tokens > without.input_tokens  # the tools are rendered into the prompt
