@@ -29,6 +29,7 @@ _OPENAI_NAMES = [
     (re.compile(r"(tools\[\d+\])\.function\.parameters"), r"\1.input_schema"),
     (re.compile(r"(tools\[\d+\])\.function\."), r"\1."),
     (re.compile(r"'stop'"), "'stop_sequences'"),
+    (re.compile(r"'required' needs"), "{\"type\": \"any\"} needs"),
     (re.compile(r"response_format\.json_schema\.schema"), "output_config.format.schema"),
     (re.compile(r"response_format"), "output_config.format"),
 ]

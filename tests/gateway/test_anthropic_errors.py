@@ -45,6 +45,13 @@ def test_messages_name_the_anthropic_fields() -> None:
     assert anthropic_message(compiled) == "tools[1].input_schema: unsupported keyword"
 
 
+def test_tool_choice_any_without_tools_is_named_as_sent() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        anthropic.parse_messages({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+                                  "tool_choice": {"type": "any"}}, Settings())
+    assert anthropic_message(caught.value) == "Invalid value for 'tool_choice': {\"type\": \"any\"} needs at least one tool in tools."
+
+
 def test_only_the_messages_paths_are_anthropics() -> None:
     assert is_anthropic_path("/v1/messages") and is_anthropic_path("/v1/messages/count_tokens")
     assert not is_anthropic_path("/v1/messagesx") and not is_anthropic_path("/v1/chat/completions")
