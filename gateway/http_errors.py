@@ -1,4 +1,5 @@
-"""Every failure as an OpenAI-shaped JSON error response, Starlette's own 404/405 included."""
+"""Every failure as an OpenAI-shaped JSON error response, Starlette's own 404/405 included (Anthropic-shaped on
+the Messages API's paths, see gateway/anthropic_errors.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.anthropic_errors import error_body, is_anthropic_path
 from gateway.api_keys import current_key
 from gateway.error_log import make_entry
 from shared.errors import InternalError, LLMFleetError, MethodNotAllowed, NotFound
@@ -26,16 +28,17 @@ def record_error(app_state: object, error: LLMFleetError, path: str, *, streamed
                              key=key_name or (key.name if key is not None else None), streamed=streamed))
 
 
-def error_response(error: LLMFleetError) -> JSONResponse:
-    """The JSON response for `error`, with Retry-After where it has one."""
-    return JSONResponse(error.to_openai(), status_code=error.status, headers=error.headers())
+def error_response(error: LLMFleetError, path: str = "") -> JSONResponse:
+    """The JSON response for `error` on a request to `path`, with Retry-After where it has one."""
+    body = error_body(error) if is_anthropic_path(path) else error.to_openai()
+    return JSONResponse(body, status_code=error.status, headers=error.headers())
 
 
 async def handle_llmfleet_error(request: Request, exc: Exception) -> Response:
     """LLMFleetError -> its status and body (and an entry in the recent errors)."""
     assert isinstance(exc, LLMFleetError)
     record_error(request.app.state, exc, request.url.path)
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
@@ -43,15 +46,15 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     where = f"({request.method} {request.url.path})"
     if exc.status_code == 404:
-        return error_response(NotFound(f"Invalid URL {where}"))
+        return error_response(NotFound(f"Invalid URL {where}"), request.url.path)
     if exc.status_code == 405:
-        response = error_response(MethodNotAllowed(f"Method not allowed {where}"))
+        response = error_response(MethodNotAllowed(f"Method not allowed {where}"), request.url.path)
         response.headers.update(exc.headers or {})
         return response
     error = LLMFleetError(str(exc.detail))
     error.status = exc.status_code
     error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    return error_response(error)
+    return error_response(error, request.url.path)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
@@ -59,4 +62,4 @@ async def handle_unexpected(request: Request, exc: Exception) -> Response:
     log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
     error = InternalError("The server had an error while processing your request.")
     record_error(request.app.state, error, request.url.path)
-    return error_response(error)
+    return error_response(error, request.url.path)

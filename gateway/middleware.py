@@ -1,4 +1,5 @@
-"""ASGI middleware: API-key check and request-body cap; both answer in OpenAI's error shape."""
+"""ASGI middleware: API-key check and request-body cap; both answer in OpenAI's error shape (Anthropic's on
+the Messages API's paths)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class ApiKeyMiddleware:
             error = AuthenticationFailed(
                 "You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY' "
                 "(or as X-Api-Key)." if presented is None else "Incorrect API key provided.")
-            response = error_response(error)
+            response = error_response(error, scope["path"])
             response.headers["WWW-Authenticate"] = "Bearer"
             if scope["path"] not in UNMETERED_PATHS:  # a dashboard waiting for its key is not an error to list
                 record_error(scope["app"].state, error, scope["path"])
@@ -54,7 +55,7 @@ class ApiKeyMiddleware:
                     states = await broker.limiter.admit(record)
             except LLMFleetError as exc:  # raised outside the app's handlers: answer here
                 record_error(scope["app"].state, exc, scope["path"], key_name=record.name)
-                await error_response(exc)(scope, receive, send)
+                await error_response(exc, scope["path"])(scope, receive, send)
                 return
             for state in states:
                 limit_headers.update(state.headers())
@@ -67,7 +68,7 @@ class ApiKeyMiddleware:
                     f"'{record.name}'. Please try again in {max(s.retry_after_s for s in denied):g}s.",
                     retry_after=max(s.retry_after_s for s in denied))
                 record_error(scope["app"].state, limited, scope["path"], key_name=record.name)
-                response = error_response(limited)
+                response = error_response(limited, scope["path"])
                 response.headers.update(limit_headers)
                 await response(scope, receive, send)
                 return
@@ -110,10 +111,10 @@ class BodyLimitMiddleware:
         declared = Headers(scope=scope).get("content-length")
         if declared is not None:
             if not declared.strip().isdigit():
-                await error_response(InvalidRequest("Invalid Content-Length header."))(scope, receive, send)
+                await error_response(InvalidRequest("Invalid Content-Length header."), scope["path"])(scope, receive, send)
                 return
             if int(declared) > self.max_bytes:
-                await error_response(self._too_large())(scope, receive, send)
+                await error_response(self._too_large(), scope["path"])(scope, receive, send)
                 return
         received = 0
 

@@ -24,6 +24,7 @@ class ChoiceResult:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     tool_calls: list[dict[str, str]] | None = None  # {"id", "name", "arguments"} parsed out of the text
+    stop_sequence: str | None = None  # the stop string that ended the choice, if one did
 
 
 def _message(choice: ChoiceResult) -> dict[str, Any]:

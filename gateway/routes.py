@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import dashboard, protocol, responses, serving, tokenization
+from gateway import anthropic, anthropic_messages, dashboard, protocol, responses, serving, tokenization
 from gateway.broker import Broker
 from gateway.checks import parse_json_object
 from gateway.disconnect import unless_disconnected
@@ -59,6 +59,24 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     """POST /v1/completions"""
     return await _generate(request, protocol.parse_completion(await _body(request), request.app.state.settings))
+
+
+async def messages(request: Request) -> Response:
+    """POST /v1/messages (Anthropic's Messages API)."""
+    broker, settings = _state(request)
+    parsed = anthropic.parse_messages(await _body(request), settings)
+    if parsed.params.stream:
+        stream = await unless_disconnected(request.receive, anthropic_messages.stream_message(broker, parsed, settings))
+        return SSEResponse(stream, named=True)
+    body = await unless_disconnected(request.receive, anthropic_messages.create_message(broker, parsed, settings))
+    return JSONResponse(body)
+
+
+async def count_tokens(request: Request) -> Response:
+    """POST /v1/messages/count_tokens: the prompt's token count, as the model's worker tokenizes it."""
+    broker, settings = _state(request)
+    parsed = anthropic.parse_messages(await _body(request), settings, count_only=True)
+    return JSONResponse(await unless_disconnected(request.receive, anthropic_messages.count_tokens(broker, parsed, settings)))
 
 
 async def embeddings(request: Request) -> Response:
@@ -143,6 +161,8 @@ ROUTES = [
       in OPENAI_ROUTES),
     *(Route(f"/{operation.replace('_', '-')}", _tokenizer_route(operation), methods=["POST"])
       for operation in tokenization.BUILDERS),
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi_json, methods=["GET"]),
     Route("/health", health, methods=["GET"]),

@@ -1,10 +1,11 @@
 """Serve validated requests: build jobs, queue them, collect or stream their events (no Starlette here).
 
-- run_completion: collects every event into one chat.completion / text_completion body.
+- run_completion: collects every event into one chat.completion / text_completion body (collect_completion
+  gives the finished choices to other API shapes, such as Anthropic's messages).
 - stream_completion: waits for the FIRST event of every job before returning, so an early failure
   (context_length_exceeded, queue full in the worker, ...) still becomes a plain HTTP error; the returned
   ChunkStream then yields OpenAI chunks, and a failure after that point becomes a final {"error": ...}
-  chunk (the SSE layer appends [DONE]).
+  chunk (the SSE layer appends [DONE]). start_stream and queued_comments are shared with Anthropic's stream.
 - run_embeddings: one embed job, one embeddings list.
 Whatever way a request ends, its jobs are closed in a `finally`: a job whose terminal event was not seen
 (client gone, deadline, error elsewhere) gets a cancel published.
@@ -18,6 +19,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -32,7 +34,7 @@ from gateway.responses import ChoiceResult, ChunkHeader
 from gateway.sse import Comment
 from gateway.tool_output import ToolCallParser, split_reply
 from shared.errors import InternalError, LLMFleetError
-from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, TokenEvent
+from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, Timing, TokenEvent, Usage
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -111,8 +113,19 @@ def _wants_logprobs(request: GenerationRequest) -> bool:
     return request.logprobs if isinstance(request, ChatRequest) else request.logprobs is not None
 
 
-async def run_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> dict[str, Any]:
-    """Queue the request's jobs and collect their events into one response body."""
+@dataclass(frozen=True)
+class Collected:
+    """A finished request's choices and usage, before they are shaped into an API's response body."""
+
+    request_id: str
+    created: float
+    choices: list[ChoiceResult]
+    usage: Usage
+    timings: list[Timing]  # the workers' timings (llama-server's `timings` object is built from them)
+
+
+async def collect_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> Collected:
+    """Queue the request's jobs and collect their events into finished choices (tool calls parsed out)."""
     request_id, now = new_request_id(), time.time()
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
     note_request().request_id = request_id  # queued: from here on the id is in the logs
@@ -128,6 +141,7 @@ async def run_completion(broker: Broker, request: GenerationRequest, settings: S
                     choices[index].logprobs.extend(event.logprobs)  # type: ignore[union-attr]
             else:
                 choices[index].finish_reason = event.finish_reason
+                choices[index].stop_sequence = event.stop_sequence
         for choice, texts in zip(choices, parts, strict=True):
             choice.text = "".join(texts)
             if _uses_tools(request):
@@ -136,18 +150,34 @@ async def run_completion(broker: Broker, request: GenerationRequest, settings: S
                 choice.finish_reason = _tool_finish(choice.finish_reason, calls)
     finally:
         await generation.close()
-    build = responses.chat_completion if isinstance(request, ChatRequest) else responses.text_completion
     log.info("%s done: %d choices, %d completion tokens", request_id, len(choices), generation.usage.completion_tokens)
-    body = build(_response_id(request, request_id), int(now), request.params.model, choices, generation.usage)
+    return Collected(request_id, now, choices, generation.usage, generation.timings)
+
+
+async def run_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> dict[str, Any]:
+    """Queue the request's jobs and collect their events into one response body."""
+    done = await collect_completion(broker, request, settings)
+    build = responses.chat_completion if isinstance(request, ChatRequest) else responses.text_completion
+    body = build(_response_id(request, done.request_id), int(done.created), request.params.model, done.choices,
+                 done.usage)
     if request.params.timings:
-        body["timings"] = responses.timings_body(generation.usage, generation.timings)
+        body["timings"] = responses.timings_body(done.usage, done.timings)
     return body
 
 
-async def stream_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> ChunkStream:
-    """Queue the request's jobs and wait a moment for their first events, so that an early failure is a plain
-    HTTP error; a request still queued after `sse_queued_after_s` gets its stream at once (`: queued`, then
-    keep-alives) and any failure from then on as an error chunk."""
+@dataclass(frozen=True)
+class StartedStream:
+    """A streaming request whose jobs are queued: its first events came, or `priming` still waits for them."""
+
+    generation: Generation
+    request_id: str
+    created: float
+    priming: asyncio.Task[None] | None
+
+
+async def start_stream(broker: Broker, request: GenerationRequest, settings: Settings) -> StartedStream:
+    """Queue the request's jobs and wait a moment for their first events, so that an early failure is raised
+    (a plain HTTP error); a request still queued after `sse_queued_after_s` is returned with its priming task."""
     request_id, now = new_request_id(), time.time()
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
     note_request().request_id = request_id  # queued: from here on the id is in the logs
@@ -160,10 +190,40 @@ async def stream_completion(broker: Broker, request: GenerationRequest, settings
         priming.cancel()
         await generation.close()
         raise
-    header = ChunkHeader(_response_id(request, request_id), int(now), request.params.model, request.params.include_usage)
-    return ChunkStream(generation, header, chat=isinstance(request, ChatRequest), logprobs=_wants_logprobs(request),
-                       tools=_uses_tools(request), timings=request.params.timings, errors=broker.errors,
-                       priming=None if priming.done() else priming, keepalive_s=settings.sse_keepalive_s)
+    return StartedStream(generation, request_id, now, None if priming.done() else priming)
+
+
+async def queued_comments(priming: asyncio.Task[None] | None, keepalive_s: float) -> AsyncIterator[Comment]:
+    """`: queued`, then a keep-alive every keepalive_s until the first events came (their error raises)."""
+    if priming is None:
+        return
+    yield Comment("queued")
+    while not priming.done():
+        await asyncio.wait({priming}, timeout=keepalive_s)
+        if not priming.done():
+            yield Comment("keep-alive")
+    priming.result()
+
+
+def record_streamed_error(errors: ErrorLog | None, error: LLMFleetError, path: str) -> None:
+    """Add an error sent after a stream began to the fleet's recent errors."""
+    if errors is None:
+        return
+    key = current_key.get()
+    errors.record(make_entry(status=error.status, type=error.type, code=error.code, param=error.param, streamed=True,
+                             path=path, key=key.name if key else None))
+
+
+async def stream_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> ChunkStream:
+    """Queue the request's jobs and wait a moment for their first events, so that an early failure is a plain
+    HTTP error; a request still queued after `sse_queued_after_s` gets its stream at once (`: queued`, then
+    keep-alives) and any failure from then on as an error chunk."""
+    started = await start_stream(broker, request, settings)
+    header = ChunkHeader(_response_id(request, started.request_id), int(started.created), request.params.model,
+                         request.params.include_usage)
+    return ChunkStream(started.generation, header, chat=isinstance(request, ChatRequest),
+                       logprobs=_wants_logprobs(request), tools=_uses_tools(request), timings=request.params.timings,
+                       errors=broker.errors, priming=started.priming, keepalive_s=settings.sse_keepalive_s)
 
 
 class ChunkStream:
@@ -184,12 +244,7 @@ class ChunkStream:
 
     def _record(self, error: LLMFleetError) -> None:
         """Add an error sent after the stream began to the fleet's recent errors."""
-        if self._errors is None:
-            return
-        key = current_key.get()
-        self._errors.record(make_entry(
-            status=error.status, type=error.type, code=error.code, param=error.param, streamed=True,
-            path="/v1/chat/completions" if self._chat else "/v1/completions", key=key.name if key else None))
+        record_streamed_error(self._errors, error, "/v1/chat/completions" if self._chat else "/v1/completions")
 
     async def aclose(self) -> None:
         """Close the request's jobs (publishing cancels where unfinished); idempotent."""
@@ -205,22 +260,11 @@ class ChunkStream:
     def __aiter__(self) -> AsyncIterator[dict[str, Any] | Comment]:
         return self._chunks()
 
-    async def _queued(self) -> AsyncIterator[Comment]:
-        """`: queued`, then a keep-alive every keepalive_s until the first events came (their error raises)."""
-        if self._priming is None:
-            return
-        yield Comment("queued")
-        while not self._priming.done():
-            await asyncio.wait({self._priming}, timeout=self._keepalive_s)
-            if not self._priming.done():
-                yield Comment("keep-alive")
-        self._priming.result()
-
     async def _chunks(self) -> AsyncIterator[dict[str, Any] | Comment]:
         header, started = self._header, [False] * self._generation.choices
         offsets = [0] * self._generation.choices
         try:
-            async for comment in self._queued():
+            async for comment in queued_comments(self._priming, self._keepalive_s):
                 yield comment
             while (item := await self._generation.next()) is not None:
                 index, event = item

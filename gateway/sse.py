@@ -1,4 +1,5 @@
-"""Server-sent events: exact bytes `data: {compact json}\n\n` (and `: comment` lines), closed by `data: [DONE]\n\n`."""
+"""Server-sent events: exact bytes `data: {compact json}\n\n` (and `: comment` lines), closed by `data: [DONE]\n\n`
+(OpenAI), or `event: {type}\ndata: {compact json}\n\n` with no closing line (Anthropic: named after the type)."""
 
 from __future__ import annotations
 
@@ -40,28 +41,37 @@ def event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
-async def encode(chunks: AsyncIterable[dict[str, Any] | Comment]) -> AsyncIterator[bytes]:
-    """The SSE bytes of every chunk, then [DONE]; chunks whose events were already waiting go out in one send.
+def named_event(payload: dict[str, Any]) -> bytes:
+    """One SSE event named after the payload's `type` (Anthropic's framing)."""
+    return b"event: " + str(payload["type"]).encode("ascii") + b"\n" + event(payload)
+
+
+async def encode(chunks: AsyncIterable[dict[str, Any] | Comment], *, named: bool = False) -> AsyncIterator[bytes]:
+    """The SSE bytes of every chunk, then [DONE] (unless named); chunks whose events were already waiting go out
+    in one send.
 
     A stream that keeps up gets one send per event; one that falls behind (a loaded gateway) catches up with
     fewer, larger sends, so the cost per token drops exactly when it matters.
     """
     pending: list[bytes] = []
+    frame = named_event if named else event
     async for chunk in chunks:
-        pending.append(chunk.encode() if isinstance(chunk, Comment) else event(chunk))
+        pending.append(chunk.encode() if isinstance(chunk, Comment) else frame(chunk))
         if not getattr(chunks, "buffered", False):
             yield b"".join(pending)
             pending = []
-    pending.append(DONE)
-    yield b"".join(pending)
+    if not named:
+        pending.append(DONE)
+    if pending:
+        yield b"".join(pending)
 
 
 class SSEResponse(StreamingResponse):
     """A text/event-stream response that always closes its chunks, even when the client goes away."""
 
-    def __init__(self, chunks: ClosableChunks) -> None:
+    def __init__(self, chunks: ClosableChunks, *, named: bool = False) -> None:
         self._chunks = chunks
-        super().__init__(encode(chunks), media_type="text/event-stream", headers=HEADERS)
+        super().__init__(encode(chunks, named=named), media_type="text/event-stream", headers=HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Unlike Starlette's default for ASGI spec >= 2.4 (notice the client only when a send fails), always

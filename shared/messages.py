@@ -259,6 +259,7 @@ class ChoiceEndEvent(_Message, tag="choice_end", kw_only=True):
     seq: NonNegative
     index: NonNegative = 0
     finish_reason: FinishReason
+    stop_sequence: str | None = None  # the stop string that ended the choice ('stop' only), else None
     version: int = WIRE_VERSION
 
 

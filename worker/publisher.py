@@ -99,7 +99,8 @@ class EventPublisher:
                                                 logprobs=self._logprobs(event)))
                 if out.finish_reason is not None:
                     self._pending.append(ChoiceEndEvent(id=event.request_id, seq=self.next_seq(event.request_id),
-                                                        index=event.index, finish_reason=out.finish_reason))
+                                                        index=event.index, finish_reason=out.finish_reason,
+                                                        stop_sequence=out.stop_sequence))
             elif isinstance(event, RequestDone):
                 self.add_done(event)
                 ended.append(event.request_id)

@@ -80,7 +80,8 @@ def test_round_trip(message: object) -> None:
 
 def test_wire_shape_is_a_tagged_map() -> None:
     body = msgpack.unpackb(codec.encode(MESSAGES[7]), raw=False)
-    assert body == {"kind": "choice_end", "id": "req-1", "seq": 2, "index": 1, "finish_reason": "length", "version": WIRE_VERSION}
+    assert body == {"kind": "choice_end", "id": "req-1", "seq": 2, "index": 1, "finish_reason": "length",
+                    "stop_sequence": None, "version": WIRE_VERSION}
     job = msgpack.unpackb(codec.encode(MESSAGES[0]), raw=False, strict_map_key=False)
     assert job["kind"] == "generate"
     assert job["sampling"]["logit_bias"] == {13: -100.0, 7: 2.5}

@@ -219,6 +219,20 @@ def test_out_of_range_sampling_is_a_400_event(worker: WorkerRunner, client: redi
     assert (events[0].status, events[0].param) == (400, param)
 
 
+def test_the_stop_string_that_ended_a_choice_is_on_its_choice_end(worker: WorkerRunner, client: redis.Redis) -> None:
+    """A choice cut by a stop string names it (Anthropic's stop_sequence); one cut by max_tokens names none."""
+    free = collect(submit(client, job("stop-free", max_tokens=8)))
+    text = "".join(e.text for e in free if isinstance(e, TokenEvent))
+    stop = text[len(text) // 2:len(text) // 2 + 2] or text
+    assert stop, "the tiny model generated no text"
+    events = collect(submit(client, job("stop-cut", max_tokens=8, stop=["never appears \x00", stop])))
+    (end,) = [e for e in events if isinstance(e, ChoiceEndEvent)]
+    assert end.finish_reason == "stop" and end.stop_sequence == stop
+    assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == text[:text.index(stop)]
+    (free_end,) = [e for e in free if isinstance(e, ChoiceEndEvent)]
+    assert free_end.finish_reason == "length" and free_end.stop_sequence is None
+
+
 @pytest.mark.parametrize("echo", [False, True])
 def test_max_tokens_zero_ends_with_length_and_no_tokens(worker: WorkerRunner, client: redis.Redis, echo: bool) -> None:
     """OpenAI's completions accept max_tokens 0 (scoring a prompt with echo): no tokens, finish_reason length."""

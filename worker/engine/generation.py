@@ -32,6 +32,7 @@ class TokenOutput:
     logprob: float | None
     top_logprobs: list[tuple[int, float]]
     finish_reason: str | None  # None while running, else "stop" or "length"
+    stop_sequence: str | None = None  # the stop string that ended the sequence, if one did
 
 
 class GenerationState:
@@ -94,7 +95,8 @@ class GenerationState:
         elif reason is not None:
             text += self._drain()
         self.finish_reason = reason
-        return TokenOutput(token, text, sampled.logprob, list(sampled.top_logprobs), reason)
+        return TokenOutput(token, text, sampled.logprob, list(sampled.top_logprobs), reason,
+                           self.stop_matcher.matched if stopped else None)
 
     def replay(self, token_ids: list[int]) -> None:
         """Take tokens that were already emitted elsewhere (a resumed stream): rebuild penalties, detokenizer

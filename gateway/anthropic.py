@@ -1,0 +1,256 @@
+"""Anthropic Messages API requests (/v1/messages, /v1/messages/count_tokens) as the gateway's chat requests.
+
+A body is translated into the OpenAI chat body the gateway already validates (gateway/protocol.py, tools in
+gateway/tools.py), so both APIs make the same jobs and share every limit and check. Anthropic's own structure
+(roles, content blocks, tools, tool_choice) is checked here first, with Anthropic's field paths in the messages:
+- system: a string or text blocks; messages: user / assistant turns whose content is a string or blocks:
+  text, tool_use (assistant), tool_result (user; becomes a tool turn, `is_error` results are prefixed "Error: "),
+  thinking (assistant; dropped). image and document blocks are refused (the served models read text only), as
+  is a final assistant turn (prefill: the chat templates close every turn, so it could not be continued).
+- max_tokens is required (not for count_tokens); temperature in [0, 1], top_p, top_k, stop_sequences, stream;
+  output_config.format {type: json_schema, schema} is structured output (gateway/structured.py).
+- tools [{name, description, input_schema}] (Anthropic's server tools are refused); tool_choice {type: auto |
+  any | tool (with name) | none, disable_parallel_tool_use}. metadata, thinking and unknown fields are ignored.
+Text blocks of one turn are joined with a newline, as the OpenAI side joins text parts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from gateway.checks import bounded_int, invalid, is_number
+from gateway.protocol import ChatRequest, parse_chat
+from shared.errors import InvalidRequest
+from shared.settings import Settings
+
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_SEQUENCE_CHARS = 1024
+UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "container_upload")
+
+
+def parse_messages(body: dict[str, Any], settings: Settings, *, count_only: bool = False) -> ChatRequest:
+    """Validate a /v1/messages body (or, with count_only, a count_tokens body) into the chat request it means."""
+    chat = to_chat_body(body, settings, count_only=count_only)
+    request = parse_chat(chat, settings)
+    params = replace(request.params, stop=_stop_sequences(body.get("stop_sequences")))
+    if count_only:  # the worker renders and tokenizes the prompt and generates nothing
+        params = replace(params, max_tokens=0, stream=False)
+    return replace(request, params=params)
+
+
+def to_chat_body(body: dict[str, Any], settings: Settings, *, count_only: bool = False) -> dict[str, Any]:
+    """The OpenAI chat completions body an Anthropic messages body means (stop_sequences are read separately)."""
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": _messages(body)}
+    if not count_only:
+        if body.get("max_tokens") is None:
+            raise InvalidRequest("max_tokens: Field required (the Messages API has no default).", param="max_tokens")
+        chat["max_tokens"] = bounded_int(body["max_tokens"], "max_tokens", 1, settings.max_tokens_limit)
+        for name in ("stream", "top_k"):
+            if body.get(name) is not None:
+                chat[name] = body[name]
+        temperature = body.get("temperature")
+        if temperature is not None and not (is_number(temperature) and 0 <= temperature <= 1):
+            raise invalid("temperature", "expected a number between 0 and 1.")
+        chat["temperature"] = temperature
+        chat["top_p"] = body.get("top_p")
+        if body.get("output_config") is not None:
+            chat["response_format"] = _output_format(body["output_config"])
+    tools = _tools(body.get("tools"))
+    if tools is not None:
+        chat["tools"] = tools
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"], parallel = _tool_choice(body["tool_choice"])
+        if parallel is not None:
+            chat["parallel_tool_calls"] = parallel
+    return chat
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        text = _text_blocks(system, "system")
+        if text:
+            out.append({"role": "system", "content": text})
+    messages = body.get("messages")
+    if messages is None:
+        raise InvalidRequest("messages: Field required.", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "expected a non-empty array of messages.")
+    for i, message in enumerate(messages):
+        out.extend(_message(message, f"messages[{i}]"))
+    if messages[-1].get("role") == "assistant":
+        raise invalid(f"messages[{len(messages) - 1}]", "a final assistant message (prefill) is not supported; "
+                                                         "end with a user message.")
+    return out
+
+
+def _text_blocks(value: Any, param: str) -> str:
+    """A string, or an array of text blocks joined with newlines (system prompts, tool results)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise invalid(param, "expected a string or an array of text blocks.")
+    texts = []
+    for i, block in enumerate(value):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind in UNSUPPORTED_BLOCKS:
+                raise _unsupported(kind, f"{param}[{i}]")
+            raise invalid(f"{param}[{i}]", "expected a text block ({\"type\": \"text\", \"text\": ...}).")
+        texts.append(_string(block, "text", f"{param}[{i}]"))
+    return "\n".join(texts)
+
+
+def _message(item: Any, param: str) -> list[dict[str, Any]]:
+    """One Anthropic turn as OpenAI messages: a user turn's tool results become tool turns, in block order."""
+    if not isinstance(item, dict):
+        raise invalid(param, "expected an object with 'role' and 'content'.")
+    role = item.get("role")
+    if role not in ("user", "assistant"):
+        raise invalid(f"{param}.role", "expected 'user' or 'assistant' (a system prompt goes in 'system').")
+    content = item.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise invalid(f"{param}.content", "expected a string or an array of content blocks.")
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        where = f"{param}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(_string(block, "text", where))
+        elif kind in UNSUPPORTED_BLOCKS:
+            raise _unsupported(kind, where)
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # the served models do not think; earlier reasoning is not part of their prompt
+        elif kind == "tool_use" and role == "assistant":
+            calls.append(_tool_use(block, where))
+        elif kind == "tool_result" and role == "user":
+            if texts:
+                out.append({"role": "user", "content": "\n".join(texts)})
+                texts = []
+            out.append(_tool_result(block, where))
+        else:
+            allowed = "text, tool_use, thinking" if role == "assistant" else "text, tool_result"
+            raise invalid(f"{where}.type", f"{json.dumps(kind)} is not a block a {role} message may hold "
+                                           f"(supported: {allowed}).")
+    if role == "assistant":
+        message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+        if calls:
+            message["tool_calls"] = calls
+        return [message]
+    if texts or not out:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _unsupported(kind: str, where: str) -> InvalidRequest:
+    return invalid(where, f"{kind} blocks are not supported: the models llmfleet serves read text only.")
+
+
+def _string(block: dict[str, Any], name: str, where: str) -> str:
+    value = block.get(name)
+    if not isinstance(value, str):
+        raise invalid(f"{where}.{name}", "expected a string.")
+    return value
+
+
+def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An assistant's tool_use block as an OpenAI tool call (the arguments as JSON text)."""
+    call_id, name, arguments = block.get("id"), block.get("name"), block.get("input", {})
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(f"{where}.id", "expected a non-empty string.")
+    if not isinstance(name, str) or not name:
+        raise invalid(f"{where}.name", "expected a non-empty string.")
+    if not isinstance(arguments, dict):
+        raise invalid(f"{where}.input", "expected an object.")
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """A user's tool_result block as an OpenAI tool turn."""
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(f"{where}.tool_use_id", "expected the id of the tool_use block this result answers.")
+    content = block.get("content")
+    text = "" if content is None else _text_blocks(content, f"{where}.content")
+    is_error = block.get("is_error")
+    if is_error is not None and not isinstance(is_error, bool):
+        raise invalid(f"{where}.is_error", "expected a boolean.")
+    return {"role": "tool", "tool_call_id": call_id, "content": f"Error: {text}" if is_error else text}
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    """Anthropic's client tools as OpenAI function tools (names and schemas are checked by gateway/tools.py)."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise invalid("tools", "expected an array of tools.")
+    tools = []
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise invalid(where, "expected an object with 'name' and 'input_schema'.")
+        kind = tool.get("type")
+        if kind not in (None, "custom"):
+            raise invalid(f"{where}.type", f"{json.dumps(kind)}: only client tools (name, description, input_schema) "
+                                           "are supported, not Anthropic's server tools.")
+        if tool.get("input_schema") is None:
+            raise InvalidRequest(f"{where}.input_schema: Field required.", param=f"{where}.input_schema")
+        function = {"name": tool.get("name"), "description": tool.get("description") or "",
+                    "parameters": tool["input_schema"]}
+        if tool.get("strict") is not None:
+            function["strict"] = tool["strict"]
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+def _tool_choice(value: Any) -> tuple[Any, bool | None]:
+    """OpenAI's tool_choice and parallel_tool_calls (None: not given) for Anthropic's tool_choice."""
+    if not isinstance(value, dict):
+        raise invalid("tool_choice", "expected an object such as {\"type\": \"auto\"}.")
+    disable = value.get("disable_parallel_tool_use")
+    if disable is not None and not isinstance(disable, bool):
+        raise invalid("tool_choice.disable_parallel_tool_use", "expected a boolean.")
+    parallel = None if disable is None else not disable
+    kind = value.get("type")
+    if kind == "tool":
+        name = value.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid("tool_choice.name", "{\"type\": \"tool\"} needs the name of the tool to call.")
+        return {"type": "function", "function": {"name": name}}, parallel
+    choices = {"auto": "auto", "any": "required", "none": "none"}
+    if kind not in choices:
+        raise invalid("tool_choice.type", "expected 'auto', 'any', 'tool' or 'none'.")
+    return choices[kind], parallel
+
+
+def _output_format(value: Any) -> dict[str, Any] | None:
+    """OpenAI's response_format for output_config.format (structured output); effort is ignored."""
+    if not isinstance(value, dict):
+        raise invalid("output_config", "expected an object.")
+    output = value.get("format")
+    if output is None:
+        return None
+    if not isinstance(output, dict) or output.get("type") != "json_schema":
+        raise invalid("output_config.format", "expected {\"type\": \"json_schema\", \"schema\": {...}}.")
+    if not isinstance(output.get("schema"), dict):
+        raise invalid("output_config.format.schema", "expected a JSON schema object.")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": output["schema"], "strict": True}}
+
+
+def _stop_sequences(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise invalid("stop_sequences", "expected an array of non-empty strings.")
+    if len(value) > MAX_STOP_SEQUENCES or any(len(s) > MAX_STOP_SEQUENCE_CHARS for s in value):
+        raise invalid("stop_sequences", f"at most {MAX_STOP_SEQUENCES} sequences of at most "
+                                        f"{MAX_STOP_SEQUENCE_CHARS} characters each are allowed.")
+    return list(value)
