@@ -35,13 +35,13 @@ async def _generate(request: Request, parsed: ChatRequest | CompletionRequest) -
 
 
 async def _body(request: Request) -> dict:
-    """The JSON object body; a missing `model` is the one model served when there is exactly one (as
+    """The JSON object body; a missing (or null) `model` is the one model served when there is exactly one (as
     llama-server does), else a 400 naming `model`."""
     note = note_request()
     body = parse_json_object(await request.body())
     if isinstance(body.get("model"), str):
         note.model = body["model"]
-    if "model" not in body:
+    if body.get("model") is None:
         live = sorted(await request.app.state.broker.registry.live_models())
         if len(live) != 1:
             served = ", ".join(live) or "none"

@@ -70,8 +70,8 @@ def _response_format(value: Any) -> OutputConstraint:
     spec = value.get("json_schema")
     if not isinstance(spec, dict):
         raise invalid("response_format.json_schema", "expected an object with 'name' and 'schema'.")
-    name = spec.get("name")
-    if not isinstance(name, str) or not SCHEMA_NAME.match(name):
+    name = spec.get("name")  # OpenAI requires it; llama-server and its clients leave it out: only a label to us
+    if name is not None and (not isinstance(name, str) or not SCHEMA_NAME.match(name)):
         raise invalid("response_format.json_schema.name",
                       "expected a name of 1 to 64 letters, digits, underscores or dashes.")
     strict = spec.get("strict")

@@ -32,13 +32,21 @@ async def test_model_may_be_left_out_when_one_model_is_served(client: httpx.Asyn
     assert (await task).json()["model"] == "smollm2"
 
 
+async def test_a_null_model_is_a_left_out_one(client: httpx.AsyncClient, worker: Any) -> None:
+    task = asyncio.create_task(client.post("/chat/completions", json={"model": None, **CHAT}))  # llama.cpp's tests
+    job = await worker.take()
+    assert job.model == "smollm2"
+    await worker.answer(job, ["ok"])
+    assert (await task).json()["choices"][0]["message"]["content"] == "ok"
+
+
 async def test_model_is_required_when_several_or_none_are_served(client: httpx.AsyncClient,
                                                                  make_worker: Any) -> None:
     none = await client.post("/v1/chat/completions", json=CHAT)
     assert none.status_code == 400 and none.json()["error"]["param"] == "model"
     await make_worker(worker_id="a").register()
     await make_worker(worker_id="b", model="gemma3-270m").register()
-    several = await client.post("/v1/completions", json={"prompt": "x"})
+    several = await client.post("/v1/completions", json={"prompt": "x", "model": None})
     error = several.json()["error"]
     assert several.status_code == 400 and error["param"] == "model"
     assert "2 models are served: gemma3-270m, smollm2" in error["message"]

@@ -26,6 +26,9 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": False}}},
      OutputConstraint(kind="json_schema", source=json.dumps(SCHEMA, separators=(",", ":")), strict=False,
                       param="response_format.json_schema.schema")),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},  # no name: llama.cpp's clients
+     OutputConstraint(kind="json_schema", source=json.dumps(SCHEMA, separators=(",", ":")),
+                      param="response_format.json_schema.schema")),
     ({"response_format": {"type": "json_object", "schema": SCHEMA}},  # llama.cpp
      OutputConstraint(kind="json_schema", source=json.dumps(SCHEMA, separators=(",", ":")),
                       param="response_format.schema")),
