@@ -36,18 +36,24 @@ async def _generate(request: Request, parsed: ChatRequest | CompletionRequest) -
 
 async def _body(request: Request) -> dict:
     """The JSON object body; a missing (or null) `model` is the one model served when there is exactly one (as
-    llama-server does), else a 400 naming `model`."""
+    llama-server does), else a 400 naming `model`. With LLMFLEET_ANY_MODEL_NAME=1 and one model served, any
+    name is that model (llama-server ignores the name; clients hard-code "gpt-3.5-turbo")."""
     note = note_request()
     body = parse_json_object(await request.body())
-    if isinstance(body.get("model"), str):
-        note.model = body["model"]
-    if body.get("model") is None:
+    model = body.get("model")
+    if isinstance(model, str):
+        note.model = model
+    if model is None:
         live = sorted(await request.app.state.broker.registry.live_models())
         if len(live) != 1:
             served = ", ".join(live) or "none"
             raise InvalidRequest(f"Missing required parameter: 'model' ({len(live)} models are served: {served}).",
                                  param="model")
         body["model"] = note.model = live[0]
+    elif isinstance(model, str) and request.app.state.settings.any_model_name:
+        live = sorted(await request.app.state.broker.registry.live_models())
+        if len(live) == 1:
+            body["model"] = note.model = live[0]
     return body
 
 

@@ -64,6 +64,7 @@ class Settings:
     chat_template: str | None = None  # a jinja2 chat template file workers use instead of the model's own
     keys_file: str | None = None  # API keys managed by `llmfleet keys` (each with its own limits)
     cors_origins: str = ""  # comma-separated origins browsers may call the API from ("*" = any; empty = no CORS)
+    any_model_name: int = 0  # 1: with exactly one model served, any model name is served by it (as llama-server)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -80,7 +81,7 @@ class Settings:
             if not getattr(self, name) > 0:
                 _fail(name, "must be > 0")
         for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
-                     "public_metrics"):
+                     "public_metrics", "any_model_name"):
             if not getattr(self, name) >= 0:
                 _fail(name, "must be >= 0")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
@@ -145,6 +146,7 @@ ENV: dict[str, str] = {
     "chat_template": "LLMFLEET_CHAT_TEMPLATE",
     "keys_file": "LLMFLEET_KEYS_FILE",
     "cors_origins": "LLMFLEET_CORS_ORIGINS",
+    "any_model_name": "LLMFLEET_ANY_MODEL_NAME",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 

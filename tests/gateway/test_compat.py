@@ -53,6 +53,33 @@ async def test_model_is_required_when_several_or_none_are_served(client: httpx.A
 
 
 @pytest.fixture
+async def any_name_client(settings: Any, server: Any) -> Any:
+    """A gateway with LLMFLEET_ANY_MODEL_NAME=1."""
+    app = create_app(dataclasses.replace(settings, any_model_name=1), redis=fakeredis.FakeAsyncRedis(server=server))
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+        yield c
+
+
+async def test_any_model_name_is_an_unknown_name_served_by_the_one_model(client: httpx.AsyncClient,
+                                                                        any_name_client: httpx.AsyncClient,
+                                                                        make_worker: Any) -> None:
+    await make_worker(worker_id="a").register()
+    strict = await client.post("/v1/chat/completions", json={"model": "gpt-3.5-turbo", **CHAT})
+    assert strict.status_code == 404 and strict.json()["error"]["code"] == "model_not_found"  # the default
+    task = asyncio.create_task(any_name_client.post("/v1/chat/completions", json={"model": "gpt-3.5-turbo", **CHAT}))
+    worker = make_worker(worker_id="a")
+    job = await worker.take()
+    assert job.model == "smollm2"
+    await worker.answer(job, ["ok"])
+    assert (await task).json()["model"] == "smollm2"
+    await make_worker(worker_id="b", model="gemma3-270m").register()
+    await asyncio.sleep(0.01)
+    several = await any_name_client.post("/v1/completions", json={"model": "gpt-3.5-turbo", "prompt": "x"})
+    assert several.status_code == 404  # with two models served, a name must be one of them
+
+
+@pytest.fixture
 async def cors_client(settings: Any, server: Any) -> Any:
     """A gateway with an API key and one allowed browser origin."""
     configured = dataclasses.replace(settings, api_key="secret", cors_origins="https://app.example")
