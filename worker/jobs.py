@@ -43,8 +43,8 @@ def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: 
     if not prompt_ids:
         raise InvalidRequest("the prompt is empty", param=param)
     max_tokens = job.max_tokens
-    if max_tokens is None:
-        left = engine.context_length - len(prompt_ids)
+    if max_tokens is None:  # at least 1: a prompt that fills the context is a 400 below, not a forward past it
+        left = max(engine.context_length - len(prompt_ids), 1)
         max_tokens = min(default_max_tokens, left) if default_max_tokens > 0 else left
     try:
         engine.check_fits(len(prompt_ids), max_tokens)  # the one context-length rule, with OpenAI's wording

@@ -55,6 +55,21 @@ def test_a_job_without_max_tokens_gets_the_default_cut_to_the_context(tiny_engin
     assert generation_request(tiny_engine, _prompt_job(max_tokens=7), default_max_tokens=5).params.max_tokens == 7
 
 
+@pytest.mark.parametrize("prompt_len_over_context", [0, 1, 50])
+def test_a_prompt_that_fills_the_context_without_max_tokens_is_a_400(tiny_engine: Any,
+                                                                    prompt_len_over_context: int) -> None:
+    from shared.errors import ContextLengthExceeded
+    from worker.jobs import generation_request
+
+    now = time.time()
+    job = GenerateJob(id="job-3", model="tiny", created=now, deadline=now + 60,
+                      prompt_token_ids=[1] * (tiny_engine.context_length + prompt_len_over_context))
+    for default in (0, 5):  # was a negative max_tokens, then a forward past the context: a 500 "engine error"
+        with pytest.raises(ContextLengthExceeded) as caught:
+            generation_request(tiny_engine, job, default_max_tokens=default)
+        assert (caught.value.status, caught.value.param) == (400, "prompt")
+
+
 def _text_job(operation: str, **fields: Any) -> Any:
     from shared.messages import TextJob
 
