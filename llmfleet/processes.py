@@ -81,6 +81,35 @@ def run_gateway(settings: Settings) -> int:
     return 0
 
 
+def run_batch_runner(settings: Settings) -> int:
+    """Execute batches (an rq worker on the batch queue) and resume those whose runner died, until SIGTERM."""
+    import threading
+
+    import redis
+
+    from batches import queue, runner
+
+    runner.configure(settings)
+    connection = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+    worker = queue.batch_worker(connection)
+
+    def recover() -> None:
+        """Every second: enqueue again the batches whose runner died."""
+        scan = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+        suspects: dict[str, float] = {}
+        while not runner.STOP.wait(1.0):
+            try:
+                queue.recover_orphans(scan, settings, suspects)
+            except redis.RedisError as exc:
+                log.warning("batch recovery scan failed: %s", type(exc).__name__)
+
+    threading.Thread(target=recover, name="batch-recovery", daemon=True).start()
+    log.info("batch runner %s started (concurrency %d)", worker.name, settings.batch_concurrency)
+    worker.work(logging_level=settings.log_level)
+    runner.STOP.set()
+    return 0
+
+
 def _http_ready(url: str) -> bool:
     """Whether the gateway's /ready answers 200 (a worker is registered)."""
     import urllib.error
@@ -118,11 +147,12 @@ def serve(model_names: list[str], settings: Settings, *, workers: int) -> int:
     env = {**os.environ, **settings_env(settings)}
     cli = [sys.executable, "-m", "llmfleet.cli"]
     gateway = Child("gateway", [*cli, "gateway"], env)
+    batch_runner = Child("batch-runner", [*cli, "batch-runner"], env)
     fleet = [Child(f"worker-{i + 1}" if len(model_names) == 1 else f"worker-{model_id(name)}-{i + 1}",
                    [*cli, "worker", "--model", name], env)
              for name in model_names for i in range(workers)]
     alive = None if redis_server is None else (lambda: redis_server.process.poll() is None)
-    supervisor = Supervisor(gateway, fleet, drain_timeout_s=settings.drain_timeout_s, redis_alive=alive,
+    supervisor = Supervisor(gateway, fleet, batch_runner=batch_runner, drain_timeout_s=settings.drain_timeout_s, redis_alive=alive,
                             status=_status_writer(settings.redis_url, status_key, STATUS_TTL_S))
     for signum in (signal.SIGINT, signal.SIGTERM):  # also when started with SIGINT ignored (a background job)
         signal.signal(signum, supervisor.on_signal)
