@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_batch_runner)
 
     p = sub.add_parser("healthcheck", help="exit 0 if this host's gateway or worker is healthy (for containers)")
-    p.add_argument("role", choices=["gateway", "worker"])
+    p.add_argument("role", choices=["gateway", "worker", "batch-runner"])
     p.add_argument("--port", type=int, default=None, help="the gateway's port (LLMFLEET_PORT)")
     p.set_defaults(func=cmd_healthcheck)
     return parser

@@ -194,7 +194,8 @@ def _status_writer(redis_url: str, key: str, ttl_s: int) -> Callable[[dict[str, 
 
 
 def healthcheck(role: str, settings: Settings) -> int:
-    """Exit 0 when this host's gateway answers /health, or a worker on this host has a fresh heartbeat."""
+    """Exit 0 when this host's gateway answers /health, a worker on this host has a fresh heartbeat, or (batch-runner)
+    an rq worker of this host serves the batch queue."""
     import socket
     import urllib.error
     import urllib.request
@@ -211,6 +212,12 @@ def healthcheck(role: str, settings: Settings) -> int:
 
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=3)
     host, now = socket.gethostname(), time.time()
+    if role == "batch-runner":  # an rq worker of this host registered on the batch queue
+        from rq import Worker
+
+        from batches.queue import batch_queue
+
+        return 0 if any(w.hostname == host for w in Worker.all(queue=batch_queue(client))) else 1
     for worker_id in client.zrangebyscore(keys.WORKERS_INDEX, now - settings.heartbeat_ttl_s, "+inf"):
         entry = client.hgetall(keys.worker_key(worker_id.decode()))
         if entry.get(b"host", b"").decode() == host and float(entry.get(b"heartbeat", 0)) >= now - settings.heartbeat_ttl_s:

@@ -187,3 +187,16 @@ def test_a_batch_survives_kill_9_of_its_runner(client: openai.OpenAI, cluster: A
     output = results(client, done.output_file_id)
     assert sorted(output) == sorted(line["custom_id"] for line in lines)
     assert "enqueued again" in runner_log.read_text()
+
+
+def test_healthcheck_sees_the_batch_runner(cluster: Any, runner: subprocess.Popen[bytes]) -> None:
+    from llmfleet.processes import healthcheck
+    from shared.settings import Settings
+
+    settings = Settings(redis_url=cluster.redis_url)
+    deadline = time.monotonic() + 30
+    while healthcheck("batch-runner", settings) != 0:
+        assert time.monotonic() < deadline and runner.poll() is None
+        time.sleep(0.2)
+    stop(runner)
+    assert healthcheck("batch-runner", settings) == 1
