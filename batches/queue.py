@@ -22,6 +22,7 @@ import redis
 from rq import Queue, SimpleWorker
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
+from rq.worker import WorkerStatus
 
 from batches import objects, runner
 from shared import keys
@@ -53,6 +54,17 @@ class AllowListedJob(Job):
 
 class BatchWorker(SimpleWorker):
     """The rq worker of `llmfleet batch-runner`: runs batches in-process; SIGTERM requeues the current one."""
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """Run the job here (no fork), letting the batch keep rq's worker and job heartbeats fresh meanwhile
+        (a SimpleWorker sends none while a job runs, and a batch runs for minutes or hours)."""
+        execution = self.prepare_execution(job)
+        runner.HEARTBEAT = lambda: self.maintain_heartbeats(job, execution)
+        try:
+            self.perform_job(job, queue, execution)
+        finally:
+            runner.HEARTBEAT = None
+        self.set_state(WorkerStatus.IDLE)
 
     def request_stop(self, signum: Any, frame: Any) -> None:
         """Warm shutdown: the running batch stops at its next check and is put back in the queue."""

@@ -22,6 +22,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -39,6 +40,7 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 STOP = threading.Event()  # set when the runner process is asked to stop (SIGTERM): batches go back to the queue
+HEARTBEAT: Callable[[], None] | None = None  # set by the rq worker running us: refreshes its heartbeats
 _configured: Settings | None = None
 
 RENEW = """
@@ -170,6 +172,8 @@ class BatchRun:
         if not renewed:
             log.warning("batch %s: lease lost to another runner; leaving it", self.batch_id)
             return "lost"
+        if HEARTBEAT is not None:
+            await asyncio.to_thread(HEARTBEAT)
         if STOP.is_set():
             return "stopped"
         status = (await store.fields(self.batch_id))["status"]

@@ -83,3 +83,20 @@ def test_a_runner_that_stops_puts_its_batch_back_without_counting_an_attempt(
     job = batch_queue(sredis).fetch_job(sredis.hget(keys.batch_key("batch_x"), "rq_job").decode())
     assert job.get_status() == JobStatus.QUEUED
     assert sredis.hget(keys.batch_key("batch_x"), "attempts") == b"0"
+
+
+def test_a_running_batch_can_refresh_the_rq_worker_heartbeat(sredis: redis.Redis,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+
+    def probe() -> None:
+        seen.append(runner.HEARTBEAT is not None)
+        assert runner.HEARTBEAT is not None
+        runner.HEARTBEAT()  # what BatchRun does at every check
+
+    monkeypatch.setitem(batch_queue_module.JOB_FUNCTIONS, "probe", probe)
+    job = batch_queue(sredis).enqueue("probe")
+    worker = batch_worker(sredis)
+    worker.work(burst=True)
+    assert seen == [True] and runner.HEARTBEAT is None  # set only while the job runs
+    assert batch_queue(sredis).fetch_job(job.id).get_status() == JobStatus.FINISHED
