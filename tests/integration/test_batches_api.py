@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,15 @@ def wait_for(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...], ti
     raise AssertionError(f"batch {batch_id} did not reach {statuses}: {batch.status} {batch.request_counts}")
 
 
+def direct(client: openai.OpenAI, line: dict[str, Any]) -> Any:
+    """The reply to a line's request made directly."""
+    if line["url"] == "/v1/chat/completions":
+        return client.chat.completions.create(**line["body"])
+    if line["url"] == "/v1/completions":
+        return client.completions.create(**line["body"])
+    return client.embeddings.create(**line["body"])
+
+
 def results(client: openai.OpenAI, file_id: str | None) -> dict[str, dict[str, Any]]:
     if file_id is None:
         return {}
@@ -120,22 +130,22 @@ def test_twenty_requests_complete_with_the_outputs_of_direct_requests(
 
     output = results(client, done.output_file_id)
     assert sorted(output) == sorted(line["custom_id"] for line in lines[:20])
-    for line in lines[:20]:
+    with ThreadPoolExecutor(4) as pool:  # the same requests made directly
+        directs = list(pool.map(lambda line: direct(client, line), lines[:20]))
+    for line, want in zip(lines[:20], directs):
         item = output[line["custom_id"]]
         assert item["error"] is None and item["response"]["status_code"] == 200 and item["id"].startswith("batch_req_")
         body = item["response"]["body"]
         if line["url"] == "/v1/chat/completions":
-            direct = client.chat.completions.create(**line["body"])
-            assert body["choices"][0]["message"]["content"] == direct.choices[0].message.content
-            assert body["usage"]["completion_tokens"] == direct.usage.completion_tokens
+            assert body["object"] == "chat.completion" and body["model"] == MODEL
+            assert body["choices"][0]["message"]["content"] == want.choices[0].message.content
+            assert body["usage"]["completion_tokens"] == want.usage.completion_tokens
         elif line["url"] == "/v1/completions":
-            direct = client.completions.create(**line["body"])
-            assert body["choices"][0]["text"] == direct.choices[0].text
+            assert body["choices"][0]["text"] == want.choices[0].text
         else:
-            direct = client.embeddings.create(**line["body"])
             assert len(body["data"]) == 2
-            for got, want in zip(body["data"], direct.data):
-                assert max(abs(a - b) for a, b in zip(got["embedding"], want.embedding)) < 1e-4
+            for got, expected in zip(body["data"], want.data):
+                assert max(abs(a - b) for a, b in zip(got["embedding"], expected.embedding)) < 1e-4
 
     errors = results(client, done.error_file_id)
     assert list(errors) == ["bad-body"]
