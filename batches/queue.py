@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 RUN_BATCH = "batches.runner.run_batch"
 JOB_FUNCTIONS: dict[str, Callable[..., Any]] = {RUN_BATCH: runner.run_batch}
 WAITING = (JobStatus.QUEUED, JobStatus.DEFERRED, JobStatus.SCHEDULED)
+WORKER_TTL_S = 30  # rq's registration of a batch runner expires this long after its last heartbeat (at least)
 RESULT_TTL_S = 24 * 3600
 
 
@@ -66,6 +67,11 @@ class BatchWorker(SimpleWorker):
             runner.HEARTBEAT = None
         self.set_state(WorkerStatus.IDLE)
 
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        """The worker's own TTL also while a batch runs (the batch sends a heartbeat every few seconds), so
+        a runner killed mid-batch stops counting as alive (healthcheck) within WORKER_TTL_S."""
+        return int(self.worker_ttl)
+
     def request_stop(self, signum: Any, frame: Any) -> None:
         """Warm shutdown: the running batch stops at its next check and is put back in the queue."""
         runner.STOP.set()
@@ -77,10 +83,10 @@ def batch_queue(connection: redis.Redis) -> Queue:
     return Queue(keys.BATCH_QUEUE, connection=connection, serializer=JSONSerializer, job_class=AllowListedJob)
 
 
-def batch_worker(connection: redis.Redis, name: str | None = None) -> BatchWorker:
-    """An rq worker for the batch queue."""
+def batch_worker(connection: redis.Redis, name: str | None = None, ttl_s: int = WORKER_TTL_S) -> BatchWorker:
+    """An rq worker for the batch queue (its registration expires ttl_s after its last heartbeat)."""
     return BatchWorker([batch_queue(connection)], connection=connection, serializer=JSONSerializer,
-                       job_class=AllowListedJob, name=name)
+                       job_class=AllowListedJob, name=name, worker_ttl=ttl_s)
 
 
 def enqueue_batch(connection: redis.Redis, batch_id: str, attempt: int = 0) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -91,7 +92,8 @@ def run_batch_runner(settings: Settings) -> int:
 
     runner.configure(settings)
     connection = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
-    worker = queue.batch_worker(connection)
+    # a running batch sends rq heartbeats every third of its lease: the registration must outlive that
+    worker = queue.batch_worker(connection, ttl_s=max(queue.WORKER_TTL_S, math.ceil(settings.batch_lease_s)))
 
     def recover() -> None:
         """Every second: enqueue again the batches whose runner died."""
