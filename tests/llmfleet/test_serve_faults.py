@@ -46,7 +46,8 @@ class Serve:
 
     def pids_of(self, role: str) -> list[int]:
         """Children whose command line names the role ('gateway', 'worker', 'redis-server')."""
-        return [pid for pid, cmd in self.children().items() if role in cmd.split() or cmd.split()[0].endswith(role)]
+        return [pid for pid, cmd in self.children().items()  # a zombie's command line is empty
+                if cmd.split() and (role in cmd.split() or cmd.split()[0].endswith(role))]
 
     def ready(self) -> dict:
         """The gateway's /ready body ({} if it does not answer)."""
