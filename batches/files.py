@@ -1,7 +1,9 @@
 """Files (/v1/files) kept in Redis, so every gateway and batch runner on any host sees the same ones.
 
 A file is one hash: its metadata and its bytes (`data`), bounded by LLMFLEET_MAX_FILE_BYTES; an index
-sorted by creation time serves the listing. Files stay until they are deleted.
+sorted by creation time serves the listing. Files stay until they are deleted. A file belongs to the API
+key that made it (`owner`, the key's name; "" without keys): a reader passing `owner` sees only its own
+files, another key's are a 404 as if they did not exist; owner None (the batch runner) sees every file.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from batches import objects
 from shared import keys
 from shared.errors import InvalidRequest, NotFound
 
-META_FIELDS = ("id", "filename", "purpose", "bytes", "created_at")
+META_FIELDS = ("id", "filename", "purpose", "bytes", "created_at", "owner")
 MAX_FILENAME = 256
 MAX_LIST_LIMIT = 10_000
 
@@ -26,10 +28,11 @@ def file_not_found(file_id: str, param: str | None = None) -> NotFound:
     return NotFound(f"No such File object: {file_id}", param=param)
 
 
-def queue_file(pipe: Pipeline, file_id: str, filename: str, purpose: str, data: bytes, now: float) -> dict[str, str]:
+def queue_file(pipe: Pipeline, file_id: str, filename: str, purpose: str, data: bytes, now: float,
+               owner: str = "") -> dict[str, str]:
     """Add the commands that store one file to `pipe` (so a batch can write its files atomically)."""
     fields = {"id": file_id, "filename": filename[:MAX_FILENAME], "purpose": purpose, "bytes": str(len(data)),
-              "created_at": repr(now)}
+              "created_at": repr(now), "owner": owner}
     pipe.hset(keys.file_key(file_id), mapping={**fields, "data": data})
     pipe.zadd(keys.FILES_INDEX, {file_id: now})
     return fields
@@ -41,29 +44,31 @@ class FileStore:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
 
-    async def create(self, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
+    async def create(self, filename: str, purpose: str, data: bytes, owner: str = "") -> dict[str, Any]:
         """Store a new file; returns its file object."""
         pipe = self.redis.pipeline(transaction=True)
-        fields = queue_file(pipe, objects.new_file_id(), filename, purpose, data, time.time())
+        fields = queue_file(pipe, objects.new_file_id(), filename, purpose, data, time.time(), owner)
         await pipe.execute()
         return objects.file_object(fields)
 
-    async def get(self, file_id: str) -> dict[str, Any]:
-        """The file object of `file_id` (404 if there is none)."""
+    async def get(self, file_id: str, owner: str | None = None) -> dict[str, Any]:
+        """The file object of `file_id` (404 if there is none, or it is not `owner`'s)."""
         values = await self.redis.hmget(keys.file_key(file_id), META_FIELDS)
-        if values[0] is None:
+        fields = objects.decode_hash({k: v for k, v in zip(META_FIELDS, values, strict=True) if v is not None})
+        if "id" not in fields or not visible_to(fields, owner):
             raise file_not_found(file_id)
-        return objects.file_object(objects.decode_hash(dict(zip(META_FIELDS, values, strict=True))))
+        return objects.file_object(fields)
 
-    async def content(self, file_id: str) -> bytes:
-        """The bytes of `file_id` (404 if there is none)."""
-        data = await self.redis.hget(keys.file_key(file_id), "data")
-        if data is None:
+    async def content(self, file_id: str, owner: str | None = None) -> bytes:
+        """The bytes of `file_id` (404 if there is none, or it is not `owner`'s)."""
+        stored_owner, data = await self.redis.hmget(keys.file_key(file_id), ["owner", "data"])
+        if data is None or not visible_to({"owner": objects._text(stored_owner or b"")}, owner):
             raise file_not_found(file_id)
         return bytes(data)
 
-    async def delete(self, file_id: str) -> dict[str, Any]:
-        """Delete `file_id` (404 if there is none); OpenAI's deletion object."""
+    async def delete(self, file_id: str, owner: str | None = None) -> dict[str, Any]:
+        """Delete `file_id` (404 if there is none, or it is not `owner`'s); OpenAI's deletion object."""
+        await self.get(file_id, owner)
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(keys.file_key(file_id))
         pipe.zrem(keys.FILES_INDEX, file_id)
@@ -72,7 +77,8 @@ class FileStore:
             raise file_not_found(file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 
-    async def list(self, *, purpose: str | None, limit: int, after: str | None, order: str) -> dict[str, Any]:
+    async def list(self, *, purpose: str | None, limit: int, after: str | None, order: str,
+                   owner: str | None = None) -> dict[str, Any]:
         """A page of file objects, newest first unless order is 'asc', starting after the id `after`."""
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise InvalidRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}", param="limit")
@@ -86,9 +92,14 @@ class FileStore:
             if len(page) > limit:
                 break
             try:
-                item = await self.get(file_id)
-            except NotFound:  # deleted meanwhile
+                item = await self.get(file_id, owner)
+            except NotFound:  # deleted meanwhile, or another key's
                 continue
             if purpose is None or item["purpose"] == purpose:
                 page.append(item)
         return objects.list_page(page[:limit], has_more=len(page) > limit)
+
+
+def visible_to(fields: dict[str, str], owner: str | None) -> bool:
+    """Whether a reader acting for `owner` (None: anyone) may see a stored object."""
+    return owner is None or fields.get("owner", "") == owner

@@ -14,11 +14,12 @@ from typing import Any
 from redis.asyncio import Redis
 
 from batches import objects
-from batches.files import queue_file
+from batches.files import queue_file, visible_to
 from shared import keys
 from shared.errors import InvalidRequest, NotFound
 
 MAX_LIST_LIMIT = 100
+LIST_SCAN = 200  # batch ids read from the index per round while filling a page
 
 TRANSITION = """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -60,7 +61,7 @@ class BatchStore:
         self._record = redis.register_script(RECORD)
 
     async def create(self, *, input_file_id: str, endpoint: str, completion_window: str,
-                     metadata: dict[str, str] | None, total: int) -> dict[str, Any]:
+                     metadata: dict[str, str] | None, total: int, owner: str = "") -> dict[str, Any]:
         """Store a new batch in status 'validating'; returns its batch object."""
         now = time.time()
         batch_id = objects.new_batch_id()
@@ -68,7 +69,7 @@ class BatchStore:
                   "completion_window": completion_window, "status": "validating", "created_at": repr(now),
                   "expires_at": repr(now + objects.COMPLETION_WINDOW_S[completion_window]),
                   "total": str(total), "completed": "0", "failed": "0", "attempts": "0",
-                  "metadata": json.dumps(metadata) if metadata is not None else ""}
+                  "metadata": json.dumps(metadata) if metadata is not None else "", "owner": owner}
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.batch_key(batch_id), mapping=fields)
         pipe.zadd(keys.BATCHES_INDEX, {batch_id: now})
@@ -76,19 +77,20 @@ class BatchStore:
         await pipe.execute()
         return objects.batch_object(fields)
 
-    async def fields(self, batch_id: str) -> dict[str, str]:
-        """The stored fields of `batch_id` (404 if there is none)."""
+    async def fields(self, batch_id: str, owner: str | None = None) -> dict[str, str]:
+        """The stored fields of `batch_id` (404 if there is none, or it is not `owner`'s; None: anyone's)."""
         raw = await self.redis.hgetall(keys.batch_key(batch_id))
-        if not raw:
+        fields = objects.decode_hash(raw)
+        if not raw or not visible_to(fields, owner):
             raise batch_not_found(batch_id)
-        return objects.decode_hash(raw)
+        return fields
 
-    async def get(self, batch_id: str) -> dict[str, Any]:
+    async def get(self, batch_id: str, owner: str | None = None) -> dict[str, Any]:
         """The batch object of `batch_id`."""
-        return objects.batch_object(await self.fields(batch_id))
+        return objects.batch_object(await self.fields(batch_id, owner))
 
-    async def list(self, *, limit: int, after: str | None) -> dict[str, Any]:
-        """A page of batch objects, newest first, starting after the id `after`."""
+    async def list(self, *, limit: int, after: str | None, owner: str | None = None) -> dict[str, Any]:
+        """A page of `owner`'s batch objects (None: everyone's), newest first, starting after the id `after`."""
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise InvalidRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}", param="limit")
         start = 0
@@ -97,13 +99,17 @@ class BatchStore:
             if rank is None:
                 raise batch_not_found(after)
             start = rank + 1
-        ids = await self.redis.zrevrange(keys.BATCHES_INDEX, start, start + limit)
-        page = []
-        for batch_id in ids[:limit]:
-            raw = await self.redis.hgetall(keys.batch_key(objects._text(batch_id)))
-            if raw:
-                page.append(objects.batch_object(objects.decode_hash(raw)))
-        return objects.list_page(page, has_more=len(ids) > limit)
+        page: list[dict[str, Any]] = []
+        while len(page) <= limit:
+            ids = await self.redis.zrevrange(keys.BATCHES_INDEX, start, start + LIST_SCAN - 1)
+            start += LIST_SCAN
+            for batch_id in ids:
+                fields = objects.decode_hash(await self.redis.hgetall(keys.batch_key(objects._text(batch_id))))
+                if fields and visible_to(fields, owner):
+                    page.append(objects.batch_object(fields))
+            if len(ids) < LIST_SCAN:
+                break
+        return objects.list_page(page[:limit], has_more=len(page) > limit)
 
     async def transition(self, batch_id: str, to: str, *, allowed_from: tuple[str, ...]) -> str | None:
         """Move the batch to status `to` (stamping `{to}_at`) if it is in one of `allowed_from`.
@@ -118,8 +124,9 @@ class BatchStore:
             raise batch_not_found(batch_id)
         return objects._text(result)
 
-    async def cancel(self, batch_id: str) -> dict[str, Any]:
+    async def cancel(self, batch_id: str, owner: str | None = None) -> dict[str, Any]:
         """Ask for the batch to be cancelled: 'cancelling' now, 'cancelled' once its runner stopped."""
+        await self.fields(batch_id, owner)
         status = await self.transition(batch_id, "cancelling", allowed_from=("validating", "in_progress"))
         if status is not None and status not in ("cancelling", "cancelled"):
             raise InvalidRequest(f"Cannot cancel a batch with status '{status}'.", param="batch_id")
@@ -149,7 +156,8 @@ class BatchStore:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(keys.batch_output(batch_id))
         pipe.hgetall(keys.batch_errors(batch_id))
-        output, failed = await pipe.execute()
+        pipe.hget(keys.batch_key(batch_id), "owner")
+        output, failed, owner = await pipe.execute()
         now = time.time()
         suffix = batch_id.removeprefix("batch_")
         fields: dict[str, str] = {"status": status, f"{status}_at": repr(now)}
@@ -158,7 +166,8 @@ class BatchStore:
             if lines:
                 data = "".join(objects._text(lines[i]) + "\n" for i in sorted(lines, key=int)).encode()
                 file_id = f"file-{suffix}-{kind}"  # the same id if a resumed runner writes it again
-                queue_file(pipe, file_id, f"{batch_id}_{kind}.jsonl", "batch_output", data, now)
+                queue_file(pipe, file_id, f"{batch_id}_{kind}.jsonl", "batch_output", data, now,
+                           objects._text(owner or b""))
                 fields[f"{kind}_file_id"] = file_id
         if errors is not None:
             fields["errors"] = errors

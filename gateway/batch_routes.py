@@ -1,7 +1,8 @@
 """HTTP routes of the batch API: /v1/files (upload, list, retrieve, content, delete) and /v1/batches.
 
 Files and batches live in Redis (batches/files.py, batches/store.py), so any gateway answers for any of
-them. Creating a batch validates its input file (batches/input.py: a bad file is a 400 naming the line)
+them. With API keys, each file and batch belongs to the key that made it: another key gets a 404 for it
+and does not see it in lists (without keys, everything is everyone's). Creating a batch validates its input file (batches/input.py: a bad file is a 400 naming the line)
 and enqueues one rq job that `llmfleet batch-runner` executes.
 """
 
@@ -21,6 +22,7 @@ from batches.files import FileStore, file_not_found
 from batches.input import URLS, parse_input
 from batches.queue import enqueue_batch
 from batches.store import BatchStore
+from gateway.api_keys import current_key
 from gateway.checks import integer, invalid, parse_json_object, string
 from gateway.redis_errors import redis_unavailable
 from shared.errors import BodyTooLarge, InvalidRequest, NotFound
@@ -44,6 +46,15 @@ def _files(request: Request) -> FileStore:
 
 def _batches(request: Request) -> BatchStore:
     return BatchStore(request.app.state.broker.redis)
+
+
+def _owner(*, creating: bool = False) -> str | None:
+    """The API key's name the request acts for: what a new object is stamped with, what reads are held to
+    (None: no keys are configured, every object is visible)."""
+    key = current_key.get()
+    if key is None:
+        return "" if creating else None
+    return key.name
 
 
 def _rq_connection(request: Request) -> redis.Redis:
@@ -75,7 +86,7 @@ async def upload_file(request: Request) -> Response:
     if purpose == "batch":  # the cheap checks now (as OpenAI does); each line is checked when a batch uses it
         await asyncio.to_thread(_check_batch_file, data, settings)
     with redis_unavailable(settings.retry_after_s):
-        item = await _files(request).create(filename, purpose, data)
+        item = await _files(request).create(filename, purpose, data, owner=_owner(creating=True))
     log.info("file %s stored: %d bytes, purpose %s", item["id"], len(data), purpose)
     return JSONResponse(item)
 
@@ -99,27 +110,27 @@ async def list_files(request: Request) -> Response:
         raise invalid("order", "expected 'asc' or 'desc'.")
     with redis_unavailable(_settings(request).retry_after_s):
         page = await _files(request).list(purpose=query.get("purpose"), limit=limit, after=query.get("after"),
-                                          order=order)
+                                          order=order, owner=_owner())
     return JSONResponse(page)
 
 
 async def get_file(request: Request) -> Response:
     """GET /v1/files/{file_id}"""
     with redis_unavailable(_settings(request).retry_after_s):
-        return JSONResponse(await _files(request).get(request.path_params["file_id"]))
+        return JSONResponse(await _files(request).get(request.path_params["file_id"], _owner()))
 
 
 async def file_content(request: Request) -> Response:
     """GET /v1/files/{file_id}/content: the file's bytes."""
     with redis_unavailable(_settings(request).retry_after_s):
-        data = await _files(request).content(request.path_params["file_id"])
+        data = await _files(request).content(request.path_params["file_id"], _owner())
     return Response(data, media_type="application/octet-stream")
 
 
 async def delete_file(request: Request) -> Response:
     """DELETE /v1/files/{file_id}"""
     with redis_unavailable(_settings(request).retry_after_s):
-        return JSONResponse(await _files(request).delete(request.path_params["file_id"]))
+        return JSONResponse(await _files(request).delete(request.path_params["file_id"], _owner()))
 
 
 async def create_batch(request: Request) -> Response:
@@ -136,8 +147,8 @@ async def create_batch(request: Request) -> Response:
     metadata = _metadata(body.get("metadata"))
     with redis_unavailable(settings.retry_after_s):
         try:
-            item = await _files(request).get(input_file_id)
-            data = await _files(request).content(input_file_id)
+            item = await _files(request).get(input_file_id, _owner())
+            data = await _files(request).content(input_file_id, _owner())
         except NotFound:
             raise file_not_found(input_file_id, "input_file_id") from None
         if item["purpose"] != "batch":
@@ -145,7 +156,8 @@ async def create_batch(request: Request) -> Response:
         lines = await asyncio.to_thread(parse_input, data, max_lines=settings.max_batch_lines,
                                         max_body_bytes=settings.max_body_bytes)
         batch = await _batches(request).create(input_file_id=input_file_id, endpoint=endpoint,
-                                               completion_window=window, metadata=metadata, total=len(lines))
+                                               completion_window=window, metadata=metadata, total=len(lines),
+                                               owner=_owner(creating=True))
         await asyncio.to_thread(enqueue_batch, _rq_connection(request), batch["id"])
     log.info("batch %s created: %d requests", batch["id"], len(lines))
     return JSONResponse(batch)
@@ -165,20 +177,21 @@ def _metadata(value: Any) -> dict[str, str] | None:
 async def get_batch(request: Request) -> Response:
     """GET /v1/batches/{batch_id}"""
     with redis_unavailable(_settings(request).retry_after_s):
-        return JSONResponse(await _batches(request).get(request.path_params["batch_id"]))
+        return JSONResponse(await _batches(request).get(request.path_params["batch_id"], _owner()))
 
 
 async def list_batches(request: Request) -> Response:
     """GET /v1/batches?after=&limit= (newest first)"""
     limit = _query_int(request.query_params.get("limit"), "limit", 20)
     with redis_unavailable(_settings(request).retry_after_s):
-        return JSONResponse(await _batches(request).list(limit=limit, after=request.query_params.get("after")))
+        return JSONResponse(await _batches(request).list(limit=limit, after=request.query_params.get("after"),
+                                                         owner=_owner()))
 
 
 async def cancel_batch(request: Request) -> Response:
     """POST /v1/batches/{batch_id}/cancel: 'cancelling' until its runner stopped, then 'cancelled'."""
     with redis_unavailable(_settings(request).retry_after_s):
-        batch = await _batches(request).cancel(request.path_params["batch_id"])
+        batch = await _batches(request).cancel(request.path_params["batch_id"], _owner())
     log.info("batch %s: cancel requested (%s)", batch["id"], batch["status"])
     return JSONResponse(batch)
 

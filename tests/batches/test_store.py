@@ -115,3 +115,17 @@ async def test_files_create_read_list_delete(aredis: Redis) -> None:
     for call in (files.get, files.content, files.delete):
         with pytest.raises(NotFound, match="No such File object"):
             await call(made[0]["id"])
+
+
+async def test_a_batch_and_its_files_belong_to_the_key_that_made_it(aredis: Redis) -> None:
+    store, files = BatchStore(aredis), FileStore(aredis)
+    batch_id = (await new_batch(store, total=1, owner="alice"))["id"]
+    assert (await store.get(batch_id, "alice"))["id"] == batch_id and await store.get(batch_id)  # None: the runner
+    with pytest.raises(NotFound):
+        await store.get(batch_id, "bob")
+    assert (await store.list(limit=5, after=None, owner="bob"))["data"] == []
+    await store.record(batch_id, 0, True, "{}")
+    output_id = (await store.finish(batch_id, "completed"))["output_file_id"]
+    assert await files.content(output_id, "alice") == b"{}\n"
+    with pytest.raises(NotFound):
+        await files.content(output_id, "bob")

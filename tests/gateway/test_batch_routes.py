@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,6 +14,7 @@ import pytest
 import redis
 
 from batches.queue import batch_queue
+from gateway import api_keys
 from gateway.app import create_app
 from shared import keys
 from shared.settings import Settings
@@ -119,3 +121,29 @@ async def test_bad_batches_are_refused_naming_the_problem(client: openai.AsyncOp
     sync = redis.Redis.from_url(redis_server.url)
     assert sync.zcard(keys.BATCHES_INDEX) == 0 and sync.llen(f"rq:queue:{keys.BATCH_QUEUE}") == 0
     sync.close()
+
+
+async def test_with_api_keys_each_key_sees_only_its_own_files_and_batches(redis_server: Any, tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    alice, bob = api_keys.add(path, "alice"), api_keys.add(path, "bob")
+    app = create_app(Settings(redis_url=redis_server.url, keys_file=str(path)))
+    async with app.router.lifespan_context(app), \
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as http:
+        def client(key: str) -> openai.AsyncOpenAI:
+            return openai.AsyncOpenAI(base_url="http://gateway/v1", api_key=key, http_client=http, max_retries=0)
+
+        mine, theirs = client(alice), client(bob)
+        file_id = (await mine.files.create(file=("in.jsonl", jsonl(LINE)), purpose="batch")).id
+        batch = await mine.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                          completion_window="24h")
+        assert [f.id async for f in mine.files.list()] == [file_id]
+        assert [b.id async for b in mine.batches.list()] == [batch.id]
+        assert [f.id async for f in theirs.files.list()] == [] and [b.id async for b in theirs.batches.list()] == []
+        for call in (theirs.files.retrieve(file_id), theirs.files.content(file_id), theirs.files.delete(file_id),
+                     theirs.batches.retrieve(batch.id), theirs.batches.cancel(batch.id),
+                     theirs.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                           completion_window="24h")):
+            with pytest.raises(openai.NotFoundError):
+                await call
+        assert (await mine.batches.retrieve(batch.id)).status == "validating"  # bob's cancel did nothing
+        assert (await mine.files.content(file_id)).content == jsonl(LINE)
