@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from batches import objects
 from batches.execute import run_line
@@ -43,6 +44,7 @@ STOP = threading.Event()  # set when the runner process is asked to stop (SIGTER
 HEARTBEAT: Callable[[], None] | None = None  # set by the rq worker running us: refreshes its heartbeats
 _configured: Settings | None = None
 
+REDIS_RETRY_S = 0.5
 RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
@@ -78,6 +80,7 @@ class BatchRun:
         self.settings = settings
         self.runner_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.lease_ms = int(settings.batch_lease_s * 1000)
+        self.renewed_at = time.monotonic()  # when the lease was last taken or renewed
 
     async def run(self) -> str:
         """Run the batch to its end, or until it is stopped; returns the outcome."""
@@ -145,7 +148,7 @@ class BatchRun:
             while not queue.empty():
                 line = queue.get_nowait()
                 ok, text = await run_line(broker, self.settings, line)
-                await store.record(self.batch_id, line.index, ok, text)
+                await self._record(store, line.index, ok, text)
 
         tasks = [asyncio.create_task(work()) for _ in range(min(self.settings.batch_concurrency, len(pending)))]
         everything = asyncio.gather(*tasks)
@@ -166,17 +169,40 @@ class BatchRun:
             await broker.close()
         return outcome
 
+    async def _record(self, store: BatchStore, index: int, ok: bool, text: str) -> None:
+        """Keep a line's result; while Redis is away, retry for as long as the lease would still be ours."""
+        while True:
+            try:
+                await store.record(self.batch_id, index, ok, text)
+                return
+            except (RedisError, OSError):
+                if time.monotonic() - self.renewed_at > self.settings.batch_lease_s:
+                    raise
+                await asyncio.sleep(REDIS_RETRY_S)
+
     async def _check(self, redis: Redis, store: BatchStore, expires_at: float) -> str | None:
-        """Renew the lease; why the batch must stop now (lost, stopped, cancelled, expired), or None."""
-        renewed = await redis.eval(RENEW, 1, keys.batch_lease(self.batch_id), self.runner_id, self.lease_ms)
+        """Renew the lease; why the batch must stop now (lost, stopped, cancelled, expired), or None.
+
+        Redis away for less than the lease changes nothing (the lease cannot have passed to another runner);
+        longer, and the run stops as if the lease were lost (the batch is resumed once Redis is back)."""
+        try:
+            renewed = await redis.eval(RENEW, 1, keys.batch_lease(self.batch_id), self.runner_id, self.lease_ms)
+            status = (await store.fields(self.batch_id))["status"]
+        except (RedisError, OSError) as exc:
+            if time.monotonic() - self.renewed_at > self.settings.batch_lease_s:
+                log.warning("batch %s: Redis unreachable for longer than the lease; leaving it", self.batch_id)
+                return "lost"
+            log.warning("batch %s: Redis unreachable (%s); going on", self.batch_id, type(exc).__name__)
+            return None
         if not renewed:
             log.warning("batch %s: lease lost to another runner; leaving it", self.batch_id)
             return "lost"
+        self.renewed_at = time.monotonic()
         if HEARTBEAT is not None:
-            await asyncio.to_thread(HEARTBEAT)
+            with contextlib.suppress(RedisError, OSError):
+                await asyncio.to_thread(HEARTBEAT)
         if STOP.is_set():
             return "stopped"
-        status = (await store.fields(self.batch_id))["status"]
         if status == "cancelling":
             return "cancelled"
         if time.time() >= expires_at:
