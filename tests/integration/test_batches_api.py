@@ -21,7 +21,7 @@ from shared import keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 MODEL = "smollm2-135m"
-LEASE_S = 2
+LEASE_S = 5  # short, so kill -9 recovery is quick; not so short that a CPU-starved runner loses its lease
 
 
 def start_runner(cluster: Any, log: Path) -> subprocess.Popen[bytes]:
@@ -214,3 +214,4 @@ def test_a_batch_survives_sigterm_then_kill_9_of_its_runners(client: openai.Open
     output = results(client, done.output_file_id)
     assert sorted(output) == sorted(line["custom_id"] for line in lines)
     assert "enqueued again (attempt 1)" in runner_log.read_text()
+    assert cluster.redis.hget(keys.batch_key(batch.id), "attempts") == b"1"  # the SIGTERM counted none
