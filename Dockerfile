@@ -1,4 +1,4 @@
-# One image for every llmfleet role: `llmfleet gateway` or `llmfleet worker --model ...`.
+# One image for every llmfleet role: `llmfleet gateway`, `llmfleet worker --model ...` or `llmfleet batch-runner`.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -12,6 +12,7 @@ COPY gateway ./gateway
 COPY worker ./worker
 COPY shared ./shared
 COPY llmfleet ./llmfleet
+COPY batches ./batches
 RUN pip install . && useradd --create-home --uid 1000 llmfleet && mkdir -p /models && chown llmfleet /models
 
 USER llmfleet

@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 from gateway import http_errors
 from gateway.api_keys import KeyStore
+from gateway.batch_routes import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.broker import Broker
 from gateway.disconnect import ClientDisconnected
 from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware
@@ -71,9 +72,12 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
             await broker.close()
             if redis is None:
                 await client.aclose()
+            rq_redis = getattr(app.state, "rq_redis", None)
+            if rq_redis is not None:
+                rq_redis.close()
 
     origins = [origin.strip() for origin in settings.cors_origins.split(",") if origin.strip()]
-    cors = [Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "OPTIONS"],
+    cors = [Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
                        allow_headers=["*"], max_age=600)] if origins else []  # outermost: preflights need no key
     app = Starlette(
         routes=ROUTES,
@@ -82,7 +86,8 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
             Middleware(ApiKeyMiddleware, keys=KeyStore(
                 Path(settings.keys_file).expanduser() if settings.keys_file else None, settings.api_key),
                        public_metrics=bool(settings.public_metrics)),
-            Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
+            Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, upload_paths=UPLOAD_PATHS,
+                       max_upload_bytes=settings.max_file_bytes + UPLOAD_OVERHEAD_BYTES),
         ],
         exception_handlers={
             LLMFleetError: http_errors.handle_llmfleet_error,

@@ -98,15 +98,24 @@ def _presented_key(headers: Headers) -> str | None:
 
 
 class BodyLimitMiddleware:
-    """Refuse bodies over `max_bytes` with 413: by Content-Length up front, else while they stream in."""
+    """Refuse bodies over `max_bytes` with 413: by Content-Length up front, else while they stream in.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    POSTs to `upload_paths` (file uploads) have their own, larger limit, `max_upload_bytes`.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, upload_paths: frozenset[str] = frozenset(),
+                 max_upload_bytes: int = 0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.upload_paths = upload_paths
+        self.max_upload_bytes = max_upload_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope["path"] in self.upload_paths and scope["method"] == "POST":
+            await BodyLimitMiddleware(self.app, max(self.max_bytes, self.max_upload_bytes))(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length")
         if declared is not None:

@@ -87,6 +87,7 @@ class EmbeddingRequest:
     model: str
     inputs: list[str] | list[list[int]]
     encoding_format: Literal["float", "base64"]
+    priority: str = "normal"
 
 
 def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:
@@ -132,7 +133,8 @@ def parse_embeddings(body: dict[str, Any], settings: Settings) -> EmbeddingReque
     if value is None:
         raise InvalidRequest("Missing required parameter: 'input'.", param="input")
     inputs = _string_or_token_lists(value, "input", settings, limit=settings.max_embed_inputs)
-    return EmbeddingRequest(model=model, inputs=inputs, encoding_format=encoding_format)  # type: ignore[arg-type]
+    return EmbeddingRequest(model=model, inputs=inputs, encoding_format=encoding_format,  # type: ignore[arg-type]
+                            priority=choice(body, "priority", PRIORITIES, "normal"))
 
 
 def _model(body: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import anthropic, anthropic_messages, dashboard, protocol, responses, serving, tokenization
+from gateway.batch_routes import BATCH_ROUTES
 from gateway.broker import Broker
 from gateway.checks import parse_json_object
 from gateway.disconnect import unless_disconnected
@@ -161,6 +162,7 @@ OPENAI_ROUTES = [  # served under /v1 and, as llama-server does, without the pre
     ("/embeddings", embeddings, "POST"),
     ("/models", list_models, "GET"),
     ("/models/{model:path}", get_model, "GET"),
+    *BATCH_ROUTES,
 ]
 ROUTES = [
     *(Route(prefix + path, endpoint, methods=[method]) for prefix in ("/v1", "") for path, endpoint, method

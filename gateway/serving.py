@@ -92,6 +92,7 @@ def build_embed_job(request: EmbeddingRequest, settings: Settings, request_id: s
         created=now,
         deadline=now + settings.request_timeout_s,
         inputs=request.inputs,
+        priority=request.priority,
     )
 
 

@@ -139,6 +139,15 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return run_gateway(settings)
 
 
+def cmd_batch_runner(args: argparse.Namespace) -> int:
+    """Run a batch runner (an rq worker executing /v1/batches) against REDIS_URL."""
+    from llmfleet.processes import configure_logging, run_batch_runner
+
+    settings = _settings(args)
+    configure_logging(settings.log_level)
+    return run_batch_runner(settings)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run Redis (bundled unless REDIS_URL is set), the gateway and N workers on this machine."""
     from llmfleet.processes import configure_logging, serve
@@ -229,8 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_flags(p, gateway=False, worker=True)
     p.set_defaults(func=cmd_worker)
 
+    p = sub.add_parser("batch-runner", help="execute /v1/batches: an rq worker on the batch queue (uses REDIS_URL)")
+    p.set_defaults(func=cmd_batch_runner)
+
     p = sub.add_parser("healthcheck", help="exit 0 if this host's gateway or worker is healthy (for containers)")
-    p.add_argument("role", choices=["gateway", "worker"])
+    p.add_argument("role", choices=["gateway", "worker", "batch-runner"])
     p.add_argument("--port", type=int, default=None, help="the gateway's port (LLMFLEET_PORT)")
     p.set_defaults(func=cmd_healthcheck)
     return parser

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -81,6 +82,36 @@ def run_gateway(settings: Settings) -> int:
     return 0
 
 
+def run_batch_runner(settings: Settings) -> int:
+    """Execute batches (an rq worker on the batch queue) and resume those whose runner died, until SIGTERM."""
+    import threading
+
+    import redis
+
+    from batches import queue, runner
+
+    runner.configure(settings)
+    connection = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+    # a running batch sends rq heartbeats every third of its lease: the registration must outlive that
+    worker = queue.batch_worker(connection, ttl_s=max(queue.WORKER_TTL_S, math.ceil(settings.batch_lease_s)))
+
+    def recover() -> None:
+        """Every second: enqueue again the batches whose runner died."""
+        scan = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+        suspects: dict[str, float] = {}
+        while not runner.STOP.wait(1.0):
+            try:
+                queue.recover_orphans(scan, settings, suspects)
+            except redis.RedisError as exc:
+                log.warning("batch recovery scan failed: %s", type(exc).__name__)
+
+    threading.Thread(target=recover, name="batch-recovery", daemon=True).start()
+    log.info("batch runner %s started (concurrency %d)", worker.name, settings.batch_concurrency)
+    worker.work(logging_level=settings.log_level)
+    runner.STOP.set()
+    return 0
+
+
 def _http_ready(url: str) -> bool:
     """Whether the gateway's /ready answers 200 (a worker is registered)."""
     import urllib.error
@@ -118,11 +149,12 @@ def serve(model_names: list[str], settings: Settings, *, workers: int) -> int:
     env = {**os.environ, **settings_env(settings)}
     cli = [sys.executable, "-m", "llmfleet.cli"]
     gateway = Child("gateway", [*cli, "gateway"], env)
+    batch_runner = Child("batch-runner", [*cli, "batch-runner"], env)
     fleet = [Child(f"worker-{i + 1}" if len(model_names) == 1 else f"worker-{model_id(name)}-{i + 1}",
                    [*cli, "worker", "--model", name], env)
              for name in model_names for i in range(workers)]
     alive = None if redis_server is None else (lambda: redis_server.process.poll() is None)
-    supervisor = Supervisor(gateway, fleet, drain_timeout_s=settings.drain_timeout_s, redis_alive=alive,
+    supervisor = Supervisor(gateway, fleet, batch_runner=batch_runner, drain_timeout_s=settings.drain_timeout_s, redis_alive=alive,
                             status=_status_writer(settings.redis_url, status_key, STATUS_TTL_S))
     for signum in (signal.SIGINT, signal.SIGTERM):  # also when started with SIGINT ignored (a background job)
         signal.signal(signum, supervisor.on_signal)
@@ -164,7 +196,8 @@ def _status_writer(redis_url: str, key: str, ttl_s: int) -> Callable[[dict[str, 
 
 
 def healthcheck(role: str, settings: Settings) -> int:
-    """Exit 0 when this host's gateway answers /health, or a worker on this host has a fresh heartbeat."""
+    """Exit 0 when this host's gateway answers /health, a worker on this host has a fresh heartbeat, or (batch-runner)
+    an rq worker of this host serves the batch queue."""
     import socket
     import urllib.error
     import urllib.request
@@ -181,6 +214,12 @@ def healthcheck(role: str, settings: Settings) -> int:
 
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=3)
     host, now = socket.gethostname(), time.time()
+    if role == "batch-runner":  # an rq worker of this host registered on the batch queue
+        from rq import Worker
+
+        from batches.queue import batch_queue
+
+        return 0 if any(w.hostname == host for w in Worker.all(queue=batch_queue(client))) else 1
     for worker_id in client.zrangebyscore(keys.WORKERS_INDEX, now - settings.heartbeat_ttl_s, "+inf"):
         entry = client.hgetall(keys.worker_key(worker_id.decode()))
         if entry.get(b"host", b"").decode() == host and float(entry.get(b"heartbeat", 0)) >= now - settings.heartbeat_ttl_s:

@@ -1,8 +1,8 @@
 """`llmfleet serve` as a supervisor: restart what dies, stop everything in order, leave nothing behind.
 
 Children run in their own sessions, so a terminal's Ctrl-C reaches only `serve`, which then stops them in
-order: the gateway first (it stops taking requests and finishes open streams, up to the drain timeout),
-then the workers (they finish what they hold), then the bundled Redis. A worker or gateway that exits on
+order: the gateway first (it stops taking requests and finishes open streams, up to the drain timeout)
+together with the batch runner (it puts the batch it runs back in the queue), then the workers (they finish what they hold), then the bundled Redis. A worker or gateway that exits on
 its own is logged with its exit code or signal and restarted with exponential backoff; past
 MAX_RESTARTS_PER_MINUTE it is left down, and `serve` keeps running with the rest and says so in the logs
 and in /ready. The bundled Redis dying is fatal: a new empty Redis would silently drop every queued job
@@ -108,9 +108,10 @@ class Supervisor:
     """Runs the gateway and workers of `serve`, restarting them; stop() ends them in order."""
 
     def __init__(self, gateway: Child, workers: list[Child], *, drain_timeout_s: float,
-                 redis_alive: object = None, status: object = None) -> None:
+                 redis_alive: object = None, status: object = None, batch_runner: Child | None = None) -> None:
         self.gateway = gateway
         self.workers = workers
+        self.batch_runner = batch_runner  # `llmfleet batch-runner`: executes /v1/batches
         self.drain_timeout_s = drain_timeout_s
         self._redis_alive = redis_alive  # callable -> bool, or None when Redis is not ours
         self._status = status  # callable(dict) publishing the supervisor's state, or None
@@ -119,8 +120,12 @@ class Supervisor:
 
     @property
     def children(self) -> list[Child]:
-        """The gateway, then the workers."""
-        return [self.gateway, *self.workers]
+        """The gateway, the batch runner (if any), then the workers."""
+        return [self.gateway, *self._front, *self.workers]
+
+    @property
+    def _front(self) -> list[Child]:
+        return [self.batch_runner] if self.batch_runner is not None else []
 
     def start(self) -> None:
         """Start every child."""
@@ -196,9 +201,10 @@ class Supervisor:
             log.debug("could not publish the supervisor status: %s", exc)
 
     def stop(self) -> None:
-        """The gateway first (finishes open streams), then the workers (finish what they hold)."""
+        """The gateway first (finishes open streams) with the batch runner (puts its batch back in the queue),
+        then the workers (finish what they hold)."""
         self.stopping = True
-        self._stop_group([self.gateway], self.drain_timeout_s + 5)
+        self._stop_group([self.gateway, *self._front], self.drain_timeout_s + 5)
         self._stop_group(self.workers, self.drain_timeout_s + 5)
 
     def kill_all(self) -> None:

@@ -24,6 +24,15 @@ Layout (values in brackets are what is stored there):
   llmfleet:errors                list [JSON entries: time, model, status, type, code, param, request_id,
                                  key name, path, streamed; never a message or request content], newest
                                  first, LTRIM'd to 100; every gateway writes it, /dashboard/fleet.json reads it
+  llmfleet:file:{file_id}        hash [id, filename, purpose, bytes, created_at, data = the file's bytes]
+  llmfleet:files                 sorted set file_id -> created_at (unix s, float)
+  llmfleet:batch:{batch_id}      hash: the batch object's fields (batches/objects.py), counts as integers
+  llmfleet:batches               sorted set batch_id -> created_at; llmfleet:batches:active: set of the
+                                 batch ids not yet in a terminal state (what a runner may have to resume)
+  llmfleet:batch:{id}:output     hash line index -> output JSONL line; :errors the same for failed lines;
+                                 both deleted once the batch's files are written
+  llmfleet:batch:{id}:lease      string runner id, PX LLMFLEET_BATCH_LEASE_S: the runner executing it
+  rq:queue:llmfleet-batches      rq's own keys (rq:job:*, rq:worker:*, ...): one rq job per batch, JSON
 """
 
 from __future__ import annotations
@@ -92,3 +101,34 @@ def owner_key(request_id: str) -> str:
 def deadletter_stream(model: str) -> str:
     """The stream where one model's poison jobs are set aside."""
     return f"{PREFIX}deadletter:{model}"
+
+
+FILES_INDEX = f"{PREFIX}files"
+BATCHES_INDEX = f"{PREFIX}batches"
+BATCHES_ACTIVE = f"{PREFIX}batches:active"
+BATCH_QUEUE = "llmfleet-batches"  # the rq queue (rq adds its own "rq:" prefix)
+
+
+def file_key(file_id: str) -> str:
+    """The hash of one uploaded or generated file (metadata and bytes)."""
+    return f"{PREFIX}file:{file_id}"
+
+
+def batch_key(batch_id: str) -> str:
+    """The hash holding one batch's fields and request counts."""
+    return f"{PREFIX}batch:{batch_id}"
+
+
+def batch_output(batch_id: str) -> str:
+    """The hash of a batch's finished lines (line index -> output JSONL line)."""
+    return f"{PREFIX}batch:{batch_id}:output"
+
+
+def batch_errors(batch_id: str) -> str:
+    """The hash of a batch's failed lines (line index -> error JSONL line)."""
+    return f"{PREFIX}batch:{batch_id}:errors"
+
+
+def batch_lease(batch_id: str) -> str:
+    """Which batch runner is executing a batch right now (expires unless renewed)."""
+    return f"{PREFIX}batch:{batch_id}:lease"

@@ -13,10 +13,12 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _POSITIVE_INTS = (
     "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_n", "max_embed_inputs", "queue_limit",
     "stream_maxlen", "max_deliveries", "redis_max_connections", "max_batch_tokens", "max_prefill_tokens",
+    "max_file_bytes", "max_batch_lines", "batch_concurrency",
 )
 _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
     "model_memory_s", "kv_budget_mib", "drain_timeout_s", "sse_queued_after_s", "sse_keepalive_s",
+    "batch_lease_s",
 )
 
 
@@ -65,6 +67,10 @@ class Settings:
     keys_file: str | None = None  # API keys managed by `llmfleet keys` (each with its own limits)
     cors_origins: str = ""  # comma-separated origins browsers may call the API from ("*" = any; empty = no CORS)
     any_model_name: int = 0  # 1: with exactly one model served, any model name is served by it (as llama-server)
+    max_file_bytes: int = 50 * 1024 * 1024  # an uploaded file (/v1/files); over it: 413
+    max_batch_lines: int = 50_000  # requests in one batch input file (OpenAI's limit); over it: 400
+    batch_concurrency: int = 8  # requests of one batch a batch runner has in flight at once
+    batch_lease_s: float = 10.0  # a batch whose runner stopped renewing its lease this long is resumed by another
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -147,6 +153,10 @@ ENV: dict[str, str] = {
     "keys_file": "LLMFLEET_KEYS_FILE",
     "cors_origins": "LLMFLEET_CORS_ORIGINS",
     "any_model_name": "LLMFLEET_ANY_MODEL_NAME",
+    "max_file_bytes": "LLMFLEET_MAX_FILE_BYTES",
+    "max_batch_lines": "LLMFLEET_MAX_BATCH_LINES",
+    "batch_concurrency": "LLMFLEET_BATCH_CONCURRENCY",
+    "batch_lease_s": "LLMFLEET_BATCH_LEASE_S",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 

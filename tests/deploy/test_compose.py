@@ -16,7 +16,7 @@ def compose() -> dict:
 
 
 def test_services(compose: dict) -> None:
-    assert set(compose["services"]) == {"redis", "gateway", "worker", "worker-gemma"}
+    assert set(compose["services"]) == {"redis", "gateway", "worker", "worker-gemma", "batch-runner"}
     assert compose["services"]["worker-gemma"]["profiles"] == ["gemma"]  # only with --profile gemma
 
 
@@ -47,7 +47,7 @@ def test_worker_scales(compose: dict, name: str) -> None:
 def test_dockerfile_installs_the_package_and_runs_as_a_user() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert "pip install ." in text and "USER " in text and "EXPOSE 8000" in text
-    for package in ("gateway", "worker", "shared", "llmfleet"):
+    for package in ("gateway", "worker", "shared", "llmfleet", "batches"):
         assert f"COPY {package} " in text
 
 
@@ -55,7 +55,7 @@ def test_commands_in_compose_exist(compose: dict) -> None:
     from llmfleet.cli import build_parser
 
     parser = build_parser()
-    for name in ("gateway", "worker", "worker-gemma"):
+    for name in ("gateway", "worker", "worker-gemma", "batch-runner"):
         service = compose["services"][name]
         parser.parse_args(service["command"][1:])
         parser.parse_args(service["healthcheck"]["test"][2:])
@@ -67,3 +67,10 @@ def test_stop_grace_covers_the_drain_timeout(compose: dict) -> None:
         drain = float(service["environment"]["LLMFLEET_DRAIN_TIMEOUT_S"])
         assert service["stop_signal"] == "SIGTERM"
         assert float(service["stop_grace_period"].rstrip("s")) > drain
+
+
+def test_batch_runner(compose: dict) -> None:
+    runner = compose["services"]["batch-runner"]
+    assert runner["command"] == ["llmfleet", "batch-runner"] and "ports" not in runner
+    assert runner["environment"]["REDIS_URL"].startswith("redis://redis:")
+    assert runner["depends_on"]["redis"]["condition"] == "service_healthy" and runner["stop_signal"] == "SIGTERM"

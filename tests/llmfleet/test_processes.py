@@ -32,3 +32,27 @@ def test_missing_or_empty_template_is_a_settings_error(tmp_path: Path, content: 
 def test_serve_passes_the_template_to_its_workers(tmp_path: Path) -> None:
     env = settings_env(Settings(chat_template=str(tmp_path / "t.jinja")))
     assert Settings.from_env(env).chat_template == str(tmp_path / "t.jinja")
+
+
+@pytest.mark.integration
+def test_healthcheck_sees_a_running_batch_runner_and_not_a_stopped_one(redis_server: object) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from llmfleet.processes import healthcheck
+
+    settings = Settings(redis_url=redis_server.url)  # type: ignore[attr-defined]
+    assert healthcheck("batch-runner", settings) == 1
+    env = {**os.environ, "REDIS_URL": settings.redis_url, "LLMFLEET_LOG_LEVEL": "WARNING"}
+    runner = subprocess.Popen([sys.executable, "-m", "llmfleet.cli", "batch-runner"], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while healthcheck("batch-runner", settings) != 0:
+            assert time.monotonic() < deadline and runner.poll() is None, "the batch runner never registered"
+            time.sleep(0.2)
+    finally:
+        runner.terminate()
+        assert runner.wait(timeout=30) == 0
+    assert healthcheck("batch-runner", settings) == 1  # it deregistered on SIGTERM

@@ -7,6 +7,7 @@ each, short heartbeats and leases) and drives it with the official openai client
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -36,7 +37,7 @@ class Serve:
     log: Path
 
     def children(self) -> dict[int, str]:
-        """pid -> command line of serve's children (gateway, workers, redis-server)."""
+        """pid -> command line of serve's children (gateway, batch runner, workers, redis-server)."""
         found = {}
         for pid in _child_pids(self.process.pid):
             with contextlib.suppress(OSError):
@@ -45,7 +46,8 @@ class Serve:
 
     def pids_of(self, role: str) -> list[int]:
         """Children whose command line names the role ('gateway', 'worker', 'redis-server')."""
-        return [pid for pid, cmd in self.children().items() if role in cmd.split() or cmd.split()[0].endswith(role)]
+        return [pid for pid, cmd in self.children().items()  # a zombie's command line is empty
+                if cmd.split() and (role in cmd.split() or cmd.split()[0].endswith(role))]
 
     def ready(self) -> dict:
         """The gateway's /ready body ({} if it does not answer)."""
@@ -185,7 +187,8 @@ def test_a_killed_gateway_is_restarted(serve: Serve) -> None:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_lets_open_streams_finish_and_leaves_no_process(serve: Serve, signum: int) -> None:
     children = list(serve.children())
-    assert len(children) == 4  # gateway, two workers, redis-server
+    assert len(children) == 5  # gateway, batch runner, two workers, redis-server
+    assert len(serve.pids_of("batch-runner")) == 1
     outcomes = _start_streams(serve.base_url, 3, 120)
     _wait(lambda: all(o.chunks >= 2 for o in outcomes), 120, "the streams to start")
     serve.process.send_signal(signum)
@@ -194,3 +197,33 @@ def test_a_stop_signal_lets_open_streams_finish_and_leaves_no_process(serve: Ser
         assert outcome.error is None and outcome.finish == "length", outcome.error
     assert serve.process.wait(timeout=90) == 0
     assert not [pid for pid in children if _alive(pid)], "a child outlived serve"
+
+
+def test_serve_runs_batches_and_restarts_a_killed_batch_runner(serve: Serve) -> None:
+    """A batch runs through serve's batch runner; kill -9 of the runner and the gateway mid-batch: serve restarts
+    both, the new runner resumes the batch (after the lease time) and it completes with every line once."""
+    client = openai.OpenAI(base_url=serve.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": MODEL, "prompt": f"Fact {i}:", "max_tokens": 24, "temperature": 0}}
+             for i in range(10)]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    batch = client.batches.create(input_file_id=client.files.create(file=("in.jsonl", data), purpose="batch").id,
+                                  endpoint="/v1/completions", completion_window="24h")
+    _wait(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 2, 120, "the batch to start")
+    [runner] = serve.pids_of("batch-runner")
+    os.kill(runner, signal.SIGKILL)
+    os.kill(serve.pids_of("gateway")[0], signal.SIGKILL)  # the gateway too: a batch lives in Redis only
+
+    def completed() -> bool:
+        try:
+            return client.batches.retrieve(batch.id).status == "completed"
+        except openai.APIConnectionError:  # the gateway is being restarted
+            return False
+
+    _wait(completed, 240, "the resumed batch to complete")
+    done = client.batches.retrieve(batch.id)
+    assert done.request_counts.completed == 10 and done.request_counts.failed == 0
+    output = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
+    assert [item["custom_id"] for item in output] == [f"c{i}" for i in range(10)]
+    log = serve.log.read_text()
+    assert "batch-runner exited unexpectedly (signal SIGKILL)" in log and "gateway exited unexpectedly" in log

@@ -115,3 +115,21 @@ def test_children_are_stopped_when_serve_dies_by_kill_9(tmp_path) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("the child outlived its killed parent")
+
+
+def test_the_batch_runner_is_supervised_and_stopped_with_the_gateway() -> None:
+    gateway = Child("gateway", [sys.executable, "-c", "import time; time.sleep(30)"], {})
+    worker = Child("worker-1", [sys.executable, "-c", "import time; time.sleep(30)"], {})
+    runner = _exited_child("batch-runner", 3)
+    runner.policy = RestartPolicy(per_minute=5, first_s=0.0)
+    sup = Supervisor(gateway, [worker], drain_timeout_s=1, batch_runner=runner)
+    assert [c.name for c in sup.children] == ["gateway", "batch-runner", "worker-1"]
+    gateway.start()
+    worker.start()
+    try:
+        sup._check(runner, now=100.0)
+        sup._check(runner, now=100.0)  # restarted like any other child
+        assert runner.restarts == 1
+    finally:
+        sup.stop()
+    assert not any(c.running for c in sup.children)

@@ -1,0 +1,142 @@
+"""rq for batches: one rq job per batch, JSON-serialized, run only if its function is on the allow-list.
+
+- Jobs are stored with rq's JSONSerializer (never pickle): the function's name and the batch id.
+- AllowListedJob resolves a job's function from JOB_FUNCTIONS and nothing else: a job naming any other
+  function (or a method of an instance) fails before anything is imported or called.
+- BatchWorker is an rq SimpleWorker (no fork: a batch is one long asyncio run); SIGTERM makes the batch it
+  runs stop at its next check and go back to the queue, then the worker exits.
+- recover_orphans, run by every batch runner every second, finds batches whose runner died (kill -9,
+  host lost): not finished, nobody holds their lease, their rq job not waiting in the queue, for longer than
+  LLMFLEET_BATCH_LEASE_S. It counts an attempt and enqueues the batch again; the next run continues with
+  the lines that have no result yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from rq import Queue, SimpleWorker
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+from rq.worker import WorkerStatus
+
+from batches import objects, runner
+from shared import keys
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+RUN_BATCH = "batches.runner.run_batch"
+JOB_FUNCTIONS: dict[str, Callable[..., Any]] = {RUN_BATCH: runner.run_batch}
+WAITING = (JobStatus.QUEUED, JobStatus.DEFERRED, JobStatus.SCHEDULED)
+WORKER_TTL_S = 30  # rq's registration of a batch runner expires this long after its last heartbeat (at least)
+RESULT_TTL_S = 24 * 3600
+
+
+class JobNotAllowed(RuntimeError):
+    """An rq job names a function that is not on the allow-list."""
+
+
+class AllowListedJob(Job):
+    """An rq job whose function can only be one of JOB_FUNCTIONS."""
+
+    @property
+    def func(self) -> Callable[..., Any]:
+        """The allow-listed function this job runs."""
+        name = self.func_name
+        if self.instance is not None or name not in JOB_FUNCTIONS:
+            raise JobNotAllowed(f"rq job {self.id} names {name!r}, which is not an allowed job function")
+        return JOB_FUNCTIONS[name]
+
+
+class BatchWorker(SimpleWorker):
+    """The rq worker of `llmfleet batch-runner`: runs batches in-process; SIGTERM requeues the current one."""
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """Run the job here (no fork), letting the batch keep rq's worker and job heartbeats fresh meanwhile
+        (a SimpleWorker sends none while a job runs, and a batch runs for minutes or hours)."""
+        execution = self.prepare_execution(job)
+        runner.HEARTBEAT = lambda: self.maintain_heartbeats(job, execution)
+        try:
+            self.perform_job(job, queue, execution)
+        finally:
+            runner.HEARTBEAT = None
+        self.set_state(WorkerStatus.IDLE)
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        """The worker's own TTL also while a batch runs (the batch sends a heartbeat every few seconds), so
+        a runner killed mid-batch stops counting as alive (healthcheck) within WORKER_TTL_S."""
+        return int(self.worker_ttl)
+
+    def request_stop(self, signum: Any, frame: Any) -> None:
+        """Warm shutdown: the running batch stops at its next check and is put back in the queue."""
+        runner.STOP.set()
+        super().request_stop(signum, frame)
+
+
+def batch_queue(connection: redis.Redis) -> Queue:
+    """The rq queue of batches, JSON-serialized, with allow-listed jobs."""
+    return Queue(keys.BATCH_QUEUE, connection=connection, serializer=JSONSerializer, job_class=AllowListedJob)
+
+
+def batch_worker(connection: redis.Redis, name: str | None = None, ttl_s: int = WORKER_TTL_S) -> BatchWorker:
+    """An rq worker for the batch queue (its registration expires ttl_s after its last heartbeat)."""
+    return BatchWorker([batch_queue(connection)], connection=connection, serializer=JSONSerializer,
+                       job_class=AllowListedJob, name=name, worker_ttl=ttl_s)
+
+
+def enqueue_batch(connection: redis.Redis, batch_id: str, attempt: int = 0) -> str:
+    """Queue one rq job that runs (or resumes) the batch; its id is remembered in the batch's hash."""
+    job_id = f"{batch_id}-{attempt}-{int(time.time() * 1000)}"
+    connection.hset(keys.batch_key(batch_id), "rq_job", job_id)
+    batch_queue(connection).enqueue(RUN_BATCH, batch_id, job_id=job_id, job_timeout=-1,
+                                    result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S,
+                                    description=f"batch {batch_id}")
+    return job_id
+
+
+def requeue_batch(settings: Settings, batch_id: str) -> None:
+    """Put a batch this runner stopped (SIGTERM) back in the queue; it is not counted as an attempt."""
+    connection = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+    try:
+        enqueue_batch(connection, batch_id)
+        log.info("batch %s stopped and requeued", batch_id)
+    finally:
+        connection.close()
+
+
+def recover_orphans(connection: redis.Redis, settings: Settings, suspects: dict[str, float],
+                    now: float | None = None) -> list[str]:
+    """Enqueue again the batches whose runner died; `suspects` remembers since when each looked orphaned."""
+    now = time.time() if now is None else now
+    queue = batch_queue(connection)
+    recovered = []
+    for raw in connection.smembers(keys.BATCHES_ACTIVE):
+        batch_id = objects._text(raw)
+        if connection.exists(keys.batch_lease(batch_id)):
+            suspects.pop(batch_id, None)
+            continue
+        status, job_id = connection.hmget(keys.batch_key(batch_id), ["status", "rq_job"])
+        if status is None or objects._text(status) in objects.TERMINAL_STATUSES:
+            connection.srem(keys.BATCHES_ACTIVE, batch_id)
+            continue
+        job = queue.fetch_job(objects._text(job_id)) if job_id else None
+        if job is not None and job.get_status() in WAITING:
+            suspects.pop(batch_id, None)
+            continue
+        since = suspects.setdefault(batch_id, now)
+        if now - since < settings.batch_lease_s:
+            continue
+        suspects.pop(batch_id, None)
+        if not connection.set(keys.batch_lease(batch_id) + ":recovering", b"1", nx=True,
+                              px=int(settings.batch_lease_s * 1000)):
+            continue  # another runner is recovering it
+        attempt = connection.hincrby(keys.batch_key(batch_id), "attempts", 1)
+        enqueue_batch(connection, batch_id, attempt)
+        log.warning("batch %s: its runner stopped renewing its lease; enqueued again (attempt %d)", batch_id, attempt)
+        recovered.append(batch_id)
+    return recovered
