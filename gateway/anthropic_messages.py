@@ -170,7 +170,7 @@ class _Blocks:
         return {"type": "content_block_delta", "index": self.count - 1, "delta": delta}
 
 
-class MessageStream:
+class MessageStream(serving.OpenStream):
     """The named SSE events of one streamed message, whose first worker event already arrived."""
 
     def __init__(self, generation: Generation, response_id: str, model: str, *, tools: bool,
@@ -183,17 +183,6 @@ class MessageStream:
         self._priming = priming  # still waiting for the first event: the stream opens with `: queued`
         self._keepalive_s = keepalive_s
         self._errors = errors
-
-    async def aclose(self) -> None:
-        """Close the request's job (publishing a cancel if unfinished); idempotent."""
-        if self._priming is not None:
-            self._priming.cancel()
-        await self._generation.close()
-
-    @property
-    def buffered(self) -> bool:
-        """True when more events already wait, so the SSE writer can join them into one send."""
-        return self._generation.buffered
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any] | Comment]:
         return self._events()

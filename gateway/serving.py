@@ -227,7 +227,26 @@ async def stream_completion(broker: Broker, request: GenerationRequest, settings
                        errors=broker.errors, priming=started.priming, keepalive_s=settings.sse_keepalive_s)
 
 
-class ChunkStream:
+class OpenStream:
+    """What every streamed response holds: the request's generation, and the task still waiting for its first
+    events while it is queued (the stream then opens with `: queued`)."""
+
+    _generation: Generation
+    _priming: asyncio.Task[None] | None
+
+    async def aclose(self) -> None:
+        """Close the request's jobs (publishing cancels where unfinished); idempotent."""
+        if self._priming is not None:
+            self._priming.cancel()
+        await self._generation.close()
+
+    @property
+    def buffered(self) -> bool:
+        """True when more events already wait, so the SSE writer can join them into one send."""
+        return self._generation.buffered
+
+
+class ChunkStream(OpenStream):
     """The OpenAI chunks of one streaming request, whose first events already arrived."""
 
     def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
@@ -246,17 +265,6 @@ class ChunkStream:
     def _record(self, error: LLMFleetError) -> None:
         """Add an error sent after the stream began to the fleet's recent errors."""
         record_streamed_error(self._errors, error, "/v1/chat/completions" if self._chat else "/v1/completions")
-
-    async def aclose(self) -> None:
-        """Close the request's jobs (publishing cancels where unfinished); idempotent."""
-        if self._priming is not None:
-            self._priming.cancel()
-        await self._generation.close()
-
-    @property
-    def buffered(self) -> bool:
-        """True when more events already wait, so the SSE writer can join them into one send."""
-        return self._generation.buffered
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any] | Comment]:
         return self._chunks()
