@@ -1,0 +1,136 @@
+"""Overload benchmark: a burst of concurrent streams against 2 workers; does every client hear from the server at once?
+
+Fires --streams streaming chat completions (max_tokens --max-tokens) all at once at a gateway with two SmolLM2
+workers, twice in one run: with the queued-stream notice off (LLMFLEET_SSE_QUEUED_AFTER_S=600: a queued stream
+sends nothing until its first token, as before) as the baseline, then with the defaults (`: queued` after 1 s, then
+keep-alives). Per round it prints how many responses got their first byte after more than 2 s and how many had
+any gap of more than 2 s without a byte, the time to the first byte and to the first token, deadline failures among admitted requests, and refusals (429 with Retry-After).
+Run: python bench/overload.py [--streams 300] [--max-tokens 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cluster_processes import PY, Cluster  # noqa: E402
+
+MODEL = "smollm2-135m"
+SILENCE_S = 2.0
+
+
+@dataclass
+class Outcome:
+    """What one client saw."""
+
+    status: int
+    first_byte_s: float | None
+    first_token_s: float | None
+    longest_silence_s: float
+    finished: bool
+    error: str | None
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, max_tokens: int) -> Outcome:
+    """One streaming chat completion; times every received piece."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me about the sea."}],
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    started = last = time.monotonic()
+    first_byte = first_token = None
+    silence, error, finished = 0.0, None, False
+    try:
+        async with client.stream("POST", url, json=body) as reply:
+            silence = time.monotonic() - started  # headers count as a sign of life
+            last = time.monotonic()
+            if reply.status_code != 200:
+                await reply.aread()
+                return Outcome(reply.status_code, None, None, silence, False, reply.headers.get("retry-after"))
+            async for piece in reply.aiter_bytes():
+                now = time.monotonic()
+                silence, last = max(silence, now - last), now
+                first_byte = first_byte if first_byte is not None else now - started
+                if first_token is None and b'"content":"' in piece and b'"content":""' not in piece:
+                    first_token = now - started
+                if b'"error"' in piece:
+                    error = piece.decode(errors="replace")[:120]
+                finished = finished or piece.endswith(b"data: [DONE]\n\n")
+            return Outcome(200, first_byte, first_token, silence, finished and error is None, error)
+    except httpx.HTTPError as exc:
+        return Outcome(0, first_byte, first_token, max(silence, time.monotonic() - last), False, type(exc).__name__)
+
+
+async def burst(base: str, streams: int, max_tokens: int) -> tuple[list[Outcome], float]:
+    """All streams at once; their outcomes and the wall time."""
+    limits = httpx.Limits(max_connections=streams + 10, max_keepalive_connections=streams + 10)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(700, connect=30), limits=limits) as client:
+        started = time.monotonic()
+        outcomes = await asyncio.gather(*(one_stream(client, base + "/chat/completions", max_tokens)
+                                          for _ in range(streams)))
+        return list(outcomes), time.monotonic() - started
+
+
+def run_round(label: str, env: dict[str, str], streams: int, max_tokens: int) -> None:
+    """Start Redis, a gateway and two workers with `env`, fire the burst, print one line, stop them."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    cluster = Cluster(Path(tempfile.mkdtemp(prefix="llmfleet-overload-")), queue_limit=256)
+    try:
+        cluster.start()
+        workers = [cluster.spawn(f"worker{i}", [PY, "-m", "llmfleet.cli", "worker", "--model", MODEL,
+                                                "--threads", "1"]) for i in range(2)]
+        for worker in workers:
+            cluster.wait_model(MODEL, worker, 300)
+        outcomes, wall = asyncio.run(burst(cluster.url, streams, max_tokens))
+    finally:
+        cluster.close()
+        os.environ.clear()
+        os.environ.update(saved)
+    admitted = [o for o in outcomes if o.status == 200]
+    refused = [o for o in outcomes if o.status == 429]
+    silent = sum(o.longest_silence_s > SILENCE_S for o in outcomes if o.status == 200)
+    late = sum(o.first_byte_s is None or o.first_byte_s > SILENCE_S for o in admitted)
+    bytes_at = sorted(o.first_byte_s for o in admitted if o.first_byte_s is not None)
+    tokens_at = sorted(o.first_token_s for o in admitted if o.first_token_s is not None)
+    failed = [o for o in admitted if not o.finished]
+    other = len(outcomes) - len(admitted) - len(refused)
+
+    def pct(values: list[float], q: float) -> str:
+        return f"{values[min(len(values) - 1, int(q * len(values)))]:.1f}" if values else "-"
+
+    print(f"{label:<28} {len(admitted):>8} {late:>11} {silent:>10} {pct(bytes_at, 0.5):>7} {pct(bytes_at, 0.99):>7} "
+          f"{pct(tokens_at, 0.5):>8} {pct(tokens_at, 0.99):>8} {len(failed):>7} {len(refused):>8} {other:>6} "
+          f"{wall:>7.1f}", flush=True)
+    if failed:
+        print(f"  first failure: {failed[0].error}", flush=True)
+    if refused:
+        print(f"  Retry-After of the refusals: {statistics.median(float(o.error or 0) for o in refused):.0f} s median")
+
+
+def main() -> None:
+    """Both rounds, one after the other."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=300)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args = parser.parse_args()
+    print(f"{args.streams} concurrent streams, max_tokens {args.max_tokens}, 2 workers ({MODEL}, 1 thread each); "
+          f"times in s from the request")
+    print(f"{'round':<28} {'admitted':>8} {'1st byte>2s':>11} {'gap >2 s':>10} {'byte50':>7} {'byte99':>7} {'token50':>8} "
+          f"{'token99':>8} {'failed':>7} {'429':>8} {'other':>6} {'wall':>7}")
+    run_round("baseline: no queued notice", {"LLMFLEET_SSE_QUEUED_AFTER_S": "600"}, args.streams, args.max_tokens)
+    run_round("defaults (: queued at 1 s)", {}, args.streams, args.max_tokens)
+
+
+if __name__ == "__main__":
+    main()
