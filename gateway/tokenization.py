@@ -54,7 +54,8 @@ def apply_template_job(body: dict[str, Any], settings: Settings, request_id: str
 
 def _base(body: dict[str, Any], settings: Settings, request_id: str, now: float) -> dict[str, Any]:
     return {"id": request_id, "model": string(body, "model", max_len=MAX_MODEL_NAME), "created": now,
-            "deadline": now + settings.request_timeout_s}
+            "deadline": now + settings.request_timeout_s,
+            "priority": "high"}  # answered at intake in no time: read before the generation jobs waiting
 
 
 async def run_text_job(broker: Broker, job: TextJob) -> DoneEvent:

@@ -24,6 +24,7 @@ async def _served(client: httpx.AsyncClient, worker: Any, path: str, body: dict[
 async def test_tokenize_queues_a_text_job_with_llama_servers_defaults(client: httpx.AsyncClient, worker: Any) -> None:
     job, reply = await _served(client, worker, "/tokenize", {"content": "Hello world"}, tokens=[19556, 905])
     assert isinstance(job, TextJob) and job.model == "smollm2"  # the one model served
+    assert job.priority == "high"  # read before waiting generation jobs: it takes no slot
     assert (job.operation, job.content, job.add_special, job.parse_special, job.with_pieces) == \
         ("tokenize", "Hello world", False, True, False)
     assert reply.status_code == 200 and reply.json() == {"tokens": [19556, 905]}
