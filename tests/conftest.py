@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))  # shared test helpers (process_helpers)
 FIXTURES_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "smollm2"
 GEMMA3_FIXTURES_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "gemma3"
 

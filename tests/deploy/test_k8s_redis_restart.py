@@ -19,6 +19,7 @@ import openai
 import pytest
 import redis
 from kustomize_lite import render
+from process_helpers import stop_all
 
 from llmfleet.redis_server import free_port, redis_server_binary
 from shared import keys
@@ -96,13 +97,7 @@ def cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[tuple[str, Mani
             time.sleep(0.2)
         yield base, server
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         server.stop()
 
 

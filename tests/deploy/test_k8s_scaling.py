@@ -22,6 +22,7 @@ import httpx
 import pytest
 import redis
 from kustomize_lite import render
+from process_helpers import stop_all
 
 from llmfleet.redis_server import free_port
 from shared import keys
@@ -92,14 +93,7 @@ def start_cluster(redis_server, smollm2_gguf_path: Path, tmp_path: Path) -> Iter
     try:
         yield start
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
 
 
 def _ready(base: str) -> bool:

@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from process_cluster import MODEL, ProcessCluster, ready, wait_until  # noqa: E402
+from process_helpers import stop_all
 
 from llmfleet.redis_server import BundledRedis, free_port  # noqa: E402
 
@@ -46,13 +47,6 @@ def start_cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Callable[
     try:
         yield start
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         for server in servers:
             server.stop()

@@ -15,6 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 from process_cluster import MODEL, ready, wait_until
+from process_helpers import stop_all
 
 from llmfleet.redis_server import free_port, redis_server_binary
 
@@ -82,14 +83,7 @@ def cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[tuple[Persisten
         wait_until(lambda: ready(base).get("ready") is True, 240, "the gateway and the worker")
         yield server, base, tmp_path
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         server.stop()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from process_helpers import stop_all
 
 from llmfleet.redis_server import BundledRedis, free_port
 from shared import keys
@@ -87,12 +88,5 @@ def cluster(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -
         _wait(ready, 240, "the gateway and two workers", procs)
         yield Cluster(base_url=base, redis_url=server.url, redis=client, workers=workers)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         server.stop()

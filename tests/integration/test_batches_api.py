@@ -16,6 +16,7 @@ from typing import Any
 
 import openai
 import pytest
+from process_helpers import stop_all
 
 from shared import keys
 
@@ -32,17 +33,6 @@ def start_runner(cluster: Any, log: Path) -> subprocess.Popen[bytes]:
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL if it lingers."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture()
 def runner_log(tmp_path: Path) -> Path:
     return tmp_path / "batch-runner.log"
@@ -52,7 +42,7 @@ def runner_log(tmp_path: Path) -> Path:
 def runner(cluster: Any, runner_log: Path) -> Iterator[subprocess.Popen[bytes]]:
     proc = start_runner(cluster, runner_log)
     yield proc
-    stop(proc)
+    stop_all([proc])
 
 
 @pytest.fixture()
@@ -192,7 +182,7 @@ def test_a_batch_survives_sigterm_then_kill_9_of_its_runners(client: openai.Open
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=30) == 0
     finally:
-        stop(first)
+        stop_all([first])
     stored = cluster.redis.hgetall(keys.batch_key(batch.id))
     assert stored[b"status"] == b"in_progress" and stored[b"attempts"] == b"0"
     assert "stopped and requeued" in runner_log.read_text()
@@ -204,12 +194,12 @@ def test_a_batch_survives_sigterm_then_kill_9_of_its_runners(client: openai.Open
         before = client.batches.retrieve(batch.id)
         assert before.status == "in_progress" and before.request_counts.completed < 16
     finally:
-        stop(second)
+        stop_all([second])
     third = start_runner(cluster, runner_log)
     try:
         done = wait_for(client, batch.id, ("completed", "failed"), timeout_s=240)
     finally:
-        stop(third)
+        stop_all([third])
     assert done.status == "completed" and done.request_counts.completed == 16 and done.request_counts.failed == 0
     output = results(client, done.output_file_id)
     assert sorted(output) == sorted(line["custom_id"] for line in lines)

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from process_helpers import stop_all
 
 from shared import keys
 
@@ -142,11 +143,7 @@ def keyed_gateway(cluster: Any, tmp_path: Path) -> Iterator[str]:
             raise RuntimeError(f"the keyed gateway did not start: {(tmp_path / 'gateway.log').read_text()}")
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_all([proc])
 
 
 def test_with_keys_the_page_asks_for_one_and_then_uses_it(browser: Any, cluster: Any, keyed_gateway: str) -> None:
