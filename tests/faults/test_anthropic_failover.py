@@ -48,10 +48,14 @@ def test_kill_9_of_the_worker_holding_a_message_stream_is_invisible(start_cluste
     thread = threading.Thread(target=_stream, args=(cluster.base_url, disturbed))
     thread.start()
     _wait(lambda: len(disturbed.get("times", [])) >= 3, 120, "the stream to start")
-    holders = [w.decode() for w in client.zrange(keys.WORKERS_INDEX, 0, -1)
-               if int(client.hget(keys.worker_key(w.decode()), "load") or 0) > 0]
-    assert len(holders) == 1, holders
-    victim = cluster.workers[cluster.worker_index(holders[0])]
+
+    def holders() -> list[str]:  # the load a worker publishes with its next heartbeat (every 0.5 s)
+        return [w.decode() for w in client.zrange(keys.WORKERS_INDEX, 0, -1)
+                if int(client.hget(keys.worker_key(w.decode()), "load") or 0) > 0]
+
+    _wait(lambda: bool(holders()), 10, "the holder's heartbeat")
+    assert len(holders()) == 1, holders()
+    victim = cluster.workers[cluster.worker_index(holders()[0])]
     os.kill(victim.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     thread.join(timeout=180)
