@@ -49,11 +49,13 @@ def run_worker(model_name: str, settings: Settings) -> int:
     from threadpoolctl import threadpool_limits
 
     from worker.engine.engine import Engine
+    from worker.engine.kernels import set_threads
     from worker.models import model_id, resolve
     from worker.runner import WorkerRunner
 
     threads = settings.threads or os.cpu_count() or 1
     blas_limits = threadpool_limits(limits=threads, user_api="blas")  # noqa: F841 (kept for the process's life)
+    set_threads(threads)  # the compiled attention kernel's threads
     path = resolve(model_name, progress=sys.stderr.isatty())
     started = time.monotonic()
     engine = Engine.load(path, chat_template=read_chat_template(settings.chat_template))

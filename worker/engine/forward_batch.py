@@ -49,17 +49,16 @@ class ForwardBatch:
         self.decode_rows = ops.asarray(self.starts[decode])  # (B1,)
         self.prefill = [(i, int(self.starts[i]), int(self.starts[i + 1]), ops.asarray(tables[i]))
                         for i, n in enumerate(lengths) if n > 1]
-        self._decode_lengths = np.array([entries[i].start + 1 for i in decode], np.int64)  # (B1,)
+        self._decode_lengths = ops.asarray(np.array([entries[i].start + 1 for i in decode], np.int64))  # (B1,)
         self._decode_tables = None
-        self._decode_block_lists = [tables[i] for i in decode]
         if decode:
-            width = int(-(-self._decode_lengths.max() // pool.block_size))
-            padded = np.zeros((len(decode), width), np.int64)  # (B1, nb) block 0 pads: finite, masked out
+            width = int(-(-max(entries[i].start + 1 for i in decode) // pool.block_size))
+            padded = np.zeros((len(decode), width), np.int64)  # (B1, nb) block 0 pads: never read
             for row, i in enumerate(decode):
                 used = tables[i][:width]
                 padded[row, : len(used)] = used
             self._decode_tables = ops.asarray(padded)  # (B1, nb)
-        self._views: dict[int, tuple[Array, Array]] = {}  # window -> (tables, mask) of the decode rows
+        self._first_positions: dict[int, Array] = {}  # window -> (B1,) first visible position of each decode row
         self._angles: dict[int, tuple[Array, Array]] = {}
 
     @property
@@ -74,32 +73,18 @@ class ForwardBatch:
             angles = self._angles[id(rotary)] = rotary.angles(self.positions)  # (N, 1, R/2) x2
         return angles
 
-    def _decode_view(self, window: int) -> tuple[Array, Array]:
-        """Block tables (B1, nb) and additive mask (B1, nb*BS) of the decode rows for one attention span.
+    def decode_first_positions(self, window: int) -> Array:
+        """The first position each decode row attends to (B1,): 0, or its last `window` positions on a sliding layer.
 
-        A sliding-window layer reads only the blocks that hold a row's last `window` positions, so its cost
-        stays bounded however long the sequences grow; -inf hides keys past a row's length or its window.
+        The kernel reads only positions [first, length) through the block table, so a sliding-window layer's cost
+        stays bounded however long the sequences grow.
         """
-        view = self._views.get(window)
-        if view is not None:
-            return view
-        bs, lengths = self.pool.block_size, self._decode_lengths  # (B1,)
-        if window <= 0 or int(lengths.max()) <= window:
-            tables, first = self._decode_tables, np.zeros_like(lengths)  # (B1, nb), (B1,)
-        else:
-            first = np.maximum(lengths - window, 0) // bs  # (B1,) first block inside the window
-            count = (lengths - 1) // bs - first + 1  # (B1,)
-            padded = np.zeros((len(lengths), int(count.max())), np.int64)  # (B1, nw) block 0 pads
-            for row, table in enumerate(self._decode_block_lists):
-                padded[row, : count[row]] = table[first[row] : first[row] + count[row]]
-            tables = ops.asarray(padded)  # (B1, nw)
-        key_pos = (first[:, None] * bs + np.arange(tables.shape[1] * bs)[None, :])  # (B1, L)
-        hidden = key_pos >= lengths[:, None]  # (B1, L)
-        if window > 0:
-            hidden |= key_pos <= lengths[:, None] - 1 - window  # (B1, L)
-        mask = ops.asarray(np.where(hidden, -np.inf, 0.0).astype(np.float32))  # (B1, L)
-        self._views[window] = (tables, mask)
-        return tables, mask
+        first = self._first_positions.get(window)
+        if first is None:
+            first = (ops.xp.maximum(self._decode_lengths - window, 0) if window > 0
+                     else ops.xp.zeros_like(self._decode_lengths))  # (B1,)
+            self._first_positions[window] = first
+        return first
 
     def attention(self, layer: int, q: Array, k: Array, v: Array, *, window: int = 0) -> Array:
         """Store this step's k, v (N, Hkv, Dh) in the pool, then attend q (N, H, Dh) for every row: (N, H*Dh).
@@ -111,11 +96,13 @@ class ForwardBatch:
         n, n_heads, head_dim = q.shape
         out = ops.empty((n, n_heads * head_dim))  # (N, H*Dh)
         if self._decode_tables is not None:
-            tables, mask = self._decode_view(window)  # (B1, nb), (B1, L)
-            keys, values = pool.gather(layer, tables)  # (Hkv, B1, L, Dh) x2
+            first = self.decode_first_positions(window)  # (B1,)
+            keys, values = pool.keys[layer], pool.values[layer]  # (Hkv, NB, BS, Dh) x2, read in place
             if self.all_decode:
-                return ops.attend_decode(q, keys, values, mask)  # (N, H*Dh)
-            out[self.decode_rows] = ops.attend_decode(q[self.decode_rows], keys, values, mask)  # (B1, H*Dh)
+                return ops.paged_attend_decode(q, keys, values, self._decode_tables, self._decode_lengths,
+                                               first)  # (N, H*Dh)
+            out[self.decode_rows] = ops.paged_attend_decode(q[self.decode_rows], keys, values, self._decode_tables,
+                                                            self._decode_lengths, first)  # (B1, H*Dh)
         for i, s, e, table in self.prefill:
             start = self.entries[i].start
             first_block = max(0, start - window + 1) // pool.block_size if window > 0 else 0

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from worker.engine import kernels
+
 xp: Any = np  # the array module of the forward path
 Array = Any  # an array of the backend in `xp`
 
@@ -147,6 +149,16 @@ def attend_causal(q: Array, keys: Array, values: Array, past: int, window: int =
     probs = softmax_inplace(scores)  # (Hkv, G, T, L)
     out = xp.matmul(probs, values[:, None])  # (Hkv, G, T, Dh)
     return out.transpose(2, 0, 1, 3).reshape(t, n_heads * head_dim)  # (T, H*Dh)
+
+
+def paged_attend_decode(q: Array, keys: Array, values: Array, tables: Array, lengths: Array,
+                        first_positions: Array) -> Array:
+    """Decode attention of q (B, H, Dh) over each row's positions [first, length) of a paged arena (B, H*Dh).
+
+    keys/values are one layer's blocks (Hkv, NB, BS, Dh), read in place through tables (B, nb): the compiled
+    kernel makes no padded copy. `attend_decode` below is the same computation on gathered arrays.
+    """
+    return kernels.paged_attend_decode(q, keys, values, tables, lengths, first_positions)  # (B, H*Dh)
 
 
 def attend_decode(q: Array, keys: Array, values: Array, mask: Array) -> Array:
