@@ -154,13 +154,16 @@ class Broker:
                 "please retry",
                 retry_after=self.settings.retry_after_s,
             )
-        expected_wait = admission.expected_wait_s(workers, waiting)
+        tokens = 0
+        if isinstance(job, GenerateJob):
+            tokens = (job.max_tokens if job.max_tokens is not None else self.settings.default_max_tokens) * job.n
+        expected = admission.expected_finish_s(workers, waiting, tokens)
         budget = self.settings.request_timeout_s * admission.WAIT_SHARE_OF_DEADLINE
-        if expected_wait > budget:
+        if expected > budget:
             raise QueueFull(
-                f"model '{model}' has {waiting} requests waiting, about {expected_wait:.0f} s of work at the "
-                f"rate its workers finish requests; this one could not start well before its deadline; "
-                "please retry", retry_after=admission.retry_after_s(expected_wait, budget))
+                f"model '{model}' has {waiting} requests waiting, about {expected:.0f} s of work at the "
+                f"rate its workers finish them; this one could not finish well before its deadline; "
+                "please retry", retry_after=admission.retry_after_s(expected, budget))
 
     async def fleet_snapshot(self) -> FleetSnapshot:
         """Live workers and the waiting jobs of each of their models, for /metrics."""

@@ -42,7 +42,7 @@ RECLAIM_EVERY_S = 1.0  # how often a worker looks for dead or silent workers' jo
 EXPORTED_STATS = frozenset({  # SchedulerStats fields every gateway's /metrics shows per worker
     "active", "queue_depth", "kv_blocks_used", "kv_blocks_total", "prefix_queries", "prefix_hits",
     "prefix_tokens_hit", "preemptions", "prompt_tokens", "generated_tokens", "requests_finished",
-    "requests_cancelled", "requests_failed", "steps", "speculated_tokens", "accepted_tokens"})
+    "requests_cancelled", "requests_failed", "steps", "speculated_tokens", "accepted_tokens", "tokens_left"})
 IDLE_BLOCK_MS = 200
 Entry = tuple[str, str]  # (job stream, entry id): where a job is, and what its ack names
 

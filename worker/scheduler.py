@@ -465,6 +465,7 @@ class Scheduler:
         """Update queue depth, active count, KV usage (and its peak) and prefix-cache counters."""
         self.stats.queue_depth = len({id(item[-1].group) for item in self._waiting if not item[-1].was_preempted})
         self.stats.active = len(self._active)
+        self.stats.tokens_left = sum(group.tokens_left for group in self._groups.values())
         self.stats.kv_blocks_used = self.blocks.num_used_blocks
         self.stats.kv_bytes = self.blocks.num_used_blocks * self.pool.bytes_per_block(self.engine.model.config,
                                                                                        self.pool.block_size)

@@ -152,6 +152,16 @@ class RequestGroup:
         self.scorer: PromptScorer | None = None  # collects the prompt's logprobs until they are sent
 
     @property
+    def tokens_left(self) -> int:
+        """Tokens this request may still generate (max_tokens per choice, minus what was generated); 0 for an
+        embedding. The gateways' admission weighs the work ahead with it."""
+        if isinstance(self.request, EmbeddingRequest):
+            return 0
+        limit = self.request.params.max_tokens
+        return sum(max(0, limit - len(s.gen.generated_ids)) for s in self.sequences
+                   if s.gen is not None and s.state not in (SeqState.FINISHED, SeqState.CANCELLED))
+
+    @property
     def done(self) -> bool:
         """True when every sequence has finished or was cancelled."""
         return all(s.state in (SeqState.FINISHED, SeqState.CANCELLED) for s in self.sequences)
@@ -223,3 +233,4 @@ class SchedulerStats:
     prefix_tokens_hit: int = 0
     speculated_tokens: int = 0  # drafted tokens checked
     accepted_tokens: int = 0  # of which kept
+    tokens_left: int = 0  # tokens the unfinished requests may still generate (gauge)

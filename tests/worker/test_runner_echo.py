@@ -11,7 +11,15 @@ import pytest
 import redis
 
 from shared import codec, keys
-from shared.messages import ChoiceEndEvent, DoneEvent, ErrorEvent, GenerateJob, Sampling, TokenEvent, TokenLogprob
+from shared.messages import (
+    ChoiceEndEvent,
+    DoneEvent,
+    ErrorEvent,
+    GenerateJob,
+    Sampling,
+    TokenEvent,
+    TokenLogprob,
+)
 from shared.settings import Settings
 from worker.runner import WorkerRunner
 
