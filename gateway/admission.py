@@ -22,16 +22,18 @@ WAIT_SHARE_OF_DEADLINE = 0.5  # admit while the expected finish is under this sh
 MAX_RETRY_AFTER_S = 60
 
 
-def expected_finish_s(workers: Sequence[RegistryEntry], waiting: int, tokens: int = 0) -> float:
+def expected_finish_s(workers: Sequence[RegistryEntry], waiting: int, tokens: int = 0, *, in_flight: int = 0) -> float:
     """Seconds until a request of `tokens` (max_tokens x n) queued behind `waiting` others would finish; 0 when a
-    slot is free or no worker has measured a rate yet (then only the queue's count limit applies)."""
-    free = sum(max(0, w.slots - w.load) for w in workers)
-    if waiting - free + 1 <= 0:  # a slot is free: it starts at once
+    slot is free or no worker has measured a rate yet (then only the queue's count limit applies). `in_flight`
+    (jobs taken and not yet acked, read live from the streams) stands in for the heartbeats' load when it is
+    larger: in a burst the load published a second ago is stale."""
+    load = max(sum(w.load for w in workers), in_flight)
+    if waiting + load < sum(w.slots for w in workers):  # a slot is free: it starts at once
         return 0.0
     estimates = []
     finish_rate = sum(w.stats.get("finish_rate", 0.0) for w in workers)
     if finish_rate > 0:
-        estimates.append((sum(w.load for w in workers) + waiting + 1) / finish_rate)
+        estimates.append((load + waiting + 1) / finish_rate)
     token_rate = sum(w.stats.get("token_rate", 0.0) for w in workers)
     if token_rate > 0 and tokens > 0:
         left = sum(w.stats.get("tokens_left", 0.0) for w in workers)

@@ -147,7 +147,7 @@ class Broker:
         if isinstance(job, GenerateJob) and widest and job.n > widest:
             raise InvalidRequest(f"n is {job.n}, but the workers of model '{model}' run at most {widest} "
                                  "sequences at once.", param="n")
-        waiting = await self.waiting(model)
+        waiting, in_flight = await self.queue_state(model)
         if waiting >= self.settings.queue_limit:
             raise QueueFull(
                 f"model '{model}' has {waiting} requests waiting, the limit is {self.settings.queue_limit}; "
@@ -157,7 +157,7 @@ class Broker:
         tokens = 0
         if isinstance(job, GenerateJob):
             tokens = (job.max_tokens if job.max_tokens is not None else self.settings.default_max_tokens) * job.n
-        expected = admission.expected_finish_s(workers, waiting, tokens)
+        expected = admission.expected_finish_s(workers, waiting, tokens, in_flight=in_flight)
         budget = self.settings.request_timeout_s * admission.WAIT_SHARE_OF_DEADLINE
         if expected > budget:
             raise QueueFull(
@@ -173,6 +173,10 @@ class Broker:
 
     async def waiting(self, model: str) -> int:
         """Jobs of `model` queued but not yet taken by any worker, over all its priority classes."""
+        return (await self.queue_state(model))[0]
+
+    async def queue_state(self, model: str) -> tuple[int, int]:
+        """(waiting, in flight): jobs of `model` not yet taken, and taken but not yet acked, over its classes."""
         streams = keys.jobs_streams(model)
         with redis_unavailable(self.settings.retry_after_s):
             pipe = self.redis.pipeline(transaction=False)
@@ -180,7 +184,7 @@ class Broker:
                 pipe.xinfo_groups(stream)
                 pipe.xlen(stream)
             replies = await pipe.execute(raise_on_error=False)
-            total = 0
+            total = in_flight = 0
             for stream, groups, length in zip(streams, replies[::2], replies[1::2], strict=True):
                 if isinstance(length, Exception):
                     raise length
@@ -190,11 +194,13 @@ class Broker:
                 if group is None:
                     await self._create_group(stream)
                     total += int(length)
-                elif group.get("lag") is not None:
+                    continue
+                in_flight += int(group.get("pending") or 0)
+                if group.get("lag") is not None:
                     total += int(group["lag"])
                 else:  # Redis cannot tell the lag after deletions past the group's position: entries minus in flight
                     total += max(0, int(length) - int(group.get("pending") or 0))
-        return total
+        return total, in_flight
 
     async def _create_group(self, stream: str) -> None:
         try:

@@ -31,6 +31,8 @@ def test_the_expected_finish_is_the_work_in_flight_and_ahead_over_the_measured_r
     assert expected_finish_s([_entry(4, 4, 2.0), _entry(4, 4, 3.0)], waiting=49) == 58 / 5.0
     assert expected_finish_s([_entry(4, 2, 2.0)], waiting=1) == 0.0  # a free slot: starts at once
     assert expected_finish_s([_entry(4, 4, 0.0)], waiting=100) == 0.0  # no rate measured yet: the count limit rules
+    # in a burst the heartbeat's load (0) is stale; the 4 jobs taken and not acked, read live, fill the slots
+    assert expected_finish_s([_entry(4, 0, 2.0)], waiting=0, in_flight=4) == (4 + 0 + 1) / 2.0
     # tokens: the rate was measured on short jobs (10 requests/s), but 400 tokens are left in flight and the
     # new job and the 2 waiting ahead of it may generate 200 each: (400 + 3 x 200) / 100 tokens/s
     long_jobs = [_entry(4, 4, 10.0, token_rate=100.0, tokens_left=400.0)]
