@@ -10,7 +10,7 @@ gateway's estimated wait (gateway/admission.py) passes half of it; the burst is 
 on fresh workers (no finish rate measured yet) and again once they have measured one. Per burst it prints the
 admitted, the refusals (how many had Retry-After, its range, how long the 429 took), deadline failures among the
 admitted (must be 0) and first bytes after more than 2 s (must be 0).
-Run: python bench/overload.py [--streams 300] [--max-tokens 16] [--rounds baseline,defaults,admission] [--deadline 10]
+Run: python bench/overload.py [--streams 300] [--max-tokens 16] [--rounds baseline,defaults,admission] [--deadline 30]
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--rounds", default="baseline,defaults,admission")
-    parser.add_argument("--deadline", type=float, default=10.0, help="request deadline (s) of the admission round")
+    parser.add_argument("--deadline", type=float, default=30.0, help="request deadline (s) of the admission round")
     args = parser.parse_args()
     rounds = args.rounds.split(",")
     print(f"{args.streams} concurrent streams, max_tokens {args.max_tokens}, 2 workers ({MODEL}, 1 thread each); "
