@@ -220,8 +220,8 @@ class Scheduler:
                 continue
             if logits.ndim == 2:  # every row of a scored prompt's prefill chunk; the last one samples
                 logits = score_chunk(seq.group, start, logits, events)
-            if seq.group.cancelled or seq.pending_prefill > 0:
-                continue
+            if seq.group.cancelled or seq.pending_prefill > 0 or seq.state == SeqState.FINISHED:
+                continue  # (finished: a scoring-only choice its group's other prefill ended this step)
             if seq.state == SeqState.PREFILLING and seq.group.request.params.max_tokens == 0:
                 self._end_unsampled(seq.group, now, events)  # scoring only: no token is sampled
             elif seq.state == SeqState.PREFILLING:

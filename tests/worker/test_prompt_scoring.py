@@ -125,3 +125,32 @@ def test_echo_logprobs_prompts_over_the_limit_are_refused_naming_logprobs(tiny_e
                                                               prompt_token_ids=[5, 6], echo=True, logprobs=0))
     assert scored.prompt_logprobs == 0 and not scored.cache_prompt
     assert prompt_scoring.MAX_SCORED_PROMPT_TOKENS >= 1024
+
+
+def test_scores_survive_a_preemption_in_the_middle_of_the_prompt(tiny_engine: Any,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Decodes growing in a small KV pool preempt the scored request during its chunked prefill; its prefill is
+    redone and the scores are still sent once, equal to a teacher-forced forward."""
+    rng = np.random.default_rng(7)
+    vocab = tiny_engine.model.config.vocab_size
+    budget_mib = 1024 * tiny_engine.model.config.kv_bytes_per_token / 2**20  # a pool of 1,024 tokens
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_sequences=4, kv_budget_mib=budget_mib, max_prefill_tokens=4,
+                                                   max_batch_tokens=40))
+    for i in range(2):  # 20 blocks of the 64 each once prefilled; each needs a block more every 16 steps
+        sched.add(request(f"d{i}", [int(t) for t in rng.integers(3, vocab, 319)], 250, None))
+    decoding: set[str] = set()
+    while len(decoding) < 2:
+        decoding |= {e.request_id for e in sched.step() if isinstance(e, SequenceStep)}
+    scored_ids = [int(t) for t in rng.integers(3, vocab, 300)]
+    sched.add(request("s", scored_ids, 3, 2, n=2))
+    with caplog.at_level("INFO", logger="worker.scheduler"):
+        events = run(sched)
+    assert any("preempted request s " in r.getMessage() for r in caplog.records)
+    scored = [e for e in events if isinstance(e, PromptScored)]
+    assert len(scored) == 1
+    reference = teacher_forced(tiny_engine, scored_ids)
+    np.testing.assert_allclose([s.logprob for s in scored[0].scores[1:]],
+                               [reference[p - 1, scored_ids[p]] for p in range(1, len(scored_ids))], atol=1e-3)
+    steps = [e for e in events if isinstance(e, SequenceStep) and e.request_id == "s"]
+    assert len(steps) == 6 and events.index(scored[0]) < events.index(steps[0])
+    assert sched.blocks.num_used_blocks == 0
