@@ -60,6 +60,7 @@ class Broker:
         self.limiter = RateLimiter(redis)
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s)
         self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
+        self._admitting: dict[str, int] = {}  # model -> requests admitted by this gateway, not yet in its stream
 
     async def start(self) -> None:
         """Start the pub/sub dispatcher."""
@@ -96,7 +97,13 @@ class Broker:
 
     async def submit(self, job: Job) -> EventStream:
         """Admit and queue `job`; returns the stream of its events (close it when done)."""
-        await self._admit(job)
+        await self._admit(job)  # counted in self._admitting from here until it is in the stream
+        try:
+            return await self._queue(job)
+        finally:
+            self._admitting[job.model] -= 1
+
+    async def _queue(self, job: Job) -> EventStream:
         channel = keys.events_channel(job.id)
         queue = await self.subscriber.subscribe(channel)
         try:
@@ -148,6 +155,7 @@ class Broker:
             raise InvalidRequest(f"n is {job.n}, but the workers of model '{model}' run at most {widest} "
                                  "sequences at once.", param="n")
         waiting, in_flight = await self.queue_state(model)
+        waiting += self._admitting.get(model, 0)  # admitted here, not yet in the stream: a burst's own requests
         if waiting >= self.settings.queue_limit:
             raise QueueFull(
                 f"model '{model}' has {waiting} requests waiting, the limit is {self.settings.queue_limit}; "
@@ -164,6 +172,7 @@ class Broker:
                 f"model '{model}' has {waiting} requests waiting, about {expected:.0f} s of work at the "
                 f"rate its workers finish them; this one could not finish well before its deadline; "
                 "please retry", retry_after=admission.retry_after_s(expected, budget))
+        self._admitting[model] = self._admitting.get(model, 0) + 1  # no await since the count was read
 
     async def fleet_snapshot(self) -> FleetSnapshot:
         """Live workers and the waiting jobs of each of their models, for /metrics."""

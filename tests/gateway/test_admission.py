@@ -65,6 +65,19 @@ async def test_a_request_that_could_not_finish_before_its_deadline_is_a_429(
     assert [(await task).status_code for task in queued] == [200, 200, 200]
 
 
+async def test_a_burst_is_judged_with_its_own_requests_counted(client: httpx.AsyncClient, worker: Any) -> None:
+    """Requests admitted at the same moment see each other before they reach the stream: of six at once on a full
+    worker finishing 4 requests/s (budget 2.5 s), two are admitted (2.25 s, 2.5 s), four refused."""
+    await worker.register(load=8, **{"stat.finish_rate": 4.0})
+    tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)) for _ in range(6)]
+    await asyncio.sleep(0.5)
+    refused = [t.result() for t in tasks if t.done()]
+    assert len(refused) == 4 and all(r.status_code == 429 and r.headers["retry-after"] for r in refused)
+    for _ in range(2):
+        await worker.answer(await worker.take(), ["ok"])
+    assert sorted(r.status_code for r in await asyncio.gather(*tasks)) == [200, 200, 429, 429, 429, 429]
+
+
 async def test_n_wider_than_any_worker_is_a_400_naming_n(client: httpx.AsyncClient, worker: Any) -> None:
     await worker.register(slots=2)
     reply = await client.post("/v1/chat/completions", json={**CHAT, "n": 3})
