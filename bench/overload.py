@@ -179,7 +179,7 @@ def main() -> None:
     if "defaults" in rounds:
         run_round("defaults (: queued at 1 s)", {}, args.streams, args.max_tokens)
     if "admission" in rounds:
-        print(f"admission round: request deadline {args.deadline:g} s (admit while the expected wait is under half)")
+        print(f"admission round: request deadline {args.deadline:g} s (a request that must queue is admitted while its expected finish is under half)")
         admission_round(args.streams, args.max_tokens, args.deadline)
 
 
