@@ -5,7 +5,12 @@ workers, twice in one run: with the queued-stream notice off (LLMFLEET_SSE_QUEUE
 sends nothing until its first token, as before) as the baseline, then with the defaults (`: queued` after 1 s, then
 keep-alives). Per round it prints how many responses got their first byte after more than 2 s and how many had
 any gap of more than 2 s without a byte, the time to the first byte and to the first token, deadline failures among admitted requests, and refusals (429 with Retry-After).
-Run: python bench/overload.py [--streams 300] [--max-tokens 16]
+A third round makes admission refuse: the request deadline is short (--deadline, LLMFLEET_REQUEST_TIMEOUT_S), so the
+gateway's estimated wait (gateway/admission.py) passes half of it; the burst is fired twice on the same cluster,
+on fresh workers (no finish rate measured yet) and again once they have measured one. Per burst it prints the
+admitted, the refusals (how many had Retry-After, its range, how long the 429 took), deadline failures among the
+admitted (must be 0) and first bytes after more than 2 s (must be 0).
+Run: python bench/overload.py [--streams 300] [--max-tokens 16] [--rounds baseline,defaults,admission] [--deadline 30]
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ class Outcome:
     """What one client saw."""
 
     status: int
-    first_byte_s: float | None
+    first_byte_s: float | None  # for a refusal: when its headers came
     first_token_s: float | None
     longest_silence_s: float
     finished: bool
@@ -56,7 +61,7 @@ async def one_stream(client: httpx.AsyncClient, url: str, max_tokens: int) -> Ou
             last = time.monotonic()
             if reply.status_code != 200:
                 await reply.aread()
-                return Outcome(reply.status_code, None, None, silence, False, reply.headers.get("retry-after"))
+                return Outcome(reply.status_code, silence, None, silence, False, reply.headers.get("retry-after"))
             async for piece in reply.aiter_bytes():
                 now = time.monotonic()
                 silence, last = max(silence, now - last), now
@@ -118,18 +123,64 @@ def run_round(label: str, env: dict[str, str], streams: int, max_tokens: int) ->
         print(f"  Retry-After of the refusals: {statistics.median(float(o.error or 0) for o in refused):.0f} s median")
 
 
+def admission_round(streams: int, max_tokens: int, deadline_s: float) -> None:
+    """A short request deadline so that admission must refuse: a burst on fresh workers, then one on warm ones."""
+    saved = dict(os.environ)
+    os.environ["LLMFLEET_REQUEST_TIMEOUT_S"] = str(deadline_s)
+    cluster = Cluster(Path(tempfile.mkdtemp(prefix="llmfleet-overload-")), queue_limit=streams + 10)
+    try:
+        cluster.start()
+        workers = [cluster.spawn(f"worker{i}", [PY, "-m", "llmfleet.cli", "worker", "--model", MODEL,
+                                                "--threads", "1"]) for i in range(2)]
+        for worker in workers:
+            cluster.wait_model(MODEL, worker, 300)
+        for label in ("cold (no rate measured yet)", "warm (rate measured)"):
+            outcomes, wall = asyncio.run(burst(cluster.url, streams, max_tokens))
+            print_admission(label, outcomes, wall)
+            time.sleep(3)  # the last heartbeats of the burst are in before the next one
+    finally:
+        cluster.close()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def print_admission(label: str, outcomes: list[Outcome], wall: float) -> None:
+    """One burst of the admission round: admitted, refused (Retry-After), deadline failures, late first bytes."""
+    admitted = [o for o in outcomes if o.status == 200]
+    refused = [o for o in outcomes if o.status == 429]
+    retry = [float(o.error) for o in refused if o.error]
+    deadline = sum(not o.finished and "deadline" in (o.error or "") for o in admitted)
+    other_failures = sum(not o.finished for o in admitted) - deadline
+    late = sum(o.first_byte_s is None or o.first_byte_s > SILENCE_S for o in admitted)
+    silent = sum(o.longest_silence_s > SILENCE_S for o in admitted)
+    refused_at = max((o.first_byte_s or 0.0 for o in refused), default=0.0)
+    retry_range = f"{min(retry):.0f}-{max(retry):.0f} s" if retry else "-"
+    print(f"  {label:<28} admitted {len(admitted):>3}  refused 429 {len(refused):>3} (Retry-After on {len(retry)}, "
+          f"{retry_range}; slowest 429 after {refused_at:.2f} s)  deadline failures {deadline}  other failures "
+          f"{other_failures}  first byte >2 s {late}  gap >2 s {silent}  other statuses "
+          f"{len(outcomes) - len(admitted) - len(refused)}  wall {wall:.1f} s", flush=True)
+
+
 def main() -> None:
-    """Both rounds, one after the other."""
+    """The chosen rounds, one after the other."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--rounds", default="baseline,defaults,admission")
+    parser.add_argument("--deadline", type=float, default=30.0, help="request deadline (s) of the admission round")
     args = parser.parse_args()
+    rounds = args.rounds.split(",")
     print(f"{args.streams} concurrent streams, max_tokens {args.max_tokens}, 2 workers ({MODEL}, 1 thread each); "
           f"times in s from the request")
     print(f"{'round':<28} {'admitted':>8} {'1st byte>2s':>11} {'gap >2 s':>10} {'byte50':>7} {'byte99':>7} {'token50':>8} "
           f"{'token99':>8} {'failed':>7} {'429':>8} {'other':>6} {'wall':>7}")
-    run_round("baseline: no queued notice", {"LLMFLEET_SSE_QUEUED_AFTER_S": "600"}, args.streams, args.max_tokens)
-    run_round("defaults (: queued at 1 s)", {}, args.streams, args.max_tokens)
+    if "baseline" in rounds:
+        run_round("baseline: no queued notice", {"LLMFLEET_SSE_QUEUED_AFTER_S": "600"}, args.streams, args.max_tokens)
+    if "defaults" in rounds:
+        run_round("defaults (: queued at 1 s)", {}, args.streams, args.max_tokens)
+    if "admission" in rounds:
+        print(f"admission round: request deadline {args.deadline:g} s (a request that must queue is admitted while its expected finish is under half)")
+        admission_round(args.streams, args.max_tokens, args.deadline)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
-"""Admission by work: how long a new request would wait for a slot, from the queue and the workers' finish rate.
+"""Admission by work: when a new request would finish, from the queue and the workers' measured throughput.
 
-Each worker publishes `stat.finish_rate` (requests ended per second, smoothed over ~30 s) with its heartbeat.
-A request that would wait longer than a share of its deadline is refused at once with 429 and a Retry-After
-from the same estimate, instead of being admitted to time out in the queue.
+Each worker publishes with its heartbeat (smoothed over ~30 s): `stat.finish_rate` (requests ended per second),
+`stat.token_rate` (tokens generated per second) and `stat.tokens_left` (tokens its unfinished requests may
+still generate, max_tokens x n minus what they generated). A request that must queue is admitted only if it
+is expected to FINISH within a share of its deadline, by both measures:
+- requests: everything in flight and waiting ahead of it, and itself, at the rate requests finish;
+- tokens: the tokens left in flight, plus the waiting jobs counted at this request's size, plus its own, at
+  the rate tokens are generated (a finish rate measured on short jobs would under-estimate long ones).
+Otherwise it is refused at once with 429 and a Retry-After from the same estimate, instead of being admitted
+to time out in the queue. A request that finds a free slot starts at once and is always admitted.
 """
 
 from __future__ import annotations
@@ -12,21 +18,29 @@ from collections.abc import Sequence
 
 from shared.registry import RegistryEntry
 
-WAIT_SHARE_OF_DEADLINE = 0.5  # admit while the expected wait for a slot is under this share of the deadline
+WAIT_SHARE_OF_DEADLINE = 0.5  # admit while the expected finish is under this share of the deadline
 MAX_RETRY_AFTER_S = 60
 
 
-def expected_wait_s(workers: Sequence[RegistryEntry], waiting: int) -> float:
-    """Seconds until a request queued behind `waiting` others gets a slot; 0 when a slot is free or no worker
-    has measured its rate yet (then only the queue's count limit applies)."""
-    free = sum(max(0, w.slots - w.load) for w in workers)
-    ahead = waiting - free + 1  # requests that must finish before this one starts
-    rate = sum(w.stats.get("finish_rate", 0.0) for w in workers)
-    if ahead <= 0 or rate <= 0:
+def expected_finish_s(workers: Sequence[RegistryEntry], waiting: int, tokens: int = 0, *, in_flight: int = 0) -> float:
+    """Seconds until a request of `tokens` (max_tokens x n) queued behind `waiting` others would finish; 0 when a
+    slot is free or no worker has measured a rate yet (then only the queue's count limit applies). `in_flight`
+    (jobs taken and not yet acked, read live from the streams) stands in for the heartbeats' load when it is
+    larger: in a burst the load published a second ago is stale."""
+    load = max(sum(w.load for w in workers), in_flight)
+    if waiting + load < sum(w.slots for w in workers):  # a slot is free: it starts at once
         return 0.0
-    return ahead / rate
+    estimates = []
+    finish_rate = sum(w.stats.get("finish_rate", 0.0) for w in workers)
+    if finish_rate > 0:
+        estimates.append((load + waiting + 1) / finish_rate)
+    token_rate = sum(w.stats.get("token_rate", 0.0) for w in workers)
+    if token_rate > 0 and tokens > 0:
+        left = sum(w.stats.get("tokens_left", 0.0) for w in workers)
+        estimates.append((left + (waiting + 1) * tokens) / token_rate)
+    return max(estimates, default=0.0)
 
 
-def retry_after_s(expected_wait: float, budget: float) -> float:
-    """When trying again may be admitted: once the queue has shrunk below the budget (1 to 60 s)."""
-    return float(min(MAX_RETRY_AFTER_S, max(1, math.ceil(expected_wait - budget))))
+def retry_after_s(expected_finish: float, budget: float) -> float:
+    """When trying again may be admitted: once the work ahead has shrunk below the budget (1 to 60 s)."""
+    return float(min(MAX_RETRY_AFTER_S, max(1, math.ceil(expected_finish - budget))))

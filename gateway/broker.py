@@ -60,6 +60,7 @@ class Broker:
         self.limiter = RateLimiter(redis)
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s)
         self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
+        self._admitting: dict[str, int] = {}  # model -> requests admitted by this gateway, not yet in its stream
 
     async def start(self) -> None:
         """Start the pub/sub dispatcher."""
@@ -96,7 +97,13 @@ class Broker:
 
     async def submit(self, job: Job) -> EventStream:
         """Admit and queue `job`; returns the stream of its events (close it when done)."""
-        await self._admit(job)
+        await self._admit(job)  # counted in self._admitting from here until it is in the stream
+        try:
+            return await self._queue(job)
+        finally:
+            self._admitting[job.model] -= 1
+
+    async def _queue(self, job: Job) -> EventStream:
         channel = keys.events_channel(job.id)
         queue = await self.subscriber.subscribe(channel)
         try:
@@ -147,20 +154,25 @@ class Broker:
         if isinstance(job, GenerateJob) and widest and job.n > widest:
             raise InvalidRequest(f"n is {job.n}, but the workers of model '{model}' run at most {widest} "
                                  "sequences at once.", param="n")
-        waiting = await self.waiting(model)
+        waiting, in_flight = await self.queue_state(model)
+        waiting += self._admitting.get(model, 0)  # admitted here, not yet in the stream: a burst's own requests
         if waiting >= self.settings.queue_limit:
             raise QueueFull(
                 f"model '{model}' has {waiting} requests waiting, the limit is {self.settings.queue_limit}; "
                 "please retry",
                 retry_after=self.settings.retry_after_s,
             )
-        expected_wait = admission.expected_wait_s(workers, waiting)
+        tokens = 0
+        if isinstance(job, GenerateJob):
+            tokens = (job.max_tokens if job.max_tokens is not None else self.settings.default_max_tokens) * job.n
+        expected = admission.expected_finish_s(workers, waiting, tokens, in_flight=in_flight)
         budget = self.settings.request_timeout_s * admission.WAIT_SHARE_OF_DEADLINE
-        if expected_wait > budget:
+        if expected > budget:
             raise QueueFull(
-                f"model '{model}' has {waiting} requests waiting, about {expected_wait:.0f} s of work at the "
-                f"rate its workers finish requests; this one could not start well before its deadline; "
-                "please retry", retry_after=admission.retry_after_s(expected_wait, budget))
+                f"model '{model}' has {waiting} requests waiting, about {expected:.0f} s of work at the "
+                f"rate its workers finish them; this one could not finish well before its deadline; "
+                "please retry", retry_after=admission.retry_after_s(expected, budget))
+        self._admitting[model] = self._admitting.get(model, 0) + 1  # no await since the count was read
 
     async def fleet_snapshot(self) -> FleetSnapshot:
         """Live workers and the waiting jobs of each of their models, for /metrics."""
@@ -170,6 +182,10 @@ class Broker:
 
     async def waiting(self, model: str) -> int:
         """Jobs of `model` queued but not yet taken by any worker, over all its priority classes."""
+        return (await self.queue_state(model))[0]
+
+    async def queue_state(self, model: str) -> tuple[int, int]:
+        """(waiting, in flight): jobs of `model` not yet taken, and taken but not yet acked, over its classes."""
         streams = keys.jobs_streams(model)
         with redis_unavailable(self.settings.retry_after_s):
             pipe = self.redis.pipeline(transaction=False)
@@ -177,7 +193,7 @@ class Broker:
                 pipe.xinfo_groups(stream)
                 pipe.xlen(stream)
             replies = await pipe.execute(raise_on_error=False)
-            total = 0
+            total = in_flight = 0
             for stream, groups, length in zip(streams, replies[::2], replies[1::2], strict=True):
                 if isinstance(length, Exception):
                     raise length
@@ -187,11 +203,13 @@ class Broker:
                 if group is None:
                     await self._create_group(stream)
                     total += int(length)
-                elif group.get("lag") is not None:
+                    continue
+                in_flight += int(group.get("pending") or 0)
+                if group.get("lag") is not None:
                     total += int(group["lag"])
                 else:  # Redis cannot tell the lag after deletions past the group's position: entries minus in flight
                     total += max(0, int(length) - int(group.get("pending") or 0))
-        return total
+        return total, in_flight
 
     async def _create_group(self, stream: str) -> None:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import codecs
 import sys
 from array import array
 from dataclasses import dataclass
@@ -103,19 +104,33 @@ def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def completion_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
-    """Legacy logprobs {tokens, token_logprobs, top_logprobs, text_offset}; offsets start at `offset`."""
-    offsets = []
-    for e in entries:
-        offsets.append(offset)
-        offset += len(e.token)
+class TextOffsets:
+    """Where each token of one choice starts in its returned text (the prompt echo, then the completion), in
+    characters: its bytes are decoded in order, so a character split over two tokens counts once, at its first."""
+
+    def __init__(self) -> None:
+        self._chars = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def take(self, entries: list[TokenLogprob]) -> list[int]:
+        """The offsets of the choice's next tokens."""
+        offsets = []
+        for e in entries:
+            offsets.append(self._chars)
+            self._chars += len(self._decoder.decode(bytes(_token_bytes(e))))
+        return offsets
+
+
+def completion_logprobs(entries: list[TokenLogprob], offsets: TextOffsets) -> dict[str, Any]:
+    """Legacy logprobs {tokens, token_logprobs, top_logprobs, text_offset}; `offsets` goes on from the choice's
+    earlier tokens (a null logprob is the first prompt token of an echo, as OpenAI's)."""
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
         "top_logprobs": [
             None if e.logprob is None else {t.token: t.logprob for t in e.top} for e in entries
         ],
-        "text_offset": offsets,
+        "text_offset": offsets.take(entries),
     }
 
 
@@ -156,7 +171,7 @@ def text_completion(
             {
                 "text": c.text,
                 "index": c.index,
-                "logprobs": None if c.logprobs is None else completion_logprobs(c.logprobs, 0),
+                "logprobs": None if c.logprobs is None else completion_logprobs(c.logprobs, TextOffsets()),
                 "finish_reason": c.finish_reason,
             }
             for c in choices

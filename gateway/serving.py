@@ -271,7 +271,7 @@ class ChunkStream(OpenStream):
 
     async def _chunks(self) -> AsyncIterator[dict[str, Any] | Comment]:
         header, started = self._header, [False] * self._generation.choices
-        offsets = [0] * self._generation.choices
+        offsets = [responses.TextOffsets() for _ in range(self._generation.choices)]
         try:
             async for comment in queued_comments(self._priming, self._keepalive_s):
                 yield comment
@@ -302,7 +302,6 @@ class ChunkStream(OpenStream):
                     yield responses.chat_chunk(header, index, {"content": event.text}, entries)
                     continue
                 logprobs = None if entries is None else responses.completion_logprobs(entries, offsets[index])
-                offsets[index] += sum(len(e.token) for e in entries or [])
                 yield responses.completion_chunk(header, index, event.text, logprobs)
             obj = "chat.completion.chunk" if self._chat else "text_completion"
             usage = self._generation.usage

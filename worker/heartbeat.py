@@ -59,6 +59,7 @@ class Heartbeat:
         self._on_lost = on_lost or (lambda entries: None)  # told the (stream, entry) another worker owns now
         self._stats = stats or dict  # scheduler statistics for the fleet's /metrics
         self._finish_rate = EwmaRate()  # requests ended per second: the gateways' admission estimates the wait
+        self._token_rate = EwmaRate()  # tokens generated per second: the same, in tokens (gateway/admission.py)
         self.state = "ready"
         self.started = time.time()
         self._stop = threading.Event()
@@ -69,7 +70,9 @@ class Heartbeat:
         now = time.time()
         pipe = self.redis.pipeline(transaction=True)
         gauges = self._gauges()
-        stats = {**self._stats(), "finish_rate": round(self._finish_rate.update(gauges.get("served", 0), now), 4)}
+        stats = self._stats()
+        stats["finish_rate"] = round(self._finish_rate.update(gauges.get("served", 0), now), 4)
+        stats["token_rate"] = round(self._token_rate.update(stats.get("generated_tokens", 0.0), now), 4)
         entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=now,
                               started=self.started, state=self.state, load=gauges.get("load", 0),
                               served=gauges.get("served", 0), stats=stats)

@@ -16,6 +16,7 @@ from worker.engine.errors import ContextLengthError, NoChatTemplateError, Templa
 from worker.engine.generation import GenerationParams
 from worker.engine.sampling import SamplingParams
 from worker.engine.tools import Tool, call_grammar
+from worker.prompt_scoring import MAX_SCORED_PROMPT_TOKENS
 from worker.sequences import EmbeddingRequest, GenerationRequest, Priority
 
 
@@ -58,8 +59,13 @@ def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: 
         raise InvalidRequest(str(exc), param=name if hasattr(sampling, name) else None) from None
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(job.stop),
                               ignore_eos=job.ignore_eos, constraint=output_constraint(engine, job))
+    scored = job.echo and job.logprobs is not None  # the prompt's own logprobs: every prompt row is computed
+    if scored and len(prompt_ids) > MAX_SCORED_PROMPT_TOKENS:
+        raise InvalidRequest(f"echo with logprobs scores at most {MAX_SCORED_PROMPT_TOKENS} prompt tokens on this "
+                             f"server; the prompt has {len(prompt_ids)}", param="logprobs")
     return GenerationRequest(job.id, prompt_ids, params, n=job.n, priority=Priority.parse(job.priority),
-                             cache_prompt=job.cache_prompt)
+                             cache_prompt=job.cache_prompt and not scored,  # no prefix-cache hit skips a row
+                             prompt_logprobs=job.logprobs if scored else None)
 
 
 def text_answer(engine: Engine, job: TextJob) -> dict[str, Any]:

@@ -30,11 +30,12 @@ from shared.messages import (
 from worker.engine.stopping import StopReason
 from worker.engine.tokenizer import Tokenizer
 from worker.fencing import is_noscript, load_scripts, queue_fenced_publish
+from worker.prompt_scoring import PromptScored
 from worker.sequences import EmbeddingDone, RequestDone, RequestFailed, SequenceStep
 from worker.wire_commands import queue_event, queue_job_done
 
 log = logging.getLogger(__name__)
-StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone
+StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone | PromptScored
 
 
 class EventPublisher:
@@ -79,10 +80,23 @@ class EventPublisher:
         out = step.output
         if out.logprob is None:
             return None
-        top = [TopLogprob(token_id=t, token=self._text(t), logprob=lp, bytes=list(self.tokenizer.token_bytes(t)))
-               for t, lp in out.top_logprobs]
         return [TokenLogprob(token_id=out.token_id, token=self._text(out.token_id), logprob=out.logprob,
-                             bytes=list(self.tokenizer.token_bytes(out.token_id)), top=top)]
+                             bytes=list(self.tokenizer.token_bytes(out.token_id)), top=self._top(out.top_logprobs))]
+
+    def _top(self, alternatives: list[tuple[int, float]]) -> list[TopLogprob]:
+        return [TopLogprob(token_id=t, token=self._text(t), logprob=lp, bytes=list(self.tokenizer.token_bytes(t)))
+                for t, lp in alternatives]
+
+    def add_echo(self, scored: PromptScored) -> None:
+        """Queue the prompt echo of every choice, with the prompt tokens' logprobs (the first one's is None)."""
+        text = self.tokenizer.decode(scored.prompt_ids, skip_special=False)
+        logprobs = [TokenLogprob(token_id=s.token_id, token=self._text(s.token_id), logprob=s.logprob,
+                                 bytes=list(self.tokenizer.token_bytes(s.token_id)), top=self._top(s.top))
+                    for s in scored.scores]
+        for index in range(scored.n):
+            self._pending.append(TokenEvent(id=scored.request_id, seq=self.next_seq(scored.request_id), index=index,
+                                            text=text, token_ids=list(scored.prompt_ids), logprobs=logprobs,
+                                            echo=True))
 
     def _text(self, token_id: int) -> str:
         """A token's own text (bytes decoded with replacement; the exact bytes travel beside it)."""
@@ -101,6 +115,8 @@ class EventPublisher:
                     self._pending.append(ChoiceEndEvent(id=event.request_id, seq=self.next_seq(event.request_id),
                                                         index=event.index, finish_reason=out.finish_reason,
                                                         stop_sequence=out.stop_sequence))
+            elif isinstance(event, PromptScored):
+                self.add_echo(event)
             elif isinstance(event, RequestDone):
                 self.add_done(event)
                 ended.append(event.request_id)
@@ -115,14 +131,16 @@ class EventPublisher:
         return ended
 
     def add_done(self, done: RequestDone) -> None:
-        """Queue the terminal DoneEvent (after ChoiceEnd events for choices cut short, e.g. cancelled)."""
+        """Queue the terminal DoneEvent (after ChoiceEnd events for choices cut short (cancelled) or ended
+        without a token (a scored prompt with max_tokens 0))."""
         rid = done.request_id
         for index, (reason, tail) in enumerate(zip(done.finish_reasons, done.tail_texts or [""] * len(done.finish_reasons))):
-            if reason == StopReason.CANCELLED:
+            if reason == StopReason.CANCELLED or done.unsampled:
                 if tail:
                     self._pending.append(TokenEvent(id=rid, seq=self.next_seq(rid), index=index, text=tail))
                 self._pending.append(ChoiceEndEvent(id=rid, seq=self.next_seq(rid), index=index,
-                                                    finish_reason="cancelled"))
+                                                    finish_reason="cancelled" if reason == StopReason.CANCELLED
+                                                    else "length"))
         t = done.timings
         timing = None
         if t.finished is not None:

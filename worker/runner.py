@@ -42,7 +42,7 @@ RECLAIM_EVERY_S = 1.0  # how often a worker looks for dead or silent workers' jo
 EXPORTED_STATS = frozenset({  # SchedulerStats fields every gateway's /metrics shows per worker
     "active", "queue_depth", "kv_blocks_used", "kv_blocks_total", "prefix_queries", "prefix_hits",
     "prefix_tokens_hit", "preemptions", "prompt_tokens", "generated_tokens", "requests_finished",
-    "requests_cancelled", "requests_failed", "steps", "speculated_tokens", "accepted_tokens"})
+    "requests_cancelled", "requests_failed", "steps", "speculated_tokens", "accepted_tokens", "tokens_left"})
 IDLE_BLOCK_MS = 200
 Entry = tuple[str, str]  # (job stream, entry id): where a job is, and what its ack names
 
@@ -355,12 +355,14 @@ class WorkerRunner:
             if resume is not None:
                 request.resume_tokens = [resume.tokens.get(i, []) for i in range(job.n)]
                 request.resume_ended = set(resume.ended)
-            if job.echo and (resume is None or not resume.echoed):
+                if resume.echoed:  # the echo (and its prompt logprobs) went out before the takeover
+                    request.prompt_logprobs = None
+            if job.echo and request.prompt_logprobs is None and (resume is None or not resume.echoed):
                 text = self.engine.tokenizer.decode(request.prompt_ids, skip_special=False)
                 for index in range(job.n):
                     self.publisher.add_event(TokenEvent(id=job.id, seq=self.publisher.next_seq(job.id), index=index,
                                                         text=text, token_ids=list(request.prompt_ids), echo=True))
-            if request.params.max_tokens == 0:  # OpenAI's completions: no tokens, finish_reason "length"
+            if request.params.max_tokens == 0 and request.prompt_logprobs is None:  # no tokens, finish "length"
                 self._end_without_tokens(job, "length", prompt_tokens=len(request.prompt_ids))
                 acks.append(entry)
                 return

@@ -20,6 +20,7 @@ from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams
 from worker.engine.sampling import SampledToken
 from worker.engine.stopping import StopReason
+from worker.prompt_scoring import PromptScored, PromptScorer, score_chunk
 from worker.scheduler_config import SchedulerConfig, auto_slots
 from worker.sequences import (
     EmbeddingDone,
@@ -44,9 +45,11 @@ def _output_kind(seq: ScheduledSequence, tokens: list[int]) -> str:
     """What the forward returns for a plan row: pooled states, every row's logits (drafts), or the last."""
     if seq.gen is None:
         return "hidden"
+    if seq.state == SeqState.PREFILLING and seq.group.scorer is not None:
+        return "all"  # echo + logprobs: every prompt row is scored (worker.prompt_scoring)
     return "all" if seq.state == SeqState.DECODING and len(tokens) > 1 else "last"
 
-StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone
+StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone | PromptScored
 MIB = 1 << 20
 class Scheduler:
     """Drives one engine: each step() runs ONE forward over every active sequence's new tokens."""
@@ -86,6 +89,8 @@ class Scheduler:
         if self.blocks.blocks_for(total) > self.pool.n_blocks:
             raise ValueError(f"{total} tokens do not fit this worker's KV pool of {self.pool.capacity_tokens} tokens")
         group = RequestGroup(request, next(self._arrivals))
+        if request.prompt_logprobs is not None:
+            group.scorer = PromptScorer(request.prompt_ids, request.prompt_logprobs)
         for index in range(request.n):
             gen = self.engine.new_generation(request.prompt_ids, self._choice_params(request, index))
             group.sequences.append(ScheduledSequence(group, index, gen, next(self._seq_ids)))
@@ -208,13 +213,18 @@ class Scheduler:
             if seq.state == SeqState.DECODING and len(tokens) > 1:
                 self._verify(seq, tokens, logits, now, events)
                 continue
+            start = seq.computed
             self._computed(seq, len(tokens))
             if seq.gen is None:
                 self._on_hidden(seq, logits, now, events)
                 continue
-            if seq.group.cancelled or seq.pending_prefill > 0:
-                continue
-            if seq.state == SeqState.PREFILLING:
+            if logits.ndim == 2:  # every row of a scored prompt's prefill chunk; the last one samples
+                logits = score_chunk(seq.group, start, logits, events)
+            if seq.group.cancelled or seq.pending_prefill > 0 or seq.state == SeqState.FINISHED:
+                continue  # (finished: a scoring-only choice its group's other prefill ended this step)
+            if seq.state == SeqState.PREFILLING and seq.group.request.params.max_tokens == 0:
+                self._end_unsampled(seq.group, now, events)  # scoring only: no token is sampled
+            elif seq.state == SeqState.PREFILLING:
                 rows.extend(self._on_prefill_done(seq, logits))
             else:
                 rows.append((seq, logits))
@@ -386,6 +396,19 @@ class Scheduler:
             rows.append((follower, logits))
         return [*rows, (seq, logits)]
 
+    def _end_unsampled(self, group: RequestGroup, now: float, events: list[StepEvent]) -> None:
+        """End every choice of a prefilled max_tokens-0 request with 'length', no token sampled (echo scoring)."""
+        self.stats.prompt_tokens += len(group.request.prompt_ids)
+        for seq in group.sequences:
+            seq.gen.finish(StopReason.LENGTH)
+            seq.state = SeqState.FINISHED
+            self._free(seq)
+        self._active = [s for s in self._active if s.group is not group]
+        group.timings.first_token = group.timings.finished = now
+        self._groups.pop(group.request.request_id, None)
+        self.stats.requests_finished += 1
+        events.append(replace(self._done_event(group, []), unsampled=True))
+
     def _on_token(self, seq: ScheduledSequence, sampled: SampledToken, now: float, events: list[StepEvent]) -> None:
         """Give a sequence its sampled token, emit it, and retire the sequence if it finished."""
         seq.state = SeqState.DECODING
@@ -442,6 +465,7 @@ class Scheduler:
         """Update queue depth, active count, KV usage (and its peak) and prefix-cache counters."""
         self.stats.queue_depth = len({id(item[-1].group) for item in self._waiting if not item[-1].was_preempted})
         self.stats.active = len(self._active)
+        self.stats.tokens_left = sum(group.tokens_left for group in self._groups.values())
         self.stats.kv_blocks_used = self.blocks.num_used_blocks
         self.stats.kv_bytes = self.blocks.num_used_blocks * self.pool.bytes_per_block(self.engine.model.config,
                                                                                        self.pool.block_size)

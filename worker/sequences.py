@@ -9,6 +9,7 @@ from enum import Enum, IntEnum
 import numpy as np
 
 from worker.engine.generation import GenerationParams, GenerationState, TokenOutput
+from worker.prompt_scoring import PromptScorer
 from worker.speculation import NgramProposer
 
 
@@ -56,6 +57,7 @@ class GenerationRequest:
     cache_prompt: bool = True
     resume_tokens: list[list[int]] | None = None  # per choice, tokens a previous worker already sent
     resume_ended: set[int] = field(default_factory=set)  # choices that previous worker already ended
+    prompt_logprobs: int | None = None  # echo + logprobs: score the prompt's tokens (top k) before the first token
 
 
 @dataclass
@@ -147,6 +149,17 @@ class RequestGroup:
         self.timings = RequestTimings()
         self.cached_tokens = 0
         self.cancelled = False
+        self.scorer: PromptScorer | None = None  # collects the prompt's logprobs until they are sent
+
+    @property
+    def tokens_left(self) -> int:
+        """Tokens this request may still generate (max_tokens per choice, minus what was generated); 0 for an
+        embedding. The gateways' admission weighs the work ahead with it."""
+        if isinstance(self.request, EmbeddingRequest):
+            return 0
+        limit = self.request.params.max_tokens
+        return sum(max(0, limit - len(s.gen.generated_ids)) for s in self.sequences
+                   if s.gen is not None and s.state not in (SeqState.FINISHED, SeqState.CANCELLED))
 
     @property
     def done(self) -> bool:
@@ -175,6 +188,7 @@ class RequestDone:
     timings: RequestTimings
     seeds: list[int]
     tail_texts: list[str] = field(default_factory=list)  # text released at the very end (cancel), per choice
+    unsampled: bool = False  # the choices ended without a token (a scored prompt with max_tokens 0): end each
 
 
 @dataclass(frozen=True)
@@ -219,3 +233,4 @@ class SchedulerStats:
     prefix_tokens_hit: int = 0
     speculated_tokens: int = 0  # drafted tokens checked
     accepted_tokens: int = 0  # of which kept
+    tokens_left: int = 0  # tokens the unfinished requests may still generate (gauge)

@@ -1,4 +1,4 @@
-"""Admission that keeps its promise: refuse work that cannot start well before its deadline, check n against the
+"""Admission that keeps its promise: refuse work that cannot finish well before its deadline, check n against the
 workers' width, and open a queued stream at once with `: queued` and keep-alives."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.admission import expected_wait_s, retry_after_s
+from gateway.admission import expected_finish_s, retry_after_s
 from gateway.app import create_app
 from shared.registry import RegistryEntry
 
@@ -20,35 +20,62 @@ pytestmark = pytest.mark.anyio
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
-def _entry(slots: int, load: int, rate: float) -> RegistryEntry:
+def _entry(slots: int, load: int, rate: float, **stats: float) -> RegistryEntry:
     now = time.time()
     return RegistryEntry(worker_id="w", model="m", slots=slots, heartbeat=now, started=now, load=load,
-                         stats={"finish_rate": rate})
+                         stats={"finish_rate": rate, **stats})
 
 
-def test_the_expected_wait_is_the_queue_ahead_over_the_finish_rate() -> None:
-    assert expected_wait_s([_entry(4, 4, 2.0), _entry(4, 4, 3.0)], waiting=49) == 50 / 5.0
-    assert expected_wait_s([_entry(4, 2, 2.0)], waiting=1) == 0.0  # a free slot: starts at once
-    assert expected_wait_s([_entry(4, 4, 0.0)], waiting=100) == 0.0  # no rate measured yet: the count limit rules
+def test_the_expected_finish_is_the_work_in_flight_and_ahead_over_the_measured_rates() -> None:
+    # requests: 8 in flight + 49 waiting + itself, at 5 requests/s
+    assert expected_finish_s([_entry(4, 4, 2.0), _entry(4, 4, 3.0)], waiting=49) == 58 / 5.0
+    assert expected_finish_s([_entry(4, 2, 2.0)], waiting=1) == 0.0  # a free slot: starts at once
+    assert expected_finish_s([_entry(4, 4, 0.0)], waiting=100) == 0.0  # no rate measured yet: the count limit rules
+    # in a burst the heartbeat's load (0) is stale; the 4 jobs taken and not acked, read live, fill the slots
+    assert expected_finish_s([_entry(4, 0, 2.0)], waiting=0, in_flight=4) == (4 + 0 + 1) / 2.0
+    # tokens: the rate was measured on short jobs (10 requests/s), but 400 tokens are left in flight and the
+    # new job and the 2 waiting ahead of it may generate 200 each: (400 + 3 x 200) / 100 tokens/s
+    long_jobs = [_entry(4, 4, 10.0, token_rate=100.0, tokens_left=400.0)]
+    assert expected_finish_s(long_jobs, waiting=2, tokens=200) == 10.0
+    short_jobs = [_entry(4, 4, 10.0, token_rate=100.0, tokens_left=20.0)]
+    assert expected_finish_s(short_jobs, waiting=2, tokens=2) == (4 + 2 + 1) / 10.0  # the larger: by requests
     assert retry_after_s(400.0, 300.0) == 60 and retry_after_s(300.5, 300.0) == 1
 
 
-async def test_a_request_that_could_not_start_before_its_deadline_is_a_429(
+async def test_a_request_that_could_not_finish_before_its_deadline_is_a_429(
         client: httpx.AsyncClient, worker: Any) -> None:
-    # settings: request_timeout_s 5 -> budget 2.5 s; a full worker finishing 1 request/s with 3 queued -> 4 s
-    await worker.register(load=8, **{"stat.finish_rate": 1.0})
-    for _ in range(3):
-        asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    # settings: request_timeout_s 5 -> budget 2.5 s; a full worker (8 in flight) finishing 4 requests/s: the
+    # first two queued ones finish after 2.25 s and 2.5 s, a third would after 2.75 s
+    await worker.register(load=8, **{"stat.finish_rate": 4.0})
+    queued = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)) for _ in range(2)]
     await asyncio.sleep(0.3)
     refused = await client.post("/v1/chat/completions", json=CHAT)
     assert refused.status_code == 429, refused.text
     assert "before its deadline" in refused.json()["error"]["message"]
-    assert refused.headers["retry-after"] == "2"  # ceil(4 - 2.5)
-    await worker.register(load=8, **{"stat.finish_rate": 10.0})  # faster workers: 0.4 s of work ahead
-    task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
-    for _ in range(4):
+    assert refused.headers["retry-after"] == "1"  # ceil(2.75 - 2.5)
+    await worker.register(load=8, **{"stat.finish_rate": 1.0})  # slower: (8 + 2 + 1) / 1 -> ceil(11 - 2.5)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).headers["retry-after"] == "9"
+    # long jobs: by tokens, 200 left in flight + 3 x 2 at 50 tokens/s is 4.1 s, though requests finish fast
+    await worker.register(load=8, **{"stat.finish_rate": 100.0, "stat.token_rate": 50.0, "stat.tokens_left": 200})
+    assert (await client.post("/v1/chat/completions", json=CHAT)).headers["retry-after"] == "2"
+    await worker.register(load=8, **{"stat.finish_rate": 10.0, "stat.token_rate": 0.0})  # faster: done after 1.1 s
+    queued.append(asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)))
+    for _ in range(3):
         await worker.answer(await worker.take(), ["ok"])
-    assert (await task).status_code == 200
+    assert [(await task).status_code for task in queued] == [200, 200, 200]
+
+
+async def test_a_burst_is_judged_with_its_own_requests_counted(client: httpx.AsyncClient, worker: Any) -> None:
+    """Requests admitted at the same moment see each other before they reach the stream: of six at once on a full
+    worker finishing 4 requests/s (budget 2.5 s), two are admitted (2.25 s, 2.5 s), four refused."""
+    await worker.register(load=8, **{"stat.finish_rate": 4.0})
+    tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)) for _ in range(6)]
+    await asyncio.sleep(0.5)
+    refused = [t.result() for t in tasks if t.done()]
+    assert len(refused) == 4 and all(r.status_code == 429 and r.headers["retry-after"] for r in refused)
+    for _ in range(2):
+        await worker.answer(await worker.take(), ["ok"])
+    assert sorted(r.status_code for r in await asyncio.gather(*tasks)) == [200, 200, 429, 429, 429, 429]
 
 
 async def test_n_wider_than_any_worker_is_a_400_naming_n(client: httpx.AsyncClient, worker: Any) -> None:

@@ -318,3 +318,13 @@ def _with(engine: Any, request: GenerationRequest) -> Scheduler:
     sched = Scheduler(engine, SchedulerConfig())
     sched.add(request)
     return sched
+
+
+def test_tokens_left_counts_what_unfinished_requests_may_still_generate(tiny_engine: Any) -> None:
+    sched = Scheduler(tiny_engine, SchedulerConfig(max_sequences=4))
+    sched.add(_request("a", _prompt(tiny_engine, 5, 1), max_tokens=6, n=2))
+    sched.add(_request("b", _prompt(tiny_engine, 5, 2), max_tokens=4))
+    sched.step()  # prefill (each choice of a samples its first token)
+    assert sched.stats.tokens_left == 2 * 5 + 3
+    run_all(sched)
+    assert sched.stats.tokens_left == 0
