@@ -9,6 +9,7 @@ from enum import Enum, IntEnum
 import numpy as np
 
 from worker.engine.generation import GenerationParams, GenerationState, TokenOutput
+from worker.engine.lora import LoraUse
 from worker.speculation import NgramProposer
 
 
@@ -56,6 +57,8 @@ class GenerationRequest:
     cache_prompt: bool = True
     resume_tokens: list[list[int]] | None = None  # per choice, tokens a previous worker already sent
     resume_ended: set[int] = field(default_factory=set)  # choices that previous worker already ended
+    loras: tuple[LoraUse, ...] = ()  # LoRA adapters (and scales) every choice runs under
+
 
 
 @dataclass
@@ -69,6 +72,7 @@ class EmbeddingRequest:
     priority: Priority = Priority.NORMAL
     n: int = 1  # sequences are the inputs, none forked
     cache_prompt: bool = False
+    loras: tuple[LoraUse, ...] = ()  # embeddings run on the base model
 
     @property
     def prompt_ids(self) -> list[int]:
