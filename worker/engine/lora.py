@@ -217,13 +217,15 @@ class LoraBatch:
     """A step's rows grouped by adapter: for each adapter in the step, its rows and each row's scale."""
 
     def __init__(self, groups: list[tuple[LoraAdapter, Array | slice, Array]]) -> None:
-        self.groups = groups  # (adapter, rows: (G,) index array or slice(None) for all, scales (G, 1))
+        self.groups = groups  # (adapter, rows: a slice when contiguous, else a (G,) index array, scales (G, 1))
 
     @classmethod
     def from_rows(cls, row_uses: Sequence[Sequence[LoraUse]], spans: np.ndarray) -> LoraBatch | None:
-        """Group per-entry adapter sets (entry i owns token rows spans[i]:spans[i+1]); None when no row has one."""
+        """Group per-entry adapter sets (entry i owns token rows spans[i]:spans[i+1]); None when no row has one.
+
+        An adapter whose rows are contiguous (Model.forward orders entries by adapter set) gets a slice: a view,
+        no gather or scatter copy."""
         by_adapter: dict[int, tuple[LoraAdapter, list[np.ndarray], list[np.ndarray]]] = {}
-        n_rows = int(spans[-1])
         for i, uses in enumerate(row_uses):
             rows = np.arange(spans[i], spans[i + 1])  # (T_i,)
             for adapter, scale in uses:
@@ -234,12 +236,10 @@ class LoraBatch:
             return None
         groups: list[tuple[LoraAdapter, Array | slice, Array]] = []
         for adapter, rows_list, scales_list in by_adapter.values():
-            rows = np.concatenate(rows_list)  # (G,)
+            rows = np.concatenate(rows_list)  # (G,) ascending: entries come in step order
             scales = np.concatenate(scales_list)[:, None]  # (G, 1)
-            selector: Array | slice = slice(None) if len(rows) == n_rows else ops.asarray(rows)
-            if isinstance(selector, slice):
-                order = np.argsort(rows)  # rows in step order, so the slice and the scales line up
-                scales = scales[order]
+            contiguous = int(rows[-1]) - int(rows[0]) + 1 == len(rows)
+            selector: Array | slice = slice(int(rows[0]), int(rows[-1]) + 1) if contiguous else ops.asarray(rows)
             groups.append((adapter, selector, ops.asarray(scales)))
         return cls(groups)
 

@@ -63,6 +63,14 @@ class Model:
                 raise ContextLengthError(f"{end} tokens exceed the context length {self.config.context_length}")
             if pool.blocks.num_tokens(entry.seq_id) < end:
                 raise ValueError(f"sequence {entry.seq_id} has no KV slots for positions up to {end}")
+        if any(entry.loras for entry in entries):  # rows of one adapter set next to each other: slices, not gathers
+            order = sorted(range(len(entries)), key=lambda i: _lora_order(entries[i]))
+            if order != list(range(len(entries))):
+                outputs = self.forward([entries[i] for i in order], pool)
+                restored: list[Array | None] = [None] * len(entries)
+                for position, i in enumerate(order):
+                    restored[i] = outputs[position]
+                return restored
         batch = ForwardBatch(entries, pool)
         arch, weights = self.architecture, self.weights
         x = arch.embed(weights, batch.tokens)  # (N, D)
@@ -98,3 +106,8 @@ class Model:
             offset += n
             logit_offset += n if entry.output in ("last", "all") else 0
         return results
+
+
+def _lora_order(entry: BatchEntry) -> tuple[int, ...]:
+    """A sort key that puts entries with the same adapters next to each other (base-model entries first)."""
+    return tuple(sorted(id(adapter) for adapter, _ in entry.loras))
