@@ -3,8 +3,9 @@ the batch, against the base model alone, in the same run.
 
 Adapters are random, written with gguf's GGUFWriter into a temp dir in the layout of llama.cpp's
 convert_lora_to_gguf.py (rank --rank, every projection a llama block has: q, k, v, o, gate, up, down).
-Streams are dealt to the adapters round robin, so every step's batch holds every adapter. Each level is
-measured --repeat times, interleaved with the others (best of), to ride out noise from other processes.
+Streams are dealt to the adapters round robin, so every step's batch holds every adapter. The levels are
+stepped in turn, one decode step each, so load from other processes falls on all of them alike; best of
+--repeat rounds.
 Run: python bench/lora.py [--model smollm2-135m] [--streams 32] [--counts 1,2,4,8] [--steps 16] [--rank 8]
 """
 
@@ -53,9 +54,10 @@ def write_random_adapter(path: Path, engine: Engine, rank: int, seed: int) -> Pa
     return path
 
 
-def decode_rate(engine: Engine, streams: int, steps: int, adapters: list[LoraAdapter]) -> float:
-    """Aggregate decode tok/s of `streams` greedy requests, dealt round robin to `adapters` (none: base)."""
-    sched = Scheduler(engine, SchedulerConfig(max_sequences=streams, prefix_cache=False, max_queue=streams))
+def start_streams(engine: Engine, streams: int, steps: int, adapters: list[LoraAdapter]) -> Scheduler:
+    """A scheduler holding `streams` greedy requests, dealt round robin to `adapters` (none: base), prefilled."""
+    sched = Scheduler(engine, SchedulerConfig(max_sequences=streams, prefix_cache=False, max_queue=streams,
+                                              kv_budget_mib=64))
     rng = np.random.default_rng(streams)
     params = GenerationParams(max_tokens=steps + 2, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
     for i in range(streams):
@@ -63,10 +65,21 @@ def decode_rate(engine: Engine, streams: int, steps: int, adapters: list[LoraAda
         loras = ((adapters[i % len(adapters)], 1.0),) if adapters else ()
         sched.add(GenerationRequest(f"b{i}", prompt, params, loras=loras))
     sched.step()  # prefill all prompts (and sample the first tokens)
-    start, tokens = time.perf_counter(), 0
+    return sched
+
+
+def interleaved_rates(engine: Engine, streams: int, steps: int, levels: dict[int, list[LoraAdapter]]) -> dict[int, float]:
+    """Decode tok/s of every level, stepping the levels in turn (one decode step each), so load from other
+    processes falls on all of them alike."""
+    scheds = {level: start_streams(engine, streams, steps, adapters) for level, adapters in levels.items()}
+    seconds = dict.fromkeys(levels, 0.0)
+    tokens = dict.fromkeys(levels, 0)
     for _ in range(steps):
-        tokens += sum(1 for e in sched.step() if isinstance(e, SequenceStep))
-    return tokens / (time.perf_counter() - start)
+        for level, sched in scheds.items():
+            start = time.perf_counter()
+            tokens[level] += sum(1 for e in sched.step() if isinstance(e, SequenceStep))
+            seconds[level] += time.perf_counter() - start
+    return {level: tokens[level] / seconds[level] for level in levels}
 
 
 def main() -> None:
@@ -84,13 +97,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         adapters = [engine.model.load_adapter(write_random_adapter(Path(tmp) / f"a{i}.gguf", engine, args.rank, i),
                                               f"a{i}") for i in range(max(counts))]
-    decode_rate(engine, 4, 2, adapters[:1])  # warm-up
+    interleaved_rates(engine, 4, 2, {0: [], 1: adapters[:1]})  # warm-up
     best: dict[int, float] = {}
     for _ in range(args.repeat):
-        for count in [0, *counts]:
-            rate = decode_rate(engine, args.streams, args.steps, adapters[:count])
-            best[count] = max(best.get(count, 0.0), rate)
-    print(f"{args.streams} streams, rank {args.rank}, {args.steps} decode steps, best of {args.repeat}")
+        rates = interleaved_rates(engine, args.streams, args.steps, {c: adapters[:c] for c in [0, *counts]})
+        best = {c: max(best.get(c, 0.0), r) for c, r in rates.items()}
+    print(f"{args.streams} streams, rank {args.rank}, {args.steps} decode steps per level (levels stepped in "
+          f"turn), best of {args.repeat}")
     print(f"{'adapters':>8} {'decode tok/s':>13} {'vs base':>8} {'step cost':>10}")
     for count in [0, *counts]:
         ratio = best[count] / best[0]
