@@ -127,8 +127,12 @@ async def list_models(request: Request) -> Response:
 async def get_model(request: Request) -> Response:
     """GET /v1/models/{model}"""
     model = request.path_params["model"]
-    workers = (await request.app.state.broker.registry.live_models()).get(model)
+    live = await request.app.state.broker.registry.live_models()
+    workers = live.get(model)
     if not workers:
+        adapter = next((a for a in lora_routes.adapter_objects(live) if a["id"] == model), None)
+        if adapter is not None:
+            return JSONResponse(adapter)
         raise ModelNotFound(f"The model '{model}' does not exist", param="model")
     return JSONResponse(responses.model_object(model, int(min(w.started for w in workers))))
 

@@ -107,6 +107,7 @@ def test_adapters_are_listed_with_their_parent(cluster: Any, adapters: httpx.Cli
     assert MODEL in listed
     assert listed[f"{MODEL}:style-a"].model_extra["parent"] == MODEL
     assert listed[f"{MODEL}:style-b"].model_extra["parent"] == MODEL
+    assert client.models.retrieve(f"{MODEL}:style-a").model_extra["parent"] == MODEL
     admin = adapters.get("/admin/loras", params={"model": MODEL}).json()["data"]
     assert {a["name"]: len(a["loaded_by"]) for a in admin} == {"style-a": 2, "style-b": 2}
 
