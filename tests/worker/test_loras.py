@@ -82,3 +82,38 @@ def test_count_and_memory_bounds(tiny_model, adapter_files: dict[str, Path]) -> 
         small.load("a", str(adapter_files["a"]))
     with pytest.raises(ValueError, match="adapter name"):
         small.load("a:b", str(adapter_files["a"]))
+
+
+def test_scheduler_keys_the_prefix_cache_by_adapter_set(tiny_engine, tmp_path: Path) -> None:
+    from tiny_gguf import D_FF
+
+    from worker.engine.generation import GenerationParams
+    from worker.engine.sampling import SamplingParams
+    from worker.scheduler import Scheduler, SchedulerConfig
+    from worker.sequences import GenerationRequest, RequestDone, SequenceStep
+
+    shapes = {"attn_v": (D_MODEL // N_HEADS * 2, D_MODEL), "ffn_down": (D_MODEL, D_FF)}
+    path = write_adapter(tmp_path / "strong.gguf", random_pairs(shapes, N_LAYERS, 4, seed=5, scale=0.5))
+    adapter = tiny_engine.model.load_adapter(path, "strong")
+    sched = Scheduler(tiny_engine, SchedulerConfig())
+    params = GenerationParams(max_tokens=8, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
+    prompt = list(range(3, 60))
+
+    def run(rid: str, loras: tuple) -> tuple[list[int], int]:
+        sched.add(GenerationRequest(rid, prompt, params, loras=loras))
+        tokens, cached = [], -1
+        while sched.has_work:
+            for event in sched.step():
+                if isinstance(event, SequenceStep):
+                    tokens.append(event.output.token_id)
+                elif isinstance(event, RequestDone):
+                    cached = event.cached_tokens
+        return tokens, cached
+
+    base_tokens, _ = run("base", ())
+    first, first_cached = run("lora-1", ((adapter, 1.0),))
+    second, second_cached = run("lora-2", ((adapter, 1.0),))
+    _, half_cached = run("lora-half", ((adapter, 0.5),))
+    assert first != base_tokens  # the adapter changes the output
+    assert first_cached == 0 and half_cached == 0  # another adapter set never reuses the base's (or each other's) KV
+    assert second_cached > 0 and second == first  # the same set reuses its own
