@@ -25,6 +25,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from gateway import admission
 from gateway.error_log import ErrorLog
+from gateway.loras import resolve_job
 from gateway.metrics import FleetSnapshot, GatewayMetrics
 from gateway.rate_limit import RateLimiter
 from gateway.redis_errors import redis_unavailable
@@ -97,7 +98,7 @@ class Broker:
 
     async def submit(self, job: Job) -> EventStream:
         """Admit and queue `job`; returns the stream of its events (close it when done)."""
-        await self._admit(job)  # counted in self._admitting from here until it is in the stream
+        job = await self._admit(job)  # counted in self._admitting from here until it is in the stream
         try:
             return await self._queue(job)
         finally:
@@ -134,7 +135,8 @@ class Broker:
             return
         log.info("cancelled %s (%s)", request_id, reason)
 
-    async def _admit(self, job: Job) -> None:
+    async def _admit(self, job: Job) -> Job:
+        """Check the job can be served now (else raise); returns it with its LoRA adapters resolved."""
         model = job.model
         live = await self.registry.live_workers()
         if not any(w.model == model for w in live):
@@ -150,6 +152,8 @@ class Broker:
                 )
             raise ModelNotFound(f"The model '{model}' does not exist", param="model")
         workers = [w for w in live if w.model == model]
+        if isinstance(job, GenerateJob):
+            job = resolve_job(job, workers)  # an adapter no live worker has: 404 naming it
         widest = max(w.slots for w in workers)
         if isinstance(job, GenerateJob) and widest and job.n > widest:
             raise InvalidRequest(f"n is {job.n}, but the workers of model '{model}' run at most {widest} "
@@ -173,6 +177,7 @@ class Broker:
                 f"rate its workers finish them; this one could not finish well before its deadline; "
                 "please retry", retry_after=admission.retry_after_s(expected, budget))
         self._admitting[model] = self._admitting.get(model, 0) + 1  # no await since the count was read
+        return job
 
     async def fleet_snapshot(self) -> FleetSnapshot:
         """Live workers and the waiting jobs of each of their models, for /metrics."""

@@ -5,7 +5,7 @@ InvalidRequest that names the offending `param`. Unknown fields are ignored, as 
 fields llmfleet cannot honour (non-text content, suffix, best_of > 1, dimensions, the legacy functions) are
 refused rather than silently ignored. Structured output (response_format and llama.cpp's json_schema,
 grammar, regex) is read by gateway/structured.py, tools and tool_choice by gateway/tools.py. Extensions
-beyond OpenAI: top_k, min_p, repetition_penalty, ignore_eos, priority, cache_prompt. Only OpenAI's
+beyond OpenAI: top_k, min_p, repetition_penalty, ignore_eos, priority, cache_prompt, lora (gateway/loras.py). Only OpenAI's
 documented limits are checked here (temperature, top_p, penalties, logit_bias, top_logprobs, ...); the
 ranges of the extensions (top_k, min_p, repetition_penalty) are checked once, by the engine's
 SamplingParams.validate in the worker, which answers with a 400 error event.
@@ -27,10 +27,11 @@ from gateway.checks import (
     string,
     token_ids,
 )
+from gateway.loras import parse_loras, split_model
 from gateway.structured import parse_constraint
 from gateway.tools import ToolOptions, parse_tool_calls, parse_tools
 from shared.errors import InvalidRequest
-from shared.messages import PRIORITIES, ChatMessage, OutputConstraint, Sampling
+from shared.messages import PRIORITIES, ChatMessage, LoraRef, OutputConstraint, Sampling
 from shared.settings import Settings
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -57,6 +58,7 @@ class CompletionOptions:
     cache_prompt: bool
     constraint: OutputConstraint | None = None  # structured output, compiled by the worker
     timings: bool = False  # llama-server's timings_per_token: the response (last chunk) carries `timings`
+    loras: tuple[LoraRef, ...] = ()  # LoRA adapters: from `model: "<base>:<adapter>"` and the `lora` field
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,8 @@ def _model(body: dict[str, Any]) -> str:
 def _generation(
     body: dict[str, Any], settings: Settings, *, max_tokens: int | None, choices_per_n: int
 ) -> CompletionOptions:
-    model = _model(body)
+    model, adapter = split_model(_model(body))
+    loras = tuple(parse_loras(body, adapter))
     n = integer(body, "n", 1, 1, settings.max_n)
     if n * choices_per_n > settings.max_n:
         raise invalid("n", f"n times the number of prompts must be at most {settings.max_n}.")
@@ -186,6 +189,7 @@ def _generation(
         cache_prompt=boolean(body, "cache_prompt", True),
         constraint=parse_constraint(body),
         timings=boolean(body, "timings_per_token", False),
+        loras=loras,
     )
 
 

@@ -8,12 +8,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import anthropic, anthropic_messages, dashboard, protocol, responses, serving, tokenization
+from gateway import (
+    anthropic,
+    anthropic_messages,
+    dashboard,
+    lora_routes,
+    protocol,
+    responses,
+    serving,
+    tokenization,
+)
 from gateway.batch_routes import BATCH_ROUTES
 from gateway.broker import Broker
 from gateway.checks import parse_json_object
 from gateway.disconnect import unless_disconnected
 from gateway.error_log import note_request
+from gateway.loras import split_model
 from gateway.metrics import CONTENT_TYPE, FleetSnapshot
 from gateway.openapi import openapi_document
 from gateway.protocol import ChatRequest, CompletionRequest
@@ -53,8 +63,9 @@ async def _body(request: Request) -> dict:
         body["model"] = note.model = live[0]
     elif isinstance(model, str) and request.app.state.settings.any_model_name:
         live = sorted(await request.app.state.broker.registry.live_models())
-        if len(live) == 1:
-            body["model"] = note.model = live[0]
+        base, adapter = split_model(model)
+        if len(live) == 1 and base not in live and model not in live:
+            body["model"] = note.model = live[0] if adapter is None else f"{live[0]}:{adapter}"
     return body
 
 
@@ -106,17 +117,22 @@ def _tokenizer_route(operation: str) -> Callable[[Request], Awaitable[Response]]
 
 
 async def list_models(request: Request) -> Response:
-    """GET /v1/models: the models that have a live worker."""
+    """GET /v1/models: the models that have a live worker, then their LoRA adapters (`<base>:<adapter>`)."""
     live = await request.app.state.broker.registry.live_models()
     data = [responses.model_object(m, int(min(w.started for w in ws))) for m, ws in sorted(live.items())]
+    data += lora_routes.adapter_objects(live)
     return JSONResponse(responses.model_list(data))
 
 
 async def get_model(request: Request) -> Response:
     """GET /v1/models/{model}"""
     model = request.path_params["model"]
-    workers = (await request.app.state.broker.registry.live_models()).get(model)
+    live = await request.app.state.broker.registry.live_models()
+    workers = live.get(model)
     if not workers:
+        adapter = next((a for a in lora_routes.adapter_objects(live) if a["id"] == model), None)
+        if adapter is not None:
+            return JSONResponse(adapter)
         raise ModelNotFound(f"The model '{model}' does not exist", param="model")
     return JSONResponse(responses.model_object(model, int(min(w.started for w in workers))))
 
@@ -171,6 +187,7 @@ ROUTES = [
       for operation in tokenization.BUILDERS),
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    *lora_routes.ROUTES,
     Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi_json, methods=["GET"]),
     Route("/health", health, methods=["GET"]),

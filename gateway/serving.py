@@ -65,6 +65,7 @@ def _job_base(params: CompletionOptions, settings: Settings, request_id: str, no
         "cache_prompt": params.cache_prompt,
         "stream": params.stream,
         "constraint": params.constraint,
+        "loras": list(params.loras),
     }
 
 

@@ -117,6 +117,26 @@ class ModelNotFound(LLMFleetError):
     error_code = "model_not_found"
 
 
+class LoraNotFound(ModelNotFound):
+    """A request named a LoRA adapter no worker of its model has loaded."""
+
+    error_code = "lora_not_found"
+
+
+class LoraLoadFailed(InvalidRequest):
+    """A LoRA adapter could not be loaded (bad file, shapes that do not match the model, over a bound)."""
+
+    error_code = "lora_load_failed"
+
+
+class LoraLimitReached(LLMFleetError):
+    """The model already holds LLMFLEET_MAX_LORAS adapters."""
+
+    http_status = 409
+    error_type = "invalid_request_error"
+    error_code = "lora_limit_reached"
+
+
 class NotFound(LLMFleetError):
     """No such URL."""
 
@@ -195,6 +215,9 @@ _BY_STATUS_CODE: dict[tuple[int, str | None], type[LLMFleetError]] = {
         NoChatTemplate,
         AuthenticationFailed,
         ModelNotFound,
+        LoraNotFound,
+        LoraLoadFailed,
+        LoraLimitReached,
         BodyTooLarge,
         QueueFull,
         InternalError,

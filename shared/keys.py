@@ -32,6 +32,10 @@ Layout (values in brackets are what is stored there):
   llmfleet:batch:{id}:output     hash line index -> output JSONL line; :errors the same for failed lines;
                                  both deleted once the batch's files are written
   llmfleet:batch:{id}:lease      string runner id, PX LLMFLEET_BATCH_LEASE_S: the runner executing it
+  llmfleet:loras:{model}         hash adapter name -> JSON {"source": path or hf: name, "added": unix s}: the
+                                 LoRA adapters every worker of the model should hold (POST/DELETE /admin/loras)
+  llmfleet:lora-errors:{model}   hash adapter name -> the load error a worker hit (the name was dropped from
+                                 the desired set); cleared by the next POST of that name
   rq:queue:llmfleet-batches      rq's own keys (rq:job:*, rq:worker:*, ...): one rq job per batch, JSON
 """
 
@@ -132,3 +136,13 @@ def batch_errors(batch_id: str) -> str:
 def batch_lease(batch_id: str) -> str:
     """Which batch runner is executing a batch right now (expires unless renewed)."""
     return f"{PREFIX}batch:{batch_id}:lease"
+
+
+def loras_desired(model: str) -> str:
+    """The hash of LoRA adapters every worker of a model should have loaded (name -> JSON source)."""
+    return f"{PREFIX}loras:{model}"
+
+
+def loras_errors(model: str) -> str:
+    """The hash of adapter load errors of a model's workers (name -> message)."""
+    return f"{PREFIX}lora-errors:{model}"

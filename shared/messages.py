@@ -99,6 +99,16 @@ class OutputConstraint(_Part, kw_only=True):
         return f"{self.kind}({len(self.source)} chars)"
 
 
+class LoraRef(_Part, kw_only=True):
+    """A LoRA adapter a generate job runs under: its name (as loaded for the job's model) and scale.
+
+    The gateway checks the scale's range and that a live worker has the adapter; the worker resolves the name
+    again (an adapter it lacks is a 404 error event naming it)."""
+
+    name: str
+    scale: float = 1.0
+
+
 class GenerateJob(_Message, tag="generate", kw_only=True):
     """A text-generation job (chat or completion, streaming or not); exactly one prompt form is set."""
 
@@ -127,6 +137,7 @@ class GenerateJob(_Message, tag="generate", kw_only=True):
     tool_choice: ToolChoice = "auto"  # with tools; "none" leaves them out of the prompt
     tool_name: str | None = None  # the function tool_choice "named" forces
     parallel_tool_calls: bool = True
+    loras: list[LoraRef] = []  # adapters applied to every choice (empty: the base model); a resume re-applies them
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:
@@ -146,7 +157,9 @@ class GenerateJob(_Message, tag="generate", kw_only=True):
             size = f"prompt_tokens={len(self.prompt_token_ids or [])}"
         constraint = f" constraint={self.constraint.describe()}" if self.constraint is not None else ""
         tools = f" tools={len(self.tools)} tool_choice={self.tool_choice}" if self.tools else ""
-        return f"{self.id} generate model={self.model} {size} max_tokens={self.max_tokens} n={self.n}{constraint}{tools}"
+        loras = f" loras={','.join(f'{r.name}@{r.scale:g}' for r in self.loras)}" if self.loras else ""
+        return (f"{self.id} generate model={self.model} {size} max_tokens={self.max_tokens} n={self.n}"
+                f"{constraint}{tools}{loras}")
 
 
 class EmbedJob(_Message, tag="embed", kw_only=True):

@@ -32,12 +32,14 @@ class RegistryEntry:
     version: int = WIRE_VERSION
     host: str = field(default_factory=socket.gethostname)
     stats: dict[str, float] = field(default_factory=dict)  # scheduler counters and gauges, as `stat.<name>` fields
+    loras: tuple[str, ...] = ()  # LoRA adapters loaded (names, comma-separated in the hash's `loras` field)
 
     def to_hash(self) -> dict[str, str | int | float]:
         """The hash fields to HSET (the worker id is the key, not a field)."""
         fields: dict[str, str | int | float] = {
             "model": self.model, "slots": self.slots, "version": self.version, "heartbeat": self.heartbeat,
-            "started": self.started, "state": self.state, "host": self.host, "load": self.load, "served": self.served}
+            "started": self.started, "state": self.state, "host": self.host, "load": self.load, "served": self.served,
+            "loras": ",".join(self.loras)}
         fields.update({STAT_PREFIX + name: value for name, value in self.stats.items()})
         return fields
 
@@ -52,6 +54,7 @@ class RegistryEntry:
                        state=values.get("state", READY), load=int(values.get("load", "0")),
                        served=int(values.get("served", "0")), version=int(values["version"]),
                        host=values.get("host", ""),
+                       loras=tuple(name for name in values.get("loras", "").split(",") if name),
                        stats={k.removeprefix(STAT_PREFIX): float(v) for k, v in values.items()
                               if k.startswith(STAT_PREFIX)})
         except (KeyError, ValueError):

@@ -13,12 +13,12 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _POSITIVE_INTS = (
     "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_n", "max_embed_inputs", "queue_limit",
     "stream_maxlen", "max_deliveries", "redis_max_connections", "max_batch_tokens", "max_prefill_tokens",
-    "max_file_bytes", "max_batch_lines", "batch_concurrency",
+    "max_file_bytes", "max_batch_lines", "batch_concurrency", "max_loras",
 )
 _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
     "model_memory_s", "kv_budget_mib", "drain_timeout_s", "sse_queued_after_s", "sse_keepalive_s",
-    "batch_lease_s",
+    "batch_lease_s", "lora_memory_mib",
 )
 
 
@@ -71,6 +71,8 @@ class Settings:
     max_batch_lines: int = 50_000  # requests in one batch input file (OpenAI's limit); over it: 400
     batch_concurrency: int = 8  # requests of one batch a batch runner has in flight at once
     batch_lease_s: float = 10.0  # a batch whose runner stopped renewing its lease this long is resumed by another
+    max_loras: int = 8  # LoRA adapters loaded per model (POST /admin/loras past it: 409)
+    lora_memory_mib: float = 512.0  # their weights per worker, all together (a load past it fails, naming it)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -157,6 +159,8 @@ ENV: dict[str, str] = {
     "max_batch_lines": "LLMFLEET_MAX_BATCH_LINES",
     "batch_concurrency": "LLMFLEET_BATCH_CONCURRENCY",
     "batch_lease_s": "LLMFLEET_BATCH_LEASE_S",
+    "max_loras": "LLMFLEET_MAX_LORAS",
+    "lora_memory_mib": "LLMFLEET_LORA_MEMORY_MIB",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 

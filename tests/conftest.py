@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,11 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))  # shared test helpers (process_helpers)
-FIXTURES_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "smollm2"
-GEMMA3_FIXTURES_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "gemma3"
+# the shared fixtures sit beside the checkout; LLMFLEET_TEST_SHARED points elsewhere (a git worktree, say)
+SHARED_DIR = Path(os.environ.get("LLMFLEET_TEST_SHARED") or REPO_ROOT.parent / "shared")
+FIXTURES_DIR = SHARED_DIR / "fixtures" / "smollm2"
+GEMMA3_FIXTURES_DIR = SHARED_DIR / "fixtures" / "gemma3"
+LORA_FIXTURES_DIR = SHARED_DIR / "fixtures" / "smollm2-lora"
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +37,14 @@ def smollm2_reference() -> dict[str, Any]:
     if not path.is_file():
         pytest.skip(f"reference fixture absent: {path}")
     return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def lora_fixtures() -> Path:
+    """The SmolLM2 LoRA adapters and llama.cpp's reference with them (../shared/fixtures/smollm2-lora)."""
+    if not (LORA_FIXTURES_DIR / "reference.json").is_file():
+        pytest.skip(f"LoRA fixture absent: {LORA_FIXTURES_DIR}")
+    return LORA_FIXTURES_DIR
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from worker.engine.constraints import Constraint, ConstraintError
 from worker.engine.engine import Engine
 from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
 from worker.engine.generation import GenerationParams
+from worker.engine.lora import LoraUse
 from worker.engine.sampling import SamplingParams
 from worker.engine.tools import Tool, call_grammar
 from worker.prompt_scoring import MAX_SCORED_PROMPT_TOKENS
@@ -36,9 +37,11 @@ def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
     return engine.encode_prompt(job.prompt or "")
 
 
-def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: int = 0) -> GenerationRequest:
+def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: int = 0,
+                       loras: tuple[LoraUse, ...] = ()) -> GenerationRequest:
     """Build the scheduler request of a generate job, checking it against the model's limits; a job without
-    max_tokens gets `default_max_tokens` (0: none), cut to what the context has left."""
+    max_tokens gets `default_max_tokens` (0: none), cut to what the context has left. `loras` are the job's
+    adapters, already resolved (worker.loras.AdapterSet.resolve)."""
     prompt_ids = prompt_ids_of(engine, job)
     param = "messages" if job.messages is not None else "prompt"
     if not prompt_ids:
@@ -65,7 +68,7 @@ def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: 
                              f"server; the prompt has {len(prompt_ids)}", param="logprobs")
     return GenerationRequest(job.id, prompt_ids, params, n=job.n, priority=Priority.parse(job.priority),
                              cache_prompt=job.cache_prompt and not scored,  # no prefix-cache hit skips a row
-                             prompt_logprobs=job.logprobs if scored else None)
+                             prompt_logprobs=job.logprobs if scored else None, loras=loras)
 
 
 def text_answer(engine: Engine, job: TextJob) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from worker.engine.errors import EngineError
 from worker.fencing import Grant, Lease, take_ownership
 from worker.heartbeat import Heartbeat
 from worker.jobs import embedding_request, generation_request, text_answer
+from worker.loras import AdapterSet
 from worker.publisher import EventPublisher
 from worker.resume import JournalState, JournalUnusable, read_journal
 from worker.scheduler import Scheduler, SchedulerConfig
@@ -86,8 +87,10 @@ class WorkerRunner:
         self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
                                    interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
                                    gauges=self._gauges, held_jobs=self._leases, stats=self._stats,
-                                   on_lost=self._lost_leases)
+                                   on_lost=self._lost_leases, loras=lambda: self.adapters.names)
         self.cancels = CancelListener(redis, model)
+        self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
+                                   max_bytes=int(settings.lora_memory_mib * (1 << 20)))
 
     # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
 
@@ -129,6 +132,7 @@ class WorkerRunner:
     def run(self) -> None:
         """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
         self.ensure_group()
+        self._safe(lambda: self.adapters.sync(self.redis, force=True))  # the desired adapters, before registering
         self.cancels.start()
         self.heartbeat.start()
         self.ready.set()
@@ -192,6 +196,7 @@ class WorkerRunner:
         for request_id in self.cancels.drain():
             self._cancel(request_id, acks)
         self._expire_deadlines(acks)
+        self.adapters.sync(self.redis)
         if self.heartbeat.state == "ready":
             try:
                 if time.monotonic() - self._last_reclaim > RECLAIM_EVERY_S:
@@ -351,7 +356,9 @@ class WorkerRunner:
                 with self._lock:
                     self._held[job.id] = HeldJob(entry[1], job, 1, entry[0], owner)
                 return
-            request = generation_request(self.engine, job, default_max_tokens=self.settings.default_max_tokens)
+            loras = self.adapters.resolve(job.loras, self.redis) if job.loras else ()
+            request = generation_request(self.engine, job, default_max_tokens=self.settings.default_max_tokens,
+                                         loras=loras)
             if resume is not None:
                 request.resume_tokens = [resume.tokens.get(i, []) for i in range(job.n)]
                 request.resume_ended = set(resume.ended)

@@ -18,6 +18,7 @@ from worker.engine.embeddings import finish_pool, pool_chunk
 from worker.engine.engine import Engine
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams
+from worker.engine.lora import lora_set_key
 from worker.engine.sampling import SampledToken
 from worker.engine.stopping import StopReason
 from worker.prompt_scoring import PromptScored, PromptScorer, score_chunk
@@ -197,8 +198,8 @@ class Scheduler:
         plan = self._plan()
         if not plan:
             return events
-        entries = [BatchEntry(seq.seq_id, np.asarray(tokens, np.int64), seq.computed, _output_kind(seq, tokens))
-                   for seq, tokens in plan]
+        entries = [BatchEntry(seq.seq_id, np.asarray(tokens, np.int64), seq.computed, _output_kind(seq, tokens),
+                              seq.group.request.loras) for seq, tokens in plan]
         try:
             outputs = self.engine.model.forward(entries, self.pool)
         except Exception as exc:  # the loop must survive anything one batch does
@@ -294,10 +295,11 @@ class Scheduler:
             headroom = sum(1 for s in self._active if s.state == SeqState.DECODING)
             if self._active and self.blocks.num_free_blocks - headroom < self.blocks.blocks_for(len(seq.target_ids)):
                 break
-            if not self.blocks.can_allocate(seq.target_ids, use_cache=use_cache):
+            seed = lora_set_key(group.request.loras)  # the prefix cache is keyed by the adapter set
+            if not self.blocks.can_allocate(seq.target_ids, use_cache=use_cache, seed=seed):
                 break
             try:
-                computed = self.blocks.allocate(seq.seq_id, seq.target_ids, use_cache=use_cache)
+                computed = self.blocks.allocate(seq.seq_id, seq.target_ids, use_cache=use_cache, seed=seed)
             except NoFreeBlocks:
                 break
             heapq.heappop(self._waiting)

@@ -9,6 +9,7 @@ from enum import Enum, IntEnum
 import numpy as np
 
 from worker.engine.generation import GenerationParams, GenerationState, TokenOutput
+from worker.engine.lora import LoraUse
 from worker.prompt_scoring import PromptScorer
 from worker.speculation import NgramProposer
 
@@ -58,6 +59,8 @@ class GenerationRequest:
     resume_tokens: list[list[int]] | None = None  # per choice, tokens a previous worker already sent
     resume_ended: set[int] = field(default_factory=set)  # choices that previous worker already ended
     prompt_logprobs: int | None = None  # echo + logprobs: score the prompt's tokens (top k) before the first token
+    loras: tuple[LoraUse, ...] = ()  # LoRA adapters (and scales) every choice runs under
+
 
 
 @dataclass
@@ -71,6 +74,7 @@ class EmbeddingRequest:
     priority: Priority = Priority.NORMAL
     n: int = 1  # sequences are the inputs, none forked
     cache_prompt: bool = False
+    loras: tuple[LoraUse, ...] = ()  # embeddings run on the base model
 
     @property
     def prompt_ids(self) -> list[int]:

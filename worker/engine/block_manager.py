@@ -3,7 +3,8 @@
 Full blocks are registered under a hash chain of their tokens (the block's tokens and the hash of the block
 before it, as vLLM's automatic prefix caching does), so a later sequence with the same prefix shares them
 instead of recomputing them. A block no sequence references but whose hash is registered stays cached in an
-LRU of evictable blocks until a fresh block is needed. Forked sequences share every block; the partly
+LRU of evictable blocks until a fresh block is needed. A chain starts from a seed (None for the base model,
+the LoRA adapter set's key otherwise), so sequences under different adapters never share KV. Forked sequences share every block; the partly
 filled last one is copied when one of them writes into it. Pure bookkeeping: no arrays here.
 """
 
@@ -92,10 +93,10 @@ class BlockManager:
 
     # ---- allocation -----------------------------------------------------------------------------------
 
-    def _cached_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], int | None]:
-        """Registered blocks that hold the leading full blocks of token_ids, and the last one's hash."""
+    def _cached_prefix(self, token_ids: Sequence[int], seed: int | None = None) -> tuple[list[int], int | None]:
+        """Registered blocks that hold the leading full blocks of token_ids (chain from seed), and the last hash."""
         blocks: list[int] = []
-        parent: int | None = None
+        parent: int | None = seed
         size = self.block_size
         for i in range(len(token_ids) // size):
             chunk = tuple(token_ids[i * size : (i + 1) * size])
@@ -107,7 +108,7 @@ class BlockManager:
             parent = key
         if blocks and len(blocks) * size >= len(token_ids):  # keep the last token to run, for fresh logits
             blocks.pop()
-            parent = self._hash_of[blocks[-1]] if blocks else None
+            parent = self._hash_of[blocks[-1]] if blocks else seed
         return blocks, parent
 
     def _fresh_needed(self, n_tokens: int, hits: list[int]) -> tuple[int, int]:
@@ -115,18 +116,22 @@ class BlockManager:
         hit_evictable = sum(1 for b in hits if b in self._evictable)
         return self.blocks_for(n_tokens) - len(hits), self.num_free_blocks - hit_evictable
 
-    def can_allocate(self, token_ids: Sequence[int], *, use_cache: bool = True) -> bool:
+    def can_allocate(self, token_ids: Sequence[int], *, use_cache: bool = True, seed: int | None = None) -> bool:
         """Whether a new sequence holding token_ids fits now (counting the blocks its prefix would reuse)."""
-        hits = self._cached_prefix(token_ids)[0] if use_cache and self.enable_prefix_caching else []
+        hits = self._cached_prefix(token_ids, seed)[0] if use_cache and self.enable_prefix_caching else []
         needed, available = self._fresh_needed(len(token_ids), hits)
         return needed <= available
 
-    def allocate(self, seq_id: int, token_ids: Sequence[int], *, use_cache: bool = True) -> int:
-        """Give a new sequence a table for token_ids; returns how many leading tokens are already computed."""
+    def allocate(self, seq_id: int, token_ids: Sequence[int], *, use_cache: bool = True,
+                 seed: int | None = None) -> int:
+        """Give a new sequence a table for token_ids; returns how many leading tokens are already computed.
+
+        seed starts the block hash chain: the key of the sequence's LoRA adapter set (None: the base model).
+        """
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id} already has blocks")
         lookup = use_cache and self.enable_prefix_caching
-        hits, parent = self._cached_prefix(token_ids) if lookup else ([], None)
+        hits, parent = self._cached_prefix(token_ids, seed) if lookup else ([], seed)
         needed, available = self._fresh_needed(len(token_ids), hits)
         if needed > available:
             raise NoFreeBlocks(f"{needed} blocks needed, {available} free")

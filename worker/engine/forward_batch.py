@@ -7,13 +7,16 @@ attended together with a constant number of array calls per layer; prefill chunk
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from worker.engine import ops
 from worker.engine.kv_pool import KVPool
 from worker.engine.ops import Array, RotaryTable
+
+if TYPE_CHECKING:
+    from worker.engine.lora import LoraUse
 
 OutputKind = Literal["last", "all", "hidden", "none"]
 
@@ -26,6 +29,7 @@ class BatchEntry:
     tokens: Array  # (T,) int token ids
     start: int  # position of tokens[0]: the sequence's tokens already in the pool
     output: OutputKind = "last"
+    loras: tuple[LoraUse, ...] = ()  # adapters (and scales) applied to this sequence's rows
 
 
 class ForwardBatch:
@@ -60,6 +64,15 @@ class ForwardBatch:
             self._decode_tables = ops.asarray(padded)  # (B1, nb)
         self._first_positions: dict[int, Array] = {}  # window -> (B1,) first visible position of each decode row
         self._angles: dict[int, tuple[Array, Array]] = {}
+        self.lora = None
+        if any(e.loras for e in entries):
+            from worker.engine.lora import LoraBatch
+
+            self.lora = LoraBatch.from_rows([e.loras for e in entries], self.starts)
+
+    def adapt(self, layer: int, projection: str, x: Array, out: Array) -> Array:
+        """Add the step's LoRA updates of one projection (input x (N, in), output out (N, out)); returns out."""
+        return out if self.lora is None else self.lora.add(layer, projection, x, out)
 
     @property
     def n_tokens(self) -> int:

@@ -11,10 +11,11 @@ from worker.engine import ops
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture
 from worker.engine.config import ModelConfig
-from worker.engine.errors import ContextLengthError
+from worker.engine.errors import ContextLengthError, ModelLoadError
 from worker.engine.forward_batch import BatchEntry, ForwardBatch
 from worker.engine.gguf_file import read_gguf
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
+from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
 from worker.engine.ops import Array
 
 
@@ -22,20 +23,29 @@ class Model:
     """Config, architecture and weights of one GGUF file; stateless across sequences (KV lives in a KVPool)."""
 
     def __init__(self, config: ModelConfig, architecture: Architecture, weights: Any,
-                 metadata: dict | None = None) -> None:
+                 metadata: dict | None = None, lora_base: dict[str, np.ndarray] | None = None) -> None:
         self.config = config
         self.architecture = architecture
         self.weights = weights
         self.metadata = metadata or {}
+        self.lora_base = lora_base or {}  # the small base tensors (norm weights) adapter loads fold in again
 
     @classmethod
     def from_file(cls, path: str | Path) -> Model:
         """Load a GGUF file (dequantized to float32 once)."""
         contents = read_gguf(path)
+        if contents.metadata.get("general.type") == "adapter":
+            raise ModelLoadError(path, "the file is a LoRA adapter, not a model: load it with POST /admin/loras")
         config = ModelConfig.from_metadata(contents.metadata, str(path))
         architecture = architecture_for(config, str(path))
         weights = architecture.load(contents.tensors, config, str(path))
-        return cls(config, architecture, weights, contents.metadata)
+        keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
+        lora_base = {name: contents.tensors[name].copy() for name in keep if name in contents.tensors}
+        return cls(config, architecture, weights, contents.metadata, lora_base)
+
+    def load_adapter(self, path: str | Path, name: str) -> LoraAdapter:
+        """Load a LoRA adapter for this model (AdapterLoadError naming the tensor when it does not fit)."""
+        return load_adapter(path, name, self.config, self.architecture.lora_targets(self.config), self.lora_base)
 
     def new_pool(self, budget_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  *, enable_prefix_caching: bool = True) -> KVPool:
@@ -53,6 +63,14 @@ class Model:
                 raise ContextLengthError(f"{end} tokens exceed the context length {self.config.context_length}")
             if pool.blocks.num_tokens(entry.seq_id) < end:
                 raise ValueError(f"sequence {entry.seq_id} has no KV slots for positions up to {end}")
+        if any(entry.loras for entry in entries):  # rows of one adapter set next to each other: slices, not gathers
+            order = sorted(range(len(entries)), key=lambda i: _lora_order(entries[i]))
+            if order != list(range(len(entries))):
+                outputs = self.forward([entries[i] for i in order], pool)
+                restored: list[Array | None] = [None] * len(entries)
+                for position, i in enumerate(order):
+                    restored[i] = outputs[position]
+                return restored
         batch = ForwardBatch(entries, pool)
         arch, weights = self.architecture, self.weights
         x = arch.embed(weights, batch.tokens)  # (N, D)
@@ -88,3 +106,8 @@ class Model:
             offset += n
             logit_offset += n if entry.output in ("last", "all") else 0
         return results
+
+
+def _lora_order(entry: BatchEntry) -> tuple[int, ...]:
+    """A sort key that puts entries with the same adapters next to each other (base-model entries first)."""
+    return tuple(sorted(id(adapter) for adapter, _ in entry.loras))

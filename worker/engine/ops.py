@@ -31,6 +31,11 @@ def linear(x: Array, weight: Array) -> Array:
     return (weight @ x.T).T  # (N, out), Fortran-ordered: callers that need rows contiguous copy it
 
 
+def lora_delta(x: Array, a: Array, b: Array) -> Array:
+    """A low-rank update (x @ a.T) @ b.T for x (G, in), a (R, in), b (out, R): (G, out), C-ordered."""
+    return (x @ a.T) @ b.T  # (G, out)
+
+
 def linear_rows(x: Array, weight: Array) -> Array:
     """x @ weight.T with a row-major result (cheaper than linear + a copy for wide outputs such as logits)."""
     return x @ weight.T  # (N, out), C-ordered

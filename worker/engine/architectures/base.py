@@ -8,6 +8,7 @@ import numpy as np
 
 from worker.engine.config import ModelConfig
 from worker.engine.forward_batch import ForwardBatch
+from worker.engine.lora_targets import LoraTarget
 from worker.engine.ops import Array
 
 
@@ -18,6 +19,9 @@ class Architecture(Protocol):
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> Any:
         """Map GGUF tensors to this architecture's weights (folding and fusing passes included)."""
+
+    def lora_targets(self, config: ModelConfig) -> tuple[LoraTarget, ...]:
+        """The projections LoRA adapters may target, with the load transforms of their base weights."""
 
     def embed(self, weights: Any, tokens: Array) -> Array:
         """Token ids (N,) to the first hidden states (N, D)."""

@@ -16,6 +16,7 @@ from worker.engine import ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, take
 from worker.engine.config import ModelConfig
 from worker.engine.forward_batch import ForwardBatch
+from worker.engine.lora_targets import LoraPart, LoraTarget
 from worker.engine.ops import Array, RotaryTable
 
 SLIDING_WINDOW_PATTERN = 6  # every 6th layer (i % 6 == 5) attends globally
@@ -118,6 +119,18 @@ class Gemma3:
             output=output,
         )
 
+    def lora_targets(self, config: ModelConfig) -> tuple[LoraTarget, ...]:
+        """The projections adapters may target (Q/K rows unpermuted in the file; the query scale follows QK-norm)."""
+        d, f = config.d_model, config.d_ff
+        q_dim, kv_dim = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+        return (
+            LoraTarget("qkv", (LoraPart("attn_q", q_dim, d), LoraPart("attn_k", kv_dim, d),
+                               LoraPart("attn_v", kv_dim, d)), "attn_norm"),
+            LoraTarget("o", (LoraPart("attn_output", d, q_dim),)),
+            LoraTarget("gate_up", (LoraPart("ffn_gate", f, d), LoraPart("ffn_up", f, d)), "ffn_norm"),
+            LoraTarget("down", (LoraPart("ffn_down", d, f),)),
+        )
+
     def embed(self, weights: Gemma3Weights, tokens: Array) -> Array:
         """Token ids (N,) to embeddings scaled by sqrt(D): (N, D)."""
         x = weights.token_embedding[tokens]  # (N, D) a copy: scaling in place is safe
@@ -129,7 +142,8 @@ class Gemma3:
         cfg, w = weights.config, weights.layers[layer]
         n_heads, n_kv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q_dim, kv_dim = n_heads * dh, n_kv * dh
-        qkv = ops.linear(ops.rms_normalize(x, cfg.rms_eps), w.wqkv)  # (N, H*Dh + 2*Hkv*Dh)
+        normed = ops.rms_normalize(x, cfg.rms_eps)  # (N, D)
+        qkv = batch.adapt(layer, "qkv", normed, ops.linear(normed, w.wqkv))  # (N, H*Dh + 2*Hkv*Dh)
         qk = ops.rms_normalize_heads(qkv[:, : q_dim + kv_dim].reshape(-1, n_heads + n_kv, dh),
                                      cfg.rms_eps)  # (N, H+Hkv, Dh)
         qk[:, :n_heads] *= w.q_norm  # (N, H, Dh)
@@ -138,8 +152,11 @@ class Gemma3:
         w.rotary.apply(qk, cos, sin)
         v = qkv[:, q_dim + kv_dim :].reshape(-1, n_kv, dh)  # (N, Hkv, Dh)
         attn = batch.attention(layer, qk[:, :n_heads], qk[:, n_heads:], v, window=w.window)  # (N, H*Dh)
-        x += ops.rms_norm(ops.linear(attn, w.wo), w.post_attention_norm, cfg.rms_eps)  # (N, D)
-        mlp = ops.linear(ops.geglu(ops.linear(ops.rms_normalize(x, cfg.rms_eps), w.w_gate_up)), w.w_down)  # (N, D)
+        x += ops.rms_norm(batch.adapt(layer, "o", attn, ops.linear(attn, w.wo)), w.post_attention_norm,
+                          cfg.rms_eps)  # (N, D)
+        normed = ops.rms_normalize(x, cfg.rms_eps)  # (N, D)
+        hidden = ops.geglu(batch.adapt(layer, "gate_up", normed, ops.linear(normed, w.w_gate_up)))  # (N, F)
+        mlp = batch.adapt(layer, "down", hidden, ops.linear(hidden, w.w_down))  # (N, D)
         x += ops.rms_norm(mlp, w.post_ffw_norm, cfg.rms_eps)  # (N, D)
         return x
 

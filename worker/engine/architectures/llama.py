@@ -10,6 +10,7 @@ from worker.engine import ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, take, unpermute_rope_rows
 from worker.engine.config import ModelConfig
 from worker.engine.forward_batch import ForwardBatch
+from worker.engine.lora_targets import LoraPart, LoraTarget
 from worker.engine.ops import Array, RotaryTable
 
 
@@ -100,6 +101,21 @@ class Llama:
             rotary=RotaryTable(config.rope_dim, config.rope_base, config.context_length),
         )
 
+    def lora_targets(self, config: ModelConfig) -> tuple[LoraTarget, ...]:
+        """The projections adapters may target, with the transforms `load` gives their base weights."""
+        d, f = config.d_model, config.d_ff
+        q_dim, kv_dim = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+        permuted = self.rope_rows_permuted
+        return (
+            LoraTarget("qkv", (
+                LoraPart("attn_q", q_dim, d, config.n_heads if permuted else 0, float(np.float32(1.0 / np.sqrt(config.head_dim)))),
+                LoraPart("attn_k", kv_dim, d, config.n_kv_heads if permuted else 0),
+                LoraPart("attn_v", kv_dim, d)), "attn_norm"),
+            LoraTarget("o", (LoraPart("attn_output", d, q_dim),)),
+            LoraTarget("gate_up", (LoraPart("ffn_gate", f, d), LoraPart("ffn_up", f, d)), "ffn_norm"),
+            LoraTarget("down", (LoraPart("ffn_down", d, f),)),
+        )
+
     def embed(self, weights: LlamaWeights, tokens: Array) -> Array:
         """Token ids (N,) to embeddings (N, D)."""
         return weights.token_embedding[tokens]  # (N, D)
@@ -108,7 +124,9 @@ class Llama:
         """Attention then SwiGLU MLP, each pre-normed and residual; updates and returns x (N, D)."""
         cfg, w = weights.config, weights.layers[layer]
         q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        qkv = ops.contiguous(ops.linear(ops.rms_normalize(x, cfg.rms_eps), w.wqkv))  # (N, H*Dh + 2*Hkv*Dh)
+        normed = ops.rms_normalize(x, cfg.rms_eps)  # (N, D)
+        qkv = batch.adapt(layer, "qkv", normed,
+                          ops.contiguous(ops.linear(normed, w.wqkv)))  # (N, H*Dh + 2*Hkv*Dh)
         if w.bqkv is not None:
             qkv += w.bqkv
         qk = qkv[:, : q_dim + kv_dim].reshape(-1, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)  # (N, H+Hkv, Dh)
@@ -118,8 +136,10 @@ class Llama:
         k = qk[:, cfg.n_heads :]  # (N, Hkv, Dh)
         v = qkv[:, q_dim + kv_dim :].reshape(-1, cfg.n_kv_heads, cfg.head_dim)  # (N, Hkv, Dh)
         attn = batch.attention(layer, q, k, v)  # (N, H*Dh)
-        x += ops.linear(attn, w.wo)  # (N, D)
-        x += ops.linear(ops.swiglu(ops.linear(ops.rms_normalize(x, cfg.rms_eps), w.w_gate_up)), w.w_down)  # (N, D)
+        x += batch.adapt(layer, "o", attn, ops.linear(attn, w.wo))  # (N, D)
+        normed = ops.rms_normalize(x, cfg.rms_eps)  # (N, D)
+        hidden = ops.swiglu(batch.adapt(layer, "gate_up", normed, ops.linear(normed, w.w_gate_up)))  # (N, F)
+        x += batch.adapt(layer, "down", hidden, ops.linear(hidden, w.w_down))  # (N, D)
         return x
 
     def final_hidden(self, weights: LlamaWeights, x: Array) -> Array:

@@ -1,0 +1,127 @@
+"""`/admin/loras`: load, list and unload LoRA adapters at runtime, for every worker of a base model.
+
+POST writes the adapter into the model's desired set (`llmfleet:loras:{model}`, durable in Redis, so a worker
+that starts later or after a crash loads it too), then waits up to LORA_LOAD_WAIT_S until every live worker
+of the model reports it loaded (201), or one reports a load error (400 `lora_load_failed`, the engine's
+message naming the file and tensor); past the wait it answers 202 with the workers that have it so far.
+DELETE takes it out of the set: new requests naming it get a 404 at once, running ones finish with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.broker import Broker
+from gateway.checks import invalid, parse_json_object, string
+from gateway.loras import ADAPTER_NAME, adapters_of
+from gateway.redis_errors import redis_unavailable
+from gateway.responses import OWNED_BY
+from shared import keys
+from shared.errors import LoraLimitReached, LoraLoadFailed, LoraNotFound, ModelNotFound
+from shared.registry import RegistryEntry
+
+LORA_LOAD_WAIT_S = 30.0
+POLL_S = 0.2
+MAX_SOURCE = 4096
+
+
+def adapter_objects(live: dict[str, list[RegistryEntry]]) -> list[dict[str, Any]]:
+    """/v1/models entries of the loaded adapters: id `<base>:<adapter>`, with their parent (as vLLM lists them)."""
+    objects = []
+    for model, workers in sorted(live.items()):
+        created = int(min(w.started for w in workers))
+        for name in adapters_of(model, workers):
+            objects.append({"id": f"{model}:{name}", "object": "model", "created": created, "owned_by": OWNED_BY,
+                            "parent": model, "root": name})
+    return objects
+
+
+async def _live_workers_of(broker: Broker, model: str) -> list[RegistryEntry]:
+    """The model's live workers, read fresh (not the admission cache); 404 when it has none."""
+    workers = [w for w in await broker.registry.reporting_workers() if w.model == model and w.state == "ready"]
+    if not workers:
+        raise ModelNotFound(f"The model '{model}' has no live worker", param="model")
+    return workers
+
+
+async def load_lora(request: Request) -> Response:
+    """POST /admin/loras {"model", "name", "path" (a .gguf on the workers' disk, or hf:owner/repo/file.gguf)}"""
+    broker: Broker = request.app.state.broker
+    body = parse_json_object(await request.body())
+    model = string(body, "model", max_len=256)
+    name = string(body, "name", max_len=64)
+    if not ADAPTER_NAME.match(name):
+        raise invalid("name", "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit.")
+    source = body.get("path", body.get("source"))
+    if not isinstance(source, str) or not source.strip() or len(source) > MAX_SOURCE:
+        raise invalid("path", "expected the adapter's .gguf path on the workers, or hf:owner/repo/file.gguf.")
+    await _live_workers_of(broker, model)
+    redis, limit = broker.redis, broker.settings.max_loras
+    with redis_unavailable(broker.settings.retry_after_s):
+        desired = await redis.hkeys(keys.loras_desired(model))
+        if len(desired) >= limit and name.encode() not in desired:
+            raise LoraLimitReached(f"model '{model}' already has {len(desired)} LoRA adapters (LLMFLEET_MAX_LORAS="
+                                   f"{limit}); DELETE one first")
+        pipe = redis.pipeline(transaction=True)
+        pipe.hdel(keys.loras_errors(model), name)
+        pipe.hset(keys.loras_desired(model), name, json.dumps({"source": source, "added": time.time()}))
+        await pipe.execute()
+    deadline = time.monotonic() + LORA_LOAD_WAIT_S
+    while True:
+        await asyncio.sleep(POLL_S)
+        with redis_unavailable(broker.settings.retry_after_s):
+            error = await redis.hget(keys.loras_errors(model), name)
+        if error is not None:
+            raise LoraLoadFailed(error.decode(errors="replace"), param="path")
+        workers = await _live_workers_of(broker, model)
+        loaded = sorted(w.worker_id for w in workers if name in w.loras)
+        if len(loaded) == len(workers) or time.monotonic() > deadline:
+            status = 201 if len(loaded) == len(workers) else 202
+            return JSONResponse({"object": "lora", "model": model, "name": name, "id": f"{model}:{name}",
+                                 "source": source, "loaded_by": loaded, "workers": len(workers)}, status_code=status)
+
+
+async def list_loras(request: Request) -> Response:
+    """GET /admin/loras[?model=]: every model's desired adapters and which live workers hold them."""
+    broker: Broker = request.app.state.broker
+    live = await broker.registry.live_models()
+    wanted = request.query_params.get("model")
+    models = sorted({wanted} if wanted else set(live) | set(await broker.registry.known_models()))
+    data = []
+    for model in models:
+        with redis_unavailable(broker.settings.retry_after_s):
+            desired = await broker.redis.hgetall(keys.loras_desired(model))
+        workers = live.get(model, [])
+        names = sorted({n.decode(errors="replace") for n in desired} | set(adapters_of(model, workers)))
+        for name in names:
+            raw = desired.get(name.encode())
+            source = json.loads(raw).get("source") if raw else None
+            data.append({"object": "lora", "model": model, "name": name, "id": f"{model}:{name}", "source": source,
+                         "loaded_by": sorted(w.worker_id for w in workers if name in w.loras),
+                         "desired": raw is not None})
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def delete_lora(request: Request) -> Response:
+    """DELETE /admin/loras/{model}/{name}: unload it everywhere (requests running with it finish with it)."""
+    broker: Broker = request.app.state.broker
+    model, name = request.path_params["model"], request.path_params["name"]
+    with redis_unavailable(broker.settings.retry_after_s):
+        removed = await broker.redis.hdel(keys.loras_desired(model), name)
+    if not removed:
+        raise LoraNotFound(f"The LoRA adapter '{name}' is not loaded for model '{model}'", param="name")
+    return JSONResponse({"object": "lora", "model": model, "name": name, "deleted": True})
+
+
+ROUTES = [
+    Route("/admin/loras", load_lora, methods=["POST"]),
+    Route("/admin/loras", list_loras, methods=["GET"]),
+    Route("/admin/loras/{model:path}/{name}", delete_lora, methods=["DELETE"]),
+]
