@@ -18,7 +18,7 @@ _POSITIVE_INTS = (
 _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
     "model_memory_s", "kv_budget_mib", "drain_timeout_s", "sse_queued_after_s", "sse_keepalive_s",
-    "batch_lease_s",
+    "batch_lease_s", "prefix_ttl_s", "steal_after_s",
 )
 
 
@@ -71,6 +71,10 @@ class Settings:
     max_batch_lines: int = 50_000  # requests in one batch input file (OpenAI's limit); over it: 400
     batch_concurrency: int = 8  # requests of one batch a batch runner has in flight at once
     batch_lease_s: float = 10.0  # a batch whose runner stopped renewing its lease this long is resumed by another
+    prefix_placement: int = 1  # 1: the gateway places requests on the worker that has their prompt prefix cached
+    prefix_ttl_s: float = 300.0  # how long the gateway remembers which worker got a prompt prefix
+    steal_after_s: float = 1.0  # a job waiting this long on a busy worker's stream may be taken by an idle one
+    placement_balance_abs: int = 4  # loads (running + placed) differing by more than this: shortest queue wins
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -87,7 +91,7 @@ class Settings:
             if not getattr(self, name) > 0:
                 _fail(name, "must be > 0")
         for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
-                     "public_metrics", "any_model_name"):
+                     "public_metrics", "any_model_name", "prefix_placement", "placement_balance_abs"):
             if not getattr(self, name) >= 0:
                 _fail(name, "must be >= 0")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
@@ -157,6 +161,10 @@ ENV: dict[str, str] = {
     "max_batch_lines": "LLMFLEET_MAX_BATCH_LINES",
     "batch_concurrency": "LLMFLEET_BATCH_CONCURRENCY",
     "batch_lease_s": "LLMFLEET_BATCH_LEASE_S",
+    "prefix_placement": "LLMFLEET_PREFIX_PLACEMENT",
+    "prefix_ttl_s": "LLMFLEET_PREFIX_TTL_S",
+    "steal_after_s": "LLMFLEET_STEAL_AFTER_S",
+    "placement_balance_abs": "LLMFLEET_PLACEMENT_BALANCE_ABS",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 
