@@ -223,7 +223,8 @@ class Broker:
                 if not isinstance(groups, ResponseError):
                     group = next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
                 if group is None:
-                    await self._create_group(stream)
+                    if not owner:  # a per-worker stream's group is its worker's (or a drainer's) to create
+                        await self._create_group(stream)
                     depth = int(length)
                 elif group.get("lag") is not None:
                     depth = int(group["lag"])
