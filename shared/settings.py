@@ -74,7 +74,7 @@ class Settings:
     prefix_placement: int = 1  # 1: the gateway places requests on the worker that has their prompt prefix cached
     prefix_ttl_s: float = 300.0  # how long the gateway remembers which worker got a prompt prefix
     steal_after_s: float = 1.0  # a job waiting this long on a busy worker's stream may be taken by an idle one
-    placement_balance_abs: int = 4  # loads (running + placed) differing by more than this: shortest queue wins
+    placement_balance_abs: int = 8  # loads (running + placed) differing by more than this: shortest queue wins
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
