@@ -4,7 +4,10 @@ submit(job):
   1. the model must have a live worker (else 503 NoWorkerAvailable if known, 404 ModelNotFound if not);
   2. its waiting jobs (the consumer group's lag) must be under LLMFLEET_QUEUE_LIMIT (else 429 QueueFull);
   3. subscribe to llmfleet:events:{id} and wait for Redis's confirmation;
-  4. XADD llmfleet:jobs:{model} * job <bytes>   (approximately capped at LLMFLEET_STREAM_MAXLEN).
+  4. pick the stream (gateway/placement.py): a generation job whose prompt prefix a live worker with room
+     has cached goes on that worker's stream llmfleet:jobs@w:{worker}@{priority}:{model} (and the prefix
+     map is refreshed in the same MULTI); anything else on the shared llmfleet:jobs[@{priority}]:{model};
+  5. XADD <stream> * job <bytes>   (approximately capped at LLMFLEET_STREAM_MAXLEN).
 The returned EventStream yields the request's events in seq order: duplicates (seq already seen) are
 dropped, a gap is filled from llmfleet:journal:{id}, and what the journal cannot fill is an error. No
 event by the deadline (plus LLMFLEET_DEADLINE_GRACE_S, so a worker's own deadline error wins) is a 504
@@ -27,6 +30,7 @@ from gateway import admission
 from gateway.error_log import ErrorLog
 from gateway.loras import resolve_job
 from gateway.metrics import FleetSnapshot, GatewayMetrics
+from gateway.placement import Candidate, Choice, PrefixMap, choose, placeable, prefix_chain, prompt_text
 from gateway.rate_limit import RateLimiter
 from gateway.redis_errors import redis_unavailable
 from gateway.registry import Registry
@@ -42,6 +46,7 @@ from shared.errors import (
     QueueFull,
 )
 from shared.messages import CancelRequest, Event, GenerateJob, Job, is_terminal
+from shared.registry import RegistryEntry
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -62,6 +67,7 @@ class Broker:
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s)
         self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
         self._admitting: dict[str, int] = {}  # model -> requests admitted by this gateway, not yet in its stream
+        self.prefix_map = PrefixMap(redis, ttl_s=settings.prefix_ttl_s)
 
     async def start(self) -> None:
         """Start the pub/sub dispatcher."""
@@ -98,27 +104,36 @@ class Broker:
 
     async def submit(self, job: Job) -> EventStream:
         """Admit and queue `job`; returns the stream of its events (close it when done)."""
-        job = await self._admit(job)  # counted in self._admitting from here until it is in the stream
+        job, workers, queued = await self._admit(job)  # counted in self._admitting until it is in a stream
         try:
-            return await self._queue(job)
+            return await self._queue(job, workers, queued)
         finally:
             self._admitting[job.model] -= 1
 
-    async def _queue(self, job: Job) -> EventStream:
+    async def _queue(self, job: Job, workers: list[RegistryEntry], queued: dict[str, int]) -> EventStream:
+        """Place the job (see _place), write it to its stream and subscribe to its events."""
+        with redis_unavailable(self.settings.retry_after_s):
+            chain, choice = await self._place(job, workers, queued)
         channel = keys.events_channel(job.id)
         queue = await self.subscriber.subscribe(channel)
         try:
             with redis_unavailable(self.settings.retry_after_s):
-                await self.redis.xadd(
-                    keys.jobs_stream(job.model, job.priority),
-                    {keys.JOB_FIELD: codec.encode_job(job)},
-                    maxlen=self.settings.stream_maxlen,
-                    approximate=True,
-                )
+                pipe = self.redis.pipeline(transaction=True)
+                stream = keys.jobs_stream(job.model, job.priority)
+                if choice.worker_id is not None:
+                    stream = keys.worker_jobs_stream(job.model, choice.worker_id, job.priority)
+                    pipe.sadd(keys.placed_workers(job.model), choice.worker_id)
+                    self.prefix_map.queue_record(pipe, job.model, chain, choice.worker_id)
+                pipe.xadd(stream, {keys.JOB_FIELD: codec.encode_job(job)}, maxlen=self.settings.stream_maxlen,
+                          approximate=True)
+                await pipe.execute()
         except BaseException:
             await self.subscriber.unsubscribe(channel)
             raise
-        log.info("queued %s", job.describe())
+        if isinstance(job, GenerateJob):
+            self.metrics.placements.labels(job.model, choice.reason).inc()
+        log.info("queued %s (placement %s%s)", job.describe(), choice.reason,
+                 f" on {choice.worker_id}, depth {choice.depth}" if choice.worker_id else "")
         return EventStream(self, job, queue)
 
     async def cancel(self, request_id: str, model: str, reason: str, deadline: float) -> None:
@@ -135,8 +150,22 @@ class Broker:
             return
         log.info("cancelled %s (%s)", request_id, reason)
 
-    async def _admit(self, job: Job) -> Job:
-        """Check the job can be served now (else raise); returns it with its LoRA adapters resolved."""
+    async def _place(self, job: Job, workers: list[RegistryEntry],
+                     queued: dict[str, int]) -> tuple[list[str], Choice]:
+        """Where the job goes (see gateway/placement.py), and the prefix chain to record for it."""
+        generation = placeable(job)
+        if not self.settings.prefix_placement or generation is None:
+            return [], Choice(None, "off")
+        candidates = [Candidate(w.worker_id, w.slots, w.load, queued.get(w.worker_id, 0)) for w in workers]
+        if len(candidates) < 2:
+            return [], Choice(None, "single")
+        chain = prefix_chain(prompt_text(generation))
+        owners = await self.prefix_map.owners(job.model, chain)
+        return chain, choose(candidates, chain, owners, balance_abs=self.settings.placement_balance_abs)
+
+    async def _admit(self, job: Job) -> tuple[Job, list[RegistryEntry], dict[str, int]]:
+        """Refuse the job unless the model can take it now; returns it with its LoRA adapters resolved, the
+        model's live workers and, per worker id, the placed jobs waiting on its own streams."""
         model = job.model
         live = await self.registry.live_workers()
         if not any(w.model == model for w in live):
@@ -158,7 +187,7 @@ class Broker:
         if isinstance(job, GenerateJob) and widest and job.n > widest:
             raise InvalidRequest(f"n is {job.n}, but the workers of model '{model}' run at most {widest} "
                                  "sequences at once.", param="n")
-        waiting, in_flight = await self.queue_state(model)
+        waiting, in_flight, queued = await self.queue_state(model)
         waiting += self._admitting.get(model, 0)  # admitted here, not yet in the stream: a burst's own requests
         if waiting >= self.settings.queue_limit:
             raise QueueFull(
@@ -177,7 +206,7 @@ class Broker:
                 f"rate its workers finish them; this one could not finish well before its deadline; "
                 "please retry", retry_after=admission.retry_after_s(expected, budget))
         self._admitting[model] = self._admitting.get(model, 0) + 1  # no await since the count was read
-        return job
+        return job, workers, queued
 
     async def fleet_snapshot(self) -> FleetSnapshot:
         """Live workers and the waiting jobs of each of their models, for /metrics."""
@@ -189,9 +218,14 @@ class Broker:
         """Jobs of `model` queued but not yet taken by any worker, over all its priority classes."""
         return (await self.queue_state(model))[0]
 
-    async def queue_state(self, model: str) -> tuple[int, int]:
-        """(waiting, in flight): jobs of `model` not yet taken, and taken but not yet acked, over its classes."""
-        streams = keys.jobs_streams(model)
+    async def queue_state(self, model: str) -> tuple[int, int, dict[str, int]]:
+        """(waiting, in flight, placed waiting per worker id): jobs of `model` not yet taken (shared and per-worker
+        streams, every priority class), those taken but not yet acked, and per worker those on its own streams."""
+        with redis_unavailable(self.settings.retry_after_s):
+            placed = sorted(m.decode(errors="replace") for m in await self.redis.smembers(keys.placed_workers(model)))
+        owners = [""] * len(keys.PRIORITY_ORDER) + [w for w in placed for _ in keys.PRIORITY_ORDER]
+        streams = keys.jobs_streams(model) + [s for w in placed for s in keys.worker_jobs_streams(model, w)]
+        per_worker: dict[str, int] = {}
         with redis_unavailable(self.settings.retry_after_s):
             pipe = self.redis.pipeline(transaction=False)
             for stream in streams:
@@ -199,22 +233,26 @@ class Broker:
                 pipe.xlen(stream)
             replies = await pipe.execute(raise_on_error=False)
             total = in_flight = 0
-            for stream, groups, length in zip(streams, replies[::2], replies[1::2], strict=True):
+            for owner, stream, groups, length in zip(owners, streams, replies[::2], replies[1::2], strict=True):
                 if isinstance(length, Exception):
                     raise length
                 group = None
                 if not isinstance(groups, ResponseError):
                     group = next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
                 if group is None:
-                    await self._create_group(stream)
-                    total += int(length)
-                    continue
-                in_flight += int(group.get("pending") or 0)
-                if group.get("lag") is not None:
-                    total += int(group["lag"])
-                else:  # Redis cannot tell the lag after deletions past the group's position: entries minus in flight
-                    total += max(0, int(length) - int(group.get("pending") or 0))
-        return total, in_flight
+                    if not owner:  # a per-worker stream's group is its worker's (or a drainer's) to create
+                        await self._create_group(stream)
+                    depth = int(length)
+                else:
+                    in_flight += int(group.get("pending") or 0)
+                    if group.get("lag") is not None:
+                        depth = int(group["lag"])
+                    else:  # Redis cannot tell the lag after deletions past its position: entries minus in flight
+                        depth = max(0, int(length) - int(group.get("pending") or 0))
+                total += depth
+                if owner:
+                    per_worker[owner] = per_worker.get(owner, 0) + depth
+        return total, in_flight, per_worker
 
     async def _create_group(self, stream: str) -> None:
         try:

@@ -4,6 +4,15 @@ Layout (values in brackets are what is stored there):
   llmfleet:jobs:{model}          stream [field "job" = codec bytes of a GenerateJob / EmbedJob];
                                  consumer group JOBS_GROUP, created at id 0 with MKSTREAM by whoever
                                  comes first (gateway or worker), BUSYGROUP ignored
+  llmfleet:jobs@w:{worker_id}@{priority}:{model}  stream, same fields and group: jobs the gateway placed on
+                                 one worker (prefix-aware placement, gateway/placement.py); its worker reads it
+                                 before the shared stream of the same class, idle workers steal from it when it
+                                 lags, and the others drain it once the worker is dead
+  llmfleet:placed:{model}        set of worker ids that have (or had) per-worker streams of the model; the gateway
+                                 adds the id with every placed job, a worker at start; a dead worker's id is
+                                 removed (with its streams) once they are empty and nothing is pending
+  llmfleet:prefix:{model}:{hash} string worker_id, EX LLMFLEET_PREFIX_TTL_S: the worker that last got a request
+                                 whose prompt starts with the chunks that `hash` chains (written by the gateway)
   llmfleet:events:{request_id}   pub/sub channel [codec bytes of one event]; worker publishes, the
                                  gateway that submitted the request listens
   llmfleet:journal:{request_id}  stream [fields "seq" = decimal seq, "event" = codec bytes]; every event
@@ -65,6 +74,26 @@ def jobs_stream(model: str, priority: str = "normal") -> str:
 def jobs_streams(model: str) -> list[str]:
     """Every job stream of one model, highest priority first."""
     return [jobs_stream(model, priority) for priority in PRIORITY_ORDER]
+
+
+def worker_jobs_stream(model: str, worker_id: str, priority: str = "normal") -> str:
+    """The stream of one priority class of the jobs placed on one worker."""
+    return f"{PREFIX}jobs@w:{worker_id}@{priority}:{model}"
+
+
+def worker_jobs_streams(model: str, worker_id: str) -> list[str]:
+    """Every per-worker job stream of one worker and model, highest priority first."""
+    return [worker_jobs_stream(model, worker_id, priority) for priority in PRIORITY_ORDER]
+
+
+def placed_workers(model: str) -> str:
+    """The set of worker ids with per-worker job streams of one model."""
+    return f"{PREFIX}placed:{model}"
+
+
+def prefix_owner(model: str, prefix_hash: str) -> str:
+    """Which worker last got a prompt starting with the chunks one prefix hash chains."""
+    return f"{PREFIX}prefix:{model}:{prefix_hash}"
 
 
 def events_channel(request_id: str) -> str:

@@ -18,7 +18,7 @@ _POSITIVE_INTS = (
 _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
     "model_memory_s", "kv_budget_mib", "drain_timeout_s", "sse_queued_after_s", "sse_keepalive_s",
-    "batch_lease_s", "lora_memory_mib",
+    "batch_lease_s", "lora_memory_mib", "prefix_ttl_s", "steal_after_s",
 )
 
 
@@ -73,6 +73,10 @@ class Settings:
     batch_lease_s: float = 10.0  # a batch whose runner stopped renewing its lease this long is resumed by another
     max_loras: int = 8  # LoRA adapters loaded per model (POST /admin/loras past it: 409)
     lora_memory_mib: float = 512.0  # their weights per worker, all together (a load past it fails, naming it)
+    prefix_placement: int = 1  # 1: the gateway places requests on the worker that has their prompt prefix cached
+    prefix_ttl_s: float = 300.0  # how long the gateway remembers which worker got a prompt prefix
+    steal_after_s: float = 1.0  # a job waiting this long on a busy worker's stream may be taken by an idle one
+    placement_balance_abs: int = 8  # loads (running + placed) differing by more than this: shortest queue wins
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -89,7 +93,7 @@ class Settings:
             if not getattr(self, name) > 0:
                 _fail(name, "must be > 0")
         for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
-                     "public_metrics", "any_model_name"):
+                     "public_metrics", "any_model_name", "prefix_placement", "placement_balance_abs"):
             if not getattr(self, name) >= 0:
                 _fail(name, "must be >= 0")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
@@ -161,6 +165,10 @@ ENV: dict[str, str] = {
     "batch_lease_s": "LLMFLEET_BATCH_LEASE_S",
     "max_loras": "LLMFLEET_MAX_LORAS",
     "lora_memory_mib": "LLMFLEET_LORA_MEMORY_MIB",
+    "prefix_placement": "LLMFLEET_PREFIX_PLACEMENT",
+    "prefix_ttl_s": "LLMFLEET_PREFIX_TTL_S",
+    "steal_after_s": "LLMFLEET_STEAL_AFTER_S",
+    "placement_balance_abs": "LLMFLEET_PLACEMENT_BALANCE_ABS",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 

@@ -36,6 +36,7 @@ from worker.loras import AdapterSet
 from worker.publisher import EventPublisher
 from worker.resume import JournalState, JournalUnusable, read_journal
 from worker.scheduler import Scheduler, SchedulerConfig
+from worker.stealing import Stealer, ensure_group, reclaim_streams
 from worker.takeover import claim_stalled, dead_letter
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,10 @@ class WorkerRunner:
         self.settings = settings
         self.model = model
         self.worker_id = worker_id or f"{model}-{uuid.uuid4().hex[:8]}"
-        self.streams = keys.jobs_streams(model)  # highest priority first
+        self.streams = keys.jobs_streams(model)  # the shared streams, highest priority first
+        self.own_streams = keys.worker_jobs_streams(model, self.worker_id)  # jobs placed on this worker
+        self.read_order = [s for pair in zip(self.own_streams, self.streams, strict=True) for s in pair]
+        self.stealer = Stealer(redis, model, self.worker_id, steal_after_s=settings.steal_after_s)
         config = scheduler_config or SchedulerConfig(
             max_sequences=settings.slots, max_batch_tokens=settings.max_batch_tokens,
             max_prefill_tokens=settings.max_prefill_tokens, kv_budget_mib=settings.kv_budget_mib,
@@ -121,13 +125,11 @@ class WorkerRunner:
     # ---- lifecycle -----------------------------------------------------------------------------------------
 
     def ensure_group(self) -> None:
-        """Create the model's streams (one per priority class) and their consumer groups where missing."""
-        for stream in self.streams:
-            try:
-                self.redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+        """Create the model's shared streams and this worker's own (one per priority class) and their consumer
+        groups where missing, and list this worker among those with own streams."""
+        for stream in self.read_order:
+            ensure_group(self.redis, stream)
+        self.redis.sadd(keys.placed_workers(self.model), self.worker_id)
 
     def run(self) -> None:
         """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
@@ -220,20 +222,29 @@ class WorkerRunner:
     # ---- intake ------------------------------------------------------------------------------------------
 
     def _intake(self, acks: list[Entry], *, block: bool) -> None:
-        """Read as many new jobs as there are free slots, highest priority class first, and take them; with
-        nothing to read anywhere (and `block`), wait briefly on every stream at once."""
+        """Read as many new jobs as there are free slots, highest priority class first (in a class: the jobs
+        placed on this worker, then the shared ones), and take them; with slots still free, other workers'
+        overdue or orphaned placed jobs (worker/stealing.py); with nothing to read anywhere (and `block`),
+        wait briefly on this worker's streams at once."""
         free = self._free_width()
         if free <= 0:
             return
+        others = self.stealer.plan(free) if self.stealer.due() else {}
         replies = []
-        for stream in self.streams:
-            reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=free)
-            free -= sum(len(messages) for _stream, messages in reply or [])
-            replies += reply or []
+        for priority, own, shared in zip(keys.PRIORITY_ORDER, self.own_streams, self.streams, strict=True):
+            for stream, count in [(own, free), (shared, free), *others.get(priority, [])]:
+                reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=min(count, free))
+                got = sum(len(messages) for _stream, messages in reply or [])
+                if got and stream != own and stream != shared:
+                    log.info("took %d job(s) placed on another worker from %s", got, stream)
+                free -= got
+                replies += reply or []
+                if free <= 0:
+                    break
             if free <= 0:
                 break
         if not replies and block:
-            replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(self.streams, ">"),
+            replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(self.read_order, ">"),
                                             count=1, block=IDLE_BLOCK_MS) or []
         jobs = []
         for stream, messages in replies:
@@ -245,15 +256,22 @@ class WorkerRunner:
 
     def _reclaim(self, acks: list[Entry]) -> None:
         """Take over jobs of dead workers (registry entry expired) or silent ones (lease passed) and resume them."""
+        self.stealer.forget_dead()
         free = self._free_width()
         if free <= 0:
             return
         jobs = []
-        for stream in self.streams:
+        for stream in reclaim_streams(self.redis, self.model):
             if free <= 0:
                 break
-            claimed = claim_stalled(self.redis, stream, self.worker_id, count=free,
-                                    ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s)
+            try:
+                claimed = claim_stalled(self.redis, stream, self.worker_id, count=free,
+                                        ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s)
+            except ResponseError as exc:
+                if stream in self.streams or stream in self.own_streams:
+                    raise  # NOGROUP on a stream of this worker: the loop recreates it
+                log.debug("skipping %s in the reclaim: %s", stream, exc)  # forgotten meanwhile
+                continue
             free -= len(claimed)
             for message_id, fields in claimed:
                 mid = _text(message_id)
@@ -265,7 +283,7 @@ class WorkerRunner:
     def _take(self, jobs: list[tuple[str, str, Job]], acks: list[Entry], *, takeover: bool) -> None:
         """Own each (stream, entry id, job) with a new epoch (fencing off any earlier owner), then start, resume
         or set it aside."""
-        for stream in self.streams:
+        for stream in dict.fromkeys(s for s, _mid, _job in jobs):  # each stream once, in reading order
             mine = [((s, mid), job) for s, mid, job in jobs if s == stream]
             grants = take_ownership(self.redis, stream, self.worker_id, [(job.id, e[1]) for e, job in mine],
                                     ttl_s=self.publisher.journal_ttl_s)

@@ -86,7 +86,9 @@ class FakeWorker:
 
     async def take(self, timeout: float = 3.0) -> Job:
         """The next job of this worker's model; checks the gateway subscribed before queueing it."""
-        streams = keys.jobs_streams(self.model)  # highest priority first, as workers read them
+        # highest priority first, its own (placed) jobs before the shared ones in a class, as workers read them
+        streams = [s for pair in zip(keys.worker_jobs_streams(self.model, self.worker_id), keys.jobs_streams(self.model),
+                                     strict=True) for s in pair]
         for stream in streams:
             try:
                 await self.redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
@@ -104,7 +106,7 @@ class FakeWorker:
                 job = codec.decode_job(fields[keys.JOB_FIELD.encode()])
                 numsub = await self.redis.pubsub_numsub(keys.events_channel(job.id))
                 assert numsub[0][1] == 1, "the gateway must subscribe before it queues the job"
-                self.entries[job.id] = (keys.jobs_stream(self.model, job.priority), entry_id)
+                self.entries[job.id] = (got[0][0].decode(), entry_id)
                 return job
             await asyncio.sleep(0.005)
         raise AssertionError("no job arrived")

@@ -387,10 +387,11 @@ def test_a_drain_past_its_timeout_leaves_held_jobs_to_other_workers(tiny_engine:
     assert not client.exists(keys.worker_key(runner.worker_id))  # deregistered: the takeover can start at once
 
 
+@pytest.mark.parametrize("low_on", ["shared", "own"])
 def test_a_critical_job_starts_before_fifty_queued_low_ones(tiny_engine: Any, client: redis.Redis,
-                                                            settings: Settings) -> None:
+                                                            settings: Settings, low_on: str) -> None:
     """Priority holds across the queue, not only among jobs a worker already took: one stream per class,
-    read highest first."""
+    read highest first, also when the low jobs were placed on this worker's own streams."""
     runner = WorkerRunner(tiny_engine, client, dataclasses.replace(settings, slots=1), model=MODEL)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
@@ -407,7 +408,10 @@ def test_a_critical_job_starts_before_fifty_queued_low_ones(tiny_engine: Any, cl
         for rid in ids:
             priority = "critical" if rid == "critical" else "low"
             message = job(rid, priority=priority, max_tokens=2)
-            client.xadd(keys.jobs_stream(MODEL, priority), {keys.JOB_FIELD: codec.encode_job(message)})
+            stream = keys.jobs_stream(MODEL, priority)
+            if priority == "low" and low_on == "own":
+                stream = keys.worker_jobs_stream(MODEL, runner.worker_id, priority)
+            client.xadd(stream, {keys.JOB_FIELD: codec.encode_job(message)})
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             got = listener.get_message(timeout=1)

@@ -1,0 +1,156 @@
+"""Prefix-aware placement: send a request to the worker that has its prompt prefix cached, when it has room.
+
+The gateway does not tokenize, so the prefix key is a hash chain over the request's text: the canonical text
+of the prompt (tools, then each message as role + content, or the completion prompt, or its token ids) is cut
+into CHUNK_CHARS-character chunks, and hash i covers chunks 0..i (h_i = sha256(h_{i-1} + chunk_i)). Two
+prompts that share their first k*CHUNK_CHARS characters share the first k hashes, whatever the tokenizer does;
+a partial last chunk is left out (like the worker's prefix cache, which keeps full blocks only). CHUNK_CHARS is
+about 64 tokens, i.e. two KV blocks.
+
+`llmfleet:prefix:{model}:{h_i}` = the worker that last got a prompt with that prefix (EX LLMFLEET_PREFIX_TTL_S).
+choose():
+  1. fewer than two live workers, or no full chunk: the shared stream (nothing to choose);
+  2. imbalance guard (as SGLang's cache-aware router): when busy (running + placed and not yet taken) differs
+     by more than LLMFLEET_PLACEMENT_BALANCE_ABS and the busiest has over BALANCE_REL times the least busy's,
+     the least busy worker with room wins, cache or not;
+  3. the deepest hash whose worker is live and below its slot count wins;
+  4. else the least busy worker with room (ties: rendezvous hash of the first chunk, so a new prefix goes to
+     the same worker from every gateway); no worker with room: the shared stream, which whoever frees a slot
+     first reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+from redis.asyncio import Redis
+
+from shared import keys
+from shared.messages import GenerateJob, Job
+
+CHUNK_CHARS = 256
+MAX_CHUNKS = 64  # the chain covers at most the first 16 KiB characters (bounded work and map writes)
+BALANCE_REL = 1.5
+HASH_CHARS = 32  # hex characters of a chain hash kept in the key
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A live worker of the model as placement sees it."""
+
+    worker_id: str
+    slots: int
+    running: int  # sequences in flight (its heartbeat's load)
+    queued: int  # jobs on its per-worker streams that it has not taken yet
+
+    @property
+    def busy(self) -> int:
+        """Work it has or is about to have."""
+        return self.running + self.queued
+
+    @property
+    def has_room(self) -> bool:
+        """Whether one more job would start at once."""
+        return self.busy < self.slots
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where one job goes: a worker id (its per-worker stream) or None (the shared stream), and why."""
+
+    worker_id: str | None
+    reason: str  # "single", "short", "balance", "hit", "new", "full"
+    depth: int = 0  # chunks of the prefix the chosen worker is known to have (hit only)
+
+
+def prompt_text(job: GenerateJob) -> str:
+    """The canonical text whose chunks key the prefix map (never logged)."""
+    parts: list[str] = []
+    if job.tools and job.tool_choice != "none":
+        parts.append(msgspec.json.encode(job.tools).decode())
+    if job.messages is not None:
+        for message in job.messages:
+            parts.append(f"\x1e{message.role}\x1f{message.content}")
+    elif job.prompt is not None:
+        parts.append(job.prompt)
+    elif job.prompt_token_ids is not None:
+        parts.append(",".join(map(str, job.prompt_token_ids)))
+    return "".join(parts)
+
+
+def prefix_chain(text: str, *, chunk_chars: int = CHUNK_CHARS, max_chunks: int = MAX_CHUNKS) -> list[str]:
+    """The hash chain over the full chunks of `text` (shortest prefix first)."""
+    chain: list[str] = []
+    previous = b""
+    for start in range(0, min(len(text) // chunk_chars, max_chunks) * chunk_chars, chunk_chars):
+        digest = hashlib.sha256(previous + text[start:start + chunk_chars].encode()).hexdigest()[:HASH_CHARS]
+        chain.append(digest)
+        previous = digest.encode()
+    return chain
+
+
+def _rendezvous(worker_id: str, seed: str) -> str:
+    return hashlib.sha256(f"{seed}/{worker_id}".encode()).hexdigest()
+
+
+def least_busy(candidates: Sequence[Candidate], seed: str) -> Candidate | None:
+    """The least busy candidate with room (ties broken by rendezvous hashing on `seed`); None if all are full."""
+    roomy = [c for c in candidates if c.has_room]
+    if not roomy:
+        return None
+    return min(roomy, key=lambda c: (c.busy, _rendezvous(c.worker_id, seed)))
+
+
+def imbalanced(candidates: Sequence[Candidate], balance_abs: int) -> bool:
+    """Whether loads diverge enough that the shortest queue beats the cache."""
+    loads = [c.busy for c in candidates]
+    return max(loads) - min(loads) > balance_abs and max(loads) > BALANCE_REL * min(loads)
+
+
+def choose(candidates: Sequence[Candidate], chain: Sequence[str], owners: Sequence[str | None], *,
+           balance_abs: int) -> Choice:
+    """Pick the worker for a job whose prefix chain is `chain`; owners[i] is who last got chain[i] (or None)."""
+    if len(candidates) < 2:
+        return Choice(None, "single")
+    if not chain:
+        return Choice(None, "short")
+    seed = chain[0]
+    if imbalanced(candidates, balance_abs):
+        target = least_busy(candidates, seed)
+        return Choice(target.worker_id if target else None, "balance" if target else "full")
+    by_id = {c.worker_id: c for c in candidates}
+    for depth in range(len(owners), 0, -1):
+        owner = owners[depth - 1]
+        candidate = by_id.get(owner) if owner else None
+        if candidate is not None and candidate.has_room:
+            return Choice(candidate.worker_id, "hit", depth)
+    target = least_busy(candidates, seed)
+    return Choice(target.worker_id if target else None, "new" if target else "full")
+
+
+class PrefixMap:
+    """The prefix-hash -> worker map in Redis."""
+
+    def __init__(self, redis: Redis, *, ttl_s: float) -> None:
+        self._redis = redis
+        self._ttl_ms = max(1, int(ttl_s * 1000))
+
+    async def owners(self, model: str, chain: Sequence[str]) -> list[str | None]:
+        """Who last got each prefix of the chain (None where nobody, or the entry expired)."""
+        if not chain:
+            return []
+        values = await self._redis.mget([keys.prefix_owner(model, h) for h in chain])
+        return [v.decode(errors="replace") if v else None for v in values]
+
+    def queue_record(self, pipe: object, model: str, chain: Sequence[str], worker_id: str) -> None:
+        """Queue on `pipe` the writes that map every prefix of the chain to `worker_id`."""
+        for digest in chain:
+            pipe.set(keys.prefix_owner(model, digest), worker_id, px=self._ttl_ms)  # type: ignore[attr-defined]
+
+
+def placeable(job: Job) -> GenerateJob | None:
+    """The job when placement applies to it (generation jobs; embeddings and text jobs take the shared stream)."""
+    return job if isinstance(job, GenerateJob) else None
