@@ -6,7 +6,9 @@ still generate, max_tokens x n minus what they generated). A request that must q
 is expected to FINISH within a share of its deadline, by both measures:
 - requests: everything in flight and waiting ahead of it, and itself, at the rate requests finish;
 - tokens: the tokens left in flight, plus the waiting jobs counted at this request's size, plus its own, at
-  the rate tokens are generated (a finish rate measured on short jobs would under-estimate long ones).
+  the rate tokens are generated (a finish rate measured on short jobs would under-estimate long ones). A fresh
+  worker has generated nothing yet, so the token rate is at least half of `stat.decode_capacity`, the rate of
+  a full decode step it measured at start: a burst on fresh workers is judged too, not only counted.
 Otherwise it is refused at once with 429 and a Retry-After from the same estimate, instead of being admitted
 to time out in the queue. A request that finds a free slot starts at once and is always admitted.
 """
@@ -20,6 +22,7 @@ from shared.registry import RegistryEntry
 
 WAIT_SHARE_OF_DEADLINE = 0.5  # admit while the expected finish is under this share of the deadline
 MAX_RETRY_AFTER_S = 60
+CAPACITY_SHARE = 0.5  # a worker's measured full-batch decode rate counts at this share (longer contexts, overheads)
 
 
 def expected_finish_s(workers: Sequence[RegistryEntry], waiting: int, tokens: int = 0, *, in_flight: int = 0) -> float:
@@ -34,7 +37,8 @@ def expected_finish_s(workers: Sequence[RegistryEntry], waiting: int, tokens: in
     finish_rate = sum(w.stats.get("finish_rate", 0.0) for w in workers)
     if finish_rate > 0:
         estimates.append((load + waiting + 1) / finish_rate)
-    token_rate = sum(w.stats.get("token_rate", 0.0) for w in workers)
+    token_rate = sum(max(w.stats.get("token_rate", 0.0), CAPACITY_SHARE * w.stats.get("decode_capacity", 0.0))
+                     for w in workers)
     if token_rate > 0 and tokens > 0:
         left = sum(w.stats.get("tokens_left", 0.0) for w in workers)
         estimates.append((left + (waiting + 1) * tokens) / token_rate)

@@ -88,6 +88,7 @@ class WorkerRunner:
         self._lost: set[tuple[str, str]] = set()  # (stream, entry) whose lease renewal was refused: to drop
         self._last_reclaim = 0.0
         self.served = 0  # requests that ended here (any way)
+        self.decode_capacity = 0.0  # tokens/s of a full decode step, measured when run() starts
         self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
                                    interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
                                    gauges=self._gauges, held_jobs=self._leases, stats=self._stats,
@@ -108,7 +109,9 @@ class WorkerRunner:
     def _stats(self) -> dict[str, float]:
         """The scheduler's counters and gauges as published for the fleet's /metrics (numbers only)."""
         stats = dataclasses.asdict(self.scheduler.stats)
-        return {name: float(value) for name, value in stats.items() if name in EXPORTED_STATS}
+        exported = {name: float(value) for name, value in stats.items() if name in EXPORTED_STATS}
+        exported["decode_capacity"] = round(self.decode_capacity, 2)  # tokens/s at full batch (admission)
+        return exported
 
     def _leases(self) -> list[Lease]:
         with self._lock:
@@ -134,6 +137,8 @@ class WorkerRunner:
     def run(self) -> None:
         """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
         self.ensure_group()
+        self.decode_capacity = self.engine.measure_decode_rate(self.scheduler.config.max_sequences)
+        log.info("worker %s: a full decode step runs at %.0f tokens/s", self.worker_id, self.decode_capacity)
         self._safe(lambda: self.adapters.sync(self.redis, force=True))  # the desired adapters, before registering
         self.cancels.start()
         self.heartbeat.start()

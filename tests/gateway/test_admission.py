@@ -42,6 +42,16 @@ def test_the_expected_finish_is_the_work_in_flight_and_ahead_over_the_measured_r
     assert retry_after_s(400.0, 300.0) == 60 and retry_after_s(300.5, 300.0) == 1
 
 
+def test_fresh_workers_are_judged_by_half_their_measured_decode_capacity() -> None:
+    # nothing generated yet (no finish or token rate), but a full decode step ran at 200 tokens/s at start:
+    # 1,000 tokens left in flight + (9 waiting + itself) x 100 tokens, at 0.5 x 200 tokens/s
+    fresh = [_entry(4, 4, 0.0, decode_capacity=200.0, tokens_left=1000.0)]
+    assert expected_finish_s(fresh, waiting=9, tokens=100) == 2000 / 100.0
+    # a measured token rate above half the capacity wins
+    busy = [_entry(4, 4, 0.0, decode_capacity=200.0, token_rate=150.0, tokens_left=1000.0)]
+    assert expected_finish_s(busy, waiting=9, tokens=100) == 2000 / 150.0
+
+
 async def test_a_request_that_could_not_finish_before_its_deadline_is_a_429(
         client: httpx.AsyncClient, worker: Any) -> None:
     # settings: request_timeout_s 5 -> budget 2.5 s; a full worker (8 in flight) finishing 4 requests/s: the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -13,6 +14,7 @@ from worker.engine.chat_template import ChatTemplate
 from worker.engine.constraints import Constraint, GrammarCompiler
 from worker.engine.embeddings import Pooling, embed
 from worker.engine.errors import ContextLengthError, NoChatTemplateError
+from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams, GenerationState
 from worker.engine.model import Model
 from worker.engine.tokenizer import Tokenizer
@@ -96,3 +98,20 @@ class Engine:
         """An embedding (D,) of a token sequence."""
         self.check_fits(len(token_ids), 0)
         return embed(self.model, token_ids, pooling=pooling, normalize=normalize)
+
+    def measure_decode_rate(self, rows: int) -> float:
+        """Tokens per second of one decode step over `rows` fresh sequences (short contexts: an upper bound).
+
+        Runs the step twice on a throw-away pool and times the second, so compiled kernels are loaded before
+        the first request as a side effect.
+        """
+        rows = max(1, rows)
+        pool = self.model.new_pool((rows + 2) * self.model.config.kv_bytes_per_token, block_size=1,
+                                   enable_prefix_caching=False)
+        for seq_id in range(rows):
+            pool.ensure(seq_id, 1)
+        entries = [BatchEntry(seq_id, np.array([self.tokenizer.bos_token_id or 0]), 0) for seq_id in range(rows)]
+        self.model.forward(entries, pool)
+        started = time.perf_counter()
+        self.model.forward(entries, pool)
+        return rows / max(time.perf_counter() - started, 1e-6)
