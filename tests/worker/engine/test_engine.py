@@ -7,7 +7,7 @@ from pathlib import Path
 from worker.engine.engine import Engine
 
 
-def test_measure_decode_rate_runs_a_full_batch_step_and_leaves_no_state(tiny_gguf_path: Path) -> None:
+def test_measure_decode_rate_times_a_decode_step_of_any_width(tiny_gguf_path: Path) -> None:
     engine = Engine.load(tiny_gguf_path)
     rate = engine.measure_decode_rate(16)
     assert rate > 0.0
