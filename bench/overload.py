@@ -154,10 +154,13 @@ def print_admission(label: str, outcomes: list[Outcome], wall: float) -> None:
     late = sum(o.first_byte_s is None or o.first_byte_s > SILENCE_S for o in admitted)
     silent = sum(o.longest_silence_s > SILENCE_S for o in admitted)
     refused_at = max((o.first_byte_s or 0.0 for o in refused), default=0.0)
+    first_bytes = sorted(o.first_byte_s for o in admitted if o.first_byte_s is not None)
+    byte_range = (f"{first_bytes[len(first_bytes) // 2]:.2f} / {first_bytes[int(0.99 * (len(first_bytes) - 1))]:.2f} s"
+                  if first_bytes else "-")
     retry_range = f"{min(retry):.0f}-{max(retry):.0f} s" if retry else "-"
     print(f"  {label:<28} admitted {len(admitted):>3}  refused 429 {len(refused):>3} (Retry-After on {len(retry)}, "
           f"{retry_range}; slowest 429 after {refused_at:.2f} s)  deadline failures {deadline}  other failures "
-          f"{other_failures}  first byte >2 s {late}  gap >2 s {silent}  other statuses "
+          f"{other_failures}  first byte >2 s {late} (p50 / p99 {byte_range})  gap >2 s {silent}  other statuses "
           f"{len(outcomes) - len(admitted) - len(refused)}  wall {wall:.1f} s", flush=True)
 
 
