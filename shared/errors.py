@@ -14,6 +14,7 @@
 | InternalError          | 500    | server_error          | None                    |             |
 | DeadLettered           | 500    | server_error          | dead_lettered           |             |
 | NoWorkerAvailable      | 503    | server_error          | no_worker_available     | yes         |
+| ModelLoadFailed        | 503    | server_error          | model_load_failed       | yes         |
 | Unavailable            | 503    | server_error          | unavailable             | yes         |
 | DeadlineExceeded       | 504    | server_error          | deadline_exceeded       |             |
 
@@ -191,6 +192,14 @@ class NoWorkerAvailable(LLMFleetError):
     error_code = "no_worker_available"
 
 
+class ModelLoadFailed(LLMFleetError):
+    """A catalogued model could not be loaded; the failure is remembered for a while (no load storm)."""
+
+    http_status = 503
+    error_type = "server_error"
+    error_code = "model_load_failed"
+
+
 class Unavailable(LLMFleetError):
     """A dependency (Redis) cannot be reached."""
 
@@ -223,6 +232,7 @@ _BY_STATUS_CODE: dict[tuple[int, str | None], type[LLMFleetError]] = {
         InternalError,
         DeadLettered,
         NoWorkerAvailable,
+        ModelLoadFailed,
         Unavailable,
         DeadlineExceeded,
     )
