@@ -9,6 +9,7 @@
 | ModelNotFound          | 404    | invalid_request_error | model_not_found         |             |
 | NotFound (bad URL)     | 404    | invalid_request_error | None                    |             |
 | MethodNotAllowed       | 405    | invalid_request_error | None                    |             |
+| ModelBusy              | 409    | invalid_request_error | model_busy              |             |
 | BodyTooLarge           | 413    | invalid_request_error | None                    |             |
 | QueueFull              | 429    | rate_limit_error      | rate_limit_exceeded     | yes         |
 | InternalError          | 500    | server_error          | None                    |             |
@@ -152,6 +153,14 @@ class MethodNotAllowed(LLMFleetError):
     error_type = "invalid_request_error"
 
 
+class ModelBusy(LLMFleetError):
+    """An unload asked for a model whose workers still have requests in flight or queued (force drains them)."""
+
+    http_status = 409
+    error_type = "invalid_request_error"
+    error_code = "model_busy"
+
+
 class BodyTooLarge(LLMFleetError):
     """The request body is over the configured limit."""
 
@@ -228,6 +237,7 @@ _BY_STATUS_CODE: dict[tuple[int, str | None], type[LLMFleetError]] = {
         LoraLoadFailed,
         LoraLimitReached,
         BodyTooLarge,
+        ModelBusy,
         QueueFull,
         InternalError,
         DeadLettered,
