@@ -128,16 +128,15 @@ class Pool:
             pipe = self._redis.pipeline(transaction=False)
             for model in models:
                 pipe.get(keys.pool_failed(model))
-                pipe.exists(keys.pool_loading(model))
                 pipe.zscore(keys.POOL_USED, model)
             replies = await pipe.execute()
         statuses = []
         for i, model in enumerate(models):
-            failed, claimed, used = replies[3 * i:3 * i + 3]
+            failed, used = replies[2 * i:2 * i + 2]
             slots = [(node.node_id, node.models[model]) for node in nodes if model in node.models]
             workers = live.get(model, [])
             loading = sum(1 for _, slot in slots if slot.state == LOADING)
-            status = READY if workers else FAILED if failed else LOADING if loading or claimed else UNLOADED
+            status = READY if workers else FAILED if failed else LOADING if loading else UNLOADED
             last = max([used or 0.0, *(slot.last_used for _, slot in slots)]) or None
             statuses.append(ModelStatus(
                 model=model, status=status, catalogued=model in catalogued, replicas=len(workers), loading=loading,

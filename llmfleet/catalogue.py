@@ -85,11 +85,12 @@ def local_file(source: str) -> Path | None:
 def weights_bytes(path: Path) -> int:
     """What the engine holds for a GGUF's weights: every tensor dequantized to float32 (the file's size when
     its header cannot be read)."""
-    try:
-        from gguf import GGUFReader
+    from worker.engine.errors import ModelLoadError
+    from worker.engine.gguf_file import tensor_elements
 
-        return sum(int(t.n_elements) for t in GGUFReader(path).tensors) * F32_BYTES
-    except Exception as exc:  # a corrupt or foreign file: the worker will say why it cannot load it
+    try:
+        return tensor_elements(path) * F32_BYTES
+    except (ModelLoadError, OSError) as exc:  # a corrupt or foreign file: the worker will say why it cannot load it
         log.info("cannot read %s's tensors (%s); estimating from its size", path.name, type(exc).__name__)
         try:
             return path.stat().st_size

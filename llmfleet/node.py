@@ -130,6 +130,8 @@ class Node:
         self.wanted: dict[str, float] = {}  # model -> unix s until which an admin load asks for it
         self.last_busy: dict[str, float] = {}
         self._estimates: dict[str, int] = {}
+        for model in catalogue:  # now, not on a request's cold start
+            self._estimate(model)
         self._commands_after = pool_redis.last_command_id(redis)
         self._serial = 0
 
