@@ -174,3 +174,48 @@ def test_a_killed_worker_is_restarted_by_its_node(pool: PoolCluster) -> None:
     os.kill(pids[-1], signal.SIGKILL)
     wait_until(lambda: "restarting it in" in pool.node_logs[0].read_text(), 30, "the node to restart it")
     assert _complete(pool, "second")
+
+
+@pytest.fixture()
+def two_nodes(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[PoolCluster]:
+    """Two node agents with the same catalogue (one model each at most) and two gateways."""
+    try:
+        cluster = start_pool(tmp_path)
+    except RuntimeError as exc:
+        pytest.skip(f"no redis-server available: {exc}")
+    try:
+        entries = catalogue_files(smollm2_gguf_path, tmp_path)[:2]
+        for _ in range(2):
+            cluster.start_node(entries, "--max-loaded", "1")
+        cluster.start_gateway()
+        cluster.start_gateway()
+        cluster.wait_ready(nodes=2)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _burst(pool: PoolCluster, n: int, max_tokens: int) -> list[str]:
+    """n concurrent completions of `second`, alternating between the gateways; their texts."""
+    texts: list[str] = []
+
+    def one(i: int) -> None:
+        client = openai.OpenAI(base_url=pool.gateways[i % 2] + "/v1", api_key="unused", max_retries=0, timeout=300)
+        reply = client.completions.create(model="second", prompt=f"Story {i}:", max_tokens=max_tokens, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        texts.append(reply.choices[0].text)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    return texts
+
+
+def test_two_gateways_asking_for_the_same_cold_model_cause_one_load(two_nodes: PoolCluster) -> None:
+    assert len(_burst(two_nodes, 3, 4)) == 3
+    assert two_nodes.loads("second") == 1 and two_nodes.status("second", two_nodes.gateways[1])["replicas"] == 1
+    assert len(_burst(two_nodes, 12, 48)) == 12  # a deep queue asks for a second replica, on the other node
+    assert two_nodes.loads("second") == 2
+    assert all("started worker-second-" in log.read_text() for log in two_nodes.node_logs)
