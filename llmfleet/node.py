@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 from llmfleet import pool_redis
 from llmfleet.catalogue import estimate_bytes
 from llmfleet.pool_redis import QueueDepth
-from llmfleet.supervisor import Child, parent_death_signal
+from llmfleet.supervisor import Child, describe_exit, parent_death_signal
 from shared.pool import LOADING, READY, STOPPING, ModelSlot, NodeState
 from shared.registry import READY as WORKER_READY
 from shared.registry import RegistryEntry
@@ -209,13 +209,13 @@ class Node:
             return
         delay = child.policy.next_delay(mono)
         if delay is None:
-            log.error("%s (%s) exited unexpectedly %d times within a minute; not restarting it", child.name,
-                      worker.model, child.policy.per_minute)
+            log.error("%s exited unexpectedly %d times within a minute; not restarting it (%s)", child.name,
+                      child.policy.per_minute, worker.model)
             self.workers.remove(worker)
             self.given_up.append(worker)
             return
-        log.error("%s (%s) exited unexpectedly (code %s); restarting it in %.1fs", child.name, worker.model,
-                  child.process.returncode, delay)
+        log.error("%s exited unexpectedly (%s); restarting it in %.1fs (%s)", child.name,
+                  describe_exit(child.process.returncode), delay, worker.model)
         child.restart_at = mono + delay
         worker.state = LOADING
 
@@ -295,7 +295,7 @@ class Node:
             if victim in self.workers:
                 self.workers.remove(victim)
         self._serial += 1
-        name = f"worker-{model}-{self._serial}"
+        name = f"worker-{self._serial}" if len(self.catalogue) == 1 else f"worker-{model}-{self._serial}"
         worker = PoolWorker(model, PoolChild(name, [], self.env), self._estimate(model), pinned)
         self.workers.append(worker)
         self._start(worker)
