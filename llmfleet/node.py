@@ -43,6 +43,7 @@ log = logging.getLogger("llmfleet.node")
 TICK_S = 0.5
 REPLICA_QUEUE_DEPTH = 4  # waiting jobs per ready replica that ask for one more replica
 SETTLE_S = 5.0  # a finished load keeps its claim this long, so no node loads the model again on a stale view
+CLAIM_TTL_S = 10.0  # a load claim lapses this long after its node stopped renewing it (each tick): a dead node's too
 EVICT_WAIT_S = 15.0
 STDERR_LINES = 20
 
@@ -200,6 +201,8 @@ class Node:
                 self._signal(worker, signal.SIGKILL)
                 child.process.wait()
                 self._failed(worker, f"not ready within {self.settings.pool_load_timeout_s:.0f}s")
+            elif worker.state == LOADING and not worker.pinned:
+                pool_redis.release_load(self.redis, worker.model, self.node_id, keep_s=CLAIM_TTL_S)  # renew
 
     def _exited(self, worker: PoolWorker, mono: float) -> None:
         """A worker process ended on its own: a failed load, or a crash to restart with backoff."""
@@ -256,7 +259,7 @@ class Node:
             evict = self._room(view, model, evict=True)
             if evict is None or pool_redis.remembered_failure(self.redis, model) is not None:
                 continue
-            if not pool_redis.claim_load(self.redis, model, self.node_id, self.settings.pool_load_timeout_s):
+            if not pool_redis.claim_load(self.redis, model, self.node_id, CLAIM_TTL_S):
                 continue  # another node loads it
             fresh = pool_redis.live_workers(self.redis, self.settings.heartbeat_ttl_s, self.clock())
             if sum(1 for w in fresh if w.model == model and w.state == WORKER_READY) > ready:
@@ -294,6 +297,8 @@ class Node:
                 victim.child.process.wait()
             if victim in self.workers:
                 self.workers.remove(victim)
+        if evict and not pinned:  # the wait may have been long: hold the claim from now
+            pool_redis.release_load(self.redis, model, self.node_id, keep_s=CLAIM_TTL_S)
         self._serial += 1
         name = f"worker-{self._serial}" if len(self.catalogue) == 1 else f"worker-{model}-{self._serial}"
         worker = PoolWorker(model, PoolChild(name, [], self.env), self._estimate(model), pinned)

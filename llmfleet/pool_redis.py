@@ -89,7 +89,8 @@ def claim_load(redis: Redis, model: str, node_id: str, ttl_s: float) -> bool:
 
 
 def release_load(redis: Redis, model: str, node_id: str, *, keep_s: float = 0.0) -> None:
-    """Drop our claim on `model` (or keep it `keep_s` more, so others see the new worker before they decide)."""
+    """Drop our claim on `model`, or (keep_s > 0) hold it keep_s more from now: renewing it while our load runs,
+    or letting others see the new worker before they decide. Another node's claim is left alone."""
     redis.eval(RELEASE_SCRIPT, 1, keys.pool_loading(model), node_id, int(keep_s * 1000))
 
 

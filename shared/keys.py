@@ -47,7 +47,7 @@ Layout (values in brackets are what is stored there):
                                  the desired set); cleared by the next POST of that name
   llmfleet:nodes                 sorted set node_id -> last heartbeat of that node agent (unix s)
   llmfleet:node:{node_id}        hash, a node agent's state (shared/pool.py NodeState), EXPIRE node TTL
-  llmfleet:pool:loading:{model}  string node_id, PX load timeout: the one node loading the model now
+  llmfleet:pool:loading:{model}  string node_id, PX 10 s renewed while loading: the one node loading it now
                                  (SET NX: two nodes never both load what one load satisfies)
   llmfleet:pool:failed:{model}   string [the load error's message], EX LLMFLEET_POOL_FAILURE_TTL_S
   llmfleet:pool:commands         stream [fields "op" = load/unload, "model", "force" = 0/1]; every node
