@@ -219,3 +219,31 @@ def test_two_gateways_asking_for_the_same_cold_model_cause_one_load(two_nodes: P
     assert len(_burst(two_nodes, 12, 48)) == 12  # a deep queue asks for a second replica, on the other node
     assert two_nodes.loads("second") == 2
     assert all("started worker-second-" in log.read_text() for log in two_nodes.node_logs)
+
+
+def test_a_node_killed_by_sigkill_takes_its_workers_along_after_they_drain(smollm2_gguf_path: Path,
+                                                                         tmp_path: Path) -> None:
+    try:
+        cluster = start_pool(tmp_path)
+    except RuntimeError as exc:
+        pytest.skip(f"no redis-server available: {exc}")
+    try:
+        node = cluster.start_node(catalogue_files(smollm2_gguf_path, tmp_path)[:1])
+        cluster.start_gateway()
+        cluster.wait_ready(nodes=1)
+        client = openai.OpenAI(base_url=cluster.gateways[0] + "/v1", api_key="unused", max_retries=0, timeout=300)
+        stream = client.completions.create(model="smollm2-135m", prompt="Once", max_tokens=60, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+        chunks = [next(iter(stream))]
+        worker_pid = int(next(line.split("(pid ")[1].rstrip(")") for line in cluster.node_logs[0].read_text()
+                              .splitlines() if "started worker-" in line))
+        os.kill(node.pid, signal.SIGKILL)  # the worker gets SIGTERM (PR_SET_PDEATHSIG): it drains, then exits
+        chunks += list(stream)
+        assert chunks[-1].choices[0].finish_reason == "length"
+        wait_until(lambda: not Path(f"/proc/{worker_pid}").exists() or
+                   Path(f"/proc/{worker_pid}/stat").read_text().split(")")[-1].split()[0] == "Z", 60,
+                   "the worker to exit")
+        wait_until(lambda: not any(m.id == "smollm2-135m" for m in client.models.list().data), 30,
+                   "the dead node's catalogue to leave /v1/models")
+    finally:
+        cluster.stop()
