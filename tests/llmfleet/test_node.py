@@ -178,9 +178,10 @@ def test_a_killed_worker_is_restarted_by_its_node(pool: PoolCluster) -> None:
 
 @pytest.fixture()
 def two_nodes(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[PoolCluster]:
-    """Two node agents with the same catalogue (one model each at most) and two gateways."""
+    """Two node agents with the same catalogue (one model each at most) and two gateways (a long deadline: the
+    burst that asks for a second replica must be admitted on a fresh, slow-measured worker)."""
     try:
-        cluster = start_pool(tmp_path)
+        cluster = start_pool(tmp_path, LLMFLEET_REQUEST_TIMEOUT_S="3600")
     except RuntimeError as exc:
         pytest.skip(f"no redis-server available: {exc}")
     try:
