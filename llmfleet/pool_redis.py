@@ -56,19 +56,24 @@ def live_workers(redis: Redis, ttl_s: float, now: float) -> list[RegistryEntry]:
 
 
 def queue_depths(redis: Redis, models: list[str]) -> dict[str, QueueDepth]:
-    """Waiting and pending jobs of each model, over its four priority streams."""
+    """Waiting and pending jobs of each model, over its shared and per-worker (placed) streams, every priority."""
     pipe = redis.pipeline(transaction=False)
     for model in models:
-        for stream in keys.jobs_streams(model):
+        pipe.smembers(keys.placed_workers(model))
+    placed = pipe.execute()
+    streams = {model: keys.jobs_streams(model) + [s for w in sorted(ids) for s in keys.worker_jobs_streams(model, w.decode())]
+               for model, ids in zip(models, placed, strict=True)}
+    pipe = redis.pipeline(transaction=False)
+    for model in models:
+        for stream in streams[model]:
             pipe.xinfo_groups(stream)
             pipe.xlen(stream)
-    replies = pipe.execute(raise_on_error=False)
+    replies = iter(pipe.execute(raise_on_error=False))
     depths: dict[str, QueueDepth] = {}
-    per_model = 2 * len(keys.PRIORITY_ORDER)
-    for i, model in enumerate(models):
+    for model in models:
         waiting = pending = 0
-        chunk = replies[i * per_model:(i + 1) * per_model]
-        for groups, length in zip(chunk[::2], chunk[1::2], strict=True):
+        for _stream in streams[model]:
+            groups, length = next(replies), next(replies)
             if isinstance(groups, Exception) or isinstance(length, Exception):
                 continue  # no stream yet
             group = next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
@@ -111,10 +116,12 @@ def fail_waiting(redis: Redis, model: str, node_id: str, message: str, *, retry_
     consumer, ended = f"pool-{node_id}", 0
     error = ModelLoadFailed(message, retry_after=retry_after)
     for stream in keys.jobs_streams(model):
-        try:
-            replies = redis.xreadgroup(keys.JOBS_GROUP, consumer, {stream: ">"}, count=FAIL_BATCH)
-        except ResponseError:  # no stream or group: nothing queued
-            continue
+        try:  # the group is created by whoever comes first (a gateway usually did): from the stream's start
+            redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        replies = redis.xreadgroup(keys.JOBS_GROUP, consumer, {stream: ">"}, count=FAIL_BATCH)
         for _stream, entries in replies or []:
             pipe = redis.pipeline(transaction=True)
             for entry_id, fields in entries:
