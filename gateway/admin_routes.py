@@ -29,7 +29,7 @@ MAX_WAIT_S = 600.0
 
 
 async def _status(broker: Broker, model: str) -> ModelStatus | None:
-    return next((s for s in await broker.pool.statuses(broker.waiting) if s.model == model), None)
+    return next((s for s in await broker.pool.statuses(broker.queue_state) if s.model == model), None)
 
 
 async def _model(request: Request) -> tuple[Broker, dict, str, ModelStatus]:
@@ -47,7 +47,7 @@ async def _model(request: Request) -> tuple[Broker, dict, str, ModelStatus]:
 async def list_pool_models(request: Request) -> Response:
     """GET /admin/models"""
     broker: Broker = request.app.state.broker
-    statuses = await broker.pool.statuses(broker.waiting)
+    statuses = await broker.pool.statuses(broker.queue_state)
     return JSONResponse({"object": "list", "data": [s.to_json() for s in statuses]})
 
 

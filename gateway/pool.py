@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -41,7 +41,7 @@ class ModelStatus:
     loading: int = 0
     memory_bytes: int = 0
     last_used: float | None = None
-    in_flight: int = 0  # sequences its workers run now
+    in_flight: int = 0  # requests taken by its workers and not finished (or sequences they report, if more)
     queued: int = 0  # requests waiting for a worker (or for the load)
     nodes: tuple[str, ...] = ()
     error: str | None = None
@@ -117,8 +117,10 @@ class Pool:
                       maxlen=COMMANDS_MAXLEN, approximate=True)
             await pipe.execute()
 
-    async def statuses(self, waiting: Callable[[str], object]) -> list[ModelStatus]:
-        """Every catalogued or served model's pool status; `waiting(model)` is the broker's queue depth."""
+    async def statuses(self, queue_state: Callable[[str], Awaitable[tuple[int, int, dict[str, int]]]]
+                       ) -> list[ModelStatus]:
+        """Every catalogued or served model's pool status; `queue_state(model)` is the broker's (waiting, taken
+        but not finished, placed per worker)."""
         self._read_at = None  # the admin API reads fresh
         nodes = await self.nodes()
         live = await self._registry.live_models()
@@ -138,10 +140,11 @@ class Pool:
             loading = sum(1 for _, slot in slots if slot.state == LOADING)
             status = READY if workers else FAILED if failed else LOADING if loading else UNLOADED
             last = max([used or 0.0, *(slot.last_used for _, slot in slots)]) or None
+            waiting, taken, _placed = await queue_state(model)
             statuses.append(ModelStatus(
                 model=model, status=status, catalogued=model in catalogued, replicas=len(workers), loading=loading,
                 memory_bytes=sum(slot.memory for _, slot in slots), last_used=last,
-                in_flight=sum(w.load for w in workers), queued=int(await waiting(model)),  # type: ignore[misc]
+                in_flight=max(taken, sum(w.load for w in workers)), queued=waiting,
                 nodes=tuple(node_id for node_id, _ in slots),
                 error=failed.decode(errors="replace") if failed and not workers else None))
         return statuses
