@@ -1,7 +1,9 @@
 """The gateway's Redis side: admit a job, queue it, follow its events, cancel it.
 
 submit(job):
-  1. the model must have a live worker (else 503 NoWorkerAvailable if known, 404 ModelNotFound if not);
+  1. the model must have a live worker (else 503 NoWorkerAvailable if known, 404 ModelNotFound if not), or be
+     in a live node agent's catalogue (gateway/pool.py: the queued job is what makes a node load it; a
+     remembered load failure is a 503 model_load_failed);
   2. its waiting jobs (the consumer group's lag) must be under LLMFLEET_QUEUE_LIMIT (else 429 QueueFull);
   3. subscribe to llmfleet:events:{id} and wait for Redis's confirmation;
   4. pick the stream (gateway/placement.py): a generation job whose prompt prefix a live worker with room
@@ -31,6 +33,7 @@ from gateway.error_log import ErrorLog
 from gateway.loras import resolve_job
 from gateway.metrics import FleetSnapshot, GatewayMetrics
 from gateway.placement import Candidate, Choice, PrefixMap, choose, placeable, prefix_chain, prompt_text
+from gateway.pool import Pool
 from gateway.rate_limit import RateLimiter
 from gateway.redis_errors import redis_unavailable
 from gateway.registry import Registry
@@ -62,6 +65,7 @@ class Broker:
         self.settings = settings
         self.clock = clock
         self.registry = Registry(redis, settings, clock=clock)
+        self.pool = Pool(redis, settings, self.registry, clock=clock)
         self.metrics = GatewayMetrics()
         self.limiter = RateLimiter(redis)
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s)
@@ -168,7 +172,12 @@ class Broker:
         model's live workers and, per worker id, the placed jobs waiting on its own streams."""
         model = job.model
         live = await self.registry.live_workers()
+        catalogued = model in await self.pool.catalogue()
+        if catalogued:
+            await self.pool.note_use(model)
         if not any(w.model == model for w in live):
+            if catalogued:  # a node agent loads it: the queued job is the demand it sees
+                return await self._admit_cold(job)
             if await self.registry.is_known(model):
                 raise NoWorkerAvailable(
                     f"no worker serving model '{model}' is alive right now; please retry",
@@ -207,6 +216,23 @@ class Broker:
                 "please retry", retry_after=admission.retry_after_s(expected, budget))
         self._admitting[model] = self._admitting.get(model, 0) + 1  # no await since the count was read
         return job, workers, queued
+
+    async def _admit_cold(self, job: Job) -> tuple[Job, list[RegistryEntry], dict[str, int]]:
+        """Admit a job for a catalogued model no worker serves yet (queue limit only: the node's load timeout
+        bounds the wait); a remembered load failure is its 503."""
+        model = job.model
+        await self.pool.check_failure(model)
+        if isinstance(job, GenerateJob) and job.loras:  # adapters are named by loaded workers only
+            await self.pool.command("load", model)
+            raise NoWorkerAvailable(f"model '{model}' is being loaded; its LoRA adapters can be used once it is "
+                                    "ready; please retry", retry_after=self.settings.retry_after_s)
+        waiting, _in_flight, queued = await self.queue_state(model)
+        waiting += self._admitting.get(model, 0)
+        if waiting >= self.settings.queue_limit:
+            raise QueueFull(f"model '{model}' has {waiting} requests waiting, the limit is "
+                            f"{self.settings.queue_limit}; please retry", retry_after=self.settings.retry_after_s)
+        self._admitting[model] = self._admitting.get(model, 0) + 1
+        return job, [], queued
 
     async def fleet_snapshot(self) -> FleetSnapshot:
         """Live workers and the waiting jobs of each of their models, for /metrics."""

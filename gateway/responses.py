@@ -266,9 +266,9 @@ def float32_base64(vector: list[float]) -> str:
     return base64.b64encode(packed.tobytes()).decode("ascii")
 
 
-def model_object(model: str, created: int) -> dict[str, Any]:
-    """One entry of /v1/models."""
-    return {"id": model, "object": "model", "created": created, "owned_by": OWNED_BY}
+def model_object(model: str, created: int, *, loaded: bool = True) -> dict[str, Any]:
+    """One entry of /v1/models (`loaded`: a worker serves it now; else a node agent loads it on demand)."""
+    return {"id": model, "object": "model", "created": created, "owned_by": OWNED_BY, "loaded": loaded}
 
 
 def model_list(models: list[dict[str, Any]]) -> dict[str, Any]:

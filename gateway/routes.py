@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
@@ -9,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import (
+    admin_routes,
     anthropic,
     anthropic_messages,
     dashboard,
@@ -26,9 +28,11 @@ from gateway.error_log import note_request
 from gateway.loras import split_model
 from gateway.metrics import CONTENT_TYPE, FleetSnapshot
 from gateway.openapi import openapi_document
+from gateway.pool import requested_keep_alive
 from gateway.protocol import ChatRequest, CompletionRequest
 from gateway.sse import SSEResponse
 from shared.errors import InvalidRequest, LLMFleetError, ModelNotFound
+from shared.pool import parse_keep_alive
 from shared.settings import Settings
 
 
@@ -51,6 +55,10 @@ async def _body(request: Request) -> dict:
     name is that model (llama-server ignores the name; clients hard-code "gpt-3.5-turbo")."""
     note = note_request()
     body = parse_json_object(await request.body())
+    try:  # Ollama's keep_alive: how long the model stays loaded after this request (the warm pool reads it)
+        requested_keep_alive.set(parse_keep_alive(body.pop("keep_alive", None)))
+    except ValueError as exc:
+        raise InvalidRequest(f"Invalid value for 'keep_alive': {exc}.", param="keep_alive") from None
     model = body.get("model")
     if isinstance(model, str):
         note.model = model
@@ -116,25 +124,36 @@ def _tokenizer_route(operation: str) -> Callable[[Request], Awaitable[Response]]
     return endpoint
 
 
+async def _model_objects(broker: Broker) -> dict[str, dict]:
+    """Every model a live worker serves or a live node may load, with whether it is loaded."""
+    live = await broker.registry.live_models()
+    catalogue = await broker.pool.catalogue()
+    now = int(time.time())
+    objects = {m: responses.model_object(m, int(min(w.started for w in live[m])) if m in live else now,
+                                         loaded=m in live) for m in sorted(set(live) | catalogue)}
+    return objects
+
+
 async def list_models(request: Request) -> Response:
-    """GET /v1/models: the models that have a live worker, then their LoRA adapters (`<base>:<adapter>`)."""
-    live = await request.app.state.broker.registry.live_models()
-    data = [responses.model_object(m, int(min(w.started for w in ws))) for m, ws in sorted(live.items())]
-    data += lora_routes.adapter_objects(live)
+    """GET /v1/models: the models that have a live worker or are in a live node agent's catalogue (each with
+    whether it is loaded), then the live ones' LoRA adapters (`<base>:<adapter>`)."""
+    broker = request.app.state.broker
+    data = list((await _model_objects(broker)).values())
+    data += lora_routes.adapter_objects(await broker.registry.live_models())
     return JSONResponse(responses.model_list(data))
 
 
 async def get_model(request: Request) -> Response:
     """GET /v1/models/{model}"""
     model = request.path_params["model"]
-    live = await request.app.state.broker.registry.live_models()
-    workers = live.get(model)
-    if not workers:
-        adapter = next((a for a in lora_routes.adapter_objects(live) if a["id"] == model), None)
-        if adapter is not None:
-            return JSONResponse(adapter)
+    broker = request.app.state.broker
+    found = (await _model_objects(broker)).get(model)
+    if found is None:
+        found = next((a for a in lora_routes.adapter_objects(await broker.registry.live_models())
+                      if a["id"] == model), None)
+    if found is None:
         raise ModelNotFound(f"The model '{model}' does not exist", param="model")
-    return JSONResponse(responses.model_object(model, int(min(w.started for w in workers))))
+    return JSONResponse(found)
 
 
 async def metrics(request: Request) -> Response:
@@ -162,8 +181,11 @@ async def ready(request: Request) -> Response:
     broker: Broker = request.app.state.broker
     redis_ok = await broker.ping()
     workers = len(await broker.registry.live_workers()) if redis_ok else 0
-    status = 200 if redis_ok and workers else 503
+    nodes = len(await broker.pool.nodes()) if redis_ok else 0  # a node agent loads models on demand
+    status = 200 if redis_ok and (workers or nodes) else 503
     body: dict[str, object] = {"ready": status == 200, "redis": redis_ok, "workers": workers}
+    if nodes:
+        body["nodes"] = nodes
     supervisor = await broker.supervisor_status() if redis_ok else None
     if supervisor is not None:
         body["supervisor"] = supervisor
@@ -193,4 +215,5 @@ ROUTES = [
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
     *dashboard.ROUTES,
+    *admin_routes.ROUTES,
 ]

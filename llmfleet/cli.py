@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from llmfleet.catalogue import CatalogueError
 from shared.settings import Settings, SettingsError
 from worker.engine.errors import EngineError
 from worker.models import ModelResolveError, pull, resolve
@@ -114,7 +115,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
     settings = Settings.from_env()
     names = ("host", "port", "slots", "threads", "queue_limit", "max_body_bytes", "kv_budget_mib", "prefix_cache",
-             "max_batch_tokens", "max_prefill_tokens", "chat_template")
+             "max_batch_tokens", "max_prefill_tokens", "chat_template", "pool_memory_mib", "pool_keep_alive_s")
     overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     if overrides.get("chat_template"):  # serve's workers may start elsewhere: give them an absolute path
         overrides["chat_template"] = str(Path(overrides["chat_template"]).expanduser().resolve())
@@ -127,7 +128,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings.log_level)
-    return run_worker(args.model, settings)
+    return run_worker(args.model, settings, served_as=args.served_as, worker_id=args.worker_id)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -154,7 +155,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings.log_level)
-    return serve(args.model or ["smollm2-135m"], settings, workers=args.workers)
+    models = args.model or ([] if args.catalogue else ["smollm2-135m"])
+    return serve(models, settings, workers=args.workers, lazy=args.lazy, catalogue_file=args.catalogue,
+                 max_loaded=args.max_loaded)
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    """Run a node agent: a pool of model-pinned workers loaded on demand, against REDIS_URL."""
+    from llmfleet import catalogue
+    from llmfleet.processes import configure_logging, run_node
+
+    settings = _settings(args)
+    configure_logging(settings.log_level)
+    try:
+        entries = catalogue.build(args.model or [], args.catalogue)
+    except catalogue.CatalogueError as exc:
+        print(f"llmfleet: {exc}", file=sys.stderr)
+        return 2
+    if not entries:
+        print("llmfleet: node needs a catalogue: --model (repeatable) and/or --catalogue FILE", file=sys.stderr)
+        return 2
+    return run_node(settings, entries, max_loaded=args.max_loaded, eager=args.eager)
+
+
+def _add_pool_flags(parser: argparse.ArgumentParser) -> None:
+    """The node agent's catalogue file and capacity."""
+    parser.add_argument("--catalogue", default=None, metavar="FILE", help='models this node may load: JSON '
+                        '{"models": {"id": "alias, .gguf path or hf:owner/repo/file.gguf"}}')
+    parser.add_argument("--max-loaded", type=int, default=None, help="workers loaded at once at most "
+                        "(LLMFLEET_POOL_MAX_LOADED; 0 = as many as the memory budget allows)")
+    parser.add_argument("--memory-mib", dest="pool_memory_mib", type=float, default=None, help="memory budget "
+                        "of the loaded workers, weights + KV pool each (LLMFLEET_POOL_MEMORY_MIB; 0 = 80%% of RAM)")
+    parser.add_argument("--keep-alive", dest="pool_keep_alive_s", type=float, default=None, metavar="S",
+                        help="an idle model unloads after this (LLMFLEET_POOL_KEEP_ALIVE_S, 300; -1 = never)")
 
 
 def _slots_flag(raw: str) -> int:
@@ -226,8 +259,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", default=None, help="repeat to serve several models "
                    "(default smollm2-135m)")
     p.add_argument("--workers", type=int, default=1, help="workers per model")
+    p.add_argument("--lazy", action="store_true", help="load the models on demand (a warm pool) instead of at start")
+    _add_pool_flags(p)
     _add_server_flags(p, gateway=True, worker=True)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("node", help="a node agent: a pool of workers for a catalogue of models, loaded on demand "
+                       "(uses REDIS_URL)")
+    p.add_argument("--model", action="append", default=None, metavar="[ID=]SOURCE",
+                   help="a model it may load: alias, .gguf path or hf: name, optionally under an id (repeatable)")
+    p.add_argument("--eager", action="store_true", help="load every catalogued model at start (kept loaded)")
+    _add_pool_flags(p)
+    _add_server_flags(p, gateway=False, worker=True)
+    p.set_defaults(func=cmd_node)
 
     p = sub.add_parser("gateway", help="the OpenAI-compatible HTTP gateway alone (uses REDIS_URL)")
     _add_server_flags(p, gateway=True, worker=False)
@@ -235,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("worker", help="one worker pinned to a model (uses REDIS_URL)")
     p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--served-as", default=None, metavar="ID", help="the model id to serve it under (default: its "
+                   "alias or file stem; node agents set their catalogue's id)")
+    p.add_argument("--worker-id", default=None, help="the registry id (default: model id and a random suffix)")
     _add_server_flags(p, gateway=False, worker=True)
     p.set_defaults(func=cmd_worker)
 
@@ -254,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except (ModelResolveError, EngineError, SettingsError) as exc:
+    except (ModelResolveError, EngineError, SettingsError, CatalogueError) as exc:
         print(f"llmfleet: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,8 +11,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shared.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from llmfleet.node import Node
 
 log = logging.getLogger("llmfleet")
 
@@ -43,8 +47,10 @@ def read_chat_template(path: str | None) -> str | None:
     return source
 
 
-def run_worker(model_name: str, settings: Settings) -> int:
-    """Load the model and serve its job stream until SIGTERM/SIGINT, then drain and exit."""
+def run_worker(model_name: str, settings: Settings, *, served_as: str | None = None,
+               worker_id: str | None = None) -> int:
+    """Load the model and serve its job stream until SIGTERM/SIGINT, then drain and exit (a node agent names
+    the model id it serves under and the worker's registry id)."""
     import redis
     from threadpoolctl import threadpool_limits
 
@@ -61,7 +67,7 @@ def run_worker(model_name: str, settings: Settings) -> int:
     engine = Engine.load(path, chat_template=read_chat_template(settings.chat_template))
     log.info("loaded %s in %.1fs; %d BLAS threads", path.name, time.monotonic() - started, threads)
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, health_check_interval=30)
-    runner = WorkerRunner(engine, client, settings, model=model_id(model_name))
+    runner = WorkerRunner(engine, client, settings, model=served_as or model_id(model_name), worker_id=worker_id)
 
     def request_stop(signum: int, _frame: object) -> None:
         log.info("signal %d: finishing in-flight requests, taking no new ones", signum)
@@ -126,22 +132,27 @@ def _http_ready(url: str) -> bool:
         return False
 
 
-def serve(model_names: list[str], settings: Settings, *, workers: int) -> int:
-    """Everything on one machine, supervised: Redis (bundled unless REDIS_URL is set), the gateway, N workers
-    per model."""
+def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: bool = False,
+          catalogue_file: str | None = None, max_loaded: int | None = None) -> int:
+    """Everything on one machine, supervised: Redis (bundled unless REDIS_URL is set), the gateway, and a node
+    agent whose catalogue is the --model list (and the catalogue file); its models are loaded at once, N workers
+    each, unless `lazy` (then on demand, as `llmfleet node`)."""
     import socket
 
+    from llmfleet import catalogue as catalogues
     from llmfleet.redis_server import BundledRedis
     from llmfleet.supervisor import STATUS_TTL_S, Child, Supervisor
     from shared import keys
-    from worker.models import model_id, resolve
+    from worker.models import resolve
 
-    for model_name in model_names:
-        resolve(model_name, progress=True)  # pull once here, so the workers do not race for it
+    entries = catalogues.build(model_names, catalogue_file)
+    pinned = {} if lazy else {catalogues.parse_entry(name)[0]: workers for name in model_names}
+    for model in pinned:
+        resolve(entries[model], progress=True)  # pull once here, so the workers do not race for it
     status_key = keys.supervisor_status(f"{socket.gethostname()}:{settings.port}")
     settings = replace(settings, supervisor_key=status_key)
     if not settings.threads:  # split the machine's cores among the workers (measured: see README)
-        processes = max(1, workers * len(model_names))
+        processes = max(1, workers * len(pinned) if pinned else (max_loaded or settings.pool_max_loaded or 1))
         settings = replace(settings, threads=max(1, (os.cpu_count() or 1) // processes))
     redis_server = None
     if not os.environ.get("REDIS_URL"):
@@ -152,11 +163,10 @@ def serve(model_names: list[str], settings: Settings, *, workers: int) -> int:
     cli = [sys.executable, "-m", "llmfleet.cli"]
     gateway = Child("gateway", [*cli, "gateway"], env)
     batch_runner = Child("batch-runner", [*cli, "batch-runner"], env)
-    fleet = [Child(f"worker-{i + 1}" if len(model_names) == 1 else f"worker-{model_id(name)}-{i + 1}",
-                   [*cli, "worker", "--model", name], env)
-             for name in model_names for i in range(workers)]
+    node = _node(settings, entries, env, pinned=pinned, max_loaded=max_loaded)
     alive = None if redis_server is None else (lambda: redis_server.process.poll() is None)
-    supervisor = Supervisor(gateway, fleet, batch_runner=batch_runner, drain_timeout_s=settings.drain_timeout_s, redis_alive=alive,
+    supervisor = Supervisor(gateway, [], batch_runner=batch_runner, drain_timeout_s=settings.drain_timeout_s,
+                            redis_alive=alive, node=node,
                             status=_status_writer(settings.redis_url, status_key, STATUS_TTL_S))
     for signum in (signal.SIGINT, signal.SIGTERM):  # also when started with SIGINT ignored (a background job)
         signal.signal(signum, supervisor.on_signal)
@@ -165,7 +175,7 @@ def serve(model_names: list[str], settings: Settings, *, workers: int) -> int:
         supervisor.start()
         url = f"http://{settings.host}:{settings.port}"
         code = supervisor.run(ready=lambda: _http_ready(url), on_ready=lambda: print(
-            f"llmfleet is serving {', '.join(model_names)} at {url}/v1  (Ctrl-C drains and stops everything)", flush=True))
+            f"llmfleet is serving {', '.join(entries)} at {url}/v1  (Ctrl-C drains and stops everything)", flush=True))
     except KeyboardInterrupt:  # a second signal
         forced, code = True, 130
     finally:
@@ -180,6 +190,56 @@ def serve(model_names: list[str], settings: Settings, *, workers: int) -> int:
             redis_server.stop()
         log.info("serve stopped (exit %d)", code)
     return code
+
+
+def _node(settings: Settings, entries: dict[str, str], env: dict[str, str], *, pinned: dict[str, int],
+          max_loaded: int | None) -> Node:
+    """A node agent over `entries` with the configured capacity and memory budget."""
+    import redis
+
+    from llmfleet.catalogue import host_memory_bytes
+    from llmfleet.node import Node
+
+    budget = int(settings.pool_memory_mib * 1024 * 1024) if settings.pool_memory_mib else int(host_memory_bytes() * 0.8)
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=10)
+    return Node(client, settings, entries, env=env, pinned=pinned, memory_budget=budget,
+                max_loaded=settings.pool_max_loaded if max_loaded is None else max_loaded)
+
+
+def run_node(settings: Settings, entries: dict[str, str], *, max_loaded: int | None, eager: bool) -> int:
+    """A node agent against REDIS_URL: load catalogued models on demand until SIGTERM/SIGINT, then drain."""
+    from redis.exceptions import RedisError
+
+    from llmfleet.node import TICK_S
+
+    env = {**os.environ, **settings_env(settings)}
+    node = _node(settings, entries, env, pinned={m: 1 for m in entries} if eager else {}, max_loaded=max_loaded)
+    stopping: list[int] = []
+
+    def request_stop(signum: int, _frame: object) -> None:
+        if stopping:
+            raise KeyboardInterrupt
+        log.info("signal %d: draining the node's workers, then stopping", signum)
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    log.info("node %s: catalogue %s, at most %s loaded, memory budget %.0f MiB", node.node_id, ", ".join(entries),
+             node.max_loaded or "any number", node.memory_budget / 2**20)
+    try:
+        while not stopping:
+            try:
+                node.tick()
+            except (RedisError, OSError) as exc:
+                log.warning("the node's pool turn failed: %s", type(exc).__name__)
+            time.sleep(TICK_S)
+        node.stop(settings.drain_timeout_s + 5)
+    except KeyboardInterrupt:
+        for child in node.children:
+            if child.running:
+                os.killpg(child.process.pid, signal.SIGKILL)
+        return 130
+    return 0
 
 
 def _status_writer(redis_url: str, key: str, ttl_s: int) -> Callable[[dict[str, object]], None]:

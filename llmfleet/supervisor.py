@@ -22,6 +22,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from redis.exceptions import RedisError
+
+if TYPE_CHECKING:
+    from llmfleet.node import Node
 
 log = logging.getLogger("llmfleet.supervisor")
 
@@ -108,8 +114,10 @@ class Supervisor:
     """Runs the gateway and workers of `serve`, restarting them; stop() ends them in order."""
 
     def __init__(self, gateway: Child, workers: list[Child], *, drain_timeout_s: float,
-                 redis_alive: object = None, status: object = None, batch_runner: Child | None = None) -> None:
+                 redis_alive: object = None, status: object = None, batch_runner: Child | None = None,
+                 node: Node | None = None) -> None:
         self.gateway = gateway
+        self.node = node  # a node agent's pool of workers (serve's models), ticked every poll
         self.workers = workers
         self.batch_runner = batch_runner  # `llmfleet batch-runner`: executes /v1/batches
         self.drain_timeout_s = drain_timeout_s
@@ -120,7 +128,12 @@ class Supervisor:
 
     @property
     def children(self) -> list[Child]:
-        """The gateway, the batch runner (if any), then the workers."""
+        """The gateway, the batch runner (if any), then the workers (the node's too)."""
+        return [self.gateway, *self._front, *self.workers, *(self.node.children if self.node else [])]
+
+    @property
+    def _fixed(self) -> list[Child]:
+        """The children this supervisor restarts itself (the node supervises its own workers)."""
         return [self.gateway, *self._front, *self.workers]
 
     @property
@@ -158,8 +171,9 @@ class Supervisor:
                 log.error("the bundled redis-server died; every queued job and stream is gone with it: shutting down")
                 return 1
             now = time.monotonic()
-            for child in self.children:
+            for child in self._fixed:
                 self._check(child, now)
+            self._tick_node()
             self._publish_status()
             time.sleep(poll_s)
         return 0
@@ -186,15 +200,27 @@ class Supervisor:
         log.error("%s exited unexpectedly (%s); restarting it in %.1fs", child.name, how, delay)
         child.restart_at = now + delay
 
+    def _tick_node(self) -> None:
+        """One turn of the node agent's pool (Redis may be briefly away: the next turn tries again)."""
+        if self.node is None:
+            return
+        try:
+            self.node.tick()
+        except (RedisError, OSError) as exc:
+            log.warning("the node's pool turn failed: %s", type(exc).__name__)
+
     def _publish_status(self) -> None:
         """Tell the gateway's /ready how many workers serve runs and which ones it gave up on."""
         if self._status is None:
             return
+        pool = self.node.children if self.node else []
+        given_up = [w.name for w in self.workers if w.given_up] + \
+            [w.child.name for w in (self.node.given_up if self.node else [])]
         try:
             self._status({
-                "workers_expected": len(self.workers),
-                "workers_running": sum(1 for w in self.workers if w.running),
-                "workers_given_up": ",".join(w.name for w in self.workers if w.given_up),
+                "workers_expected": len(self.workers) + (self.node.expected() if self.node else 0),
+                "workers_running": sum(1 for w in [*self.workers, *pool] if w.running),
+                "workers_given_up": ",".join(given_up),
                 "restarts": sum(c.restarts for c in self.children),
             })
         except Exception as exc:  # Redis may be briefly away; /ready says so on its own
@@ -206,6 +232,8 @@ class Supervisor:
         self.stopping = True
         self._stop_group([self.gateway, *self._front], self.drain_timeout_s + 5)
         self._stop_group(self.workers, self.drain_timeout_s + 5)
+        if self.node is not None:
+            self.node.stop(self.drain_timeout_s + 5)
 
     def kill_all(self) -> None:
         """SIGKILL every child still running (after a second signal)."""

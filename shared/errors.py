@@ -9,11 +9,13 @@
 | ModelNotFound          | 404    | invalid_request_error | model_not_found         |             |
 | NotFound (bad URL)     | 404    | invalid_request_error | None                    |             |
 | MethodNotAllowed       | 405    | invalid_request_error | None                    |             |
+| ModelBusy              | 409    | invalid_request_error | model_busy              |             |
 | BodyTooLarge           | 413    | invalid_request_error | None                    |             |
 | QueueFull              | 429    | rate_limit_error      | rate_limit_exceeded     | yes         |
 | InternalError          | 500    | server_error          | None                    |             |
 | DeadLettered           | 500    | server_error          | dead_lettered           |             |
 | NoWorkerAvailable      | 503    | server_error          | no_worker_available     | yes         |
+| ModelLoadFailed        | 503    | server_error          | model_load_failed       | yes         |
 | Unavailable            | 503    | server_error          | unavailable             | yes         |
 | DeadlineExceeded       | 504    | server_error          | deadline_exceeded       |             |
 
@@ -151,6 +153,14 @@ class MethodNotAllowed(LLMFleetError):
     error_type = "invalid_request_error"
 
 
+class ModelBusy(LLMFleetError):
+    """An unload asked for a model whose workers still have requests in flight or queued (force drains them)."""
+
+    http_status = 409
+    error_type = "invalid_request_error"
+    error_code = "model_busy"
+
+
 class BodyTooLarge(LLMFleetError):
     """The request body is over the configured limit."""
 
@@ -191,6 +201,14 @@ class NoWorkerAvailable(LLMFleetError):
     error_code = "no_worker_available"
 
 
+class ModelLoadFailed(LLMFleetError):
+    """A catalogued model could not be loaded; the failure is remembered for a while (no load storm)."""
+
+    http_status = 503
+    error_type = "server_error"
+    error_code = "model_load_failed"
+
+
 class Unavailable(LLMFleetError):
     """A dependency (Redis) cannot be reached."""
 
@@ -219,10 +237,12 @@ _BY_STATUS_CODE: dict[tuple[int, str | None], type[LLMFleetError]] = {
         LoraLoadFailed,
         LoraLimitReached,
         BodyTooLarge,
+        ModelBusy,
         QueueFull,
         InternalError,
         DeadLettered,
         NoWorkerAvailable,
+        ModelLoadFailed,
         Unavailable,
         DeadlineExceeded,
     )

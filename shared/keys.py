@@ -45,6 +45,15 @@ Layout (values in brackets are what is stored there):
                                  LoRA adapters every worker of the model should hold (POST/DELETE /admin/loras)
   llmfleet:lora-errors:{model}   hash adapter name -> the load error a worker hit (the name was dropped from
                                  the desired set); cleared by the next POST of that name
+  llmfleet:nodes                 sorted set node_id -> last heartbeat of that node agent (unix s)
+  llmfleet:node:{node_id}        hash, a node agent's state (shared/pool.py NodeState), EXPIRE node TTL
+  llmfleet:pool:loading:{model}  string node_id, PX 10 s renewed while loading: the one node loading it now
+                                 (SET NX: two nodes never both load what one load satisfies)
+  llmfleet:pool:failed:{model}   string [the load error's message], EX LLMFLEET_POOL_FAILURE_TTL_S
+  llmfleet:pool:commands         stream [fields "op" = load/unload, "model", "force" = 0/1]; every node
+                                 XREADs it (no group), MAXLEN ~ 1000
+  llmfleet:pool:used             sorted set model -> last time a gateway admitted a request for it
+  llmfleet:pool:keep_alive       hash model -> keep-alive seconds of its latest request (-1 = forever)
   rq:queue:llmfleet-batches      rq's own keys (rq:job:*, rq:worker:*, ...): one rq job per batch, JSON
 """
 
@@ -175,3 +184,22 @@ def loras_desired(model: str) -> str:
 def loras_errors(model: str) -> str:
     """The hash of adapter load errors of a model's workers (name -> message)."""
     return f"{PREFIX}lora-errors:{model}"
+NODES_INDEX = f"{PREFIX}nodes"
+POOL_COMMANDS = f"{PREFIX}pool:commands"
+POOL_USED = f"{PREFIX}pool:used"
+POOL_KEEP_ALIVE = f"{PREFIX}pool:keep_alive"
+
+
+def node_key(node_id: str) -> str:
+    """The state hash of one node agent (its catalogue, capacity and loaded models)."""
+    return f"{PREFIX}node:{node_id}"
+
+
+def pool_loading(model: str) -> str:
+    """The claim of the one node loading `model` right now (SET NX with a TTL)."""
+    return f"{PREFIX}pool:loading:{model}"
+
+
+def pool_failed(model: str) -> str:
+    """The remembered error of `model`'s last failed load (expires: no load storm, then a new try)."""
+    return f"{PREFIX}pool:failed:{model}"

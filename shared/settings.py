@@ -18,7 +18,8 @@ _POSITIVE_INTS = (
 _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
     "model_memory_s", "kv_budget_mib", "drain_timeout_s", "sse_queued_after_s", "sse_keepalive_s",
-    "batch_lease_s", "lora_memory_mib", "prefix_ttl_s", "steal_after_s",
+    "batch_lease_s", "lora_memory_mib", "prefix_ttl_s", "steal_after_s", "pool_load_timeout_s",
+    "pool_failure_ttl_s",
 )
 
 
@@ -77,6 +78,11 @@ class Settings:
     prefix_ttl_s: float = 300.0  # how long the gateway remembers which worker got a prompt prefix
     steal_after_s: float = 1.0  # a job waiting this long on a busy worker's stream may be taken by an idle one
     placement_balance_abs: int = 8  # loads (running + placed) differing by more than this: shortest queue wins
+    pool_max_loaded: int = 0  # a node agent's loaded workers at most (0 = as many as the memory budget allows)
+    pool_memory_mib: float = 0.0  # a node agent's memory budget for its workers (0 = 80% of the host's RAM)
+    pool_keep_alive_s: float = 300.0  # an idle pool model unloads after this (a request's keep_alive overrides)
+    pool_load_timeout_s: float = 180.0  # a load not ready by then fails (its waiting requests get the error)
+    pool_failure_ttl_s: float = 30.0  # a failed load is remembered (refused at once) this long
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -93,7 +99,8 @@ class Settings:
             if not getattr(self, name) > 0:
                 _fail(name, "must be > 0")
         for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
-                     "public_metrics", "any_model_name", "prefix_placement", "placement_balance_abs"):
+                     "public_metrics", "any_model_name", "prefix_placement", "placement_balance_abs", "pool_max_loaded",
+                     "pool_memory_mib", "pool_keep_alive_s"):
             if not getattr(self, name) >= 0:
                 _fail(name, "must be >= 0")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
@@ -169,6 +176,11 @@ ENV: dict[str, str] = {
     "prefix_ttl_s": "LLMFLEET_PREFIX_TTL_S",
     "steal_after_s": "LLMFLEET_STEAL_AFTER_S",
     "placement_balance_abs": "LLMFLEET_PLACEMENT_BALANCE_ABS",
+    "pool_max_loaded": "LLMFLEET_POOL_MAX_LOADED",
+    "pool_memory_mib": "LLMFLEET_POOL_MEMORY_MIB",
+    "pool_keep_alive_s": "LLMFLEET_POOL_KEEP_ALIVE_S",
+    "pool_load_timeout_s": "LLMFLEET_POOL_LOAD_TIMEOUT_S",
+    "pool_failure_ttl_s": "LLMFLEET_POOL_FAILURE_TTL_S",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 

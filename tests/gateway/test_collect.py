@@ -131,7 +131,8 @@ async def test_models_lists_models_with_a_live_worker(client, worker, make_worke
     data = (await client.get("/v1/models")).json()
     assert data["object"] == "list"
     assert [m["id"] for m in data["data"]] == ["org/other", "smollm2"]
-    assert data["data"][0] == {"id": "org/other", "object": "model", "created": 1000, "owned_by": "llmfleet"}
+    assert data["data"][0] == {"id": "org/other", "object": "model", "created": 1000, "owned_by": "llmfleet",
+                            "loaded": True}
     one = await client.get("/v1/models/org/other")
     assert one.status_code == 200 and one.json()["id"] == "org/other"
     missing = await client.get("/v1/models/gone")

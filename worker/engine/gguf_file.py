@@ -110,6 +110,24 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         raise ModelLoadError(path, f"corrupt or truncated GGUF ({type(exc).__name__}: {exc})") from None
 
 
+def tensor_elements(path: str | Path) -> int:
+    """How many weights a GGUF file holds (every tensor's element count; cheap: no tensor data is read)."""
+    buffer = _open(path)
+    try:
+        cursor = _Cursor(buffer)
+        n_tensors = _parse_metadata(cursor, path)[1]
+        total = 0
+        for _ in range(n_tensors):
+            cursor.string()
+            dims = [cursor.scalar("<Q") for _ in range(cursor.scalar("<I"))]
+            cursor.scalar("<I")
+            cursor.scalar("<Q")
+            total += int(np.prod(dims, dtype=np.int64))
+        return total
+    except (struct.error, IndexError, KeyError, ValueError, UnicodeDecodeError, OverflowError) as exc:
+        raise ModelLoadError(path, f"corrupt or truncated GGUF ({type(exc).__name__}: {exc})") from None
+
+
 def _tensor_data(buffer: mmap.mmap, offset: int, dims: list[int], qtype: Any) -> np.ndarray:
     """The raw array of one tensor as gguf.quants.dequantize takes it (bytes per row for quantized types)."""
     from gguf.constants import GGML_QUANT_SIZES

@@ -1,0 +1,150 @@
+"""The gateway's view of the warm pool: the live node agents' catalogues, each model's pool status, the
+last-use and keep-alive marks nodes read, and the admin commands (load / unload) they act on.
+
+A request for a catalogued model that no live worker serves is admitted and queued like any other: its
+queued job is the placement request (every node sees the model's queue depth; the one that wins the
+model's load claim loads it), and the request waits on its job (streams get `: queued` and keep-alives).
+A remembered load failure refuses it at once with that failure (503 model_load_failed).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from gateway.redis_errors import redis_unavailable
+from gateway.registry import Registry
+from shared import keys
+from shared.errors import ModelLoadFailed
+from shared.pool import FAILED, LOADING, NODE_TTL_S, READY, UNLOADED, NodeState
+from shared.settings import Settings
+
+NODES_CACHE_S = 1.0
+COMMANDS_MAXLEN = 1000
+
+requested_keep_alive: contextvars.ContextVar[float | None] = contextvars.ContextVar("requested_keep_alive",
+                                                                                     default=None)
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One model as the admin API shows it."""
+
+    model: str
+    status: str  # loading / ready / failed / unloaded
+    catalogued: bool
+    replicas: int = 0
+    loading: int = 0
+    memory_bytes: int = 0
+    last_used: float | None = None
+    in_flight: int = 0  # requests taken by its workers and not finished (or sequences they report, if more)
+    queued: int = 0  # requests waiting for a worker (or for the load)
+    nodes: tuple[str, ...] = ()
+    error: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """The admin API's object for this model."""
+        return {"id": self.model, "object": "pool.model", "status": self.status, "catalogued": self.catalogued,
+                "replicas": self.replicas, "loading": self.loading, "memory_bytes": self.memory_bytes,
+                "last_used": self.last_used, "in_flight": self.in_flight, "queued": self.queued,
+                "nodes": list(self.nodes), "error": self.error}
+
+
+class Pool:
+    """Reads node agents' states (cached for a second) and writes the marks and commands they act on."""
+
+    def __init__(self, redis: Redis, settings: Settings, registry: Registry, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._redis = redis
+        self._settings = settings
+        self._registry = registry
+        self._clock = clock
+        self._nodes: list[NodeState] = []
+        self._read_at: float | None = None
+
+    async def nodes(self) -> list[NodeState]:
+        """Every live node agent (cached for NODES_CACHE_S)."""
+        now = self._clock()
+        if self._read_at is not None and now - self._read_at < NODES_CACHE_S:
+            return self._nodes
+        with redis_unavailable(self._settings.retry_after_s):
+            ids = await self._redis.zrangebyscore(keys.NODES_INDEX, now - NODE_TTL_S, "+inf")
+            pipe = self._redis.pipeline(transaction=False)
+            for node_id in ids:
+                pipe.hgetall(keys.node_key(node_id.decode()))
+            pipe.zremrangebyscore(keys.NODES_INDEX, "-inf", now - 10 * NODE_TTL_S)
+            replies = await pipe.execute()
+        nodes = [NodeState.from_hash(i.decode(), fields or {}) for i, fields in zip(ids, replies, strict=False)]
+        self._nodes = [n for n in nodes if n is not None and n.heartbeat >= now - NODE_TTL_S]
+        self._read_at = now
+        return self._nodes
+
+    async def catalogue(self) -> set[str]:
+        """Every model some live node may load."""
+        return {model for node in await self.nodes() for model in node.catalogue}
+
+    async def note_use(self, model: str) -> None:
+        """Mark `model` used now (the nodes' LRU order and keep-alive), with the request's keep_alive if it has one."""
+        keep_alive = requested_keep_alive.get()
+        with redis_unavailable(self._settings.retry_after_s):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zadd(keys.POOL_USED, {model: self._clock()})
+            if keep_alive is not None:
+                pipe.hset(keys.POOL_KEEP_ALIVE, model, repr(keep_alive))
+            await pipe.execute()
+
+    async def check_failure(self, model: str) -> None:
+        """Raise the remembered load failure of `model` (503 model_load_failed, Retry-After its remaining time)."""
+        with redis_unavailable(self._settings.retry_after_s):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.get(keys.pool_failed(model))
+            pipe.pttl(keys.pool_failed(model))
+            message, ttl_ms = await pipe.execute()
+        if message is not None:
+            raise ModelLoadFailed(message.decode(errors="replace"), retry_after=max(1.0, (ttl_ms or 1000) / 1000))
+
+    async def command(self, op: str, model: str, *, force: bool = False) -> None:
+        """Queue an admin command (load / unload) for the node agents; a load forgets a remembered failure."""
+        with redis_unavailable(self._settings.retry_after_s):
+            pipe = self._redis.pipeline(transaction=True)
+            if op == "load":
+                pipe.delete(keys.pool_failed(model))
+            pipe.xadd(keys.POOL_COMMANDS, {"op": op, "model": model, "force": "1" if force else "0"},
+                      maxlen=COMMANDS_MAXLEN, approximate=True)
+            await pipe.execute()
+
+    async def statuses(self, queue_state: Callable[[str], Awaitable[tuple[int, int, dict[str, int]]]]
+                       ) -> list[ModelStatus]:
+        """Every catalogued or served model's pool status; `queue_state(model)` is the broker's (waiting, taken
+        but not finished, placed per worker)."""
+        self._read_at = None  # the admin API reads fresh
+        nodes = await self.nodes()
+        live = await self._registry.live_models()
+        catalogued = {model for node in nodes for model in node.catalogue}
+        models = sorted(catalogued | set(live))
+        with redis_unavailable(self._settings.retry_after_s):
+            pipe = self._redis.pipeline(transaction=False)
+            for model in models:
+                pipe.get(keys.pool_failed(model))
+                pipe.zscore(keys.POOL_USED, model)
+            replies = await pipe.execute()
+        statuses = []
+        for i, model in enumerate(models):
+            failed, used = replies[2 * i:2 * i + 2]
+            slots = [(node.node_id, node.models[model]) for node in nodes if model in node.models]
+            workers = live.get(model, [])
+            loading = sum(1 for _, slot in slots if slot.state == LOADING)
+            status = READY if workers else FAILED if failed else LOADING if loading else UNLOADED
+            last = max([used or 0.0, *(slot.last_used for _, slot in slots)]) or None
+            waiting, taken, _placed = await queue_state(model)
+            statuses.append(ModelStatus(
+                model=model, status=status, catalogued=model in catalogued, replicas=len(workers), loading=loading,
+                memory_bytes=sum(slot.memory for _, slot in slots), last_used=last,
+                in_flight=max(taken, sum(w.load for w in workers)), queued=waiting,
+                nodes=tuple(node_id for node_id, _ in slots),
+                error=failed.decode(errors="replace") if failed and not workers else None))
+        return statuses

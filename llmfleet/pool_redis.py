@@ -1,0 +1,204 @@
+"""What a node agent reads and writes in Redis: the live workers, the queue depth of its models, the load
+claim (exactly one node loads a model), remembered failures, the admin command stream and its own state."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from redis import Redis
+from redis.exceptions import ResponseError
+
+from shared import codec, keys
+from shared.codec import WireFormatError
+from shared.errors import ModelLoadFailed
+from shared.pool import NODE_TTL_S, NodeState
+from shared.registry import RegistryEntry
+
+log = logging.getLogger(__name__)
+
+COMMANDS_MAXLEN = 1000
+FAIL_BATCH = 500
+RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  if tonumber(ARGV[2]) > 0 then return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """A model's jobs waiting (not yet taken by a worker) and pending (taken, not yet finished)."""
+
+    waiting: int = 0
+    pending: int = 0
+
+    @property
+    def busy(self) -> bool:
+        """Whether the model has queued or in-flight work."""
+        return self.waiting > 0 or self.pending > 0
+
+
+def live_workers(redis: Redis, ttl_s: float, now: float) -> list[RegistryEntry]:
+    """Every worker with a fresh registry entry (ready or draining)."""
+    ids = redis.zrangebyscore(keys.WORKERS_INDEX, now - ttl_s, "+inf")
+    pipe = redis.pipeline(transaction=False)
+    for worker_id in ids:
+        pipe.hgetall(keys.worker_key(worker_id.decode()))
+    entries = []
+    for worker_id, fields in zip(ids, pipe.execute(), strict=True):
+        entry = RegistryEntry.from_hash(worker_id.decode(), fields or {})
+        if entry is not None and entry.heartbeat >= now - ttl_s:
+            entries.append(entry)
+    return entries
+
+
+def queue_depths(redis: Redis, models: list[str]) -> dict[str, QueueDepth]:
+    """Waiting and pending jobs of each model, over its shared and per-worker (placed) streams, every priority."""
+    pipe = redis.pipeline(transaction=False)
+    for model in models:
+        pipe.smembers(keys.placed_workers(model))
+    placed = pipe.execute()
+    streams = {model: keys.jobs_streams(model) + [s for w in sorted(ids) for s in keys.worker_jobs_streams(model, w.decode())]
+               for model, ids in zip(models, placed, strict=True)}
+    pipe = redis.pipeline(transaction=False)
+    for model in models:
+        for stream in streams[model]:
+            pipe.xinfo_groups(stream)
+            pipe.xlen(stream)
+    replies = iter(pipe.execute(raise_on_error=False))
+    depths: dict[str, QueueDepth] = {}
+    for model in models:
+        waiting = pending = 0
+        for _stream in streams[model]:
+            groups, length = next(replies), next(replies)
+            if isinstance(groups, Exception) or isinstance(length, Exception):
+                continue  # no stream yet
+            group = next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
+            if group is None:
+                waiting += int(length)
+                continue
+            in_flight = int(group.get("pending") or 0)
+            pending += in_flight
+            lag = group.get("lag")
+            waiting += int(lag) if lag is not None else max(0, int(length) - in_flight)
+        depths[model] = QueueDepth(waiting, pending)
+    return depths
+
+
+def claim_load(redis: Redis, model: str, node_id: str, ttl_s: float) -> bool:
+    """Become the one node loading `model` (SET NX with a TTL); False when another node holds the claim."""
+    return bool(redis.set(keys.pool_loading(model), node_id, nx=True, px=max(1, int(ttl_s * 1000))))
+
+
+def release_load(redis: Redis, model: str, node_id: str, *, keep_s: float = 0.0) -> None:
+    """Drop our claim on `model`, or (keep_s > 0) hold it keep_s more from now: renewing it while our load runs,
+    or letting others see the new worker before they decide. Another node's claim is left alone."""
+    redis.eval(RELEASE_SCRIPT, 1, keys.pool_loading(model), node_id, int(keep_s * 1000))
+
+
+def remembered_failure(redis: Redis, model: str) -> str | None:
+    """The message of `model`'s remembered load failure, if any."""
+    raw = redis.get(keys.pool_failed(model))
+    return raw.decode(errors="replace") if raw is not None else None
+
+
+def record_failure(redis: Redis, model: str, message: str, ttl_s: float) -> None:
+    """Remember that `model` failed to load (gateways refuse its requests with this message until it expires)."""
+    redis.set(keys.pool_failed(model), message.encode(), ex=max(1, int(ttl_s)))
+
+
+def fail_waiting(redis: Redis, model: str, node_id: str, message: str, *, retry_after: float, journal_ttl_s: int) -> int:
+    """End every queued job of `model` with a ModelLoadFailed error (seq 0): take it as consumer `pool-<node>`,
+    journal and publish the error, ack and delete the entry. Returns how many jobs were ended."""
+    consumer, ended = f"pool-{node_id}", 0
+    error = ModelLoadFailed(message, retry_after=retry_after)
+    for stream in keys.jobs_streams(model):
+        try:  # the group is created by whoever comes first (a gateway usually did): from the stream's start
+            redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        replies = redis.xreadgroup(keys.JOBS_GROUP, consumer, {stream: ">"}, count=FAIL_BATCH)
+        for _stream, entries in replies or []:
+            pipe = redis.pipeline(transaction=True)
+            for entry_id, fields in entries:
+                try:
+                    job = codec.decode_job(fields.get(keys.JOB_FIELD.encode(), b""))
+                except WireFormatError:
+                    job = None
+                if job is not None:
+                    event = codec.encode_event(error.to_event(job.id, 0))
+                    journal = keys.journal_stream(job.id)
+                    pipe.xadd(journal, {keys.JOURNAL_SEQ_FIELD: b"0", keys.JOURNAL_EVENT_FIELD: event})
+                    pipe.expire(journal, journal_ttl_s)
+                    pipe.publish(keys.events_channel(job.id), event)
+                    ended += 1
+                pipe.xack(stream, keys.JOBS_GROUP, entry_id)
+                pipe.xdel(stream, entry_id)
+            pipe.execute()
+    if ended:
+        log.info("ended %d waiting requests of %s with its load error", ended, model)
+    return ended
+
+
+def last_command_id(redis: Redis) -> bytes:
+    """The id of the newest admin command (a node starting now acts only on later ones)."""
+    newest = redis.xrevrange(keys.POOL_COMMANDS, count=1)
+    return newest[0][0] if newest else b"0-0"
+
+
+def read_commands(redis: Redis, after: bytes) -> tuple[list[dict[str, str]], bytes]:
+    """Admin commands after `after` (without blocking), and the id to read after next time."""
+    replies = redis.xread({keys.POOL_COMMANDS: after}, count=100)
+    commands = []
+    for _stream, entries in replies or []:
+        for entry_id, fields in entries:
+            after = entry_id
+            commands.append({k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()})
+    return commands, after
+
+
+def add_command(redis: Redis, op: str, model: str, *, force: bool = False) -> None:
+    """Queue an admin command for the node agents (load / unload)."""
+    redis.xadd(keys.POOL_COMMANDS, {"op": op, "model": model, "force": "1" if force else "0"},
+               maxlen=COMMANDS_MAXLEN, approximate=True)
+
+
+def usage(redis: Redis) -> tuple[dict[str, float], dict[str, float]]:
+    """Each model's last use by a gateway (unix s) and the keep-alive of its latest request (s; -1 = forever)."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.zrange(keys.POOL_USED, 0, -1, withscores=True)
+    pipe.hgetall(keys.POOL_KEEP_ALIVE)
+    used, keep = pipe.execute()
+    used_at = {m.decode(errors="replace"): float(score) for m, score in used}
+    keep_alive = {}
+    for model, raw in keep.items():
+        try:
+            keep_alive[model.decode(errors="replace")] = float(raw)
+        except ValueError:
+            continue
+    return used_at, keep_alive
+
+
+def publish_state(redis: Redis, state: NodeState) -> None:
+    """Write the node's state hash (with its TTL) and its score in the nodes index."""
+    pipe = redis.pipeline(transaction=True)
+    pipe.hset(keys.node_key(state.node_id), mapping=state.to_hash())
+    pipe.expire(keys.node_key(state.node_id), int(NODE_TTL_S) + 1)
+    pipe.zadd(keys.NODES_INDEX, {state.node_id: state.heartbeat})
+    pipe.execute()
+
+
+def remove_state(redis: Redis, node_id: str) -> None:
+    """Remove the node's state (clean shutdown)."""
+    pipe = redis.pipeline(transaction=True)
+    pipe.delete(keys.node_key(node_id))
+    pipe.zrem(keys.NODES_INDEX, node_id)
+    pipe.execute()
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
