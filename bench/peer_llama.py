@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import subprocess
 import sys
@@ -139,6 +140,10 @@ def print_table(sizes: list[int], results: dict[str, list[list[LevelResult]]]) -
                          f"{best.itl_p50_s * 1000:>4.0f}ms" + (f" [{errors} errors]" if errors else ""))
         ratio = _best(results["llmfleet"], i).steady_rate / _best(results["llama-server"], i).steady_rate
         print(f"{n:>7} | {cells[0]} | {cells[1]} | {ratio:>5.2f}x")
+        for name in ("llama-server", "llmfleet"):
+            kinds = collections.Counter(e for r in results[name] for e in r[i].errors)
+            if kinds:
+                print(f"        {name} errors at {n} streams: {dict(kinds.most_common(3))}")
 
 
 if __name__ == "__main__":

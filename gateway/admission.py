@@ -25,12 +25,14 @@ MAX_RETRY_AFTER_S = 60
 CAPACITY_SHARE = 0.5  # a worker's measured full-batch decode rate counts at this share (longer contexts, overheads)
 
 
-def expected_finish_s(workers: Sequence[RegistryEntry], waiting: int, tokens: int = 0, *, in_flight: int = 0) -> float:
+def expected_finish_s(workers: Sequence[RegistryEntry], waiting: int, tokens: int = 0, *,
+                      in_flight: int | None = None) -> float:
     """Seconds until a request of `tokens` (max_tokens x n) queued behind `waiting` others would finish; 0 when a
     slot is free or no worker has measured a rate yet (then only the queue's count limit applies). `in_flight`
-    (jobs taken and not yet acked, read live from the streams) stands in for the heartbeats' load when it is
-    larger: in a burst the load published a second ago is stale."""
-    load = max(sum(w.load for w in workers), in_flight)
+    (jobs taken and not yet acked, read live from the streams) is the load when given: the heartbeats' load is up
+    to a heartbeat plus the registry cache old, stale both ways (a burst that just started, or one that just ended
+    and would make the next burst look like a full worker)."""
+    load = in_flight if in_flight is not None else sum(w.load for w in workers)
     if waiting + load < sum(w.slots for w in workers):  # a slot is free: it starts at once
         return 0.0
     estimates = []

@@ -33,6 +33,8 @@ def test_the_expected_finish_is_the_work_in_flight_and_ahead_over_the_measured_r
     assert expected_finish_s([_entry(4, 4, 0.0)], waiting=100) == 0.0  # no rate measured yet: the count limit rules
     # in a burst the heartbeat's load (0) is stale; the 4 jobs taken and not acked, read live, fill the slots
     assert expected_finish_s([_entry(4, 0, 2.0)], waiting=0, in_flight=4) == (4 + 0 + 1) / 2.0
+    # right after a burst ended the heartbeat still says 4; nothing is in flight: the slots are free
+    assert expected_finish_s([_entry(4, 4, 0.01)], waiting=3, in_flight=0) == 0.0
     # tokens: the rate was measured on short jobs (10 requests/s), but 400 tokens are left in flight and the
     # new job and the 2 waiting ahead of it may generate 200 each: (400 + 3 x 200) / 100 tokens/s
     long_jobs = [_entry(4, 4, 10.0, token_rate=100.0, tokens_left=400.0)]
@@ -52,11 +54,28 @@ def test_fresh_workers_are_judged_by_half_their_measured_decode_capacity() -> No
     assert expected_finish_s(busy, waiting=9, tokens=100) == 2000 / 150.0
 
 
+async def _fill(client: httpx.AsyncClient, worker: Any, count: int = 8) -> tuple[list[asyncio.Task], list[Any]]:
+    """`count` requests taken by the worker and not yet answered: the live in-flight load admission reads."""
+    tasks, jobs = [], []
+    for _ in range(count):  # one at a time: the queue limit (4) counts requests not yet taken
+        tasks.append(asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)))
+        jobs.append(await worker.take())
+    return tasks, jobs
+
+
+async def _release(worker: Any, tasks: list[asyncio.Task], jobs: list[Any]) -> None:
+    """Answer the filling requests; each ends 200."""
+    for job in jobs:
+        await worker.answer(job, ["ok"])
+    assert [(await task).status_code for task in tasks] == [200] * len(tasks)
+
+
 async def test_a_request_that_could_not_finish_before_its_deadline_is_a_429(
         client: httpx.AsyncClient, worker: Any) -> None:
     # settings: request_timeout_s 5 -> budget 2.5 s; a full worker (8 in flight) finishing 4 requests/s: the
     # first two queued ones finish after 2.25 s and 2.5 s, a third would after 2.75 s
     await worker.register(load=8, **{"stat.finish_rate": 4.0})
+    filling, taken = await _fill(client, worker)
     queued = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)) for _ in range(2)]
     await asyncio.sleep(0.3)
     refused = await client.post("/v1/chat/completions", json=CHAT)
@@ -73,12 +92,14 @@ async def test_a_request_that_could_not_finish_before_its_deadline_is_a_429(
     for _ in range(3):
         await worker.answer(await worker.take(), ["ok"])
     assert [(await task).status_code for task in queued] == [200, 200, 200]
+    await _release(worker, filling, taken)
 
 
 async def test_a_burst_is_judged_with_its_own_requests_counted(client: httpx.AsyncClient, worker: Any) -> None:
     """Requests admitted at the same moment see each other before they reach the stream: of six at once on a full
     worker finishing 4 requests/s (budget 2.5 s), two are admitted (2.25 s, 2.5 s), four refused."""
     await worker.register(load=8, **{"stat.finish_rate": 4.0})
+    filling, taken = await _fill(client, worker)
     tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)) for _ in range(6)]
     await asyncio.sleep(0.5)
     refused = [t.result() for t in tasks if t.done()]
@@ -86,6 +107,7 @@ async def test_a_burst_is_judged_with_its_own_requests_counted(client: httpx.Asy
     for _ in range(2):
         await worker.answer(await worker.take(), ["ok"])
     assert sorted(r.status_code for r in await asyncio.gather(*tasks)) == [200, 200, 429, 429, 429, 429]
+    await _release(worker, filling, taken)
 
 
 async def test_n_wider_than_any_worker_is_a_400_naming_n(client: httpx.AsyncClient, worker: Any) -> None:
