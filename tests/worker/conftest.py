@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
+
+from shared.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).parent / "engine"))
 
@@ -28,3 +32,15 @@ def tiny_chat_engine(tmp_path_factory: pytest.TempPathFactory):
 
     path = write_tiny_gguf(tmp_path_factory.mktemp("tiny-chat-engine") / "tiny.gguf")
     return Engine.load(path, chat_template=CHATML_TEMPLATE)
+
+
+@pytest.fixture()
+def client(redis_server: Any) -> redis.Redis:
+    """A client of the test's real Redis server."""
+    return redis.Redis.from_url(redis_server.url)
+
+
+@pytest.fixture()
+def settings(redis_server: Any) -> Settings:
+    """Worker settings on that server, with fast heartbeats and short leases."""
+    return Settings(redis_url=redis_server.url, heartbeat_interval_s=0.2, heartbeat_ttl_s=1.0, lease_s=0.5, slots=4)

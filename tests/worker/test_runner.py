@@ -36,16 +36,6 @@ MODEL = "tiny"
 
 
 @pytest.fixture()
-def client(redis_server: Any) -> redis.Redis:
-    return redis.Redis.from_url(redis_server.url)
-
-
-@pytest.fixture()
-def settings(redis_server: Any) -> Settings:
-    return Settings(redis_url=redis_server.url, heartbeat_interval_s=0.2, heartbeat_ttl_s=1.0, lease_s=0.5, slots=4)
-
-
-@pytest.fixture()
 def worker(tiny_engine: Any, client: redis.Redis, settings: Settings) -> Iterator[WorkerRunner]:
     yield from _running(tiny_engine, client, settings)
 

@@ -27,16 +27,6 @@ pytestmark = pytest.mark.integration
 MODEL = "tiny"
 
 
-@pytest.fixture()
-def client(redis_server: Any) -> redis.Redis:
-    return redis.Redis.from_url(redis_server.url)
-
-
-@pytest.fixture()
-def settings(redis_server: Any) -> Settings:
-    return Settings(redis_url=redis_server.url, heartbeat_interval_s=0.2, heartbeat_ttl_s=1.0, lease_s=0.5, slots=4)
-
-
 def job(rid: str, **kw: Any) -> GenerateJob:
     now = time.time()
     return GenerateJob(id=rid, model=MODEL, created=now, deadline=now + 30, prompt_token_ids=[5, 6, 7, 8],

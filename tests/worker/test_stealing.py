@@ -4,7 +4,6 @@ ones, forgetting dead ones once empty."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 import redis
@@ -15,11 +14,6 @@ from worker.stealing import ensure_group, forget_dead, plan_others, reclaim_stre
 
 pytestmark = pytest.mark.integration
 MODEL = "m"
-
-
-@pytest.fixture()
-def client(redis_server: Any) -> redis.Redis:
-    return redis.Redis.from_url(redis_server.url)
 
 
 def _member(client: redis.Redis, worker_id: str, *, state: str | None = "ready") -> None:
