@@ -92,11 +92,7 @@ def run_round(label: str, env: dict[str, str], streams: int, max_tokens: int) ->
     os.environ.update(env)
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="llmfleet-overload-")), queue_limit=256)
     try:
-        cluster.start()
-        workers = [cluster.spawn(f"worker{i}", [PY, "-m", "llmfleet.cli", "worker", "--model", MODEL,
-                                                "--threads", "1"]) for i in range(2)]
-        for worker in workers:
-            cluster.wait_model(MODEL, worker, 300)
+        _start_two_workers(cluster)
         outcomes, wall = asyncio.run(burst(cluster.url, streams, max_tokens))
     finally:
         cluster.close()
@@ -123,17 +119,22 @@ def run_round(label: str, env: dict[str, str], streams: int, max_tokens: int) ->
         print(f"  Retry-After of the refusals: {statistics.median(float(o.error or 0) for o in refused):.0f} s median")
 
 
+def _start_two_workers(cluster: Cluster) -> None:
+    """Redis and the gateway, then two one-thread workers of MODEL, ready."""
+    cluster.start()
+    workers = [cluster.spawn(f"worker{i}", [PY, "-m", "llmfleet.cli", "worker", "--model", MODEL, "--threads", "1"])
+               for i in range(2)]
+    for worker in workers:
+        cluster.wait_model(MODEL, worker, 300)
+
+
 def admission_round(streams: int, max_tokens: int, deadline_s: float) -> None:
     """A short request deadline so that admission must refuse: a burst on fresh workers, then one on warm ones."""
     saved = dict(os.environ)
     os.environ["LLMFLEET_REQUEST_TIMEOUT_S"] = str(deadline_s)
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="llmfleet-overload-")), queue_limit=streams + 10)
     try:
-        cluster.start()
-        workers = [cluster.spawn(f"worker{i}", [PY, "-m", "llmfleet.cli", "worker", "--model", MODEL,
-                                                "--threads", "1"]) for i in range(2)]
-        for worker in workers:
-            cluster.wait_model(MODEL, worker, 300)
+        _start_two_workers(cluster)
         for label in ("cold (no rate measured yet)", "warm (rate measured)"):
             outcomes, wall = asyncio.run(burst(cluster.url, streams, max_tokens))
             print_admission(label, outcomes, wall)
