@@ -83,13 +83,15 @@ def local_file(source: str) -> Path | None:
 
 
 def weights_bytes(path: Path) -> int:
-    """What the engine holds for a GGUF's weights: every tensor dequantized to float32 (the file's size when
-    its header cannot be read)."""
+    """What the engine holds for a GGUF's weights: every tensor dequantized to float32, plus the 8-bit block codes
+    of its quantized projections (at most 1.5 bytes a weight with their tables); the file's size when its header
+    cannot be read."""
     from worker.engine.errors import ModelLoadError
     from worker.engine.gguf_file import tensor_elements
 
     try:
-        return tensor_elements(path) * F32_BYTES
+        elements = tensor_elements(path)
+        return elements * F32_BYTES + elements * 3 // 2
     except (ModelLoadError, OSError) as exc:  # a corrupt or foreign file: the worker will say why it cannot load it
         log.info("cannot read %s's tensors (%s); estimating from its size", path.name, type(exc).__name__)
         try:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from worker.engine.errors import ModelLoadError
+from worker.engine.quant_blocks import SUPPORTED, BlockCodes, decode_block_codes
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -33,6 +34,7 @@ class GGUFContents:
     path: str
     metadata: dict[str, Any]
     tensors: dict[str, np.ndarray]  # name -> float32, shape in row-major order (GGUF's ne reversed)
+    block_codes: dict[str, BlockCodes] = field(default_factory=dict)  # 2-D quantized tensors' codes, if asked
 
 
 class _Cursor:
@@ -144,8 +146,9 @@ def _tensor_data(buffer: mmap.mmap, offset: int, dims: list[int], qtype: Any) ->
     return data.reshape(*shape[:-1], shape[-1] // block_size * type_size)  # (..., bytes per row)
 
 
-def read_gguf(path: str | Path) -> GGUFContents:
-    """Read a GGUF file and dequantize every tensor to float32 (row-major, GGUF shape reversed)."""
+def read_gguf(path: str | Path, block_codes: bool = False) -> GGUFContents:
+    """Read a GGUF file and dequantize every tensor to float32 (row-major, GGUF shape reversed); with block_codes,
+    also keep each 2-D quantized tensor's codes (quant_blocks.py)."""
     import gguf
     from gguf.quants import dequantize
 
@@ -180,4 +183,10 @@ def read_gguf(path: str | Path) -> GGUFContents:
         except (ValueError, IndexError, TypeError) as exc:
             raise ModelLoadError(path, f"tensor {name}: malformed data ({exc})") from None
         tensors[name] = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
-    return GGUFContents(path=str(path), metadata=metadata, tensors=tensors)
+    codes: dict[str, BlockCodes] = {}
+    for name, data in raw.items() if block_codes else ():
+        if data.ndim == 2 and types[name].name in SUPPORTED:
+            decoded = decode_block_codes(data, types[name].name, tensors[name].shape)
+            if decoded is not None:
+                codes[name] = decoded
+    return GGUFContents(path=str(path), metadata=metadata, tensors=tensors, block_codes=codes)

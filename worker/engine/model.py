@@ -17,6 +17,7 @@ from worker.engine.gguf_file import read_gguf
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
 from worker.engine.ops import Array
+from worker.engine.quantized import QuantizedLinear
 
 
 class Model:
@@ -31,14 +32,18 @@ class Model:
         self.lora_base = lora_base or {}  # the small base tensors (norm weights) adapter loads fold in again
 
     @classmethod
-    def from_file(cls, path: str | Path) -> Model:
-        """Load a GGUF file (dequantized to float32 once)."""
-        contents = read_gguf(path)
+    def from_file(cls, path: str | Path, *, block_codes: bool = True) -> Model:
+        """Load a GGUF file (dequantized to float32 once); with block_codes its quantized projections also keep
+        their 8-bit codes, which narrow decode steps multiply with (ops.linear)."""
+        contents = read_gguf(path, block_codes=block_codes)
         if contents.metadata.get("general.type") == "adapter":
             raise ModelLoadError(path, "the file is a LoRA adapter, not a model: load it with POST /admin/loras")
         config = ModelConfig.from_metadata(contents.metadata, str(path))
         architecture = architecture_for(config, str(path))
-        weights = architecture.load(contents.tensors, config, str(path))
+        tensors: dict[str, Any] = dict(contents.tensors)
+        for name, codes in contents.block_codes.items():
+            tensors[name] = QuantizedLinear(contents.tensors[name], codes)
+        weights = architecture.load(tensors, config, str(path))
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: contents.tensors[name].copy() for name in keep if name in contents.tensors}
         return cls(config, architecture, weights, contents.metadata, lora_base)

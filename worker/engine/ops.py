@@ -11,9 +11,36 @@ from typing import Any
 import numpy as np
 
 from worker.engine import kernels
+from worker.engine.quantized import QuantizedLinear
 
 xp: Any = np  # the array module of the forward path
 Array = Any  # an array of the backend in `xp`
+Weight = Any  # a projection: an (out, in) array, or a QuantizedLinear holding a block-coded form beside it
+_block_rows = 8  # steps of at most this many rows use block codes: faster up to 8 streams, BLAS from 12 (step_breakdown)
+
+
+def set_block_rows(rows: int) -> None:
+    """The widest step that multiplies with block codes instead of float32 (0 turns the block path off)."""
+    global _block_rows
+    _block_rows = max(0, rows)
+
+
+def weight(matrix: Any) -> Weight:
+    """A projection as the forward path takes it: block-coded ones as they are, arrays row-major on the backend."""
+    return matrix if isinstance(matrix, QuantizedLinear) else xp.ascontiguousarray(xp.asarray(matrix, dtype=np.float32))
+
+
+def dense(matrix: Weight) -> Array:
+    """The float32 (out, in) form of a projection (for an embedding lookup)."""
+    return matrix.dense if isinstance(matrix, QuantizedLinear) else matrix
+
+
+def _block_linear(x: Array, weight: QuantizedLinear) -> Array:
+    """x @ weight.T through the block codes: (N, out), C-ordered."""
+    if weight.column_scale is not None:
+        x = x * weight.column_scale  # (N, in)
+    blocks = weight.blocks
+    return kernels.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
 
 
 def asarray(values: Any, dtype: Any = None) -> Array:
@@ -26,9 +53,14 @@ def empty(shape: tuple[int, ...], dtype: Any = np.float32) -> Array:
     return xp.empty(shape, dtype)
 
 
-def linear(x: Array, weight: Array) -> Array:
-    """x @ weight.T for x (N, in) and weight (out, in), as (weight @ x.T).T: faster on OpenBLAS; column-major result."""
-    return (weight @ x.T).T  # (N, out), Fortran-ordered: callers that need rows contiguous copy it
+def linear(x: Array, weight: Weight) -> Array:
+    """x @ weight.T for x (N, in) and weight (out, in): block codes for narrow steps, else (weight @ x.T).T on
+    OpenBLAS (faster that way round; a column-major result that callers needing rows contiguous copy)."""
+    if isinstance(weight, QuantizedLinear):
+        if x.shape[0] <= _block_rows:
+            return _block_linear(x, weight)  # (N, out), C-ordered
+        weight = weight.dense
+    return (weight @ x.T).T  # (N, out), Fortran-ordered
 
 
 def lora_delta(x: Array, a: Array, b: Array) -> Array:
@@ -36,8 +68,12 @@ def lora_delta(x: Array, a: Array, b: Array) -> Array:
     return (x @ a.T) @ b.T  # (G, out)
 
 
-def linear_rows(x: Array, weight: Array) -> Array:
+def linear_rows(x: Array, weight: Weight) -> Array:
     """x @ weight.T with a row-major result (cheaper than linear + a copy for wide outputs such as logits)."""
+    if isinstance(weight, QuantizedLinear):
+        if x.shape[0] <= _block_rows:
+            return _block_linear(x, weight)  # (N, out), C-ordered
+        weight = weight.dense
     return x @ weight.T  # (N, out), C-ordered
 
 

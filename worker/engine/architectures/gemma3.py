@@ -66,7 +66,9 @@ class Gemma3Weights:
     def nbytes(self) -> int:
         """Bytes of all distinct arrays."""
         total = self.token_embedding.nbytes + self.output_norm.nbytes + sum(layer.nbytes for layer in self.layers)
-        return total + (0 if self.output is self.token_embedding else self.output.nbytes)
+        if ops.dense(self.output) is self.token_embedding:  # tied: only the output's block codes are its own
+            return total + self.output.nbytes - self.token_embedding.nbytes
+        return total + self.output.nbytes
 
 
 class Gemma3:
@@ -89,27 +91,28 @@ class Gemma3:
             attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
             ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
             layers.append(Gemma3Layer(
-                wqkv=ops.asarray(fold_norm(fuse_rows(
+                wqkv=ops.weight(fold_norm(fuse_rows(
                     take(tensors, p + "attn_q.weight", (q_dim, d), path),
                     take(tensors, p + "attn_k.weight", (kv_dim, d), path),
                     take(tensors, p + "attn_v.weight", (kv_dim, d), path),
                 ), attn_norm)),  # (H*Dh + 2*Hkv*Dh, D)
                 q_norm=ops.asarray(take(tensors, p + "attn_q_norm.weight", (dh,), path) * query_scale),  # (Dh,)
                 k_norm=ops.asarray(take(tensors, p + "attn_k_norm.weight", (dh,), path)),  # (Dh,)
-                wo=ops.contiguous(ops.asarray(take(tensors, p + "attn_output.weight", (d, q_dim), path))),  # (D, H*Dh)
+                wo=ops.weight(take(tensors, p + "attn_output.weight", (d, q_dim), path)),  # (D, H*Dh)
                 post_attention_norm=ops.asarray(take(tensors, p + "post_attention_norm.weight", (d,), path)),
-                w_gate_up=ops.asarray(fold_norm(fuse_rows(
+                w_gate_up=ops.weight(fold_norm(fuse_rows(
                     take(tensors, p + "ffn_gate.weight", (f, d), path),
                     take(tensors, p + "ffn_up.weight", (f, d), path),
                 ), ffn_norm)),  # (2F, D)
-                w_down=ops.contiguous(ops.asarray(take(tensors, p + "ffn_down.weight", (d, f), path))),  # (D, F)
+                w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
                 post_ffw_norm=ops.asarray(take(tensors, p + "post_ffw_norm.weight", (d,), path)),  # (D,)
                 window=config.sliding_window if local else 0,
                 rotary=local_rotary if local else global_rotary,
             ))
-        embedding = ops.asarray(take(tensors, "token_embd.weight", (v, d), path))  # (V, D)
-        output = (ops.asarray(take(tensors, "output.weight", (v, d), path))
-                  if "output.weight" in tensors else embedding)  # (V, D)
+        embedding_matrix = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D)
+        embedding = ops.dense(embedding_matrix)  # (V, D) float32 rows for the lookup
+        output = (ops.weight(take(tensors, "output.weight", (v, d), path))
+                  if "output.weight" in tensors else embedding_matrix)  # (V, D)
         return Gemma3Weights(
             config=config,
             token_embedding=embedding,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from worker.engine import ops
-from worker.engine.architectures.common import fold_norm, fuse_rows, take, unpermute_rope_rows
+from worker.engine.architectures.common import fold_norm, fuse_rows, scale_rows, take, unpermute_rope_rows
 from worker.engine.config import ModelConfig
 from worker.engine.forward_batch import ForwardBatch
 from worker.engine.lora_targets import LoraPart, LoraTarget
@@ -46,7 +46,9 @@ class LlamaWeights:
     def nbytes(self) -> int:
         """Bytes of all distinct arrays."""
         total = self.token_embedding.nbytes + self.output_norm.nbytes + sum(layer.nbytes for layer in self.layers)
-        return total + (0 if self.output is self.token_embedding else self.output.nbytes)
+        if ops.dense(self.output) is self.token_embedding:  # tied: only the output's block codes are its own
+            return total + self.output.nbytes - self.token_embedding.nbytes
+        return total + self.output.nbytes
 
 
 class Llama:
@@ -69,7 +71,7 @@ class Llama:
             if self.rope_rows_permuted:
                 wq = unpermute_rope_rows(wq, config.n_heads)  # (H*Dh, D)
                 wk = unpermute_rope_rows(wk, config.n_kv_heads)  # (Hkv*Dh, D)
-            wq = wq * query_scale  # (H*Dh, D)
+            wq = scale_rows(wq, query_scale)  # (H*Dh, D)
             bqkv = None
             if p + "attn_q.bias" in tensors:
                 bqkv = np.concatenate([
@@ -80,18 +82,19 @@ class Llama:
             attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
             ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
             layers.append(LlamaLayer(
-                wqkv=ops.asarray(fold_norm(fuse_rows(wq, wk, wv), attn_norm)),  # (H*Dh + 2*Hkv*Dh, D)
+                wqkv=ops.weight(fold_norm(fuse_rows(wq, wk, wv), attn_norm)),  # (H*Dh + 2*Hkv*Dh, D)
                 bqkv=None if bqkv is None else ops.asarray(bqkv),
-                wo=ops.contiguous(ops.asarray(take(tensors, p + "attn_output.weight", (d, q_dim), path))),  # (D, H*Dh)
-                w_gate_up=ops.asarray(fold_norm(fuse_rows(
+                wo=ops.weight(take(tensors, p + "attn_output.weight", (d, q_dim), path)),  # (D, H*Dh)
+                w_gate_up=ops.weight(fold_norm(fuse_rows(
                     take(tensors, p + "ffn_gate.weight", (f, d), path),
                     take(tensors, p + "ffn_up.weight", (f, d), path),
                 ), ffn_norm)),  # (2F, D)
-                w_down=ops.contiguous(ops.asarray(take(tensors, p + "ffn_down.weight", (d, f), path))),  # (D, F)
+                w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
             ))
-        embedding = ops.asarray(take(tensors, "token_embd.weight", (v, d), path))  # (V, D)
-        output = (ops.asarray(take(tensors, "output.weight", (v, d), path))
-                  if "output.weight" in tensors else embedding)  # (V, D)
+        embedding_matrix = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D)
+        embedding = ops.dense(embedding_matrix)  # (V, D) float32 rows for the lookup
+        output = (ops.weight(take(tensors, "output.weight", (v, d), path))
+                  if "output.weight" in tensors else embedding_matrix)  # (V, D)
         return LlamaWeights(
             config=config,
             token_embedding=embedding,

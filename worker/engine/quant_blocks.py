@@ -1,0 +1,136 @@
+"""GGUF quantized tensors as 8-bit codes with a scale and an offset per group: w = code * scale + offset, exactly.
+
+Every llama.cpp format below stores, per group of 16 or 32 weights, small unsigned integers and an affine map
+(Q8_0's signed codes are shifted by 128 and the shift moved into the offset). Keeping that form (1 byte per
+weight instead of 4) lets decode read a quarter of the memory float32 weights need. Formats not listed (Q2_K,
+Q3_K, the IQ types) return None and stay float32 only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+QK_K = 256  # weights per K-quant super-block
+
+
+@dataclass(frozen=True)
+class BlockCodes:
+    """A (out, in) matrix as codes (out, in) uint8 and per-group scale/offset (out, in/group) float32."""
+
+    codes: np.ndarray  # (out, in) uint8
+    scale: np.ndarray  # (out, in/G) float32
+    offset: np.ndarray  # (out, in/G) float32
+    group: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the codes and the per-group tables."""
+        return self.codes.nbytes + self.scale.nbytes + self.offset.nbytes
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 matrix the codes stand for: (out, in)."""
+        rows, cols = self.codes.shape
+        grouped = self.codes.reshape(rows, cols // self.group, self.group).astype(np.float32)  # (out, in/G, G)
+        return (grouped * self.scale[:, :, None] + self.offset[:, :, None]).reshape(rows, cols)  # (out, in)
+
+
+def _f16(column: np.ndarray) -> np.ndarray:
+    """Little-endian float16 bytes (n, 2) as float32 (n,)."""
+    return np.ascontiguousarray(column).view(np.float16).astype(np.float32).reshape(-1)  # (n,)
+
+
+def _nibbles(packed: np.ndarray, half: int) -> np.ndarray:
+    """Low nibbles then high nibbles of each run of `half` bytes: (n, 2*half) uint8 from (n, half)."""
+    return np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # (n, 2*half)
+
+
+def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
+    """Bit i of the little-endian uint32 of each row, for i < count: (n, count) uint8."""
+    bits = np.ascontiguousarray(qh).view(np.uint32).reshape(-1, 1) >> np.arange(count, dtype=np.uint32)  # (n, count)
+    return (bits & 1).astype(np.uint8)
+
+
+def _legacy(blocks: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 blocks (n, bytes) of 32 weights: codes (n, 32), scale (n,), offset (n,)."""
+    d = _f16(blocks[:, :2])  # (n,)
+    if kind == "Q8_0":
+        return (blocks[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8), d, -128.0 * d
+    has_min = kind in ("Q4_1", "Q5_1")
+    m = _f16(blocks[:, 2:4]) if has_min else None  # (n,)
+    at = 4 if has_min else 2
+    codes = None
+    if kind.startswith("Q5"):
+        high = _high_bits(blocks[:, at : at + 4], 32)  # (n, 32)
+        at += 4
+        codes = _nibbles(blocks[:, at : at + 16], 16) | (high << 4)  # (n, 32)
+    else:
+        codes = _nibbles(blocks[:, at : at + 16], 16)  # (n, 32)
+    if m is not None:
+        return codes, d, m
+    return codes, d, -(8.0 if kind == "Q4_0" else 16.0) * d
+
+
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eight 6-bit scales and mins of a Q4_K/Q5_K super-block: (n, 8) each."""
+    d, m, m_d = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]  # (n, 4) each
+    sc = np.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1)  # (n, 8)
+    mins = np.concatenate([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], axis=-1)  # (n, 8)
+    return sc.astype(np.float32), mins.astype(np.float32)
+
+
+def _k_quant(blocks: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K, Q5_K (groups of 32) and Q6_K (groups of 16) super-blocks: codes (n, 256), scale/offset (n, groups)."""
+    n = blocks.shape[0]
+    if kind == "Q6_K":
+        ql = blocks[:, : QK_K // 2].reshape(n, 2, 64)  # (n, 2, 64): two halves of 128 weights
+        qh = blocks[:, QK_K // 2 : QK_K // 2 + QK_K // 4].reshape(n, 2, 32)  # (n, 2, 32)
+        scales = blocks[:, QK_K // 2 + QK_K // 4 : QK_K // 2 + QK_K // 4 + 16].view(np.int8).astype(np.float32)  # (n, 16)
+        d = _f16(blocks[:, -2:])  # (n,)
+        low = np.concatenate([ql & 0x0F, ql >> 4], axis=-1).reshape(n, 2, 4, 32)  # (n, 2, 4, 32)
+        high = (qh[:, :, None, :] >> np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]) & 0x03  # (n, 2, 4, 32)
+        codes = (low | (high << 4)).reshape(n, QK_K)  # (n, 256) in 0..63
+        scale = d[:, None] * scales  # (n, 16)
+        return codes, scale, -32.0 * scale
+    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])  # (n,) each
+    sc, mins = _k_scales(blocks[:, 4:16])  # (n, 8) each
+    if kind == "Q5_K":
+        qh = blocks[:, 16 : 16 + QK_K // 8]  # (n, 32)
+        qs = blocks[:, 16 + QK_K // 8 :].reshape(n, 4, 32)  # (n, 4, 32)
+        high = ((qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1)  # (n, 8, 32)
+    else:
+        qs = blocks[:, 16:].reshape(n, 4, 32)  # (n, 4, 32)
+        high = None
+    low = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32)  # (n, 8, 32)
+    codes = low if high is None else low | (high << 4)  # (n, 8, 32)
+    return codes.reshape(n, QK_K), d[:, None] * sc, -(dmin[:, None] * mins)
+
+
+_LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+_K_QUANTS = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
+SUPPORTED = _LEGACY + tuple(_K_QUANTS)
+
+
+def decode_block_codes(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> BlockCodes | None:
+    """Codes and per-group scale/offset of a 2-D quantized tensor (raw bytes per row as GGUF stores them)."""
+    rows, cols = shape
+    if kind in _LEGACY:
+        group, super_block = 32, 32
+    elif kind in _K_QUANTS:
+        group, super_block = _K_QUANTS[kind], QK_K
+    else:
+        return None
+    if cols % super_block:
+        return None
+    blocks = np.ascontiguousarray(raw).reshape(rows * (cols // super_block), -1)  # (n, bytes per block)
+    if kind in _LEGACY:
+        codes, scale, offset = _legacy(blocks, kind)
+    else:
+        codes, scale, offset = _k_quant(blocks, kind)
+    return BlockCodes(
+        codes=np.ascontiguousarray(codes.reshape(rows, cols), dtype=np.uint8),  # (out, in)
+        scale=np.ascontiguousarray(scale.reshape(rows, cols // group), dtype=np.float32),  # (out, in/G)
+        offset=np.ascontiguousarray(offset.reshape(rows, cols // group), dtype=np.float32),  # (out, in/G)
+        group=group,
+    )
