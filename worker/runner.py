@@ -271,7 +271,8 @@ class WorkerRunner:
                 break
             try:
                 claimed = claim_stalled(self.redis, stream, self.worker_id, count=free,
-                                        ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s)
+                                        ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s,
+                                        request_id_of=_request_id_of)
             except ResponseError as exc:
                 if stream in self.streams or stream in self.own_streams:
                     raise  # NOGROUP on a stream of this worker: the loop recreates it
@@ -463,6 +464,14 @@ class WorkerRunner:
             self.scheduler.cancel(request_id)
             self.publisher.add_error(request_id, DeadlineExceeded("the request's deadline passed"))
             acks.append(self._release(request_id))
+
+
+def _request_id_of(fields: dict) -> str | None:
+    """The request id of a job stream entry (None when it cannot be read)."""
+    try:
+        return codec.decode_job(fields[keys.JOB_FIELD.encode()]).id
+    except (WireFormatError, KeyError):
+        return None
 
 
 def _text(value: bytes | str) -> str:

@@ -1,24 +1,38 @@
 """Finding the jobs of dead or stalled workers, and setting poison jobs aside.
 
 A worker takes over (XCLAIM) the pending entries of consumers whose registry entry has expired at once
-(failover by heartbeat TTL), and entries idle past the lease whatever their owner (XAUTOCLAIM). Every
-claim counts as a delivery; a job delivered more than LLMFLEET_MAX_DELIVERIES times without an ack is a
-poison job (each worker that took it died or stalled on it) and goes to `deadletter:{model}` instead.
+(failover by heartbeat TTL), entries read but never taken past UNTAKEN_AFTER_S, and entries idle past the
+lease whatever their owner (XAUTOCLAIM). Every claim counts as a delivery; a job delivered more than
+LLMFLEET_MAX_DELIVERIES times without an ack is a poison job (each worker that took it died or stalled on it)
+and goes to `deadletter:{model}` instead.
+
+Read but never taken: a worker owns a job (worker/fencing.py) in the same turn as it reads it, within
+milliseconds. An entry pending for a live consumer for seconds with no owner naming that consumer was read by
+a worker that stopped right then (SIGSTOP, a long pause; its blocking read was answered while it was stopped),
+and would otherwise wait for its lease. Claiming it is safe: the stalled worker's own take is refused once the
+entry has moved ("lost"), and should it have taken the job in the instant between the check and the claim, the
+claimer's take starts a new epoch and fences it off.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from shared import keys
 
 DEAD_LETTER_MAXLEN = 10_000  # dead-lettered jobs kept per model (approximate trim)
+UNTAKEN_AFTER_S = 3.0  # an entry read this long ago and never taken: its reader stalled as it read it
 
 
-def claim_stalled(redis: Any, stream: str, worker_id: str, *, count: int, ttl_s: float, lease_s: float) -> list[Any]:
-    """Claim up to `count` entries of dead consumers (at once) and of silent ones (after the lease)."""
+def claim_stalled(redis: Any, stream: str, worker_id: str, *, count: int, ttl_s: float, lease_s: float,
+                  request_id_of: Callable[[dict], str | None] | None = None) -> list[Any]:
+    """Claim up to `count` entries of dead consumers (at once), of stalled readers that never took them (with
+    `request_id_of`, which names an entry's request), and of silent ones (after the lease)."""
     claimed = claim_from_dead_workers(redis, stream, worker_id, count=count, ttl_s=ttl_s, lease_s=lease_s)
+    if len(claimed) < count and request_id_of is not None and lease_s > UNTAKEN_AFTER_S:
+        claimed += claim_untaken(redis, stream, worker_id, count=count - len(claimed), request_id_of=request_id_of)
     if len(claimed) < count:
         reply = redis.xautoclaim(stream, keys.JOBS_GROUP, worker_id, start_id="0-0",
                                  min_idle_time=int(lease_s * 1000), count=count - len(claimed))
@@ -46,6 +60,26 @@ def claim_from_dead_workers(redis: Any, stream: str, worker_id: str, *, count: i
         if len(claimed) >= count:
             break
     return claimed[:count]
+
+
+def claim_untaken(redis: Any, stream: str, worker_id: str, *, count: int,
+                  request_id_of: Callable[[dict], str | None]) -> list[Any]:
+    """Entries other consumers read over UNTAKEN_AFTER_S ago and never took (no owner names them)."""
+    idle_ms = int(UNTAKEN_AFTER_S * 1000)
+    pending = redis.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=count, idle=idle_ms)
+    claimed: list[Any] = []
+    for entry in pending:
+        holder, entry_id = _text(entry["consumer"]), _text(entry["message_id"])
+        if holder == worker_id:
+            continue
+        found = redis.xrange(stream, min=entry_id, max=entry_id, count=1)
+        request_id = request_id_of(found[0][1]) if found else None
+        owner = redis.get(keys.owner_key(request_id)) if request_id else None
+        if owner is not None and (_text(owner) == "done" or _text(owner).split(":", 1)[-1] == holder):
+            continue  # taken by its reader (only the lease may move it), or ended and about to be acked
+        claimed += [e for e in redis.xclaim(stream, keys.JOBS_GROUP, worker_id, idle_ms, [entry_id])
+                    if e and e[1] is not None]
+    return claimed
 
 
 def dead_letter(redis: Any, model: str, job_bytes: bytes, *, worker_id: str, deliveries: int) -> None:
