@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from shared.errors import QueueFull
+from worker.engine import ops
 from worker.engine.batch_sampling import sample_batch
 from worker.engine.block_manager import NoFreeBlocks
 from worker.engine.constraints import ConstraintError
@@ -331,9 +332,11 @@ class Scheduler:
         speculate = (self.config.speculative_tokens > 0 and len(decoding) <= self.config.speculative_max_batch
                      and not prefilling)  # drafts never delay a prompt's prefill (TTFT)
         spare = self.blocks.num_free_blocks - sum(self.blocks.append_cost(s.seq_id, 1) for s in decoding)
+        draft_rows = max(0, ops.narrow_rows() - len(decoding))  # drafts never widen the step past narrow
         for seq in decoding[:budget]:
-            drafts = draft_tokens(seq, self.config.speculative_tokens, budget, self.engine.context_length) \
-                if speculate else []
+            drafts = draft_tokens(seq, self.config.speculative_tokens, min(budget, draft_rows + 1),
+                                  self.engine.context_length) if speculate else []
+            draft_rows -= len(drafts)
             extra = self.blocks.append_cost(seq.seq_id, 1 + len(drafts)) - self.blocks.append_cost(seq.seq_id, 1)
             if extra > spare:  # drafts never take blocks a plain decode needs
                 drafts, extra = [], 0
@@ -364,6 +367,8 @@ class Scheduler:
                 self.stats.accepted_tokens += 1
                 continue
             break
+        if seq.proposer is not None and len(tokens) > 1:
+            seq.proposer.record(kept=row, rejected=row + 1 < len(tokens))
         self.blocks.truncate(seq.seq_id, start + row + 1)  # KV of tokens[0..row] is right; the rest is dropped
         self._computed(seq, row + 1)
 

@@ -25,6 +25,11 @@ def set_block_rows(rows: int) -> None:
     _block_rows = max(0, rows)
 
 
+def narrow_rows() -> int:
+    """The widest step that multiplies with block codes (wider ones use float32 BLAS)."""
+    return _block_rows
+
+
 def weight(matrix: Any) -> Weight:
     """A projection as the forward path takes it: block-coded ones as they are, arrays row-major on the backend."""
     return matrix if isinstance(matrix, QuantizedLinear) else xp.ascontiguousarray(xp.asarray(matrix, dtype=np.float32))
