@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from gateway import admission
 from gateway.error_log import ErrorLog
@@ -34,6 +34,7 @@ from gateway.loras import resolve_job
 from gateway.metrics import FleetSnapshot, GatewayMetrics
 from gateway.placement import Candidate, Choice, PrefixMap, choose, placeable, prefix_chain, prompt_text
 from gateway.pool import Pool
+from gateway.queue_view import READ_EVERY_S, QueueView, read_queue_state
 from gateway.rate_limit import RateLimiter
 from gateway.redis_errors import redis_unavailable
 from gateway.registry import Registry
@@ -71,6 +72,8 @@ class Broker:
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s)
         self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
         self._admitting: dict[str, int] = {}  # model -> requests admitted by this gateway, not yet in its stream
+        self.queue_view = QueueView(lambda model: self.queue_state(model),  # admission's shared, briefly reused read
+                                    max_age_s=min(READ_EVERY_S, settings.registry_cache_s))
         self.prefix_map = PrefixMap(redis, ttl_s=settings.prefix_ttl_s)
 
     async def start(self) -> None:
@@ -134,6 +137,7 @@ class Broker:
         except BaseException:
             await self.subscriber.unsubscribe(channel)
             raise
+        self.queue_view.note_queued(job.model, choice.worker_id)
         if isinstance(job, GenerateJob):
             self.metrics.placements.labels(job.model, choice.reason).inc()
         log.info("queued %s (placement %s%s)", job.describe(), choice.reason,
@@ -196,7 +200,7 @@ class Broker:
         if isinstance(job, GenerateJob) and widest and job.n > widest:
             raise InvalidRequest(f"n is {job.n}, but the workers of model '{model}' run at most {widest} "
                                  "sequences at once.", param="n")
-        waiting, in_flight, queued = await self.queue_state(model)
+        waiting, in_flight, queued = await self.queue_view.state(model)
         waiting += self._admitting.get(model, 0)  # admitted here, not yet in the stream: a burst's own requests
         if waiting >= self.settings.queue_limit:
             raise QueueFull(
@@ -226,7 +230,7 @@ class Broker:
             await self.pool.command("load", model)
             raise NoWorkerAvailable(f"model '{model}' is being loaded; its LoRA adapters can be used once it is "
                                     "ready; please retry", retry_after=self.settings.retry_after_s)
-        waiting, _in_flight, queued = await self.queue_state(model)
+        waiting, _in_flight, queued = await self.queue_view.state(model)
         waiting += self._admitting.get(model, 0)
         if waiting >= self.settings.queue_limit:
             raise QueueFull(f"model '{model}' has {waiting} requests waiting, the limit is "
@@ -245,47 +249,8 @@ class Broker:
         return (await self.queue_state(model))[0]
 
     async def queue_state(self, model: str) -> tuple[int, int, dict[str, int]]:
-        """(waiting, in flight, placed waiting per worker id): jobs of `model` not yet taken (shared and per-worker
-        streams, every priority class), those taken but not yet acked, and per worker those on its own streams."""
-        with redis_unavailable(self.settings.retry_after_s):
-            placed = sorted(m.decode(errors="replace") for m in await self.redis.smembers(keys.placed_workers(model)))
-        owners = [""] * len(keys.PRIORITY_ORDER) + [w for w in placed for _ in keys.PRIORITY_ORDER]
-        streams = keys.jobs_streams(model) + [s for w in placed for s in keys.worker_jobs_streams(model, w)]
-        per_worker: dict[str, int] = {}
-        with redis_unavailable(self.settings.retry_after_s):
-            pipe = self.redis.pipeline(transaction=False)
-            for stream in streams:
-                pipe.xinfo_groups(stream)
-                pipe.xlen(stream)
-            replies = await pipe.execute(raise_on_error=False)
-            total = in_flight = 0
-            for owner, stream, groups, length in zip(owners, streams, replies[::2], replies[1::2], strict=True):
-                if isinstance(length, Exception):
-                    raise length
-                group = None
-                if not isinstance(groups, ResponseError):
-                    group = next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
-                if group is None:
-                    if not owner:  # a per-worker stream's group is its worker's (or a drainer's) to create
-                        await self._create_group(stream)
-                    depth = int(length)
-                else:
-                    in_flight += int(group.get("pending") or 0)
-                    if group.get("lag") is not None:
-                        depth = int(group["lag"])
-                    else:  # Redis cannot tell the lag after deletions past its position: entries minus in flight
-                        depth = max(0, int(length) - int(group.get("pending") or 0))
-                total += depth
-                if owner:
-                    per_worker[owner] = per_worker.get(owner, 0) + depth
-        return total, in_flight, per_worker
-
-    async def _create_group(self, stream: str) -> None:
-        try:
-            await self.redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """(waiting, in flight, placed waiting per worker id), read now (see gateway/queue_view.py)."""
+        return await read_queue_state(self.redis, model, self.settings.retry_after_s)
 
 
 class EventStream:
@@ -379,7 +344,3 @@ class EventStream:
             if event is not None and event.seq >= self._expected:
                 self._pending.setdefault(event.seq, event)
         log.info("refilled %s from its journal (%d entries)", self.request_id, len(entries))
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -24,6 +24,7 @@ from shared.pool import FAILED, LOADING, NODE_TTL_S, READY, UNLOADED, NodeState
 from shared.settings import Settings
 
 NODES_CACHE_S = 1.0
+NOTE_USE_EVERY_S = 1.0  # a model's last-use mark is written at most this often by one gateway
 COMMANDS_MAXLEN = 1000
 
 requested_keep_alive: contextvars.ContextVar[float | None] = contextvars.ContextVar("requested_keep_alive",
@@ -65,6 +66,7 @@ class Pool:
         self._clock = clock
         self._nodes: list[NodeState] = []
         self._read_at: float | None = None
+        self._noted: dict[str, float] = {}  # model -> when this gateway last marked it used
 
     async def nodes(self) -> list[NodeState]:
         """Every live node agent (cached for NODES_CACHE_S)."""
@@ -88,8 +90,13 @@ class Pool:
         return {model for node in await self.nodes() for model in node.catalogue}
 
     async def note_use(self, model: str) -> None:
-        """Mark `model` used now (the nodes' LRU order and keep-alive), with the request's keep_alive if it has one."""
+        """Mark `model` used now (the nodes' LRU order and keep-alive), with the request's keep_alive if it has one;
+        without one, at most every NOTE_USE_EVERY_S per model (a burst writes it once, not per request)."""
         keep_alive = requested_keep_alive.get()
+        now = self._clock()
+        if keep_alive is None and now - self._noted.get(model, float("-inf")) < NOTE_USE_EVERY_S:
+            return
+        self._noted[model] = now
         with redis_unavailable(self._settings.retry_after_s):
             pipe = self._redis.pipeline(transaction=False)
             pipe.zadd(keys.POOL_USED, {model: self._clock()})

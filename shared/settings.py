@@ -48,7 +48,7 @@ class Settings:
     request_timeout_s: float = 600.0  # deadline = created + this
     deadline_grace_s: float = 1.0  # the gateway waits this long past the deadline for the worker's error
     retry_after_s: float = 2.0  # Retry-After of 429 / 503
-    sse_queued_after_s: float = 1.0  # a stream whose work has not started by then opens with ": queued"
+    sse_queued_after_s: float = 0.25  # a stream whose work has not started by then opens with ": queued"
     sse_keepalive_s: float = 1.5  # then an SSE comment this often until its first token (no 2 s of silence)
     heartbeat_interval_s: float = 1.0  # workers refresh their registry entry this often
     heartbeat_ttl_s: float = 4.0  # a worker without a heartbeat for this long is dead: its jobs fail over
