@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import ops
+from worker.engine import kernels, ops
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture
 from worker.engine.config import ModelConfig
@@ -43,6 +43,8 @@ class Model:
         tensors: dict[str, Any] = dict(contents.tensors)
         for name, codes in contents.block_codes.items():
             tensors[name] = QuantizedLinear(contents.tensors[name], codes)
+        if contents.block_codes:  # compiled now, not in the first narrow steps of each width
+            kernels.warm_block_matmul({codes.group for codes in contents.block_codes.values()}, ops.narrow_rows())
         weights = architecture.load(tensors, config, str(path))
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: contents.tensors[name].copy() for name in keep if name in contents.tensors}
