@@ -12,10 +12,13 @@ Run: python bench/step_breakdown.py [--streams 32] [--prompt-tokens 16] [--ref f
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")  # as the worker processes run (llmfleet/cli.py)
+
 import argparse
 import cProfile
 import json
-import os
 import pstats
 import subprocess
 import sys

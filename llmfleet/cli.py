@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+# Before numpy loads OpenBLAS: its idle threads spin about 2^28 cycles (0.1 s) after each call by default,
+# taking the cores from the compiled kernels that run between BLAS calls (at 16 streams the decode attention
+# took 30 ms of a step instead of 10); 2^20 cycles still bridges the gaps between one layer's matmuls.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
+
 import argparse
 import sys
 from collections.abc import Callable, Sequence
