@@ -169,3 +169,11 @@ def warm_block_matmul(groups: set[int], max_rows: int = MAX_BLOCK_ROWS) -> None:
         tables = np.zeros((2, 1), np.float32)  # (R, C/G)
         for n_rows in range(1, max_rows + 1):
             block_matmul(np.zeros((n_rows, group), np.float32), codes, tables, tables)
+
+
+def warm_up() -> None:
+    """Compile every kernel into numba's cache (an image build runs this so that workers start without it)."""
+    keys = np.zeros((1, 2, 4, 8), np.float32)  # (Hkv, NB, BS, Dh)
+    paged_attend_decode(np.zeros((1, 2, 8), np.float32), keys, keys, np.ones((1, 1), np.int64),
+                        np.ones(1, np.int64), np.zeros(1, np.int64))
+    warm_block_matmul({16, 32})
