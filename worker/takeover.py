@@ -66,9 +66,12 @@ def claim_untaken(redis: Any, stream: str, worker_id: str, *, count: int,
                   request_id_of: Callable[[dict], str | None]) -> list[Any]:
     """Entries other consumers read over UNTAKEN_AFTER_S ago and never took (no owner names them)."""
     idle_ms = int(UNTAKEN_AFTER_S * 1000)
-    pending = redis.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=count, idle=idle_ms)
+    # a wider window than `count`: entries a stalled owner took (skipped below) must not hide untaken ones
+    pending = redis.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=4 * count + 16, idle=idle_ms)
     claimed: list[Any] = []
     for entry in pending:
+        if len(claimed) >= count:
+            break
         holder, entry_id = _text(entry["consumer"]), _text(entry["message_id"])
         if holder == worker_id:
             continue
