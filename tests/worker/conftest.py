@@ -12,6 +12,7 @@ import redis
 from shared.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).parent / "engine"))
+sys.path.insert(0, str(Path(__file__).parent))  # job_events: queue a job, collect its events
 
 from tiny_gguf import write_tiny_gguf  # noqa: E402
 

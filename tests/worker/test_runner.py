@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from job_events import collect, submit
 
 from shared import codec, keys
 from shared.messages import (
@@ -57,28 +58,6 @@ def job(rid: str, **kw: Any) -> GenerateJob:
     fields = {"prompt_token_ids": [5, 6, 7], "max_tokens": 5, "ignore_eos": True,
               "sampling": Sampling(temperature=0.0), **kw}
     return GenerateJob(id=rid, model=MODEL, created=now, deadline=kw.pop("deadline", now + 30), **fields)
-
-
-def submit(client: redis.Redis, message: Any) -> Any:
-    """Subscribe to the request's events (confirmed), then enqueue; returns the pubsub."""
-    pubsub = client.pubsub()
-    pubsub.subscribe(keys.events_channel(message.id))
-    confirmation = pubsub.get_message(timeout=2)  # wait for Redis to confirm, as the gateway does
-    assert confirmation is not None and confirmation["type"] == "subscribe"
-    client.xadd(keys.jobs_stream(MODEL), {keys.JOB_FIELD: codec.encode_job(message)})
-    return pubsub
-
-
-def collect(pubsub: Any, timeout: float = 20.0) -> list[Any]:
-    events: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        msg = pubsub.get_message(timeout=0.2)
-        if msg and msg["type"] == "message":
-            events.append(codec.decode_event(msg["data"]))
-            if isinstance(events[-1], DoneEvent | ErrorEvent):
-                return events
-    raise AssertionError(f"no terminal event; got {events}")
 
 
 def test_generate_events_are_numbered_and_terminal_once(worker: WorkerRunner, client: redis.Redis) -> None:

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import redis
+from job_events import collect, submit
 
 from shared import codec, keys
 from shared.messages import (
     ChoiceEndEvent,
     DoneEvent,
-    ErrorEvent,
     GenerateJob,
     Sampling,
     TokenEvent,
@@ -31,26 +31,6 @@ def job(rid: str, **kw: Any) -> GenerateJob:
     now = time.time()
     return GenerateJob(id=rid, model=MODEL, created=now, deadline=now + 30, prompt_token_ids=[5, 6, 7, 8],
                        ignore_eos=True, sampling=Sampling(temperature=0.0), echo=True, **kw)
-
-
-def submit(client: redis.Redis, message: GenerateJob) -> Any:
-    pubsub = client.pubsub()
-    pubsub.subscribe(keys.events_channel(message.id))
-    assert pubsub.get_message(timeout=2)["type"] == "subscribe"
-    client.xadd(keys.jobs_stream(MODEL), {keys.JOB_FIELD: codec.encode_job(message)})
-    return pubsub
-
-
-def collect(pubsub: Any, timeout: float = 30.0) -> list[Any]:
-    events: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        msg = pubsub.get_message(timeout=0.2)
-        if msg and msg["type"] == "message":
-            events.append(codec.decode_event(msg["data"]))
-            if isinstance(events[-1], DoneEvent | ErrorEvent):
-                return events
-    raise AssertionError(f"no terminal event; got {events}")
 
 
 def serve(engine: Any, client: redis.Redis, settings: Settings, pubsub: Any) -> list[Any]:
