@@ -7,10 +7,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from llmfleet.redis_server import BundledRedis
+from shared import keys
 
 MODEL = "smollm2-135m"
 
@@ -23,6 +25,12 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def heartbeat_loads(client: Any) -> dict[str, int]:
+    """Each registered worker's load as its last heartbeat published it (every LLMFLEET_HEARTBEAT_INTERVAL_S)."""
+    ids = [w.decode() for w in client.zrange(keys.WORKERS_INDEX, 0, -1)]
+    return {w: int(client.hget(keys.worker_key(w), "load") or 0) for w in ids}
 
 
 def ready(base_url: str) -> dict:

@@ -11,10 +11,8 @@ from typing import Any
 
 import pytest
 import redis
-from process_cluster import MODEL
+from process_cluster import MODEL, heartbeat_loads
 from process_cluster import wait_until as _wait
-
-from shared import keys
 
 anthropic = pytest.importorskip("anthropic")
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -50,8 +48,7 @@ def test_kill_9_of_the_worker_holding_a_message_stream_is_invisible(start_cluste
     _wait(lambda: len(disturbed.get("times", [])) >= 3, 120, "the stream to start")
 
     def holders() -> list[str]:  # the load a worker publishes with its next heartbeat (every 0.5 s)
-        return [w.decode() for w in client.zrange(keys.WORKERS_INDEX, 0, -1)
-                if int(client.hget(keys.worker_key(w.decode()), "load") or 0) > 0]
+        return [w for w, load in heartbeat_loads(client).items() if load > 0]
 
     _wait(lambda: bool(holders()), 10, "the holder's heartbeat")
     assert len(holders()) == 1, holders()

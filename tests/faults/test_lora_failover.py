@@ -15,10 +15,8 @@ import httpx
 import openai
 import pytest
 import redis
-from process_cluster import MODEL
+from process_cluster import MODEL, heartbeat_loads
 from process_cluster import wait_until as _wait
-
-from shared import keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 PROMPT = "Once upon a time, in a lighthouse by the sea,"
@@ -57,8 +55,7 @@ def test_kill_9_mid_stream_resumes_with_the_same_adapter(start_cluster, lora_fix
     _wait(lambda: len(disturbed.get("times", [])) >= 3, 120, "the stream to start")
 
     def holders() -> list[str]:  # the load a worker publishes with its next heartbeat (every 0.5 s)
-        return [w.decode() for w in client.zrange(keys.WORKERS_INDEX, 0, -1)
-                if int(client.hget(keys.worker_key(w.decode()), "load") or 0) > 0]
+        return [w for w, load in heartbeat_loads(client).items() if load > 0]
 
     _wait(lambda: bool(holders()), 10, "the holder's heartbeat")
     victim = cluster.workers[cluster.worker_index(holders()[0])]

@@ -16,10 +16,8 @@ import httpx
 import openai
 import pytest
 import redis
-from process_cluster import MODEL
+from process_cluster import MODEL, heartbeat_loads
 from process_cluster import wait_until as _wait
-
-from shared import keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 REQUESTS = [  # (name, request body extras), started one after the other so each worker holds one
@@ -75,8 +73,7 @@ def test_kill_9_mid_stream_is_invisible(start_cluster) -> None:
 
     def kill_a_worker() -> None:
         def loads() -> list[int]:
-            return [int(client.hget(keys.worker_key(w.decode()), "load") or 0)
-                    for w in client.zrange(keys.WORKERS_INDEX, 0, -1)]
+            return list(heartbeat_loads(client).values())
 
         _wait(lambda: len(loads()) == 2 and min(loads()) > 0, 5, "both workers to report a stream")
         os.kill(workers[0].pid, signal.SIGKILL)
