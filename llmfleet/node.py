@@ -189,15 +189,17 @@ class Node:
                     child.restarts += 1
                     self._start(worker)
                 continue
-            if not child.running:
-                self._exited(worker, mono)
-                continue
+            # registered first, then exited: it was ready (it may have served requests), so a crash, not a load
+            # failure, even when it died before this loop saw it registered
             if worker.state == LOADING and worker.worker_id in view.ready_ids:
                 worker.state, worker.ready_once = READY, True
                 log.info("%s is ready (%s)", worker.child.name, worker.model)
                 self.wanted.pop(worker.model, None)
                 pool_redis.release_load(self.redis, worker.model, self.node_id, keep_s=SETTLE_S)
-            elif worker.state == LOADING and mono > worker.load_deadline:
+            if not child.running:
+                self._exited(worker, mono)
+                continue
+            if worker.state == LOADING and mono > worker.load_deadline:
                 self._signal(worker, signal.SIGKILL)
                 child.process.wait()
                 self._failed(worker, f"not ready within {self.settings.pool_load_timeout_s:.0f}s")
