@@ -3,13 +3,13 @@
 `read_queue_state` reads every stream of the model (shared and per-worker, every priority class) in one
 pipeline. Admission does not read it per request: under a burst of hundreds, a read per request (9 streams'
 XINFO GROUPS and XLEN each for 2 workers) was most of the gateway's work while the workers took every core.
-`QueueView` shares one read among the requests that arrive while it is under way (single flight), reuses it
-for READ_EVERY_S (or LLMFLEET_REGISTRY_CACHE_S where that is shorter: the staleness the operator accepts of
-the gateway's view of the fleet), and adds what this gateway queued since that read ended (per placed worker
+`QueueView` shares one read among the requests that arrive while it is under way (single flight), may reuse
+it for READ_EVERY_S (0 by default: a reused read counted the burst's jobs that workers had already taken as
+waiting, and a small queue limit refused them; single flight alone gave the same burst numbers), and adds what this gateway queued since that read ended (per placed worker
 too), so a burst still counts itself. A job admitted but not yet written is counted by the broker
 (`_admitting`) until its XADD returns; one whose XADD returned while the read was under way is taken to be in
 the read (it was written before the read's reply came; a job Redis wrote just after the read's XINFO is missed
-until the next read, at most READ_EVERY_S later). Other gateways' jobs are seen at the next read.
+until the next read). Other gateways' jobs are seen at the next read.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from redis.exceptions import ResponseError
 from gateway.redis_errors import redis_unavailable
 from shared import keys
 
-READ_EVERY_S = 0.1  # a read is reused this long
+READ_EVERY_S = 0.0  # a read is reused this long (0: shared only by requests that arrive while it is under way)
 QueueState = tuple[int, int, dict[str, int]]  # (waiting, in flight, placed waiting per worker id)
 
 
