@@ -1,0 +1,123 @@
+"""Eight-lane float32 vectors for numba kernels: a value type held in one AVX register, and its few operations.
+
+numba vectorises simple loops by itself, but not a kernel that keeps several rows' sums in registers across a loop
+(the block matmul's: each weight is decoded once and multiplied into four rows). These intrinsics let such a kernel
+say so: a `float32x8` is an SSA value of LLVM type <8 x float>, so the sums stay in registers and LLVM emits one
+AVX instruction per operation (on CPUs without AVX it splits them; the results are the same). Loads are
+unaligned and unchecked: callers index whole, C-contiguous arrays inside their bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic, models, register_model
+
+LANES = 8
+_F32 = ir.FloatType()
+_V8F = ir.VectorType(_F32, LANES)
+_I32 = ir.IntType(32)
+_FAST = ("fast",)
+
+
+class Float32x8(types.Type):
+    """numba's type of an eight-lane float32 vector."""
+
+    def __init__(self) -> None:
+        super().__init__(name="float32x8")
+
+
+float32x8 = Float32x8()
+
+
+@register_model(Float32x8)
+class _Float32x8Model(models.PrimitiveModel):
+    """Held as LLVM's <8 x float> (one ymm register)."""
+
+    def __init__(self, dmm: Any, fe_type: Any) -> None:
+        super().__init__(dmm, fe_type, _V8F)
+
+
+def _element_pointer(context: Any, builder: Any, array_type: Any, array: Any, index: Any) -> Any:
+    """A pointer to array's element `index` (flat, no bounds check)."""
+    return builder.gep(context.make_array(array_type)(context, builder, array).data, [index])
+
+
+@intrinsic
+def vzero(typingctx: Any) -> Any:
+    """Eight zeros."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return ir.Constant(_V8F, [0.0] * LANES)
+
+    return float32x8(), codegen
+
+
+@intrinsic
+def vload(typingctx: Any, array: Any, index: Any) -> Any:
+    """The eight float32 of a flat array from `index` on."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+        return builder.load(builder.bitcast(pointer, _V8F.as_pointer()), align=4)
+
+    return float32x8(array, index), codegen
+
+
+@intrinsic
+def vload_u8(typingctx: Any, array: Any, index: Any) -> Any:
+    """The eight uint8 of a flat array from `index` on, as float32."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+        octet = builder.load(builder.bitcast(pointer, ir.VectorType(ir.IntType(8), LANES).as_pointer()), align=1)
+        return builder.uitofp(builder.zext(octet, ir.VectorType(_I32, LANES)), _V8F)
+
+    return float32x8(array, index), codegen
+
+
+@intrinsic
+def vbroadcast(typingctx: Any, value: Any) -> Any:
+    """One float32 in all eight lanes."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        undefined = ir.Constant(_V8F, ir.Undefined)
+        first = builder.insert_element(undefined, args[0], ir.Constant(_I32, 0))
+        return builder.shuffle_vector(first, undefined, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+
+    return float32x8(types.float32), codegen
+
+
+@intrinsic
+def vmul(typingctx: Any, a: Any, b: Any) -> Any:
+    """a * b, lane by lane."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fmul(args[0], args[1], flags=_FAST)
+
+    return float32x8(float32x8, float32x8), codegen
+
+
+@intrinsic
+def vfma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+    """a * b + c, lane by lane (one fused multiply-add where the CPU has it)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fadd(builder.fmul(args[0], args[1], flags=_FAST), args[2], flags=_FAST)
+
+    return float32x8(float32x8, float32x8, float32x8), codegen
+
+
+@intrinsic
+def vsum(typingctx: Any, a: Any) -> Any:
+    """The sum of the eight lanes, as one float32."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        total = builder.extract_element(args[0], ir.Constant(_I32, 0))
+        for lane in range(1, LANES):
+            total = builder.fadd(total, builder.extract_element(args[0], ir.Constant(_I32, lane)), flags=_FAST)
+        return total
+
+    return types.float32(float32x8), codegen
