@@ -123,24 +123,34 @@ def _block_matmul_kernel(group: int):  # type: ignore[no-untyped-def]
                 x1 = x0 + cols
                 x2 = x1 + cols
                 x3 = x2 + cols
-                a0 = vzero()  # (8,) partial sums of row 4q
+                a0 = vzero()  # (8,) partial sums of row 4q, even vectors of each group
                 a1 = vzero()
                 a2 = vzero()
                 a3 = vzero()
+                b0 = vzero()  # (8,) partial sums of row 4q, odd vectors (eight chains keep both FMA units busy)
+                b1 = vzero()
+                b2 = vzero()
+                b3 = vzero()
                 for g in range(n_groups):
                     s = vbroadcast(scale[r, g])  # (8,)
-                    for v in range(vectors):
+                    for v in range(0, vectors, 2):
                         c = g * group + v * LANES
                         w = vmul(vload_u8(flat_codes, code_row + c), s)  # (8,) weights r, c:c+8
                         a0 = vfma(w, vload(flat_x, x0 + c), a0)  # (8,)
                         a1 = vfma(w, vload(flat_x, x1 + c), a1)  # (8,)
                         a2 = vfma(w, vload(flat_x, x2 + c), a2)  # (8,)
                         a3 = vfma(w, vload(flat_x, x3 + c), a3)  # (8,)
+                        c += LANES
+                        w = vmul(vload_u8(flat_codes, code_row + c), s)  # (8,) weights r, c:c+8
+                        b0 = vfma(w, vload(flat_x, x0 + c), b0)  # (8,)
+                        b1 = vfma(w, vload(flat_x, x1 + c), b1)  # (8,)
+                        b2 = vfma(w, vload(flat_x, x2 + c), b2)  # (8,)
+                        b3 = vfma(w, vload(flat_x, x3 + c), b3)  # (8,)
                 k = 4 * q
-                out[k, r] = vsum(a0) + _offset_dot(offset, x_sums, r, k)
-                out[k + 1, r] = vsum(a1) + _offset_dot(offset, x_sums, r, k + 1)
-                out[k + 2, r] = vsum(a2) + _offset_dot(offset, x_sums, r, k + 2)
-                out[k + 3, r] = vsum(a3) + _offset_dot(offset, x_sums, r, k + 3)
+                out[k, r] = vsum(a0) + vsum(b0) + _offset_dot(offset, x_sums, r, k)
+                out[k + 1, r] = vsum(a1) + vsum(b1) + _offset_dot(offset, x_sums, r, k + 1)
+                out[k + 2, r] = vsum(a2) + vsum(b2) + _offset_dot(offset, x_sums, r, k + 2)
+                out[k + 3, r] = vsum(a3) + vsum(b3) + _offset_dot(offset, x_sums, r, k + 3)
             for k in range(4 * quads, n_rows):
                 x0 = k * cols
                 a0 = vzero()  # (8,) two independent sums of row k

@@ -16,7 +16,8 @@ from worker.engine.quantized import QuantizedLinear
 xp: Any = np  # the array module of the forward path
 Array = Any  # an array of the backend in `xp`
 Weight = Any  # a projection: an (out, in) array, or a QuantizedLinear holding a block-coded form beside it
-_block_rows = 24  # steps of at most this many rows use block codes: a 24-row step 118 ms against BLAS 133, 32 rows 195 against 165
+_block_rows = 20  # steps of at most this many rows use block codes (interleaved A/B of decode steps, ms, block against
+# BLAS: 16 rows 92 / 116, 20 rows 107 / 114, 24 rows 159 / 136)
 
 
 def set_block_rows(rows: int) -> None:
