@@ -24,7 +24,20 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from worker.engine.simd import LANES, vbroadcast, vfma, vload, vload_u8, vmul, vsum, vzero
+from worker.engine.simd import (
+    LANES,
+    vadd,
+    vbroadcast,
+    vexp,
+    vfma,
+    vload,
+    vload_u8,
+    vmul,
+    vstore,
+    vsub,
+    vsum,
+    vzero,
+)
 
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # read when numba first loads libgomp (at the first launch)
 numba.config.THREADING_LAYER_PRIORITY = ["omp", "workqueue", "tbb"]  # before the first parallel call
@@ -75,6 +88,62 @@ def _paged_decode(q, keys, values, tables, lengths, first_pos, out):  # pragma: 
                     o[d] += w * v_row[d]
 
 
+@njit(parallel=True, fastmath=True, cache=True)
+def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, out):  # pragma: no cover (compiled)
+    """_paged_decode for head_dim % 16 == 0 and contiguous arenas, in float32x8 vectors (simd.py)."""
+    n_seqs, n_heads, head_dim = q.shape  # q (B, H, Dh), pre-scaled
+    n_kv, n_blocks, block_size = keys.shape[0], keys.shape[1], keys.shape[2]  # keys/values (Hkv, NB, BS, Dh)
+    group = n_heads // n_kv
+    flat_q = q.reshape(-1)  # (B*H*Dh,)
+    flat_keys = keys.reshape(-1)  # (Hkv*NB*BS*Dh,)
+    flat_values = values.reshape(-1)  # (Hkv*NB*BS*Dh,)
+    flat_out = out.reshape(-1)  # (B*H*Dh,)
+    for task in prange(n_seqs * n_kv):
+        b = task // n_kv
+        h = task % n_kv
+        first = first_pos[b]
+        n = lengths[b] - first
+        rows = np.empty(n, np.int64)  # (L,) flat offset of each position's key/value row
+        for i in range(n):
+            p = first + i
+            rows[i] = ((h * n_blocks + tables[b, p // block_size]) * block_size + p % block_size) * head_dim
+        weights = np.empty(n, np.float32)  # (L,)
+        for g in range(group):
+            q_row = (b * n_heads + h * group + g) * head_dim  # also the output row's offset
+            top = np.float32(-np.inf)
+            for i in range(n):
+                a0 = vzero()  # (8,)
+                a1 = vzero()
+                for d in range(0, head_dim, 2 * LANES):
+                    a0 = vfma(vload(flat_q, q_row + d), vload(flat_keys, rows[i] + d), a0)  # (8,)
+                    a1 = vfma(vload(flat_q, q_row + d + LANES), vload(flat_keys, rows[i] + d + LANES), a1)  # (8,)
+                score = vsum(vadd(a0, a1))
+                weights[i] = score
+                top = max(top, score)
+            sums = vzero()  # (8,)
+            tops = vbroadcast(top)  # (8,)
+            whole = n - n % LANES
+            for i in range(0, whole, LANES):
+                e = vexp(vsub(vload(weights, i), tops))  # (8,)
+                vstore(weights, i, e)
+                sums = vadd(sums, e)  # (8,)
+            total = vsum(sums)
+            for i in range(whole, n):
+                e = np.float32(math.exp(weights[i] - top))
+                weights[i] = e
+                total += e
+            inv = vbroadcast(np.float32(1.0) / total)  # (8,)
+            for d in range(0, head_dim, LANES):
+                a0 = vzero()  # (8,) even positions
+                a1 = vzero()  # (8,) odd positions
+                for i in range(0, n - 1, 2):
+                    a0 = vfma(vbroadcast(weights[i]), vload(flat_values, rows[i] + d), a0)  # (8,)
+                    a1 = vfma(vbroadcast(weights[i + 1]), vload(flat_values, rows[i + 1] + d), a1)  # (8,)
+                if n % 2:
+                    a0 = vfma(vbroadcast(weights[n - 1]), vload(flat_values, rows[n - 1] + d), a0)  # (8,)
+                vstore(flat_out, q_row + d, vmul(vadd(a0, a1), inv))
+
+
 def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tables: np.ndarray,
                         lengths: np.ndarray, first_pos: np.ndarray) -> np.ndarray:
     """Decode attention of q (B, H, Dh) over each row's positions [first_pos, lengths) in the pool: (B, H*Dh).
@@ -83,8 +152,10 @@ def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tab
     """
     b, n_heads, head_dim = q.shape
     out = np.empty((b, n_heads * head_dim), np.float32)  # (B, H*Dh)
+    kernel = (_paged_decode_vectors if head_dim % (2 * LANES) == 0 and keys.flags.c_contiguous
+              and values.flags.c_contiguous else _paged_decode)
     with _launch_lock:
-        _paged_decode(np.ascontiguousarray(q), keys, values, tables, lengths, first_pos, out)
+        kernel(np.ascontiguousarray(q), keys, values, tables, lengths, first_pos, out)
     return out
 
 

@@ -91,6 +91,38 @@ def vbroadcast(typingctx: Any, value: Any) -> Any:
 
 
 @intrinsic
+def vstore(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
+    """Write eight float32 into a flat array from `index` on."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(pointer, _V8F.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(array, index, float32x8), codegen
+
+
+@intrinsic
+def vadd(typingctx: Any, a: Any, b: Any) -> Any:
+    """a + b, lane by lane."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fadd(args[0], args[1], flags=_FAST)
+
+    return float32x8(float32x8, float32x8), codegen
+
+
+@intrinsic
+def vsub(typingctx: Any, a: Any, b: Any) -> Any:
+    """a - b, lane by lane."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fsub(args[0], args[1], flags=_FAST)
+
+    return float32x8(float32x8, float32x8), codegen
+
+
+@intrinsic
 def vmul(typingctx: Any, a: Any, b: Any) -> Any:
     """a * b, lane by lane."""
 
@@ -112,12 +144,54 @@ def vfma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
 
 @intrinsic
 def vsum(typingctx: Any, a: Any) -> Any:
-    """The sum of the eight lanes, as one float32."""
+    """The sum of the eight lanes, as one float32 (halving: three vector adds)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        total = builder.extract_element(args[0], ir.Constant(_I32, 0))
-        for lane in range(1, LANES):
-            total = builder.fadd(total, builder.extract_element(args[0], ir.Constant(_I32, lane)), flags=_FAST)
-        return total
+        vector = args[0]
+        width = LANES
+        while width > 1:
+            width //= 2
+            low = builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_I32, width), list(range(width))))
+            high = builder.shuffle_vector(vector, vector,
+                                          ir.Constant(ir.VectorType(_I32, width), list(range(width, 2 * width))))
+            vector = builder.fadd(low, high, flags=_FAST)
+        return builder.extract_element(vector, ir.Constant(_I32, 0))
 
     return types.float32(float32x8), codegen
+
+
+def _splat(value: float) -> ir.Constant:
+    """A constant vector of one float32 value."""
+    return ir.Constant(_V8F, [value] * LANES)
+
+
+def _floor(builder: Any, vector: Any) -> Any:
+    """llvm.floor on eight lanes."""
+    module = builder.module
+    name = "llvm.floor.v8f32"
+    function = module.globals.get(name) or ir.Function(module, ir.FunctionType(_V8F, [_V8F]), name=name)
+    return builder.call(function, [vector])
+
+
+@intrinsic
+def vexp(typingctx: Any, a: Any) -> Any:
+    """e**a, lane by lane (Cephes' expf: 2**n times a degree-5 polynomial; relative error about 1e-7; inputs are
+    clamped to +-88.38, so exp of a very negative lane is 0 instead of a denormal)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        x = args[0]
+        x = builder.select(builder.fcmp_ordered("<", x, _splat(88.3762626647949)), x, _splat(88.3762626647949))
+        x = builder.select(builder.fcmp_ordered(">", x, _splat(-88.3762626647949)), x, _splat(-88.3762626647949))
+        n = _floor(builder, builder.fadd(builder.fmul(x, _splat(1.44269504088896341)), _splat(0.5)))  # round(x/ln2)
+        x = builder.fsub(x, builder.fmul(n, _splat(0.693359375)))  # x - n*ln2, in two parts for precision
+        x = builder.fsub(x, builder.fmul(n, _splat(-2.12194440e-4)))
+        y = _splat(1.9875691500e-4)
+        for coefficient in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+            y = builder.fadd(builder.fmul(y, x), _splat(coefficient))
+        y = builder.fadd(builder.fadd(builder.fmul(y, builder.fmul(x, x)), x), _splat(1.0))
+        int_vector = ir.VectorType(_I32, LANES)
+        exponent = builder.add(builder.fptosi(n, int_vector), ir.Constant(int_vector, [127] * LANES))
+        two_to_n = builder.bitcast(builder.shl(exponent, ir.Constant(int_vector, [23] * LANES)), _V8F)
+        return builder.fmul(y, two_to_n)
+
+    return float32x8(float32x8), codegen

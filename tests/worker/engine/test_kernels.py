@@ -25,10 +25,12 @@ def _reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tables: np.n
 
 @pytest.mark.parametrize("window", [0, 5, 40])
 @pytest.mark.parametrize("n_heads,n_kv", [(9, 3), (4, 4), (8, 1)])
-def test_paged_decode_matches_gathered_reference(window: int, n_heads: int, n_kv: int) -> None:
-    """Random block tables (blocks shared between rows, as after a prefix hit) and ragged lengths agree."""
-    rng = np.random.default_rng(window * 31 + n_heads)
-    block_size, head_dim, n_blocks, rows = 8, 16, 40, 6
+@pytest.mark.parametrize("head_dim", [16, 24, 64])
+def test_paged_decode_matches_gathered_reference(window: int, n_heads: int, n_kv: int, head_dim: int) -> None:
+    """Random block tables (blocks shared between rows, as after a prefix hit) and ragged lengths agree, in the
+    vector kernel (head_dim a multiple of 16) and the scalar one (24)."""
+    rng = np.random.default_rng(window * 31 + n_heads + head_dim)
+    block_size, n_blocks, rows = 8, 40, 6
     keys = rng.standard_normal((n_kv, n_blocks, block_size, head_dim)).astype(np.float32)
     values = rng.standard_normal((n_kv, n_blocks, block_size, head_dim)).astype(np.float32)
     lengths = rng.integers(1, 9 * block_size, rows).astype(np.int64)
