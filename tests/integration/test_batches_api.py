@@ -57,8 +57,9 @@ QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What i
              "What is a verb?", "Name a month."]
 
 
-def chat_body(question: str) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 12, "temperature": 0}
+def chat_body(question: str, max_tokens: int = 12) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
+            "temperature": 0}
 
 
 def twenty_requests() -> list[dict[str, Any]]:
@@ -171,8 +172,10 @@ def wait_completed(client: openai.OpenAI, batch_id: str, at_least: int) -> None:
 def test_a_batch_survives_sigterm_then_kill_9_of_its_runners(client: openai.OpenAI, cluster: Any,
                                                              runner_log: Path) -> None:
     """SIGTERM: the runner puts the batch back in the queue (no attempt counted); kill -9: another runner
-    resumes it after the lease. Lines done before are kept; every line ends up in the output once."""
-    lines = [{"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions", "body": chat_body(q)}
+    resumes it after the lease. Lines done before are kept; every line ends up in the output once. Lines of 48
+    tokens, so that the kills land while lines remain (at 12 the second runner finished the last 8 lines within
+    0.5 s of the 8th and the kill came after the batch completed)."""
+    lines = [{"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions", "body": chat_body(q, 48)}
              for i, q in enumerate(QUESTIONS[:16])]
     first = start_runner(cluster, runner_log)
     try:
@@ -188,7 +191,7 @@ def test_a_batch_survives_sigterm_then_kill_9_of_its_runners(client: openai.Open
     assert "stopped and requeued" in runner_log.read_text()
     second = start_runner(cluster, runner_log)
     try:
-        wait_completed(client, batch.id, 8)
+        wait_completed(client, batch.id, 6)
         second.send_signal(signal.SIGKILL)
         second.wait()
         before = client.batches.retrieve(batch.id)

@@ -247,6 +247,7 @@ def block_matmul(x: np.ndarray, codes: np.ndarray, scale: np.ndarray, offset: np
     n_rows, cols = x.shape
     group = cols // scale.shape[1]
     x = np.ascontiguousarray(x, dtype=np.float32)  # (K, C)
+    codes = np.ascontiguousarray(codes)  # (R, C): the kernel reads it flat (a no-op for a model's codes)
     x_sums = x.reshape(n_rows, -1, group).sum(axis=2)  # (K, C/G)
     out = np.empty((n_rows, codes.shape[0]), np.float32)  # (K, R)
     if group not in _block_matmul:
