@@ -29,6 +29,7 @@ from worker.engine.simd import (
     LANES,
     vadd,
     vbroadcast,
+    vdiv,
     vexp,
     vfma,
     vload,
@@ -160,81 +161,85 @@ def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tab
     return out
 
 
-@njit(fastmath=True, cache=True, inline="always")
-def _offset_dot(offset, x_sums, r, k):  # pragma: no cover (compiled)
-    """sum_g offset[r, g] * x_sums[k, g]: the groups' offsets times the sums of x over each group."""
-    total = np.float32(0.0)
-    for g in range(offset.shape[1]):
-        total += offset[r, g] * x_sums[k, g]
-    return total
+ROW_TILE = 4  # output rows per task of the block matmul: their codes and a four of x stay in L1
 
 
 def _block_matmul_kernel(group: int):  # type: ignore[no-untyped-def]
     """The compiled block matmul for one group size (a compile-time constant, so the group loop unrolls).
 
-    Each task is one output row r. Its codes are decoded 8 at a time into a float32x8 (code * scale) and
-    multiplied into four rows of x at once, the four sums held in registers (simd.py); rows left over after the
-    fours take one at a time. At 4 rows this takes 17 ms of SmolLM2's matrices, where numba's own vectorisation
-    of the same loops took 40-44 (memory-bound at 1 row either way: 12 ms).
+    Each task is one output row r. Its codes are decoded 8 at a time into a float32x8 (code * scale + offset,
+    one FMA) and multiplied into four rows of x at once, the sums held in registers (simd.py); rows left over
+    after the fours take one at a time. A task takes ROW_TILE output rows, so that a four of x and those rows'
+    codes stay in L1 while it goes through them. bench/block_matmul.py, SmolLM2's matrices: 1 row 10 ms, 4 rows 16,
+    8 rows 25, 16 rows 54, 32 rows 123 (float32 BLAS 28 / 67 / 62 / 82 / 111); numba's own vectorisation of the
+    same loops took 40-44 ms at 4 rows.
     """
     vectors = group // LANES  # 8-lane vectors per group (4 or 2: even)
 
     @njit(parallel=True, fastmath=True, cache=True)
-    def block_matmul(codes, scale, offset, x, x_sums, out):  # pragma: no cover (compiled)
-        """out[k, r] = sum_g scale[r, g] * (codes[r, g] . x[k, g]) + offset[r, g] * x_sums[k, g]."""
-        rows, cols = codes.shape  # codes (R, C) uint8; scale/offset (R, C/G); x (K, C); x_sums (K, C/G)
+    def block_matmul(codes, scale, offset, x, out):  # pragma: no cover (compiled)
+        """out[k, r] = sum_g (codes[r, g] * scale[r, g] + offset[r, g]) . x[k, g]."""
+        rows, cols = codes.shape  # codes (R, C) uint8; scale/offset (R, C/G); x (K, C)
         n_rows = x.shape[0]
         n_groups = cols // group
         flat_codes = codes.reshape(-1)  # (R*C,)
         flat_x = x.reshape(-1)  # (K*C,)
         quads = n_rows // 4
-        for r in prange(rows):
-            code_row = r * cols
+        n_tiles = (rows + ROW_TILE - 1) // ROW_TILE
+        for tile in prange(n_tiles):  # a few output rows per task: their codes and a four of x stay in L1
+            first = tile * ROW_TILE
+            last = min(rows, first + ROW_TILE)
             for q in range(quads):
                 x0 = 4 * q * cols  # row 4q of x, flat
                 x1 = x0 + cols
                 x2 = x1 + cols
                 x3 = x2 + cols
-                a0 = vzero()  # (8,) partial sums of row 4q, even vectors of each group
-                a1 = vzero()
-                a2 = vzero()
-                a3 = vzero()
-                b0 = vzero()  # (8,) partial sums of row 4q, odd vectors (eight chains keep both FMA units busy)
-                b1 = vzero()
-                b2 = vzero()
-                b3 = vzero()
-                for g in range(n_groups):
-                    s = vbroadcast(scale[r, g])  # (8,)
-                    for v in range(0, vectors, 2):
-                        c = g * group + v * LANES
-                        w = vmul(vload_u8(flat_codes, code_row + c), s)  # (8,) weights r, c:c+8
-                        a0 = vfma(w, vload(flat_x, x0 + c), a0)  # (8,)
-                        a1 = vfma(w, vload(flat_x, x1 + c), a1)  # (8,)
-                        a2 = vfma(w, vload(flat_x, x2 + c), a2)  # (8,)
-                        a3 = vfma(w, vload(flat_x, x3 + c), a3)  # (8,)
-                        c += LANES
-                        w = vmul(vload_u8(flat_codes, code_row + c), s)  # (8,) weights r, c:c+8
-                        b0 = vfma(w, vload(flat_x, x0 + c), b0)  # (8,)
-                        b1 = vfma(w, vload(flat_x, x1 + c), b1)  # (8,)
-                        b2 = vfma(w, vload(flat_x, x2 + c), b2)  # (8,)
-                        b3 = vfma(w, vload(flat_x, x3 + c), b3)  # (8,)
-                k = 4 * q
-                out[k, r] = vsum(a0) + vsum(b0) + _offset_dot(offset, x_sums, r, k)
-                out[k + 1, r] = vsum(a1) + vsum(b1) + _offset_dot(offset, x_sums, r, k + 1)
-                out[k + 2, r] = vsum(a2) + vsum(b2) + _offset_dot(offset, x_sums, r, k + 2)
-                out[k + 3, r] = vsum(a3) + vsum(b3) + _offset_dot(offset, x_sums, r, k + 3)
-            for k in range(4 * quads, n_rows):
-                x0 = k * cols
-                a0 = vzero()  # (8,) two independent sums of row k
-                a1 = vzero()
-                for g in range(n_groups):
-                    s = vbroadcast(scale[r, g])  # (8,)
-                    for v in range(0, vectors, 2):
-                        c = g * group + v * LANES
-                        a0 = vfma(vmul(vload_u8(flat_codes, code_row + c), s), vload(flat_x, x0 + c), a0)  # (8,)
-                        c += LANES
-                        a1 = vfma(vmul(vload_u8(flat_codes, code_row + c), s), vload(flat_x, x0 + c), a1)  # (8,)
-                out[k, r] = vsum(a0) + vsum(a1) + _offset_dot(offset, x_sums, r, k)
+                for r in range(first, last):
+                    code_row = r * cols
+                    a0 = vzero()  # (8,) partial sums of row 4q, even vectors of each group
+                    a1 = vzero()
+                    a2 = vzero()
+                    a3 = vzero()
+                    b0 = vzero()  # (8,) partial sums of row 4q, odd vectors (eight chains keep both FMA units busy)
+                    b1 = vzero()
+                    b2 = vzero()
+                    b3 = vzero()
+                    for g in range(n_groups):
+                        s = vbroadcast(scale[r, g])  # (8,)
+                        m = vbroadcast(offset[r, g])  # (8,)
+                        for v in range(0, vectors, 2):
+                            c = g * group + v * LANES
+                            w = vfma(vload_u8(flat_codes, code_row + c), s, m)  # (8,) weights r, c:c+8
+                            a0 = vfma(w, vload(flat_x, x0 + c), a0)  # (8,)
+                            a1 = vfma(w, vload(flat_x, x1 + c), a1)  # (8,)
+                            a2 = vfma(w, vload(flat_x, x2 + c), a2)  # (8,)
+                            a3 = vfma(w, vload(flat_x, x3 + c), a3)  # (8,)
+                            c += LANES
+                            w = vfma(vload_u8(flat_codes, code_row + c), s, m)  # (8,) weights r, c:c+8
+                            b0 = vfma(w, vload(flat_x, x0 + c), b0)  # (8,)
+                            b1 = vfma(w, vload(flat_x, x1 + c), b1)  # (8,)
+                            b2 = vfma(w, vload(flat_x, x2 + c), b2)  # (8,)
+                            b3 = vfma(w, vload(flat_x, x3 + c), b3)  # (8,)
+                    k = 4 * q
+                    out[k, r] = vsum(vadd(a0, b0))
+                    out[k + 1, r] = vsum(vadd(a1, b1))
+                    out[k + 2, r] = vsum(vadd(a2, b2))
+                    out[k + 3, r] = vsum(vadd(a3, b3))
+            for r in range(first, last):
+                code_row = r * cols
+                for k in range(4 * quads, n_rows):
+                    x0 = k * cols
+                    a0 = vzero()  # (8,) two independent sums of row k
+                    a1 = vzero()
+                    for g in range(n_groups):
+                        s = vbroadcast(scale[r, g])  # (8,)
+                        m = vbroadcast(offset[r, g])  # (8,)
+                        for v in range(0, vectors, 2):
+                            c = g * group + v * LANES
+                            a0 = vfma(vfma(vload_u8(flat_codes, code_row + c), s, m), vload(flat_x, x0 + c), a0)  # (8,)
+                            c += LANES
+                            a1 = vfma(vfma(vload_u8(flat_codes, code_row + c), s, m), vload(flat_x, x0 + c), a1)  # (8,)
+                    out[k, r] = vsum(vadd(a0, a1))
 
     return block_matmul
 
@@ -248,13 +253,58 @@ def block_matmul(x: np.ndarray, codes: np.ndarray, scale: np.ndarray, offset: np
     group = cols // scale.shape[1]
     x = np.ascontiguousarray(x, dtype=np.float32)  # (K, C)
     codes = np.ascontiguousarray(codes)  # (R, C): the kernel reads it flat (a no-op for a model's codes)
-    x_sums = x.reshape(n_rows, -1, group).sum(axis=2)  # (K, C/G)
     out = np.empty((n_rows, codes.shape[0]), np.float32)  # (K, R)
     if group not in _block_matmul:
         _block_matmul[group] = _block_matmul_kernel(group)
     with _launch_lock:
-        _block_matmul[group](codes, scale, offset, x, x_sums, out)
+        _block_matmul[group](codes, scale, offset, x, out)
     return out
+
+
+SILU_CHUNK = 2048  # elements per task of the SiLU-product kernel
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _silu_product(gate_up, out, n_outer, inner, stride):  # pragma: no cover (compiled)
+    """out[o*inner + i] = SiLU(g) * u, g = gate_up[o*stride + i], u = gate_up[o*stride + inner + i] (flat arrays)."""
+    per_outer = (inner + SILU_CHUNK - 1) // SILU_CHUNK
+    one = vbroadcast(np.float32(1.0))  # (8,)
+    zero = vzero()  # (8,)
+    for task in prange(n_outer * per_outer):
+        o = task // per_outer
+        start = (task % per_outer) * SILU_CHUNK
+        end = min(inner, start + SILU_CHUNK)
+        gates = o * stride
+        ups = gates + inner
+        outs = o * inner
+        whole = start + (end - start) // LANES * LANES
+        for i in range(start, whole, LANES):
+            g = vload(gate_up, gates + i)  # (8,)
+            silu = vdiv(g, vadd(one, vexp(vsub(zero, g))))  # (8,)
+            vstore(out, outs + i, vmul(silu, vload(gate_up, ups + i)))
+        for i in range(whole, end):
+            g = gate_up[gates + i]
+            out[outs + i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gate_up[ups + i]
+
+
+def silu_product(gate_up: np.ndarray) -> np.ndarray | None:
+    """SiLU(gate) * up of a fused float32 (N, 2F) gate/up array, row- or column-major: (N, F) in the same order;
+    None for other dtypes or layouts (the caller computes it with numpy)."""
+    n, two_f = gate_up.shape
+    f = two_f // 2
+    if gate_up.dtype != np.float32:
+        return None
+    if gate_up.flags.c_contiguous:  # rows [gate | up]
+        out = np.empty((n, f), np.float32)  # (N, F)
+        with _launch_lock:
+            _silu_product(gate_up.reshape(-1), out.reshape(-1), n, f, two_f)
+        return out
+    if gate_up.flags.f_contiguous:  # as BLAS returns it: all gates, then all ups
+        out_t = np.empty((f, n), np.float32)  # (F, N)
+        with _launch_lock:
+            _silu_product(gate_up.T.reshape(-1), out_t.reshape(-1), 1, f * n, two_f * n)
+        return out_t.T  # (N, F), column-major
+    return None
 
 
 def warm_block_matmul(groups: set[int]) -> None:
@@ -271,3 +321,5 @@ def warm_up() -> None:
     paged_attend_decode(np.zeros((1, 2, 8), np.float32), keys, keys, np.ones((1, 1), np.int64),
                         np.ones(1, np.int64), np.zeros(1, np.int64))
     warm_block_matmul({16, 32})
+    silu_product(np.zeros((2, 16), np.float32))
+    silu_product(np.zeros((16, 2), np.float32).T)
