@@ -167,12 +167,12 @@ ROW_TILE = 4  # output rows per task of the block matmul: their codes and a four
 def _block_matmul_kernel(group: int):  # type: ignore[no-untyped-def]
     """The compiled block matmul for one group size (a compile-time constant, so the group loop unrolls).
 
-    Each task is one output row r. Its codes are decoded 8 at a time into a float32x8 (code * scale + offset,
-    one FMA) and multiplied into four rows of x at once, the sums held in registers (simd.py); rows left over
-    after the fours take one at a time. A task takes ROW_TILE output rows, so that a four of x and those rows'
-    codes stay in L1 while it goes through them. bench/block_matmul.py, SmolLM2's matrices: 1 row 10 ms, 4 rows 16,
-    8 rows 25, 16 rows 54, 32 rows 123 (float32 BLAS 28 / 67 / 62 / 82 / 111); numba's own vectorisation of the
-    same loops took 40-44 ms at 4 rows.
+    Codes are decoded 8 at a time into a float32x8 (code * scale + offset, one FMA) and multiplied into eight
+    rows of x at once, one register of sums per row (simd.py); rows left over take four, then one, at a time. A
+    task takes ROW_TILE output rows, so that the rows of x in use and those rows' codes stay in L1.
+    bench/block_matmul.py, SmolLM2's matrices: 1 row 10 ms, 4 rows 14-17, 8 rows 29-31, 16 rows 51-53, 32 rows
+    103-107 (float32 BLAS in the same run 27-30 / 67-83 / 70-77 / 87 / 109-126); numba's own vectorisation of
+    the same loops took 40-44 ms at 4 rows and 77-84 at 8.
     """
     vectors = group // LANES  # 8-lane vectors per group (4 or 2: even)
 
@@ -184,12 +184,48 @@ def _block_matmul_kernel(group: int):  # type: ignore[no-untyped-def]
         n_groups = cols // group
         flat_codes = codes.reshape(-1)  # (R*C,)
         flat_x = x.reshape(-1)  # (K*C,)
+        eights = n_rows // 8
         quads = n_rows // 4
         n_tiles = (rows + ROW_TILE - 1) // ROW_TILE
         for tile in prange(n_tiles):  # a few output rows per task: their codes and a four of x stay in L1
             first = tile * ROW_TILE
             last = min(rows, first + ROW_TILE)
-            for q in range(quads):
+            for e in range(eights):
+                x0 = 8 * e * cols  # row 8e of x, flat
+                for r in range(first, last):
+                    code_row = r * cols
+                    a0 = vzero()  # (8,) partial sums of row 8e (eight chains: one per row)
+                    a1 = vzero()
+                    a2 = vzero()
+                    a3 = vzero()
+                    a4 = vzero()
+                    a5 = vzero()
+                    a6 = vzero()
+                    a7 = vzero()
+                    for g in range(n_groups):
+                        s = vbroadcast(scale[r, g])  # (8,)
+                        m = vbroadcast(offset[r, g])  # (8,)
+                        for v in range(vectors):
+                            c = g * group + v * LANES
+                            w = vfma(vload_u8(flat_codes, code_row + c), s, m)  # (8,) weights r, c:c+8
+                            a0 = vfma(w, vload(flat_x, x0 + c), a0)  # (8,)
+                            a1 = vfma(w, vload(flat_x, x0 + cols + c), a1)  # (8,)
+                            a2 = vfma(w, vload(flat_x, x0 + 2 * cols + c), a2)  # (8,)
+                            a3 = vfma(w, vload(flat_x, x0 + 3 * cols + c), a3)  # (8,)
+                            a4 = vfma(w, vload(flat_x, x0 + 4 * cols + c), a4)  # (8,)
+                            a5 = vfma(w, vload(flat_x, x0 + 5 * cols + c), a5)  # (8,)
+                            a6 = vfma(w, vload(flat_x, x0 + 6 * cols + c), a6)  # (8,)
+                            a7 = vfma(w, vload(flat_x, x0 + 7 * cols + c), a7)  # (8,)
+                    k = 8 * e
+                    out[k, r] = vsum(a0)
+                    out[k + 1, r] = vsum(a1)
+                    out[k + 2, r] = vsum(a2)
+                    out[k + 3, r] = vsum(a3)
+                    out[k + 4, r] = vsum(a4)
+                    out[k + 5, r] = vsum(a5)
+                    out[k + 6, r] = vsum(a6)
+                    out[k + 7, r] = vsum(a7)
+            for q in range(2 * eights, quads):
                 x0 = 4 * q * cols  # row 4q of x, flat
                 x1 = x0 + cols
                 x2 = x1 + cols

@@ -17,8 +17,8 @@ xp: Any = np  # the array module of the forward path
 Array = Any  # an array of the backend in `xp`
 Weight = Any  # a projection: an (out, in) array, or a QuantizedLinear holding a block-coded form beside it
 _block_rows = 40  # steps of at most this many rows use block codes (interleaved A/B of decode steps, medians, ms,
-# block codes against BLAS: 16 rows 71 / 123, 24 rows 111 / 158, 32 rows 163 / 178, 40 rows 188 / 211, 48 rows
-# 190 / 177, 64 rows 242 / 210)
+# block codes against BLAS: 16 rows 71 / 123, 24 rows 111 / 158, 32 rows 134 / 155, 40 rows 188 / 211, 48 rows
+# 222 / 219, 64 rows 344 / 253)
 
 
 def set_block_rows(rows: int) -> None:
