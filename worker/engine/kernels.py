@@ -29,7 +29,6 @@ from worker.engine.simd import (
     LANES,
     vadd,
     vbroadcast,
-    vdiv,
     vexp,
     vfma,
     vload,
@@ -92,7 +91,7 @@ def _paged_decode(q, keys, values, tables, lengths, first_pos, out):  # pragma: 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, out):  # pragma: no cover (compiled)
-    """_paged_decode for head_dim % 16 == 0 and contiguous arenas, in float32x8 vectors (simd.py)."""
+    """_paged_decode for head_dim % 32 == 0 and contiguous arenas, in float32x8 vectors (simd.py)."""
     n_seqs, n_heads, head_dim = q.shape  # q (B, H, Dh), pre-scaled
     n_kv, n_blocks, block_size = keys.shape[0], keys.shape[1], keys.shape[2]  # keys/values (Hkv, NB, BS, Dh)
     group = n_heads // n_kv
@@ -135,15 +134,22 @@ def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, out):  # 
                 weights[i] = e
                 total += e
             inv = vbroadcast(np.float32(1.0) / total)  # (8,)
-            for d in range(0, head_dim, LANES):
-                a0 = vzero()  # (8,) even positions
-                a1 = vzero()  # (8,) odd positions
-                for i in range(0, n - 1, 2):
-                    a0 = vfma(vbroadcast(weights[i]), vload(flat_values, rows[i] + d), a0)  # (8,)
-                    a1 = vfma(vbroadcast(weights[i + 1]), vload(flat_values, rows[i + 1] + d), a1)  # (8,)
-                if n % 2:
-                    a0 = vfma(vbroadcast(weights[n - 1]), vload(flat_values, rows[n - 1] + d), a0)  # (8,)
-                vstore(flat_out, q_row + d, vmul(vadd(a0, a1), inv))
+            for d in range(0, head_dim, 4 * LANES):  # 32 dims a pass: few passes over the value rows
+                a0 = vzero()  # (8,) dims d:d+8
+                a1 = vzero()
+                a2 = vzero()
+                a3 = vzero()
+                for i in range(n):
+                    w = vbroadcast(weights[i])  # (8,)
+                    row = rows[i] + d
+                    a0 = vfma(w, vload(flat_values, row), a0)  # (8,)
+                    a1 = vfma(w, vload(flat_values, row + LANES), a1)  # (8,)
+                    a2 = vfma(w, vload(flat_values, row + 2 * LANES), a2)  # (8,)
+                    a3 = vfma(w, vload(flat_values, row + 3 * LANES), a3)  # (8,)
+                vstore(flat_out, q_row + d, vmul(a0, inv))
+                vstore(flat_out, q_row + d + LANES, vmul(a1, inv))
+                vstore(flat_out, q_row + d + 2 * LANES, vmul(a2, inv))
+                vstore(flat_out, q_row + d + 3 * LANES, vmul(a3, inv))
 
 
 def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tables: np.ndarray,
@@ -154,7 +160,7 @@ def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tab
     """
     b, n_heads, head_dim = q.shape
     out = np.empty((b, n_heads * head_dim), np.float32)  # (B, H*Dh)
-    kernel = (_paged_decode_vectors if head_dim % (2 * LANES) == 0 and keys.flags.c_contiguous
+    kernel = (_paged_decode_vectors if head_dim % (4 * LANES) == 0 and keys.flags.c_contiguous
               and values.flags.c_contiguous else _paged_decode)
     with _launch_lock:
         kernel(np.ascontiguousarray(q), keys, values, tables, lengths, first_pos, out)
@@ -297,52 +303,6 @@ def block_matmul(x: np.ndarray, codes: np.ndarray, scale: np.ndarray, offset: np
     return out
 
 
-SILU_CHUNK = 2048  # elements per task of the SiLU-product kernel
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def _silu_product(gate_up, out, n_outer, inner, stride):  # pragma: no cover (compiled)
-    """out[o*inner + i] = SiLU(g) * u, g = gate_up[o*stride + i], u = gate_up[o*stride + inner + i] (flat arrays)."""
-    per_outer = (inner + SILU_CHUNK - 1) // SILU_CHUNK
-    one = vbroadcast(np.float32(1.0))  # (8,)
-    zero = vzero()  # (8,)
-    for task in prange(n_outer * per_outer):
-        o = task // per_outer
-        start = (task % per_outer) * SILU_CHUNK
-        end = min(inner, start + SILU_CHUNK)
-        gates = o * stride
-        ups = gates + inner
-        outs = o * inner
-        whole = start + (end - start) // LANES * LANES
-        for i in range(start, whole, LANES):
-            g = vload(gate_up, gates + i)  # (8,)
-            silu = vdiv(g, vadd(one, vexp(vsub(zero, g))))  # (8,)
-            vstore(out, outs + i, vmul(silu, vload(gate_up, ups + i)))
-        for i in range(whole, end):
-            g = gate_up[gates + i]
-            out[outs + i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gate_up[ups + i]
-
-
-def silu_product(gate_up: np.ndarray) -> np.ndarray | None:
-    """SiLU(gate) * up of a fused float32 (N, 2F) gate/up array, row- or column-major: (N, F) in the same order;
-    None for other dtypes or layouts (the caller computes it with numpy)."""
-    n, two_f = gate_up.shape
-    f = two_f // 2
-    if gate_up.dtype != np.float32:
-        return None
-    if gate_up.flags.c_contiguous:  # rows [gate | up]
-        out = np.empty((n, f), np.float32)  # (N, F)
-        with _launch_lock:
-            _silu_product(gate_up.reshape(-1), out.reshape(-1), n, f, two_f)
-        return out
-    if gate_up.flags.f_contiguous:  # as BLAS returns it: all gates, then all ups
-        out_t = np.empty((f, n), np.float32)  # (F, N)
-        with _launch_lock:
-            _silu_product(gate_up.T.reshape(-1), out_t.reshape(-1), 1, f * n, two_f * n)
-        return out_t.T  # (N, F), column-major
-    return None
-
-
 def warm_block_matmul(groups: set[int]) -> None:
     """Compile (or load from numba's cache) the block-matmul kernel of every group size a model uses."""
     for group in sorted(groups):
@@ -357,5 +317,3 @@ def warm_up() -> None:
     paged_attend_decode(np.zeros((1, 2, 8), np.float32), keys, keys, np.ones((1, 1), np.int64),
                         np.ones(1, np.int64), np.zeros(1, np.int64))
     warm_block_matmul({16, 32})
-    silu_product(np.zeros((2, 16), np.float32))
-    silu_product(np.zeros((16, 2), np.float32).T)

@@ -148,10 +148,6 @@ class RotaryTable:
 
 def swiglu(gate_up: Array) -> Array:
     """SiLU(gate) * up for a fused (N, 2F) gate/up projection."""
-    if xp is np:
-        product = kernels.silu_product(gate_up)  # (N, F), vectorised exp
-        if product is not None:
-            return product
     f = gate_up.shape[1] // 2
     gate = gate_up[:, :f]  # (N, F)
     out = xp.negative(gate)  # (N, F)

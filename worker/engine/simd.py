@@ -123,16 +123,6 @@ def vsub(typingctx: Any, a: Any, b: Any) -> Any:
 
 
 @intrinsic
-def vdiv(typingctx: Any, a: Any, b: Any) -> Any:
-    """a / b, lane by lane."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.fdiv(args[0], args[1], flags=_FAST)
-
-    return float32x8(float32x8, float32x8), codegen
-
-
-@intrinsic
 def vmul(typingctx: Any, a: Any, b: Any) -> Any:
     """a * b, lane by lane."""
 

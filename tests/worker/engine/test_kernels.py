@@ -25,10 +25,10 @@ def _reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tables: np.n
 
 @pytest.mark.parametrize("window", [0, 5, 40])
 @pytest.mark.parametrize("n_heads,n_kv", [(9, 3), (4, 4), (8, 1)])
-@pytest.mark.parametrize("head_dim", [16, 24, 64])
+@pytest.mark.parametrize("head_dim", [16, 32, 64])
 def test_paged_decode_matches_gathered_reference(window: int, n_heads: int, n_kv: int, head_dim: int) -> None:
     """Random block tables (blocks shared between rows, as after a prefix hit) and ragged lengths agree, in the
-    vector kernel (head_dim a multiple of 16) and the scalar one (24)."""
+    vector kernel (head_dim a multiple of 32) and the scalar one (16)."""
     rng = np.random.default_rng(window * 31 + n_heads + head_dim)
     block_size, n_blocks, rows = 8, 40, 6
     keys = rng.standard_normal((n_kv, n_blocks, block_size, head_dim)).astype(np.float32)
@@ -86,21 +86,3 @@ def test_block_matmul_equals_the_dequantized_matmul(group: int, rows: int) -> No
     got = kernels.block_matmul(x, codes, scale, offset)  # (N, out)
     assert got.shape == (rows, out_dim) and got.flags.c_contiguous
     np.testing.assert_allclose(got, x @ weight.T, rtol=1e-4, atol=1e-3)
-
-
-@pytest.mark.parametrize("order", ["C", "F"])
-@pytest.mark.parametrize("f", [8, 13, 1536])
-def test_silu_product_equals_numpy(order: str, f: int) -> None:
-    """SiLU(gate) * up from the fused gate/up array, in either memory order (BLAS returns column-major), with a
-    scalar tail where F is not a multiple of 8, and very large gates (exp clamped) finite."""
-    from worker.engine import kernels
-
-    rng = np.random.default_rng(f)
-    gate_up = np.asarray(rng.standard_normal((5, 2 * f)) * 6, dtype=np.float32, order=order)  # (N, 2F)
-    gate_up[0, :2] = (-120.0, 120.0)
-    gate, up = gate_up[:, :f].astype(np.float64), gate_up[:, f:].astype(np.float64)
-    want = gate / (1.0 + np.exp(-gate)) * up  # (N, F)
-    got = kernels.silu_product(gate_up)  # (N, F)
-    assert got is not None and got.shape == (5, f) and np.all(np.isfinite(got))
-    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
-    assert kernels.silu_product(gate_up.astype(np.float64)) is None
