@@ -313,7 +313,8 @@ def warm_block_matmul(groups: set[int]) -> None:
 
 def warm_up() -> None:
     """Compile every kernel into numba's cache (an image build runs this so that workers start without it)."""
-    keys = np.zeros((1, 2, 4, 8), np.float32)  # (Hkv, NB, BS, Dh)
-    paged_attend_decode(np.zeros((1, 2, 8), np.float32), keys, keys, np.ones((1, 1), np.int64),
-                        np.ones(1, np.int64), np.zeros(1, np.int64))
+    for head_dim in (8, 4 * LANES):  # the scalar kernel and the vector one
+        keys = np.zeros((1, 2, 4, head_dim), np.float32)  # (Hkv, NB, BS, Dh)
+        paged_attend_decode(np.zeros((1, 2, head_dim), np.float32), keys, keys, np.ones((1, 1), np.int64),
+                            np.ones(1, np.int64), np.zeros(1, np.int64))
     warm_block_matmul({16, 32})
