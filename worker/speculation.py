@@ -8,8 +8,8 @@ Verification is exact: each drafted position is kept only while it equals the to
 before that position), so the output is identical to decoding one token at a time.
 
 How many drafts pay depends on the sequence and on the step's width. Narrow steps multiply the weights' 8-bit
-block codes (worker/engine/ops.py), four rows at a time: SmolLM2's matrices take ~12 ms at 1 row, ~15 at 4 and
-~4.5 ms a row beyond (bench/block_matmul.py), so k drafts pay only when enough of them are kept. Each
+block codes (worker/engine/ops.py): SmolLM2's matrices take ~10 ms at 1 row, ~15 at 4 and ~3.5 ms a row beyond
+(bench/block_matmul.py), so k drafts pay only when enough of them are kept. Each
 sequence estimates the chance p that a draft is kept (kept drafts against first rejections, decayed) and checks
 the k that maximises expected tokens per row-cost, E(k) / (B + 1 + k) with E(k) = (1 - p^(k+1)) / (1 - p) and
 B = STEP_BASE_ROWS, a served step's fixed cost in rows. On free-running greedy text with loops p is ~0.9
