@@ -308,7 +308,7 @@ def warm_block_matmul(groups: set[int]) -> None:
     for group in sorted(groups):
         codes = np.zeros((2, group), np.uint8)  # (R, C)
         tables = np.zeros((2, 1), np.float32)  # (R, C/G)
-        block_matmul(np.zeros((5, group), np.float32), codes, tables, tables)  # a four and a single
+        block_matmul(np.zeros((5, group), np.float32), codes, tables, tables)  # one kernel for every row count
 
 
 def warm_up() -> None:

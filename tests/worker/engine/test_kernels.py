@@ -73,7 +73,7 @@ def test_concurrent_callers_are_serialised() -> None:
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 13])
 def test_block_matmul_equals_the_dequantized_matmul(group: int, rows: int) -> None:
     """Each group size has its own compiled kernel (a cached closure): both agree with float32, for rows taken
-    four at a time, one at a time, and both (13 = 3 fours and a single)."""
+    eight, four and one at a time (13 = an eight, a four and a single)."""
     from worker.engine import kernels
 
     rng = np.random.default_rng(group + rows)
