@@ -4,7 +4,9 @@ numba vectorises simple loops by itself, but not a kernel that keeps several row
 (the block matmul's: each weight is decoded once and multiplied into four rows). These intrinsics let such a kernel
 say so: a `float32x8` is an SSA value of LLVM type <8 x float>, so the sums stay in registers and LLVM emits one
 AVX instruction per operation (on CPUs without AVX it splits them; the results are the same). Loads are
-unaligned and unchecked: callers index whole, C-contiguous arrays inside their bounds.
+unaligned and unchecked: callers index whole, C-contiguous arrays inside their bounds. numba's on-disk cache of
+the kernels that use these (kernels.py, cache=True) is keyed on kernels.py alone: after changing an intrinsic
+here, delete worker/engine/__pycache__/kernels.*.nbi/.nbc (a fresh checkout or image build has none).
 """
 
 from __future__ import annotations
@@ -102,34 +104,23 @@ def vstore(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
     return types.none(array, index, float32x8), codegen
 
 
-@intrinsic
-def vadd(typingctx: Any, a: Any, b: Any) -> Any:
-    """a + b, lane by lane."""
+def _lane_operation(name: str, instruction: str, doc: str) -> Any:
+    """A two-vector intrinsic applying one LLVM float instruction (fadd, fsub, fmul) lane by lane."""
 
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.fadd(args[0], args[1], flags=_FAST)
+    def operation(typingctx: Any, a: Any, b: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return getattr(builder, instruction)(args[0], args[1], flags=_FAST)
 
-    return float32x8(float32x8, float32x8), codegen
+        return float32x8(float32x8, float32x8), codegen
 
-
-@intrinsic
-def vsub(typingctx: Any, a: Any, b: Any) -> Any:
-    """a - b, lane by lane."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.fsub(args[0], args[1], flags=_FAST)
-
-    return float32x8(float32x8, float32x8), codegen
+    operation.__name__ = operation.__qualname__ = name
+    operation.__doc__ = doc
+    return intrinsic(operation)
 
 
-@intrinsic
-def vmul(typingctx: Any, a: Any, b: Any) -> Any:
-    """a * b, lane by lane."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.fmul(args[0], args[1], flags=_FAST)
-
-    return float32x8(float32x8, float32x8), codegen
+vadd = _lane_operation("vadd", "fadd", "a + b, lane by lane.")
+vsub = _lane_operation("vsub", "fsub", "a - b, lane by lane.")
+vmul = _lane_operation("vmul", "fmul", "a * b, lane by lane.")
 
 
 @intrinsic
