@@ -72,7 +72,8 @@ async def load_lora(request: Request) -> Response:
         pipe = redis.pipeline(transaction=True)
         pipe.hdel(keys.loras_errors(model), name)
         pipe.hset(keys.loras_desired(model), name, json.dumps({"source": source, "added": time.time()}))
-        await pipe.execute()
+        pipe.incr(keys.loras_version(model))
+        version = (await pipe.execute())[-1]
     deadline = time.monotonic() + LORA_LOAD_WAIT_S
     while True:
         await asyncio.sleep(POLL_S)
@@ -81,7 +82,9 @@ async def load_lora(request: Request) -> Response:
         if error is not None:
             raise LoraLoadFailed(error.decode(errors="replace"), param="path")
         workers = await _live_workers_of(broker, model)
-        loaded = sorted(w.worker_id for w in workers if name in w.loras)
+        # only workers that followed our write count: one still showing the state before it (a DELETE of the same
+        # name it has not followed yet) would drop the adapter a moment after this answer said it was loaded
+        loaded = sorted(w.worker_id for w in workers if w.loras_version >= version and name in w.loras)
         if len(loaded) == len(workers) or time.monotonic() > deadline:
             status = 201 if len(loaded) == len(workers) else 202
             return JSONResponse({"object": "lora", "model": model, "name": name, "id": f"{model}:{name}",
@@ -114,7 +117,10 @@ async def delete_lora(request: Request) -> Response:
     broker: Broker = request.app.state.broker
     model, name = request.path_params["model"], request.path_params["name"]
     with redis_unavailable(broker.settings.retry_after_s):
-        removed = await broker.redis.hdel(keys.loras_desired(model), name)
+        pipe = broker.redis.pipeline(transaction=True)
+        pipe.hdel(keys.loras_desired(model), name)
+        pipe.incr(keys.loras_version(model))
+        removed, _version = await pipe.execute()
     if not removed:
         raise LoraNotFound(f"The LoRA adapter '{name}' is not loaded for model '{model}'", param="name")
     return JSONResponse({"object": "lora", "model": model, "name": name, "deleted": True})

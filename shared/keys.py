@@ -43,6 +43,7 @@ Layout (values in brackets are what is stored there):
   llmfleet:batch:{id}:lease      string runner id, PX LLMFLEET_BATCH_LEASE_S: the runner executing it
   llmfleet:loras:{model}         hash adapter name -> JSON {"source": path or hf: name, "added": unix s}: the
                                  LoRA adapters every worker of the model should hold (POST/DELETE /admin/loras)
+  llmfleet:loras-version:{model} integer, INCR with each write of that hash; workers report the one they follow
   llmfleet:lora-errors:{model}   hash adapter name -> the load error a worker hit (the name was dropped from
                                  the desired set); cleared by the next POST of that name
   llmfleet:nodes                 sorted set node_id -> last heartbeat of that node agent (unix s)
@@ -179,6 +180,11 @@ def batch_lease(batch_id: str) -> str:
 def loras_desired(model: str) -> str:
     """The hash of LoRA adapters every worker of a model should have loaded (name -> JSON source)."""
     return f"{PREFIX}loras:{model}"
+
+
+def loras_version(model: str) -> str:
+    """The counter of a model's desired-set changes (INCR with each write; workers report the one they follow)."""
+    return f"{PREFIX}loras-version:{model}"
 
 
 def loras_errors(model: str) -> str:

@@ -33,13 +33,14 @@ class RegistryEntry:
     host: str = field(default_factory=socket.gethostname)
     stats: dict[str, float] = field(default_factory=dict)  # scheduler counters and gauges, as `stat.<name>` fields
     loras: tuple[str, ...] = ()  # LoRA adapters loaded (names, comma-separated in the hash's `loras` field)
+    loras_version: int = 0  # the desired-set version (`loras-version:{model}`) `loras` follows; 0 = never synced
 
     def to_hash(self) -> dict[str, str | int | float]:
         """The hash fields to HSET (the worker id is the key, not a field)."""
         fields: dict[str, str | int | float] = {
             "model": self.model, "slots": self.slots, "version": self.version, "heartbeat": self.heartbeat,
             "started": self.started, "state": self.state, "host": self.host, "load": self.load, "served": self.served,
-            "loras": ",".join(self.loras)}
+            "loras": ",".join(self.loras), "loras_version": self.loras_version}
         fields.update({STAT_PREFIX + name: value for name, value in self.stats.items()})
         return fields
 
@@ -55,6 +56,7 @@ class RegistryEntry:
                        served=int(values.get("served", "0")), version=int(values["version"]),
                        host=values.get("host", ""),
                        loras=tuple(name for name in values.get("loras", "").split(",") if name),
+                       loras_version=int(values.get("loras_version", "0")),
                        stats={k.removeprefix(STAT_PREFIX): float(v) for k, v in values.items()
                               if k.startswith(STAT_PREFIX)})
         except (KeyError, ValueError):

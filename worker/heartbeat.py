@@ -48,7 +48,7 @@ class Heartbeat:
                  gauges: Callable[[], dict[str, int]], held_jobs: Callable[[], list[Lease]],
                  stats: Callable[[], dict[str, float]] | None = None,
                  on_lost: Callable[[list[tuple[str, str]]], None] | None = None,
-                 loras: Callable[[], tuple[str, ...]] | None = None) -> None:
+                 loras: Callable[[], tuple[int, tuple[str, ...]]] | None = None) -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.model = model
@@ -59,7 +59,7 @@ class Heartbeat:
         self._held_jobs = held_jobs
         self._on_lost = on_lost or (lambda entries: None)  # told the (stream, entry) another worker owns now
         self._stats = stats or dict  # scheduler statistics for the fleet's /metrics
-        self._loras = loras or tuple  # names of the LoRA adapters loaded (the gateway 404s others)
+        self._loras = loras or (lambda: (0, ()))  # (desired-set version, names) of the LoRA adapters loaded
         self._finish_rate = EwmaRate()  # requests ended per second: the gateways' admission estimates the wait
         self._token_rate = EwmaRate()  # tokens generated per second: the same, in tokens (gateway/admission.py)
         self.state = "ready"
@@ -75,9 +75,11 @@ class Heartbeat:
         stats = self._stats()
         stats["finish_rate"] = round(self._finish_rate.update(gauges.get("served", 0), now), 4)
         stats["token_rate"] = round(self._token_rate.update(stats.get("generated_tokens", 0.0), now), 4)
+        loras_version, loras = self._loras()
         entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=now,
                               started=self.started, state=self.state, load=gauges.get("load", 0),
-                              served=gauges.get("served", 0), stats=stats, loras=self._loras())
+                              served=gauges.get("served", 0), stats=stats, loras=loras,
+                              loras_version=loras_version)
         queue_registration(pipe, entry, ttl_s=self.ttl_s)
         pipe.execute()
         by_stream: dict[str, list[Lease]] = {}

@@ -1,9 +1,12 @@
 """The LoRA adapters one worker holds for its model, kept in step with the desired set in Redis.
 
 `POST /admin/loras` writes `llmfleet:loras:{model}` (name -> JSON source); every worker of the model reads that
-hash at start and every LORA_SYNC_S, loads what it lacks and drops what was removed. A load that fails (bad
-file, wrong shapes, over the count or memory bound) is written to `llmfleet:lora-errors:{model}` and the name
-is taken out of the desired set, so the gateway's POST answers with the error and no worker retries it forever.
+hash (with its version, `llmfleet:loras-version:{model}`, which every write bumps) at start and every LORA_SYNC_S,
+loads what it lacks and drops what was removed, then reports that version in its registry entry: the POST waits
+for every worker to report its own write's version, so no worker's state from before the write counts. A load
+that fails (bad file, wrong shapes, over the count or memory bound) is written to `llmfleet:lora-errors:{model}`
+and the name is taken out of the desired set, so the gateway's POST answers with the error and no worker retries
+it forever.
 Dropping an adapter only forgets its name: requests already running hold the adapter object, so it is never
 unloaded under a request (its memory is freed when the last of them ends).
 """
@@ -54,11 +57,18 @@ class AdapterSet:
         self.loaded: dict[str, LoraAdapter] = {}
         self._sources: dict[str, str] = {}
         self._last_sync = 0.0
+        self.version = 0  # the desired-set version the loaded adapters follow (0 = not synced yet)
 
     @property
     def names(self) -> tuple[str, ...]:
         """Names of the loaded adapters, sorted."""
         return tuple(sorted(self.loaded))
+
+    def snapshot(self) -> tuple[int, tuple[str, ...]]:
+        """(version, names) for the heartbeat: the version is read first, so it never runs ahead of the names
+        (sync sets it after its loads)."""
+        version = self.version
+        return version, self.names
 
     @property
     def nbytes(self) -> int:
@@ -97,7 +107,10 @@ class AdapterSet:
             return
         self._last_sync = now
         try:
-            desired_raw = redis.hgetall(keys.loras_desired(self.model_name))
+            pipe = redis.pipeline(transaction=True)
+            pipe.get(keys.loras_version(self.model_name))
+            pipe.hgetall(keys.loras_desired(self.model_name))
+            raw_version, desired_raw = pipe.execute()
         except RedisError as exc:
             log.warning("cannot read the LoRA desired set of %s: %s", self.model_name, type(exc).__name__)
             return
@@ -117,6 +130,7 @@ class AdapterSet:
                 self.load(name, source)
             except (ModelLoadError, ModelResolveError, ValueError, OSError) as exc:
                 self._report_failure(redis, name, desired_raw[name.encode()], str(exc))
+        self.version = int(raw_version or 0)
 
     def _report_failure(self, redis: Redis, name: str, spec: bytes, message: str) -> None:
         """Record a failed load and take the name out of the desired set (only if it is still the same entry)."""

@@ -67,5 +67,7 @@ def test_registry_entry_round_trips_its_adapters() -> None:
     entry = _worker("w1", "m", ("a", "b"))
     fields = {k.encode(): str(v).encode() for k, v in entry.to_hash().items()}
     assert RegistryEntry.from_hash("w1", fields).loras == ("a", "b")
-    del fields[b"loras"]  # an entry written before adapters existed
-    assert RegistryEntry.from_hash("w1", fields).loras == ()
+    fields[b"loras_version"] = b"7"
+    assert RegistryEntry.from_hash("w1", fields).loras_version == 7
+    del fields[b"loras"], fields[b"loras_version"]  # an entry written before adapters existed
+    assert RegistryEntry.from_hash("w1", fields).loras == () and RegistryEntry.from_hash("w1", fields).loras_version == 0

@@ -46,8 +46,11 @@ def test_sync_loads_unloads_and_reports_failures(tiny_model, adapter_files: dict
     adapters = AdapterSet(tiny_model, "tiny", max_count=8, max_bytes=1 << 30)
     _want(redis, "a", adapter_files["a"])
     _want(redis, "bad", adapter_files["bad"])
+    redis.incr(keys.loras_version("tiny"))
+    assert adapters.snapshot() == (0, ())  # not synced yet
     adapters.sync(redis, force=True)
     assert adapters.names == ("a",)
+    assert adapters.snapshot() == (1, ("a",))  # the version it followed, for the gateway's POST to wait on
     error = redis.hget(keys.loras_errors("tiny"), "bad").decode()
     assert "blk.0.attn_q.weight.lora_a has shape (2, 33)" in error
     assert redis.hkeys(keys.loras_desired("tiny")) == [b"a"]  # the failed name left the desired set
