@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import kernels
+from worker.engine import block_kernels, kernels
 from worker.engine.quantized import QuantizedLinear
 
 xp: Any = np  # the array module of the forward path
@@ -47,7 +47,7 @@ def _block_linear(x: Array, weight: QuantizedLinear) -> Array:
     if weight.column_scale is not None:
         x = x * weight.column_scale  # (N, in)
     blocks = weight.blocks
-    return kernels.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
+    return block_kernels.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
 
 
 def asarray(values: Any, dtype: Any = None) -> Array:

@@ -67,22 +67,3 @@ def test_concurrent_callers_are_serialised() -> None:
     for thread in threads:
         thread.join()
     assert len(errors) == 150 and max(errors) < 1e-5
-
-
-@pytest.mark.parametrize("group", [16, 32])
-@pytest.mark.parametrize("rows", [1, 3, 4, 8, 13])
-def test_block_matmul_equals_the_dequantized_matmul(group: int, rows: int) -> None:
-    """Each group size has its own compiled kernel (a cached closure): both agree with float32, for rows taken
-    eight, four and one at a time (13 = an eight, a four and a single)."""
-    from worker.engine import kernels
-
-    rng = np.random.default_rng(group + rows)
-    out_dim, in_dim = 40, 8 * group
-    codes = rng.integers(0, 64, (out_dim, in_dim), dtype=np.uint8)  # (out, in)
-    scale = rng.uniform(-0.1, 0.1, (out_dim, in_dim // group)).astype(np.float32)  # (out, in/G)
-    offset = rng.uniform(-1, 1, (out_dim, in_dim // group)).astype(np.float32)  # (out, in/G)
-    weight = (codes.reshape(out_dim, -1, group) * scale[:, :, None] + offset[:, :, None]).reshape(out_dim, in_dim)
-    x = rng.standard_normal((rows, in_dim)).astype(np.float32)  # (N, in)
-    got = kernels.block_matmul(x, codes, scale, offset)  # (N, out)
-    assert got.shape == (rows, out_dim) and got.flags.c_contiguous
-    np.testing.assert_allclose(got, x @ weight.T, rtol=1e-4, atol=1e-3)
