@@ -16,9 +16,9 @@ from worker.engine.quantized import QuantizedLinear
 xp: Any = np  # the array module of the forward path
 Array = Any  # an array of the backend in `xp`
 Weight = Any  # a projection: an (out, in) array, or a QuantizedLinear holding a block-coded form beside it
-_block_rows = 40  # steps of at most this many rows use block codes (interleaved A/B of decode steps, medians, ms,
-# block codes against BLAS: 16 rows 71 / 123, 24 rows 111 / 158, 32 rows 134 / 155, 40 rows 188 / 211, 48 rows
-# 222 / 219, 64 rows 344 / 253)
+_block_rows = 64  # steps of at most this many rows use block codes (bench/block_matmul.py, SmolLM2's matrices,
+# ms, block codes against float32 BLAS in one run: 32 rows 64-72 / 83-88, 48 rows 96-98 / 105-108, 64 rows
+# 126-132 / 127-152, 96 rows 181-189 / 175-184)
 
 
 def set_block_rows(rows: int) -> None:
