@@ -7,6 +7,8 @@ from typing import Any
 
 from worker.engine.errors import ModelLoadError
 
+KV_ELEMENT_BYTES = 2  # the KV pool keeps keys and values as float16 (kv_pool.KV_DTYPE), as llama.cpp's cache does
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -34,8 +36,8 @@ class ModelConfig:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of float32 key+value cache one token takes across all layers."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * 4
+        """Bytes of key+value cache one token takes across all layers (float16, kv_pool.KV_DTYPE)."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * KV_ELEMENT_BYTES
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any], path: str = "<memory>") -> ModelConfig:

@@ -2,6 +2,9 @@
 
 Which block belongs to which sequence (and which full blocks are shared by a prefix) is the BlockManager's
 business; this module only stores keys/values at (block, offset) and reads them back through block tables.
+Keys and values are kept as float16, as llama.cpp's cache is by default: decode attention at long contexts is bound
+by reading them (32 streams at ~130 positions: 20 ms of a 100 ms step in float32), and the budget holds twice
+the tokens. The attention kernels widen each row to float32 as they load it (simd.vload_f16).
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import numpy as np
 
 from worker.engine import ops
 from worker.engine.block_manager import BlockCopy, BlockManager
-from worker.engine.config import ModelConfig
+from worker.engine.config import KV_ELEMENT_BYTES, ModelConfig
 from worker.engine.ops import Array
 
+KV_DTYPE = np.float16
+assert np.dtype(KV_DTYPE).itemsize == KV_ELEMENT_BYTES
 DEFAULT_BLOCK_SIZE = 32  # tokens per block: prefix sharing granularity vs. gather chunk size (see bench/batching.py)
 
 
@@ -31,12 +36,11 @@ class KVPool:
         shape = (config.n_kv_heads, n_blocks, block_size, config.head_dim)
         # zeros, not empty: padded reads of never-written slots must be finite. fill() touches every page now,
         # so the pool's memory is committed once at start-up instead of page-faulting inside decode steps.
-        self.keys = [ops.xp.zeros(shape, np.float32) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
-        self.values = [ops.xp.zeros(shape, np.float32) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
+        self.keys = [ops.xp.zeros(shape, KV_DTYPE) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
+        self.values = [ops.xp.zeros(shape, KV_DTYPE) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
         for array in (*self.keys, *self.values):
             array.fill(0.0)
         self.blocks = BlockManager(n_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
-        self._scratch: tuple[Array, Array] | None = None  # gather's reusable output buffers
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
@@ -87,30 +91,11 @@ class KVPool:
         self.keys[layer][:, blocks, offsets] = k.transpose(1, 0, 2)  # (Hkv, N, Dh)
         self.values[layer][:, blocks, offsets] = v.transpose(1, 0, 2)  # (Hkv, N, Dh)
 
-    def gather(self, layer: int, tables: Array) -> tuple[Array, Array]:
-        """Keys and values of many sequences through padded block tables (B, nb): each (Hkv, B, nb*BS, Dh).
-
-        The result lives in scratch buffers reused from call to call (valid until the next gather): fresh
-        multi-MB arrays every layer would page-fault and zero new memory each time.
-        """
-        b, nb = tables.shape
-        n_kv, dh = self.config.n_kv_heads, self.config.head_dim
-        shape = (n_kv, b, nb, self.block_size, dh)
-        size = n_kv * b * nb * self.block_size * dh
-        if self._scratch is None or self._scratch[0].size < size:  # grown, never shrunk
-            self._scratch = (ops.empty((2 * size,)), ops.empty((2 * size,)))  # (S,) x2 flat
-        keys = self._scratch[0][:size].reshape(shape)  # (Hkv, B, nb, BS, Dh)
-        values = self._scratch[1][:size].reshape(shape)  # (Hkv, B, nb, BS, Dh)
-        ops.xp.take(self.keys[layer], tables, axis=1, out=keys)  # (Hkv, B, nb, BS, Dh)
-        ops.xp.take(self.values[layer], tables, axis=1, out=values)  # (Hkv, B, nb, BS, Dh)
-        length = nb * self.block_size
-        return keys.reshape(n_kv, b, length, dh), values.reshape(n_kv, b, length, dh)  # (Hkv, B, L, Dh) x2
-
     def gather_one(self, layer: int, table: Array, length: int, first_block: int = 0) -> tuple[Array, Array]:
-        """Keys and values of positions [first_block*BS, length) of one sequence: each (Hkv, L', Dh)."""
+        """Keys and values of positions [first_block*BS, length) of one sequence, as float32: each (Hkv, L', Dh)."""
         used = table[first_block : -(-length // self.block_size)]  # (nb',)
         n_kv, dh = self.config.n_kv_heads, self.config.head_dim
         span = length - first_block * self.block_size
-        keys = self.keys[layer][:, used].reshape(n_kv, -1, dh)[:, :span]  # (Hkv, L', Dh)
-        values = self.values[layer][:, used].reshape(n_kv, -1, dh)[:, :span]  # (Hkv, L', Dh)
+        keys = self.keys[layer][:, used].reshape(n_kv, -1, dh)[:, :span].astype(np.float32)  # (Hkv, L', Dh)
+        values = self.values[layer][:, used].reshape(n_kv, -1, dh)[:, :span].astype(np.float32)  # (Hkv, L', Dh)
         return keys, values

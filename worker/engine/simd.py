@@ -81,6 +81,28 @@ def vload_u8(typingctx: Any, array: Any, index: Any) -> Any:
 
 
 @intrinsic
+def vload_f16(typingctx: Any, array: Any, index: Any) -> Any:
+    """The eight float16 of a flat uint16 array (float16 bits) from `index` on, as float32 (vcvtph2ps)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+        halves = builder.load(builder.bitcast(pointer, ir.VectorType(ir.HalfType(), LANES).as_pointer()), align=2)
+        return builder.fpext(halves, _V8F)
+
+    return float32x8(array, index), codegen
+
+
+@intrinsic
+def half_to_float(typingctx: Any, bits: Any) -> Any:
+    """One float16, given as its uint16 bits, as float32."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), _F32)
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
 def vbroadcast(typingctx: Any, value: Any) -> Any:
     """One float32 in all eight lanes."""
 

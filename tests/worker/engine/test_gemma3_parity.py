@@ -7,8 +7,11 @@ About the long prompt: llama.cpp computed the reference with its default float16
 numbers agree with an independent float64 forward to 0.000 on it, and llama-server itself, run on the same
 all-F32 file with `-ctk f32 -ctv f32`, moves up to 0.12 away from the reference and to within 0.011 of ours
 (log-probs of its top five at the first step). So past the window the reference carries ~0.1 of float16
-rounding; that prompt is held to LONG_PROMPT_TOLERANCE (its measured worst is 0.126, mean 0.07) and to exact
-argmax, while every short prompt is held to the README's 0.05.
+rounding. Our pool keeps float16 keys and values too (kv_pool.py), but llama.cpp also rounds the queries and the
+attention weights to float16, so the two roundings do not cancel: that prompt is held to LONG_PROMPT_TOLERANCE
+(measured over its 48 teacher-forced steps alone and batched: worst 0.186, mean 0.088, p90 0.135; with a
+float32 pool it was worst 0.126, mean 0.07) and to exact argmax, while every short prompt is held to the
+README's 0.05 (measured worst 0.022, mean 0.004 over 960 steps).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from worker.engine.model import Model
 
 pytestmark = pytest.mark.slow
 LOGIT_TOLERANCE = 0.05
-LONG_PROMPT_TOLERANCE = 0.15  # see the module docstring: float16 KV rounding in the reference itself
+LONG_PROMPT_TOLERANCE = 0.2  # see the module docstring: float16 KV rounding, the reference's and ours
 MARGIN_FOR_ARGMAX = 0.05
 WINDOW = 512
 

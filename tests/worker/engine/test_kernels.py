@@ -1,4 +1,4 @@
-"""The compiled paged decode attention against the numpy reference on gathered, masked arrays."""
+"""The compiled paged decode attention (float16 arenas) against the numpy reference on gathered, masked arrays."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def _reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tables: np.n
     """Gather every row's blocks into a padded batch and attend with an additive mask (ops.attend_decode)."""
     n_kv, _, block_size, head_dim = keys.shape
     b, nb = tables.shape
-    gathered_k = np.take(keys, tables, axis=1).reshape(n_kv, b, nb * block_size, head_dim)  # (Hkv, B, L, Dh)
-    gathered_v = np.take(values, tables, axis=1).reshape(n_kv, b, nb * block_size, head_dim)  # (Hkv, B, L, Dh)
+    gathered_k = np.take(keys.astype(np.float32), tables, axis=1).reshape(n_kv, b, nb * block_size, head_dim)  # (Hkv, B, L, Dh)
+    gathered_v = np.take(values.astype(np.float32), tables, axis=1).reshape(n_kv, b, nb * block_size, head_dim)  # (Hkv, B, L, Dh)
     key_pos = np.arange(nb * block_size)[None, :]  # (1, L)
     hidden = (key_pos >= lengths[:, None]) | (key_pos < first[:, None])  # (B, L)
     mask = np.where(hidden, -np.inf, 0.0).astype(np.float32)  # (B, L)
@@ -31,8 +31,8 @@ def test_paged_decode_matches_gathered_reference(window: int, n_heads: int, n_kv
     vector kernel (head_dim a multiple of 32) and the scalar one (16)."""
     rng = np.random.default_rng(window * 31 + n_heads + head_dim)
     block_size, n_blocks, rows = 8, 40, 6
-    keys = rng.standard_normal((n_kv, n_blocks, block_size, head_dim)).astype(np.float32)
-    values = rng.standard_normal((n_kv, n_blocks, block_size, head_dim)).astype(np.float32)
+    keys = rng.standard_normal((n_kv, n_blocks, block_size, head_dim)).astype(np.float16)  # as the pool keeps them
+    values = rng.standard_normal((n_kv, n_blocks, block_size, head_dim)).astype(np.float16)
     lengths = rng.integers(1, 9 * block_size, rows).astype(np.int64)
     lengths[0] = 1
     width = int(-(-lengths.max() // block_size))
@@ -48,8 +48,8 @@ def test_paged_decode_matches_gathered_reference(window: int, n_heads: int, n_kv
 def test_concurrent_callers_are_serialised() -> None:
     """Two threads calling the parallel kernel at once both get the right answer (the launch lock)."""
     rng = np.random.default_rng(7)
-    keys = rng.standard_normal((3, 30, 8, 16)).astype(np.float32)
-    values = rng.standard_normal((3, 30, 8, 16)).astype(np.float32)
+    keys = rng.standard_normal((3, 30, 8, 16)).astype(np.float16)
+    values = rng.standard_normal((3, 30, 8, 16)).astype(np.float16)
     tables = rng.integers(0, 30, (4, 5)).astype(np.int64)
     lengths = np.array([40, 3, 17, 33], np.int64)
     first = np.zeros(4, np.int64)

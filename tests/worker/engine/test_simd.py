@@ -5,7 +5,21 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from worker.engine.simd import LANES, vadd, vbroadcast, vexp, vfma, vload, vload_u8, vmul, vstore, vsub, vsum
+from worker.engine.simd import (
+    LANES,
+    half_to_float,
+    vadd,
+    vbroadcast,
+    vexp,
+    vfma,
+    vload,
+    vload_f16,
+    vload_u8,
+    vmul,
+    vstore,
+    vsub,
+    vsum,
+)
 
 
 @njit(cache=False)
@@ -34,3 +48,23 @@ def test_vector_operations_agree_with_numpy() -> None:
     assert np.all(out_exp[a < -88.4] == 0.0)
     np.testing.assert_allclose(out_fma, (a - b) * codes.astype(np.float32) + 3 * a, rtol=1e-6, atol=1e-4)
     np.testing.assert_allclose(total, a.astype(np.float64).sum(), rtol=1e-5)
+
+
+@njit(cache=False)
+def _widen(bits, out_vector, out_scalar):  # type: ignore[no-untyped-def]
+    """float16 bits to float32, eight at a time and one at a time."""
+    for i in range(0, bits.shape[0], LANES):
+        vstore(out_vector, i, vload_f16(bits, i))
+    for i in range(bits.shape[0]):
+        out_scalar[i] = half_to_float(bits[i])
+
+
+def test_float16_loads_are_exact() -> None:
+    """Every float16 (normals, subnormals, zeros, infinities) widens to the same float32 as numpy's cast."""
+    halves = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    halves = halves[~np.isnan(halves)]
+    halves = halves[: halves.shape[0] // LANES * LANES]
+    out_vector, out_scalar = np.empty(halves.shape, np.float32), np.empty(halves.shape, np.float32)
+    _widen(halves.view(np.uint16), out_vector, out_scalar)
+    np.testing.assert_array_equal(out_vector, halves.astype(np.float32))
+    np.testing.assert_array_equal(out_scalar, halves.astype(np.float32))
