@@ -10,6 +10,7 @@ from typing import Any
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_KV_DTYPES = ("float16", "float32")  # worker/engine/kv_pool.py KV_DTYPES
 _POSITIVE_INTS = (
     "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_n", "max_embed_inputs", "queue_limit",
     "stream_maxlen", "max_deliveries", "redis_max_connections", "max_batch_tokens", "max_prefill_tokens",
@@ -57,6 +58,7 @@ class Settings:
     slots: int = 0  # sequences a worker runs at once; 0 ("auto") = derived from the KV budget (up to 64)
     threads: int = 0  # BLAS threads of a worker; 0 = every core (`serve` splits the cores among its workers)
     kv_budget_mib: float = 1024.0  # a worker's KV cache for all its sequences; over it, it preempts
+    kv_dtype: str = "float16"  # the KV cache's keys and values: float16 (half the bytes) or float32
     prefix_cache: int = 1  # 1: full prompt blocks stay in the KV pool's free space for reuse; 0: off
     max_batch_tokens: int = 2048  # tokens (decodes + prefill chunks) in one forward step
     max_prefill_tokens: int = 512  # the largest prefill chunk of one sequence in one step
@@ -109,6 +111,8 @@ class Settings:
             _fail("lease_s", "must be longer than LLMFLEET_HEARTBEAT_INTERVAL_S")
         if self.log_level not in _LOG_LEVELS:
             _fail("log_level", f"must be one of {', '.join(_LOG_LEVELS)}")
+        if self.kv_dtype not in _KV_DTYPES:
+            _fail("kv_dtype", f"must be one of {', '.join(_KV_DTYPES)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -155,6 +159,7 @@ ENV: dict[str, str] = {
     "slots": "LLMFLEET_SLOTS",
     "threads": "LLMFLEET_THREADS",
     "kv_budget_mib": "LLMFLEET_KV_BUDGET_MIB",
+    "kv_dtype": "LLMFLEET_KV_DTYPE",
     "prefix_cache": "LLMFLEET_PREFIX_CACHE",
     "max_batch_tokens": "LLMFLEET_MAX_BATCH_TOKENS",
     "max_prefill_tokens": "LLMFLEET_MAX_PREFILL_TOKENS",

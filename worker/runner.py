@@ -77,6 +77,7 @@ class WorkerRunner:
         config = scheduler_config or SchedulerConfig(
             max_sequences=settings.slots, max_batch_tokens=settings.max_batch_tokens,
             max_prefill_tokens=settings.max_prefill_tokens, kv_budget_mib=settings.kv_budget_mib,
+            kv_dtype=settings.kv_dtype,
             prefix_cache=bool(settings.prefix_cache), max_queue=settings.queue_limit)
         self.scheduler = Scheduler(engine, config)
         self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60)

@@ -59,7 +59,8 @@ class Scheduler:
     def __init__(self, engine: Engine, config: SchedulerConfig | None = None) -> None:
         self.engine = engine
         config = config or SchedulerConfig()
-        self.pool = engine.model.new_pool(int(config.kv_budget_mib * MIB), enable_prefix_caching=config.prefix_cache)
+        self.pool = engine.model.new_pool(int(config.kv_budget_mib * MIB), enable_prefix_caching=config.prefix_cache,
+                                          dtype=config.kv_dtype)
         if config.max_sequences <= 0:
             config = replace(config, max_sequences=auto_slots(self.pool.capacity_tokens))
         self.config = config
@@ -474,8 +475,7 @@ class Scheduler:
         self.stats.active = len(self._active)
         self.stats.tokens_left = sum(group.tokens_left for group in self._groups.values())
         self.stats.kv_blocks_used = self.blocks.num_used_blocks
-        self.stats.kv_bytes = self.blocks.num_used_blocks * self.pool.bytes_per_block(self.engine.model.config,
-                                                                                       self.pool.block_size)
+        self.stats.kv_bytes = self.blocks.num_used_blocks * self.pool.block_bytes
         self.stats.kv_peak_bytes = max(self.stats.kv_peak_bytes, self.stats.kv_bytes)
         prefix = self.blocks.stats
         self.stats.prefix_queries, self.stats.prefix_hits = prefix.queries, prefix.hits

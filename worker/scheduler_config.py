@@ -22,6 +22,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = 512  # largest prefill chunk of one sequence in one step
     max_queue: int = 256  # waiting requests before add() refuses
     kv_budget_mib: float = 1024.0  # the KV pool, allocated once
+    kv_dtype: str = "float16"  # its keys and values: float16 (half the bytes) or float32
     prefix_cache: bool = True  # keep full prompt blocks in the pool's free space for reuse
     speculative_tokens: int = 6  # drafts checked per greedy sequence per step (prompt lookup); 0 = off
     speculative_max_batch: int = 4  # speculate only while at most this many sequences decode (weight-bound)

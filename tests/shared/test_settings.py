@@ -46,6 +46,7 @@ def test_every_field_has_an_environment_variable() -> None:
         ({"REDIS_URL": "http://x"}, "REDIS_URL: must start with"),
         ({"LLMFLEET_API_KEY": "   "}, "LLMFLEET_API_KEY: must not be blank"),
         ({"LLMFLEET_LOG_LEVEL": "LOUD"}, "LLMFLEET_LOG_LEVEL: must be one of"),
+        ({"LLMFLEET_KV_DTYPE": "bfloat16"}, "LLMFLEET_KV_DTYPE: must be one of float16, float32"),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], match: str) -> None:

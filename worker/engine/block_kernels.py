@@ -7,8 +7,10 @@ columns (quantized.py), reading a quarter of the bytes of float32. Two compiled 
 - wide (K >= WIDE_ROWS): a task decodes DECODED_TILE weight rows once into float32 scratch that stays in L1,
   then runs a two-by-six register tile over x (two weight rows times six rows of x, twelve sums in twelve AVX
   registers; rows left over go four, then one, at a time): per eight columns 2 weight loads and 6 x loads feed
-  12 FMAs, where the narrow kernel's 9 loads and a decode fed 8. At 32 rows the wide kernel takes 68-75 ms for SmolLM2's matrices against the narrow
-  kernel's 81-84 (bench/block_matmul.py, same run).
+  12 FMAs, where the narrow kernel's 9 loads and a decode fed 8. SmolLM2's matrices, ms, narrow against wide in
+  one process, alternating: 16 rows 48 / 40, 24 rows 62 / 50, 32 rows 104 / 77 (12 rows 28 / 30: below 16 the
+  narrow kernel's eights and fours win); the wide kernel against float32 BLAS (bench/block_matmul.py): 32 rows
+  64-72 / 83-88, 64 rows 126-132 / 127-152.
 
 Both hold their sums in eight-lane vectors (simd.py). Launches hold kernels.launch_lock (see kernels.py for the
 threading layer).
@@ -35,9 +37,9 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
     Codes are decoded 8 at a time into a float32x8 (code * scale + offset, one FMA) and multiplied into eight
     rows of x at once, one register of sums per row (simd.py); rows left over take four, then one, at a time. A
     task takes ROW_TILE output rows, so that the rows of x in use and those rows' codes stay in L1.
-    bench/block_matmul.py, SmolLM2's matrices: 1 row 10 ms, 4 rows 14-17, 8 rows 29-31, 16 rows 51-53, 32 rows
-    103-107 (float32 BLAS in the same run 27-30 / 67-83 / 70-77 / 87 / 109-126); numba's own vectorisation of
-    the same loops took 40-44 ms at 4 rows and 77-84 at 8.
+    bench/block_matmul.py, SmolLM2's matrices: 1 row 10 ms, 4 rows 14-17, 8 rows 29-31 (float32 BLAS in the
+    same run 27-30 / 67-83 / 70-77); numba's own vectorisation of the same loops took 40-44 ms at 4 rows and
+    77-84 at 8.
     """
     vectors = group // LANES  # 8-lane vectors per group (4 or 2: even)
 

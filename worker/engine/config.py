@@ -7,7 +7,7 @@ from typing import Any
 
 from worker.engine.errors import ModelLoadError
 
-KV_ELEMENT_BYTES = 2  # the KV pool keeps keys and values as float16 (kv_pool.KV_DTYPE), as llama.cpp's cache does
+KV_ELEMENT_BYTES = 2  # the KV pool keeps keys and values as float16 by default (kv_pool.KV_DTYPE), as llama.cpp does
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,14 @@ class ModelConfig:
         return self.n_heads // self.n_kv_heads
 
     @property
+    def kv_values_per_token(self) -> int:
+        """Key and value elements one token takes in the cache across all layers."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of key+value cache one token takes across all layers (float16, kv_pool.KV_DTYPE)."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * KV_ELEMENT_BYTES
+        """Bytes of key+value cache one token takes across all layers, in the default float16 pool."""
+        return self.kv_values_per_token * KV_ELEMENT_BYTES
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any], path: str = "<memory>") -> ModelConfig:

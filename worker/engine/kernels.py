@@ -17,6 +17,7 @@ which still bridges the gaps between one layer's kernels (1-stream step 14.0 ms,
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -27,18 +28,18 @@ from numba import njit, prange
 
 from worker.engine.simd import (
     LANES,
-    half_to_float,
     vadd,
     vbroadcast,
     vexp,
     vfma,
     vload,
-    vload_f16,
+    vload_wide,
     vmul,
     vstore,
     vsub,
     vsum,
     vzero,
+    widen,
 )
 
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # read when numba first loads libgomp (at the first launch)
@@ -54,7 +55,7 @@ def set_threads(count: int) -> None:
 @njit(parallel=True, fastmath=True, cache=True)
 def _paged_decode(q, keys, values, tables, lengths, first_pos, out):  # pragma: no cover (compiled)
     """One query per sequence over its positions [first_pos, length), read from blocks through its table (keys and
-    values as float16 bits)."""
+    values float32, or float16 bits as uint16)."""
     n_seqs, n_heads, head_dim = q.shape  # q (B, H, Dh), pre-scaled
     n_kv = keys.shape[0]  # keys/values (Hkv, NB, BS, Dh)
     block_size = keys.shape[2]
@@ -71,7 +72,7 @@ def _paged_decode(q, keys, values, tables, lengths, first_pos, out):  # pragma: 
                 q_row = q[b, h * group + g]  # (Dh,)
                 s = np.float32(0.0)
                 for d in range(head_dim):
-                    s += q_row[d] * half_to_float(k_row[d])
+                    s += q_row[d] * widen(k_row[d])
                 scores[g, p - first] = s
         for g in range(group):
             row = scores[g]  # (L,)
@@ -88,7 +89,7 @@ def _paged_decode(q, keys, values, tables, lengths, first_pos, out):  # pragma: 
                 w = row[p - first] * inv
                 v_row = values[h, tables[b, p // block_size], p % block_size]  # (Dh,)
                 for d in range(head_dim):
-                    o[d] += w * half_to_float(v_row[d])
+                    o[d] += w * widen(v_row[d])
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -118,8 +119,8 @@ def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, out):  # 
                 a0 = vzero()  # (8,)
                 a1 = vzero()
                 for d in range(0, head_dim, 2 * LANES):
-                    a0 = vfma(vload(flat_q, q_row + d), vload_f16(flat_keys, rows[i] + d), a0)  # (8,)
-                    a1 = vfma(vload(flat_q, q_row + d + LANES), vload_f16(flat_keys, rows[i] + d + LANES), a1)  # (8,)
+                    a0 = vfma(vload(flat_q, q_row + d), vload_wide(flat_keys, rows[i] + d), a0)  # (8,)
+                    a1 = vfma(vload(flat_q, q_row + d + LANES), vload_wide(flat_keys, rows[i] + d + LANES), a1)  # (8,)
                 score = vsum(vadd(a0, a1))
                 weights[i] = score
                 top = max(top, score)
@@ -144,10 +145,10 @@ def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, out):  # 
                 for i in range(n):
                     w = vbroadcast(weights[i])  # (8,)
                     row = rows[i] + d
-                    a0 = vfma(w, vload_f16(flat_values, row), a0)  # (8,)
-                    a1 = vfma(w, vload_f16(flat_values, row + LANES), a1)  # (8,)
-                    a2 = vfma(w, vload_f16(flat_values, row + 2 * LANES), a2)  # (8,)
-                    a3 = vfma(w, vload_f16(flat_values, row + 3 * LANES), a3)  # (8,)
+                    a0 = vfma(w, vload_wide(flat_values, row), a0)  # (8,)
+                    a1 = vfma(w, vload_wide(flat_values, row + LANES), a1)  # (8,)
+                    a2 = vfma(w, vload_wide(flat_values, row + 2 * LANES), a2)  # (8,)
+                    a3 = vfma(w, vload_wide(flat_values, row + 3 * LANES), a3)  # (8,)
                 vstore(flat_out, q_row + d, vmul(a0, inv))
                 vstore(flat_out, q_row + d + LANES, vmul(a1, inv))
                 vstore(flat_out, q_row + d + 2 * LANES, vmul(a2, inv))
@@ -158,24 +159,26 @@ def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tab
                         lengths: np.ndarray, first_pos: np.ndarray) -> np.ndarray:
     """Decode attention of q (B, H, Dh) over each row's positions [first_pos, lengths) in the pool: (B, H*Dh).
 
-    keys/values are one layer's arena (Hkv, NB, BS, Dh), float16 as the pool keeps them (other dtypes are
-    converted first, a copy); tables (B, nb) hold each row's block ids in order.
+    keys/values are one layer's arena (Hkv, NB, BS, Dh), float16 or float32 as the pool keeps them (another
+    dtype is converted to float32 first, a copy); tables (B, nb) hold each row's block ids in order.
     """
-    if keys.dtype != np.float16 or values.dtype != np.float16:
-        keys, values = keys.astype(np.float16), values.astype(np.float16)
+    if keys.dtype == np.float16 and values.dtype == np.float16:
+        keys, values = keys.view(np.uint16), values.view(np.uint16)  # the kernels widen float16 bits (simd.py)
+    elif keys.dtype != np.float32 or values.dtype != np.float32:
+        keys, values = keys.astype(np.float32), values.astype(np.float32)
     b, n_heads, head_dim = q.shape
     out = np.empty((b, n_heads * head_dim), np.float32)  # (B, H*Dh)
     kernel = (_paged_decode_vectors if head_dim % (4 * LANES) == 0 and keys.flags.c_contiguous
               and values.flags.c_contiguous else _paged_decode)
     with launch_lock:
-        kernel(np.ascontiguousarray(q), keys.view(np.uint16), values.view(np.uint16), tables, lengths, first_pos, out)
+        kernel(np.ascontiguousarray(q), keys, values, tables, lengths, first_pos, out)
     return out
 
 
 def warm_up() -> None:
     """Compile every kernel into numba's cache (an image build runs this so that workers start without it)."""
-    for head_dim in (8, 4 * LANES):  # the scalar kernel and the vector one
-        keys = np.zeros((1, 2, 4, head_dim), np.float16)  # (Hkv, NB, BS, Dh)
+    for head_dim, dtype in itertools.product((8, 4 * LANES), (np.float16, np.float32)):  # scalar and vector kernels
+        keys = np.zeros((1, 2, 4, head_dim), dtype)  # (Hkv, NB, BS, Dh)
         paged_attend_decode(np.zeros((1, 2, head_dim), np.float32), keys, keys, np.ones((1, 1), np.int64),
                             np.ones(1, np.int64), np.zeros(1, np.int64))
     from worker.engine import block_kernels  # it imports this module (the threading set-up and launch lock)

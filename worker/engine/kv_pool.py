@@ -2,14 +2,15 @@
 
 Which block belongs to which sequence (and which full blocks are shared by a prefix) is the BlockManager's
 business; this module only stores keys/values at (block, offset) and reads them back through block tables.
-Keys and values are kept as float16, as llama.cpp's cache is by default: decode attention at long contexts is bound
-by reading them (32 streams at ~130 positions: 20 ms of a 100 ms step in float32), and the budget holds twice
-the tokens. The attention kernels widen each row to float32 as they load it (simd.vload_f16).
+Keys and values are kept as float16 by default, as llama.cpp's cache is: decode attention at long contexts is bound
+by reading them (32 streams at ~120 positions: 10-12 ms a step against 16 in float32), and the budget holds twice
+the tokens. The attention kernels widen each row to float32 as they load it (simd.vload_wide).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -18,8 +19,9 @@ from worker.engine.block_manager import BlockCopy, BlockManager
 from worker.engine.config import KV_ELEMENT_BYTES, ModelConfig
 from worker.engine.ops import Array
 
-KV_DTYPE = np.float16
-assert np.dtype(KV_DTYPE).itemsize == KV_ELEMENT_BYTES
+KV_DTYPE = np.float16  # the default; float32 (LLMFLEET_KV_DTYPE) keeps a failover's re-prefill bit-close to the
+assert np.dtype(KV_DTYPE).itemsize == KV_ELEMENT_BYTES  # decode it replaces (see README, "KV cache")
+KV_DTYPES = ("float16", "float32")
 DEFAULT_BLOCK_SIZE = 32  # tokens per block: prefix sharing granularity vs. gather chunk size (see bench/batching.py)
 
 
@@ -27,37 +29,45 @@ class KVPool:
     """Keys and values of every layer for all sequences of one engine, in blocks of `block_size` tokens."""
 
     def __init__(self, config: ModelConfig, n_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 *, enable_prefix_caching: bool = True) -> None:
+                 *, enable_prefix_caching: bool = True, dtype: Any = KV_DTYPE) -> None:
         if n_blocks < 2:
             raise ValueError(f"a KV pool needs at least 2 blocks, got {n_blocks}")
+        if np.dtype(dtype).name not in KV_DTYPES:
+            raise ValueError(f"a KV pool holds one of {', '.join(KV_DTYPES)}, not {np.dtype(dtype).name}")
         self.config = config
+        self.dtype = np.dtype(dtype)
         self.block_size = block_size
         self.n_blocks = n_blocks
         shape = (config.n_kv_heads, n_blocks, block_size, config.head_dim)
         # zeros, not empty: padded reads of never-written slots must be finite. fill() touches every page now,
         # so the pool's memory is committed once at start-up instead of page-faulting inside decode steps.
-        self.keys = [ops.xp.zeros(shape, KV_DTYPE) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
-        self.values = [ops.xp.zeros(shape, KV_DTYPE) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
+        self.keys = [ops.xp.zeros(shape, self.dtype) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
+        self.values = [ops.xp.zeros(shape, self.dtype) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
         for array in (*self.keys, *self.values):
             array.fill(0.0)
         self.blocks = BlockManager(n_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
 
     @staticmethod
-    def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, dtype: Any = KV_DTYPE) -> int:
         """Bytes one block takes across all layers (keys and values)."""
-        return block_size * config.kv_bytes_per_token
+        return block_size * config.kv_values_per_token * np.dtype(dtype).itemsize
 
     @classmethod
     def from_budget(cls, config: ModelConfig, budget_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                    *, enable_prefix_caching: bool = True) -> KVPool:
+                    *, enable_prefix_caching: bool = True, dtype: Any = KV_DTYPE) -> KVPool:
         """As many blocks as fit in `budget_bytes`."""
-        n_blocks = max(2, budget_bytes // cls.bytes_per_block(config, block_size))
-        return cls(config, int(n_blocks), block_size, enable_prefix_caching=enable_prefix_caching)
+        n_blocks = max(2, budget_bytes // cls.bytes_per_block(config, block_size, dtype))
+        return cls(config, int(n_blocks), block_size, enable_prefix_caching=enable_prefix_caching, dtype=dtype)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes one block of this pool takes across all layers."""
+        return self.bytes_per_block(self.config, self.block_size, self.dtype)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the whole arena."""
-        return self.n_blocks * self.bytes_per_block(self.config, self.block_size)
+        return self.n_blocks * self.block_bytes
 
     @property
     def capacity_tokens(self) -> int:

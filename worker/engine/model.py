@@ -55,9 +55,10 @@ class Model:
         return load_adapter(path, name, self.config, self.architecture.lora_targets(self.config), self.lora_base)
 
     def new_pool(self, budget_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 *, enable_prefix_caching: bool = True) -> KVPool:
-        """A KV pool for this model sized from a memory budget."""
-        return KVPool.from_budget(self.config, budget_bytes, block_size, enable_prefix_caching=enable_prefix_caching)
+                 *, enable_prefix_caching: bool = True, dtype: str = "float16") -> KVPool:
+        """A KV pool for this model sized from a memory budget (keys and values as `dtype`: float16 or float32)."""
+        return KVPool.from_budget(self.config, budget_bytes, block_size, enable_prefix_caching=enable_prefix_caching,
+                                  dtype=dtype)
 
     def forward(self, entries: list[BatchEntry], pool: KVPool) -> list[Array | None]:
         """One step over a batch whose block tables already cover the new tokens.

@@ -81,25 +81,30 @@ def vload_u8(typingctx: Any, array: Any, index: Any) -> Any:
 
 
 @intrinsic
-def vload_f16(typingctx: Any, array: Any, index: Any) -> Any:
-    """The eight float16 of a flat uint16 array (float16 bits) from `index` on, as float32 (vcvtph2ps)."""
+def vload_wide(typingctx: Any, array: Any, index: Any) -> Any:
+    """The eight elements of a flat float32 array, or of a uint16 array holding float16 bits (widened by
+    vcvtph2ps), from `index` on, as float32: one kernel source for both KV pool dtypes."""
+    halves = array.dtype == types.uint16
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
-        halves = builder.load(builder.bitcast(pointer, ir.VectorType(ir.HalfType(), LANES).as_pointer()), align=2)
-        return builder.fpext(halves, _V8F)
+        if not halves:
+            return builder.load(builder.bitcast(pointer, _V8F.as_pointer()), align=4)
+        vector = builder.load(builder.bitcast(pointer, ir.VectorType(ir.HalfType(), LANES).as_pointer()), align=2)
+        return builder.fpext(vector, _V8F)
 
     return float32x8(array, index), codegen
 
 
 @intrinsic
-def half_to_float(typingctx: Any, bits: Any) -> Any:
-    """One float16, given as its uint16 bits, as float32."""
+def widen(typingctx: Any, value: Any) -> Any:
+    """One element as vload_wide reads it: a float32 as it is, uint16 float16 bits as float32."""
+    halves = value == types.uint16
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), _F32)
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), _F32) if halves else args[0]
 
-    return types.float32(types.uint16), codegen
+    return types.float32(value), codegen
 
 
 @intrinsic

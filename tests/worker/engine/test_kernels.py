@@ -1,4 +1,4 @@
-"""The compiled paged decode attention (float16 arenas) against the numpy reference on gathered, masked arrays."""
+"""The compiled paged decode attention (float16 and float32 arenas) against the numpy reference on gathered, masked arrays."""
 
 from __future__ import annotations
 
@@ -26,13 +26,15 @@ def _reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tables: np.n
 @pytest.mark.parametrize("window", [0, 5, 40])
 @pytest.mark.parametrize("n_heads,n_kv", [(9, 3), (4, 4), (8, 1)])
 @pytest.mark.parametrize("head_dim", [16, 32, 64])
-def test_paged_decode_matches_gathered_reference(window: int, n_heads: int, n_kv: int, head_dim: int) -> None:
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_paged_decode_matches_gathered_reference(window: int, n_heads: int, n_kv: int, head_dim: int,
+                                                 dtype: type) -> None:
     """Random block tables (blocks shared between rows, as after a prefix hit) and ragged lengths agree, in the
-    vector kernel (head_dim a multiple of 32) and the scalar one (16)."""
+    vector kernel (head_dim a multiple of 32) and the scalar one (16), over both pool dtypes."""
     rng = np.random.default_rng(window * 31 + n_heads + head_dim)
     block_size, n_blocks, rows = 8, 40, 6
-    keys = rng.standard_normal((n_kv, n_blocks, block_size, head_dim)).astype(np.float16)  # as the pool keeps them
-    values = rng.standard_normal((n_kv, n_blocks, block_size, head_dim)).astype(np.float16)
+    keys = rng.standard_normal((n_kv, n_blocks, block_size, head_dim)).astype(dtype)  # as the pool keeps them
+    values = rng.standard_normal((n_kv, n_blocks, block_size, head_dim)).astype(dtype)
     lengths = rng.integers(1, 9 * block_size, rows).astype(np.int64)
     lengths[0] = 1
     width = int(-(-lengths.max() // block_size))

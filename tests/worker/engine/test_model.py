@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -92,3 +94,22 @@ def test_a_sequence_without_slots_is_refused(tiny_model: Model) -> None:
     pool.ensure(0, 4)
     with pytest.raises(ValueError, match="no KV slots"):
         tiny_model.forward([BatchEntry(0, _tokens(tiny_model, 6, 10), 0)], pool)
+
+
+def test_a_float32_pool_takes_twice_the_bytes_per_block_and_gives_the_same_logits(smollm2_engine: Any) -> None:
+    """The pool dtype (LLMFLEET_KV_DTYPE): float16 halves a block; logits stay within float16 rounding."""
+    model = smollm2_engine.model
+    budget = 6 * KVPool.bytes_per_block(model.config, dtype=np.float32)
+    half, single = model.new_pool(budget), model.new_pool(budget, dtype="float32")
+    assert single.block_bytes == 2 * half.block_bytes and half.n_blocks == 2 * single.n_blocks
+    assert half.keys[0].dtype == np.float16 and single.keys[0].dtype == np.float32
+    prompt = np.array(smollm2_engine.encode_prompt("The capital of France is"))
+    outputs = []
+    for pool in (half, single):
+        pool.ensure(0, len(prompt))
+        logits = model.forward([BatchEntry(0, prompt, 0)], pool)[0]
+        pool.extend(0, 1)
+        outputs.append(model.forward([BatchEntry(0, np.array([int(np.argmax(logits))]), len(prompt))], pool)[0])
+    np.testing.assert_allclose(outputs[0], outputs[1], atol=0.05)
+    with pytest.raises(ValueError, match="float16, float32"):
+        model.new_pool(8 << 20, dtype="int8")

@@ -7,18 +7,18 @@ from numba import njit
 
 from worker.engine.simd import (
     LANES,
-    half_to_float,
     vadd,
     vbroadcast,
     vexp,
     vfma,
     vload,
-    vload_f16,
     vload_u8,
+    vload_wide,
     vmul,
     vstore,
     vsub,
     vsum,
+    widen,
 )
 
 
@@ -51,16 +51,17 @@ def test_vector_operations_agree_with_numpy() -> None:
 
 
 @njit(cache=False)
-def _widen(bits, out_vector, out_scalar):  # type: ignore[no-untyped-def]
-    """float16 bits to float32, eight at a time and one at a time."""
-    for i in range(0, bits.shape[0], LANES):
-        vstore(out_vector, i, vload_f16(bits, i))
-    for i in range(bits.shape[0]):
-        out_scalar[i] = half_to_float(bits[i])
+def _widen(values, out_vector, out_scalar):  # type: ignore[no-untyped-def]
+    """float16 bits (or float32) to float32, eight at a time and one at a time."""
+    for i in range(0, values.shape[0], LANES):
+        vstore(out_vector, i, vload_wide(values, i))
+    for i in range(values.shape[0]):
+        out_scalar[i] = widen(values[i])
 
 
-def test_float16_loads_are_exact() -> None:
-    """Every float16 (normals, subnormals, zeros, infinities) widens to the same float32 as numpy's cast."""
+def test_wide_loads_are_exact() -> None:
+    """Every float16 (normals, subnormals, zeros, infinities) widens to the same float32 as numpy's cast; float32
+    passes through unchanged."""
     halves = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     halves = halves[~np.isnan(halves)]
     halves = halves[: halves.shape[0] // LANES * LANES]
@@ -68,3 +69,7 @@ def test_float16_loads_are_exact() -> None:
     _widen(halves.view(np.uint16), out_vector, out_scalar)
     np.testing.assert_array_equal(out_vector, halves.astype(np.float32))
     np.testing.assert_array_equal(out_scalar, halves.astype(np.float32))
+    singles = halves.astype(np.float32) * np.float32(1.0001)
+    _widen(singles, out_vector, out_scalar)
+    np.testing.assert_array_equal(out_vector, singles)
+    np.testing.assert_array_equal(out_scalar, singles)
