@@ -4,7 +4,8 @@ Paged decode attention reads every sequence's keys and values in place through i
 path first gathers all blocks into a padded (Hkv, B, L, Dh) batch per layer, which at long contexts cost more
 than the attention itself. The vector kernel holds its running sums in eight-lane vectors (simd.py), which
 numba's own vectorisation of the same loops did not keep in registers. The block-code matmuls are in
-block_kernels.py; the threading set-up and launch lock here are theirs too.
+block_kernels.py; the threading set-up and launch lock here are theirs too. SwiGLU runs here as well, across
+the kernel threads: numpy's four single-threaded passes left the second core idle.
 
 Parallel kernels prefer numba's OpenMP layer: on the 2-core machine the `workqueue` layer launched the block
 matmul at half the speed (15-24 ms against 10 ms for SmolLM2's matrices). Where OpenMP is missing numba falls
@@ -30,6 +31,7 @@ from worker.engine.simd import (
     LANES,
     vadd,
     vbroadcast,
+    vdiv,
     vexp,
     vfma,
     vload,
@@ -175,12 +177,47 @@ def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tab
     return out
 
 
+SWIGLU_CHUNK = 256  # columns per task of the SwiGLU kernel
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _swiglu(gate_up, out):  # pragma: no cover (compiled)
+    """out[k, c] = SiLU(gate_up[k, c]) * gate_up[k, F + c], in chunks of SWIGLU_CHUNK columns across threads."""
+    n_rows, two_f = gate_up.shape  # gate_up (N, 2F); out (N, F)
+    f = two_f // 2
+    flat = gate_up.reshape(-1)  # (N*2F,)
+    flat_out = out.reshape(-1)  # (N*F,)
+    per_row = (f + SWIGLU_CHUNK - 1) // SWIGLU_CHUNK
+    one = vbroadcast(np.float32(1.0))  # (8,)
+    for task in prange(n_rows * per_row):
+        k = task // per_row
+        first = (task % per_row) * SWIGLU_CHUNK
+        last = min(f, first + SWIGLU_CHUNK)
+        whole = first + (last - first) // LANES * LANES
+        for c in range(first, whole, LANES):
+            g = vload(flat, k * two_f + c)  # (8,) gate
+            silu = vdiv(g, vadd(one, vexp(vsub(vzero(), g))))  # (8,)
+            vstore(flat_out, k * f + c, vmul(silu, vload(flat, k * two_f + f + c)))
+        for c in range(whole, last):
+            g = flat[k * two_f + c]
+            flat_out[k * f + c] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * flat[k * two_f + f + c]
+
+
+def swiglu(gate_up: np.ndarray) -> np.ndarray:
+    """SiLU(gate) * up for a row-major fused (N, 2F) float32 gate/up projection, on every kernel thread: (N, F)."""
+    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), np.float32)  # (N, F)
+    with launch_lock:
+        _swiglu(gate_up, out)
+    return out
+
+
 def warm_up() -> None:
     """Compile every kernel into numba's cache (an image build runs this so that workers start without it)."""
     for head_dim, dtype in itertools.product((8, 4 * LANES), (np.float16, np.float32)):  # scalar and vector kernels
         keys = np.zeros((1, 2, 4, head_dim), dtype)  # (Hkv, NB, BS, Dh)
         paged_attend_decode(np.zeros((1, 2, head_dim), np.float32), keys, keys, np.ones((1, 1), np.int64),
                             np.ones(1, np.int64), np.zeros(1, np.int64))
+    swiglu(np.zeros((2, 2 * SWIGLU_CHUNK + 2 * LANES + 2), np.float32))
     from worker.engine import block_kernels  # it imports this module (the threading set-up and launch lock)
 
     block_kernels.warm({16, 32})

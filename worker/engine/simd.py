@@ -132,7 +132,7 @@ def vstore(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
 
 
 def _lane_operation(name: str, instruction: str, doc: str) -> Any:
-    """A two-vector intrinsic applying one LLVM float instruction (fadd, fsub, fmul) lane by lane."""
+    """A two-vector intrinsic applying one LLVM float instruction (fadd, fsub, fmul, fdiv) lane by lane."""
 
     def operation(typingctx: Any, a: Any, b: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -148,6 +148,7 @@ def _lane_operation(name: str, instruction: str, doc: str) -> Any:
 vadd = _lane_operation("vadd", "fadd", "a + b, lane by lane.")
 vsub = _lane_operation("vsub", "fsub", "a - b, lane by lane.")
 vmul = _lane_operation("vmul", "fmul", "a * b, lane by lane.")
+vdiv = _lane_operation("vdiv", "fdiv", "a / b, lane by lane.")
 
 
 @intrinsic

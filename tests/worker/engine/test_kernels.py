@@ -69,3 +69,20 @@ def test_concurrent_callers_are_serialised() -> None:
     for thread in threads:
         thread.join()
     assert len(errors) == 150 and max(errors) < 1e-5
+
+
+@pytest.mark.parametrize("rows,width", [(1, 8), (3, 576), (32, 1536), (2, 261)])
+def test_swiglu_kernel_matches_the_formula(rows: int, width: int) -> None:
+    """Whole vectors, a scalar tail (261) and a partial last chunk agree with SiLU(gate) * up in float64."""
+    from worker.engine import kernels
+
+    rng = np.random.default_rng(rows + width)
+    gate_up = (rng.standard_normal((rows, 2 * width)) * 6).astype(np.float32)  # (N, 2F)
+    gate_up[0, :4] = [-100.0, 100.0, 0.0, -20.0]  # saturated ends
+    gate, up = gate_up[:, :width].astype(np.float64), gate_up[:, width:].astype(np.float64)
+    want = gate / (1.0 + np.exp(-gate)) * up  # (N, F)
+    got = kernels.swiglu(gate_up)
+    assert got.shape == (rows, width)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with np.errstate(over="ignore"):  # numpy's exp(100) is inf, and gate / inf the right 0
+        np.testing.assert_allclose(ops.swiglu(np.asfortranarray(gate_up)), want, rtol=1e-5, atol=1e-5)  # numpy path
