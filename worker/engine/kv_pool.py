@@ -19,8 +19,8 @@ from worker.engine.block_manager import BlockCopy, BlockManager
 from worker.engine.config import KV_ELEMENT_BYTES, ModelConfig
 from worker.engine.ops import Array
 
-KV_DTYPE = np.float16  # the default; float32 (LLMFLEET_KV_DTYPE) keeps a failover's re-prefill bit-close to the
-assert np.dtype(KV_DTYPE).itemsize == KV_ELEMENT_BYTES  # decode it replaces (see README, "KV cache")
+KV_DTYPE = np.float16  # the default (LLMFLEET_KV_DTYPE; the README says when float32 is the better choice)
+assert np.dtype(KV_DTYPE).itemsize == KV_ELEMENT_BYTES
 KV_DTYPES = ("float16", "float32")
 DEFAULT_BLOCK_SIZE = 32  # tokens per block: prefix sharing granularity vs. gather chunk size (see bench/batching.py)
 
