@@ -4,13 +4,13 @@ columns (quantized.py), reading a quarter of the bytes of float32. Two compiled 
 - narrow (K < WIDE_ROWS, decode steps of a few streams): each weight is decoded in registers (code * scale +
   offset, one FMA) and multiplied into eight rows of x at once; memory traffic is the codes, and decoding a
   weight costs less than reading it as float32 would;
-- wide (K >= WIDE_ROWS): a task decodes DECODED_TILE weight rows once into float32 scratch (in L1 for 576
-  columns, in L2 for 1536), then runs a two-by-six register tile over x (two weight rows times six rows of x, twelve sums in twelve AVX
-  registers; rows left over go four, then one, at a time): per eight columns 2 weight loads and 6 x loads feed
-  12 FMAs, where the narrow kernel's 9 loads and a decode fed 8. SmolLM2's matrices, ms, narrow against wide in
-  one process, alternating: 16 rows 48 / 40, 24 rows 62 / 50, 32 rows 104 / 77 (12 rows 28 / 30: below 16 the
-  narrow kernel's eights and fours win); the wide kernel against float32 BLAS (bench/block_matmul.py): 32 rows
-  64-72 / 83-88, 64 rows 126-132 / 127-152.
+- wide (K >= WIDE_ROWS): a task decodes DECODED_TILE weight rows once into float32 scratch (in L1 for 576 columns,
+  in L2 for 1536), then runs a two-by-six register tile over x (two weight rows times six rows of x, twelve sums in
+  twelve AVX registers; rows left over go four, then one, at a time): per eight columns 2 weight loads and 6 x loads
+  feed 12 FMAs, where the narrow kernel's 9 loads and a decode fed 8. SmolLM2's matrices, ms, narrow against wide in
+  one process, alternating: 16 rows 48 / 40, 24 rows 62 / 50, 32 rows 104 / 77 (12 rows 28 / 30: below 16 the narrow
+  kernel's eights and fours win); the wide kernel against float32 BLAS (bench/block_matmul.py): 32 rows 64-72 /
+  83-88, 64 rows 126-132 / 127-152.
 
 Both hold their sums in eight-lane vectors (simd.py). Launches hold kernels.launch_lock (see kernels.py for the
 threading layer).
