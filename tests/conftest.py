@@ -94,3 +94,17 @@ def redis_server():
         pytest.skip(f"no redis-server available: {exc}")
     yield server
     server.stop()
+
+
+# Fixtures that load a real model or start a real server: a test that uses any of them (directly or through
+# another fixture) is `slow` whatever its module says, so `pytest -m "not slow"` stays the fast loop.
+SLOW_FIXTURES = frozenset({
+    "smollm2_gguf_path", "smollm2_engine", "gemma3_gguf_path", "gemma3_engine", "redis_server",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks every test that needs a real model or server as slow (one owner for the rule)."""
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
