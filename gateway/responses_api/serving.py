@@ -260,11 +260,25 @@ class ResponseStream(serving.OpenStream):
         self._generation: Generation = started.generation
         self._priming = started.priming
         self._prepared = prepared
-        self._store = store
+        self._store_client = store
         self._parser = ToolCallParser() if tools else None
         self._keepalive_s = keepalive_s
         self._errors = broker.errors
         self._sequence = 0
+        self._output = _Output()
+        self._stored = False  # the final object went to the store (or there is none to write)
+
+    async def aclose(self) -> None:
+        """Store the final object (`cancelled` when the client went away first), then close the job."""
+        if not self._stored:
+            self._output.close("cancelled")
+            await self._store(self._prepared.body("cancelled", output=self._output.items,
+                                                  usage=self._generation.usage))
+        await super().aclose()
+
+    async def _store(self, final: dict[str, Any]) -> None:
+        self._stored = True
+        await _save_final(self._store_client, self._prepared, final)
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any] | Comment]:
         return self._numbered()
@@ -282,7 +296,7 @@ class ResponseStream(serving.OpenStream):
         return self._parser.feed(text)
 
     async def _events(self) -> AsyncIterator[dict[str, Any] | Comment]:
-        prepared, output, final = self._prepared, _Output(), None
+        prepared, output = self._prepared, self._output
         try:
             async for comment in serving.queued_comments(self._priming, self._keepalive_s):
                 yield comment
@@ -303,6 +317,7 @@ class ResponseStream(serving.OpenStream):
                 yield out
             status = bodies.status_of(finish)
             final = prepared.body(status, output=output.items, usage=self._generation.usage)
+            await self._store(final)
             yield {"type": "response.completed" if status == "completed" else "response.incomplete",
                    "response": final}
             log.info("%s streamed: %d completion tokens", prepared.rid, self._generation.usage.completion_tokens)
@@ -318,13 +333,11 @@ class ResponseStream(serving.OpenStream):
             yield bodies.error_event(error, 0)
             yield {"type": "response.failed", "response": final}
         finally:
-            if final is None:  # the client went away: the job is cancelled
-                output.close("cancelled")
-                final = prepared.body("cancelled", output=output.items, usage=self._generation.usage)
-            await _save_final(self._store, prepared, final)
             await self.aclose()
 
     async def _failed(self, error: LLMFleetError, output: _Output) -> dict[str, Any]:
         serving.record_streamed_error(self._errors, error, "/v1/responses")
         output.close("length")  # what was streamed so far, closed as incomplete
-        return self._prepared.body("failed", output=output.items, usage=self._generation.usage, error=error)
+        final = self._prepared.body("failed", output=output.items, usage=self._generation.usage, error=error)
+        await self._store(final)
+        return final

@@ -14,8 +14,10 @@ import openai
 import pytest
 
 from gateway import serving
+from shared import codec, keys
 from shared.errors import ContextLengthExceeded
 from shared.messages import ChoiceEndEvent, DoneEvent, Usage
+from tests.gateway.test_lifecycle import call_app  # drives the ASGI app and disconnects on cue
 
 pytestmark = pytest.mark.anyio
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -256,3 +258,31 @@ async def test_bad_input_is_a_400_in_openais_shape(client, worker) -> None:
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "input[0].type"
     assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_client_leaving_cancels_the_job_and_stores_it_cancelled(app_client, worker, redis,
+                                                                        stream: bool) -> None:
+    app, _ = app_client
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.cancel_channel("smollm2"))
+    leave = asyncio.Event()
+    call = asyncio.create_task(call_app(app, "/v1/responses", {"model": "smollm2", "input": "Hi", "stream": stream},
+                                        leave))
+    job = await worker.take()
+    await worker.token(job, "Hel")
+    await asyncio.sleep(0.05)
+    leave.set()
+    await asyncio.wait_for(call, 5)
+    notice = None
+    for _ in range(200):
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.01)
+        if message is not None:
+            notice = codec.decode(message["data"])
+            break
+    await pubsub.aclose()
+    assert notice is not None and (notice.id, notice.reason) == (job.id, "client_disconnected")
+    stored = json.loads(await redis.get(keys.response_key("resp_0123")))["response"]
+    assert stored["status"] == "cancelled"
+    if stream:
+        assert stored["output"][0]["content"][0]["text"] == "Hel"
