@@ -48,8 +48,7 @@ SAMPLING_FIELDS = ("temperature", "top_p", "seed", "top_k", "min_p", "repetition
                    "parallel_tool_calls")
 REFUSED_FIELDS = {"conversation": "conversations are not supported; chain responses with previous_response_id.",
                   "prompt": "reusable prompt templates are not supported; send input and instructions."}
-_CHAT_NAMES = [(re.compile(r"(tools\[\d+\])\.function\."), r"\1."),
-               (re.compile(r"^tool_choice$"), "tool_choice")]
+_CHAT_NAMES = [(re.compile(r"(tools\[\d+\])\.function\."), r"\1.")]  # chat field names -> Responses ones
 
 
 @dataclass(frozen=True)
@@ -131,8 +130,7 @@ def _renamed(exc: InvalidRequest) -> InvalidRequest:
     if param == "messages" or (param or "").startswith("messages["):
         param = "input"
         message = message.replace("messages", "input")
-    renamed = type(exc)(message, param=param)
-    return renamed
+    return type(exc)(message, param=param)
 
 
 def parse_input(value: Any) -> list[dict[str, Any]]:
