@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -134,3 +135,44 @@ def test_unknown_previous_response_and_bad_items_are_4xx_in_openais_shape(client
     with pytest.raises(openai.BadRequestError) as bad:
         client.responses.create(model=MODEL, input=[{"type": "banana"}])  # type: ignore[list-item]
     assert bad.value.body["param"] == "input[0].type"
+
+
+def test_another_gateway_cancels_a_running_stream(client: openai.OpenAI, second_gateway: openai.OpenAI) -> None:
+    events: list[Any] = []
+
+    def consume() -> None:
+        with client.responses.stream(model=MODEL, input="Tell me a long story about a lighthouse.",
+                                     max_output_tokens=400, temperature=0) as stream:
+            events.extend(stream)
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while sum(e.type == "response.output_text.delta" for e in list(events)) < 3:
+        assert thread.is_alive() and time.monotonic() < deadline, "the stream did not start"
+        time.sleep(0.05)
+    rid = events[0].response.id
+    assert second_gateway.responses.cancel(rid).status == "cancelled"
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the cancelled stream hung"
+    final = events[-1].response
+    assert events[-1].type == "response.incomplete" and final.status == "cancelled"
+    assert final.usage.output_tokens < 400
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert final.output_text == streamed
+    stored = second_gateway.responses.retrieve(rid)
+    assert stored.status == "cancelled" and stored.output_text == streamed
+    with pytest.raises(openai.BadRequestError):
+        second_gateway.responses.cancel(rid)
+
+
+def test_a_background_response_is_polled_from_another_gateway(client: openai.OpenAI,
+                                                             second_gateway: openai.OpenAI) -> None:
+    foreground = client.responses.create(model=MODEL, input=ASK, max_output_tokens=16, temperature=0, store=False)
+    started = client.responses.create(model=MODEL, input=ASK, max_output_tokens=16, temperature=0, background=True)
+    assert started.status == "in_progress" and started.background
+    deadline = time.monotonic() + 120
+    while (polled := second_gateway.responses.retrieve(started.id)).status == "in_progress":
+        assert time.monotonic() < deadline, "the background response never finished"
+        time.sleep(0.2)
+    assert polled.status == foreground.status and polled.output_text == foreground.output_text
