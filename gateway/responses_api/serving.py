@@ -89,8 +89,9 @@ async def prepare(store: ResponseStore, request: ResponsesRequest, settings: Set
                     key_name, now + settings.request_timeout_s)
 
 
-async def _save_running(store: ResponseStore, prepared: Prepared, status: str = "in_progress") -> dict[str, Any]:
-    body = prepared.body(status)
+async def _save_running(store: ResponseStore, prepared: Prepared) -> dict[str, Any]:
+    """Store the response `in_progress` (when it is to be stored): from now on any gateway can cancel it."""
+    body = prepared.body("in_progress")
     if prepared.request.store:
         await store.save(prepared.record(body))
         prepared.saved = True
@@ -112,7 +113,11 @@ async def _run(broker: Broker, store: ResponseStore, prepared: Prepared, setting
     except LLMFleetError as exc:
         await _save_final(store, prepared, prepared.body("failed", error=exc))
         raise
-    except BaseException:
+    except Exception:
+        error = InternalError("The server had an error while processing your request.")
+        await _save_final(store, prepared, prepared.body("failed", error=error))
+        raise
+    except BaseException:  # cancelled: the client went away, or the gateway is stopping
         await _save_final(store, prepared, prepared.body("cancelled"))
         raise
     choice = done.choices[0]
