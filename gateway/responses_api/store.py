@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from gateway.redis_errors import redis_unavailable
 from shared import keys
@@ -109,6 +108,6 @@ class ResponseStore:
 def _decode(raw: bytes) -> StoredResponse | None:
     try:
         return StoredResponse(**json.loads(raw))
-    except (ValueError, TypeError, RedisError):
+    except (ValueError, TypeError):
         log.warning("an unreadable stored response was ignored")
         return None
