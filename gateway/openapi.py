@@ -96,6 +96,7 @@ def _request_schemas(settings: Settings) -> dict[str, Schema]:
     model = {"model": _sampling(settings)["model"]}
     return {
         "ChatCompletionRequest": chat,
+        "ResponsesRequest": _responses_request(settings),
         "CompletionRequest": completion,
         "EmbeddingRequest": embeddings,
         "TokenizeRequest": _object({**model, "content": {"type": "string", "maxLength": 10_000},
@@ -105,6 +106,36 @@ def _request_schemas(settings: Settings) -> dict[str, Schema]:
         "ApplyTemplateRequest": _object({**model, "messages": chat["properties"]["messages"],
                                          "add_generation_prompt": {"type": "boolean"}}, ("messages",)),
     }
+
+
+def _responses_request(settings: Settings) -> Schema:
+    """The Responses API's body (gateway/responses_api/protocol.py): text input items, no tools."""
+    text = {"type": "string", "maxLength": 10_000}
+    part = _object({"type": {"enum": ["input_text", "output_text"]}, "text": text}, ("type", "text"))
+    message = _object({"type": {"const": "message"}, "role": {"enum": ["system", "developer", "user", "assistant"]},
+                       "content": {"anyOf": [text, {"type": "array", "items": part, "maxItems": 8}]}},
+                      ("role", "content"))
+    call_id = {"type": "string", "minLength": 1, "maxLength": 64}
+    call = _object({"type": {"const": "function_call"}, "call_id": call_id, "arguments": {"const": "{}"},
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}},
+                   ("type", "call_id", "name", "arguments"))
+    output = _object({"type": {"const": "function_call_output"}, "call_id": call_id, "output": text},
+                     ("type", "call_id", "output"))
+    items = {"type": "array", "items": {"oneOf": [message, call, output]}, "minItems": 1, "maxItems": 8}
+    sampling = _sampling(settings)
+    fields = ("model", "temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "priority")
+    fmt = _object({"format": _object({"type": {"enum": ["text", "json_object"]}}, ("type",))})
+    return _object({**{name: sampling[name] for name in fields}, "input": {"anyOf": [text, items]},
+                    "instructions": _nullable(text),
+                    "max_output_tokens": _nullable({"type": "integer", "minimum": 1,
+                                                    "maximum": settings.max_tokens_limit}),
+                    "metadata": _nullable({"type": "object", "maxProperties": 16,
+                                           "additionalProperties": {"type": "string", "maxLength": 512},
+                                           "propertyNames": {"maxLength": 64}}),
+                    "store": _nullable({"type": "boolean"}), "stream": _nullable({"type": "boolean"}),
+                    "text": _nullable(fmt),
+                    "previous_response_id": _nullable({"type": "string", "pattern": "^resp_[A-Za-z0-9]{1,64}$"})},
+                   ("input",))
 
 
 def _response_schemas() -> dict[str, Schema]:
@@ -138,6 +169,10 @@ def _response_schemas() -> dict[str, Schema]:
                                        "embedding": {"anyOf": [{"type": "string"},
                                                                {"type": "array", "items": {"type": "number"}}]}},
                                       ("object", "index", "embedding"))}}, ("object", "data", "model")),
+        "Response": _object({"id": {"type": "string"}, "object": {"const": "response"},
+                             "status": {"enum": ["completed", "incomplete", "cancelled", "failed", "in_progress"]},
+                             "output": {"type": "array", "items": {"type": "object"}},
+                             "usage": _nullable({"type": "object"})}, ("id", "object", "status", "output")),
         "Model": model,
         "ModelList": _object({"object": {"const": "list"}, "data": {"type": "array", "items": model}},
                              ("object", "data")),
@@ -174,6 +209,10 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "/v1/chat/completions": {"post": _operation("Chat completion", "ChatCompletionRequest", "ChatCompletion",
                                                     stream=True)},
         "/v1/completions": {"post": _operation("Text completion", "CompletionRequest", "Completion", stream=True)},
+        "/v1/responses": {"post": _operation("Create a response (Responses API)", "ResponsesRequest", "Response",
+                                             stream=True)},
+        "/v1/responses/{response_id}": {"get": {**_operation("A stored response", None, "Response"), "parameters": [
+            {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}]}},
         "/v1/embeddings": {"post": _operation("Embeddings", "EmbeddingRequest", "EmbeddingList")},
         "/v1/models": {"get": _operation("Models with a live worker", None, "ModelList")},
         "/v1/models/{model}": {"get": {**_operation("One model", None, "Model"), "parameters": [

@@ -126,9 +126,11 @@ class Collected:
     timings: list[Timing]  # the workers' timings (llama-server's `timings` object is built from them)
 
 
-async def collect_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> Collected:
-    """Queue the request's jobs and collect their events into finished choices (tool calls parsed out)."""
-    request_id, now = new_request_id(), time.time()
+async def collect_completion(broker: Broker, request: GenerationRequest, settings: Settings, *,
+                             request_id: str | None = None) -> Collected:
+    """Queue the request's jobs and collect their events into finished choices (tool calls parsed out); an API
+    that names its response before the job starts (the Responses API) passes the request id."""
+    request_id, now = request_id or new_request_id(), time.time()
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
     note_request().request_id = request_id  # queued: from here on the id is in the logs
     try:
@@ -177,10 +179,11 @@ class StartedStream:
     priming: asyncio.Task[None] | None
 
 
-async def start_stream(broker: Broker, request: GenerationRequest, settings: Settings) -> StartedStream:
+async def start_stream(broker: Broker, request: GenerationRequest, settings: Settings, *,
+                       request_id: str | None = None) -> StartedStream:
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is raised
     (a plain HTTP error); a request still queued after `sse_queued_after_s` is returned with its priming task."""
-    request_id, now = new_request_id(), time.time()
+    request_id, now = request_id or new_request_id(), time.time()
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
     note_request().request_id = request_id  # queued: from here on the id is in the logs
     priming = asyncio.create_task(generation.prime())

@@ -8,6 +8,8 @@
 | AuthenticationFailed   | 401    | authentication_error  | invalid_api_key         |             |
 | ModelNotFound          | 404    | invalid_request_error | model_not_found         |             |
 | NotFound (bad URL)     | 404    | invalid_request_error | None                    |             |
+| ResponseNotFound       | 404    | invalid_request_error | response_not_found      |             |
+| PreviousResponseNotFound | 404  | invalid_request_error | previous_response_not_found |         |
 | MethodNotAllowed       | 405    | invalid_request_error | None                    |             |
 | ModelBusy              | 409    | invalid_request_error | model_busy              |             |
 | BodyTooLarge           | 413    | invalid_request_error | None                    |             |
@@ -144,6 +146,18 @@ class NotFound(LLMFleetError):
 
     http_status = 404
     error_type = "invalid_request_error"
+
+
+class ResponseNotFound(NotFound):
+    """No stored Responses API response has this id (never stored, expired, deleted, or lost with Redis)."""
+
+    error_code = "response_not_found"
+
+
+class PreviousResponseNotFound(ResponseNotFound):
+    """A request's previous_response_id names no stored response."""
+
+    error_code = "previous_response_not_found"
 
 
 class MethodNotAllowed(LLMFleetError):

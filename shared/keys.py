@@ -55,6 +55,8 @@ Layout (values in brackets are what is stored there):
                                  XREADs it (no group), MAXLEN ~ 1000
   llmfleet:pool:used             sorted set model -> last time a gateway admitted a request for it
   llmfleet:pool:keep_alive       hash model -> keep-alive seconds of its latest request (-1 = forever)
+  llmfleet:response:{resp_id}    string [JSON: a stored Responses API response, its history, request id, model,
+                                 API key name, deadline], EX LLMFLEET_RESPONSES_TTL_S (gateway/responses_api/store.py)
   rq:queue:llmfleet-batches      rq's own keys (rq:job:*, rq:worker:*, ...): one rq job per batch, JSON
 """
 
@@ -175,6 +177,11 @@ def batch_errors(batch_id: str) -> str:
 def batch_lease(batch_id: str) -> str:
     """Which batch runner is executing a batch right now (expires unless renewed)."""
     return f"{PREFIX}batch:{batch_id}:lease"
+
+
+def response_key(response_id: str) -> str:
+    """The stored Responses API response `resp_...` (gateways only)."""
+    return f"{PREFIX}response:{response_id}"
 
 
 def loras_desired(model: str) -> str:

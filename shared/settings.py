@@ -20,7 +20,7 @@ _POSITIVE_FLOATS = (
     "request_timeout_s", "retry_after_s", "heartbeat_interval_s", "heartbeat_ttl_s", "lease_s",
     "model_memory_s", "kv_budget_mib", "drain_timeout_s", "sse_queued_after_s", "sse_keepalive_s",
     "batch_lease_s", "lora_memory_mib", "prefix_ttl_s", "steal_after_s", "pool_load_timeout_s",
-    "pool_failure_ttl_s",
+    "pool_failure_ttl_s", "responses_ttl_s",
 )
 
 
@@ -85,6 +85,7 @@ class Settings:
     pool_keep_alive_s: float = 300.0  # an idle pool model unloads after this (a request's keep_alive overrides)
     pool_load_timeout_s: float = 180.0  # a load not ready by then fails (its waiting requests get the error)
     pool_failure_ttl_s: float = 30.0  # a failed load is remembered (refused at once) this long
+    responses_ttl_s: float = 30 * 86400.0  # a stored Responses API response lives this long (OpenAI: 30 days)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -186,6 +187,7 @@ ENV: dict[str, str] = {
     "pool_keep_alive_s": "LLMFLEET_POOL_KEEP_ALIVE_S",
     "pool_load_timeout_s": "LLMFLEET_POOL_LOAD_TIMEOUT_S",
     "pool_failure_ttl_s": "LLMFLEET_POOL_FAILURE_TTL_S",
+    "responses_ttl_s": "LLMFLEET_RESPONSES_TTL_S",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 

@@ -1,0 +1,75 @@
+"""Responses API routes (/v1/responses and, as llama-server serves OpenAI's routes, /responses): each one reads
+the body, calls the serving module and maps the result to a response."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.api_keys import current_key
+from gateway.broker import Broker
+from gateway.disconnect import unless_disconnected
+from gateway.responses_api import bodies, serving
+from gateway.responses_api.protocol import parse_request
+from gateway.responses_api.store import ResponseStore
+from gateway.routes import request_body
+from gateway.sse import SSEResponse
+from shared.settings import Settings
+
+
+def _state(request: Request) -> tuple[Broker, ResponseStore, Settings]:
+    broker, settings = request.app.state.broker, request.app.state.settings
+    return broker, ResponseStore(broker.redis, settings), settings
+
+
+def _key_name() -> str | None:
+    key = current_key.get()
+    return key.name if key is not None else None
+
+
+async def create(request: Request) -> Response:
+    """POST /v1/responses"""
+    broker, store, settings = _state(request)
+    parsed = parse_request(await request_body(request), settings)
+    if parsed.stream:
+        stream = await unless_disconnected(request.receive, serving.stream_response(broker, store, parsed, settings))
+        return SSEResponse(stream, named=True)
+    if parsed.background:
+        return JSONResponse(await serving.start_background(broker, store, parsed, settings))
+    body = await unless_disconnected(request.receive, serving.create_response(broker, store, parsed, settings))
+    return JSONResponse(body)
+
+
+async def retrieve(request: Request) -> Response:
+    """GET /v1/responses/{response_id}"""
+    _, store, _ = _state(request)
+    record = await store.load(request.path_params["response_id"], _key_name())
+    return JSONResponse(record.response)
+
+
+async def delete(request: Request) -> Response:
+    """DELETE /v1/responses/{response_id}"""
+    _, store, _ = _state(request)
+    rid = request.path_params["response_id"]
+    await store.delete(rid, _key_name())
+    return JSONResponse(bodies.deleted_body(rid))
+
+
+async def cancel(request: Request) -> Response:
+    """POST /v1/responses/{response_id}/cancel: stop a running (background, streamed or waited-for) response."""
+    broker, store, _ = _state(request)
+    return JSONResponse(await serving.cancel_response(broker, store, request.path_params["response_id"],
+                                                      _key_name()))
+
+
+ROUTES = [
+    route
+    for prefix in ("/v1", "")
+    for route in (
+        Route(f"{prefix}/responses", create, methods=["POST"]),
+        Route(prefix + "/responses/{response_id}", retrieve, methods=["GET"]),
+        Route(prefix + "/responses/{response_id}", delete, methods=["DELETE"]),
+        Route(prefix + "/responses/{response_id}/cancel", cancel, methods=["POST"]),
+    )
+]
