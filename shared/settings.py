@@ -85,6 +85,7 @@ class Settings:
     pool_keep_alive_s: float = 300.0  # an idle pool model unloads after this (a request's keep_alive overrides)
     pool_load_timeout_s: float = 180.0  # a load not ready by then fails (its waiting requests get the error)
     pool_failure_ttl_s: float = 30.0  # a failed load is remembered (refused at once) this long
+    required_models: str = ""  # comma-separated: /ready waits for a live worker of each (beside nodes' pinned ones)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -186,6 +187,7 @@ ENV: dict[str, str] = {
     "pool_keep_alive_s": "LLMFLEET_POOL_KEEP_ALIVE_S",
     "pool_load_timeout_s": "LLMFLEET_POOL_LOAD_TIMEOUT_S",
     "pool_failure_ttl_s": "LLMFLEET_POOL_FAILURE_TTL_S",
+    "required_models": "LLMFLEET_REQUIRED_MODELS",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 
