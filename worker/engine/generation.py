@@ -21,6 +21,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     constraint: Constraint | None = None  # what the output must match (JSON schema, grammar, regex)
+    stop_after_thinking: bool = False  # stop strings skip a leading <think> block (the reasoning is split off)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class GenerationState:
         self.generated_ids: list[int] = []
         self.sampler = Sampler(params.sampling, vocab_size)
         self.detokenizer = IncrementalDetokenizer(tokenizer)
-        self.stop_matcher = StopStringMatcher(params.stop)
+        self.stop_matcher = StopStringMatcher(params.stop, after_thinking=params.stop_after_thinking)
         self.constraint = constraint  # masks each step's scores, advances on every accepted token
         self.finish_reason: str | None = None
 
