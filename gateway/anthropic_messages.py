@@ -109,10 +109,11 @@ async def create_message(broker: Broker, request: ChatRequest, settings: Setting
 
 async def stream_message(broker: Broker, request: ChatRequest, settings: Settings) -> MessageStream:
     """Start a request and wait a moment for its first event (errors until then are raised); then stream it."""
+    opened = await serving.opens_thinking(broker, request)  # before the job is queued: nothing to close on error
     started = await serving.start_stream(broker, request, settings)
     return MessageStream(started.generation, message_id(started.request_id), request.params.model,
-                         tools=request.tools.active, reasoning=request.reasoning, priming=started.priming, keepalive_s=settings.sse_keepalive_s,
-                         errors=broker.errors)
+                         tools=request.tools.active, reasoning=request.reasoning, priming=started.priming,
+                         opens_thinking=opened, keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 
 
 async def count_tokens(broker: Broker, request: ChatRequest, settings: Settings) -> dict[str, int]:
@@ -183,12 +184,13 @@ class MessageStream(serving.OpenStream):
     """The named SSE events of one streamed message, whose first worker event already arrived."""
 
     def __init__(self, generation: Generation, response_id: str, model: str, *, tools: bool, reasoning: bool = False,
-                 priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0,
+                 opens_thinking: bool = False, priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0,
                  errors: ErrorLog | None = None) -> None:
         self._generation = generation
         self._id = response_id
         self._model = model
-        self._parser = ReplyParser(reasoning=reasoning, tools=tools) if tools or reasoning else None
+        self._parser = ReplyParser(reasoning=reasoning, tools=tools, forced_open=opens_thinking) \
+            if tools or reasoning else None
         self._priming = priming  # still waiting for the first event: the stream opens with `: queued`
         self._keepalive_s = keepalive_s
         self._errors = errors

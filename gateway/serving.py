@@ -29,6 +29,7 @@ from gateway.api_keys import current_key
 from gateway.broker import Broker
 from gateway.error_log import ErrorLog, make_entry, note_request
 from gateway.generation import Generation, charge_key
+from gateway.loras import split_model
 from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
 from gateway.reasoning import split_reasoning
 from gateway.reply_parsing import ReplyParser
@@ -113,6 +114,15 @@ def _uses_reasoning(request: GenerationRequest) -> bool:
     return isinstance(request, ChatRequest) and request.reasoning
 
 
+async def opens_thinking(broker: Broker, request: GenerationRequest) -> bool:
+    """Whether a reply to this request starts inside a thinking block: its model's workers' chat template ends
+    the generation prompt with `<think>` (they say so in the registry)."""
+    if not _uses_reasoning(request):
+        return False
+    workers = (await broker.registry.live_models()).get(split_model(request.params.model)[0], [])
+    return any(worker.opens_thinking for worker in workers)
+
+
 def _tool_finish(reason: str | None, calls: list[dict[str, str]]) -> str | None:
     """OpenAI's finish_reason "tool_calls" for a reply that ended (not cut short) after making calls."""
     return "tool_calls" if calls and reason == "stop" else reason
@@ -136,6 +146,7 @@ class Collected:
 async def collect_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> Collected:
     """Queue the request's jobs and collect their events into finished choices (tool calls parsed out)."""
     request_id, now = new_request_id(), time.time()
+    opened = await opens_thinking(broker, request)
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
     note_request().request_id = request_id  # queued: from here on the id is in the logs
     try:
@@ -154,7 +165,7 @@ async def collect_completion(broker: Broker, request: GenerationRequest, setting
         for choice, texts in zip(choices, parts, strict=True):
             choice.text = "".join(texts)
             if _uses_reasoning(request):
-                choice.reasoning, choice.text = split_reasoning(choice.text)
+                choice.reasoning, choice.text = split_reasoning(choice.text, forced_open=opened)
             if _uses_tools(request):
                 choice.text, calls = split_reply(choice.text)
                 choice.tool_calls = calls or None
@@ -229,12 +240,13 @@ async def stream_completion(broker: Broker, request: GenerationRequest, settings
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is a plain
     HTTP error; a request still queued after `sse_queued_after_s` gets its stream at once (`: queued`, then
     keep-alives) and any failure from then on as an error chunk."""
+    opened = await opens_thinking(broker, request)  # before the job is queued: nothing to close on error
     started = await start_stream(broker, request, settings)
     header = ChunkHeader(_response_id(request, started.request_id), int(started.created), request.params.model,
                          request.params.include_usage)
     return ChunkStream(started.generation, header, chat=isinstance(request, ChatRequest),
                        logprobs=_wants_logprobs(request), tools=_uses_tools(request), timings=request.params.timings,
-                       reasoning=_uses_reasoning(request),
+                       reasoning=_uses_reasoning(request), opens_thinking=opened,
                        errors=broker.errors, priming=started.priming, keepalive_s=settings.sse_keepalive_s)
 
 
@@ -262,7 +274,8 @@ class ChunkStream(OpenStream):
 
     def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
                  tools: bool = False, timings: bool = False, errors: ErrorLog | None = None,
-                 priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0, reasoning: bool = False) -> None:
+                 priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0, reasoning: bool = False,
+                 opens_thinking: bool = False) -> None:
         self._generation = generation
         self._timings = timings
         self._errors = errors
@@ -271,7 +284,8 @@ class ChunkStream(OpenStream):
         self._header = header
         self._chat = chat
         self._logprobs = logprobs
-        self._parsers = [ReplyParser(reasoning=reasoning, tools=tools) for _ in range(generation.choices)] \
+        self._parsers = [ReplyParser(reasoning=reasoning, tools=tools, forced_open=opens_thinking)
+                         for _ in range(generation.choices)] \
             if tools or reasoning else None
 
     def _record(self, error: LLMFleetError) -> None:

@@ -114,3 +114,16 @@ async def test_the_job_says_whether_stop_strings_skip_the_thinking(client: httpx
     assert job.reasoning is skips  # the worker matches stop strings in the answer only (worker/engine/stopping.py)
     await worker.answer(job, PIECES)
     assert (await task).status_code == 200
+
+
+async def test_a_reply_that_starts_inside_the_block(client: httpx.AsyncClient, make_worker) -> None:
+    """Its workers' template opens the block in the prompt (registry `opens_thinking`): no `<think>` in the reply."""
+    thinker = make_worker(worker_id="w-think")
+    await thinker.register(opens_thinking=1)
+    pieces = ["Seven has no", " divisors but 1 and 7.\n</", "think>", "\n\nYes", ", 7 is prime."]
+    message = (await _chat(client, thinker, pieces)).json()["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}
+    response = await _chat(client, thinker, pieces, stream=True)
+    deltas = [p["choices"][0]["delta"] for p in sse_payloads(response.content)[:-1] if p["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == THOUGHT
+    assert "".join(d.get("content") or "" for d in deltas) == ANSWER

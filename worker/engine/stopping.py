@@ -24,11 +24,12 @@ class StopReason:
 class StopStringMatcher:
     """Filters streamed text: withholds what could start a stop string, cuts at the first full match."""
 
-    def __init__(self, stop: Sequence[str], *, after_thinking: bool = False) -> None:
+    def __init__(self, stop: Sequence[str], *, after_thinking: bool = False, opened: bool = False) -> None:
         self.stop_strings: tuple[str, ...] = tuple(dict.fromkeys(s for s in stop if s))  # empty ones ignored
         self._held = ""  # a suffix of the text so far that is a proper prefix of some stop string
         self.matched: str | None = None  # the stop string that ended the text, once stopped
-        self._phase = "start" if after_thinking and self.stop_strings else "answer"  # start | thinking | answer
+        # start | thinking | answer; `opened`: the prompt opened the block (the reply starts inside it)
+        self._phase = ("thinking" if opened else "start") if after_thinking and self.stop_strings else "answer"
         self._scan = ""  # start: the undecided text (held); thinking: the last few characters released
 
     @property

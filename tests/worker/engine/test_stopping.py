@@ -131,3 +131,9 @@ def test_without_a_leading_block_stop_strings_apply_from_the_start(size: int) ->
     assert _after_thinking(["STOP"], "Plain STOP <think>", size) == ("Plain ", "STOP")
     assert _after_thinking(["x"], "  <thi", size) == ("  <thi", None)  # a partial tag at the end is text
     assert _after_thinking(["STOP"], "<think>never closed STOP", size) == ("<think>never closed STOP", None)
+
+
+def test_a_prompt_that_opened_the_block_starts_the_reply_inside_it() -> None:
+    matcher = StopStringMatcher(["STOP"], after_thinking=True, opened=True)
+    assert matcher.push("thinking STOP here\n</thi") == ("thinking STOP here\n</thi", False)
+    assert matcher.push("nk>\nAnswer STOP more") == ("nk>\nAnswer ", True) and matcher.matched == "STOP"
