@@ -31,9 +31,11 @@ from gateway.broker import Broker
 from gateway.error_log import ErrorLog, note_request
 from gateway.generation import Generation
 from gateway.protocol import ChatRequest
+from gateway.reasoning import Reasoning
+from gateway.reply_parsing import Part, ReplyParser
 from gateway.responses import ChoiceResult
 from gateway.sse import Comment
-from gateway.tool_output import ArgumentsDelta, CallStart, Item, ToolCallParser
+from gateway.tool_output import ArgumentsDelta, CallStart
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, ErrorEvent, TokenEvent, Usage
 from shared.settings import Settings
@@ -80,6 +82,8 @@ def tool_input(arguments: str) -> dict[str, Any]:
 def message_body(response_id: str, model: str, choice: ChoiceResult, usage: Usage) -> dict[str, Any]:
     """A whole message, from a finished choice."""
     content: list[dict[str, Any]] = []
+    if choice.reasoning:  # a thinking block first, as Anthropic's extended thinking (unsigned: no signature)
+        content.append({"type": "thinking", "thinking": choice.reasoning, "signature": ""})
     if choice.text:
         content.append({"type": "text", "text": choice.text})
     for call in choice.tool_calls or []:
@@ -105,10 +109,11 @@ async def create_message(broker: Broker, request: ChatRequest, settings: Setting
 
 async def stream_message(broker: Broker, request: ChatRequest, settings: Settings) -> MessageStream:
     """Start a request and wait a moment for its first event (errors until then are raised); then stream it."""
+    opened = await serving.opens_thinking(broker, request)  # before the job is queued: nothing to close on error
     started = await serving.start_stream(broker, request, settings)
     return MessageStream(started.generation, message_id(started.request_id), request.params.model,
-                         tools=request.tools.active, priming=started.priming, keepalive_s=settings.sse_keepalive_s,
-                         errors=broker.errors)
+                         tools=request.tools.active, reasoning=request.reasoning, priming=started.priming,
+                         opens_thinking=opened, keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 
 
 async def count_tokens(broker: Broker, request: ChatRequest, settings: Settings) -> dict[str, int]:
@@ -136,11 +141,16 @@ class _Blocks:
         self.open: str | None = None  # the type of the block being filled
         self.calls = 0
 
-    def add(self, item: Item) -> list[dict[str, Any]]:
-        """The events that carry one piece of parsed output: text, a call's start, or its arguments."""
+    def add(self, item: Part) -> list[dict[str, Any]]:
+        """The events that carry one piece of parsed output: thinking, text, a call's start, or its arguments."""
         events: list[dict[str, Any]] = []
         if isinstance(item, ArgumentsDelta):
             return [self._delta({"type": "input_json_delta", "partial_json": item.text})]
+        if isinstance(item, Reasoning):
+            if self.open != "thinking":
+                events += self.close()
+                events += self._start({"type": "thinking", "thinking": "", "signature": ""})
+            return [*events, self._delta({"type": "thinking_delta", "thinking": item.text})]
         if isinstance(item, CallStart):
             self.calls += 1
             events += self.close()
@@ -173,13 +183,14 @@ class _Blocks:
 class MessageStream(serving.OpenStream):
     """The named SSE events of one streamed message, whose first worker event already arrived."""
 
-    def __init__(self, generation: Generation, response_id: str, model: str, *, tools: bool,
-                 priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0,
+    def __init__(self, generation: Generation, response_id: str, model: str, *, tools: bool, reasoning: bool = False,
+                 opens_thinking: bool = False, priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0,
                  errors: ErrorLog | None = None) -> None:
         self._generation = generation
         self._id = response_id
         self._model = model
-        self._parser = ToolCallParser() if tools else None
+        self._parser = ReplyParser(reasoning=reasoning, tools=tools, forced_open=opens_thinking) \
+            if tools or reasoning else None
         self._priming = priming  # still waiting for the first event: the stream opens with `: queued`
         self._keepalive_s = keepalive_s
         self._errors = errors
@@ -193,7 +204,7 @@ class MessageStream(serving.OpenStream):
                    "usage": usage_body(Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0))}
         return {"type": "message_start", "message": message}
 
-    def _parse(self, text: str) -> list[Item]:
+    def _parse(self, text: str) -> list[Part]:
         if self._parser is None:
             return [text] if text else []
         return self._parser.feed(text)

@@ -16,7 +16,7 @@ from shared.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest, LL
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json", *PUBLIC_PATHS})  # /metrics: unless configured closed
+OPEN_PATHS = frozenset({"/health", "/ready", "/ready/gateway", "/metrics", "/openapi.json", *PUBLIC_PATHS})  # /metrics: unless configured closed
 UNMETERED_PATHS = frozenset({FLEET_PATH})  # a key is needed, but no rate limit applies (the dashboard polls it)
 
 

@@ -222,7 +222,10 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "/apply-template": {"post": _operation("Render the chat template (llama-server)", "ApplyTemplateRequest",
                                                "Rendered")},
         "/health": {"get": {"summary": "The process is up", "responses": {"200": plain["200"]}}},
-        "/ready": {"get": {"summary": "Redis answers and a worker is alive", "responses": plain}},
+        "/ready": {"get": {"summary": "Every model the deployment was started with can take a request",
+                           "responses": plain}},
+        "/ready/gateway": {"get": {"summary": "This gateway can take and queue requests (Redis answers)",
+                                   "responses": plain}},
     }
     return {
         "openapi": "3.1.0",

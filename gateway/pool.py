@@ -114,6 +114,12 @@ class Pool:
         if message is not None:
             raise ModelLoadFailed(message.decode(errors="replace"), retry_after=max(1.0, (ttl_ms or 1000) / 1000))
 
+    async def remembered_failure(self, model: str) -> str | None:
+        """The remembered load failure of `model`, if any."""
+        with redis_unavailable(self._settings.retry_after_s):
+            message = await self._redis.get(keys.pool_failed(model))
+        return None if message is None else message.decode(errors="replace")
+
     async def command(self, op: str, model: str, *, force: bool = False) -> None:
         """Queue an admin command (load / unload) for the node agents; a load forgets a remembered failure."""
         with redis_unavailable(self._settings.retry_after_s):

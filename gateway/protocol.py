@@ -28,6 +28,7 @@ from gateway.checks import (
     token_ids,
 )
 from gateway.loras import parse_loras, split_model
+from gateway.reasoning import parse_reasoning_format
 from gateway.structured import parse_constraint
 from gateway.tools import ToolOptions, parse_tool_calls, parse_tools
 from shared.errors import InvalidRequest
@@ -70,6 +71,7 @@ class ChatRequest:
     logprobs: bool
     top_logprobs: int | None
     tools: ToolOptions = ToolOptions()
+    reasoning: bool = False  # split a thinking block off the answer (reasoning_format / LLMFLEET_REASONING_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,9 @@ def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:
     if tools.active and params.constraint is not None:
         raise invalid(params.constraint.param.split(".")[0],
                       "an output constraint cannot be combined with tools unless tool_choice is 'none'.")
-    return ChatRequest(params=params, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs, tools=tools)
+    reasoning = parse_reasoning_format(body, settings.reasoning_format)
+    return ChatRequest(params=params, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs, tools=tools,
+                       reasoning=reasoning)
 
 
 def parse_completion(body: dict[str, Any], settings: Settings) -> CompletionRequest:

@@ -9,6 +9,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.reasoning import Reasoning
 from gateway.tool_output import CallStart, Item
 from shared.messages import Timing, TokenLogprob, Usage
 
@@ -25,17 +26,27 @@ class ChoiceResult:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     tool_calls: list[dict[str, str]] | None = None  # {"id", "name", "arguments"} parsed out of the text
+    reasoning: str | None = None  # the thinking block's text, split off the answer (None: no block, or not split)
     stop_sequence: str | None = None  # the stop string that ended the choice, if one did
 
 
 def _message(choice: ChoiceResult) -> dict[str, Any]:
     """A chat choice's message, with tool_calls when it made any."""
     message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+    if choice.reasoning is not None:
+        message["reasoning_content"] = choice.reasoning
     if choice.tool_calls:
         message["tool_calls"] = [{"id": c["id"], "type": "function",
                                   "function": {"name": c["name"], "arguments": c["arguments"]}}
                                  for c in choice.tool_calls]
     return message
+
+
+def part_delta(part: Reasoning | Item) -> dict[str, Any]:
+    """The chat chunk delta of one reply part: reasoning, content, or a tool call's piece."""
+    if isinstance(part, Reasoning):
+        return {"reasoning_content": part.text}
+    return tool_delta(part)
 
 
 def tool_delta(item: Item) -> dict[str, Any]:

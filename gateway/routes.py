@@ -16,6 +16,7 @@ from gateway import (
     dashboard,
     lora_routes,
     protocol,
+    readiness,
     responses,
     serving,
     tokenization,
@@ -63,12 +64,11 @@ async def request_body(request: Request) -> dict:
     if isinstance(model, str):
         note.model = model
     if model is None:
-        live = sorted(await request.app.state.broker.registry.live_models())
-        if len(live) != 1:
-            served = ", ".join(live) or "none"
-            raise InvalidRequest(f"Missing required parameter: 'model' ({len(live)} models are served: {served}).",
-                                 param="model")
-        body["model"] = note.model = live[0]
+        served = await readiness.default_models(request.app.state.broker)
+        if len(served) != 1:
+            raise InvalidRequest(f"Missing required parameter: 'model' ({len(served)} models are served: "
+                                 f"{', '.join(served) or 'none'}).", param="model")
+        body["model"] = note.model = served[0]
     elif isinstance(model, str) and request.app.state.settings.any_model_name:
         live = sorted(await request.app.state.broker.registry.live_models())
         base, adapter = split_model(model)
@@ -177,21 +177,23 @@ async def health(_request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    """GET /ready: Redis answers and at least one worker is alive (plus what `serve` supervises, if it runs us)."""
+    """GET /ready: every model the deployment was started with has a live, loaded worker (503 naming the rest);
+    with none required, Redis answers and a worker or node agent is alive. See gateway/readiness.py."""
     broker: Broker = request.app.state.broker
-    redis_ok = await broker.ping()
-    workers = len(await broker.registry.live_workers()) if redis_ok else 0
-    nodes = len(await broker.pool.nodes()) if redis_ok else 0  # a node agent loads models on demand
-    status = 200 if redis_ok and (workers or nodes) else 503
-    body: dict[str, object] = {"ready": status == 200, "redis": redis_ok, "workers": workers}
-    if nodes:
-        body["nodes"] = nodes
-    supervisor = await broker.supervisor_status() if redis_ok else None
+    verdict = await readiness.assess(broker)
+    body = verdict.to_json()
+    supervisor = await broker.supervisor_status() if verdict.redis else None
     if supervisor is not None:
         body["supervisor"] = supervisor
         body["degraded"] = bool(supervisor["workers_given_up"]) or \
             supervisor["workers_running"] < supervisor["workers_expected"]
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=200 if verdict.ready else 503)
+
+
+async def gateway_ready(request: Request) -> Response:
+    """GET /ready/gateway: this gateway can take and queue requests (Redis answers), workers or not."""
+    redis_ok = await request.app.state.broker.ping()
+    return JSONResponse({"ready": redis_ok, "redis": redis_ok}, status_code=200 if redis_ok else 503)
 
 
 OPENAI_ROUTES = [  # served under /v1 and, as llama-server does, without the prefix
@@ -214,6 +216,7 @@ ROUTES = [
     Route("/openapi.json", openapi_json, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
+    Route("/ready/gateway", gateway_ready, methods=["GET"]),
     *dashboard.ROUTES,
     *admin_routes.ROUTES,
 ]

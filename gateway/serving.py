@@ -29,10 +29,13 @@ from gateway.api_keys import current_key
 from gateway.broker import Broker
 from gateway.error_log import ErrorLog, make_entry, note_request
 from gateway.generation import Generation, charge_key
+from gateway.loras import split_model
 from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
+from gateway.reasoning import split_reasoning
+from gateway.reply_parsing import ReplyParser
 from gateway.responses import ChoiceResult, ChunkHeader
 from gateway.sse import Comment
-from gateway.tool_output import ToolCallParser, split_reply
+from gateway.tool_output import split_reply
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, Timing, TokenEvent, Usage
 from shared.settings import Settings
@@ -76,7 +79,8 @@ def build_jobs(request: GenerationRequest, settings: Settings, request_id: str, 
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         tools = request.tools
         return [GenerateJob(**base, messages=request.messages, logprobs=logprobs, tools=tools.tools,
-                            tool_choice=tools.choice, tool_name=tools.name, parallel_tool_calls=tools.parallel)]
+                            tool_choice=tools.choice, tool_name=tools.name, parallel_tool_calls=tools.parallel,
+                            reasoning=request.reasoning and bool(request.params.stop))]
     jobs = []
     for i, prompt in enumerate(request.prompts):
         job_id = request_id if len(request.prompts) == 1 else f"{request_id}-{i}"
@@ -106,6 +110,19 @@ def _uses_tools(request: GenerationRequest) -> bool:
     return isinstance(request, ChatRequest) and request.tools.active
 
 
+def _uses_reasoning(request: GenerationRequest) -> bool:
+    return isinstance(request, ChatRequest) and request.reasoning
+
+
+async def opens_thinking(broker: Broker, request: GenerationRequest) -> bool:
+    """Whether a reply to this request starts inside a thinking block: its model's workers' chat template ends
+    the generation prompt with `<think>` (they say so in the registry)."""
+    if not _uses_reasoning(request):
+        return False
+    workers = (await broker.registry.live_models()).get(split_model(request.params.model)[0], [])
+    return any(worker.opens_thinking for worker in workers)
+
+
 def _tool_finish(reason: str | None, calls: list[dict[str, str]]) -> str | None:
     """OpenAI's finish_reason "tool_calls" for a reply that ended (not cut short) after making calls."""
     return "tool_calls" if calls and reason == "stop" else reason
@@ -131,6 +148,7 @@ async def collect_completion(broker: Broker, request: GenerationRequest, setting
     """Queue the request's jobs and collect their events into finished choices (tool calls parsed out); an API
     that names its response before the job starts (the Responses API) passes the request id."""
     request_id, now = request_id or new_request_id(), time.time()
+    opened = await opens_thinking(broker, request)
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
     note_request().request_id = request_id  # queued: from here on the id is in the logs
     try:
@@ -148,6 +166,8 @@ async def collect_completion(broker: Broker, request: GenerationRequest, setting
                 choices[index].stop_sequence = event.stop_sequence
         for choice, texts in zip(choices, parts, strict=True):
             choice.text = "".join(texts)
+            if _uses_reasoning(request):
+                choice.reasoning, choice.text = split_reasoning(choice.text, forced_open=opened)
             if _uses_tools(request):
                 choice.text, calls = split_reply(choice.text)
                 choice.tool_calls = calls or None
@@ -223,11 +243,13 @@ async def stream_completion(broker: Broker, request: GenerationRequest, settings
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is a plain
     HTTP error; a request still queued after `sse_queued_after_s` gets its stream at once (`: queued`, then
     keep-alives) and any failure from then on as an error chunk."""
+    opened = await opens_thinking(broker, request)  # before the job is queued: nothing to close on error
     started = await start_stream(broker, request, settings)
     header = ChunkHeader(_response_id(request, started.request_id), int(started.created), request.params.model,
                          request.params.include_usage)
     return ChunkStream(started.generation, header, chat=isinstance(request, ChatRequest),
                        logprobs=_wants_logprobs(request), tools=_uses_tools(request), timings=request.params.timings,
+                       reasoning=_uses_reasoning(request), opens_thinking=opened,
                        errors=broker.errors, priming=started.priming, keepalive_s=settings.sse_keepalive_s)
 
 
@@ -255,7 +277,8 @@ class ChunkStream(OpenStream):
 
     def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
                  tools: bool = False, timings: bool = False, errors: ErrorLog | None = None,
-                 priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0) -> None:
+                 priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0, reasoning: bool = False,
+                 opens_thinking: bool = False) -> None:
         self._generation = generation
         self._timings = timings
         self._errors = errors
@@ -264,7 +287,9 @@ class ChunkStream(OpenStream):
         self._header = header
         self._chat = chat
         self._logprobs = logprobs
-        self._parsers = [ToolCallParser() for _ in range(generation.choices)] if tools else None
+        self._parsers = [ReplyParser(reasoning=reasoning, tools=tools, forced_open=opens_thinking)
+                         for _ in range(generation.choices)] \
+            if tools or reasoning else None
 
     def _record(self, error: LLMFleetError) -> None:
         """Add an error sent after the stream began to the fleet's recent errors."""
@@ -287,8 +312,8 @@ class ChunkStream(OpenStream):
                 if not isinstance(event, TokenEvent):
                     reason = event.finish_reason
                     if self._parsers:
-                        for item in self._parsers[index].finish():
-                            yield responses.chat_chunk(header, index, responses.tool_delta(item))
+                        for part in self._parsers[index].finish():
+                            yield responses.chat_chunk(header, index, responses.part_delta(part))
                         reason = _tool_finish(reason, self._parsers[index].calls)
                     if self._chat:
                         yield responses.chat_chunk(header, index, {}, finish_reason=reason)
@@ -298,9 +323,13 @@ class ChunkStream(OpenStream):
                 entries = (event.logprobs or []) if self._logprobs else None
                 if not event.text and not entries:
                     continue
-                if self._parsers:  # content and tool calls, never a partial <tool_call> tag as content
-                    for item in self._parsers[index].feed(event.text):
-                        yield responses.chat_chunk(header, index, responses.tool_delta(item))
+                if self._parsers:  # reasoning, content and tool calls, never a partial tag as content
+                    parts = self._parsers[index].feed(event.text)
+                    if parts == [event.text]:  # passed through unchanged: it keeps its logprobs
+                        yield responses.chat_chunk(header, index, {"content": event.text}, entries)
+                        continue
+                    for part in parts:
+                        yield responses.chat_chunk(header, index, responses.part_delta(part))
                     continue
                 if self._chat:
                     yield responses.chat_chunk(header, index, {"content": event.text}, entries)

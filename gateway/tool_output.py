@@ -1,10 +1,13 @@
 """Tool calls out of a reply's text: canonical `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks
 become OpenAI tool_calls with server-made ids.
 
-The same incremental parser serves both paths, so streamed deltas reassemble to the collected reply: it
-releases content as it comes but holds back whatever could still be the start of `<tool_call>` (a partial
-tag never leaks as content) and trailing whitespace (dropped once calls follow), announces a call with its
-name first, then streams the arguments text as generated, up to the end of the arguments value.
+The same incremental parser serves every path (chat collected and streamed, Anthropic's tool_use blocks, the
+batch API), so streamed deltas reassemble to the collected reply: it releases content as it comes but holds
+back whatever could still be the start of `<tool_call>` (a partial tag never leaks as content) and trailing
+whitespace (dropped once calls follow). A call is held until its arguments value is complete and parses as
+JSON, then released at once (its start with its name, then its whole arguments text): a call cut short (by
+max_tokens, a stop string, a cancel) is never returned, so every call a client sees holds valid JSON, and a
+stream never sends argument fragments of a call that is dropped later. Its complete predecessors are kept.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ class ToolCallParser:
         self._buffer = ""
         self._state = "content"  # content | head (before the arguments value) | arguments | tail (before CLOSE)
         self._depth, self._in_string, self._escaped = 0, False, False
-        self.calls: list[dict[str, str]] = []  # {"id", "name", "arguments"} of every call started
+        self._pending: dict[str, str] | None = None  # the call being generated, until its arguments are complete
+        self.calls: list[dict[str, str]] = []  # {"id", "name", "arguments"} of every complete call released
 
     def feed(self, text: str) -> list[Item]:
         """Take more text; return what it released."""
@@ -61,13 +65,14 @@ class ToolCallParser:
         return out
 
     def finish(self) -> list[Item]:
-        """The reply ended: release what is held (an unfinished call keeps what it has)."""
-        held, self._buffer = self._buffer, ""
-        if self._state == "content" and held and not (self.calls and not held.strip()):
+        """The reply ended: release the content held; a call whose arguments are unfinished is dropped (so is
+        whitespace or a partial tag after calls)."""
+        held, self._buffer, self._pending = self._buffer, "", None
+        if self._state == "content" and held and not (self.calls and OPEN.startswith(held.strip())):
             return [held]
-        if self._state == "head":
+        if self._state == "head" and held.strip() and not held.lstrip().startswith("{"):
             return [OPEN + held]  # never became a call: it was text after all
-        return []
+        return []  # a call cut short, before or inside its arguments
 
     def _step(self, out: list[Item]) -> bool:
         """Advance one state as far as the buffer allows; True if the state changed."""
@@ -90,27 +95,34 @@ class ToolCallParser:
             match = _HEAD.match(self._buffer)
             if match is None:
                 return False
-            call = {"id": new_call_id(), "name": json.loads(match.group(1)), "arguments": ""}
-            self.calls.append(call)
-            out.append(CallStart(len(self.calls) - 1, call["id"], call["name"]))
+            self._pending = {"id": new_call_id(), "name": json.loads(match.group(1)), "arguments": ""}
             self._buffer, self._state = self._buffer[match.end():], "arguments"
+            self._depth, self._in_string, self._escaped = 0, False, False
             return True
         if self._state == "arguments":
-            if not self.calls[-1]["arguments"]:
-                self._buffer = self._buffer.lstrip()  # whitespace before the value, however it was split
-            end = self._scan_arguments()
-            piece, self._buffer = self._buffer[:end], self._buffer[end:]
-            if piece:
-                self.calls[-1]["arguments"] += piece
-                out.append(ArgumentsDelta(len(self.calls) - 1, piece))
-            if self._depth == 0 and self.calls[-1]["arguments"]:
-                self._state = "tail"
-                return True
-            return False
+            return self._step_arguments(out)
         at = self._buffer.find(CLOSE)  # tail: the object's "}" and the closing tag
         if at < 0:
             return False
         self._buffer, self._state = self._buffer[at + len(CLOSE):], "content"
+        return True
+
+    def _step_arguments(self, out: list[Item]) -> bool:
+        """Take the pending call's arguments text; once the value closes, release the call if it is JSON."""
+        call = self._pending
+        assert call is not None
+        if not call["arguments"]:
+            self._buffer = self._buffer.lstrip()  # whitespace before the value, however it was split
+        end = self._scan_arguments()
+        call["arguments"] += self._buffer[:end]
+        self._buffer = self._buffer[end:]
+        if self._depth != 0 or not call["arguments"]:
+            return False
+        self._pending, self._state = None, "tail"
+        if is_json(call["arguments"]):  # else (only without a grammar) it is no call: dropped
+            self.calls.append(call)
+            index = len(self.calls) - 1
+            out.extend((CallStart(index, call["id"], call["name"]), ArgumentsDelta(index, call["arguments"])))
         return True
 
     def _scan_arguments(self) -> int:
@@ -132,6 +144,15 @@ class ToolCallParser:
                 if self._depth == 0:
                     return i + 1
         return len(self._buffer)
+
+
+def is_json(text: str) -> bool:
+    """Whether text parses as JSON."""
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _partial_suffix(text: str, tag: str) -> int:

@@ -359,7 +359,8 @@ class Node:
                                              memory=(slot.memory if slot else 0) + worker.memory,
                                              last_used=self.last_busy.get(worker.model, 0.0), pinned=worker.pinned)
         return NodeState(node_id=self.node_id, heartbeat=now, max_loaded=self.max_loaded,
-                         memory_budget=self.memory_budget, catalogue=self.catalogue, models=models)
+                         memory_budget=self.memory_budget, catalogue=self.catalogue, models=models,
+                         pinned=tuple(self.pinned))
 
     @property
     def children(self) -> list[Child]:

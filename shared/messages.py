@@ -138,6 +138,7 @@ class GenerateJob(_Message, tag="generate", kw_only=True):
     tool_name: str | None = None  # the function tool_choice "named" forces
     parallel_tool_calls: bool = True
     loras: list[LoraRef] = []  # adapters applied to every choice (empty: the base model); a resume re-applies them
+    reasoning: bool = False  # the gateway splits a leading <think> block off: stop strings skip it
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:

@@ -2,7 +2,8 @@
 gateways read (see CONTRACT.md, "Warm pool"), and the parsing of a request's `keep_alive`.
 
 Live node = the hash exists and `heartbeat` is within the node TTL. Its `catalogue` (JSON: model id -> source)
-is what it may load; `models` (JSON: model id -> ModelSlot fields) what it runs or is loading now.
+is what it may load; `models` (JSON: model id -> ModelSlot fields) what it runs or is loading now; `pinned`
+(JSON list) the models it was started to serve (`serve` without --lazy, `node --eager`): /ready waits for them.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class NodeState:
     memory_budget: int  # bytes
     catalogue: dict[str, str] = field(default_factory=dict)  # model id -> alias, .gguf path or hf: name
     models: dict[str, ModelSlot] = field(default_factory=dict)
+    pinned: tuple[str, ...] = ()  # models this node serves from its start (loaded eagerly, never unloaded idle)
     host: str = field(default_factory=socket.gethostname)
 
     def to_hash(self) -> dict[str, str]:
@@ -52,7 +54,8 @@ class NodeState:
         return {"heartbeat": repr(self.heartbeat), "max_loaded": str(self.max_loaded),
                 "memory_budget": str(self.memory_budget), "host": self.host,
                 "catalogue": json.dumps(self.catalogue, sort_keys=True),
-                "models": json.dumps({m: asdict(s) for m, s in self.models.items()}, sort_keys=True)}
+                "models": json.dumps({m: asdict(s) for m, s in self.models.items()}, sort_keys=True),
+                "pinned": json.dumps(sorted(self.pinned))}
 
     @classmethod
     def from_hash(cls, node_id: str, fields: dict[bytes, bytes]) -> NodeState | None:
@@ -61,11 +64,14 @@ class NodeState:
         try:
             catalogue = json.loads(values["catalogue"])
             models = {m: ModelSlot(**s) for m, s in json.loads(values["models"]).items()}
+            pinned = json.loads(values.get("pinned", "[]"))
             if not isinstance(catalogue, dict) or not all(isinstance(v, str) for v in catalogue.values()):
+                return None
+            if not isinstance(pinned, list) or not all(isinstance(m, str) for m in pinned):
                 return None
             return cls(node_id=node_id, heartbeat=float(values["heartbeat"]), max_loaded=int(values["max_loaded"]),
                        memory_budget=int(values["memory_budget"]), catalogue=catalogue, models=models,
-                       host=values.get("host", ""))
+                       pinned=tuple(pinned), host=values.get("host", ""))
         except (KeyError, ValueError, TypeError):
             return None
 

@@ -11,6 +11,7 @@ from typing import Any
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _KV_DTYPES = ("float16", "float32")  # worker/engine/kv_pool.py KV_DTYPES
+REASONING_FORMATS = ("deepseek", "none")  # as llama-server's --reasoning-format
 _POSITIVE_INTS = (
     "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_n", "max_embed_inputs", "queue_limit",
     "stream_maxlen", "max_deliveries", "redis_max_connections", "max_batch_tokens", "max_prefill_tokens",
@@ -86,6 +87,8 @@ class Settings:
     pool_load_timeout_s: float = 180.0  # a load not ready by then fails (its waiting requests get the error)
     pool_failure_ttl_s: float = 30.0  # a failed load is remembered (refused at once) this long
     responses_ttl_s: float = 30 * 86400.0  # a stored Responses API response lives this long (OpenAI: 30 days)
+    required_models: str = ""  # comma-separated: /ready waits for a live worker of each (beside nodes' pinned ones)
+    reasoning_format: str = "deepseek"  # a thinking model's <think> block: "deepseek" (own field) or "none" (in content)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -112,6 +115,8 @@ class Settings:
             _fail("lease_s", "must be longer than LLMFLEET_HEARTBEAT_INTERVAL_S")
         if self.log_level not in _LOG_LEVELS:
             _fail("log_level", f"must be one of {', '.join(_LOG_LEVELS)}")
+        if self.reasoning_format not in REASONING_FORMATS:
+            _fail("reasoning_format", f"must be one of {', '.join(REASONING_FORMATS)}")
         if self.kv_dtype not in _KV_DTYPES:
             _fail("kv_dtype", f"must be one of {', '.join(_KV_DTYPES)}")
 
@@ -188,6 +193,8 @@ ENV: dict[str, str] = {
     "pool_load_timeout_s": "LLMFLEET_POOL_LOAD_TIMEOUT_S",
     "pool_failure_ttl_s": "LLMFLEET_POOL_FAILURE_TTL_S",
     "responses_ttl_s": "LLMFLEET_RESPONSES_TTL_S",
+    "required_models": "LLMFLEET_REQUIRED_MODELS",
+    "reasoning_format": "LLMFLEET_REASONING_FORMAT",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 
@@ -211,6 +218,10 @@ def _upper(raw: str) -> str:
     return raw.upper()
 
 
+def _lower(raw: str) -> str:
+    return raw.lower()
+
+
 def _slots(raw: str) -> int:
     return 0 if raw.strip().lower() == "auto" else int(raw)
 
@@ -220,10 +231,11 @@ _EXPECTED: dict[Callable[[str], Any], str] = {
     _float: "a finite number",
     _text: "text",
     _upper: "text",
+    _lower: "text",
     _slots: "an integer or auto",
 }
 _PARSE_BY_TYPE: dict[str, Callable[[str], Any]] = {"int": int, "float": _float, "str": _text, "str | None": _text}
 _PARSERS: dict[str, Callable[[str], Any]] = {
-    item.name: {"log_level": _upper, "slots": _slots}.get(item.name) or _PARSE_BY_TYPE[str(item.type)]
+    item.name: {"log_level": _upper, "slots": _slots, "reasoning_format": _lower}.get(item.name) or _PARSE_BY_TYPE[str(item.type)]
     for item in dataclasses.fields(Settings)
 }

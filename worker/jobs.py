@@ -61,7 +61,9 @@ def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: 
         name = str(exc).split(" ", 1)[0]  # validate's messages start with the field's name
         raise InvalidRequest(str(exc), param=name if hasattr(sampling, name) else None) from None
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(job.stop),
-                              ignore_eos=job.ignore_eos, constraint=output_constraint(engine, job))
+                              ignore_eos=job.ignore_eos, constraint=output_constraint(engine, job),
+                              stop_after_thinking=job.reasoning,
+                              thinking_opened=job.reasoning and job.messages is not None and engine.opens_thinking)
     scored = job.echo and job.logprobs is not None  # the prompt's own logprobs: every prompt row is computed
     if scored and len(prompt_ids) > MAX_SCORED_PROMPT_TOKENS:
         raise InvalidRequest(f"echo with logprobs scores at most {MAX_SCORED_PROMPT_TOKENS} prompt tokens on this "

@@ -93,7 +93,8 @@ class WorkerRunner:
         self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
                                    interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
                                    gauges=self._gauges, held_jobs=self._leases, stats=self._stats,
-                                   on_lost=self._lost_leases, loras=lambda: self.adapters.snapshot())
+                                   on_lost=self._lost_leases, loras=lambda: self.adapters.snapshot(),
+                                   opens_thinking=engine.opens_thinking)
         self.cancels = CancelListener(redis, model)
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
                                    max_bytes=int(settings.lora_memory_mib * (1 << 20)))

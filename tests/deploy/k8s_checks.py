@@ -151,7 +151,7 @@ def service_problems(docs: list[Doc]) -> list[str]:
 
 
 def probe_problems(docs: list[Doc]) -> list[str]:
-    """Gateways: readiness on /ready and liveness on /health at the port they listen on; workers: the healthcheck."""
+    """Gateways: readiness on /ready/gateway and liveness on /health at the port they listen on; workers: the healthcheck."""
     problems: list[str] = []
     parser = build_parser()
     for workload in workloads(docs):
@@ -167,7 +167,7 @@ def probe_problems(docs: list[Doc]) -> list[str]:
                 listen = int(command_flag(container, "--port") or Settings().port)
                 if container_port(container, listen) is None:
                     problems.append(f"{where}: listens on {listen}, which is no declared container port")
-                for probe, path in (("readinessProbe", "/ready"), ("livenessProbe", "/health")):
+                for probe, path in (("readinessProbe", "/ready/gateway"), ("livenessProbe", "/health")):
                     get = container.get(probe, {}).get("httpGet", {})
                     if get.get("path") != path or container_port(container, get.get("port", -1)) != listen:
                         problems.append(f"{where}: {probe} must GET {path} on port {listen}, not {get}")

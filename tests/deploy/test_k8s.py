@@ -162,7 +162,7 @@ BROKEN: list[tuple[str, Callable[[Docs], None], Callable[[Docs], list[str]], str
     ("Service to a port nobody has", lambda d: _get(d, "Service", "llmfleet-gateway")["spec"]["ports"][0].update(
         targetPort=8080), service_problems, "targetPort 8080 is no container port"),
     ("readiness on /health", lambda d: _gateway_container(d)["readinessProbe"]["httpGet"].update(path="/health"),
-     probe_problems, "readinessProbe must GET /ready"),
+     probe_problems, "readinessProbe must GET /ready/gateway"),
     ("liveness on another port", lambda d: _gateway_container(d)["livenessProbe"]["httpGet"].update(port=9000),
      probe_problems, "livenessProbe must GET /health on port 8000"),
     ("grace shorter than the drain", lambda d: _get(d, "Deployment", "llmfleet-gateway")["spec"]["template"]["spec"]

@@ -143,6 +143,7 @@ async def test_health_and_ready(client, make_worker) -> None:
     assert (await client.get("/health")).json() == {"status": "ok"}
     not_ready = await client.get("/ready")
     assert not_ready.status_code == 503
-    assert not_ready.json() == {"ready": False, "redis": True, "workers": 0}
+    assert not_ready.json() == {"ready": False, "redis": True, "workers": 0,
+                                "waiting_for": ["a worker (none is registered)"]}
     await make_worker().register()
     assert (await client.get("/ready")).json() == {"ready": True, "redis": True, "workers": 1}

@@ -39,3 +39,41 @@ def test_the_split_of_a_reply() -> None:
                                                             ("add", '{"a": [1, {"b": 2}]}')]
     assert len({c["id"] for c in calls}) == 2 and all(c["id"].startswith("call_") for c in calls)
     assert split_reply(REPLIES[2]) == ("a < b <tool", [])
+
+
+TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "London", "days": [1, 2]}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("cut", range(len(TWO_CALLS) + 1))
+def test_a_call_cut_short_is_dropped_and_its_complete_predecessors_kept(cut: int) -> None:
+    import json
+
+    text = TWO_CALLS[:cut]
+    first_done = TWO_CALLS.index("}}") + 1  # the first call's arguments close here
+    second_done = TWO_CALLS.rindex("]}") + 2
+    content, calls = split_reply(text)
+    assert all(isinstance(json.loads(call["arguments"]), dict) for call in calls)
+    expected = [{"city": "Paris"}] * (cut >= first_done) + [{"city": "London", "days": [1, 2]}] * (cut >= second_done)
+    assert [json.loads(call["arguments"]) for call in calls] == expected
+    if cut >= len("<tool_call>"):
+        assert not content  # the text of a dropped call never becomes content
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 13])
+def test_a_stream_never_sends_a_fragment_of_a_call_it_drops(size: int) -> None:
+    import json
+
+    text = TWO_CALLS[: TWO_CALLS.index('"London"') + 4]  # the second call's arguments are cut inside a string
+    parser = ToolCallParser()
+    items = [item for i in range(0, len(text), size) for item in parser.feed(text[i : i + size])] + parser.finish()
+    starts = [item for item in items if isinstance(item, CallStart)]
+    deltas = [item for item in items if isinstance(item, ArgumentsDelta)]
+    assert [s.index for s in starts] == [0] and [d.index for d in deltas] == [0]
+    assert json.loads(deltas[0].text) == {"city": "Paris"} and [c["id"] for c in parser.calls] == [starts[0].id]
+    assert items.index(starts[0]) < items.index(deltas[0]) and not [i for i in items if isinstance(i, str)]
+
+
+def test_closed_arguments_that_are_not_json_are_no_call() -> None:
+    content, calls = split_reply('<tool_call>{"name": "f", "arguments": {city: Paris}}</tool_call>')
+    assert calls == [] and not content

@@ -74,3 +74,48 @@ def test_a_conversation_with_a_tool_result_continues(client: openai.OpenAI) -> N
     choice = reply.choices[0]
     assert choice.message.content and choice.message.tool_calls is None
     assert choice.finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("max_tokens", [20, 40, 60, 120])
+def test_every_returned_call_parses_whatever_max_tokens_cuts(client: openai.OpenAI, max_tokens: int) -> None:
+    """Issue 23: a required call cut short by max_tokens is not returned; its complete predecessors are, and
+    finish_reason stays "length". Parallel calls allowed: SmolLM2 repeats its call until max_tokens cuts one."""
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                           max_tokens=max_tokens, temperature=0)
+    choice = reply.choices[0]
+    for call in choice.message.tool_calls or []:
+        assert isinstance(json.loads(call.function.arguments), dict), call.function.arguments
+    assert choice.finish_reason in ("length", "tool_calls")
+    if reply.usage.completion_tokens >= max_tokens:
+        assert choice.finish_reason == "length"
+    streamed: dict[int, list[str]] = {}
+    last = None
+    for chunk in client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                                max_tokens=max_tokens, temperature=0, stream=True):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        for part in (delta.tool_calls if delta else None) or []:
+            if part.id:
+                streamed[part.index] = [part.function.name, part.function.arguments or ""]
+            else:
+                streamed[part.index][1] += part.function.arguments or ""
+        if chunk.choices and chunk.choices[0].finish_reason:
+            last = chunk.choices[0].finish_reason
+    for _name, arguments in streamed.values():
+        assert isinstance(json.loads(arguments), dict), arguments
+    assert [tuple(v) for _, v in sorted(streamed.items())] == [
+        (c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    assert last == choice.finish_reason
+
+
+def test_anthropic_tool_use_inputs_are_whole_when_max_tokens_cuts(cluster: Any) -> None:
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=cluster.base_url, api_key="unused", max_retries=0, timeout=120)
+    tool = {"name": "get_weather", "description": "Current weather in a city", "input_schema": PARAMETERS}
+    kwargs = {"model": MODEL, "max_tokens": 60, "messages": ASK, "tools": [tool], "tool_choice": {"type": "any"},
+              "extra_body": {"temperature": 0}}  # the SDK has no sampling arguments; the gateway reads it
+    message = client.messages.create(**kwargs)
+    uses = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "max_tokens" and all(isinstance(u.input, dict) and u.input for u in uses)
+    with client.messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()  # the SDK parses each block's input_json_delta pieces as JSON
+    assert [u.input for u in final.content if u.type == "tool_use"] == [u.input for u in uses]

@@ -13,10 +13,11 @@ import numpy as np
 from worker.engine.chat_template import ChatTemplate
 from worker.engine.constraints import Constraint, GrammarCompiler
 from worker.engine.embeddings import Pooling, embed
-from worker.engine.errors import ContextLengthError, NoChatTemplateError
+from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams, GenerationState
 from worker.engine.model import Model
+from worker.engine.stopping import THINK_OPEN
 from worker.engine.tokenizer import Tokenizer
 from worker.engine.tools import Tool, ToolTemplateSupport, prepare_messages, probe
 
@@ -52,6 +53,18 @@ class Engine:
     def encode_prompt(self, text: str) -> list[int]:
         """Tokenize raw prompt text; special-token text such as <|im_start|> is parsed as special tokens."""
         return self.tokenizer.encode(text, parse_special=True)
+
+    @cached_property
+    def opens_thinking(self) -> bool:
+        """Whether the chat template's generation prompt ends inside a thinking block (`...<think>`, as newer
+        DeepSeek-R1 templates write it): the reply then starts with reasoning, without its own `<think>`."""
+        if self.chat_template is None:
+            return False
+        try:
+            prompt = self.chat_template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+        except TemplateError:
+            return False
+        return prompt.rstrip().endswith(THINK_OPEN)
 
     @cached_property
     def tool_support(self) -> ToolTemplateSupport:

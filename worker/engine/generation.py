@@ -21,6 +21,8 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     constraint: Constraint | None = None  # what the output must match (JSON schema, grammar, regex)
+    stop_after_thinking: bool = False  # stop strings skip a leading <think> block (the reasoning is split off)
+    thinking_opened: bool = False  # the prompt ends inside a <think> block: the reply starts in it
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,8 @@ class GenerationState:
         self.generated_ids: list[int] = []
         self.sampler = Sampler(params.sampling, vocab_size)
         self.detokenizer = IncrementalDetokenizer(tokenizer)
-        self.stop_matcher = StopStringMatcher(params.stop)
+        self.stop_matcher = StopStringMatcher(params.stop, after_thinking=params.stop_after_thinking,
+                                              opened=params.thinking_opened)
         self.constraint = constraint  # masks each step's scores, advances on every accepted token
         self.finish_reason: str | None = None
 

@@ -1,9 +1,16 @@
-"""Stopping: stop strings matched across token boundaries, and end-of-generation / length checks."""
+"""Stopping: stop strings matched across token boundaries, and end-of-generation / length checks.
+
+With `after_thinking`, a reply that opens with a thinking block (`<think>…</think>`, leading whitespace allowed)
+has stop strings matched in its answer only: the block passes through unmatched (its reasoning is split off
+the answer downstream, so a stop string applies to what the client gets as the answer).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from typing import Final
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 class StopReason:
@@ -17,10 +24,13 @@ class StopReason:
 class StopStringMatcher:
     """Filters streamed text: withholds what could start a stop string, cuts at the first full match."""
 
-    def __init__(self, stop: Sequence[str]) -> None:
+    def __init__(self, stop: Sequence[str], *, after_thinking: bool = False, opened: bool = False) -> None:
         self.stop_strings: tuple[str, ...] = tuple(dict.fromkeys(s for s in stop if s))  # empty ones ignored
         self._held = ""  # a suffix of the text so far that is a proper prefix of some stop string
         self.matched: str | None = None  # the stop string that ended the text, once stopped
+        # start | thinking | answer; `opened`: the prompt opened the block (the reply starts inside it)
+        self._phase = ("thinking" if opened else "start") if after_thinking and self.stop_strings else "answer"
+        self._scan = ""  # start: the undecided text (held); thinking: the last few characters released
 
     @property
     def stopped(self) -> bool:
@@ -33,6 +43,15 @@ class StopStringMatcher:
             return "", True
         if not self.stop_strings:
             return text, False
+        if self._phase != "answer":
+            passed, text = self._through_thinking(text)
+            if self._phase != "answer" or not text:
+                return passed, False
+            out, stopped = self._match(text)
+            return passed + out, stopped
+        return self._match(text)
+
+    def _match(self, text: str) -> tuple[str, bool]:
         buffer = self._held + text
         cut, matched = self._first_match(buffer)
         if matched is not None:
@@ -45,8 +64,40 @@ class StopStringMatcher:
 
     def flush(self) -> str:
         """Release the withheld text at the end of generation (nothing once stopped)."""
+        if self._phase == "start":  # it never became a thinking block: answer text after all
+            self._phase, undecided, self._scan = "answer", self._scan, ""
+            out, stopped = self._match(undecided)
+            return out if stopped else out + self.flush()
         held, self._held = self._held, ""
         return "" if self.stopped else held
+
+    def _through_thinking(self, text: str) -> tuple[str, str]:
+        """(text released unmatched, the rest, which is answer text to match) while a thinking block may open
+        or runs."""
+        if self._phase == "start":
+            self._scan += text
+            head = self._scan.lstrip()
+            if head.startswith(THINK_OPEN):
+                opened = len(self._scan) - len(head) + len(THINK_OPEN)
+                released, pending = self._scan[:opened], self._scan[opened:]
+                self._phase, self._scan = "thinking", ""
+                more, rest = self._thinking(pending)
+                return released + more, rest
+            if THINK_OPEN.startswith(head):
+                return "", ""  # whitespace or a partial tag so far: held until it is decided
+            self._phase, rest, self._scan = "answer", self._scan, ""
+            return "", rest
+        return self._thinking(text)
+
+    def _thinking(self, text: str) -> tuple[str, str]:
+        scan = self._scan + text  # the characters before len(self._scan) were released already
+        at = scan.find(THINK_CLOSE)
+        if at < 0:
+            self._scan = scan[len(scan) - min(len(scan), len(THINK_CLOSE) - 1):]
+            return text, ""
+        end, released = at + len(THINK_CLOSE), len(self._scan)
+        self._phase, self._scan = "answer", ""
+        return scan[released:end], scan[end:]
 
     def _first_match(self, buffer: str) -> tuple[int, str | None]:
         """The earliest stop string occurrence in buffer (the longest one when two start together)."""

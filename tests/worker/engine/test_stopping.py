@@ -104,3 +104,36 @@ def test_check_token_stop() -> None:
     assert check_token_stop(5, eog_ids=eog, ignore_eos=False, generated_count=9, max_tokens=10) is None
     assert check_token_stop(5, eog_ids=eog, ignore_eos=False, generated_count=10**6, max_tokens=None) is None
     assert StopReason.LENGTH == "length"
+
+
+def _after_thinking(stop: list[str], text: str, size: int) -> tuple[str, str | None]:
+    """Push text in pieces of `size` to a matcher that skips a leading thinking block; (emitted, matched)."""
+    matcher = StopStringMatcher(stop, after_thinking=True)
+    out = ""
+    for i in range(0, len(text), size):
+        piece, stopped = matcher.push(text[i:i + size])
+        out += piece
+        if stopped:
+            return out, matcher.matched
+    return out + matcher.flush(), matcher.matched
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 1000])
+def test_stop_strings_skip_a_leading_thinking_block(size: int) -> None:
+    text = "<think>\nStop? No: STOP is only a word here.\n</think>\n\nThe answer. STOP and more"
+    assert _after_thinking(["STOP"], text, size) == (text[:text.rindex("STOP")], "STOP")
+    assert _after_thinking(["</think>"], text, size) == (text, None)  # the block's own tag is no stop either
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 1000])
+def test_without_a_leading_block_stop_strings_apply_from_the_start(size: int) -> None:
+    assert _after_thinking(["<th"], " <th and more", size) == (" ", "<th")
+    assert _after_thinking(["STOP"], "Plain STOP <think>", size) == ("Plain ", "STOP")
+    assert _after_thinking(["x"], "  <thi", size) == ("  <thi", None)  # a partial tag at the end is text
+    assert _after_thinking(["STOP"], "<think>never closed STOP", size) == ("<think>never closed STOP", None)
+
+
+def test_a_prompt_that_opened_the_block_starts_the_reply_inside_it() -> None:
+    matcher = StopStringMatcher(["STOP"], after_thinking=True, opened=True)
+    assert matcher.push("thinking STOP here\n</thi") == ("thinking STOP here\n</thi", False)
+    assert matcher.push("nk>\nAnswer STOP more") == ("nk>\nAnswer ", True) and matcher.matched == "STOP"

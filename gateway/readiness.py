@@ -1,0 +1,94 @@
+"""Readiness: whether the deployment can serve every model it was started with (`/ready`), and whether this
+gateway alone can take requests (`/ready/gateway`); `/health` (routes.py) is the process alone.
+
+The deployment's required models are the ones live node agents were started to serve (`serve` without --lazy,
+`node --eager`: their `pinned` list) plus LLMFLEET_REQUIRED_MODELS. Each is ready when a live worker of it is
+registered, which a worker does only after its model is loaded and its kernels ran once (worker/runner.py).
+With no required model (a lazy pool, or workers that register on their own) the deployment is ready when Redis
+answers and a worker or a node agent is alive: lazily loaded models are admitted while they load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.broker import Broker
+from shared.errors import LLMFleetError
+from shared.pool import LOADING
+from shared.settings import Settings
+
+READY = "ready"
+NO_WORKER = "no worker"
+FAILED = "failed"
+
+
+@dataclass
+class Readiness:
+    """What /ready answers: the verdict, and each required model's state."""
+
+    redis: bool
+    workers: int = 0
+    nodes: int = 0
+    models: dict[str, str] = field(default_factory=dict)  # required model -> ready / loading / no worker / failed
+
+    @property
+    def ready(self) -> bool:
+        """Every required model has a live worker (or, with none required, something can serve at all)."""
+        if not self.redis:
+            return False
+        if self.models:
+            return all(state == READY for state in self.models.values())
+        return bool(self.workers or self.nodes)
+
+    def to_json(self) -> dict[str, object]:
+        """The /ready body; `waiting_for` names each model that cannot take a request yet, and why."""
+        body: dict[str, object] = {"ready": self.ready, "redis": self.redis, "workers": self.workers}
+        if self.nodes:
+            body["nodes"] = self.nodes
+        if self.models:
+            body["models"] = dict(self.models)
+            waiting = [f"{model} ({state})" for model, state in sorted(self.models.items()) if state != READY]
+            if waiting:
+                body["waiting_for"] = waiting
+        elif self.redis and not self.ready:
+            body["waiting_for"] = ["a worker (none is registered)"]
+        return body
+
+
+def required_models(settings: Settings, pinned: set[str]) -> set[str]:
+    """LLMFLEET_REQUIRED_MODELS and the node agents' pinned models."""
+    return {name.strip() for name in settings.required_models.split(",") if name.strip()} | pinned
+
+
+async def assess(broker: Broker) -> Readiness:
+    """Read the registry, the node agents and remembered load failures once; Redis away is not ready."""
+    if not await broker.ping():
+        return Readiness(redis=False)
+    try:
+        live = await broker.registry.live_models()
+        nodes = await broker.pool.nodes()
+        required = required_models(broker.settings, {m for node in nodes for m in node.pinned})
+        states: dict[str, str] = {}
+        for model in sorted(required):
+            if model in live:
+                states[model] = READY
+            elif await broker.pool.remembered_failure(model) is not None:
+                states[model] = FAILED
+            elif any(node.models.get(model) and node.models[model].state == LOADING for node in nodes):
+                states[model] = LOADING
+            else:
+                states[model] = NO_WORKER
+    except LLMFleetError:  # Redis went away between the ping and the reads
+        return Readiness(redis=False)
+    return Readiness(redis=True, workers=sum(len(w) for w in live.values()), nodes=len(nodes), models=states)
+
+
+async def default_models(broker: Broker) -> list[str]:
+    """The models a request without `model` may mean: those served now, else the required or catalogued ones
+    (a request queued for a model still loading is served once it is)."""
+    live = sorted(await broker.registry.live_models())
+    if live:
+        return live
+    nodes = await broker.pool.nodes()
+    required = required_models(broker.settings, {m for node in nodes for m in node.pinned})
+    return sorted(required or {m for node in nodes for m in node.catalogue})
