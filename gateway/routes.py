@@ -49,7 +49,7 @@ async def _generate(request: Request, parsed: ChatRequest | CompletionRequest) -
     return JSONResponse(body)
 
 
-async def _body(request: Request) -> dict:
+async def read_body(request: Request) -> dict:
     """The JSON object body; a missing (or null) `model` is the one model served when there is exactly one (as
     llama-server does), else a 400 naming `model`. With LLMFLEET_ANY_MODEL_NAME=1 and one model served, any
     name is that model (llama-server ignores the name; clients hard-code "gpt-3.5-turbo")."""
@@ -79,18 +79,18 @@ async def _body(request: Request) -> dict:
 
 async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions"""
-    return await _generate(request, protocol.parse_chat(await _body(request), request.app.state.settings))
+    return await _generate(request, protocol.parse_chat(await read_body(request), request.app.state.settings))
 
 
 async def completions(request: Request) -> Response:
     """POST /v1/completions"""
-    return await _generate(request, protocol.parse_completion(await _body(request), request.app.state.settings))
+    return await _generate(request, protocol.parse_completion(await read_body(request), request.app.state.settings))
 
 
 async def messages(request: Request) -> Response:
     """POST /v1/messages (Anthropic's Messages API)."""
     broker, settings = _state(request)
-    parsed = anthropic.parse_messages(await _body(request), settings)
+    parsed = anthropic.parse_messages(await read_body(request), settings)
     if parsed.params.stream:
         stream = await unless_disconnected(request.receive, anthropic_messages.stream_message(broker, parsed, settings))
         return SSEResponse(stream, named=True)
@@ -101,14 +101,14 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     """POST /v1/messages/count_tokens: the prompt's token count, as the model's worker tokenizes it."""
     broker, settings = _state(request)
-    parsed = anthropic.parse_messages(await _body(request), settings, count_only=True)
+    parsed = anthropic.parse_messages(await read_body(request), settings, count_only=True)
     return JSONResponse(await unless_disconnected(request.receive, anthropic_messages.count_tokens(broker, parsed, settings)))
 
 
 async def embeddings(request: Request) -> Response:
     """POST /v1/embeddings"""
     broker, settings = _state(request)
-    parsed = protocol.parse_embeddings(await _body(request), settings)
+    parsed = protocol.parse_embeddings(await read_body(request), settings)
     body = await unless_disconnected(request.receive, serving.run_embeddings(broker, parsed, settings))
     return JSONResponse(body)
 
@@ -116,7 +116,7 @@ async def embeddings(request: Request) -> Response:
 def _tokenizer_route(operation: str) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         broker, settings = _state(request)
-        body = await _body(request)
+        body = await read_body(request)
         return JSONResponse(await unless_disconnected(request.receive,
                                                       tokenization.answer(broker, settings, operation, body)))
 
