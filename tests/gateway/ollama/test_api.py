@@ -5,6 +5,7 @@ Ollama-shaped errors."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from shared import keys
 from shared.errors import ContextLengthExceeded
 from shared.messages import ChoiceEndEvent, DoneEvent, ErrorEvent, Timing, Usage
+from shared.settings import Settings
 
 ollama = pytest.importorskip("ollama")
 pytestmark = pytest.mark.anyio
@@ -24,6 +26,13 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 CALL = ['<tool_call>\n{"name": "get_', 'weather", "arguments": {"ci', 'ty": "Pa}ris"}}\n</tool_call>']
 TIMING = Timing(queue_s=0.25, first_token_s=0.5, total_s=2.0)
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The gateway tests' settings, with time for a scripted worker's first event before a stream opens (a slow
+    machine must not turn an early error into a stream's last line)."""
+    return dataclasses.replace(settings, sse_queued_after_s=5.0)
 
 
 @pytest.fixture
@@ -270,3 +279,19 @@ async def test_an_empty_chat_loads_and_keep_alive_zero_unloads(sdk, worker) -> N
 async def test_unknown_api_paths_answer_in_ollamas_shape(client) -> None:
     response = await client.post("/api/pull", json={"model": "x"})
     assert response.status_code == 404 and list(response.json()) == ["error"]
+
+
+async def test_a_queued_stream_opens_at_once_with_empty_objects_as_keep_alives(sdk, worker, settings) -> None:
+    object.__setattr__(settings, "sse_queued_after_s", 0.0)  # frozen; tests may bend it
+    object.__setattr__(settings, "sse_keepalive_s", 0.05)
+
+    async def run() -> list[Any]:
+        return [part async for part in await sdk.chat(model="smollm2", messages=ASK, stream=True)]
+
+    task = asyncio.create_task(run())
+    job = await worker.take()
+    await asyncio.sleep(0.3)  # queued: keep-alives go out meanwhile
+    await _finish(worker, job, ["Sun", "ny"])
+    parts = await task
+    assert len(parts) > 4 and all(p.message.content == "" for p in parts[:-3])
+    assert "".join(p.message.content for p in parts) == "Sunny" and parts[-1].done
