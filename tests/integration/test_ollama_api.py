@@ -19,9 +19,11 @@ CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength":
                                          "country": {"type": "string", "maxLength": 30},
                                          "kind": {"enum": ["capital", "other"]}},
         "required": ["name", "country", "kind"], "additionalProperties": False}
-PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
-                                               "unit": {"enum": ["celsius", "fahrenheit"]}},
-              "required": ["city", "unit"], "additionalProperties": False}
+# as the ollama client sends it: its Tool model keeps only these keys (no maxLength, no additionalProperties), in
+# this order, so the OpenAI twin gets the same tool and the same prompt
+PARAMETERS = {"type": "object", "required": ["city", "unit"],
+              "properties": {"city": {"type": "string", "description": "A city"},
+                             "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
                                             "parameters": PARAMETERS}}
 
@@ -121,9 +123,11 @@ def test_tools_reach_the_model_and_a_tool_round_trip_equals_openais(client: Any,
     options = {"temperature": 0, "num_predict": 40}
     plain = client.chat(model=MODEL, messages=ask, stream=False, options=options)
     reply = client.chat(model=MODEL, messages=ask, tools=[WEATHER], stream=False, options=options)
-    twin = openai_client.chat.completions.create(model=MODEL, messages=ask, tools=[WEATHER], max_tokens=40,
-                                                 temperature=0).choices[0]
+    completion = openai_client.chat.completions.create(model=MODEL, messages=ask, tools=[WEATHER], max_tokens=40,
+                                                       temperature=0)
+    twin, twin_usage = completion.choices[0], completion.usage
     assert reply.prompt_eval_count > plain.prompt_eval_count  # the tools are in the prompt
+    assert reply.prompt_eval_count == twin_usage.prompt_tokens  # the same prompt as through openai
     want = [(c.function.name, json.loads(c.function.arguments)) for c in twin.message.tool_calls or []]
     assert [(c.function.name, dict(c.function.arguments)) for c in reply.message.tool_calls or []] == want
     assert reply.message.content == (twin.message.content or "")
