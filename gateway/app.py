@@ -24,6 +24,7 @@ from gateway.batch_routes import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.broker import Broker
 from gateway.disconnect import ClientDisconnected
 from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from gateway.ollama.router import ROUTES as OLLAMA_ROUTES
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
 from gateway.routes import ROUTES
 from shared.errors import LLMFleetError
@@ -81,7 +82,7 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
     cors = [Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
                        allow_headers=["*"], max_age=600)] if origins else []  # outermost: preflights need no key
     app = Starlette(
-        routes=[*ROUTES, *RESPONSES_ROUTES],
+        routes=[*ROUTES, *RESPONSES_ROUTES, *OLLAMA_ROUTES],
         middleware=[
             *cors,
             Middleware(ApiKeyMiddleware, keys=KeyStore(

@@ -1,5 +1,5 @@
 """Every failure as an OpenAI-shaped JSON error response, Starlette's own 404/405 included (Anthropic-shaped on
-the Messages API's paths, see gateway/anthropic_errors.py)."""
+the Messages API's paths, see gateway/anthropic_errors.py; Ollama-shaped on /api/..., see gateway/ollama/errors.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.anthropic_errors import error_body, is_anthropic_path
 from gateway.api_keys import current_key
 from gateway.error_log import make_entry
+from gateway.ollama import errors as ollama_errors
 from shared.errors import InternalError, LLMFleetError, MethodNotAllowed, NotFound
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,12 @@ def record_error(app_state: object, error: LLMFleetError, path: str, *, streamed
 
 def error_response(error: LLMFleetError, path: str = "") -> JSONResponse:
     """The JSON response for `error` on a request to `path`, with Retry-After where it has one."""
-    body = error_body(error) if is_anthropic_path(path) else error.to_openai()
+    if is_anthropic_path(path):
+        body = error_body(error)
+    elif ollama_errors.is_ollama_path(path):
+        body = ollama_errors.error_body(error)
+    else:
+        body = error.to_openai()
     return JSONResponse(body, status_code=error.status, headers=error.headers())
 
 

@@ -104,6 +104,18 @@ class Pool:
                 pipe.hset(keys.POOL_KEEP_ALIVE, model, repr(keep_alive))
             await pipe.execute()
 
+    async def keep_alives(self) -> dict[str, float]:
+        """Each model's keep-alive (seconds, -1 = forever) as its latest request that named one set it."""
+        with redis_unavailable(self._settings.retry_after_s):
+            values = await self._redis.hgetall(keys.POOL_KEEP_ALIVE)
+        out = {}
+        for model, value in values.items():
+            try:
+                out[model.decode(errors="replace")] = float(value)
+            except ValueError:
+                continue
+        return out
+
     async def check_failure(self, model: str) -> None:
         """Raise the remembered load failure of `model` (503 model_load_failed, Retry-After its remaining time)."""
         with redis_unavailable(self._settings.retry_after_s):

@@ -92,6 +92,7 @@ class EmbeddingRequest:
     inputs: list[str] | list[list[int]]
     encoding_format: Literal["float", "base64"]
     priority: str = "normal"
+    normalize: bool = True  # unit-length vectors (Ollama's legacy /api/embeddings returns them as pooled)
 
 
 def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:

@@ -98,6 +98,7 @@ def build_embed_job(request: EmbeddingRequest, settings: Settings, request_id: s
         deadline=now + settings.request_timeout_s,
         inputs=request.inputs,
         priority=request.priority,
+        normalize=request.normalize,
     )
 
 

@@ -113,6 +113,7 @@ class WorkerRunner:
         stats = dataclasses.asdict(self.scheduler.stats)
         exported = {name: float(value) for name, value in stats.items() if name in EXPORTED_STATS}
         exported["decode_capacity"] = round(self.decode_capacity, 2)  # tokens/s at full batch (admission)
+        exported["context_length"] = float(self.engine.context_length)  # Ollama's /api/show, /api/ps, num_ctx
         return exported
 
     def _leases(self) -> list[Lease]:

@@ -73,11 +73,13 @@ async def cancels(redis):
     await pubsub.aclose()
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])  # OpenAI's SSE, Ollama's NDJSON
 @pytest.mark.parametrize("spec", ["2.3", "2.4"])
-async def test_client_leaving_a_stream_publishes_cancel(app_client, worker, redis, cancels, spec: str) -> None:
+async def test_client_leaving_a_stream_publishes_cancel(app_client, worker, redis, cancels, spec: str,
+                                                        path: str) -> None:
     app, _ = app_client
     leave = asyncio.Event()
-    call = asyncio.create_task(call_app(app, "/v1/chat/completions", {**CHAT, "stream": True}, leave, spec))
+    call = asyncio.create_task(call_app(app, path, {**CHAT, "stream": True}, leave, spec))
     job = await worker.take()
     await worker.token(job, "Hel")
     await asyncio.sleep(0.05)
@@ -92,10 +94,12 @@ async def test_client_leaving_a_stream_publishes_cancel(app_client, worker, redi
     assert app.state.broker.subscriber.active == 0
 
 
-async def test_client_leaving_a_non_streaming_request_publishes_cancel(app_client, worker, redis, cancels) -> None:
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+async def test_client_leaving_a_non_streaming_request_publishes_cancel(app_client, worker, redis, cancels,
+                                                                       path: str) -> None:
     app, _ = app_client
     leave = asyncio.Event()
-    call = asyncio.create_task(call_app(app, "/v1/chat/completions", CHAT, leave))
+    call = asyncio.create_task(call_app(app, path, {**CHAT, "stream": False}, leave))
     job = await worker.take()
     leave.set()
     await asyncio.wait_for(call, 5)

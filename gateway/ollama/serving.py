@@ -1,0 +1,216 @@
+"""Serve validated Ollama requests on the gateway's job layer (gateway/serving.py); no Starlette here.
+
+Generation goes through the same functions as chat completions (admission, deadlines, metrics, rate-limit
+charges, cancellation when the client goes away, failover by journal replay); this module only shapes what
+comes back:
+- a reply: {model, created_at, message {role, content, tool_calls} (chat) or response (generate), done, ...};
+  its last (or only) object adds done_reason ("stop" or "length"), total_duration, load_duration,
+  prompt_eval_count, prompt_eval_duration, eval_count, eval_duration (nanoseconds). total_duration is the
+  gateway's time from the request to its end; the others come from the worker's timing: load_duration is the
+  time the job waited for a slot (a lazily loaded model's load included), prompt_eval_duration the time to the
+  first token after that, eval_duration the rest.
+- a stream: one JSON object per line, each with a piece of the text; tool calls come whole, in one object before
+  the last (Ollama's arguments are objects, so a call is sent once its arguments are complete; a call cut short
+  by num_predict is dropped). While the request is queued, objects with empty content keep the line alive (NDJSON
+  has no comments). A failure after the stream began is a last line {"error": ...}.
+- an empty chat or prompt: no job; the model is loaded (or, with keep_alive 0, unloaded) and done_reason says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from typing import Any
+
+from gateway import serving
+from gateway.broker import Broker
+from gateway.checks import invalid
+from gateway.error_log import ErrorLog
+from gateway.generation import Generation
+from gateway.ollama.errors import error_body
+from gateway.ollama.models import context_length
+from gateway.ollama.protocol import OllamaEmbedding, OllamaGeneration
+from gateway.pool import requested_keep_alive
+from gateway.protocol import ChatRequest
+from gateway.tool_output import ToolCallParser
+from shared.errors import InternalError, LLMFleetError, ModelNotFound
+from shared.messages import Timing, TokenEvent, Usage
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+NS_PER_S = 1_000_000_000
+
+
+def created_at(unix_s: float) -> str:
+    """Ollama's created_at: RFC 3339 in UTC with microseconds."""
+    return datetime.fromtimestamp(unix_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _ns(seconds: float) -> int:
+    return max(0, round(seconds * NS_PER_S))
+
+
+def done_fields(reason: str | None, usage: Usage, timings: list[Timing], total_s: float) -> dict[str, Any]:
+    """The fields of a reply's last object: why it ended, its token counts and durations (ns)."""
+    timing = timings[0] if timings else Timing(queue_s=0.0, first_token_s=0.0, total_s=0.0)
+    return {"done": True, "done_reason": "length" if reason == "length" else "stop",
+            "total_duration": _ns(total_s), "load_duration": _ns(timing.queue_s),
+            "prompt_eval_count": usage.prompt_tokens,
+            "prompt_eval_duration": _ns(timing.first_token_s - timing.queue_s),
+            "eval_count": usage.completion_tokens, "eval_duration": _ns(timing.total_s - timing.first_token_s)}
+
+
+def tool_calls(calls: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Ollama's tool_calls for parsed calls: arguments as an object; a call whose arguments are not a whole JSON
+    object (cut short by num_predict) is left out."""
+    out = []
+    for call in calls:
+        try:
+            arguments = json.loads(call["arguments"])
+        except ValueError:
+            continue
+        if isinstance(arguments, dict):
+            out.append({"function": {"index": len(out), "name": call["name"], "arguments": arguments}})
+    return out
+
+
+def reply(request: OllamaGeneration, when: float, text: str, calls: list[dict[str, Any]] | None = None
+          ) -> dict[str, Any]:
+    """One reply object, not yet done: a chat message or a generate response."""
+    body: dict[str, Any] = {"model": request.model, "created_at": created_at(when)}
+    if request.kind == "chat":
+        body["message"] = {"role": "assistant", "content": text}
+        if calls:
+            body["message"]["tool_calls"] = calls
+    else:
+        body["response"] = text
+    body["done"] = False
+    return body
+
+
+async def check_context(broker: Broker, request: OllamaGeneration) -> None:
+    """options.num_ctx may not exceed the model's context (skipped while no live worker says what it is)."""
+    if request.num_ctx is None:
+        return
+    context = await context_length(broker, request.served_model)
+    if context is not None and request.num_ctx > context:
+        raise invalid("options.num_ctx", f"{request.num_ctx} is larger than the model's context length "
+                                         f"({context} tokens).")
+
+
+async def load_only(broker: Broker, request: OllamaGeneration) -> dict[str, Any]:
+    """An empty chat or prompt: mark the model used (loading it if it is pooled and not loaded), or with keep_alive
+    0 unload it; done_reason "load" or "unload"."""
+    model = request.served_model
+    live, catalogue = await broker.registry.live_models(), await broker.pool.catalogue()
+    if model not in live and model not in catalogue and not await broker.registry.is_known(model):
+        raise ModelNotFound(f"model '{request.model}' not found", param="model")
+    reason = "load"
+    if requested_keep_alive.get() == 0:
+        reason = "unload"
+        if model in catalogue:
+            await broker.pool.command("unload", model)
+    elif model in catalogue:
+        await broker.pool.note_use(model)
+        if model not in live:
+            await broker.pool.command("load", model)
+    body = reply(request, time.time(), "")
+    body.update({"done": True, "done_reason": reason})
+    return body
+
+
+async def run_generation(broker: Broker, request: OllamaGeneration, settings: Settings) -> dict[str, Any]:
+    """Run a chat or generate request to the end and answer with one object."""
+    assert request.request is not None
+    started = time.monotonic()
+    await check_context(broker, request)
+    done = await serving.collect_completion(broker, request.request, settings)
+    choice = done.choices[0]
+    body = reply(request, done.created, choice.text or "", tool_calls(choice.tool_calls or []))
+    body.update(done_fields(choice.finish_reason, done.usage, done.timings, time.monotonic() - started))
+    return body
+
+
+async def stream_generation(broker: Broker, request: OllamaGeneration, settings: Settings) -> ReplyStream:
+    """Start a chat or generate request and wait a moment for its first event (errors until then are raised)."""
+    assert request.request is not None
+    started_at = time.monotonic()
+    await check_context(broker, request)
+    started = await serving.start_stream(broker, request.request, settings)
+    tools = isinstance(request.request, ChatRequest) and request.request.tools.active
+    return ReplyStream(started.generation, request, started_at=started_at, tools=tools, priming=started.priming,
+                       keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
+
+
+class ReplyStream(serving.OpenStream):
+    """The reply objects of one streamed chat or generate request, whose first worker event already arrived."""
+
+    def __init__(self, generation: Generation, request: OllamaGeneration, *, started_at: float, tools: bool,
+                 priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0,
+                 errors: ErrorLog | None = None) -> None:
+        self._generation = generation
+        self._request = request
+        self._started_at = started_at
+        self._parser = ToolCallParser() if tools else None
+        self._priming = priming  # still waiting for the first event: empty objects keep the line alive
+        self._keepalive_s = keepalive_s
+        self._errors = errors
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._objects()
+
+    def _texts(self, text: str | None) -> list[str]:
+        """The content in a token's text (None: the reply ended), tool calls held back by the parser."""
+        if self._parser is None:
+            return [text] if text else []
+        items = self._parser.feed(text) if text is not None else self._parser.finish()
+        return [item for item in items if isinstance(item, str) and item]
+
+    async def _objects(self) -> AsyncIterator[dict[str, Any]]:
+        path = f"/api/{self._request.kind}"
+        try:
+            async for _comment in serving.queued_comments(self._priming, self._keepalive_s):
+                yield reply(self._request, time.time(), "")
+            finish = None
+            while (item := await self._generation.next()) is not None:
+                _, event = item
+                if not isinstance(event, TokenEvent):
+                    finish = event.finish_reason
+                for text in self._texts(event.text if isinstance(event, TokenEvent) else None):
+                    yield reply(self._request, time.time(), text)
+            calls = tool_calls(self._parser.calls) if self._parser is not None else []
+            if calls:
+                yield reply(self._request, time.time(), "", calls)
+            last = reply(self._request, time.time(), "")
+            last.update(done_fields(finish, self._generation.usage, self._generation.timings,
+                                    time.monotonic() - self._started_at))
+            yield last
+            log.info("%s streamed: %d completion tokens", path, self._generation.usage.completion_tokens)
+        except LLMFleetError as exc:
+            log.info("%s failed after the stream began: %s %s", path, exc.status, exc.code)
+            serving.record_streamed_error(self._errors, exc, path)
+            yield error_body(exc)
+        except Exception:  # a bug: still end the stream with an error line
+            log.exception("%s broke after the stream began", path)
+            error = InternalError("The server had an error while processing your request.")
+            serving.record_streamed_error(self._errors, error, path)
+            yield error_body(error)
+        finally:
+            await self.aclose()
+
+
+async def run_embedding(broker: Broker, request: OllamaEmbedding, settings: Settings) -> dict[str, Any]:
+    """/api/embed's {model, embeddings, total_duration, load_duration, prompt_eval_count}, or /api/embeddings'
+    {embedding}, from one embed job on the embeddings path."""
+    started = time.monotonic()
+    body = await serving.run_embeddings(broker, request.request, settings)
+    vectors = [item["embedding"] for item in body["data"]]
+    if request.legacy:
+        return {"embedding": vectors[0]}
+    return {"model": request.model, "embeddings": vectors, "total_duration": _ns(time.monotonic() - started),
+            "load_duration": 0, "prompt_eval_count": body["usage"]["prompt_tokens"]}
