@@ -52,8 +52,8 @@ def test_requests_share_forwards_within_the_token_budget(minilm_engine) -> None:
 def test_cancel_and_refusals(minilm_engine) -> None:
     from shared.errors import InvalidRequest
     from shared.messages import GenerateJob
-    from worker.engine.errors import ContextLengthError
     from worker.encoder_scheduler import new_scheduler
+    from worker.engine.errors import ContextLengthError
     from worker.jobs import generation_request
 
     scheduler = new_scheduler(minilm_engine, SchedulerConfig())
