@@ -30,10 +30,11 @@ from worker.models import model_id, resolve
 from worker.scheduler_config import SchedulerConfig
 from worker.sequences import EmbeddingRequest
 
-WORDS = tuple("the a of to and in is was for on that with as by at from this his her which have are were be an or "
+WORD_LIST = ("the a of to and in is was for on that with as by at from this his her which have are were be an or "
          "river city market engine question garden window music science winter history language morning "
          "quickly slowly bright quiet ancient modern simple careful gentle strong measure travel open build "
-         "remember discover explain carry follow answer".split())
+         "remember discover explain carry follow answer")
+WORDS = WORD_LIST.split()
 
 
 def sentences(count: int, seed: int = 0) -> list[str]:
