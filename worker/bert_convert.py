@@ -136,14 +136,32 @@ def _special_ids(directory: Path, tokenizer_json: dict[str, Any]) -> dict[str, i
     return ids
 
 
+FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}  # general.file_type (llama_ftype) of each outtype
+
+
+def _add_tensor(writer: Any, name: str, array: np.ndarray, outtype: str) -> None:
+    """Add one tensor: 1-D ones and the position / token-type tables stay F32; matrices become outtype."""
+    import gguf
+    from gguf.quants import quantize
+
+    narrow = outtype != "f32" and array.ndim == 2 and name not in KEPT_F32
+    if narrow and outtype == "q8_0" and array.shape[1] % 32 == 0:
+        data = quantize(np.ascontiguousarray(array, np.float32), gguf.GGMLQuantizationType.Q8_0)
+        writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        return
+    dtype = np.float16 if narrow else np.float32
+    writer.add_tensor(name, np.ascontiguousarray(array.astype(dtype)))
+
+
 def convert(directory: str | Path, dest: str | Path, *, outtype: str = "f32", general: GeneralInfo | None = None) -> Path:
-    """Write `dest` (GGUF, `bert` architecture) from a sentence-transformers directory; outtype f32 or f16."""
+    """Write `dest` (GGUF, `bert` architecture) from a sentence-transformers directory; outtype f32, f16 or q8_0
+    (matrices whose rows are not a multiple of 32 stay F16 then)."""
     import gguf
     from safetensors.numpy import load_file
 
     directory, dest = Path(directory), Path(dest)
-    if outtype not in ("f32", "f16"):
-        raise ConversionError(f"outtype {outtype!r}: f32 or f16")
+    if outtype not in FILE_TYPES:
+        raise ConversionError(f"outtype {outtype!r}: one of {', '.join(FILE_TYPES)}")
     config = _json(directory, "config.json")
     tokenizer_json = _json(directory, "tokenizer.json")
     tensors = load_file(str(directory / "model.safetensors"))
@@ -164,7 +182,7 @@ def convert(directory: str | Path, dest: str | Path, *, outtype: str = "f32", ge
     writer.add_feed_forward_length(int(config["intermediate_size"]))
     writer.add_head_count(int(config["num_attention_heads"]))
     writer.add_layer_norm_eps(float(config.get("layer_norm_eps", 1e-12)))
-    writer.add_file_type(0 if outtype == "f32" else 1)
+    writer.add_file_type(FILE_TYPES[outtype])
     writer.add_causal_attention(False)
     writer.add_pooling_type(gguf.PoolingType(pooling_type(directory)))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -191,8 +209,7 @@ def convert(directory: str | Path, dest: str | Path, *, outtype: str = "f32", ge
     for name, array in renamed:
         if name is None:
             continue
-        narrow = outtype == "f16" and array.ndim == 2 and name not in KEPT_F32
-        writer.add_tensor(name, np.ascontiguousarray(array.astype(np.float16 if narrow else np.float32)))
+        _add_tensor(writer, name, array, outtype)
     dest.parent.mkdir(parents=True, exist_ok=True)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

