@@ -166,6 +166,20 @@ def gelu_tanh(x: Array) -> Array:
     return 0.5 * x * (1.0 + xp.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))  # (N, F)
 
 
+def gelu_tanh_inplace(x: Array) -> Array:
+    """GELU (tanh form, as GGML's) computed in x's own memory with one scratch array: x (N, F) returned."""
+    t = x * x  # (N, F)
+    t *= 0.044715
+    t += 1.0
+    t *= x
+    t *= 0.7978845608028654
+    xp.tanh(t, out=t)
+    t += 1.0
+    t *= 0.5
+    x *= t
+    return x  # (N, F)
+
+
 def geglu(gate_up: Array) -> Array:
     """GELU(gate) * up for a fused (N, 2F) gate/up projection."""
     f = gate_up.shape[1] // 2

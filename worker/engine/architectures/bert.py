@@ -130,7 +130,7 @@ class Bert:
             x += ops.linear(attn, w.wo)  # (N, D)
             x += w.bo
             x = ops.layer_norm(x, w.attn_norm_weight, w.attn_norm_bias, eps)  # (N, D)
-            hidden = ops.gelu_tanh(ops.linear(x, w.w_up) + w.b_up)  # (N, F)
+            hidden = ops.gelu_tanh_inplace(ops.linear(x, w.w_up) + w.b_up)  # (N, F)
             x += ops.linear(hidden, w.w_down)  # (N, D)
             x += w.b_down
             x = ops.layer_norm(x, w.out_norm_weight, w.out_norm_bias, eps)  # (N, D)
