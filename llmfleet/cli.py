@@ -58,6 +58,17 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Convert a sentence-transformers BERT directory (safetensors) to a GGUF in llama.cpp's bert layout."""
+    from worker.bert_convert import ConversionError, convert
+
+    try:
+        print(convert(args.directory, args.output, outtype=args.outtype))
+    except (ConversionError, OSError, KeyError) as exc:
+        raise SystemExit(f"llmfleet convert: {type(exc).__name__}: {exc}") from None
+    return 0
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     """Add, list or revoke API keys in the key file the gateways read (LLMFLEET_KEYS_FILE)."""
     from gateway import api_keys
@@ -242,8 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("pull", help="download a known model into the cache")
-    p.add_argument("model", help="a known alias, e.g. smollm2-135m")
+    p.add_argument("model", help="a known alias, e.g. smollm2-135m, all-minilm-l6-v2, all-minilm-l6-v2:f16")
     p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("convert", help="convert a sentence-transformers BERT folder (safetensors) to GGUF")
+    p.add_argument("directory", help="the folder with config.json, model.safetensors, tokenizer.json")
+    p.add_argument("output", help="the .gguf file to write")
+    p.add_argument("--outtype", choices=["f32", "f16", "q8_0"], default="f32")
+    p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("keys", help="manage API keys (LLMFLEET_KEYS_FILE, default ~/.config/llmfleet/keys.json)")
     p.add_argument("action", choices=["add", "list", "revoke"])

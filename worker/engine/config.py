@@ -28,6 +28,8 @@ class ModelConfig:
     rope_dim: int
     sliding_window: int = 0  # keys a sliding-window layer sees (itself included); 0: the architecture has none
     final_logit_softcap: float = 0.0  # logits -> cap * tanh(logits / cap) when > 0
+    layer_norm_eps: float = 1e-12  # LayerNorm epsilon of encoder (BERT-family) models
+    pooling_type: int = 0  # what an embedding model's file declares: 1 mean, 2 CLS, 3 last token (0 none)
 
     @property
     def group_size(self) -> int:
@@ -80,4 +82,6 @@ class ModelConfig:
             rope_dim=int(metadata.get(f"{arch}.rope.dimension_count", head_dim)),
             sliding_window=int(metadata.get(f"{arch}.attention.sliding_window", 0) or 0),
             final_logit_softcap=float(metadata.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
+            layer_norm_eps=float(metadata.get(f"{arch}.attention.layer_norm_epsilon", 1e-12)),
+            pooling_type=int(metadata.get(f"{arch}.pooling_type", 0) or 0),
         )

@@ -1,4 +1,5 @@
-"""Sentence embeddings: pooled final-normed hidden states."""
+"""Sentence embeddings: pooled final hidden states of an encoder (BERT, the pooling its file declares) or of a
+causal LM (final-normed, mean or last)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from worker.engine.kv_pool import KVPool
 from worker.engine.model import Model
 
 Pooling = Literal["mean", "last"]
+POOLING_TYPES = {1: "mean", 2: "cls", 3: "last"}  # GGUF {arch}.pooling_type -> pooling
 
 
 def embed(model: Model, token_ids: list[int], *, pooling: Pooling = "mean", normalize: bool = True) -> np.ndarray:
@@ -38,3 +40,25 @@ def finish_pool(pooled: np.ndarray, n_tokens: int, pooling: Pooling, normalize: 
         norm = float(np.linalg.norm(vector))
         vector = vector / norm if norm > 0 else vector  # (D,)
     return vector.astype(np.float32)  # (D,)
+
+
+def encoder_pooling(model: Model) -> str:
+    """The pooling an encoder's file declares (mean when it declares none)."""
+    return POOLING_TYPES.get(model.config.pooling_type, "mean")
+
+
+def encode_batch(model: Model, inputs: list[list[int]], *, normalize: bool = True) -> np.ndarray:
+    """Embeddings (B, D) of many texts through an encoder in one forward, pooled as the file declares."""
+    hidden, starts = model.encode(inputs)  # (N, D), (B+1,)
+    hidden = np.asarray(hidden, dtype=np.float64)  # (N, D) pooled in float64: no drift with the batch size
+    pooling = encoder_pooling(model)
+    if pooling == "mean":
+        vectors = np.add.reduceat(hidden, starts[:-1], axis=0) / np.diff(starts)[:, None]  # (B, D)
+    elif pooling == "cls":
+        vectors = hidden[starts[:-1]]  # (B, D)
+    else:
+        vectors = hidden[starts[1:] - 1]  # (B, D)
+    if normalize:
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)  # (B, 1)
+        vectors = vectors / np.where(norms > 0, norms, 1.0)  # (B, D)
+    return vectors.astype(np.float32)  # (B, D)

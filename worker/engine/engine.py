@@ -12,7 +12,7 @@ import numpy as np
 
 from worker.engine.chat_template import ChatTemplate
 from worker.engine.constraints import Constraint, GrammarCompiler
-from worker.engine.embeddings import Pooling, embed
+from worker.engine.embeddings import Pooling, embed, encode_batch
 from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams, GenerationState
@@ -44,6 +44,11 @@ class Engine:
         template = (ChatTemplate.from_source(source, tokenizer)
                     if isinstance(source, str) and source.strip() else None)
         return cls(model, tokenizer, template)
+
+    @property
+    def embedding_only(self) -> bool:
+        """Whether the model is an embedding encoder (BERT): it embeds, it cannot generate."""
+        return self.model.is_encoder
 
     @property
     def context_length(self) -> int:
@@ -108,9 +113,19 @@ class Engine:
         return GenerationState(prompt_ids, params, self.tokenizer, self.model.config.vocab_size, constraint)
 
     def embed(self, token_ids: list[int], *, pooling: Pooling = "mean", normalize: bool = True) -> np.ndarray:
-        """An embedding (D,) of a token sequence."""
+        """An embedding (D,) of a token sequence (an encoder pools as its file declares, whatever `pooling`)."""
         self.check_fits(len(token_ids), 0)
+        if self.embedding_only:
+            return encode_batch(self.model, [token_ids], normalize=normalize)[0]  # (D,)
         return embed(self.model, token_ids, pooling=pooling, normalize=normalize)
+
+    def embed_batch(self, inputs: list[list[int]], *, normalize: bool = True) -> np.ndarray:
+        """Embeddings (B, D) of many token sequences: one forward for an encoder, one at a time for a causal LM."""
+        for ids in inputs:
+            self.check_fits(len(ids), 0)
+        if self.embedding_only:
+            return encode_batch(self.model, inputs, normalize=normalize)  # (B, D)
+        return np.stack([embed(self.model, ids, normalize=normalize) for ids in inputs])  # (B, D)
 
     def measure_decode_rate(self, rows: int) -> float:
         """Tokens per second of one decode step over `rows` fresh sequences (short contexts: an upper bound).
@@ -119,6 +134,12 @@ class Engine:
         the first request as a side effect.
         """
         rows = max(1, rows)
+        if self.embedding_only:  # tokens/s of one batch of 16-token texts (an encoder has no decode step)
+            texts = [[self.tokenizer.bos_token_id or 0] * 16 for _ in range(rows)]
+            self.embed_batch(texts)
+            started = time.perf_counter()
+            self.embed_batch(texts)
+            return 16 * rows / max(time.perf_counter() - started, 1e-6)
         pool = self.model.new_pool((rows + 2) * self.model.config.kv_bytes_per_token, block_size=1,
                                    enable_prefix_caching=False)
         for seq_id in range(rows):

@@ -9,9 +9,9 @@ import numpy as np
 
 from worker.engine import block_kernels, ops
 from worker.engine.architectures import architecture_for
-from worker.engine.architectures.base import Architecture
+from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.config import ModelConfig
-from worker.engine.errors import ContextLengthError, ModelLoadError
+from worker.engine.errors import ContextLengthError, EngineError, ModelLoadError
 from worker.engine.forward_batch import BatchEntry, ForwardBatch
 from worker.engine.gguf_file import read_gguf
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
@@ -23,7 +23,7 @@ from worker.engine.quantized import QuantizedLinear
 class Model:
     """Config, architecture and weights of one GGUF file; stateless across sequences (KV lives in a KVPool)."""
 
-    def __init__(self, config: ModelConfig, architecture: Architecture, weights: Any,
+    def __init__(self, config: ModelConfig, architecture: Architecture | Encoder, weights: Any,
                  metadata: dict | None = None, lora_base: dict[str, np.ndarray] | None = None) -> None:
         self.config = config
         self.architecture = architecture
@@ -50,6 +50,27 @@ class Model:
         lora_base = {name: contents.tensors[name].copy() for name in keep if name in contents.tensors}
         return cls(config, architecture, weights, contents.metadata, lora_base)
 
+    @property
+    def is_encoder(self) -> bool:
+        """Whether this is an embedding-only encoder (BERT): `encode`, no KV pool, no logits."""
+        return bool(getattr(self.architecture, "encoder", False))
+
+    def encode(self, inputs: list[list[int]]) -> tuple[Array, np.ndarray]:
+        """An encoder's final hidden states of many whole texts in one forward: (N, D) rows end to end, and the
+        (B+1,) row offsets of the texts; each text attends over its own tokens only."""
+        if not self.is_encoder:
+            raise EngineError(f"{self.config.architecture} is not an encoder; use forward")
+        for ids in inputs:
+            if not 0 < len(ids) <= self.config.context_length:
+                raise ContextLengthError(f"{len(ids)} tokens: an encoder input takes 1 to "
+                                         f"{self.config.context_length}")
+        lengths = np.array([len(ids) for ids in inputs], np.int64)  # (B,)
+        starts = np.concatenate([[0], np.cumsum(lengths)])  # (B+1,)
+        tokens = ops.asarray(np.concatenate([np.asarray(ids, np.int64) for ids in inputs]))  # (N,)
+        positions = ops.asarray(np.arange(int(starts[-1])) - np.repeat(starts[:-1], lengths))  # (N,)
+        hidden = self.architecture.encode(self.weights, tokens, positions, ops.asarray(starts))  # (N, D)
+        return hidden, starts
+
     def load_adapter(self, path: str | Path, name: str) -> LoraAdapter:
         """Load a LoRA adapter for this model (AdapterLoadError naming the tensor when it does not fit)."""
         return load_adapter(path, name, self.config, self.architecture.lora_targets(self.config), self.lora_base)
@@ -65,6 +86,8 @@ class Model:
 
         Returns per entry: last logits (V,), all logits (T, V), final hidden states (T, D) or None.
         """
+        if self.is_encoder:
+            raise EngineError(f"{self.config.architecture} is an encoder: it has no causal forward (use encode)")
         for entry in entries:
             end = entry.start + len(entry.tokens)
             if end > self.config.context_length:

@@ -166,6 +166,20 @@ def gelu_tanh(x: Array) -> Array:
     return 0.5 * x * (1.0 + xp.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))  # (N, F)
 
 
+def gelu_tanh_inplace(x: Array) -> Array:
+    """GELU (tanh form, as GGML's) computed in x's own memory with one scratch array: x (N, F) returned."""
+    t = x * x  # (N, F)
+    t *= 0.044715
+    t += 1.0
+    t *= x
+    t *= 0.7978845608028654
+    xp.tanh(t, out=t)
+    t += 1.0
+    t *= 0.5
+    x *= t
+    return x  # (N, F)
+
+
 def geglu(gate_up: Array) -> Array:
     """GELU(gate) * up for a fused (N, 2F) gate/up projection."""
     f = gate_up.shape[1] // 2
@@ -226,3 +240,60 @@ def attend_decode(q: Array, keys: Array, values: Array, mask: Array) -> Array:
     probs = softmax_inplace(scores)  # (Hkv, B, G, L)
     out = xp.matmul(probs, values)  # (Hkv, B, G, Dh)
     return out.transpose(1, 0, 2, 3).reshape(b, n_heads * head_dim)  # (B, H*Dh)
+
+
+def layer_norm(x: Array, weight: Array, bias: Array, eps: float) -> Array:
+    """LayerNorm over the last axis with its weight and bias: a new (N, D) array."""
+    mean = x.mean(axis=1, keepdims=True)  # (N, 1)
+    centered = x - mean  # (N, D)
+    var = xp.einsum("nd,nd->n", centered, centered)[:, None]  # (N, 1)
+    var *= 1.0 / x.shape[1]
+    var += eps
+    xp.sqrt(var, out=var)
+    centered /= var  # (N, D)
+    centered *= weight
+    centered += bias
+    return centered  # (N, D)
+
+
+ATTENTION_SCORE_BUDGET = 1 << 24  # floats of (B, H, T, T) scores one bidirectional attention call may hold (64 MiB)
+
+
+def attend_bidirectional(q: Array, k: Array, v: Array, starts: Array) -> Array:
+    """Full (non-causal) attention of every text over its own tokens only; q pre-scaled, q/k/v (N, H, Dh) ragged,
+    text i owning rows starts[i]..starts[i+1]-1. Texts of similar length are padded to the longest of their group
+    and the padding keys masked; groups keep the scores within ATTENTION_SCORE_BUDGET. Returns (N, H*Dh)."""
+    n, n_heads, head_dim = q.shape
+    out = xp.empty((n, n_heads * head_dim), dtype=q.dtype)  # (N, H*Dh)
+    lengths = starts[1:] - starts[:-1]  # (B,)
+    order = xp.argsort(lengths, kind="stable")  # (B,) shortest first: little padding in each group
+    first = 0
+    while first < len(order):
+        last = first + 1
+        while last < len(order):
+            longest = int(lengths[order[last]])
+            if (last + 1 - first) * n_heads * longest * longest > ATTENTION_SCORE_BUDGET:
+                break
+            last += 1
+        group = order[first:last]  # (G,)
+        _attend_group(q, k, v, starts[group], lengths[group], out)
+        first = last
+    return out  # (N, H*Dh)
+
+
+def _attend_group(q: Array, k: Array, v: Array, firsts: Array, lengths: Array, out: Array) -> None:
+    """Padded masked attention of G texts (text g in rows firsts[g]..firsts[g]+lengths[g]-1) written into out."""
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    longest = int(lengths.max())
+    offsets = xp.arange(longest)  # (T,)
+    valid = offsets[None, :] < lengths[:, None]  # (G, T)
+    rows = xp.where(valid, firsts[:, None] + offsets[None, :], firsts[0])  # (G, T) row of each padded slot
+    qp = xp.ascontiguousarray(q[rows].transpose(0, 2, 1, 3))  # (G, H, T, Dh)
+    kp = xp.ascontiguousarray(k[rows].transpose(0, 2, 3, 1))  # (G, H, Dh, T)
+    vp = xp.ascontiguousarray(v[rows].transpose(0, 2, 1, 3))  # (G, H, T, Dh)
+    scores = xp.matmul(qp, kp)  # (G, H, T, T)
+    if not bool(valid.all()):
+        scores += xp.where(valid, 0.0, -xp.inf).astype(q.dtype)[:, None, None, :]  # (G, H, T, T) padding hidden
+    probs = softmax_inplace(scores)  # (G, H, T, T)
+    mixed = xp.matmul(probs, vp).transpose(0, 2, 1, 3).reshape(len(lengths), longest, n_heads * head_dim)  # (G, T, H*Dh)
+    out[rows[valid]] = mixed[valid]  # (n, H*Dh)

@@ -1,4 +1,5 @@
-"""Tokenizer built from GGUF metadata (gpt2-style byte-level BPE or llama/SentencePiece-style BPE)."""
+"""Tokenizer built from GGUF metadata (gpt2-style byte-level BPE or llama/SentencePiece-style BPE; WordPiece is
+worker.engine.wordpiece)."""
 
 from __future__ import annotations
 
@@ -103,8 +104,8 @@ class Tokenizer:
         tokens: Sequence[str],
         token_types: Sequence[int],
         token_bytes: Sequence[bytes],
-        hf_parse_special: tokenizers.Tokenizer,
-        hf_plain: tokenizers.Tokenizer,
+        hf_parse_special: tokenizers.Tokenizer | None,
+        hf_plain: tokenizers.Tokenizer | None,
         model_name: str,
         pre_tokenizer_name: str,
         pre_tokenizer_fallback: bool,
@@ -340,13 +341,17 @@ def _build_tokenizer(metadata: Mapping[str, Any], source: str) -> Tokenizer:
     types = [int(t) for t in metadata.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)]
     if len(types) != len(tokens):
         raise ModelLoadError(source, f"{len(types)} token types for {len(tokens)} tokens")
+    if model_name == "bert":
+        from worker.engine.wordpiece import wordpiece_from_metadata  # it subclasses Tokenizer
+
+        return wordpiece_from_metadata(metadata, tokens, types, source)
     if model_name == "gpt2":
         parts = _gpt2_parts(metadata, source, tokens, types)
     elif model_name == "llama":
         parts = _llama_parts(metadata, source, tokens, types)
     else:
         raise ModelLoadError(
-            source, f"tokenizer model {model_name!r} is not supported (only 'gpt2' and 'llama')"
+            source, f"tokenizer model {model_name!r} is not supported (only 'gpt2', 'llama' and 'bert')"
         )
 
     special_tokens = [

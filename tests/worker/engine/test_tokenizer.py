@@ -108,7 +108,7 @@ def test_bad_metadata_raises_model_load_error() -> None:
     with pytest.raises(ModelLoadError, match="tokenizer.ggml.tokens"):
         Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "gpt2"})
     with pytest.raises(ModelLoadError, match="not supported"):
-        Tokenizer.from_gguf_metadata({**tiny_gpt2_metadata(), "tokenizer.ggml.model": "bert"})
+        Tokenizer.from_gguf_metadata({**tiny_gpt2_metadata(), "tokenizer.ggml.model": "t5"})
 
 
 def test_token_id_out_of_range(tiny_gpt2: Tokenizer) -> None:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from worker.engine.architectures.base import Architecture
+from worker.engine.architectures.base import Architecture, Encoder
+from worker.engine.architectures.bert import Bert
 from worker.engine.architectures.gemma3 import Gemma3
 from worker.engine.architectures.llama import Llama
 from worker.engine.architectures.qwen2 import Qwen2
 from worker.engine.config import ModelConfig
 from worker.engine.errors import ModelLoadError
 
-ARCHITECTURES: dict[str, Architecture] = {arch.name: arch for arch in (Llama(), Qwen2(), Gemma3())}
+ARCHITECTURES: dict[str, Architecture | Encoder] = {arch.name: arch for arch in (Llama(), Qwen2(), Gemma3(), Bert())}
 
 
-def architecture_for(config: ModelConfig, path: str) -> Architecture:
+def architecture_for(config: ModelConfig, path: str) -> Architecture | Encoder:
     """The architecture of a file, or ModelLoadError naming it and the supported ones."""
     arch = ARCHITECTURES.get(config.architecture)
     if arch is None:

@@ -34,3 +34,19 @@ class Architecture(Protocol):
 
     def logits(self, weights: Any, hidden: Array) -> Array:
         """Output projection of final hidden states (M, D) to logits (M, V)."""
+
+
+class Encoder(Protocol):
+    """An embedding-only model family (BERT): whole texts in one forward, no KV cache, no logits."""
+
+    name: str
+    encoder: bool  # True
+
+    def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> Any:
+        """Map GGUF tensors to this architecture's weights."""
+
+    def lora_targets(self, config: ModelConfig) -> tuple[LoraTarget, ...]:
+        """None: encoders take no adapters."""
+
+    def encode(self, weights: Any, tokens: Array, positions: Array, starts: Array) -> Array:
+        """Final hidden states (N, D) of texts laid end to end (text i in rows starts[i]..starts[i+1]-1)."""
