@@ -14,7 +14,8 @@ every limit; Ollama's own structure is checked here first, with Ollama's field n
 - format: "json" (any JSON object) or a JSON schema, onto the structured-output constraint path.
 - tools: Ollama's tools are OpenAI function tools; assistant tool_calls carry `arguments` as an object, and a
   tool turn names its call by `tool_name` (ids are made up here, in order).
-- think: true / false / "low" / "medium" / "high", kept on the request (the served models do not think).
+- think: true / false / "low" / "medium" / "high": a reply opening with a <think> block has it split into
+  `thinking` (gateway/reasoning.py), except with false, which leaves it in the content (levels are not told apart).
 - keep_alive is read with the OpenAI routes' (gateway/routes.py request_body; the warm pool acts on it).
 Images, suffix (insertion), template overrides and `context` (token history) are refused with a 400.
 """
@@ -94,6 +95,14 @@ def model_name(body: dict[str, Any]) -> str:
     return model
 
 
+def _reasoning_format(think: bool | str | None) -> dict[str, str]:
+    """Ollama's `think` onto the chat route's reasoning_format: false keeps a thinking block in the content,
+    true or a level splits it into `thinking`, absent leaves the server's LLMFLEET_REASONING_FORMAT."""
+    if think is None:
+        return {}
+    return {"reasoning_format": "none" if think is False else "deepseek"}
+
+
 def parse_chat_request(body: dict[str, Any], settings: Settings) -> OllamaGeneration:
     """Validate an /api/chat body."""
     model = model_name(body)
@@ -101,7 +110,8 @@ def parse_chat_request(body: dict[str, Any], settings: Settings) -> OllamaGenera
     stream, think, options = _common(body)
     if not messages:  # Ollama: an empty chat loads the model (keep_alive 0 unloads it)
         return OllamaGeneration("chat", model, served_name(model), stream, None, think=think)
-    chat = {"model": served_name(model), "messages": messages, "stream": stream, **_sampling(options)}
+    chat = {"model": served_name(model), "messages": messages, "stream": stream, **_sampling(options),
+            **_reasoning_format(think)}
     if body.get("tools") is not None:
         chat["tools"] = body["tools"]
     chat.update(_format(body.get("format")))
@@ -136,7 +146,8 @@ def parse_generate_request(body: dict[str, Any], settings: Settings) -> OllamaGe
             request = replace(request, params=replace(request.params, max_tokens=None))
     else:
         turns = [{"role": "system", "content": system}] if system else []
-        request = parse_chat({**openai, "messages": [*turns, {"role": "user", "content": prompt}]}, settings)
+        request = parse_chat({**openai, "messages": [*turns, {"role": "user", "content": prompt}],
+                              **_reasoning_format(think)}, settings)
     request = replace(request, params=replace(request.params, stop=_stop(options.get("stop"))))
     return OllamaGeneration("generate", model, request.params.model, stream, request,
                             num_ctx=options.get("num_ctx"), think=think)

@@ -36,7 +36,8 @@ from gateway.ollama.models import context_length
 from gateway.ollama.protocol import OllamaEmbedding, OllamaGeneration
 from gateway.pool import requested_keep_alive
 from gateway.protocol import ChatRequest
-from gateway.tool_output import ToolCallParser
+from gateway.reasoning import Reasoning
+from gateway.reply_parsing import ReplyParser
 from shared.errors import InternalError, LLMFleetError, ModelNotFound
 from shared.messages import Timing, TokenEvent, Usage
 from shared.settings import Settings
@@ -79,16 +80,20 @@ def tool_calls(calls: list[dict[str, str]]) -> list[dict[str, Any]]:
     return out
 
 
-def reply(request: OllamaGeneration, when: float, text: str, calls: list[dict[str, Any]] | None = None
-          ) -> dict[str, Any]:
-    """One reply object, not yet done: a chat message or a generate response."""
+def reply(request: OllamaGeneration, when: float, text: str, calls: list[dict[str, Any]] | None = None,
+          thinking: str | None = None) -> dict[str, Any]:
+    """One reply object, not yet done: a chat message or a generate response (with its thinking, if any)."""
     body: dict[str, Any] = {"model": request.model, "created_at": created_at(when)}
     if request.kind == "chat":
         body["message"] = {"role": "assistant", "content": text}
+        if thinking:
+            body["message"]["thinking"] = thinking
         if calls:
             body["message"]["tool_calls"] = calls
     else:
         body["response"] = text
+        if thinking:
+            body["thinking"] = thinking
     body["done"] = False
     return body
 
@@ -131,7 +136,7 @@ async def run_generation(broker: Broker, request: OllamaGeneration, settings: Se
     await check_context(broker, request)
     done = await serving.collect_completion(broker, request.request, settings)
     choice = done.choices[0]
-    body = reply(request, done.created, choice.text or "", tool_calls(choice.tool_calls or []))
+    body = reply(request, done.created, choice.text or "", tool_calls(choice.tool_calls or []), choice.reasoning)
     body.update(done_fields(choice.finish_reason, done.usage, done.timings, time.monotonic() - started))
     return body
 
@@ -141,22 +146,25 @@ async def stream_generation(broker: Broker, request: OllamaGeneration, settings:
     assert request.request is not None
     started_at = time.monotonic()
     await check_context(broker, request)
+    opened = await serving.opens_thinking(broker, request.request)  # before the job: nothing to close on error
     started = await serving.start_stream(broker, request.request, settings)
-    tools = isinstance(request.request, ChatRequest) and request.request.tools.active
-    return ReplyStream(started.generation, request, started_at=started_at, tools=tools, priming=started.priming,
+    chat = isinstance(request.request, ChatRequest)
+    parser = ReplyParser(reasoning=chat and request.request.reasoning, tools=chat and request.request.tools.active,
+                         forced_open=opened)
+    return ReplyStream(started.generation, request, started_at=started_at, parser=parser, priming=started.priming,
                        keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 
 
 class ReplyStream(serving.OpenStream):
     """The reply objects of one streamed chat or generate request, whose first worker event already arrived."""
 
-    def __init__(self, generation: Generation, request: OllamaGeneration, *, started_at: float, tools: bool,
+    def __init__(self, generation: Generation, request: OllamaGeneration, *, started_at: float, parser: ReplyParser,
                  priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0,
                  errors: ErrorLog | None = None) -> None:
         self._generation = generation
         self._request = request
         self._started_at = started_at
-        self._parser = ToolCallParser() if tools else None
+        self._parser = parser  # thinking split off, then tool calls held until whole
         self._priming = priming  # still waiting for the first event: empty objects keep the line alive
         self._keepalive_s = keepalive_s
         self._errors = errors
@@ -164,12 +172,17 @@ class ReplyStream(serving.OpenStream):
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         return self._objects()
 
-    def _texts(self, text: str | None) -> list[str]:
-        """The content in a token's text (None: the reply ended), tool calls held back by the parser."""
-        if self._parser is None:
-            return [text] if text else []
-        items = self._parser.feed(text) if text is not None else self._parser.finish()
-        return [item for item in items if isinstance(item, str) and item]
+    def _objects_of(self, text: str | None) -> list[dict[str, Any]]:
+        """The reply objects a token's text (None: the reply ended) releases: thinking, then content; tool calls
+        are held by the parser until the end."""
+        parts = self._parser.feed(text) if text is not None else self._parser.finish()
+        objects = []
+        for part in parts:
+            if isinstance(part, Reasoning) and part.text:
+                objects.append(reply(self._request, time.time(), "", thinking=part.text))
+            elif isinstance(part, str) and part:
+                objects.append(reply(self._request, time.time(), part))
+        return objects
 
     async def _objects(self) -> AsyncIterator[dict[str, Any]]:
         path = f"/api/{self._request.kind}"
@@ -181,9 +194,9 @@ class ReplyStream(serving.OpenStream):
                 _, event = item
                 if not isinstance(event, TokenEvent):
                     finish = event.finish_reason
-                for text in self._texts(event.text if isinstance(event, TokenEvent) else None):
-                    yield reply(self._request, time.time(), text)
-            calls = tool_calls(self._parser.calls) if self._parser is not None else []
+                for body in self._objects_of(event.text if isinstance(event, TokenEvent) else None):
+                    yield body
+            calls = tool_calls(self._parser.calls)
             if calls:
                 yield reply(self._request, time.time(), "", calls)
             last = reply(self._request, time.time(), "")

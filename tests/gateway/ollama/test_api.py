@@ -138,6 +138,31 @@ async def test_a_streamed_tool_call_is_one_object_and_a_cut_short_one_is_dropped
     assert all(line["message"]["content"] == "" for line in lines) and lines[-1]["done_reason"] == "length"
 
 
+THINKING = ["<think>", "\nIt is", " sunny.\n</th", "ink>\n\n", "Sunny", "."]
+
+
+async def test_a_thinking_block_is_ollamas_thinking_collected_streamed_and_kept_with_think_false(sdk, client,
+                                                                                                 worker) -> None:
+    task = asyncio.create_task(sdk.chat(model="smollm2", messages=ASK, think=True, stream=False))
+    await _finish(worker, await worker.take(), THINKING)
+    reply = await task
+    assert (reply.message.thinking, reply.message.content) == ("It is sunny.", "Sunny.")
+    task = asyncio.create_task(client.post("/api/chat", json={"model": "smollm2", "messages": ASK, "think": True}))
+    await _finish(worker, await worker.take(), THINKING)
+    lines = [json.loads(line)["message"] for line in (await task).text.splitlines()]
+    assert "".join(m.get("thinking", "") for m in lines) == "It is sunny."
+    assert "".join(m["content"] for m in lines) == "Sunny."
+    assert not any(m["content"] for m in lines if m.get("thinking"))  # thinking objects carry no content
+    task = asyncio.create_task(sdk.generate(model="smollm2", prompt="Weather?", think=True, stream=False))
+    await _finish(worker, await worker.take(), THINKING)
+    generated = await task
+    assert (generated.thinking, generated.response) == ("It is sunny.", "Sunny.")
+    task = asyncio.create_task(sdk.chat(model="smollm2", messages=ASK, think=False, stream=False))
+    await _finish(worker, await worker.take(), THINKING)
+    kept = await task
+    assert kept.message.content == "".join(THINKING) and not kept.message.thinking
+
+
 async def test_history_tool_calls_and_results_become_chat_turns(sdk, worker) -> None:
     messages = [*ASK, {"role": "assistant", "content": "", "tool_calls": [
         {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
