@@ -52,6 +52,12 @@ def call_item(item: str, call: dict[str, str], status: str = "completed") -> dic
             "arguments": call["arguments"]}
 
 
+def reasoning_item(item: str, text: str | None, status: str = "completed") -> dict[str, Any]:
+    """A reasoning output item: the reply's thinking block as reasoning_text content (none while in progress)."""
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"id": item, "type": "reasoning", "status": status, "summary": [], "content": content}
+
+
 def is_complete_call(arguments: str) -> bool:
     """Whether a call's arguments are a whole JSON object (a call cut short by max_output_tokens is not)."""
     try:
@@ -60,10 +66,12 @@ def is_complete_call(arguments: str) -> bool:
         return False
 
 
-def output_items(text: str | None, calls: list[dict[str, str]], finish_reason: str | None) -> list[dict[str, Any]]:
-    """The output of a finished reply: its text as a message, then its complete calls."""
+def output_items(text: str | None, calls: list[dict[str, str]], finish_reason: str | None,
+                 reasoning: str | None = None) -> list[dict[str, Any]]:
+    """The output of a finished reply: its thinking as a reasoning item, its text as a message, then its
+    complete calls."""
     status = "incomplete" if finish_reason == "length" else "completed"
-    items = []
+    items = [reasoning_item(item_id("rs"), reasoning)] if reasoning else []
     if text or not calls:
         items.append(message_item(item_id("msg"), text or "", status))
     items += [call_item(item_id("fc"), call) for call in calls if is_complete_call(call["arguments"])]

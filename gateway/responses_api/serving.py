@@ -33,11 +33,13 @@ from gateway.api_keys import current_key
 from gateway.broker import Broker
 from gateway.generation import Generation
 from gateway.protocol import ChatRequest
+from gateway.reasoning import Reasoning
+from gateway.reply_parsing import Part, ReplyParser
 from gateway.responses_api import bodies
 from gateway.responses_api.protocol import ResponsesRequest, chat_request
 from gateway.responses_api.store import RUNNING, ResponseStore, StoredResponse
 from gateway.sse import Comment
-from gateway.tool_output import ArgumentsDelta, CallStart, Item, ToolCallParser
+from gateway.tool_output import ArgumentsDelta, CallStart
 from shared.errors import InternalError, InvalidRequest, LLMFleetError
 from shared.messages import TokenEvent
 from shared.settings import Settings
@@ -122,7 +124,7 @@ async def _run(broker: Broker, store: ResponseStore, prepared: Prepared, setting
         raise
     choice = done.choices[0]
     calls = choice.tool_calls or []
-    output = bodies.output_items(choice.text, calls, choice.finish_reason)
+    output = bodies.output_items(choice.text, calls, choice.finish_reason, choice.reasoning)
     body = prepared.body(bodies.status_of(choice.finish_reason), output=output, usage=done.usage)
     await _save_final(store, prepared, body)
     return body
@@ -172,12 +174,14 @@ async def stream_response(broker: Broker, store: ResponseStore, request: Respons
     prepared = await prepare(store, request, settings)
     await _save_running(store, prepared)
     try:
+        opened = await serving.opens_thinking(broker, prepared.chat)
         started = await serving.start_stream(broker, prepared.chat, settings, request_id=prepared.request_id)
     except LLMFleetError as exc:
         await _save_final(store, prepared, prepared.body("failed", error=exc))
         raise
-    return ResponseStream(started, prepared, store, tools=prepared.chat.tools.active,
-                          keepalive_s=settings.sse_keepalive_s, broker=broker)
+    parser = ReplyParser(reasoning=prepared.chat.reasoning, tools=prepared.chat.tools.active, forced_open=opened)
+    return ResponseStream(started, prepared, store, parser=parser, keepalive_s=settings.sse_keepalive_s,
+                          broker=broker)
 
 
 class _Output:
@@ -186,11 +190,17 @@ class _Output:
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
         self._message: dict[str, Any] | None = None  # the message item being filled
+        self._reasoning: dict[str, Any] | None = None  # the reasoning item being filled (it comes first)
         self._call: dict[str, Any] | None = None  # a call whose arguments are still coming
         self._deltas: list[str] = []
 
-    def add(self, piece: Item) -> list[dict[str, Any]]:
-        """The events that carry one piece of parsed output: text, a call's start, or its arguments."""
+    def add(self, piece: Part) -> list[dict[str, Any]]:
+        """The events that carry one piece of parsed output: thinking, text, a call's start, or its arguments."""
+        if isinstance(piece, Reasoning):
+            return self._think(piece.text)
+        return self._close_reasoning("completed") + self._answer(piece)
+
+    def _answer(self, piece: Part) -> list[dict[str, Any]]:
         if isinstance(piece, ArgumentsDelta):
             assert self._call is not None
             self._call["arguments"] += piece.text
@@ -210,10 +220,38 @@ class _Output:
     def close(self, finish_reason: str | None) -> list[dict[str, Any]]:
         """Close what is open at the end of the reply (an empty reply is one empty message)."""
         status = "incomplete" if finish_reason in ("length", "cancelled") else "completed"
-        events = self._close_message(status) + self._flush_call()
+        events = self._close_reasoning(status) + self._close_message(status) + self._flush_call()
         if not self.items:
             events = self._open_message() + self._close_message(status)
         return events
+
+    def _think(self, text: str) -> list[dict[str, Any]]:
+        """A piece of the thinking block: opens the reasoning item on the first one."""
+        if not text or (self._reasoning is not None and "text" not in self._reasoning):
+            return []  # the splitter sends all thinking before the answer: nothing comes after it closed
+        events = []
+        if self._reasoning is None:
+            self._reasoning = bodies.reasoning_item(bodies.item_id("rs"), None, "in_progress")
+            self.items.append(self._reasoning)
+            events.append({"type": "response.output_item.added", "output_index": len(self.items) - 1,
+                           "item": dict(self._reasoning)})
+            self._reasoning["text"] = ""
+        self._reasoning["text"] += text
+        return [*events, {**self._reasoning_ref(), "type": "response.reasoning_text.delta", "delta": text}]
+
+    def _reasoning_ref(self) -> dict[str, Any]:
+        assert self._reasoning is not None
+        return {"item_id": self._reasoning["id"], "output_index": self.items.index(self._reasoning),
+                "content_index": 0}
+
+    def _close_reasoning(self, status: str) -> list[dict[str, Any]]:
+        if self._reasoning is None or "text" not in self._reasoning:
+            return []
+        ref, text = self._reasoning_ref(), self._reasoning.pop("text")
+        item = bodies.reasoning_item(self._reasoning["id"], text, status)
+        self.items[ref["output_index"]] = self._reasoning = item  # closed: later thinking opens nothing new
+        return [{**ref, "type": "response.reasoning_text.done", "text": text},
+                {"type": "response.output_item.done", "output_index": ref["output_index"], "item": item}]
 
     def _open_message(self) -> list[dict[str, Any]]:
         if self._message is not None:
@@ -260,13 +298,13 @@ class _Output:
 class ResponseStream(serving.OpenStream):
     """The typed SSE events of one streamed response, whose job already started (or is still queued)."""
 
-    def __init__(self, started: serving.StartedStream, prepared: Prepared, store: ResponseStore, *, tools: bool,
-                 keepalive_s: float, broker: Broker) -> None:
+    def __init__(self, started: serving.StartedStream, prepared: Prepared, store: ResponseStore, *,
+                 parser: ReplyParser, keepalive_s: float, broker: Broker) -> None:
         self._generation: Generation = started.generation
         self._priming = started.priming
         self._prepared = prepared
         self._store_client = store
-        self._parser = ToolCallParser() if tools else None
+        self._parser = parser  # thinking split off, then tool calls held until whole
         self._keepalive_s = keepalive_s
         self._errors = broker.errors
         self._sequence = 0
@@ -295,11 +333,6 @@ class ResponseStream(serving.OpenStream):
                 self._sequence += 1
             yield event
 
-    def _parse(self, text: str) -> list[Item]:
-        if self._parser is None:
-            return [text] if text else []
-        return self._parser.feed(text)
-
     async def _events(self) -> AsyncIterator[dict[str, Any] | Comment]:
         prepared, output = self._prepared, self._output
         try:
@@ -311,10 +344,10 @@ class ResponseStream(serving.OpenStream):
             while (item := await self._generation.next()) is not None:
                 _, event = item
                 if isinstance(event, TokenEvent):
-                    pieces = self._parse(event.text)
+                    pieces = self._parser.feed(event.text)
                 else:
                     finish = event.finish_reason
-                    pieces = self._parser.finish() if self._parser is not None else []
+                    pieces = self._parser.finish()
                 for piece in pieces:
                     for out in output.add(piece):
                         yield out

@@ -286,3 +286,27 @@ async def test_a_client_leaving_cancels_the_job_and_stores_it_cancelled(app_clie
     assert stored["status"] == "cancelled"
     if stream:
         assert stored["output"][0]["content"][0]["text"] == "Hel"
+
+
+THINKING = ["<think>", "\nIt is", " sunny.\n</th", "ink>\n\n", "Sunny", "."]
+
+
+async def test_a_thinking_block_is_a_reasoning_item_collected_and_streamed(sdk, client, worker) -> None:
+    task = asyncio.create_task(sdk.responses.create(model="smollm2", input="Weather?"))
+    await worker.answer(await worker.take(), THINKING)
+    response = await task
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == "It is sunny."
+    assert response.output_text == "Sunny."
+    task = asyncio.create_task(client.post("/v1/responses", json={"model": "smollm2", "input": "Hi", "stream": True}))
+    await worker.answer(await worker.take(), THINKING)
+    events = sse_events((await task).content)
+    kinds = [e["type"] for e in events]
+    assert kinds[:6] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.reasoning_text.delta", "response.reasoning_text.delta",
+                         "response.reasoning_text.done"]
+    assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == "It is sunny."
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Sunny."
+    final = events[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message"]
+    assert final["output"][0]["content"] == [{"type": "reasoning_text", "text": "It is sunny."}]
