@@ -6,9 +6,11 @@ submit(job):
      remembered load failure is a 503 model_load_failed);
   2. its waiting jobs (the consumer group's lag) must be under LLMFLEET_QUEUE_LIMIT (else 429 QueueFull);
   3. subscribe to llmfleet:events:{id} and wait for Redis's confirmation;
-  4. pick the stream (gateway/placement.py): a generation job whose prompt prefix a live worker with room
-     has cached goes on that worker's stream llmfleet:jobs@w:{worker}@{priority}:{model} (and the prefix
-     map is refreshed in the same MULTI); anything else on the shared llmfleet:jobs[@{priority}]:{model};
+  4. pick the stream (gateway/placement.py): with two or more live workers, a generation job goes to the
+     worker that has its prompt prefix cached, or else the least busy one, counting the placements under way
+     (reserved in the queue view until the XADD returns), on its stream llmfleet:jobs@w:{worker}@{priority}:{model}
+     (and the prefix map is refreshed in the same MULTI); anything else, or with no worker that has room, on
+     the shared llmfleet:jobs[@{priority}]:{model};
   5. XADD <stream> * job <bytes>   (approximately capped at LLMFLEET_STREAM_MAXLEN).
 The returned EventStream yields the request's events in seq order: duplicates (seq already seen) are
 dropped, a gap is filled from llmfleet:journal:{id}, and what the journal cannot fill is an error. No

@@ -195,6 +195,7 @@ def test_a_burst_of_new_streams_splits_evenly_over_two_idle_workers(start_cluste
             stream=True, extra_body={"ignore_eos": True})
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
+    splits = []
     for burst in range(3):  # repeated: the split must not depend on luck
         wait_until(lambda: sum(heartbeat_loads(client).values()) == 0, 60, "both workers to be idle")
         before = _jobs_started(cluster)
@@ -202,3 +203,5 @@ def test_a_burst_of_new_streams_splits_evenly_over_two_idle_workers(start_cluste
         assert all("reply" in r for r in results), results
         split = [after - earlier for after, earlier in zip(_jobs_started(cluster), before, strict=True)]
         assert sum(split) == 16 and min(split) >= 6, f"burst {burst}: 16 new streams split {split}"
+        splits.append(split)
+    print(f"\n16 concurrent new streams on 2 idle workers, 3 bursts: {splits}")
