@@ -21,4 +21,6 @@ RUN python -c "from worker.engine.kernels import warm_up; warm_up()"
 
 USER llmfleet
 EXPOSE 8000
+# 0.0.0.0 so a published port reaches it: it starts only with an API key (LLMFLEET_API_KEY / LLMFLEET_KEYS_FILE),
+# LLMFLEET_PUBLISHED_HOST=127.0.0.1 when the port is published on loopback only, or LLMFLEET_ALLOW_OPEN=1
 CMD ["llmfleet", "gateway", "--host", "0.0.0.0"]

@@ -10,7 +10,8 @@ gateway/tools.py), so both APIs make the same jobs and share every limit and che
 - max_tokens is required (not for count_tokens); temperature in [0, 1], top_p, top_k, stop_sequences, stream;
   output_config.format {type: json_schema, schema} is structured output (gateway/structured.py).
 - tools [{name, description, input_schema}] (Anthropic's server tools are refused); tool_choice {type: auto |
-  any | tool (with name) | none, disable_parallel_tool_use}. metadata, thinking and unknown fields are ignored.
+  any | tool (with name) | none, disable_parallel_tool_use}. thinking and unknown fields are ignored;
+  metadata.user_id is bounded (MAX_USER_ID_BYTES) and otherwise ignored.
 Text blocks of one turn are joined with a newline, as the OpenAI side joins text parts.
 """
 
@@ -20,13 +21,14 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from gateway.checks import bounded_int, invalid, is_number
-from gateway.protocol import ChatRequest, parse_chat
+from gateway.checks import bounded_int, invalid, is_number, text_within
+from gateway.protocol import MAX_STOP_BYTES, ChatRequest, parse_chat
+from gateway.tools import MAX_CALL_TEXT_BYTES
 from shared.errors import InvalidRequest
 from shared.settings import Settings
 
 MAX_STOP_SEQUENCES = 16
-MAX_STOP_SEQUENCE_CHARS = 1024
+MAX_USER_ID_BYTES = 256  # metadata.user_id
 UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "container_upload")
 
 
@@ -42,6 +44,7 @@ def parse_messages(body: dict[str, Any], settings: Settings, *, count_only: bool
 
 def to_chat_body(body: dict[str, Any], settings: Settings, *, count_only: bool = False) -> dict[str, Any]:
     """The OpenAI chat completions body an Anthropic messages body means (stop_sequences are read separately)."""
+    _metadata(body.get("metadata"))
     chat: dict[str, Any] = {"model": body.get("model"), "messages": _messages(body)}
     if not count_only:
         if body.get("max_tokens") is None:
@@ -167,6 +170,8 @@ def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
         raise invalid(f"{where}.id", "expected a non-empty string.")
     if not isinstance(name, str) or not name:
         raise invalid(f"{where}.name", "expected a non-empty string.")
+    text_within(call_id, f"{where}.id", max_bytes=MAX_CALL_TEXT_BYTES)
+    text_within(name, f"{where}.name", max_bytes=MAX_CALL_TEXT_BYTES)
     if not isinstance(arguments, dict):
         raise invalid(f"{where}.input", "expected an object.")
     return {"id": call_id, "type": "function",
@@ -178,6 +183,7 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise invalid(f"{where}.tool_use_id", "expected the id of the tool_use block this result answers.")
+    text_within(call_id, f"{where}.tool_use_id", max_bytes=MAX_CALL_TEXT_BYTES)
     content = block.get("content")
     text = "" if content is None else _text_blocks(content, f"{where}.content")
     is_error = block.get("is_error")
@@ -245,12 +251,22 @@ def _output_format(value: Any) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": output["schema"], "strict": True}}
 
 
+def _metadata(value: Any) -> None:
+    """Anthropic's metadata: an object whose user_id, if any, is a string of at most MAX_USER_ID_BYTES."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise invalid("metadata", "expected an object such as {\"user_id\": \"...\"}.")
+    if value.get("user_id") is not None:
+        text_within(value["user_id"], "metadata.user_id", max_bytes=MAX_USER_ID_BYTES)
+
+
 def _stop_sequences(value: Any) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
         raise invalid("stop_sequences", "expected an array of non-empty strings.")
-    if len(value) > MAX_STOP_SEQUENCES or any(len(s) > MAX_STOP_SEQUENCE_CHARS for s in value):
+    if len(value) > MAX_STOP_SEQUENCES or any(len(s.encode("utf-8", "surrogatepass")) > MAX_STOP_BYTES for s in value):
         raise invalid("stop_sequences", f"at most {MAX_STOP_SEQUENCES} sequences of at most "
-                                        f"{MAX_STOP_SEQUENCE_CHARS} characters each are allowed.")
+                                        f"{MAX_STOP_BYTES} bytes (UTF-8) each are allowed.")
     return list(value)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import redis
 from starlette.datastructures import UploadFile
@@ -23,7 +22,7 @@ from batches.input import URLS, parse_input
 from batches.queue import enqueue_batch
 from batches.store import BatchStore
 from gateway.api_keys import current_key
-from gateway.checks import integer, invalid, parse_json_object, string
+from gateway.checks import integer, invalid, metadata, parse_json_object, string
 from gateway.redis_errors import redis_unavailable
 from shared.errors import BodyTooLarge, InvalidRequest, NotFound
 from shared.settings import Settings
@@ -31,7 +30,6 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 PURPOSES = ("batch",)
-MAX_METADATA_PAIRS = 16
 UPLOAD_OVERHEAD_BYTES = 64 * 1024  # multipart framing and the small fields around an uploaded file
 UPLOAD_PATHS = frozenset({"/v1/files", "/files"})
 
@@ -144,7 +142,7 @@ async def create_batch(request: Request) -> Response:
     window = string(body, "completion_window", max_len=16)
     if window not in objects.COMPLETION_WINDOW_S:
         raise invalid("completion_window", f"{window!r} is not supported; use '24h'.")
-    metadata = _metadata(body.get("metadata"))
+    tags = metadata(body)
     with redis_unavailable(settings.retry_after_s):
         try:
             item = await _files(request).get(input_file_id, _owner())
@@ -156,22 +154,11 @@ async def create_batch(request: Request) -> Response:
         lines = await asyncio.to_thread(parse_input, data, max_lines=settings.max_batch_lines,
                                         max_body_bytes=settings.max_body_bytes)
         batch = await _batches(request).create(input_file_id=input_file_id, endpoint=endpoint,
-                                               completion_window=window, metadata=metadata, total=len(lines),
+                                               completion_window=window, metadata=tags, total=len(lines),
                                                owner=_owner(creating=True))
         await asyncio.to_thread(enqueue_batch, _rq_connection(request), batch["id"])
     log.info("batch %s created: %d requests", batch["id"], len(lines))
     return JSONResponse(batch)
-
-
-def _metadata(value: Any) -> dict[str, str] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict) or len(value) > MAX_METADATA_PAIRS:
-        raise invalid("metadata", f"expected an object of at most {MAX_METADATA_PAIRS} string pairs.")
-    for key, item in value.items():
-        if len(key) > 64 or not isinstance(item, str) or len(item) > 512:
-            raise invalid("metadata", "keys are at most 64 characters, values strings of at most 512.")
-    return value
 
 
 async def get_batch(request: Request) -> Response:

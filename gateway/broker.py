@@ -6,9 +6,11 @@ submit(job):
      remembered load failure is a 503 model_load_failed);
   2. its waiting jobs (the consumer group's lag) must be under LLMFLEET_QUEUE_LIMIT (else 429 QueueFull);
   3. subscribe to llmfleet:events:{id} and wait for Redis's confirmation;
-  4. pick the stream (gateway/placement.py): a generation job whose prompt prefix a live worker with room
-     has cached goes on that worker's stream llmfleet:jobs@w:{worker}@{priority}:{model} (and the prefix
-     map is refreshed in the same MULTI); anything else on the shared llmfleet:jobs[@{priority}]:{model};
+  4. pick the stream (gateway/placement.py): with two or more live workers, a generation job goes to the
+     worker that has its prompt prefix cached, or else the least busy one, counting the placements under way
+     (reserved in the queue view until the XADD returns), on its stream llmfleet:jobs@w:{worker}@{priority}:{model}
+     (and the prefix map is refreshed in the same MULTI); anything else, or with no worker that has room, on
+     the shared llmfleet:jobs[@{priority}]:{model};
   5. XADD <stream> * job <bytes>   (approximately capped at LLMFLEET_STREAM_MAXLEN).
 The returned EventStream yields the request's events in seq order: duplicates (seq already seen) are
 dropped, a gap is filled from llmfleet:journal:{id}, and what the journal cannot fill is an error. No
@@ -32,9 +34,9 @@ from gateway import admission
 from gateway.error_log import ErrorLog
 from gateway.loras import resolve_job
 from gateway.metrics import FleetSnapshot, GatewayMetrics
-from gateway.placement import Candidate, Choice, PrefixMap, choose, placeable, prefix_chain, prompt_text
+from gateway.placement import Choice, PrefixMap, candidates_of, choose, placeable, prefix_chain, prompt_text
 from gateway.pool import Pool
-from gateway.queue_view import READ_EVERY_S, QueueView, read_queue_state
+from gateway.queue_view import READ_EVERY_S, QueueState, QueueView, read_queue_state
 from gateway.rate_limit import RateLimiter
 from gateway.redis_errors import redis_unavailable
 from gateway.registry import Registry
@@ -111,16 +113,33 @@ class Broker:
 
     async def submit(self, job: Job) -> EventStream:
         """Admit and queue `job`; returns the stream of its events (close it when done)."""
-        job, workers, queued = await self._admit(job)  # counted in self._admitting until it is in a stream
+        job, workers = await self._admit(job)  # counted in self._admitting until it is in a stream
         try:
-            return await self._queue(job, workers, queued)
+            return await self._queue(job, workers)
         finally:
             self._admitting[job.model] -= 1
 
-    async def _queue(self, job: Job, workers: list[RegistryEntry], queued: dict[str, int]) -> EventStream:
+    async def _queue(self, job: Job, workers: list[RegistryEntry]) -> EventStream:
         """Place the job (see _place), write it to its stream and subscribe to its events."""
         with redis_unavailable(self.settings.retry_after_s):
-            chain, choice = await self._place(job, workers, queued)
+            chain, choice = await self._place(job, workers)  # a placement on a worker is reserved from here on
+        written = False
+        try:
+            queue = await self._write(job, chain, choice)
+            written = True
+        finally:
+            if choice.worker_id is not None:
+                self.queue_view.settle(job.model, choice.worker_id, written=written)
+        if choice.worker_id is None:
+            self.queue_view.note_queued(job.model, None)
+        if isinstance(job, GenerateJob):
+            self.metrics.placements.labels(job.model, choice.reason).inc()
+        log.info("queued %s (placement %s%s)", job.describe(), choice.reason,
+                 f" on {choice.worker_id}, depth {choice.depth}" if choice.worker_id else "")
+        return EventStream(self, job, queue)
+
+    async def _write(self, job: Job, chain: list[str], choice: Choice) -> asyncio.Queue[QueueItem]:
+        """Subscribe to the job's events, then write it to its stream (and its prefix chain to the map)."""
         channel = keys.events_channel(job.id)
         queue = await self.subscriber.subscribe(channel)
         try:
@@ -137,12 +156,7 @@ class Broker:
         except BaseException:
             await self.subscriber.unsubscribe(channel)
             raise
-        self.queue_view.note_queued(job.model, choice.worker_id)
-        if isinstance(job, GenerateJob):
-            self.metrics.placements.labels(job.model, choice.reason).inc()
-        log.info("queued %s (placement %s%s)", job.describe(), choice.reason,
-                 f" on {choice.worker_id}, depth {choice.depth}" if choice.worker_id else "")
-        return EventStream(self, job, queue)
+        return queue
 
     async def cancel(self, request_id: str, model: str, reason: str, deadline: float) -> None:
         """Tell the workers to drop a request: mark it cancelled, then announce it. Never raises."""
@@ -158,22 +172,26 @@ class Broker:
             return
         log.info("cancelled %s (%s)", request_id, reason)
 
-    async def _place(self, job: Job, workers: list[RegistryEntry],
-                     queued: dict[str, int]) -> tuple[list[str], Choice]:
-        """Where the job goes (see gateway/placement.py), and the prefix chain to record for it."""
+    async def _place(self, job: Job, workers: list[RegistryEntry]) -> tuple[list[str], Choice]:
+        """Where the job goes (see gateway/placement.py), and the prefix chain to record for it; a choice of a
+        worker is reserved in the queue view before anything else awaits (the caller settles it)."""
         generation = placeable(job)
         if not self.settings.prefix_placement or generation is None:
             return [], Choice(None, "off")
-        candidates = [Candidate(w.worker_id, w.slots, w.load, queued.get(w.worker_id, 0)) for w in workers]
-        if len(candidates) < 2:
+        if len(workers) < 2:
             return [], Choice(None, "single")
         chain = prefix_chain(prompt_text(generation))
         owners = await self.prefix_map.owners(job.model, chain)
-        return chain, choose(candidates, chain, owners, balance_abs=self.settings.placement_balance_abs)
+        candidates = candidates_of(workers, self.queue_view.loads(job.model))  # counted now, not at admission
+        choice = choose(candidates, chain, owners, balance_abs=self.settings.placement_balance_abs,
+                        request_id=job.id)
+        if choice.worker_id is not None:
+            self.queue_view.reserve(job.model, choice.worker_id)
+        return chain, choice
 
-    async def _admit(self, job: Job) -> tuple[Job, list[RegistryEntry], dict[str, int]]:
-        """Refuse the job unless the model can take it now; returns it with its LoRA adapters resolved, the
-        model's live workers and, per worker id, the placed jobs waiting on its own streams."""
+    async def _admit(self, job: Job) -> tuple[Job, list[RegistryEntry]]:
+        """Refuse the job unless the model can take it now; returns it with its LoRA adapters resolved and the
+        model's live workers."""
         model = job.model
         live = await self.registry.live_workers()
         catalogued = model in await self.pool.catalogue()
@@ -200,7 +218,8 @@ class Broker:
         if isinstance(job, GenerateJob) and widest and job.n > widest:
             raise InvalidRequest(f"n is {job.n}, but the workers of model '{model}' run at most {widest} "
                                  "sequences at once.", param="n")
-        waiting, in_flight, queued = await self.queue_view.state(model)
+        state = await self.queue_view.state(model)
+        waiting, in_flight = state.waiting, state.in_flight
         waiting += self._admitting.get(model, 0)  # admitted here, not yet in the stream: a burst's own requests
         if waiting >= self.settings.queue_limit:
             raise QueueFull(
@@ -219,9 +238,9 @@ class Broker:
                 f"rate its workers finish them; this one could not finish well before its deadline; "
                 "please retry", retry_after=admission.retry_after_s(expected, budget))
         self._admitting[model] = self._admitting.get(model, 0) + 1  # no await since the count was read
-        return job, workers, queued
+        return job, workers
 
-    async def _admit_cold(self, job: Job) -> tuple[Job, list[RegistryEntry], dict[str, int]]:
+    async def _admit_cold(self, job: Job) -> tuple[Job, list[RegistryEntry]]:
         """Admit a job for a catalogued model no worker serves yet (queue limit only: the node's load timeout
         bounds the wait); a remembered load failure is its 503."""
         model = job.model
@@ -230,13 +249,13 @@ class Broker:
             await self.pool.command("load", model)
             raise NoWorkerAvailable(f"model '{model}' is being loaded; its LoRA adapters can be used once it is "
                                     "ready; please retry", retry_after=self.settings.retry_after_s)
-        waiting, _in_flight, queued = await self.queue_view.state(model)
+        waiting = (await self.queue_view.state(model)).waiting
         waiting += self._admitting.get(model, 0)
         if waiting >= self.settings.queue_limit:
             raise QueueFull(f"model '{model}' has {waiting} requests waiting, the limit is "
                             f"{self.settings.queue_limit}; please retry", retry_after=self.settings.retry_after_s)
         self._admitting[model] = self._admitting.get(model, 0) + 1
-        return job, [], queued
+        return job, []
 
     async def fleet_snapshot(self) -> FleetSnapshot:
         """Live workers and the waiting jobs of each of their models, for /metrics."""
@@ -246,10 +265,10 @@ class Broker:
 
     async def waiting(self, model: str) -> int:
         """Jobs of `model` queued but not yet taken by any worker, over all its priority classes."""
-        return (await self.queue_state(model))[0]
+        return (await self.queue_state(model)).waiting
 
-    async def queue_state(self, model: str) -> tuple[int, int, dict[str, int]]:
-        """(waiting, in flight, placed waiting per worker id), read now (see gateway/queue_view.py)."""
+    async def queue_state(self, model: str) -> QueueState:
+        """The model's jobs by state (waiting, in flight, per worker), read now (see gateway/queue_view.py)."""
         return await read_queue_state(self.redis, model, self.settings.retry_after_s)
 
 

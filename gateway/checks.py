@@ -10,6 +10,9 @@ from typing import Any
 from shared.errors import InvalidRequest
 
 _MISSING = object()
+MAX_METADATA_PAIRS = 16  # OpenAI's limits on `metadata` (chat completions, batches)
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -101,6 +104,29 @@ def string(body: Mapping[str, Any], name: str, *, default: Any = _MISSING, max_l
         raise invalid(name, f"expected a string, got {_kind(value)}.")
     if len(value) > max_len:
         raise invalid(name, f"longer than {max_len} characters.")
+    return value
+
+
+def text_within(value: Any, param: str, *, max_bytes: int) -> str:
+    """`value` must be a string of at most `max_bytes` bytes in UTF-8 (a bound on free text, whatever its script)."""
+    if not isinstance(value, str):
+        raise invalid(param, f"expected a string, got {_kind(value)}.")
+    if len(value) > max_bytes or len(value.encode("utf-8", "surrogatepass")) > max_bytes:
+        raise invalid(param, f"longer than {max_bytes} bytes (UTF-8).")
+    return value
+
+
+def metadata(body: Mapping[str, Any], name: str = "metadata") -> dict[str, str] | None:
+    """An OpenAI `metadata` object: at most 16 string pairs, keys up to 64 characters, values up to 512."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_METADATA_PAIRS:
+        raise invalid(name, f"expected an object of at most {MAX_METADATA_PAIRS} string pairs.")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY_CHARS or not isinstance(item, str) or len(item) > MAX_METADATA_VALUE_CHARS:
+            raise invalid(name, f"keys are at most {MAX_METADATA_KEY_CHARS} characters, values strings of at most "
+                                f"{MAX_METADATA_VALUE_CHARS}.")
     return value
 
 

@@ -9,6 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.checks import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
+from gateway.protocol import (
+    MAX_LOGIT_BIAS,
+    MAX_MODEL_NAME,
+    MAX_NAME_BYTES,
+    MAX_STOP,
+    MAX_STOP_BYTES,
+    MAX_TOKEN_ID_DIGITS,
+    MAX_USER_CHARS,
+)
 from shared.messages import PRIORITIES
 from shared.settings import Settings
 
@@ -33,13 +43,19 @@ def _token_ids(limit: int, *, min_items: int = 1) -> Schema:
             "minItems": min_items, "maxItems": limit}
 
 
+def _text(max_bytes: int, *, min_length: int = 0) -> Schema:
+    """A string the gateway bounds in UTF-8 bytes: JSON Schema counts characters (up to 4 bytes each), so the
+    schema's maxLength is what any script fits in, and the description states the byte bound."""
+    return {"type": "string", "minLength": min_length, "maxLength": max_bytes // 4,
+            "description": f"at most {max_bytes} bytes in UTF-8"}
+
+
 def _sampling(settings: Settings) -> dict[str, Schema]:
     """The fields chat and text completions share."""
-    stop = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "maxItems": 4,
-                                                              "items": {"type": "string", "minLength": 1}},
-                      {"type": "null"}]}
+    stop_text = _text(MAX_STOP_BYTES, min_length=1)
+    stop = {"anyOf": [stop_text, {"type": "array", "maxItems": MAX_STOP, "items": stop_text}, {"type": "null"}]}
     return {
-        "model": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": r"\S",
+        "model": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME, "pattern": r"\S",
                   "description": "optional when exactly one model is served"},
         "n": _nullable({"type": "integer", "minimum": 1, "maximum": settings.max_n}),
         "stream": _nullable({"type": "boolean"}),
@@ -55,8 +71,12 @@ def _sampling(settings: Settings) -> dict[str, Schema]:
         "stop": stop,
         "logit_bias": _nullable({"type": "object", "additionalProperties": {"type": "number", "minimum": -100,
                                                                             "maximum": 100},
-                                 "propertyNames": {"pattern": "^[0-9]{1,5}$"}, "maxProperties": 300}),
-        "user": _nullable({"type": "string", "maxLength": 256}),
+                                 "propertyNames": {"pattern": f"^[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}$"},
+                                 "maxProperties": MAX_LOGIT_BIAS}),
+        "user": _nullable({"type": "string", "maxLength": MAX_USER_CHARS}),
+        "metadata": _nullable({"type": "object", "maxProperties": MAX_METADATA_PAIRS,
+                               "propertyNames": {"maxLength": MAX_METADATA_KEY_CHARS},
+                               "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_CHARS}}),
         "ignore_eos": _nullable({"type": "boolean"}),
         "cache_prompt": _nullable({"type": "boolean"}),
         "priority": _nullable({"enum": list(PRIORITIES)}),
@@ -71,7 +91,7 @@ def _request_schemas(settings: Settings) -> dict[str, Schema]:
                          {"type": "array", "items": text_part, "maxItems": 8}]}
     message = {"oneOf": [
         _object({"role": {"enum": ["system", "developer", "user"]}, "content": content, "name":
-                 {"type": "string", "maxLength": 64}}, ("role", "content")),
+                 _text(MAX_NAME_BYTES)}, ("role", "content")),
         _object({"role": {"const": "assistant"}, "content": _nullable(content)}, ("role",)),
     ]}
     chat = _object({**_sampling(settings),

@@ -8,13 +8,20 @@ a partial last chunk is left out (like the worker's prefix cache, which keeps fu
 about 64 tokens, i.e. two KV blocks.
 
 `llmfleet:prefix:{model}:{h_i}` = the worker that last got a prompt with that prefix (EX LLMFLEET_PREFIX_TTL_S).
+A worker's load (`busy`) is counted as placement chooses, not as of the last read: the jobs it holds (its
+consumer's pending entries, or its heartbeat's load if higher), the jobs placed on it and not yet taken, and
+the placements this gateway chose and is still writing (gateway/queue_view.py `loads`, `reserve`). Without
+the last two, every request of a burst saw the same idle workers and went to the same one.
 choose():
-  1. fewer than two live workers, or no full chunk: the shared stream (nothing to choose);
-  2. imbalance guard (as SGLang's cache-aware router): when busy (running + placed and not yet taken) differs
+  1. fewer than two live workers: the shared stream (nothing to choose);
+  2. no full chunk (a short prompt, nothing to reuse): the least busy worker with room (ties: rendezvous hash
+     of the request id), so a burst of short prompts spreads instead of being read by whichever worker
+     reads the shared stream first;
+  3. imbalance guard (as SGLang's cache-aware router): when busy (running + placed and not yet taken) differs
      by more than LLMFLEET_PLACEMENT_BALANCE_ABS and the busiest has over BALANCE_REL times the least busy's,
      the least busy worker with room wins, cache or not;
-  3. the deepest hash whose worker is live and below its slot count wins;
-  4. else the least busy worker with room (ties: rendezvous hash of the first chunk, so a new prefix goes to
+  4. the deepest hash whose worker is live and below its slot count wins;
+  5. else the least busy worker with room (ties: rendezvous hash of the first chunk, so a new prefix goes to
      the same worker from every gateway); no worker with room: the shared stream, which whoever frees a slot
      first reads.
 """
@@ -22,7 +29,7 @@ choose():
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -30,6 +37,7 @@ from redis.asyncio import Redis
 
 from shared import keys
 from shared.messages import GenerateJob, Job
+from shared.registry import RegistryEntry
 
 CHUNK_CHARS = 256
 MAX_CHUNKS = 64  # the chain covers at most the first 16 KiB characters (bounded work and map writes)
@@ -43,8 +51,8 @@ class Candidate:
 
     worker_id: str
     slots: int
-    running: int  # sequences in flight (its heartbeat's load)
-    queued: int  # jobs on its per-worker streams that it has not taken yet
+    running: int  # sequences in flight (its heartbeat's load, or the jobs it holds if more)
+    queued: int  # jobs placed on it and not taken yet (its streams, and this gateway's writes under way)
 
     @property
     def busy(self) -> int:
@@ -62,7 +70,7 @@ class Choice:
     """Where one job goes: a worker id (its per-worker stream) or None (the shared stream), and why."""
 
     worker_id: str | None
-    reason: str  # "single", "short", "balance", "hit", "new", "full"
+    reason: str  # "single", "short", "balance", "hit", "new", "full", "off"
     depth: int = 0  # chunks of the prefix the chosen worker is known to have (hit only)
 
 
@@ -111,12 +119,14 @@ def imbalanced(candidates: Sequence[Candidate], balance_abs: int) -> bool:
 
 
 def choose(candidates: Sequence[Candidate], chain: Sequence[str], owners: Sequence[str | None], *,
-           balance_abs: int) -> Choice:
-    """Pick the worker for a job whose prefix chain is `chain`; owners[i] is who last got chain[i] (or None)."""
+           balance_abs: int, request_id: str = "") -> Choice:
+    """Pick the worker for a job whose prefix chain is `chain`; owners[i] is who last got chain[i] (or None);
+    `request_id` breaks ties between equally busy workers for a prompt too short to have a chain."""
     if len(candidates) < 2:
         return Choice(None, "single")
     if not chain:
-        return Choice(None, "short")
+        target = least_busy(candidates, request_id)
+        return Choice(target.worker_id if target else None, "short" if target else "full")
     seed = chain[0]
     if imbalanced(candidates, balance_abs):
         target = least_busy(candidates, seed)
@@ -149,6 +159,15 @@ class PrefixMap:
         """Queue on `pipe` the writes that map every prefix of the chain to `worker_id`."""
         for digest in chain:
             pipe.set(keys.prefix_owner(model, digest), worker_id, px=self._ttl_ms)  # type: ignore[attr-defined]
+
+
+def candidates_of(workers: Sequence[RegistryEntry], loads: Mapping[str, tuple[int, int]]) -> list[Candidate]:
+    """The live workers as placement counts them; loads[worker id] = (jobs held, jobs placed and not taken)."""
+    candidates = []
+    for worker in workers:
+        held, placed = loads.get(worker.worker_id, (0, 0))
+        candidates.append(Candidate(worker.worker_id, worker.slots, max(worker.load, held), placed))
+    return candidates
 
 
 def placeable(job: Job) -> GenerateJob | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from gateway.queue_view import QueueState
 from gateway.redis_errors import redis_unavailable
 from gateway.registry import Registry
 from shared import keys
@@ -142,8 +143,7 @@ class Pool:
                       maxlen=COMMANDS_MAXLEN, approximate=True)
             await pipe.execute()
 
-    async def statuses(self, queue_state: Callable[[str], Awaitable[tuple[int, int, dict[str, int]]]]
-                       ) -> list[ModelStatus]:
+    async def statuses(self, queue_state: Callable[[str], Awaitable[QueueState]]) -> list[ModelStatus]:
         """Every catalogued or served model's pool status; `queue_state(model)` is the broker's (waiting, taken
         but not finished, placed per worker)."""
         self._read_at = None  # the admin API reads fresh
@@ -165,7 +165,8 @@ class Pool:
             loading = sum(1 for _, slot in slots if slot.state == LOADING)
             status = READY if workers else FAILED if failed else LOADING if loading else UNLOADED
             last = max([used or 0.0, *(slot.last_used for _, slot in slots)]) or None
-            waiting, taken, _placed = await queue_state(model)
+            state = await queue_state(model)
+            waiting, taken = state.waiting, state.in_flight
             statuses.append(ModelStatus(
                 model=model, status=status, catalogued=model in catalogued, replicas=len(workers), loading=loading,
                 memory_bytes=sum(slot.memory for _, slot in slots), last_used=last,

@@ -23,22 +23,30 @@ from gateway.checks import (
     integer,
     invalid,
     is_number,
+    metadata,
     number,
     string,
+    text_within,
     token_ids,
 )
 from gateway.loras import parse_loras, split_model
 from gateway.reasoning import parse_reasoning_format
 from gateway.structured import parse_constraint
-from gateway.tools import ToolOptions, parse_tool_calls, parse_tools
+from gateway.tools import MAX_CALL_TEXT_BYTES, ToolOptions, parse_tool_calls, parse_tools
 from shared.errors import InvalidRequest
 from shared.messages import PRIORITIES, ChatMessage, LoraRef, OutputConstraint, Sampling
 from shared.settings import Settings
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_STOP = 4
-MAX_LOGIT_BIAS = 1024
+# Bounds on the free-text fields besides the prompt (max_prompt_chars) and tools (gateway/tools.py); the OpenAPI
+# document (gateway/openapi.py) states these same constants.
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_STOP_BYTES = 1024  # one stop sequence, UTF-8 (the worker holds back as much output as the longest one)
+MAX_LOGIT_BIAS = 1024  # logit_bias entries
+MAX_TOKEN_ID_DIGITS = 10  # a logit_bias key: a token id in decimal
 MAX_MODEL_NAME = 256
+MAX_USER_CHARS = 256  # `user`
+MAX_NAME_BYTES = 256  # messages[].name
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 INT64 = (-(1 << 63), (1 << 63) - 1)
 
@@ -180,7 +188,8 @@ def _generation(
         logit_bias=_logit_bias(body.get("logit_bias")),
         seed=integer(body, "seed", None, *INT64),
     )
-    string(body, "user", default="", max_len=256)
+    string(body, "user", default="", max_len=MAX_USER_CHARS)
+    metadata(body)
     return CompletionOptions(
         model=model,
         max_tokens=max_tokens,
@@ -206,6 +215,8 @@ def _stop(value: Any) -> list[str]:
         raise invalid("stop", "expected a non-empty string or an array of non-empty strings.")
     if len(stops) > MAX_STOP:
         raise invalid("stop", f"at most {MAX_STOP} stop sequences are allowed.")
+    for stop in stops:
+        text_within(stop, "stop", max_bytes=MAX_STOP_BYTES)
     return list(stops)
 
 
@@ -218,7 +229,7 @@ def _logit_bias(value: Any) -> dict[int, float]:
         raise invalid("logit_bias", f"at most {MAX_LOGIT_BIAS} entries are allowed.")
     bias: dict[int, float] = {}
     for key, amount in value.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS):
             raise invalid("logit_bias", f"key {key!r} is not a token id.")
         if not is_number(amount) or not -100 <= amount <= 100:
             raise invalid("logit_bias", f"the bias of token {key} must be a number between -100 and 100.")
@@ -250,6 +261,8 @@ def _message(item: Any, param: str) -> ChatMessage:
     tool_call_id = item.get("tool_call_id")
     if role == "tool" and not isinstance(tool_call_id, str):
         raise invalid(f"{param}.tool_call_id", "a tool message needs the id of the call it answers.")
+    if role == "tool":
+        text_within(tool_call_id, f"{param}.tool_call_id", max_bytes=MAX_CALL_TEXT_BYTES)
     content = item.get("content")
     if content is None and role == "assistant":
         content = ""
@@ -258,8 +271,8 @@ def _message(item: Any, param: str) -> ChatMessage:
     if not isinstance(content, str):
         raise invalid(f"{param}.content", "expected a string or an array of text parts.")
     name = item.get("name")
-    if name is not None and not isinstance(name, str):
-        raise invalid(f"{param}.name", "expected a string.")
+    if name is not None:
+        text_within(name, f"{param}.name", max_bytes=MAX_NAME_BYTES)
     return ChatMessage(role=role, content=content, name=name, tool_calls=tool_calls,
                        tool_call_id=tool_call_id if role == "tool" else None)
 

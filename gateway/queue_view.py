@@ -1,7 +1,10 @@
-"""A model's queue as admission sees it: waiting, in flight, and placed waiting per worker, read from Redis.
+"""A model's queue as admission and placement see it: waiting, in flight, and per worker its placed jobs
+waiting and the jobs it holds, read from Redis.
 
 `read_queue_state` reads every stream of the model (shared and per-worker, every priority class) in one
-pipeline. Admission does not read it per request: under a burst of hundreds, a read per request (9 streams'
+pipeline: each stream's consumer group (lag, pending) and its consumers (pending per worker: the jobs a worker
+took and has not acked, wherever they were queued, counted the moment it takes them, whereas its heartbeat's
+load lags by up to a heartbeat and the registry cache). Admission does not read it per request: under a burst of hundreds, a read per request (9 streams'
 XINFO GROUPS and XLEN each for 2 workers) was most of the gateway's work while the workers took every core.
 `QueueView` shares one read among the requests that arrive while it is under way (single flight), may reuse
 it for READ_EVERY_S (0 by default: a reused read counted the burst's jobs that workers had already taken as
@@ -10,6 +13,12 @@ too), so a burst still counts itself. A job admitted but not yet written is coun
 (`_admitting`) until its XADD returns; one whose XADD returned while the read was under way is taken to be in
 the read (it was written before the read's reply came; a job Redis wrote just after the read's XINFO is missed
 until the next read). Other gateways' jobs are seen at the next read.
+
+Placement (gateway/placement.py) counts a worker's load synchronously with its choice (`loads`): the last read,
+this gateway's jobs queued since, and its reservations, placements chosen whose XADD has not returned yet
+(`reserve` at the choice, `settle` when the write returned or failed). So concurrent placements count toward a
+worker before its jobs are read, and a burst of new streams spreads over idle workers instead of piling onto
+whichever one the last read showed least busy.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -26,25 +36,35 @@ from gateway.redis_errors import redis_unavailable
 from shared import keys
 
 READ_EVERY_S = 0.0  # a read is reused this long (0: shared only by requests that arrive while it is under way)
-QueueState = tuple[int, int, dict[str, int]]  # (waiting, in flight, placed waiting per worker id)
+
+
+class QueueState(NamedTuple):
+    """A model's jobs by state, over its shared and per-worker streams and every priority class."""
+
+    waiting: int  # queued, not yet taken
+    in_flight: int  # taken, not yet acked
+    placed: dict[str, int]  # worker id -> jobs waiting on its own streams
+    held: dict[str, int]  # worker id -> jobs it took and has not acked (any stream of the model)
 
 
 async def read_queue_state(redis: Redis, model: str, retry_after_s: float) -> QueueState:
-    """(waiting, in flight, placed waiting per worker id): jobs of `model` not yet taken (shared and per-worker
-    streams, every priority class), those taken but not yet acked, and per worker those on its own streams."""
+    """The model's QueueState, read now in one pipeline (plus the placed-workers set before it)."""
     with redis_unavailable(retry_after_s):
         placed = sorted(m.decode(errors="replace") for m in await redis.smembers(keys.placed_workers(model)))
     owners = [""] * len(keys.PRIORITY_ORDER) + [w for w in placed for _ in keys.PRIORITY_ORDER]
     streams = keys.jobs_streams(model) + [s for w in placed for s in keys.worker_jobs_streams(model, w)]
     per_worker: dict[str, int] = {}
+    held: dict[str, int] = {}
     with redis_unavailable(retry_after_s):
         pipe = redis.pipeline(transaction=False)
         for stream in streams:
             pipe.xinfo_groups(stream)
             pipe.xlen(stream)
+            pipe.xinfo_consumers(stream, keys.JOBS_GROUP)
         replies = await pipe.execute(raise_on_error=False)
         total = in_flight = 0
-        for owner, stream, groups, length in zip(owners, streams, replies[::2], replies[1::2], strict=True):
+        for owner, stream, groups, length, consumers in zip(owners, streams, replies[::3], replies[1::3],
+                                                            replies[2::3], strict=True):
             if isinstance(length, Exception):
                 raise length
             group = None
@@ -63,7 +83,19 @@ async def read_queue_state(redis: Redis, model: str, retry_after_s: float) -> Qu
             total += depth
             if owner:
                 per_worker[owner] = per_worker.get(owner, 0) + depth
-    return total, in_flight, per_worker
+            _add_held(held, consumers)
+    return QueueState(total, in_flight, per_worker, held)
+
+
+def _add_held(held: dict[str, int], consumers: object) -> None:
+    """Add one stream's pending entries per consumer (a worker's id) to `held`; a missing group adds none."""
+    if not isinstance(consumers, list):
+        return
+    for consumer in consumers:
+        pending = int(consumer.get("pending") or 0)
+        if pending:
+            name = _text(consumer.get("name"))
+            held[name] = held.get(name, 0) + pending
 
 
 @dataclass
@@ -75,7 +107,8 @@ class _Snapshot:
 
 
 class QueueView:
-    """Admission's shared, briefly reused read of each model's queue plus this gateway's own jobs since."""
+    """Admission's shared, briefly reused read of each model's queue plus this gateway's own jobs since, and
+    placement's per-worker loads with this gateway's reservations."""
 
     def __init__(self, read: Callable[[str], Awaitable[QueueState]], *, max_age_s: float = READ_EVERY_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -86,6 +119,7 @@ class QueueView:
         self._reads: dict[str, asyncio.Future[_Snapshot]] = {}
         self._queued: dict[str, int] = {}  # model -> jobs this gateway queued, ever
         self._placed: dict[str, dict[str, int]] = {}  # model -> worker id -> jobs placed on its streams, ever
+        self._reserved: dict[str, dict[str, int]] = {}  # model -> worker id -> placements whose XADD is under way
 
     def note_queued(self, model: str, worker_id: str | None) -> None:
         """Count a job this gateway wrote to one of the model's streams (its worker's when placed)."""
@@ -94,17 +128,47 @@ class QueueView:
             placed = self._placed.setdefault(model, {})
             placed[worker_id] = placed.get(worker_id, 0) + 1
 
+    def reserve(self, model: str, worker_id: str) -> None:
+        """Count a placement on `worker_id` from its choice on, before its job is written (see `settle`)."""
+        reserved = self._reserved.setdefault(model, {})
+        reserved[worker_id] = reserved.get(worker_id, 0) + 1
+
+    def settle(self, model: str, worker_id: str, *, written: bool) -> None:
+        """End a reservation: its job is in the worker's stream now (counted as queued) or was never written."""
+        reserved = self._reserved[model]
+        reserved[worker_id] -= 1
+        if not reserved[worker_id]:
+            del reserved[worker_id]
+        if written:
+            self.note_queued(model, worker_id)
+
+    def loads(self, model: str) -> dict[str, tuple[int, int]]:
+        """worker id -> (jobs it holds, jobs placed on it and not yet taken) as of now: the last read plus this
+        gateway's jobs queued since and its reservations (no await: placement counts and reserves in one step)."""
+        snapshot = self._snapshots.get(model)
+        held = snapshot.state.held if snapshot else {}
+        placed = self._placed_now(model, snapshot)
+        for worker_id, count in self._reserved.get(model, {}).items():
+            placed[worker_id] = placed.get(worker_id, 0) + count
+        return {w: (held.get(w, 0), placed.get(w, 0)) for w in held.keys() | placed.keys()}
+
     async def state(self, model: str) -> QueueState:
-        """(waiting, in flight, placed waiting per worker) from a read at most max_age_s old, plus the jobs
-        this gateway queued since that read ended."""
+        """The model's QueueState from a read at most max_age_s old, plus the jobs this gateway queued since
+        that read ended."""
         snapshot = self._snapshots.get(model)
         if snapshot is None or self._clock() - snapshot.read_at >= self._max_age_s:
             snapshot = await self._fresh(model)
-        waiting, in_flight, per_worker = snapshot.state
+        waiting = snapshot.state.waiting + self._queued.get(model, 0) - snapshot.queued_before
+        return snapshot.state._replace(waiting=waiting, placed=self._placed_now(model, snapshot))
+
+    def _placed_now(self, model: str, snapshot: _Snapshot | None) -> dict[str, int]:
+        """Per worker: placed jobs waiting in the snapshot plus those this gateway placed since it."""
         placed = self._placed.get(model, {})
+        if snapshot is None:
+            return dict(placed)
         own = {w: n - snapshot.placed_before.get(w, 0) for w, n in placed.items()}
-        merged = {w: per_worker.get(w, 0) + own.get(w, 0) for w in per_worker.keys() | own.keys()}
-        return waiting + self._queued.get(model, 0) - snapshot.queued_before, in_flight, merged
+        read = snapshot.state.placed
+        return {w: read.get(w, 0) + own.get(w, 0) for w in read.keys() | own.keys()}
 
     async def _fresh(self, model: str) -> _Snapshot:
         """A new read, or the one already under way for the model."""

@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.checks import boolean, invalid
+from gateway.checks import boolean, invalid, text_within
 from gateway.structured import SCHEMA_NAME, json_schema_constraint
 from shared.messages import ToolCall, ToolChoice, ToolSpec
 
 MAX_TOOLS = 128
 MAX_DESCRIPTION_CHARS = 8192
 MAX_ARGUMENTS_CHARS = 64 * 1024
+MAX_CALL_TEXT_BYTES = 256  # a tool call's id (and a past call's function name), in UTF-8
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ def parse_tool_calls(value: Any, param: str) -> list[ToolCall]:
         name, arguments = function.get("name"), function.get("arguments", "{}")
         if not isinstance(name, str) or not name:
             raise invalid(f"{param}[{i}].function.name", "expected a non-empty string.")
+        text_within(name, f"{param}[{i}].function.name", max_bytes=MAX_CALL_TEXT_BYTES)
+        text_within(item["id"], f"{param}[{i}].id", max_bytes=MAX_CALL_TEXT_BYTES)
         if not isinstance(arguments, str) or len(arguments) > MAX_ARGUMENTS_CHARS:
             raise invalid(f"{param}[{i}].function.arguments",
                           f"expected a JSON string of at most {MAX_ARGUMENTS_CHARS} characters.")

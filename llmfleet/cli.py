@@ -132,7 +132,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     from dataclasses import replace
 
     settings = Settings.from_env()
-    names = ("host", "port", "slots", "threads", "queue_limit", "max_body_bytes", "kv_budget_mib", "prefix_cache",
+    names = ("host", "port", "allow_open", "slots", "threads", "queue_limit", "max_body_bytes", "kv_budget_mib", "prefix_cache",
              "max_batch_tokens", "max_prefill_tokens", "chat_template", "pool_memory_mib", "pool_keep_alive_s")
     overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     if overrides.get("chat_template"):  # serve's workers may start elsewhere: give them an absolute path
@@ -218,6 +218,9 @@ def _add_server_flags(parser: argparse.ArgumentParser, *, gateway: bool, worker:
     if gateway:
         parser.add_argument("--host", default=None, help="listen address (LLMFLEET_HOST, default 127.0.0.1)")
         parser.add_argument("--port", type=int, default=None, help="listen port (LLMFLEET_PORT, default 8000)")
+        parser.add_argument("--allow-open", dest="allow_open", action="store_const", const=1, default=None,
+                            help="serve a non-loopback address with no API key (LLMFLEET_ALLOW_OPEN=1); without a "
+                            "key or this, such a gateway refuses to start")
         parser.add_argument("--queue-limit", type=int, default=None, help="waiting jobs per model before 429 "
                             "(LLMFLEET_QUEUE_LIMIT)")
         parser.add_argument("--max-body-bytes", type=int, default=None, help="LLMFLEET_MAX_BODY_BYTES")

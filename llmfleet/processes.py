@@ -79,12 +79,29 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
     return 0
 
 
+def exposure_refused(settings: Settings) -> bool:
+    """True (after printing why and what to do) when the gateway would serve the network with no API key and
+    no setting says that is intended (gateway/exposure.py); logs the warning when it is intended."""
+    from gateway.exposure import OpenEndpointRefused, check_exposure
+
+    try:
+        warning = check_exposure(settings)
+    except OpenEndpointRefused as exc:
+        print(f"llmfleet: {exc}", file=sys.stderr)
+        return True
+    if warning:
+        log.warning(warning)
+    return False
+
+
 def run_gateway(settings: Settings) -> int:
-    """Serve the OpenAI-compatible HTTP API with uvicorn."""
+    """Serve the OpenAI-compatible HTTP API with uvicorn (refused, exit 2, when it would be open by accident)."""
     import uvicorn
 
     from gateway.app import create_app
 
+    if exposure_refused(settings):
+        return 2
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
                 log_level=settings.log_level.lower(), timeout_graceful_shutdown=int(settings.drain_timeout_s))
     return 0
@@ -145,6 +162,8 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
     from shared import keys
     from worker.models import resolve
 
+    if exposure_refused(settings):  # before anything starts: its gateway would refuse, and be restarted
+        return 2
     entries = catalogues.build(model_names, catalogue_file)
     pinned = {} if lazy else {catalogues.parse_entry(name)[0]: workers for name in model_names}
     for model in pinned:

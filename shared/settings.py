@@ -38,6 +38,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = field(default=None, repr=False)  # when set, every /v1 request needs "Authorization: Bearer <key>"
+    allow_open: int = 0  # 1: a gateway other hosts can reach may run without an API key (gateway/exposure.py)
+    published_host: str | None = None  # where clients reach the gateway when a container publishes it (compose)
     max_body_bytes: int = 1024 * 1024
     max_prompt_chars: int = 400_000  # over all messages / prompts of one request
     max_tokens_limit: int = 4096  # the largest max_tokens a request may ask for
@@ -106,7 +108,7 @@ class Settings:
                 _fail(name, "must be > 0")
         for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
                      "public_metrics", "any_model_name", "prefix_placement", "placement_balance_abs", "pool_max_loaded",
-                     "pool_memory_mib", "pool_keep_alive_s"):
+                     "pool_memory_mib", "pool_keep_alive_s", "allow_open"):
             if not getattr(self, name) >= 0:
                 _fail(name, "must be >= 0")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
@@ -144,6 +146,8 @@ ENV: dict[str, str] = {
     "host": "LLMFLEET_HOST",
     "port": "LLMFLEET_PORT",
     "api_key": "LLMFLEET_API_KEY",
+    "allow_open": "LLMFLEET_ALLOW_OPEN",
+    "published_host": "LLMFLEET_PUBLISHED_HOST",
     "max_body_bytes": "LLMFLEET_MAX_BODY_BYTES",
     "max_prompt_chars": "LLMFLEET_MAX_PROMPT_CHARS",
     "max_tokens_limit": "LLMFLEET_MAX_TOKENS_LIMIT",

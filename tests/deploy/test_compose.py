@@ -74,3 +74,44 @@ def test_batch_runner(compose: dict) -> None:
     assert runner["command"] == ["llmfleet", "batch-runner"] and "ports" not in runner
     assert runner["environment"]["REDIS_URL"].startswith("redis://redis:")
     assert runner["depends_on"]["redis"]["condition"] == "service_healthy" and runner["stop_signal"] == "SIGTERM"
+
+
+def _interpolate(value: str, shell: dict[str, str]) -> str:
+    """Compose's ${VAR:-default} substitution (the only form the file uses)."""
+    import re
+
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: shell.get(m.group(1)) or m.group(2), value)
+
+
+@pytest.mark.parametrize(("shell", "published", "starts"), [
+    ({}, "127.0.0.1", "quietly"),  # `docker compose up` as it comes: loopback only, no key needed
+    ({"LLMFLEET_PUBLISH": "0.0.0.0"}, "0.0.0.0", "refused"),  # widened with no key: refused, not open
+    ({"LLMFLEET_PUBLISH": "0.0.0.0", "LLMFLEET_API_KEY": "k"}, "0.0.0.0", "quietly"),
+    ({"LLMFLEET_PUBLISH": "0.0.0.0", "LLMFLEET_ALLOW_OPEN": "1"}, "0.0.0.0", "warns"),
+])
+def test_the_gateway_is_published_on_loopback_unless_a_key_or_the_opt_in_says_otherwise(
+        compose: dict, shell: dict[str, str], published: str, starts: str) -> None:
+    from gateway.exposure import OpenEndpointRefused, check_exposure
+    from shared.settings import Settings
+
+    gateway = compose["services"]["gateway"]
+    [port] = [_interpolate(str(p), shell) for p in gateway["ports"]]
+    assert port == f"{published}:8000:8000"
+    env = {name: _interpolate(str(value), shell) for name, value in gateway["environment"].items()}
+    host = gateway["command"][gateway["command"].index("--host") + 1]
+    settings = Settings.from_env({**env, "LLMFLEET_HOST": host})
+    if starts == "refused":
+        with pytest.raises(OpenEndpointRefused):
+            check_exposure(settings)
+    else:
+        assert (check_exposure(settings) is None) is (starts == "quietly")
+
+
+def test_the_kubernetes_gateway_takes_its_keys_from_the_secret() -> None:
+    from gateway.exposure import check_exposure
+    from shared.settings import Settings
+
+    manifest = (ROOT / "deploy" / "k8s" / "base" / "gateway.yaml").read_text()
+    assert "LLMFLEET_KEYS_FILE" in manifest and "secretName: llmfleet-api-keys" in manifest
+    settings = Settings.from_env({"LLMFLEET_HOST": "0.0.0.0", "LLMFLEET_KEYS_FILE": "/etc/llmfleet/keys/keys.json"})
+    assert check_exposure(settings) is None  # so it binds 0.0.0.0 in the pod and starts

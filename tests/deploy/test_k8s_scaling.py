@@ -50,6 +50,13 @@ class Cluster:
         pending, length = pipe.execute()
         return pending["pending"], length
 
+    def held_jobs(self) -> int:
+        """Jobs the workers hold, over the model's shared and per-worker streams (with two workers, placement
+        puts a job on a worker's own stream, which the shared stream's XPENDING does not count)."""
+        streams = [*keys.jobs_streams(MODEL)] + [s for w in self.redis.smembers(keys.placed_workers(MODEL))
+                                                 for s in keys.worker_jobs_streams(MODEL, w.decode())]
+        return sum(self.redis.xpending(s, keys.JOBS_GROUP)["pending"] for s in streams if self.redis.exists(s))
+
     def ask_in_background(self, count: int, max_tokens: int, finishes: list[tuple[str, int]]) -> list[threading.Thread]:
         """Start `count` completions (ignore_eos, so each runs max_tokens); each appends (finish, tokens)."""
         from openai import OpenAI
@@ -142,7 +149,7 @@ def test_a_scaled_down_worker_finishes_its_streams_within_the_grace_period(
     cluster = start_cluster(2)
     finishes: list[tuple[str, int]] = []
     threads = cluster.ask_in_background(2 * SLOTS, 32, finishes)
-    _wait_for(lambda: cluster.read_triggers()[0] == 2 * SLOTS, 60, "both workers to hold their slots")
+    _wait_for(lambda: cluster.held_jobs() == 2 * SLOTS, 60, "both workers to hold their slots")
     victim = cluster.workers[0]
     victim.send_signal(signal.SIGTERM)  # what the kubelet does to a pod KEDA's HPA scales away
     stopped = time.monotonic()

@@ -33,6 +33,23 @@ def heartbeat_loads(client: Any) -> dict[str, int]:
     return {w: int(client.hget(keys.worker_key(w), "load") or 0) for w in ids}
 
 
+def model_streams(client: Any, model: str = MODEL) -> list[str]:
+    """Every job stream of the model: the shared ones and those of each worker that got placed jobs."""
+    placed = sorted(w.decode() for w in client.smembers(keys.placed_workers(model)))
+    return [*keys.jobs_streams(model), *(s for w in placed for s in keys.worker_jobs_streams(model, w))]
+
+
+def job_holders(client: Any, model: str = MODEL) -> list[str]:
+    """The workers holding jobs of the model (pending entries), over all its streams: with two or more workers
+    a job is usually placed on a worker's own stream (gateway/placement.py), not the shared one."""
+    holders: list[str] = []
+    for stream in model_streams(client, model):
+        if client.exists(stream):
+            for consumer in client.xpending(stream, keys.JOBS_GROUP)["consumers"]:
+                holders.append(consumer["name"].decode())
+    return holders
+
+
 def ready(base_url: str) -> dict:
     """The gateway's /ready body ({} when it does not answer)."""
     try:

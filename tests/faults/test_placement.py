@@ -2,7 +2,8 @@
 
 Requests sharing a system prompt land on the worker that has it cached (its usage reports the cached tokens);
 jobs placed on a worker that stops are stolen by the other once overdue, and a worker killed with jobs waiting
-on its own stream (and one in flight) has them drained by the other: every request ends, exactly once.
+on its own stream (and one in flight) has them drained by the other: every request ends, exactly once; a
+burst of new streams splits evenly over two idle workers, every time.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import httpx
 import openai
 import pytest
 import redis
-from process_cluster import MODEL, ProcessCluster, wait_until
+from process_cluster import MODEL, ProcessCluster, heartbeat_loads, wait_until
 
 from gateway.placement import prefix_chain, prompt_text
 from shared import keys
@@ -177,3 +178,30 @@ def test_a_killed_workers_stream_is_drained_by_the_other_worker(start_cluster) -
     assert _waiting_on(client, owner) == 0
     wait_until(lambda: not client.sismember(keys.placed_workers(MODEL), owner), 30,
                "the dead worker's empty streams to be forgotten")
+
+
+def _jobs_started(cluster: ProcessCluster) -> list[int]:
+    """Generation jobs each worker has started so far (its "job <id> generate" log lines)."""
+    return [log.read_text(errors="replace").count(" generate model=") for log in cluster.logs]
+
+
+def test_a_burst_of_new_streams_splits_evenly_over_two_idle_workers(start_cluster) -> None:
+    cluster = start_cluster(2, LLMFLEET_SLOTS="16", LLMFLEET_STEAL_AFTER_S="120")
+    client = redis.Redis.from_url(cluster.redis.url)
+
+    def stream(question: str) -> Any:
+        chunks = _client(cluster).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=24, temperature=0,
+            stream=True, extra_body={"ignore_eos": True})
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    splits = []
+    for burst in range(3):  # repeated: the split must not depend on luck
+        wait_until(lambda: sum(heartbeat_loads(client).values()) == 0, 60, "both workers to be idle")
+        before = _jobs_started(cluster)
+        results = _in_threads([lambda i=i, b=burst: stream(f"Burst {b}, stream {i}: count to ten.") for i in range(16)])
+        assert all("reply" in r for r in results), results
+        split = [after - earlier for after, earlier in zip(_jobs_started(cluster), before, strict=True)]
+        assert sum(split) == 16 and min(split) >= 6, f"burst {burst}: 16 new streams split {split}"
+        splits.append(split)
+    print(f"\n16 concurrent new streams on 2 idle workers, 3 bursts: {splits}")

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 import redis
-from process_cluster import MODEL, ready
+from process_cluster import MODEL, job_holders, ready
 from process_cluster import wait_until as _wait
 
 from shared import codec, keys
@@ -59,8 +59,7 @@ def test_a_stalled_worker_is_fenced_off_and_the_stream_resumes(start_cluster) ->
     thread.start()
     try:
         _wait(lambda: len(disturbed.get("times", [])) >= 5, 120, "the stream to be under way")
-        consumers = client.xpending(keys.jobs_stream(MODEL), keys.JOBS_GROUP)["consumers"]
-        holder_id = consumers[0]["name"].decode()
+        holder_id = job_holders(client)[0]
         holder = cluster.worker_index(holder_id)
         request_id = published[0][0]
         cluster.workers[holder].send_signal(signal.SIGSTOP)

@@ -16,7 +16,7 @@ class Reads:
 
     def __init__(self) -> None:
         self.calls = 0
-        self.state: QueueState = (3, 2, {"w1": 1})
+        self.state = QueueState(3, 2, {"w1": 1}, {"w1": 2})
         self.error: Exception | None = None
 
     async def __call__(self, model: str) -> QueueState:
@@ -32,9 +32,9 @@ async def test_concurrent_requests_share_one_read_and_reuse_it_briefly() -> None
     reads = Reads()
     view = QueueView(reads, max_age_s=0.1, clock=lambda: now[0])
     states = await asyncio.gather(*(view.state("m") for _ in range(50)))
-    assert reads.calls == 1 and all(s == (3, 2, {"w1": 1}) for s in states)
+    assert reads.calls == 1 and all(s == (3, 2, {"w1": 1}, {"w1": 2}) for s in states)
     now[0] += 0.05
-    assert await view.state("m") == (3, 2, {"w1": 1}) and reads.calls == 1
+    assert await view.state("m") == (3, 2, {"w1": 1}, {"w1": 2}) and reads.calls == 1
     now[0] += 0.1
     await view.state("m")
     assert reads.calls == 2
@@ -48,10 +48,10 @@ async def test_own_jobs_queued_after_the_read_are_counted_until_the_next_one() -
     view.note_queued("m", "w2")
     view.note_queued("m", None)
     view.note_queued("other", None)
-    assert await view.state("m") == (5, 2, {"w1": 1, "w2": 1})
+    assert await view.state("m") == (5, 2, {"w1": 1, "w2": 1}, {"w1": 2})
     now[0] += 0.2
-    reads.state = (5, 2, {"w1": 1, "w2": 1})  # the next read sees them itself
-    assert await view.state("m") == (5, 2, {"w1": 1, "w2": 1})
+    reads.state = QueueState(5, 2, {"w1": 1, "w2": 1}, {"w1": 2})  # the next read sees them itself
+    assert await view.state("m") == (5, 2, {"w1": 1, "w2": 1}, {"w1": 2})
 
 
 async def test_a_failed_read_fails_every_waiter_and_is_not_kept() -> None:
@@ -61,7 +61,7 @@ async def test_a_failed_read_fails_every_waiter_and_is_not_kept() -> None:
     results = await asyncio.gather(*(view.state("m") for _ in range(3)), return_exceptions=True)
     assert all(isinstance(r, ConnectionError) for r in results) and reads.calls == 1
     reads.error = None
-    assert await view.state("m") == (3, 2, {"w1": 1}) and reads.calls == 2
+    assert await view.state("m") == (3, 2, {"w1": 1}, {"w1": 2}) and reads.calls == 2
 
 
 async def test_with_no_reuse_every_request_reads_unless_one_is_under_way() -> None:
@@ -70,3 +70,21 @@ async def test_with_no_reuse_every_request_reads_unless_one_is_under_way() -> No
     await view.state("m")
     await view.state("m")
     assert reads.calls == 2
+
+
+async def test_placement_loads_count_reservations_from_the_choice_until_the_job_is_written() -> None:
+    reads = Reads()
+    view = QueueView(reads, max_age_s=0.0)
+    await view.state("m")
+    assert view.loads("m") == {"w1": (2, 1)}  # (held, placed and not taken) from the read
+    view.reserve("m", "w2")
+    view.reserve("m", "w2")
+    assert view.loads("m") == {"w1": (2, 1), "w2": (0, 2)}  # before any job of theirs is written
+    view.settle("m", "w2", written=True)  # now queued: counted as this gateway's own since the read
+    assert view.loads("m") == {"w1": (2, 1), "w2": (0, 2)}
+    view.settle("m", "w2", written=False)  # never written: nothing left of it
+    assert view.loads("m") == {"w1": (2, 1), "w2": (0, 1)}
+    reads.state = QueueState(4, 3, {"w1": 1}, {"w1": 2, "w2": 1})  # the worker took it
+    await view.state("m")
+    assert view.loads("m") == {"w1": (2, 1), "w2": (1, 0)}
+    assert (await view.state("m")).waiting == 4
