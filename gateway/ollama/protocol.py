@@ -26,8 +26,9 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from gateway.checks import invalid, is_int, is_number
+from gateway.checks import invalid, is_int, is_number, text_within
 from gateway.protocol import (
+    MAX_STOP_BYTES,
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
@@ -51,8 +52,7 @@ INTEGER_OPTIONS = frozenset({"top_k", "seed", "num_predict", "num_ctx", "num_kee
 BOOLEAN_OPTIONS = frozenset({"numa", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mmap", "use_mlock",
                              "embedding_only", "penalize_newline"})
 UNLIMITED_PREDICT = (-1, -2)  # Ollama: -1 until the model stops, -2 until the context is full
-MAX_STOP = 16
-MAX_STOP_CHARS = 1024
+MAX_STOP = 16  # Ollama takes more stop sequences than OpenAI; each has the chat routes' byte bound
 THINK_LEVELS = ("low", "medium", "high")
 ROLES = ("system", "user", "assistant", "tool")
 TAG_SUFFIX = ":latest"  # Ollama's default tag: "smollm2-135m:latest" is the model "smollm2-135m"
@@ -236,10 +236,9 @@ def _stop(value: Any) -> list[str]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise invalid("options.stop", "expected an array of non-empty strings.")
-    if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise invalid("options.stop", f"at most {MAX_STOP} sequences of at most {MAX_STOP_CHARS} characters each "
-                                      "are allowed.")
-    return list(stops)
+    if len(stops) > MAX_STOP:
+        raise invalid("options.stop", f"at most {MAX_STOP} stop sequences are allowed.")
+    return [text_within(stop, "options.stop", max_bytes=MAX_STOP_BYTES) for stop in stops]
 
 
 def _format(value: Any) -> dict[str, Any]:
