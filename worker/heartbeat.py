@@ -20,6 +20,7 @@ from worker.wire_commands import queue_deregistration, queue_registration
 
 log = logging.getLogger(__name__)
 RATE_TIME_CONSTANT_S = 30.0  # the finish rate follows changes over about this long
+RETRY_S = 0.1  # the wait before the next beat after a failed (or hung) one
 
 
 class EwmaRate:
@@ -108,8 +109,21 @@ class Heartbeat:
             self._thread.join(timeout=self.interval_s + 1)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        """Beat every interval; after a failed beat (Redis away) retry every RETRY_S, so the worker is registered
+        again the moment Redis answers; after a beat that hung (Redis paused: it wrote a heartbeat time from
+        before the pause, already past the TTL for the gateways) beat again at once."""
+        wait, failures = self.interval_s, 0
+        while not self._stop.wait(wait):
+            started = time.monotonic()
             try:
                 self.beat()
             except RedisError as exc:
-                log.warning("heartbeat failed: %s", exc)
+                failures += 1
+                if failures == 1:
+                    log.warning("heartbeat failed: %s; retrying every %.1fs", exc, RETRY_S)
+                wait = RETRY_S
+                continue
+            if failures:
+                log.info("heartbeat: Redis answers again after %d failed beats; registered again", failures)
+            failures = 0
+            wait = RETRY_S if time.monotonic() - started > self.interval_s else self.interval_s
