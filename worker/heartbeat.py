@@ -64,6 +64,7 @@ class Heartbeat:
         self._finish_rate = EwmaRate()  # requests ended per second: the gateways' admission estimates the wait
         self._token_rate = EwmaRate()  # tokens generated per second: the same, in tokens (gateway/admission.py)
         self.state = "ready"
+        self.recovered_at = -math.inf  # monotonic time of the first beat after an outage (failed or hung beats)
         self.started = time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -90,6 +91,11 @@ class Heartbeat:
                 for entry_id in renew_leases(self.redis, stream, self.worker_id, leases)]  # time others respect
         if lost:
             self._on_lost(lost)
+
+    def recovering(self) -> bool:
+        """True for one TTL after Redis came back from an outage: the other workers' registry entries may have
+        expired meanwhile and are being written again, so their jobs are not orphans yet."""
+        return time.monotonic() - self.recovered_at < self.ttl_s
 
     def deregister(self) -> None:
         """Remove the registry entry (clean shutdown)."""
@@ -123,7 +129,10 @@ class Heartbeat:
                     log.warning("heartbeat failed: %s; retrying every %.1fs", exc, RETRY_S)
                 wait = RETRY_S
                 continue
-            if failures:
-                log.info("heartbeat: Redis answers again after %d failed beats; registered again", failures)
+            hung = time.monotonic() - started > self.interval_s
+            if failures or hung:
+                self.recovered_at = time.monotonic()
+                log.info("heartbeat: Redis answers again (%d failed beats, %.1fs in the last); registered again",
+                         failures, time.monotonic() - started)
             failures = 0
-            wait = RETRY_S if time.monotonic() - started > self.interval_s else self.interval_s
+            wait = RETRY_S if hung else self.interval_s

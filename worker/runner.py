@@ -277,6 +277,8 @@ class WorkerRunner:
             return
         jobs = self._claim_orphans(free, acks)
         free -= len(jobs)
+        if self.heartbeat.recovering():  # after a Redis outage every registry entry looked expired: wait a TTL
+            free = 0
         for stream in reclaim_streams(self.redis, self.model):
             if free <= 0:
                 break

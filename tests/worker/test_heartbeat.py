@@ -68,6 +68,7 @@ def test_the_heartbeat_registers_again_as_soon_as_redis_answers() -> None:
                      gauges=lambda: {"load": 0, "served": 0}, held_jobs=list)
     beat.start()
     try:
+        assert not beat.recovering()
         redis.down = True
         redis.inner.delete(keys.worker_key("w1"))  # expired during the outage
         time.sleep(5.3)  # the next interval's beat fails
@@ -77,5 +78,6 @@ def test_the_heartbeat_registers_again_as_soon_as_redis_answers() -> None:
             time.sleep(0.01)
         assert redis.inner.exists(keys.worker_key("w1"))
         assert time.monotonic() - back <= RETRY_S + 0.3  # not the 5 s interval
+        assert beat.recovering()  # for a TTL, other workers' expired entries are not taken for dead ones
     finally:
         beat.stop()
