@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
 PROBE_EVERY_S = 0.2
-DOWN_AFTER_S = 0.6  # no PING answered for this long: Redis is unreachable (fast 503s); also the probe's timeout
+DOWN_AFTER_S = 0.8  # no PING answered for this long: Redis is unreachable (fast 503s); also the probe's timeout
 
 
 class RedisHealth:
