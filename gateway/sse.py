@@ -56,7 +56,9 @@ async def encode(chunks: AsyncIterable[dict[str, Any] | Comment], *, named: bool
     A stream that keeps up gets one send per event; one that falls behind (a loaded gateway) catches up with
     fewer, larger sends, so the cost per token drops exactly when it matters. The keep-alive covers every wait of
     a stream that began: a worker that died and the stream's resume on another (failover), a Redis pause, a long
-    prefill; clients and proxies see a live connection, never seconds of silence.
+    prefill; clients and proxies see a live connection, never seconds of silence. (Every wait is timed, even when
+    the chunks say more are buffered: a buffered event may be a duplicate a resumed stream drops, and then the
+    next one is waited for.)
     """
     pending: list[bytes] = []
     frame = named_event if named else event
@@ -64,7 +66,7 @@ async def encode(chunks: AsyncIterable[dict[str, Any] | Comment], *, named: bool
     waiting: asyncio.Future[dict[str, Any] | Comment] | None = None
     try:
         while True:
-            if waiting is None and (keepalive_s is None or getattr(chunks, "buffered", False)):
+            if keepalive_s is None:
                 try:
                     chunk = await anext(iterator)
                 except StopAsyncIteration:
