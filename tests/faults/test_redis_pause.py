@@ -22,24 +22,32 @@ PAUSE_S = 10.0
 ROUNDS = 3
 
 
+def _request(client: httpx.Client, base: str, results: list[dict]) -> int | None:
+    """One short completion, recorded with its start, duration, status, error code and Retry-After."""
+    started, status, code, retry_after = time.monotonic(), None, None, None
+    try:
+        reply = client.post(base + "/v1/completions", json={"model": MODEL, "prompt": "Once upon a time",
+                                                            "max_tokens": 3, "temperature": 0})
+        status, retry_after = reply.status_code, reply.headers.get("retry-after")
+        code = reply.json().get("error", {}).get("code") if status != 200 else None
+    except httpx.HTTPError as exc:
+        code = type(exc).__name__
+    results.append({"start": started, "seconds": time.monotonic() - started, "status": status, "code": code,
+                    "retry_after": retry_after})
+    return status
+
+
 def _client_loop(base: str, stop: threading.Event, results: list[dict]) -> None:
-    """Short requests back to back, each with its start, duration, status and error code."""
+    """Short requests back to back (the one in flight when Redis stops waits through the pause)."""
     with httpx.Client(timeout=60) as client:
         while not stop.is_set():
-            started, status = time.monotonic(), None
-            try:
-                reply = client.post(base + "/v1/completions", json={"model": MODEL, "prompt": "Once upon a time",
-                                                                    "max_tokens": 3, "temperature": 0})
-                status = reply.status_code
-                code = reply.json().get("error", {}).get("code") if status != 200 else None
-                results.append({"start": started, "seconds": time.monotonic() - started,
-                                "status": reply.status_code, "code": code,
-                                "retry_after": reply.headers.get("retry-after")})
-            except httpx.HTTPError as exc:
-                results.append({"start": started, "seconds": time.monotonic() - started, "status": None,
-                                "code": type(exc).__name__, "retry_after": None})
-            if status != 200:
+            if _request(client, base, results) != 200:
                 time.sleep(0.1)
+
+
+def _one_request(base: str, results: list[dict]) -> None:
+    with httpx.Client(timeout=60) as client:
+        _request(client, base, results)
 
 
 def test_a_redis_pause_refuses_fast_during_and_never_says_no_worker_after(start_cluster) -> None:
@@ -54,16 +62,20 @@ def test_a_redis_pause_refuses_fast_during_and_never_says_no_worker_after(start_
             thread.start()
         time.sleep(2.0)
         os.kill(cluster.redis.process.pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        time.sleep(PAUSE_S)
+        stopped, during, arriving = time.monotonic(), [], []
+        while time.monotonic() < stopped + PAUSE_S - 1.5:  # new requests arriving while Redis is stopped
+            time.sleep(0.5)
+            arriving.append(threading.Thread(target=_one_request, args=(cluster.base_url, during)))
+            arriving[-1].start()
+        time.sleep(max(0.0, stopped + PAUSE_S - time.monotonic()))
         os.kill(cluster.redis.process.pid, signal.SIGCONT)
         resumed = time.monotonic()
         time.sleep(6.0)
         stop.set()
-        for thread in clients:
+        for thread in clients + arriving:
             thread.join(timeout=90)
-        during = [r for r in results if stopped + 0.2 < r["start"] < resumed - 1.5]
         after = [r for r in results if r["start"] >= resumed]
+        results += during
         print(f"round {round_}: {len(during)} requests during the pause, slowest answer "
               f"{max(r['seconds'] for r in during):.2f}s; {len(after)} after, "
               f"{sum(r['status'] == 200 for r in after)} completed")
