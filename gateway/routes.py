@@ -44,7 +44,7 @@ async def _generate(request: Request, parsed: ChatRequest | CompletionRequest) -
     broker, settings = _state(request)
     if parsed.params.stream:
         stream = await unless_disconnected(request.receive, serving.stream_completion(broker, parsed, settings))
-        return SSEResponse(stream, keepalive_s=settings.sse_keepalive_s)
+        return SSEResponse(stream)
     body = await unless_disconnected(request.receive, serving.run_completion(broker, parsed, settings))
     return JSONResponse(body)
 
@@ -93,7 +93,7 @@ async def messages(request: Request) -> Response:
     parsed = anthropic.parse_messages(await _body(request), settings)
     if parsed.params.stream:
         stream = await unless_disconnected(request.receive, anthropic_messages.stream_message(broker, parsed, settings))
-        return SSEResponse(stream, named=True, keepalive_s=settings.sse_keepalive_s)
+        return SSEResponse(stream, named=True)
     body = await unless_disconnected(request.receive, anthropic_messages.create_message(broker, parsed, settings))
     return JSONResponse(body)
 

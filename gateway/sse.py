@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterable, AsyncIterator
@@ -17,7 +16,6 @@ from starlette.types import Receive, Scope, Send
 
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
-KEEPALIVE = b": keep-alive\n\n"
 
 
 @dataclass(frozen=True)
@@ -48,49 +46,20 @@ def named_event(payload: dict[str, Any]) -> bytes:
     return b"event: " + str(payload["type"]).encode("ascii") + b"\n" + event(payload)
 
 
-async def encode(chunks: AsyncIterable[dict[str, Any] | Comment], *, named: bool = False,
-                 keepalive_s: float | None = None) -> AsyncIterator[bytes]:
+async def encode(chunks: AsyncIterable[dict[str, Any] | Comment], *, named: bool = False) -> AsyncIterator[bytes]:
     """The SSE bytes of every chunk, then [DONE] (unless named); chunks whose events were already waiting go out
-    in one send; with `keepalive_s`, a `: keep-alive` comment whenever no chunk came for that long.
+    in one send.
 
     A stream that keeps up gets one send per event; one that falls behind (a loaded gateway) catches up with
-    fewer, larger sends, so the cost per token drops exactly when it matters. The keep-alive covers every wait of
-    a stream that began: a worker that died and the stream's resume on another (failover), a Redis pause, a long
-    prefill; clients and proxies see a live connection, never seconds of silence. (Every wait is timed, even when
-    the chunks say more are buffered: a buffered event may be a duplicate a resumed stream drops, and then the
-    next one is waited for.)
+    fewer, larger sends, so the cost per token drops exactly when it matters.
     """
     pending: list[bytes] = []
     frame = named_event if named else event
-    iterator = aiter(chunks)
-    waiting: asyncio.Future[dict[str, Any] | Comment] | None = None
-    try:
-        while True:
-            if keepalive_s is None:
-                try:
-                    chunk = await anext(iterator)
-                except StopAsyncIteration:
-                    break
-            else:
-                waiting = waiting or asyncio.ensure_future(anext(iterator))
-                done, _ = await asyncio.wait({waiting}, timeout=keepalive_s)
-                if not done:
-                    yield b"".join(pending) + KEEPALIVE
-                    pending = []
-                    continue
-                next_chunk, waiting = waiting, None
-                try:
-                    chunk = next_chunk.result()
-                except StopAsyncIteration:
-                    break
-            pending.append(chunk.encode() if isinstance(chunk, Comment) else frame(chunk))
-            if not getattr(chunks, "buffered", False):
-                yield b"".join(pending)
-                pending = []
-    finally:
-        if waiting is not None:
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
+    async for chunk in chunks:
+        pending.append(chunk.encode() if isinstance(chunk, Comment) else frame(chunk))
+        if not getattr(chunks, "buffered", False):
+            yield b"".join(pending)
+            pending = []
     if not named:
         pending.append(DONE)
     if pending:
@@ -100,10 +69,9 @@ async def encode(chunks: AsyncIterable[dict[str, Any] | Comment], *, named: bool
 class SSEResponse(StreamingResponse):
     """A text/event-stream response that always closes its chunks, even when the client goes away."""
 
-    def __init__(self, chunks: ClosableChunks, *, named: bool = False, keepalive_s: float | None = None) -> None:
+    def __init__(self, chunks: ClosableChunks, *, named: bool = False) -> None:
         self._chunks = chunks
-        super().__init__(encode(chunks, named=named, keepalive_s=keepalive_s), media_type="text/event-stream",
-                         headers=HEADERS)
+        super().__init__(encode(chunks, named=named), media_type="text/event-stream", headers=HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Unlike Starlette's default for ASGI spec >= 2.4 (notice the client only when a send fails), always

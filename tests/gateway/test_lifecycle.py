@@ -257,3 +257,18 @@ async def test_leaving_before_the_body_is_read_is_an_info_line(app_client, caplo
     assert sent[0]["status"] == 499
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert any("client disconnected" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)
+
+
+@pytest.mark.parametrize("spec", ["2.3", "2.4"])
+async def test_client_leaving_a_queued_stream_publishes_cancel(app_client, worker, cancels, spec: str) -> None:
+    """The stream opened with `: queued` and keep-alives while its job waits; then the client leaves."""
+    app, _ = app_client
+    leave = asyncio.Event()
+    call = asyncio.create_task(call_app(app, "/v1/chat/completions", {**CHAT, "stream": True}, leave, spec))
+    job = await worker.take()  # queued; no worker starts it
+    await asyncio.sleep(1.5)
+    leave.set()
+    sent = await asyncio.wait_for(call, 5)
+    assert sent[0]["status"] == 200 and b": queued" in b"".join(m.get("body", b"") for m in sent)
+    assert (await _next_cancel(cancels)).id == job.id
+    assert app.state.broker.subscriber.active == 0
