@@ -131,6 +131,8 @@ class Broker:
                                   retry_after=self.settings.retry_after_s)
         if self.health.down:
             raise unreachable
+        if not self.health.probing:
+            return await self._admit(job)
         admit = asyncio.ensure_future(self._admit(job))
         down = asyncio.ensure_future(self.health.wait_down())
         try:

@@ -43,6 +43,11 @@ class RedisHealth:
         self._went_down = asyncio.Event()
 
     @property
+    def probing(self) -> bool:
+        """Whether the probe runs (without one, Redis is never found down)."""
+        return self._thread is not None
+
+    @property
     def down(self) -> bool:
         """True while the probe has had no PING answered for DOWN_AFTER_S."""
         return self._thread is not None and self._clock() - self._answered_at > DOWN_AFTER_S
