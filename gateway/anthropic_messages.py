@@ -29,7 +29,7 @@ from gateway import serving
 from gateway.anthropic_errors import error_body
 from gateway.broker import Broker
 from gateway.error_log import ErrorLog, note_request
-from gateway.generation import Generation
+from gateway.generation import STILL_WAITING, Generation
 from gateway.protocol import ChatRequest
 from gateway.reasoning import Reasoning
 from gateway.reply_parsing import Part, ReplyParser
@@ -215,7 +215,10 @@ class MessageStream(serving.OpenStream):
             async for comment in serving.queued_comments(self._priming, self._keepalive_s):
                 yield comment  # SSE comments: the event sequence itself starts once the job does
             yield self._start()
-            while (item := await self._generation.next()) is not None:
+            while (item := await self._generation.next_within(self._keepalive_s)) is not None:
+                if item is STILL_WAITING:  # no event for a while (failover, Redis pause): show the stream lives
+                    yield Comment("keep-alive")
+                    continue
                 _, event = item
                 if isinstance(event, TokenEvent):
                     pieces = self._parse(event.text)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from redis import Redis as SyncRedis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -15,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway import http_errors
@@ -25,16 +27,22 @@ from gateway.broker import Broker
 from gateway.disconnect import ClientDisconnected
 from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from gateway.ollama.router import ROUTES as OLLAMA_ROUTES
+from gateway.redis_health import DOWN_AFTER_S
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
 from gateway.routes import ROUTES
 from shared.errors import LLMFleetError
 from shared.settings import Settings
 
+log = logging.getLogger(__name__)
 POOL_WAIT_S = 5.0
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for 'the client went away'; nobody receives it
 
 
-async def _client_gone(_request: Request, _exc: Exception) -> Response:
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """A client that went away (before its body was read, or before its answer was ready) is an INFO line: an
+    ordinary event, not a server error; its jobs were already closed (cancelled) on the way out."""
+    where = "before its request body was read" if isinstance(exc, ClientDisconnect) else "before the answer"
+    log.info("client disconnected %s (%s %s)", where, request.method, request.url.path)
     return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
@@ -53,6 +61,11 @@ def _redis_client(settings: Settings) -> Redis:
     return Redis(connection_pool=pool)
 
 
+def _probe_client(settings: Settings) -> SyncRedis:
+    """The health probe's own blocking client (gateway/redis_health.py): a PING unanswered in DOWN_AFTER_S fails."""
+    return SyncRedis.from_url(settings.redis_url, socket_timeout=DOWN_AFTER_S, socket_connect_timeout=DOWN_AFTER_S)
+
+
 def create_app(settings: Settings | None = None, redis: Redis | None = None) -> Starlette:
     """Build the gateway; `redis` (bytes responses, e.g. a FakeRedis in tests) replaces REDIS_URL.
 
@@ -65,7 +78,8 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         """Open Redis and the broker for the app's lifetime."""
         client = redis if redis is not None else _redis_client(settings)
-        broker = Broker(client, settings)
+        probe = None if redis is not None else _probe_client(settings)
+        broker = Broker(client, settings, ping=probe.ping if probe is not None else None)
         await broker.start()
         app.state.broker = broker
         try:
@@ -74,6 +88,8 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
             await broker.close()
             if redis is None:
                 await client.aclose()
+            if probe is not None:
+                probe.close()
             rq_redis = getattr(app.state, "rq_redis", None)
             if rq_redis is not None:
                 rq_redis.close()
@@ -95,6 +111,7 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
             LLMFleetError: http_errors.handle_llmfleet_error,
             HTTPException: http_errors.handle_http_exception,
             ClientDisconnected: _client_gone,
+            ClientDisconnect: _client_gone,
             Exception: http_errors.handle_unexpected,
         },
         lifespan=lifespan,

@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Callable
 
+import anyio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -39,6 +40,7 @@ from gateway.pool import Pool
 from gateway.queue_view import READ_EVERY_S, QueueState, QueueView, read_queue_state
 from gateway.rate_limit import RateLimiter
 from gateway.redis_errors import redis_unavailable
+from gateway.redis_health import RedisHealth
 from gateway.registry import Registry
 from gateway.subscriber import RESYNC, QueueItem, Subscriber
 from shared import codec, keys
@@ -50,6 +52,7 @@ from shared.errors import (
     ModelNotFound,
     NoWorkerAvailable,
     QueueFull,
+    Unavailable,
 )
 from shared.messages import CancelRequest, Event, GenerateJob, Job, is_terminal
 from shared.registry import RegistryEntry
@@ -63,15 +66,17 @@ CANCEL_MARKER_MARGIN_S = 60
 class Broker:
     """Queues jobs on Redis streams and follows their events over the shared pub/sub connection."""
 
-    def __init__(self, redis: Redis, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, redis: Redis, settings: Settings, *, clock: Callable[[], float] = time.time,
+                 ping: Callable[[], object] | None = None) -> None:
         self.redis = redis
         self.settings = settings
         self.clock = clock
+        self.health = RedisHealth(ping)  # `ping`: a blocking PING of the same Redis, for the health probe
         self.registry = Registry(redis, settings, clock=clock)
         self.pool = Pool(redis, settings, self.registry, clock=clock)
         self.metrics = GatewayMetrics()
         self.limiter = RateLimiter(redis)
-        self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s)
+        self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s, on_error=self.health.note_error)
         self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
         self._admitting: dict[str, int] = {}  # model -> requests admitted by this gateway, not yet in its stream
         self.queue_view = QueueView(lambda model: self.queue_state(model),  # admission's shared, briefly reused read
@@ -79,12 +84,14 @@ class Broker:
         self.prefix_map = PrefixMap(redis, ttl_s=settings.prefix_ttl_s)
 
     async def start(self) -> None:
-        """Start the pub/sub dispatcher."""
+        """Start the pub/sub dispatcher and the Redis health probe."""
         await self.subscriber.start()
+        await self.health.start()
 
     async def close(self) -> None:
         """Stop the pub/sub dispatcher (after the error entries under way are written)."""
         await self.errors.flush()
+        await self.health.close()
         await self.subscriber.close()
 
     async def ping(self) -> bool:
@@ -113,11 +120,46 @@ class Broker:
 
     async def submit(self, job: Job) -> EventStream:
         """Admit and queue `job`; returns the stream of its events (close it when done)."""
-        job, workers = await self._admit(job)  # counted in self._admitting until it is in a stream
+        job, workers = await self._admit_in_time(job)  # counted in self._admitting until it is in a stream
         try:
             return await self._queue(job, workers)
         finally:
             self._admitting[job.model] -= 1
+
+    async def _admit_in_time(self, job: Job) -> tuple[Job, list[RegistryEntry]]:
+        """_admit, but a fast 503 while Redis does not answer: at once when the health probe finds it down, or as
+        soon as it does while admission waits on it (a paused Redis accepts connections and never replies)."""
+        unreachable = Unavailable("the queue service (Redis) does not answer; please retry",
+                                  retry_after=self.settings.retry_after_s)
+        if self.health.down:
+            raise unreachable
+        if not self.health.probing:
+            return await self._admit(job)
+        admit = asyncio.ensure_future(self._admit(job))
+        down = asyncio.ensure_future(self.health.wait_down())
+        try:
+            await asyncio.wait({admit, down}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            down.cancel()
+            abandoned = not admit.done()
+            if abandoned:
+                admit.cancel()
+                await asyncio.gather(admit, return_exceptions=True)
+                if not admit.cancelled() and admit.exception() is None:  # admitted as it was cancelled: uncount it
+                    self._admitting[job.model] -= 1
+        if abandoned:
+            self.health.note_error()
+            raise unreachable
+        try:
+            return admit.result()
+        except Unavailable:
+            self.health.note_error()
+            raise
+
+    def registry_grace_s(self) -> float:
+        """How long after a Redis failure an empty registry proves nothing: the workers' next heartbeat (they
+        retry fast once Redis answers), the TTL of one written before a pause, and the registry cache."""
+        return self.settings.heartbeat_ttl_s + self.settings.heartbeat_interval_s + self.settings.registry_cache_s + 1
 
     async def _queue(self, job: Job, workers: list[RegistryEntry]) -> EventStream:
         """Place the job (see _place), write it to its stream and subscribe to its events."""
@@ -142,6 +184,7 @@ class Broker:
         """Subscribe to the job's events, then write it to its stream (and its prefix chain to the map)."""
         channel = keys.events_channel(job.id)
         queue = await self.subscriber.subscribe(channel)
+        sent = False  # the XADD is on its way: from here, a failure leaves it unknown whether the job was written
         try:
             with redis_unavailable(self.settings.retry_after_s):
                 pipe = self.redis.pipeline(transaction=True)
@@ -152,8 +195,13 @@ class Broker:
                     self.prefix_map.queue_record(pipe, job.model, chain, choice.worker_id)
                 pipe.xadd(stream, {keys.JOB_FIELD: codec.encode_job(job)}, maxlen=self.settings.stream_maxlen,
                           approximate=True)
+                sent = True
                 await pipe.execute()
-        except BaseException:
+        except BaseException as exc:
+            if sent:  # cancelled (the client went away) or no reply: the job may be in its stream; it must not run
+                reason = "client_disconnected" if isinstance(exc, asyncio.CancelledError) else "not_queued"
+                with anyio.CancelScope(shield=True):
+                    await self.cancel(job.id, job.model, reason, job.deadline)
             await self.subscriber.unsubscribe(channel)
             raise
         return queue
@@ -200,6 +248,12 @@ class Broker:
         if not any(w.model == model for w in live):
             if catalogued:  # a node agent loads it: the queued job is the demand it sees
                 return await self._admit_cold(job)
+            if self.health.recently_failed(self.registry_grace_s()) and (not live or await self.registry.is_known(model)):
+                # Redis just failed: the registry is unknown, not empty; queue (the stream keeps it, keep-alives
+                # go out) for the workers that register again within a moment
+                log.info("no live worker of %s in the registry right after a Redis failure; queueing %s", model,
+                         job.id)
+                return await self._admit_by_count(job)
             if await self.registry.is_known(model):
                 raise NoWorkerAvailable(
                     f"no worker serving model '{model}' is alive right now; please retry",
@@ -249,6 +303,11 @@ class Broker:
             await self.pool.command("load", model)
             raise NoWorkerAvailable(f"model '{model}' is being loaded; its LoRA adapters can be used once it is "
                                     "ready; please retry", retry_after=self.settings.retry_after_s)
+        return await self._admit_by_count(job)
+
+    async def _admit_by_count(self, job: Job) -> tuple[Job, list[RegistryEntry]]:
+        """Admit a job no live worker is known for: the queue's count limit only."""
+        model = job.model
         waiting = (await self.queue_view.state(model)).waiting
         waiting += self._admitting.get(model, 0)
         if waiting >= self.settings.queue_limit:
@@ -339,8 +398,9 @@ class EventStream:
         try:
             if remaining <= 0:
                 return self._queue.get_nowait()
-            return await asyncio.wait_for(self._queue.get(), remaining)
-        except (asyncio.TimeoutError, asyncio.QueueEmpty):
+            async with asyncio.timeout(remaining):  # not wait_for: it can lose a cancel (Python 3.11)
+                return await self._queue.get()
+        except (TimeoutError, asyncio.QueueEmpty):
             pass
         self.finished = True
         await self._broker.cancel(self.request_id, self.model, "deadline", self.deadline)

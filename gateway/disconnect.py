@@ -39,5 +39,15 @@ async def unless_disconnected(receive: Receive, work: Coroutine[Any, Any, T]) ->
     if not task.done():
         task.cancel()  # its `finally` closes the request's jobs, which publishes their cancels
         await asyncio.gather(task, return_exceptions=True)
+        if not task.cancelled() and task.exception() is None:
+            await _close(task.result())
         raise ClientDisconnected()
     return task.result()
+
+
+async def _close(result: object) -> None:
+    """Close what the work returned although it was cancelled (a cancel that lands as an awaited future completes
+    can be lost, e.g. in Python 3.11's asyncio.wait_for): a stream nobody will read still holds running jobs."""
+    close = getattr(result, "aclose", None)
+    if close is not None:
+        await close()

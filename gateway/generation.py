@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 5.0
 
 ChoiceEvent = TokenEvent | ChoiceEndEvent
+STILL_WAITING = object()  # next_within: no event within the time given
 
 
 async def charge_key(broker: Broker, key: KeyRecord, tokens: int) -> None:
@@ -59,6 +60,7 @@ class Generation:
         self._buffer: deque[tuple[int, Event]] = deque()
         self._queue: asyncio.Queue[tuple[int, Event | LLMFleetError]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self._waiting: asyncio.Future[tuple[int, ChoiceEvent] | None] | None = None  # next_within's pending next()
         if len(streams) > 1:
             self._tasks = [asyncio.create_task(self._pump(i, s)) for i, s in enumerate(streams)]
         self.usage = Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
@@ -111,6 +113,17 @@ class Generation:
             self.failed(exc)
             raise
 
+    async def next_within(self, timeout_s: float) -> tuple[int, ChoiceEvent] | None | object:
+        """next(), or STILL_WAITING when nothing came within `timeout_s` (the wait goes on at the next call): a
+        stream sends a keep-alive then (a failover's resume, a Redis pause, a long prefill)."""
+        if self._waiting is None:
+            self._waiting = asyncio.ensure_future(self.next())
+        done, _ = await asyncio.wait({self._waiting}, timeout=timeout_s)
+        if not done:
+            return STILL_WAITING
+        finished, self._waiting = self._waiting, None
+        return finished.result()
+
     async def _next(self) -> tuple[int, ChoiceEvent] | None:
         while self._open:
             job, event = self._buffer.popleft() if self._buffer else await self._receive()
@@ -146,9 +159,10 @@ class Generation:
             if self._key is not None and self._broker is not None:
                 await charge_key(self._broker, self._key, self.usage.total_tokens)
                 self._key = None
-            for task in self._tasks:
+            tasks = self._tasks + ([self._waiting] if self._waiting is not None else [])
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             for stream in self._streams:
                 await stream.close()
 

@@ -171,26 +171,40 @@ class QueueView:
         return {w: read.get(w, 0) + own.get(w, 0) for w in read.keys() | own.keys()}
 
     async def _fresh(self, model: str) -> _Snapshot:
-        """A new read, or the one already under way for the model."""
-        pending = self._reads.get(model)
-        if pending is None:
-            pending = asyncio.get_running_loop().create_future()
-            self._reads[model] = pending
+        """A new read, or the one already under way for the model (read again if its reader was cancelled)."""
+        while True:
+            pending = self._reads.get(model)
+            if pending is None:
+                return await self._lead(model)
             try:
-                state = await self._read(model)
-            except BaseException as exc:
-                pending.set_exception(exc)
-                pending.exception()  # retrieved: waiters re-raise it, an unawaited future does not warn
+                return await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if pending.cancelled() and task is not None and not task.cancelling():
+                    continue  # the reader's own request was cancelled (its client left), not this one
                 raise
-            else:  # jobs whose XADD returned during the read are taken to be in it
-                before, placed_before = self._queued.get(model, 0), dict(self._placed.get(model, {}))
-                snapshot = _Snapshot(state, self._clock(), before, placed_before)
-                self._snapshots[model] = snapshot
-                pending.set_result(snapshot)
-                return snapshot
-            finally:
-                del self._reads[model]
-        return await asyncio.shield(pending)
+
+    async def _lead(self, model: str) -> _Snapshot:
+        """Read the queue state for every request waiting on it."""
+        pending: asyncio.Future[_Snapshot] = asyncio.get_running_loop().create_future()
+        self._reads[model] = pending
+        try:
+            state = await self._read(model)
+        except asyncio.CancelledError:
+            pending.cancel()
+            raise
+        except BaseException as exc:
+            pending.set_exception(exc)
+            pending.exception()  # retrieved: waiters re-raise it, an unawaited future does not warn
+            raise
+        else:  # jobs whose XADD returned during the read are taken to be in it
+            before, placed_before = self._queued.get(model, 0), dict(self._placed.get(model, {}))
+            snapshot = _Snapshot(state, self._clock(), before, placed_before)
+            self._snapshots[model] = snapshot
+            pending.set_result(snapshot)
+            return snapshot
+        finally:
+            del self._reads[model]
 
 
 async def _create_group(redis: Redis, stream: str) -> None:

@@ -28,7 +28,7 @@ from gateway import responses
 from gateway.api_keys import current_key
 from gateway.broker import Broker
 from gateway.error_log import ErrorLog, make_entry, note_request
-from gateway.generation import Generation, charge_key
+from gateway.generation import STILL_WAITING, Generation, charge_key
 from gateway.loras import split_model
 from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
 from gateway.reasoning import split_reasoning
@@ -305,7 +305,10 @@ class ChunkStream(OpenStream):
         try:
             async for comment in queued_comments(self._priming, self._keepalive_s):
                 yield comment
-            while (item := await self._generation.next()) is not None:
+            while (item := await self._generation.next_within(self._keepalive_s)) is not None:
+                if item is STILL_WAITING:  # no event for a while (failover, Redis pause): show the stream lives
+                    yield Comment("keep-alive")
+                    continue
                 index, event = item
                 if self._chat and not started[index]:
                     started[index] = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -29,8 +30,10 @@ QueueItem = bytes | object
 class Subscriber:
     """The gateway process's single pub/sub connection and its dispatcher task."""
 
-    def __init__(self, redis: Redis, *, confirm_timeout_s: float = 5.0, retry_after_s: float = 2.0) -> None:
+    def __init__(self, redis: Redis, *, confirm_timeout_s: float = 5.0, retry_after_s: float = 2.0,
+                 on_error: Callable[[], None] | None = None) -> None:
         self._redis = redis
+        self._on_error = on_error or (lambda: None)  # told of every failure of the connection
         self._confirm_timeout_s = confirm_timeout_s
         self._retry_after_s = retry_after_s
         self._pubsub: Any = None
@@ -78,9 +81,12 @@ class Subscriber:
         self._queues[key] = queue
         self._confirmations[key] = confirmed
         try:
-            await asyncio.wait_for(self._connected.wait(), self._confirm_timeout_s)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancel that lands as the wait ends
+            async with asyncio.timeout(self._confirm_timeout_s):
+                await self._connected.wait()
             await self._pubsub.subscribe(key)
-            await asyncio.wait_for(asyncio.shield(confirmed), self._confirm_timeout_s)
+            async with asyncio.timeout(self._confirm_timeout_s):
+                await asyncio.shield(confirmed)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             await self.unsubscribe(channel)
             raise Unavailable(
@@ -130,6 +136,7 @@ class Subscriber:
                 raise
             except (RedisError, OSError) as exc:
                 self._connected.clear()
+                self._on_error()
                 for future in self._confirmations.values():
                     if not future.done():
                         future.set_exception(exc)

@@ -20,6 +20,7 @@ from worker.wire_commands import queue_deregistration, queue_registration
 
 log = logging.getLogger(__name__)
 RATE_TIME_CONSTANT_S = 30.0  # the finish rate follows changes over about this long
+RETRY_S = 0.1  # the wait before the next beat after a failed (or hung) one
 
 
 class EwmaRate:
@@ -65,6 +66,7 @@ class Heartbeat:
         self._finish_rate = EwmaRate()  # requests ended per second: the gateways' admission estimates the wait
         self._token_rate = EwmaRate()  # tokens generated per second: the same, in tokens (gateway/admission.py)
         self.state = "ready"
+        self.recovered_at = -math.inf  # monotonic time of the first beat after an outage (failed or hung beats)
         self.started = time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -92,6 +94,11 @@ class Heartbeat:
         if lost:
             self._on_lost(lost)
 
+    def recovering(self) -> bool:
+        """True for one TTL after Redis came back from an outage: the other workers' registry entries may have
+        expired meanwhile and are being written again, so their jobs are not orphans yet."""
+        return time.monotonic() - self.recovered_at < self.ttl_s
+
     def deregister(self) -> None:
         """Remove the registry entry (clean shutdown)."""
         pipe = self.redis.pipeline(transaction=True)
@@ -110,8 +117,24 @@ class Heartbeat:
             self._thread.join(timeout=self.interval_s + 1)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        """Beat every interval; after a failed beat (Redis away) retry every RETRY_S, so the worker is registered
+        again the moment Redis answers; after a beat that hung (Redis paused: it wrote a heartbeat time from
+        before the pause, already past the TTL for the gateways) beat again at once."""
+        wait, failures = self.interval_s, 0
+        while not self._stop.wait(wait):
+            started = time.monotonic()
             try:
                 self.beat()
             except RedisError as exc:
-                log.warning("heartbeat failed: %s", exc)
+                failures += 1
+                if failures == 1:
+                    log.warning("heartbeat failed: %s; retrying every %.1fs", exc, RETRY_S)
+                wait = RETRY_S
+                continue
+            hung = time.monotonic() - started > self.interval_s
+            if failures or hung:
+                self.recovered_at = time.monotonic()
+                log.info("heartbeat: Redis answers again (%d failed beats, %.1fs in the last); registered again",
+                         failures, time.monotonic() - started)
+            failures = 0
+            wait = RETRY_S if hung else self.interval_s

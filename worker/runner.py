@@ -38,10 +38,10 @@ from worker.publisher import EventPublisher
 from worker.resume import JournalState, JournalUnusable, read_journal
 from worker.scheduler import SchedulerConfig
 from worker.stealing import Stealer, ensure_group, reclaim_streams
-from worker.takeover import claim_stalled, dead_letter
+from worker.takeover import claim_own, claim_stalled, dead_letter, own_pending
 
 log = logging.getLogger(__name__)
-RECLAIM_EVERY_S = 1.0  # how often a worker looks for dead or silent workers' jobs
+RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jobs (failover: TTL + this)
 EXPORTED_STATS = frozenset({  # SchedulerStats fields every gateway's /metrics shows per worker
     "active", "queue_depth", "kv_blocks_used", "kv_blocks_total", "prefix_queries", "prefix_hits",
     "prefix_tokens_hit", "preemptions", "prompt_tokens", "generated_tokens", "requests_finished",
@@ -89,6 +89,7 @@ class WorkerRunner:
         self._lock = threading.Lock()
         self._lost: set[tuple[str, str]] = set()  # (stream, entry) whose lease renewal was refused: to drop
         self._last_reclaim = 0.0
+        self._orphans: dict[str, list[str]] = {}  # stream -> entries an earlier process with this id left pending
         self.served = 0  # requests that ended here (any way)
         self.decode_capacity = 0.0  # tokens/s of a full decode step, measured when run() starts
         self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
@@ -96,7 +97,7 @@ class WorkerRunner:
                                    gauges=self._gauges, held_jobs=self._leases, stats=self._stats,
                                    on_lost=self._lost_leases, loras=lambda: self.adapters.snapshot(),
                                    opens_thinking=engine.opens_thinking)
-        self.cancels = CancelListener(redis, model)
+        self.cancels = CancelListener(redis, model, held=self._held_ids)
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
                                    max_bytes=int(settings.lora_memory_mib * (1 << 20)))
 
@@ -116,6 +117,10 @@ class WorkerRunner:
         exported["decode_capacity"] = round(self.decode_capacity, 2)  # tokens/s at full batch (admission)
         exported["context_length"] = float(self.engine.context_length)  # Ollama's /api/show, /api/ps, num_ctx
         return exported
+
+    def _held_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._held)
 
     def _leases(self) -> list[Lease]:
         with self._lock:
@@ -141,6 +146,10 @@ class WorkerRunner:
     def run(self) -> None:
         """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
         self.ensure_group()
+        self._orphans = own_pending(self.redis, reclaim_streams(self.redis, self.model), self.worker_id)
+        if self._orphans:
+            log.info("worker %s: an earlier process under this id left %d jobs pending; taking them back",
+                     self.worker_id, sum(len(ids) for ids in self._orphans.values()))
         self.decode_capacity = self.engine.measure_decode_rate(self.scheduler.config.max_sequences)
         log.info("worker %s: a full decode step runs at %.0f tokens/s", self.worker_id, self.decode_capacity)
         self._safe(lambda: self.adapters.sync(self.redis, force=True))  # the desired adapters, before registering
@@ -269,7 +278,10 @@ class WorkerRunner:
         free = self._free_width()
         if free <= 0:
             return
-        jobs = []
+        jobs = self._claim_orphans(free, acks)
+        free -= len(jobs)
+        if self.heartbeat.recovering():  # after a Redis outage every registry entry looked expired: wait a TTL
+            free = 0
         for stream in reclaim_streams(self.redis, self.model):
             if free <= 0:
                 break
@@ -289,6 +301,25 @@ class WorkerRunner:
                 if job is not None and job.id not in self._held:
                     jobs.append((stream, mid, job))
         self._take(jobs, acks, takeover=True)
+
+    def _claim_orphans(self, free: int, acks: list[Entry]) -> list[tuple[str, str, Job]]:
+        """Up to `free` of the jobs an earlier process under this worker's id held when it died, claimed back."""
+        jobs: list[tuple[str, str, Job]] = []
+        for stream in list(self._orphans):
+            if free <= 0:
+                break
+            batch, rest = self._orphans[stream][:free], self._orphans[stream][free:]
+            for message_id, fields in claim_own(self.redis, stream, self.worker_id, batch):
+                mid = _text(message_id)
+                job = self._decode(stream, mid, fields, acks)
+                if job is not None and job.id not in self._held:
+                    jobs.append((stream, mid, job))
+            free -= len(batch)
+            if rest:
+                self._orphans[stream] = rest
+            else:
+                del self._orphans[stream]
+        return jobs
 
     def _take(self, jobs: list[tuple[str, str, Job]], acks: list[Entry], *, takeover: bool) -> None:
         """Own each (stream, entry id, job) with a new epoch (fencing off any earlier owner), then start, resume

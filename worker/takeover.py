@@ -12,6 +12,11 @@ a worker that stopped right then (SIGSTOP, a long pause; its blocking read was a
 and would otherwise wait for its lease. Claiming it is safe: the stalled worker's own take is refused once the
 entry has moved ("lost"), and should it have taken the job in the instant between the check and the claim, the
 claimer's take starts a new epoch and fences it off.
+
+A worker restarted under its own id (`--worker-id`, a StatefulSet pod name) finds the entries its dead
+predecessor held pending for its own consumer name, and under a live registry entry: nobody else would move
+them before the lease ran out. At start it lists them (own_pending) and takes them back at once (claim_own),
+as a takeover: a new owner epoch fences the dead process off, and the streams resume from their journals.
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from shared import keys
 
 DEAD_LETTER_MAXLEN = 10_000  # dead-lettered jobs kept per model (approximate trim)
 UNTAKEN_AFTER_S = 3.0  # an entry read this long ago and never taken: its reader stalled as it read it
+OWN_PENDING_MAX = 10_000  # entries an earlier process under the same id may have left, per stream
 
 
 def claim_stalled(redis: Any, stream: str, worker_id: str, *, count: int, ttl_s: float, lease_s: float,
@@ -83,6 +91,26 @@ def claim_untaken(redis: Any, stream: str, worker_id: str, *, count: int,
         claimed += [e for e in redis.xclaim(stream, keys.JOBS_GROUP, worker_id, idle_ms, [entry_id])
                     if e and e[1] is not None]
     return claimed
+
+
+def own_pending(redis: Any, streams: list[str], worker_id: str) -> dict[str, list[str]]:
+    """Per stream, the entry ids pending for `worker_id`'s own consumer: at a worker's start, those of an earlier
+    process that ran under the same id and died holding them."""
+    found: dict[str, list[str]] = {}
+    for stream in streams:
+        try:
+            pending = redis.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=OWN_PENDING_MAX,
+                                           consumername=worker_id)
+        except ResponseError:
+            continue  # no such stream or group yet
+        if pending:
+            found[stream] = [_text(p["message_id"]) for p in pending]
+    return found
+
+
+def claim_own(redis: Any, stream: str, worker_id: str, entry_ids: list[str]) -> list[Any]:
+    """XCLAIM (at once) entries pending for this worker's own id; each claim counts as a delivery (poison check)."""
+    return [e for e in redis.xclaim(stream, keys.JOBS_GROUP, worker_id, 0, entry_ids) if e and e[1] is not None]
 
 
 def dead_letter(redis: Any, model: str, job_bytes: bytes, *, worker_id: str, deliveries: int) -> None:

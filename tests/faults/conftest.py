@@ -25,7 +25,8 @@ def start_cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Callable[
     procs: list[subprocess.Popen[bytes]] = []
     servers: list[BundledRedis] = []
 
-    def start(workers: int, model: str = MODEL, **settings: str) -> ProcessCluster:
+    def start(workers: int, model: str = MODEL, worker_ids: list[str] | None = None,
+              **settings: str) -> ProcessCluster:
         try:
             server = BundledRedis().start()
         except RuntimeError as exc:
@@ -37,16 +38,24 @@ def start_cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Callable[
         # itself (no token lost, repeated or out of order) does not depend on the dtype
         env = {**os.environ, "REDIS_URL": server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_REGISTRY_CACHE_S": "0",
                "LLMFLEET_THREADS": "1", "LLMFLEET_KV_DTYPE": "float32", **settings}
-        started = []
-        for name, args in [("gateway", ["gateway"])] + [(f"worker-{i}", ["worker", "--model", model])
-                                                        for i in range(workers)]:
-            with (tmp_path / f"{name}.log").open("wb") as log:
-                started.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,
-                                                stderr=subprocess.STDOUT))
-        procs.extend(started)
+        def spawn(name: str, args: list[str]) -> subprocess.Popen[bytes]:
+            with (tmp_path / f"{name}.log").open("ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,
+                                        stderr=subprocess.STDOUT)
+            procs.append(proc)
+            return proc
+
+        def start_worker(index: int, worker_id: str | None = None) -> subprocess.Popen[bytes]:
+            """Start worker process `index` (again), under `worker_id` or a fresh one; its log file is appended."""
+            return spawn(f"worker-{index}", ["worker", "--model", model]
+                         + (["--worker-id", worker_id] if worker_id else []))
+
+        spawn("gateway", ["gateway"])
+        started = [start_worker(i, worker_ids[i] if worker_ids else None) for i in range(workers)]
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: ready(base).get("workers") == workers, 240, "the cluster")
-        return ProcessCluster(base, server, started[1:], [tmp_path / f"worker-{i}.log" for i in range(workers)])
+        return ProcessCluster(base, server, started, [tmp_path / f"worker-{i}.log" for i in range(workers)],
+                              start_worker)
 
     try:
         yield start

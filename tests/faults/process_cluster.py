@@ -66,6 +66,7 @@ class ProcessCluster:
     redis: BundledRedis
     workers: list[subprocess.Popen[bytes]]
     logs: list[Path] = field(default_factory=list)  # one per worker, same order
+    start_worker: Callable[..., subprocess.Popen[bytes]] | None = None  # (index, worker_id=None): (re)start one
 
     def worker_index(self, worker_id: str) -> int:
         """Which of the worker processes registered as `worker_id` (from its start-up log line)."""

@@ -131,7 +131,8 @@ async def patient_app(settings: Any, server: Any) -> Any:
     await redis.aclose()
 
 
-async def _post_stream(app: Any, body: dict[str, Any], sent: list[dict[str, Any]]) -> None:
+async def _post_stream(app: Any, body: dict[str, Any], sent: list[dict[str, Any]],
+                       path: str = "/v1/chat/completions") -> None:
     """Drive one streaming POST through the ASGI app, recording every message it sends (httpx's ASGI transport
     would only hand the response over once it is complete)."""
     request = {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
@@ -149,7 +150,7 @@ async def _post_stream(app: Any, body: dict[str, Any], sent: list[dict[str, Any]
         sent.append(message)
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "path": path, "raw_path": path.encode(), "query_string": b"",
              "root_path": "", "headers": [(b"content-type", b"application/json"), (b"host", b"gateway")],
              "client": ("127.0.0.1", 1), "server": ("gateway", 80), "app": app}
     await app(scope, receive, send)
@@ -184,3 +185,21 @@ async def test_a_queued_stream_that_then_fails_ends_with_an_error_chunk(patient_
     text = _body(sent).decode()
     assert sent[0]["status"] == 200 and text.startswith(": queued\n\n")
     assert '"code":"context_length_exceeded"' in text and text.endswith("data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"], ids=["openai", "anthropic"])
+async def test_a_stream_that_waits_mid_way_sends_keep_alives(patient_app: Any, worker: Any, path: str) -> None:
+    """Its worker died after the first token: while another resumes it, the client gets a keep-alive comment
+    every sse_keepalive_s (0.2 s here), whatever API the stream speaks."""
+    sent: list[dict[str, Any]] = []
+    call = asyncio.create_task(_post_stream(patient_app, {**CHAT, "stream": True}, sent, path))
+    job = await worker.take()
+    await worker.token(job, "Hel")
+    await asyncio.sleep(0.75)  # failover: no event for a while
+    after_first = _body(sent).split(b"Hel", 1)
+    assert len(after_first) == 2 and after_first[1].count(b": keep-alive\n\n") >= 2
+    await worker.token(job, "lo")
+    await worker.end(job)
+    await worker.done(job)
+    await asyncio.wait_for(call, 5)
+    assert b"lo" in _body(sent).split(b"Hel", 1)[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -195,5 +196,83 @@ async def test_client_leaving_before_the_first_event_of_a_stream_publishes_cance
     leave.set()
     sent = await asyncio.wait_for(call, 5)
     assert sent[0]["status"] == 499  # nobody reads it: the client is gone
+    assert (await _next_cancel(cancels)).id == job.id
+    assert app.state.broker.subscriber.active == 0
+
+
+
+def _hold_xadd_replies(broker: Any, written: asyncio.Event) -> None:
+    """Make the job-writing pipeline execute on Redis and then never answer (the reply is in flight)."""
+    real_pipeline = broker.redis.pipeline
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = real_pipeline(*args, **kwargs)
+        real_execute = pipe.execute
+
+        async def execute(*a: Any, **kw: Any) -> Any:
+            writes_job = any(command[0][0] == "XADD" for command in pipe.command_stack)
+            result = await real_execute(*a, **kw)
+            if writes_job:
+                written.set()
+                await asyncio.Event().wait()  # the reply never comes back before the client leaves
+            return result
+
+        pipe.execute = execute
+        return pipe
+
+    broker.redis.pipeline = pipeline
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_leaving_while_the_job_is_written_cancels_it(app_client, worker, redis, cancels, stream) -> None:
+    app, _ = app_client
+    written, leave = asyncio.Event(), asyncio.Event()
+    _hold_xadd_replies(app.state.broker, written)
+    call = asyncio.create_task(call_app(app, "/v1/chat/completions", {**CHAT, "stream": stream}, leave))
+    await asyncio.wait_for(written.wait(), 5)
+    leave.set()
+    sent = await asyncio.wait_for(call, 5)
+    assert sent[0]["status"] == 499
+    entries = await redis.xrange(keys.jobs_stream("smollm2"))  # in its stream, its write never confirmed
+    job = codec.decode_job(entries[0][1][keys.JOB_FIELD.encode()])
+    assert (await _next_cancel(cancels)).id == job.id
+    assert await redis.get(keys.cancelled_marker(job.id)) == b"1"  # a worker taking it ends it unstarted
+    assert app.state.broker.subscriber.active == 0
+
+
+async def test_leaving_before_the_body_is_read_is_an_info_line(app_client, caplog) -> None:
+    app, _ = app_client
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json"),
+                                                                (b"content-length", b"100")],
+             "client": ("127.0.0.1", 5000), "server": ("gateway", 80)}
+    with caplog.at_level(logging.INFO):
+        await app(scope, receive, send)
+    assert sent[0]["status"] == 499
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("client disconnected" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)
+
+
+@pytest.mark.parametrize("spec", ["2.3", "2.4"])
+async def test_client_leaving_a_queued_stream_publishes_cancel(app_client, worker, cancels, spec: str) -> None:
+    """The stream opened with `: queued` and keep-alives while its job waits; then the client leaves."""
+    app, _ = app_client
+    leave = asyncio.Event()
+    call = asyncio.create_task(call_app(app, "/v1/chat/completions", {**CHAT, "stream": True}, leave, spec))
+    job = await worker.take()  # queued; no worker starts it
+    await asyncio.sleep(1.5)
+    leave.set()
+    sent = await asyncio.wait_for(call, 5)
+    assert sent[0]["status"] == 200 and b": queued" in b"".join(m.get("body", b"") for m in sent)
     assert (await _next_cancel(cancels)).id == job.id
     assert app.state.broker.subscriber.active == 0

@@ -145,3 +145,23 @@ async def test_queue_limit_on_real_redis(base_url: str, worker: Any, redis: Redi
         job = await worker.take()  # taken and acked jobs no longer count
         await worker.answer(job, ["ok"])
         assert (await accepted).status_code == 200
+
+
+async def test_disconnect_from_a_queued_stream_over_real_sockets_publishes_cancel(base_url: str, worker: Any,
+                                                                                 redis: Redis) -> None:
+    """The stream opened with `: queued` (its job waits, keep-alives go out); the client hangs up on a comment."""
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.cancel_channel("smollm2"))
+    async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
+        task = asyncio.create_task(_stream(client, hang_up_early=True))
+        job = await worker.take()  # nobody starts it
+        status, body = await task
+    assert status == 200 and body.startswith(b": queued")
+    notice = None
+    for _ in range(300):
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.01)
+        if message is not None:
+            notice = codec.decode(message["data"])
+            break
+    await pubsub.aclose()
+    assert isinstance(notice, CancelRequest) and notice.id == job.id

@@ -31,3 +31,4 @@ def test_chunks_already_waiting_go_out_in_one_send() -> None:
         return [part async for part in sse.encode(Waiting())]
 
     assert asyncio.run(sends()) == [b'data: {"n":1}\n\ndata: {"n":2}\n\n', b'data: {"n":3}\n\n', b"data: [DONE]\n\n"]
+

@@ -392,3 +392,28 @@ def test_a_critical_job_starts_before_fifty_queued_low_ones(tiny_engine: Any, cl
     finally:
         runner.stop_requested.set()
         thread.join(timeout=30)
+
+
+def test_a_worker_restarted_under_its_own_id_takes_its_jobs_back_at_once(tiny_engine: Any, client: redis.Redis,
+                                                                          settings: Settings) -> None:
+    """Its predecessor died holding a job (pending for the same consumer name, lease 30 s): the new process
+    resumes it at start, with a new owner epoch that fences the dead one off."""
+    slow_lease = dataclasses.replace(settings, lease_s=30.0)
+    WorkerRunner(tiny_engine, client, slow_lease, model=MODEL, worker_id="same").ensure_group()
+    pubsub = submit(client, job("mine"))
+    entry = client.xreadgroup(keys.JOBS_GROUP, "same", {keys.jobs_stream(MODEL): ">"}, count=1)[0][1][0][0]
+    [grant] = take_ownership(client, keys.jobs_stream(MODEL), "same", [("mine", entry.decode())], ttl_s=60)
+    assert grant.epoch == 1  # the predecessor owned it, then died (kill -9)
+    restarted = WorkerRunner(tiny_engine, client, slow_lease, model=MODEL, worker_id="same")
+    started = time.monotonic()
+    thread = threading.Thread(target=restarted.run, daemon=True)
+    thread.start()
+    try:
+        events = collect(pubsub, timeout=20)
+        assert isinstance(events[-1], DoneEvent) and events[-1].usage.completion_tokens == 5
+        assert [e.seq for e in events] == list(range(len(events)))
+        assert time.monotonic() - started < 15  # not the 30 s lease
+        assert client.get(keys.owner_key("mine")) == b"done"
+    finally:
+        restarted.stop_requested.set()
+        thread.join(timeout=10)
