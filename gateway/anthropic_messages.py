@@ -109,11 +109,10 @@ async def create_message(broker: Broker, request: ChatRequest, settings: Setting
 
 async def stream_message(broker: Broker, request: ChatRequest, settings: Settings) -> MessageStream:
     """Start a request and wait a moment for its first event (errors until then are raised); then stream it."""
-    opened = await serving.opens_thinking(broker, request)  # before the job is queued: nothing to close on error
     started = await serving.start_stream(broker, request, settings)
     return MessageStream(started.generation, message_id(started.request_id), request.params.model,
                          tools=request.tools.active, reasoning=request.reasoning, priming=started.priming,
-                         opens_thinking=opened, keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
+                         opens_thinking=started.opens_thinking, keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 
 
 async def count_tokens(broker: Broker, request: ChatRequest, settings: Settings) -> dict[str, int]:

@@ -149,10 +149,10 @@ async def collect_completion(broker: Broker, request: GenerationRequest, setting
     """Queue the request's jobs and collect their events into finished choices (tool calls parsed out); an API
     that names its response before the job starts (the Responses API) passes the request id."""
     request_id, now = request_id or new_request_id(), time.time()
-    opened = await opens_thinking(broker, request)
     generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
     note_request().request_id = request_id  # queued: from here on the id is in the logs
     try:
+        opened = await opens_thinking(broker, request)  # after admission (see start_stream)
         want_logprobs = _wants_logprobs(request)
         choices = [ChoiceResult(index=i, logprobs=[] if want_logprobs else None) for i in range(generation.choices)]
         parts: list[list[str]] = [[] for _ in choices]
@@ -198,6 +198,7 @@ class StartedStream:
     request_id: str
     created: float
     priming: asyncio.Task[None] | None
+    opens_thinking: bool = False  # the reply starts inside a thinking block (see opens_thinking)
 
 
 async def start_stream(broker: Broker, request: GenerationRequest, settings: Settings, *,
@@ -209,6 +210,8 @@ async def start_stream(broker: Broker, request: GenerationRequest, settings: Set
     note_request().request_id = request_id  # queued: from here on the id is in the logs
     priming = asyncio.create_task(generation.prime())
     try:
+        # after admission, whose registry read it reuses: a Redis outage is admission's fast 503, not a wait here
+        opened = await opens_thinking(broker, request)
         await asyncio.wait({priming}, timeout=settings.sse_queued_after_s)
         if priming.done():
             priming.result()  # raises the early failure
@@ -216,7 +219,7 @@ async def start_stream(broker: Broker, request: GenerationRequest, settings: Set
         priming.cancel()
         await generation.close()
         raise
-    return StartedStream(generation, request_id, now, None if priming.done() else priming)
+    return StartedStream(generation, request_id, now, None if priming.done() else priming, opened)
 
 
 async def queued_comments(priming: asyncio.Task[None] | None, keepalive_s: float) -> AsyncIterator[Comment]:
@@ -244,13 +247,12 @@ async def stream_completion(broker: Broker, request: GenerationRequest, settings
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is a plain
     HTTP error; a request still queued after `sse_queued_after_s` gets its stream at once (`: queued`, then
     keep-alives) and any failure from then on as an error chunk."""
-    opened = await opens_thinking(broker, request)  # before the job is queued: nothing to close on error
     started = await start_stream(broker, request, settings)
     header = ChunkHeader(_response_id(request, started.request_id), int(started.created), request.params.model,
                          request.params.include_usage)
     return ChunkStream(started.generation, header, chat=isinstance(request, ChatRequest),
                        logprobs=_wants_logprobs(request), tools=_uses_tools(request), timings=request.params.timings,
-                       reasoning=_uses_reasoning(request), opens_thinking=opened,
+                       reasoning=_uses_reasoning(request), opens_thinking=started.opens_thinking,
                        errors=broker.errors, priming=started.priming, keepalive_s=settings.sse_keepalive_s)
 
 

@@ -146,11 +146,10 @@ async def stream_generation(broker: Broker, request: OllamaGeneration, settings:
     assert request.request is not None
     started_at = time.monotonic()
     await check_context(broker, request)
-    opened = await serving.opens_thinking(broker, request.request)  # before the job: nothing to close on error
     started = await serving.start_stream(broker, request.request, settings)
     chat = isinstance(request.request, ChatRequest)
     parser = ReplyParser(reasoning=chat and request.request.reasoning, tools=chat and request.request.tools.active,
-                         forced_open=opened)
+                         forced_open=started.opens_thinking)
     return ReplyStream(started.generation, request, started_at=started_at, parser=parser, priming=started.priming,
                        keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 

@@ -174,12 +174,11 @@ async def stream_response(broker: Broker, store: ResponseStore, request: Respons
     prepared = await prepare(store, request, settings)
     await _save_running(store, prepared)
     try:
-        opened = await serving.opens_thinking(broker, prepared.chat)
         started = await serving.start_stream(broker, prepared.chat, settings, request_id=prepared.request_id)
     except LLMFleetError as exc:
         await _save_final(store, prepared, prepared.body("failed", error=exc))
         raise
-    parser = ReplyParser(reasoning=prepared.chat.reasoning, tools=prepared.chat.tools.active, forced_open=opened)
+    parser = ReplyParser(reasoning=prepared.chat.reasoning, tools=prepared.chat.tools.active, forced_open=started.opens_thinking)
     return ResponseStream(started, prepared, store, parser=parser, keepalive_s=settings.sse_keepalive_s,
                           broker=broker)
 
