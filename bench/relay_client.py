@@ -196,7 +196,7 @@ async def run_relay(host: str, port: int, model: str, streams: int, max_tokens: 
     started = time.time()
     try:
         await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(streams))), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         for protocol in protocols:
             protocol._end("timeout")
     finally:

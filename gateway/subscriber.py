@@ -87,7 +87,7 @@ class Subscriber:
             await self._pubsub.subscribe(key)
             async with asyncio.timeout(self._confirm_timeout_s):
                 await asyncio.shield(confirmed)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             await self.unsubscribe(channel)
             raise Unavailable(
                 f"cannot subscribe to the events channel ({type(exc).__name__})", retry_after=self._retry_after_s

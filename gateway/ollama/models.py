@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from gateway.broker import Broker
@@ -21,12 +21,12 @@ from shared.pool import READY
 from shared.settings import Settings
 
 VERSION = "0.12.0"  # the Ollama API level llmfleet answers for (what /api/version reports)
-FOREVER = datetime(2318, 1, 1, tzinfo=timezone.utc)  # Ollama's expires_at of a model kept loaded forever
+FOREVER = datetime(2318, 1, 1, tzinfo=UTC)  # Ollama's expires_at of a model kept loaded forever
 CAPABILITIES = ["completion", "tools"]
 
 
 def _iso(unix_s: float) -> str:
-    return datetime.fromtimestamp(unix_s, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(unix_s, UTC).isoformat().replace("+00:00", "Z")
 
 
 def digest(model: str) -> str:

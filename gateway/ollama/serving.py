@@ -23,7 +23,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from gateway import serving
@@ -49,7 +49,7 @@ NS_PER_S = 1_000_000_000
 
 def created_at(unix_s: float) -> str:
     """Ollama's created_at: RFC 3339 in UTC with microseconds."""
-    return datetime.fromtimestamp(unix_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _ns(seconds: float) -> int:
