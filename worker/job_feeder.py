@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 1.0  # how often a worker looks for dead or silent workers' jobs
 IDLE_BLOCK_MS = 200  # a read with nothing waiting anywhere blocks this long on this worker's streams
 FULL_WAIT_S = 0.05  # with no free slot, look again after this long (or when the loop frees one)
+BUSY_POLL_S = 0.03  # a busy worker with free slots looks for jobs this often (only an idle one blocks on the
+# streams, so Redis hands a new shared job to an idle worker first)
 
 
 @dataclass
@@ -57,7 +59,7 @@ class JobFeeder:
     def __init__(self, redis: Redis, settings: Settings, *, model: str, worker_id: str, streams: list[str],
                  own_streams: list[str], adapters: AdapterSet, free_width: Callable[[], int],
                  accepting: Callable[[], bool], holds: Callable[[str], bool], ensure_group: Callable[[], None],
-                 journal_ttl_s: int) -> None:
+                 journal_ttl_s: int, slots: int) -> None:
         self.redis = redis
         self.settings = settings
         self.model = model
@@ -71,6 +73,7 @@ class JobFeeder:
         self._holds = holds  # whether the loop already holds a request (a reclaim skips it)
         self._ensure_group = ensure_group
         self.journal_ttl_s = journal_ttl_s
+        self._slots = slots  # free_width() == slots: the worker is idle
         self._inbox: list[TakenJob] = []
         self._inbox_width = 0  # slots the inbox's jobs will occupy
         self._cond = threading.Condition()
@@ -164,8 +167,8 @@ class JobFeeder:
 
     def _intake(self) -> None:
         """Read as many new jobs as there are free slots, highest priority class first (in a class: the jobs
-        placed on this worker, then the shared ones), then other workers' overdue placed jobs; with nothing to
-        read anywhere, wait briefly on this worker's streams at once."""
+        placed on this worker, then the shared ones), then other workers' overdue placed jobs. With nothing to
+        read anywhere, an idle worker waits briefly on all its streams at once; a busy one looks again soon."""
         free = self._free()
         others = self.stealer.plan(free) if self.stealer.due() else {}
         replies = []
@@ -181,6 +184,10 @@ class JobFeeder:
                     break
             if free <= 0:
                 break
+        if not replies and self._free_width() < self._slots:  # busy: poll again soon, leave blocking to idle
+            with self._cond:
+                self._cond.wait(BUSY_POLL_S)
+            return
         if not replies:
             replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(self.read_order, ">"),
                                             count=1, block=IDLE_BLOCK_MS) or []

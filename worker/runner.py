@@ -98,7 +98,7 @@ class WorkerRunner:
                                 own_streams=self.own_streams, adapters=self.adapters, free_width=self._free_width,
                                 accepting=lambda: self.heartbeat.state == "ready" and not self.stop_requested.is_set(),
                                 holds=lambda request_id: request_id in self._held, ensure_group=self.ensure_group,
-                                journal_ttl_s=self.publisher.journal_ttl_s)
+                                journal_ttl_s=self.publisher.journal_ttl_s, slots=self.scheduler.config.max_sequences)
 
     # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
 
