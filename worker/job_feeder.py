@@ -59,7 +59,7 @@ class JobFeeder:
     def __init__(self, redis: Redis, settings: Settings, *, model: str, worker_id: str, streams: list[str],
                  own_streams: list[str], adapters: AdapterSet, free_width: Callable[[], int],
                  accepting: Callable[[], bool], holds: Callable[[str], bool], ensure_group: Callable[[], None],
-                 journal_ttl_s: int, slots: int) -> None:
+                 journal_ttl_s: int, slots: int, outranked_width: Callable[[int], int]) -> None:
         self.redis = redis
         self.settings = settings
         self.model = model
@@ -74,6 +74,7 @@ class JobFeeder:
         self._ensure_group = ensure_group
         self.journal_ttl_s = journal_ttl_s
         self._slots = slots  # free_width() == slots: the worker is idle
+        self._outranked_width = outranked_width  # slots held by jobs of classes below PRIORITY_ORDER[i]
         self._inbox: list[TakenJob] = []
         self._inbox_width = 0  # slots the inbox's jobs will occupy
         self._cond = threading.Condition()
@@ -125,13 +126,19 @@ class JobFeeder:
         with self._cond:
             return self._free_width() - self._inbox_width
 
+    def _preemptible(self, index: int) -> int:
+        """Slots a job of class PRIORITY_ORDER[index] may take from running lower-class work (the scheduler
+        preempts it for them), less what the inbox will take."""
+        with self._cond:
+            return max(0, self._outranked_width(index) - self._inbox_width)
+
     # ---- the thread ---------------------------------------------------------------------------------------
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self.adapters.sync(self.redis)  # at most every LORA_SYNC_S
-                if not self._accepting() or self._free() <= 0:
+                if not self._accepting() or (self._free() <= 0 and self._preemptible(0) <= 0):
                     with self._cond:
                         self._cond.wait(FULL_WAIT_S)
                     continue
@@ -170,20 +177,20 @@ class JobFeeder:
         placed on this worker, then the shared ones), then other workers' overdue placed jobs. With nothing to
         read anywhere, an idle worker waits briefly on all its streams at once; a busy one looks again soon."""
         free = self._free()
-        others = self.stealer.plan(free) if self.stealer.due() else {}
+        others = self.stealer.plan(free) if free > 0 and self.stealer.due() else {}
         replies = []
-        for priority, own, shared in zip(keys.PRIORITY_ORDER, self.own_streams, self.streams, strict=True):
-            for stream, count in [(own, free), (shared, free), *others.get(priority, [])]:
-                reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=min(count, free))
+        for index, (priority, own, shared) in enumerate(zip(keys.PRIORITY_ORDER, self.own_streams, self.streams,
+                                                            strict=True)):
+            room = max(free, self._preemptible(index))  # full: a class that outranks running work still reads
+            for stream, count in [(own, room), (shared, room), *others.get(priority, [])] if room > 0 else []:
+                reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=min(count, room))
                 got = sum(len(messages) for _stream, messages in reply or [])
                 if got and stream != own and stream != shared:
                     log.info("took %d job(s) placed on another worker from %s", got, stream)
-                free -= got
+                free, room = free - got, room - got
                 replies += reply or []
-                if free <= 0:
+                if room <= 0:
                     break
-            if free <= 0:
-                break
         if not replies and self._free_width() < self._slots:  # busy: poll again soon, leave blocking to idle
             with self._cond:
                 self._cond.wait(BUSY_POLL_S)

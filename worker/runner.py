@@ -98,7 +98,8 @@ class WorkerRunner:
                                 own_streams=self.own_streams, adapters=self.adapters, free_width=self._free_width,
                                 accepting=lambda: self.heartbeat.state == "ready" and not self.stop_requested.is_set(),
                                 holds=lambda request_id: request_id in self._held, ensure_group=self.ensure_group,
-                                journal_ttl_s=self.publisher.journal_ttl_s, slots=self.scheduler.config.max_sequences)
+                                journal_ttl_s=self.publisher.journal_ttl_s, slots=self.scheduler.config.max_sequences,
+                                outranked_width=self._outranked_width)
 
     # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
 
@@ -124,6 +125,12 @@ class WorkerRunner:
         """Called by the heartbeat: these (stream, entry) held jobs belong to another worker now (taken over)."""
         with self._lock:
             self._lost.update(entries)
+
+    def _outranked_width(self, index: int) -> int:
+        """Slots held by jobs of a lower priority class than keys.PRIORITY_ORDER[index] (preemptible for it)."""
+        order = {name: i for i, name in enumerate(keys.PRIORITY_ORDER)}
+        with self._lock:
+            return sum(h.width for h in self._held.values() if order.get(h.job.priority, 2) > index)
 
     def _free_width(self) -> int:
         return self.scheduler.config.max_sequences - self._load()

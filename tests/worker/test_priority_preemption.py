@@ -101,3 +101,44 @@ def test_outranked_decodes_sit_out_only_the_prefill(tiny_engine: Any) -> None:
         _tokens(sched.step(), out)
     for request in lows:
         assert out[request.request_id] == _alone(tiny_engine, request)
+
+
+@pytest.mark.integration
+def test_a_full_worker_takes_a_job_that_outranks_its_work_and_runs_it_first(tiny_engine: Any, client: Any,
+                                                                           settings: Any) -> None:
+    """The worker's one slot runs a low job: a high job is still read (it can preempt) and ends first; the
+    low one then finishes with every token."""
+    import dataclasses
+    import threading
+    import time
+
+    from job_events import collect, submit
+
+    from shared.messages import DoneEvent, GenerateJob, Sampling, TokenEvent
+    from worker.runner import WorkerRunner
+
+    runner = WorkerRunner(tiny_engine, client, dataclasses.replace(settings, slots=1), model="tiny")
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    assert runner.ready.wait(10)
+    try:
+        now = time.time()
+
+        def job(rid: str, priority: str, max_tokens: int) -> GenerateJob:
+            return GenerateJob(id=rid, model="tiny", created=now, deadline=now + 120, prompt_token_ids=[5, 6, 7],
+                               max_tokens=max_tokens, ignore_eos=True, priority=priority,
+                               sampling=Sampling(temperature=0.8, seed=3))
+
+        low = submit(client, job("low", "low", 2000))
+        while (first := low.get_message(timeout=5)) is None or first["type"] != "message":
+            pass  # the low job holds the slot
+        urgent = collect(submit(client, job("urgent", "high", 4)))
+        assert isinstance(urgent[-1], DoneEvent)
+        rest = collect(low, timeout=120)
+        assert isinstance(rest[-1], DoneEvent) and rest[-1].timing is not None
+        assert rest[-1].timing.total_s > urgent[-1].timing.total_s  # the low one was still running
+        assert 1 + sum(isinstance(e, TokenEvent) for e in rest) == 2000  # nothing lost
+        assert runner.scheduler.stats.preemptions >= 1
+    finally:
+        runner.stop_requested.set()
+        thread.join(timeout=30)
