@@ -7,7 +7,8 @@ It starts a bundled Redis, one gateway, one SmolLM2 worker (--slots) and one `ll
 1. direct: N requests at once with the async openai client; wall time.
 2. batch: the same N as one batch; wall time from batches.create to status completed (polled every 0.1 s);
    the outputs are checked equal to part 1's.
-3. interactive: one request's latency with the worker idle, then while a second batch of N runs.
+3. interactive: one streamed request's first-token time and latency with the worker idle, then while a second
+   batch of N runs (its lines at priority low: the interactive request preempts them, worker/preemption.py).
 Run: python bench/batches.py [--requests 32] [--max-tokens 32] [--slots 16] [--concurrency 16]
 """
 
@@ -62,12 +63,16 @@ async def run_batch(client: openai.AsyncOpenAI, requests: list[dict]) -> tuple[f
     return elapsed, [line["response"]["body"]["choices"][0]["text"] for line in lines]
 
 
-async def one(client: openai.AsyncOpenAI, max_tokens: int) -> float:
-    """The latency of one interactive request."""
+async def one(client: openai.AsyncOpenAI, max_tokens: int) -> tuple[float, float]:
+    """One interactive (normal priority) streamed request: (seconds to its first token, seconds to its end)."""
     started = time.perf_counter()
-    await client.completions.create(model=MODEL, prompt="An interactive question:", max_tokens=max_tokens,
-                                    temperature=0, extra_body={"ignore_eos": True})
-    return time.perf_counter() - started
+    first = None
+    stream = await client.completions.create(model=MODEL, prompt="An interactive question:", max_tokens=max_tokens,
+                                             temperature=0, stream=True, extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].text:
+            first = time.perf_counter() - started
+    return first or float("nan"), time.perf_counter() - started
 
 
 async def measure(url: str, args: argparse.Namespace) -> None:
@@ -78,7 +83,7 @@ async def measure(url: str, args: argparse.Namespace) -> None:
     direct_s, direct_texts = await direct(client, requests)
     batch_s, batch_texts = await run_batch(client, requests)
     assert batch_texts == direct_texts, "a batch output differs from the direct request's"
-    idle = min([await one(client, args.max_tokens) for _ in range(3)])
+    idle = min([await one(client, args.max_tokens) for _ in range(3)])  # (first token, end) of the quickest
     second = asyncio.create_task(run_batch(client, bodies(args.requests, args.max_tokens, "background")))
     await asyncio.sleep(2.0)  # the batch is running
     busy = [await one(client, args.max_tokens) for _ in range(3)]
@@ -90,8 +95,10 @@ async def measure(url: str, args: argparse.Namespace) -> None:
     print(f"{'direct (all at once)':28}{direct_s:8.2f}{args.requests / direct_s:8.2f}{tokens / direct_s:8.1f}")
     print(f"{'batch (create -> completed)':28}{batch_s:8.2f}{args.requests / batch_s:8.2f}{tokens / batch_s:8.1f}")
     print(f"batch / direct wall time: {batch_s / direct_s:.2f}; outputs identical: yes")
-    print(f"interactive request latency: idle {idle:.2f}s, while a batch runs "
-          f"{', '.join(f'{b:.2f}' for b in busy)}s")
+    print(f"interactive request latency: idle {idle[1]:.2f}s, while a batch runs "
+          f"{', '.join(f'{b[1]:.2f}' for b in busy)}s")
+    print(f"interactive first token: idle {idle[0]:.3f}s, while a batch runs "
+          f"{', '.join(f'{b[0]:.3f}' for b in busy)}s (ratio to idle {', '.join(f'{b[0] / idle[0]:.2f}' for b in busy)})")
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +58,7 @@ class AdapterSet:
         self.loaded: dict[str, LoraAdapter] = {}
         self._sources: dict[str, str] = {}
         self._last_sync = 0.0
+        self._sync_lock = threading.RLock()
         self.version = 0  # the desired-set version the loaded adapters follow (0 = not synced yet)
 
     @property
@@ -102,6 +104,10 @@ class AdapterSet:
 
     def sync(self, redis: Redis, *, force: bool = False) -> None:
         """Follow the desired set (at most every LORA_SYNC_S unless forced); failed loads are reported in Redis."""
+        with self._sync_lock:  # the job feeder's thread syncs; a job naming an unknown adapter forces one
+            self._sync(redis, force=force)
+
+    def _sync(self, redis: Redis, *, force: bool) -> None:
         now = time.monotonic()
         if not force and now - self._last_sync < LORA_SYNC_S:
             return

@@ -1,20 +1,17 @@
-"""Scheduler events to wire events: numbered per request, journaled, and published in one round trip.
+"""Scheduler events to wire events: numbered per request, sealed per step, sent by worker.publish_sender.
 
 A request the runner owns (worker.fencing) has its events and its ack written by one fenced script call per
-flush, refused if another worker took the request over since; the refused requests are reported in
-`fenced_off` for the runner to drop. Requests without an owner value (tests, stand-ins) use plain commands.
+send, refused if another worker took the request over since; the refused requests are reported by
+`take_fenced_off` for the runner to drop. Requests without an owner value (tests, stand-ins) use plain commands.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
 
 from redis import Redis
-from redis.exceptions import ResponseError
 
-from shared import codec, keys
 from shared.errors import LLMFleetError
 from shared.messages import (
     ChoiceEndEvent,
@@ -29,19 +26,19 @@ from shared.messages import (
 )
 from worker.engine.stopping import StopReason
 from worker.engine.tokenizer import Tokenizer
-from worker.fencing import is_noscript, load_scripts, queue_fenced_publish
 from worker.prompt_scoring import PromptScored
+from worker.publish_sender import DEFAULT_MAX_STEPS, BatchSender, RequestWrite, StepBatch
 from worker.sequences import EmbeddingDone, RequestDone, RequestFailed, SequenceStep
-from worker.wire_commands import queue_event, queue_job_done
 
 log = logging.getLogger(__name__)
 StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone | PromptScored
 
 
 class EventPublisher:
-    """Numbers every request's events from 0 and sends a step's worth of them in one MULTI/EXEC."""
+    """Numbers every request's events from 0 and seals a step's worth of them for one MULTI/EXEC."""
 
-    def __init__(self, redis: Redis, tokenizer: Tokenizer, journal_ttl_s: float) -> None:
+    def __init__(self, redis: Redis, tokenizer: Tokenizer, journal_ttl_s: float, *,
+                 max_steps: int = DEFAULT_MAX_STEPS) -> None:
         self.redis = redis
         self.tokenizer = tokenizer
         self.journal_ttl_s = max(1, int(journal_ttl_s))
@@ -50,7 +47,8 @@ class EventPublisher:
         self._acks: list[tuple[str, str]] = []  # (stream, entry id) of jobs whose terminal event is queued
         self._owners: dict[str, str] = {}  # request id -> the owner value its writes are fenced with
         self._entries: dict[tuple[str, str], str] = {}  # (stream, entry id) -> request id (ack goes with its write)
-        self.fenced_off: list[tuple[str, str]] = []  # (request id, current owner): refused writes, to drop
+        self.sender = BatchSender(redis, self.journal_ttl_s, max_steps=max_steps)
+        self.threaded = False  # True once start() runs the sender in its own thread
 
     def next_seq(self, request_id: str) -> int:
         """Allocate the next sequence number of a request."""
@@ -62,6 +60,7 @@ class EventPublisher:
         """Fence every later write of a request, and the ack of its job entry (stream, id), with its owner value."""
         self._owners[request_id] = owner
         self._entries[entry] = request_id
+        self.sender.allow(request_id)
 
     def forget(self, request_id: str) -> None:
         """Drop everything queued or known for a request (another worker owns it now)."""
@@ -70,6 +69,7 @@ class EventPublisher:
         self._entries = {entry: rid for entry, rid in self._entries.items() if rid != request_id}
         self._owners.pop(request_id, None)
         self._next_seq.pop(request_id, None)
+        self.sender.drop(request_id)
 
     def resume_from(self, request_id: str, seq: int) -> None:
         """Continue a request's numbering at seq (a job reclaimed from a dead worker)."""
@@ -158,82 +158,65 @@ class EventPublisher:
         self._pending.append(error.to_event(request_id, self.next_seq(request_id)))
 
     def flush(self, acks: list[tuple[str, str]] = ()) -> None:
-        """Journal and publish every queued event, and ack (+ delete) finished jobs, in one transaction.
+        """Seal every queued event and these acks (jobs whose terminal event is queued) as one step batch.
 
-        If the transaction fails (Redis away), nothing is dropped: the events and acks stay queued, in
-        order, and the next flush sends them with whatever came since; the error propagates to the caller.
-        A fenced write that Redis could not run (NOSCRIPT: it restarted and forgot the script) stays queued
-        too, after the script is loaded again; a refused one (stale owner) is dropped and reported.
+        With the sender thread started, the batch is sent in the background (one transaction for every batch
+        waiting); without it, it is sent now and a failed send raises, keeping everything queued, in order.
         """
         self._acks.extend(acks)
-        if not self._pending and not self._acks:
-            return
-        pipe = self.redis.pipeline(transaction=True)
-        fenced = self._queue_commands(pipe)
-        results = pipe.execute(raise_on_error=False)  # a lost connection raises: everything is kept for a retry
-        kept: set[str] = set()
-        refused = []
-        for index, request_id in fenced:
-            result = results[index]
-            if is_noscript(result):
-                kept.add(request_id)
-            elif isinstance(result, ResponseError):
-                refused.append(result)
-            elif result != 1:  # another worker took the request over: the runner drops it
-                self.fenced_off.append((request_id, result.decode() if isinstance(result, bytes) else str(result)))
-        fenced_at = {index for index, _ in fenced}
-        refused += [r for i, r in enumerate(results) if isinstance(r, ResponseError) and i not in fenced_at]
-        if refused:  # Redis ran the transaction but refused some commands (e.g. WRONGTYPE); retrying cannot
-            # help and would repeat the rest, so they are logged and dropped
-            log.warning("Redis refused %d of %d commands of a publish (%s)", len(refused), len(results), refused[0])
-        self._settle(kept)
-        if kept:
-            log.warning("Redis lost the fencing scripts (restarted?); loading them again")
-            load_scripts(self.redis)
+        if self._pending or self._acks:
+            self.sender.submit(self._seal())
+        if not self.threaded:
+            self.sender.send_now()
 
-    def _queue_commands(self, pipe: Any) -> list[tuple[int, str]]:
-        """Queue every pending write; returns (command index, request id) of each fenced script call."""
-        groups: dict[str, list[Event]] = {}
+    def _seal(self) -> StepBatch:
+        """The queued events and acks as a batch (owner values as they are now); finished requests forgotten."""
+        batch = StepBatch()
+        writes: dict[str, RequestWrite] = {}
         for event in self._pending:
-            if event.id in self._owners:
-                groups.setdefault(event.id, []).append(event)
-            else:  # not fenced: plain commands
-                queue_event(pipe, event.id, event.seq, codec.encode_event(event), journal_ttl_s=self.journal_ttl_s,
-                            refresh_ttl=event.seq == 0 or is_terminal(event))
-        bound: dict[str, tuple[str, str]] = {}
-        for stream, entry_id in self._acks:
-            request_id = self._entries.get((stream, entry_id))
-            if request_id in self._owners:
-                bound[request_id] = (stream, entry_id)
-                groups.setdefault(request_id, [])
+            owner = self._owners.get(event.id, "")
+            if not owner:
+                batch.writes.append(RequestWrite(event.id, "", [event]))
+                continue
+            if event.id not in writes:
+                writes[event.id] = RequestWrite(event.id, owner)
+                batch.writes.append(writes[event.id])
+            writes[event.id].events.append(event)
+        for ack in self._acks:
+            request_id = self._entries.pop(ack, None)
+            if request_id is not None and request_id in self._owners:
+                if request_id not in writes:
+                    writes[request_id] = RequestWrite(request_id, self._owners[request_id])
+                    batch.writes.append(writes[request_id])
+                writes[request_id].ack = ack
             else:
-                queue_job_done(pipe, stream, entry_id)
-        fenced = []
-        for request_id, events in groups.items():
-            stream, entry_id = bound.get(request_id, (keys.journal_stream(request_id), ""))
-            fenced.append((len(pipe.command_stack), request_id))
-            queue_fenced_publish(pipe, request_id, self._owners[request_id],
-                                 [(e.seq, codec.encode_event(e)) for e in events], ttl_s=self.journal_ttl_s,
-                                 refresh_ttl=any(e.seq == 0 or is_terminal(e) for e in events), stream=stream,
-                                 ack_id=entry_id or None)
-        return fenced
-
-    def _settle(self, kept: set[str]) -> None:
-        """After a transaction ran: keep what must be retried (`kept` requests), forget what was written."""
-        for request_id, _owner in self.fenced_off:
-            self.forget(request_id)
-        written = [event for event in self._pending if event.id not in kept]
-        acked = [ack for ack in self._acks if self._entries.get(ack) not in kept]
-        self._pending = [event for event in self._pending if event.id in kept]
-        self._acks = [ack for ack in self._acks if self._entries.get(ack) in kept]
-        for event in written:
+                batch.plain_acks.append(ack)
+        for event in self._pending:
             if is_terminal(event):
                 self._next_seq.pop(event.id, None)
                 self._owners.pop(event.id, None)
-        for ack in acked:
-            self._entries.pop(ack, None)
+        self._pending, self._acks = [], []
+        return batch
+
+    def start(self) -> None:
+        """Send sealed batches from a background thread from now on (the step loop never waits on Redis)."""
+        self.threaded = True
+        self.sender.start()
+
+    def room(self, wait_s: float = 0.0) -> bool:
+        """Whether another step may be sealed now (see BatchSender.room: the backpressure point)."""
+        return self.sender.room(wait_s)
+
+    def take_fenced_off(self) -> list[tuple[str, str]]:
+        """(request id, current owner) of requests whose writes were refused since the last call: to drop."""
+        return self.sender.take_fenced_off()
+
+    @property
+    def fenced_off(self) -> list[tuple[str, str]]:
+        """The refused requests not yet taken (a copy)."""
+        return self.sender.peek_fenced_off()
 
     @property
     def backlog(self) -> int:
-        """Events and acks waiting for a successful flush."""
-        return len(self._pending) + len(self._acks)
+        """Events and acks waiting to be sent (not yet sealed, queued, or being sent)."""
+        return len(self._pending) + len(self._acks) + self.sender.backlog

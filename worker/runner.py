@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from redis import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from shared import codec, keys
-from shared.codec import WireFormatError
+from shared import keys
 from shared.errors import (
     DeadLettered,
     DeadlineExceeded,
@@ -30,23 +29,24 @@ from worker.cancel_listener import CancelListener
 from worker.encoder_scheduler import new_scheduler
 from worker.engine.engine import Engine
 from worker.engine.errors import EngineError
-from worker.fencing import Grant, Lease, take_ownership
+from worker.fencing import Lease
 from worker.heartbeat import Heartbeat
+from worker.job_feeder import JobFeeder, TakenJob
 from worker.jobs import embedding_request, generation_request, text_answer
 from worker.loras import AdapterSet
 from worker.publisher import EventPublisher
-from worker.resume import JournalState, JournalUnusable, read_journal
+from worker.resume import JournalState
 from worker.scheduler import SchedulerConfig
-from worker.stealing import Stealer, ensure_group, reclaim_streams
-from worker.takeover import claim_own, claim_stalled, dead_letter, own_pending
+from worker.stealing import ensure_group, reclaim_streams
+from worker.takeover import own_pending
 
 log = logging.getLogger(__name__)
-RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jobs (failover: TTL + this)
 EXPORTED_STATS = frozenset({  # SchedulerStats fields every gateway's /metrics shows per worker
     "active", "queue_depth", "kv_blocks_used", "kv_blocks_total", "prefix_queries", "prefix_hits",
     "prefix_tokens_hit", "preemptions", "prompt_tokens", "generated_tokens", "requests_finished",
     "requests_cancelled", "requests_failed", "steps", "speculated_tokens", "accepted_tokens", "tokens_left"})
-IDLE_BLOCK_MS = 200
+IDLE_WAIT_S = 0.2  # an idle loop waits this long for a taken job before its next turn
+BACKPRESSURE_WAIT_S = 0.05  # with the publish queue full, the loop waits this long per turn for room
 Entry = tuple[str, str]  # (job stream, entry id): where a job is, and what its ack names
 
 
@@ -74,7 +74,6 @@ class WorkerRunner:
         self.streams = keys.jobs_streams(model)  # the shared streams, highest priority first
         self.own_streams = keys.worker_jobs_streams(model, self.worker_id)  # jobs placed on this worker
         self.read_order = [s for pair in zip(self.own_streams, self.streams, strict=True) for s in pair]
-        self.stealer = Stealer(redis, model, self.worker_id, steal_after_s=settings.steal_after_s)
         config = scheduler_config or SchedulerConfig(
             max_sequences=settings.slots, max_batch_tokens=settings.max_batch_tokens,
             max_prefill_tokens=settings.max_prefill_tokens, kv_budget_mib=settings.kv_budget_mib,
@@ -88,8 +87,6 @@ class WorkerRunner:
         self._failures = 0  # consecutive failed loop turns (backoff)
         self._lock = threading.Lock()
         self._lost: set[tuple[str, str]] = set()  # (stream, entry) whose lease renewal was refused: to drop
-        self._last_reclaim = 0.0
-        self._orphans: dict[str, list[str]] = {}  # stream -> entries an earlier process with this id left pending
         self.served = 0  # requests that ended here (any way)
         self.decode_capacity = 0.0  # tokens/s of a full decode step, measured when run() starts
         self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
@@ -100,6 +97,12 @@ class WorkerRunner:
         self.cancels = CancelListener(redis, model, held=self._held_ids)
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
                                    max_bytes=int(settings.lora_memory_mib * (1 << 20)))
+        self.feeder = JobFeeder(redis, settings, model=model, worker_id=self.worker_id, streams=self.streams,
+                                own_streams=self.own_streams, adapters=self.adapters, free_width=self._free_width,
+                                accepting=lambda: self.heartbeat.state == "ready" and not self.stop_requested.is_set(),
+                                holds=lambda request_id: request_id in self._held, ensure_group=self.ensure_group,
+                                journal_ttl_s=self.publisher.journal_ttl_s, slots=self.scheduler.config.max_sequences,
+                                outranked_width=self._outranked_width, recovering=self.heartbeat.recovering)
 
     # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
 
@@ -131,6 +134,12 @@ class WorkerRunner:
         with self._lock:
             self._lost.update(entries)
 
+    def _outranked_width(self, index: int) -> int:
+        """Slots held by jobs of a lower priority class than keys.PRIORITY_ORDER[index] (preemptible for it)."""
+        order = {name: i for i, name in enumerate(keys.PRIORITY_ORDER)}
+        with self._lock:
+            return sum(h.width for h in self._held.values() if order.get(h.job.priority, 2) > index)
+
     def _free_width(self) -> int:
         return self.scheduler.config.max_sequences - self._load()
 
@@ -146,15 +155,17 @@ class WorkerRunner:
     def run(self) -> None:
         """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
         self.ensure_group()
-        self._orphans = own_pending(self.redis, reclaim_streams(self.redis, self.model), self.worker_id)
-        if self._orphans:
+        self.feeder.orphans = own_pending(self.redis, reclaim_streams(self.redis, self.model), self.worker_id)
+        if self.feeder.orphans:
             log.info("worker %s: an earlier process under this id left %d jobs pending; taking them back",
-                     self.worker_id, sum(len(ids) for ids in self._orphans.values()))
+                     self.worker_id, sum(len(ids) for ids in self.feeder.orphans.values()))
         self.decode_capacity = self.engine.measure_decode_rate(self.scheduler.config.max_sequences)
         log.info("worker %s: a full decode step runs at %.0f tokens/s", self.worker_id, self.decode_capacity)
         self._safe(lambda: self.adapters.sync(self.redis, force=True))  # the desired adapters, before registering
         self.cancels.start()
         self.heartbeat.start()
+        self.publisher.start()
+        self.feeder.start()
         self.ready.set()
         log.info("worker %s serving %s with %d slots", self.worker_id, self.model, self.scheduler.config.max_sequences)
         drain_until = math.inf
@@ -165,7 +176,7 @@ class WorkerRunner:
                     self._safe(self.heartbeat.beat)
                     drain_until = time.monotonic() + self.settings.drain_timeout_s
                     log.info("worker %s draining %d jobs", self.worker_id, len(self._held))
-                if self.heartbeat.state == "draining" and not self._held:
+                if self.heartbeat.state == "draining" and not self._held and not self.publisher.backlog:
                     return
                 if time.monotonic() > drain_until:  # unacked, they resume on another worker once we deregister
                     log.warning("worker %s: drain timeout (LLMFLEET_DRAIN_TIMEOUT_S=%g); leaving %d jobs to the "
@@ -173,7 +184,9 @@ class WorkerRunner:
                     return
                 self._safe(self.run_once)
         finally:
+            self.feeder.stop()
             self.cancels.stop()
+            self.publisher.sender.close(timeout_s=max(0.0, min(5.0, drain_until - time.monotonic())))
             self.heartbeat.stop()
             self._safe(self.heartbeat.deregister)
             log.info("worker %s stopped", self.worker_id)
@@ -210,154 +223,58 @@ class WorkerRunner:
         time.sleep(min(2.0, 0.1 * 2 ** (self._failures - 1)))
 
     def run_once(self) -> None:
-        """One turn: cancels, deadlines, intake (and reclaim), one scheduler step, one publish round trip."""
+        """One turn: fenced-off jobs, cancels, deadlines, taken jobs, one scheduler step, its events sealed for
+        the publisher thread. No Redis round trip: the step only waits when the publish queue is full."""
         acks: list[Entry] = []
         self._drop_lost_leases()
+        for request_id, owner in self.publisher.take_fenced_off():
+            self._fenced(request_id, f"its events were refused; owner {owner} has it now")
+        self._start_taken(acks)  # before the cancels: a cancel sent while the feeder took its job finds it held
         for request_id in self.cancels.drain():
             self._cancel(request_id, acks)
         self._expire_deadlines(acks)
-        self.adapters.sync(self.redis)
-        if self.heartbeat.state == "ready":
-            try:
-                if time.monotonic() - self._last_reclaim > RECLAIM_EVERY_S:
-                    self._last_reclaim = time.monotonic()
-                    self._reclaim(acks)
-                self._intake(acks, block=not self.scheduler.has_work and not acks and not self.publisher.backlog)
-            except RedisError as exc:
-                self._recreate_lost_group(exc)
-                if not self.scheduler.has_work:
-                    raise  # nothing to step: the loop backs off (and recreates a lost group)
-                # Redis is away but sequences run: keep stepping; their events wait in the publisher
+        if not self.scheduler.has_work:
+            self.publisher.flush(acks)
+            if not acks:
+                self.feeder.wait_for_jobs(IDLE_WAIT_S)  # idle: until a job is taken (or a moment passed)
+            return
+        if not self.publisher.room(BACKPRESSURE_WAIT_S):  # the publish queue is full: wait for Redis
+            self.publisher.flush(acks)
+            return
         ended = self.publisher.add_steps(self.scheduler.step())
         acks.extend(self._release(rid) for rid in ended if rid in self._held)
+        self.publisher.flush(acks)  # sealed: the publisher thread sends it with whatever else waits
+
+    # ---- starting taken jobs ------------------------------------------------------------------------------
+
+    def _start_taken(self, acks: list[Entry]) -> None:
+        """Start, resume or end every job the feeder has taken since the last turn (no Redis round trip)."""
+        taken = self.feeder.drain()
         try:
-            self.publisher.flush(acks)
-        finally:
-            for request_id, owner in self.publisher.fenced_off:
-                self._fenced(request_id, f"its events were refused; owner {owner} has it now")
-            self.publisher.fenced_off.clear()
-
-    # ---- intake ------------------------------------------------------------------------------------------
-
-    def _intake(self, acks: list[Entry], *, block: bool) -> None:
-        """Read as many new jobs as there are free slots, highest priority class first (in a class: the jobs
-        placed on this worker, then the shared ones), and take them; with slots still free, other workers'
-        overdue or orphaned placed jobs (worker/stealing.py); with nothing to read anywhere (and `block`),
-        wait briefly on this worker's streams at once."""
-        free = self._free_width()
-        if free <= 0:
-            return
-        others = self.stealer.plan(free) if self.stealer.due() else {}
-        replies = []
-        for priority, own, shared in zip(keys.PRIORITY_ORDER, self.own_streams, self.streams, strict=True):
-            for stream, count in [(own, free), (shared, free), *others.get(priority, [])]:
-                reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=min(count, free))
-                got = sum(len(messages) for _stream, messages in reply or [])
-                if got and stream != own and stream != shared:
-                    log.info("took %d job(s) placed on another worker from %s", got, stream)
-                free -= got
-                replies += reply or []
-                if free <= 0:
-                    break
-            if free <= 0:
-                break
-        if not replies and block:
-            replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(self.read_order, ">"),
-                                            count=1, block=IDLE_BLOCK_MS) or []
-        jobs = []
-        for stream, messages in replies:
-            for message_id, fields in messages:
-                job = self._decode(_text(stream), _text(message_id), fields, acks)
-                if job is not None:
-                    jobs.append((_text(stream), _text(message_id), job))
-        self._take(jobs, acks, takeover=False)
-
-    def _reclaim(self, acks: list[Entry]) -> None:
-        """Take over jobs of dead workers (registry entry expired) or silent ones (lease passed) and resume them."""
-        self.stealer.forget_dead()
-        free = self._free_width()
-        if free <= 0:
-            return
-        jobs = self._claim_orphans(free, acks)
-        free -= len(jobs)
-        if self.heartbeat.recovering():  # after a Redis outage every registry entry looked expired: wait a TTL
-            free = 0
-        for stream in reclaim_streams(self.redis, self.model):
-            if free <= 0:
-                break
-            try:
-                claimed = claim_stalled(self.redis, stream, self.worker_id, count=free,
-                                        ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s,
-                                        request_id_of=_request_id_of)
-            except ResponseError as exc:
-                if stream in self.streams or stream in self.own_streams:
-                    raise  # NOGROUP on a stream of this worker: the loop recreates it
-                log.debug("skipping %s in the reclaim: %s", stream, exc)  # forgotten meanwhile
-                continue
-            free -= len(claimed)
-            for message_id, fields in claimed:
-                mid = _text(message_id)
-                job = self._decode(stream, mid, fields, acks)  # None: trimmed away or unreadable, acked and dropped
-                if job is not None and job.id not in self._held:
-                    jobs.append((stream, mid, job))
-        self._take(jobs, acks, takeover=True)
-
-    def _claim_orphans(self, free: int, acks: list[Entry]) -> list[tuple[str, str, Job]]:
-        """Up to `free` of the jobs an earlier process under this worker's id held when it died, claimed back."""
-        jobs: list[tuple[str, str, Job]] = []
-        for stream in list(self._orphans):
-            if free <= 0:
-                break
-            batch, rest = self._orphans[stream][:free], self._orphans[stream][free:]
-            for message_id, fields in claim_own(self.redis, stream, self.worker_id, batch):
-                mid = _text(message_id)
-                job = self._decode(stream, mid, fields, acks)
-                if job is not None and job.id not in self._held:
-                    jobs.append((stream, mid, job))
-            free -= len(batch)
-            if rest:
-                self._orphans[stream] = rest
-            else:
-                del self._orphans[stream]
-        return jobs
-
-    def _take(self, jobs: list[tuple[str, str, Job]], acks: list[Entry], *, takeover: bool) -> None:
-        """Own each (stream, entry id, job) with a new epoch (fencing off any earlier owner), then start, resume
-        or set it aside."""
-        for stream in dict.fromkeys(s for s, _mid, _job in jobs):  # each stream once, in reading order
-            mine = [((s, mid), job) for s, mid, job in jobs if s == stream]
-            grants = take_ownership(self.redis, stream, self.worker_id, [(job.id, e[1]) for e, job in mine],
-                                    ttl_s=self.publisher.journal_ttl_s)
-            for (entry, job), grant in zip(mine, grants, strict=True):
-                if grant.status == "lost":
-                    log.info("job %s was claimed by another worker before this one could own it; leaving it", job.id)
-                elif grant.status == "done":
-                    acks.append(entry)  # it ended; only the ack was missing
+            for item in taken:
+                entry = (item.stream, item.message_id)
+                if item.job.id in self._held:
+                    continue  # already running here
+                self.publisher.own(item.job.id, item.grant.owner, entry)
+                if item.takeover:
+                    self._take_over(entry, item, acks)
                 else:
-                    self.publisher.own(job.id, grant.owner, entry)
-                    if takeover or grant.previous:
-                        self._take_over(entry, job, grant, acks)
-                    else:
-                        self._accept(entry, job, acks, owner=grant.owner)
+                    self._accept(entry, item.job, acks, owner=item.grant.owner, cancelled=item.cancelled)
+        finally:
+            self.feeder.settled(taken)
 
-    def _take_over(self, entry: Entry, job: Job, grant: Grant,
-                   acks: list[Entry]) -> None:
-        """Continue a job another worker held, from its journal (read after the fence went up)."""
-        try:
-            state: JournalState | None = read_journal(self.redis, job.id)
-            next_seq = state.next_seq
-        except JournalUnusable as exc:
-            log.warning("cannot resume job %s: %s", job.id, exc)
-            state, next_seq = None, exc.next_seq
+    def _take_over(self, entry: Entry, item: TakenJob, acks: list[Entry]) -> None:
+        """Continue a job another worker held, from its journal (read by the feeder after the fence went up)."""
+        job, grant, state, next_seq = item.job, item.grant, item.journal, item.journal_next_seq
         log.info("took over job %s as owner epoch %d (delivery %d, previous owner %s, %s)", job.id, grant.epoch,
                  grant.deliveries, grant.previous or "none", "journal unusable" if state is None
                  else f"{next_seq} events already sent")
         if state is not None and state.terminal:
             acks.append(entry)  # it ended; only the ack was missing
-        elif grant.deliveries > self.settings.max_deliveries:
-            self._dead_letter(entry, job, grant, next_seq, acks)
+        elif item.dead_lettered:
+            self._dead_letter(entry, job, item.dead_lettered, next_seq, acks)
         elif state is not None and next_seq == 0:
-            self._accept(entry, job, acks, owner=grant.owner)  # nothing was sent: a plain start
+            self._accept(entry, job, acks, owner=grant.owner, cancelled=item.cancelled)  # nothing sent: a start
         elif state is None or not isinstance(job, GenerateJob):
             self.publisher.resume_from(job.id, next_seq)
             self.publisher.add_error(job.id, Unavailable(
@@ -366,13 +283,10 @@ class WorkerRunner:
             acks.append(entry)
         else:
             self.publisher.resume_from(job.id, next_seq)
-            self._accept(entry, job, acks, owner=grant.owner, resume=state)
+            self._accept(entry, job, acks, owner=grant.owner, resume=state, cancelled=item.cancelled)
 
-    def _dead_letter(self, entry: Entry, job: Job, grant: Grant, next_seq: int,
-                     acks: list[Entry]) -> None:
-        """Set a poison job aside (taken over too often without an ack) and end it with a clear error."""
-        tries = grant.deliveries - 1  # this delivery is not run
-        dead_letter(self.redis, self.model, codec.encode_job(job), worker_id=self.worker_id, deliveries=tries)
+    def _dead_letter(self, entry: Entry, job: Job, tries: int, next_seq: int, acks: list[Entry]) -> None:
+        """End a poison job (taken over too often without an ack; the feeder set it aside) with a clear error."""
         log.warning("dead-lettered job %s: delivered %d times without finishing (LLMFLEET_MAX_DELIVERIES=%d)",
                     job.id, tries, self.settings.max_deliveries)
         self.publisher.resume_from(job.id, next_seq)
@@ -381,23 +295,14 @@ class WorkerRunner:
             "it was set aside and will not be retried"))
         acks.append(entry)
 
-    def _decode(self, stream: str, message_id: str, fields: dict | None, acks: list[Entry]) -> Job | None:
-        """The job in a stream entry; an entry that cannot be read is acked and dropped (None)."""
-        try:
-            return codec.decode_job((fields or {})[keys.JOB_FIELD.encode()])
-        except (WireFormatError, KeyError) as exc:
-            log.warning("dropping undecodable job %s: %s", message_id, exc)
-            acks.append((stream, message_id))
-            return None
-
-    def _accept(self, entry: Entry, job: Job, acks: list[Entry], *, owner: str,
+    def _accept(self, entry: Entry, job: Job, acks: list[Entry], *, owner: str, cancelled: bool,
                 resume: JournalState | None = None) -> None:
         """Start a job (or continue a reclaimed one from its journal), or end it at once with a terminal event."""
         if time.time() > job.deadline:
             self.publisher.add_error(job.id, DeadlineExceeded("the request's deadline passed before it started"))
             acks.append(entry)
             return
-        if self.redis.exists(keys.cancelled_marker(job.id)):
+        if cancelled:  # its cancel marker was set when the feeder took it
             self._end_without_tokens(job, "cancelled", prompt_tokens=0)
             acks.append(entry)
             return
@@ -464,6 +369,7 @@ class WorkerRunner:
         with self._lock:
             held = self._held.pop(request_id)
             self.served += 1
+        self.feeder.wake()  # a slot is free
         return (held.stream, held.message_id)
 
     def _drop_lost_leases(self) -> None:
@@ -499,14 +405,6 @@ class WorkerRunner:
             self.scheduler.cancel(request_id)
             self.publisher.add_error(request_id, DeadlineExceeded("the request's deadline passed"))
             acks.append(self._release(request_id))
-
-
-def _request_id_of(fields: dict) -> str | None:
-    """The request id of a job stream entry (None when it cannot be read)."""
-    try:
-        return codec.decode_job(fields[keys.JOB_FIELD.encode()]).id
-    except (WireFormatError, KeyError):
-        return None
 
 
 def _text(value: bytes | str) -> str:

@@ -1,4 +1,5 @@
-"""Continuous batching: admit by priority, chunked prefill beside decodes, KV blocks with preemption."""
+"""Continuous batching: admit by priority, chunked prefill beside decodes, KV blocks with preemption
+(worker/preemption.py: for KV, and for a waiting request that outranks running ones)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from worker.engine.generation import GenerationParams
 from worker.engine.lora import lora_set_key
 from worker.engine.sampling import SampledToken
 from worker.engine.stopping import StopReason
+from worker.preemption import not_outranked, preempt_for_kv, preempt_for_priority, rank
 from worker.prompt_scoring import PromptScored, PromptScorer, score_chunk
 from worker.scheduler_config import SchedulerConfig, auto_slots
 from worker.sequences import (
@@ -285,24 +287,27 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Move waiting sequences into free slots, best priority first, while the pool can hold their prompts."""
+        floor = -1  # once a waiting sequence preempted others, none ranked below it is admitted in this pass
         while self._waiting:
             seq = self._waiting[0][-1]
             group = seq.group
+            if rank(seq) < floor:
+                break
             shares = seq.gen is not None and seq.index == 0 and not seq.was_preempted and group.request.n > 1
             width = group.request.n if shares else 1
-            if len(self._active) + width > self.config.max_sequences:
-                break
             use_cache = group.request.cache_prompt
-            # leave one free block per running decode so admission does not force an immediate preemption
-            headroom = sum(1 for s in self._active if s.state == SeqState.DECODING)
-            if self._active and self.blocks.num_free_blocks - headroom < self.blocks.blocks_for(len(seq.target_ids)):
-                break
             seed = lora_set_key(group.request.loras)  # the prefix cache is keyed by the adapter set
-            if not self.blocks.can_allocate(seq.target_ids, use_cache=use_cache, seed=seed):
+            if not self._fits(seq, width, use_cache=use_cache, seed=seed):
+                if preempt_for_priority(self, seq):  # it outranks running sequences: make room, look again
+                    floor = rank(seq)
+                    continue
                 break
             try:
                 computed = self.blocks.allocate(seq.seq_id, seq.target_ids, use_cache=use_cache, seed=seed)
             except NoFreeBlocks:
+                if preempt_for_priority(self, seq):
+                    floor = rank(seq)
+                    continue
                 break
             heapq.heappop(self._waiting)
             if group.timings.admitted is None:
@@ -319,16 +324,28 @@ class Scheduler:
                     follower.admit_order = next(self._admissions)
                     self._active.append(follower)
 
+    def _fits(self, seq: ScheduledSequence, width: int, *, use_cache: bool, seed: int | None) -> bool:
+        """Whether a waiting sequence (width slots) can be admitted now: a free slot, and KV for its prompt
+        beside one free block per running decode (so admission does not force an immediate preemption)."""
+        if len(self._active) + width > self.config.max_sequences:
+            return False
+        headroom = sum(1 for s in self._active if s.state == SeqState.DECODING)
+        if self._active and self.blocks.num_free_blocks - headroom < self.blocks.blocks_for(len(seq.target_ids)):
+            return False
+        return self.blocks.can_allocate(seq.target_ids, use_cache=use_cache, seed=seed)
+
     def _plan(self) -> list[tuple[ScheduledSequence, list[int]]]:
         """Choose this step's tokens: every decode, then prefill chunks, within budgets; preempt to fit KV."""
         while True:
             decoding = [s for s in self._active if s.state == SeqState.DECODING]
             if sum(self.blocks.append_cost(s.seq_id, 1) for s in decoding) <= self.blocks.num_free_blocks:
                 break
-            self._preempt_one()
+            preempt_for_kv(self)
+        decoding = not_outranked(decoding, self._active)  # a prefill that outranks them goes without them
         plan: list[tuple[ScheduledSequence, list[int]]] = []
         budget = self.config.max_batch_tokens
-        prefilling = sorted((s for s in self._active if s.state == SeqState.PREFILLING and s.fork_from is None),
+        prefilling = sorted(not_outranked([s for s in self._active if s.state == SeqState.PREFILLING
+                                           and s.fork_from is None], self._active),
                             key=lambda s: (-int(s.group.request.priority), s.admit_order))
         speculate = (self.config.speculative_tokens > 0 and len(decoding) <= self.config.speculative_max_batch
                      and not prefilling)  # drafts never delay a prompt's prefill (TTFT)
@@ -372,23 +389,6 @@ class Scheduler:
             seq.proposer.record(kept=row, rejected=row + 1 < len(tokens))
         self.blocks.truncate(seq.seq_id, start + row + 1)  # KV of tokens[0..row] is right; the rest is dropped
         self._computed(seq, row + 1)
-
-    def _preempt_one(self) -> None:
-        """Free the blocks of the lowest-priority, most recently admitted sequence and requeue it at the front."""
-        victims = [s for s in self._active if s.fork_from is None]
-        if len(victims) <= 1 and not any(s.fork_from for s in self._active):
-            raise RuntimeError("a single sequence exceeds the KV pool")  # add() prevents this
-        victim = min(victims, key=lambda s: (int(s.group.request.priority), -s.admit_order))
-        group_followers = [s for s in self._active if s.fork_from is victim]
-        for seq in [victim, *group_followers]:
-            self._free(seq)
-            seq.pooled = None
-            seq.fork_from = None
-            seq.was_preempted = True
-            self._active.remove(seq)
-            self._push_waiting(seq, front=True)
-        self.stats.preemptions += 1
-        log.info("preempted request %s choice %d", victim.group.request.request_id, victim.index)
 
     def _on_prefill_done(self, seq: ScheduledSequence,
                          logits: np.ndarray) -> list[tuple[ScheduledSequence, np.ndarray]]:

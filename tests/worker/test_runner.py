@@ -366,7 +366,8 @@ def test_a_critical_job_starts_before_fifty_queued_low_ones(tiny_engine: Any, cl
     thread.start()
     assert runner.ready.wait(10)
     try:
-        busy = submit(client, job("busy", max_tokens=200))
+        # long enough to outlast the queueing below: steps no longer wait on Redis, so 200 tokens could end first
+        busy = submit(client, job("busy", max_tokens=2000))
         while (first := busy.get_message(timeout=5)) is None or first["type"] != "message":
             pass  # the one slot is taken
         listener = client.pubsub()
