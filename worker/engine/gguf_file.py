@@ -1,4 +1,4 @@
-"""Reading GGUF files: metadata as plain Python values, tensors dequantized once to float32.
+"""Reading GGUF files: metadata as plain Python values; tensors as views of the read-only mapping.
 
 The layout (header, key/value metadata, tensor infos, aligned data) is parsed here with `struct` over an
 mmap: the `gguf` package's reader builds a numpy view per metadata item, which took ~20 s for Gemma 3's
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from worker.engine.errors import ModelLoadError
-from worker.engine.quant_blocks import SUPPORTED, BlockCodes, decode_block_codes
+from worker.engine.quantized import QuantizedMatrix, dequantize_rows
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -33,8 +33,7 @@ class GGUFContents:
 
     path: str
     metadata: dict[str, Any]
-    tensors: dict[str, np.ndarray]  # name -> float32, shape in row-major order (GGUF's ne reversed)
-    block_codes: dict[str, BlockCodes] = field(default_factory=dict)  # 2-D quantized tensors' codes, if asked
+    tensors: dict[str, Any]  # name -> float32 array (GGUF's ne reversed), or a QuantizedMatrix (keep_quantized)
 
 
 class _Cursor:
@@ -146,11 +145,11 @@ def _tensor_data(buffer: mmap.mmap, offset: int, dims: list[int], qtype: Any) ->
     return data.reshape(*shape[:-1], shape[-1] // block_size * type_size)  # (..., bytes per row)
 
 
-def read_gguf(path: str | Path, block_codes: bool = False) -> GGUFContents:
-    """Read a GGUF file and dequantize every tensor to float32 (row-major, GGUF shape reversed); with block_codes,
-    also keep each 2-D quantized tensor's codes (quant_blocks.py)."""
+def read_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFContents:
+    """Read a GGUF file: every tensor dequantized to float32 (row-major, GGUF shape reversed); with keep_quantized,
+    every 2-D tensor not stored as F32 stays in its own type instead, as a QuantizedMatrix over the mapped bytes
+    (F32 tensors are read-only views of the mapping either way)."""
     import gguf
-    from gguf.quants import dequantize
 
     buffer = _open(path)
     cursor = _Cursor(buffer)
@@ -173,20 +172,39 @@ def read_gguf(path: str | Path, block_codes: bool = False) -> GGUFContents:
             raw[name] = _tensor_data(buffer, data_start + offset, dims, types[name])
     except (struct.error, IndexError, KeyError, ValueError, UnicodeDecodeError, OverflowError) as exc:
         raise ModelLoadError(path, f"corrupt or truncated GGUF ({type(exc).__name__}: {exc})") from None
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, Any] = {}
     for name, data in raw.items():
-        shape = data.shape[:-1] + (-1,)
-        try:
-            array = dequantize(data, types[name])
-        except NotImplementedError:
-            raise ModelLoadError(path, f"tensor {name}: type {types[name].name} cannot be dequantized") from None
-        except (ValueError, IndexError, TypeError) as exc:
-            raise ModelLoadError(path, f"tensor {name}: malformed data ({exc})") from None
-        tensors[name] = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
-    codes: dict[str, BlockCodes] = {}
-    for name, data in raw.items() if block_codes else ():
-        if data.ndim == 2 and types[name].name in SUPPORTED:
-            decoded = decode_block_codes(data, types[name].name, tensors[name].shape)
-            if decoded is not None:
-                codes[name] = decoded
-    return GGUFContents(path=str(path), metadata=metadata, tensors=tensors, block_codes=codes)
+        kind = types[name].name
+        if keep_quantized and data.ndim == 2 and kind != "F32":
+            tensors[name] = _quantized_matrix(path, name, kind, data)
+        elif kind == "F32":
+            tensors[name] = data  # a read-only view of the mapping
+        else:
+            tensors[name] = _dequantized(path, name, types[name], data)
+    return GGUFContents(path=str(path), metadata=metadata, tensors=tensors)
+
+
+def _quantized_matrix(path: str | Path, name: str, kind: str, data: np.ndarray) -> QuantizedMatrix:
+    """A 2-D tensor kept in its type; one that cannot even be dequantized (no kernel, no slow path) is refused."""
+    raw = data.view(np.uint8).reshape(data.shape[0], -1)  # (out, bytes per row)
+    try:
+        first = dequantize_rows(raw[:1], kind)  # (1, in): checks the type and gives the column count
+    except NotImplementedError:
+        raise ModelLoadError(path, f"tensor {name}: type {kind} has no kernel and cannot be dequantized") from None
+    except (ValueError, IndexError, TypeError, KeyError) as exc:
+        raise ModelLoadError(path, f"tensor {name}: malformed data ({exc})") from None
+    return QuantizedMatrix(name, kind, raw, (data.shape[0], first.shape[1]))
+
+
+def _dequantized(path: str | Path, name: str, qtype: Any, data: np.ndarray) -> np.ndarray:
+    """One tensor dequantized to float32 (row-major)."""
+    from gguf.quants import dequantize
+
+    shape = data.shape[:-1] + (-1,)
+    try:
+        array = dequantize(data, qtype)
+    except NotImplementedError:
+        raise ModelLoadError(path, f"tensor {name}: type {qtype.name} cannot be dequantized") from None
+    except (ValueError, IndexError, TypeError) as exc:
+        raise ModelLoadError(path, f"tensor {name}: malformed data ({exc})") from None
+    return np.ascontiguousarray(array, dtype=np.float32).reshape(shape)

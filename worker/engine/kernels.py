@@ -3,8 +3,8 @@
 Paged decode attention reads every sequence's keys and values in place through its block table: the numpy
 path first gathers all blocks into a padded (Hkv, B, L, Dh) batch per layer, which at long contexts cost more
 than the attention itself. The vector kernel holds its running sums in eight-lane vectors (simd.py), which
-numba's own vectorisation of the same loops did not keep in registers. The block-code matmuls are in
-block_kernels.py; the threading set-up and launch lock here are theirs too. SwiGLU runs here as well, across
+numba's own vectorisation of the same loops did not keep in registers. The integer block matmuls are in
+quant_matmul.py; the threading set-up and launch lock here are theirs too. SwiGLU runs here as well, across
 the kernel threads: numpy's four single-threaded passes left the second core idle.
 
 Parallel kernels prefer numba's OpenMP layer: on the 2-core machine the `workqueue` layer launched the block
@@ -218,6 +218,6 @@ def warm_up() -> None:
         paged_attend_decode(np.zeros((1, 2, head_dim), np.float32), keys, keys, np.ones((1, 1), np.int64),
                             np.ones(1, np.int64), np.zeros(1, np.int64))
     swiglu(np.zeros((2, 2 * SWIGLU_CHUNK + 2 * LANES + 2), np.float32))
-    from worker.engine import block_kernels  # it imports this module (the threading set-up and launch lock)
+    from worker.engine import quant_matmul  # it imports this module (the threading set-up and launch lock)
 
-    block_kernels.warm({16, 32})
+    quant_matmul.warm(set(quant_matmul.KINDS))

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, ops
+from worker.engine import ops, quant_matmul
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture
 from worker.engine.config import ModelConfig
@@ -17,7 +17,7 @@ from worker.engine.gguf_file import read_gguf
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
 from worker.engine.ops import Array
-from worker.engine.quantized import QuantizedLinear
+from worker.engine.quantized import QuantizedMatrix
 
 
 class Model:
@@ -32,19 +32,18 @@ class Model:
         self.lora_base = lora_base or {}  # the small base tensors (norm weights) adapter loads fold in again
 
     @classmethod
-    def from_file(cls, path: str | Path, *, block_codes: bool = True) -> Model:
-        """Load a GGUF file (dequantized to float32 once); with block_codes its quantized projections also keep
-        their 8-bit codes, which narrow decode steps multiply with (ops.linear)."""
-        contents = read_gguf(path, block_codes=block_codes)
+    def from_file(cls, path: str | Path) -> Model:
+        """Load a GGUF file: its quantized matrices stay in their blocks over the read-only mapping (quantized.py),
+        multiplied by the integer kernels (quant_matmul.py); float tensors stay in their own type."""
+        contents = read_gguf(path, keep_quantized=True)
         if contents.metadata.get("general.type") == "adapter":
             raise ModelLoadError(path, "the file is a LoRA adapter, not a model: load it with POST /admin/loras")
         config = ModelConfig.from_metadata(contents.metadata, str(path))
         architecture = architecture_for(config, str(path))
         tensors: dict[str, Any] = dict(contents.tensors)
-        for name, codes in contents.block_codes.items():
-            tensors[name] = QuantizedLinear(contents.tensors[name], codes)
-        if contents.block_codes:  # compiled now, not in the first narrow steps of each width
-            block_kernels.warm({codes.group for codes in contents.block_codes.values()})
+        kinds = {t.kind for t in tensors.values() if isinstance(t, QuantizedMatrix) and t.has_kernel}
+        if kinds:  # compiled (or loaded from numba's cache) now, not in the first step
+            quant_matmul.warm(kinds)
         weights = architecture.load(tensors, config, str(path))
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: contents.tensors[name].copy() for name in keep if name in contents.tensors}

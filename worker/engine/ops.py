@@ -10,44 +10,32 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, kernels
-from worker.engine.quantized import QuantizedLinear
+from worker.engine import kernels
+from worker.engine.quant_matmul import QuantizedActivations
+from worker.engine.quantized import QuantizedMatrix
 
 xp: Any = np  # the array module of the forward path
 Array = Any  # an array of the backend in `xp`
-Weight = Any  # a projection: an (out, in) array, or a QuantizedLinear holding a block-coded form beside it
-_block_rows = 64  # steps of at most this many rows use block codes (bench/block_matmul.py, SmolLM2's matrices,
-# ms, block codes against float32 BLAS in one run: 32 rows 64-72 / 83-88, 48 rows 96-98 / 105-108, 64 rows
-# 126-132 / 127-152, 96 rows 181-189 / 175-184)
-
-
-def set_block_rows(rows: int) -> None:
-    """The widest step that multiplies with block codes instead of float32 (0 turns the block path off)."""
-    global _block_rows
-    _block_rows = max(0, rows)
+Weight = Any  # a projection: an (out, in) float array, or a QuantizedMatrix over the file's own bytes
+DRAFT_ROWS = 64  # the widest step the scheduler widens with prompt-lookup drafts
 
 
 def narrow_rows() -> int:
-    """The widest step that multiplies with block codes (wider ones use float32 BLAS)."""
-    return _block_rows
+    """The widest step the scheduler widens with drafts (every width runs the same integer kernels)."""
+    return DRAFT_ROWS
 
 
 def weight(matrix: Any) -> Weight:
-    """A projection as the forward path takes it: block-coded ones as they are, arrays row-major on the backend."""
-    return matrix if isinstance(matrix, QuantizedLinear) else xp.ascontiguousarray(xp.asarray(matrix, dtype=np.float32))
+    """A projection as the forward path takes it: quantized ones as they are, arrays row-major on the backend."""
+    return matrix if isinstance(matrix, QuantizedMatrix) else xp.ascontiguousarray(xp.asarray(matrix, dtype=np.float32))
 
 
-def dense(matrix: Weight) -> Array:
-    """The float32 (out, in) form of a projection (for an embedding lookup)."""
-    return matrix.dense if isinstance(matrix, QuantizedLinear) else matrix
-
-
-def _block_linear(x: Array, weight: QuantizedLinear) -> Array:
-    """x @ weight.T through the block codes: (N, out), C-ordered."""
-    if weight.column_scale is not None:
-        x = x * weight.column_scale  # (N, in)
-    blocks = weight.blocks
-    return block_kernels.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
+def embedding_rows(matrix: Weight, tokens: Array) -> Array:
+    """The float32 rows of an embedding matrix at token ids (N,): (N, D), a new array (quantized rows dequantized
+    one by one as they are looked up)."""
+    if isinstance(matrix, QuantizedMatrix):
+        return matrix.rows(tokens)  # (N, D)
+    return matrix[tokens]  # (N, D)
 
 
 def asarray(values: Any, dtype: Any = None) -> Array:
@@ -61,13 +49,29 @@ def empty(shape: tuple[int, ...], dtype: Any = np.float32) -> Array:
 
 
 def linear(x: Array, weight: Weight) -> Array:
-    """x @ weight.T for x (N, in) and weight (out, in): block codes for narrow steps, else (weight @ x.T).T on
-    OpenBLAS (faster that way round; a column-major result that callers needing rows contiguous copy)."""
-    if isinstance(weight, QuantizedLinear):
-        if x.shape[0] <= _block_rows:
-            return _block_linear(x, weight)  # (N, out), C-ordered
-        weight = weight.dense
-    return (weight @ x.T).T  # (N, out), Fortran-ordered
+    """x @ weight.T for x (N, in) and weight (out, in): (N, out), row-major. A quantized weight goes through the
+    integer kernels (a row's result does not depend on the other rows); a float one through BLAS."""
+    if isinstance(weight, QuantizedMatrix):
+        return weight.matmul(x)  # (N, out)
+    return x @ weight.T  # (N, out)
+
+
+def linear_parts(x: Array, weights: tuple[Weight, ...]) -> Array:
+    """x (N, in) times several projections sharing the input, side by side: (N, sum out_i), row-major; x is
+    quantized once for every part with an integer kernel (q, k and v; gate and up)."""
+    n = x.shape[0]
+    out = xp.empty((n, sum(w.shape[0] for w in weights)), np.float32)  # (N, sum out_i)
+    quantized = None
+    column = 0
+    for w in weights:
+        part = out[:, column : column + w.shape[0]]  # (N, out_i) view
+        if isinstance(w, QuantizedMatrix) and w.has_kernel:
+            quantized = quantized or QuantizedActivations(x)
+            w.matmul(quantized, part)
+        else:
+            part[...] = linear(x, w)  # (N, out_i)
+        column += w.shape[0]
+    return out
 
 
 def lora_delta(x: Array, a: Array, b: Array) -> Array:
@@ -76,12 +80,8 @@ def lora_delta(x: Array, a: Array, b: Array) -> Array:
 
 
 def linear_rows(x: Array, weight: Weight) -> Array:
-    """x @ weight.T with a row-major result (cheaper than linear + a copy for wide outputs such as logits)."""
-    if isinstance(weight, QuantizedLinear):
-        if x.shape[0] <= _block_rows:
-            return _block_linear(x, weight)  # (N, out), C-ordered
-        weight = weight.dense
-    return x @ weight.T  # (N, out), C-ordered
+    """x @ weight.T with a row-major result (the logits)."""
+    return linear(x, weight)  # (N, out)
 
 
 def contiguous(x: Array) -> Array:
@@ -121,10 +121,12 @@ def rms_norm(x: Array, weight: Array, eps: float) -> Array:
 
 
 class RotaryTable:
-    """Cosine/sine tables for rotary position embeddings in half-rotation (NEOX) form."""
+    """Cosine/sine tables for rotary position embeddings: half-rotation (NEOX) form, or adjacent pairs
+    (`interleaved`, llama.cpp's normal RoPE: the Q/K rows of a llama GGUF are in that order)."""
 
-    def __init__(self, rope_dim: int, base: float, max_positions: int) -> None:
+    def __init__(self, rope_dim: int, base: float, max_positions: int, interleaved: bool = False) -> None:
         self.rope_dim = rope_dim
+        self.interleaved = interleaved
         inv_freq = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)  # (R/2,)
         angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (P, R/2)
         self.cos = xp.asarray(np.cos(angles).astype(np.float32))  # (P, R/2)
@@ -137,8 +139,12 @@ class RotaryTable:
     def apply(self, x: Array, cos: Array, sin: Array) -> None:
         """Rotate the first rope_dim features of every head of x (N, H, Dh) in place."""
         half = self.rope_dim // 2
-        x1 = x[:, :, :half]  # (N, H, R/2) view
-        x2 = x[:, :, half : self.rope_dim]  # (N, H, R/2) view
+        if self.interleaved:
+            x1 = x[:, :, 0 : self.rope_dim : 2]  # (N, H, R/2) view: pair members 2i
+            x2 = x[:, :, 1 : self.rope_dim : 2]  # (N, H, R/2) view: pair members 2i+1
+        else:
+            x1 = x[:, :, :half]  # (N, H, R/2) view
+            x2 = x[:, :, half : self.rope_dim]  # (N, H, R/2) view
         x1_old = x1.copy()  # (N, H, R/2)
         x1 *= cos
         x1 -= x2 * sin  # (N, H, R/2)

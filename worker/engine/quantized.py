@@ -1,83 +1,68 @@
-"""A projection kept in two forms: float32 for batched matmuls, and the file's 8-bit block codes for decode.
+"""A GGUF matrix left in the file's own form: its rows of raw block bytes, a read-only view of the mapped file.
 
-A step of one or two sequences reads every weight once and does little arithmetic with it, so its speed is the
-bytes read: the block form (1 byte per weight plus per-group tables) runs about 2.5 times faster there than
-float32 through BLAS. Wider steps are arithmetic-bound and use the float32 form. Load-time transforms (row
-permutation, scaling, fusing, folding a norm into the input columns) are applied to both forms alike; a folded
-norm weight cannot be merged into per-group codes, so the block form keeps it as a per-column scale of x.
+Nothing is widened at load: the model's memory is the file's pages, shared through the page cache by every
+process that maps the same file. The eight formats with an integer kernel (quant_matmul.py) multiply from these
+bytes directly; any other type gguf can dequantize (F16, BF16, Q2_K, Q3_K, the IQ types) takes a slow path that
+dequantizes SLOW_PATH_ROWS rows at a time per step and multiplies them in float32, so its temporary memory stays
+bounded (and its results are not batch-invariant). An embedding lookup dequantizes only the rows it reads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from worker.engine.quant_blocks import BlockCodes
+from worker.engine.quant_matmul import KINDS, QuantizedActivations, quant_matmul
+
+SLOW_PATH_ROWS = 512  # weight rows dequantized at a time on the slow path
 
 
 @dataclass(frozen=True)
-class QuantizedLinear:
-    """An (out, in) projection: `dense` float32 (norm folded in) and `blocks`, whose input x * column_scale."""
+class QuantizedMatrix:
+    """An (out, in) matrix as raw (out, bytes per row) uint8 of GGML type `kind` (a type name such as "Q4_1")."""
 
-    dense: np.ndarray  # (out, in) float32, C-contiguous
-    blocks: BlockCodes  # (out, in) codes
-    column_scale: np.ndarray | None = None  # (in,) folded norm weight the block form applies to x
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(out, in), as the float32 matrix's."""
-        return self.dense.shape
+    name: str
+    kind: str
+    raw: np.ndarray  # (out, bytes per row) uint8, a view of the mapped file
+    shape: tuple[int, int]  # (out, in)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of both forms."""
-        return self.dense.nbytes + self.blocks.nbytes
+        """Bytes of the mapped rows (file pages, not private memory)."""
+        return int(self.raw.nbytes)
 
-    def permute_rows(self, order: np.ndarray) -> QuantizedLinear:
-        """Rows reordered by the index array `order` (out,), in both forms."""
-        b = self.blocks
-        return QuantizedLinear(np.ascontiguousarray(self.dense[order]), BlockCodes(
-            np.ascontiguousarray(b.codes[order]), np.ascontiguousarray(b.scale[order]),
-            np.ascontiguousarray(b.offset[order]), b.group), self.column_scale)
+    @property
+    def has_kernel(self) -> bool:
+        """Whether an integer kernel multiplies this type (else the documented slow path)."""
+        return self.kind in KINDS
 
-    def scale_rows(self, factor: np.float32) -> QuantizedLinear:
-        """Every output row multiplied by one factor (a query scale folded in)."""
-        b = self.blocks
-        return replace(self, dense=self.dense * factor,
-                       blocks=replace(b, scale=b.scale * factor, offset=b.offset * factor))
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """The float32 rows at `index` (N,), dequantized from their bytes only: (N, in)."""
+        return dequantize_rows(self.raw[np.asarray(index)], self.kind).reshape(len(index), self.shape[1])  # (N, in)
 
-    def fold_columns(self, norm_weight: np.ndarray) -> QuantizedLinear:
-        """A norm's per-feature weight folded into the input columns (a per-column scale of x for the blocks)."""
-        column_scale = norm_weight if self.column_scale is None else self.column_scale * norm_weight  # (in,)
-        dense = np.ascontiguousarray(self.dense * norm_weight[None, :], dtype=np.float32)  # (out, in)
-        return replace(self, dense=dense, column_scale=np.ascontiguousarray(column_scale, dtype=np.float32))
-
-
-def _regroup(blocks: BlockCodes, group: int) -> BlockCodes:
-    """The same codes with per-group tables repeated for a smaller group size."""
-    if blocks.group == group:
-        return blocks
-    factor = blocks.group // group
-    return replace(blocks, scale=np.repeat(blocks.scale, factor, axis=1), offset=np.repeat(blocks.offset, factor, axis=1),
-                   group=group)
+    def matmul(self, x: np.ndarray | QuantizedActivations, out: np.ndarray | None = None) -> np.ndarray:
+        """x (N, in) @ self.T: (N, out), row-major (written into `out` when given)."""
+        if self.has_kernel:
+            activations = x if isinstance(x, QuantizedActivations) else QuantizedActivations(x)
+            return quant_matmul(activations, self.kind, self.raw, out)
+        if isinstance(x, QuantizedActivations):
+            raise TypeError(f"{self.name} ({self.kind}) takes float activations")
+        x = np.ascontiguousarray(x, dtype=np.float32)  # (N, in)
+        if out is None:
+            out = np.empty((x.shape[0], self.shape[0]), np.float32)  # (N, out)
+        for first in range(0, self.shape[0], SLOW_PATH_ROWS):
+            last = min(self.shape[0], first + SLOW_PATH_ROWS)
+            block = dequantize_rows(self.raw[first:last], self.kind)  # (rows, in)
+            out[:, first:last] = x @ block.T  # (N, rows)
+        return out
 
 
-def fuse_quantized_rows(parts: tuple[QuantizedLinear, ...]) -> QuantizedLinear | None:
-    """Projections sharing an input stacked into one (sum out_i, in); None when their column scales differ."""
-    scales = [p.column_scale for p in parts]
-    if any(s is not None for s in scales) and not all(s is not None and np.array_equal(s, scales[0]) for s in scales):
-        return None
-    group = min(p.blocks.group for p in parts)
-    if any(p.blocks.group % group for p in parts):
-        return None
-    regrouped = [_regroup(p.blocks, group) for p in parts]
-    return QuantizedLinear(
-        dense=np.ascontiguousarray(np.concatenate([p.dense for p in parts], axis=0), dtype=np.float32),  # (sum out, in)
-        blocks=BlockCodes(
-            codes=np.ascontiguousarray(np.concatenate([b.codes for b in regrouped], axis=0)),  # (sum out, in)
-            scale=np.ascontiguousarray(np.concatenate([b.scale for b in regrouped], axis=0)),  # (sum out, in/G)
-            offset=np.ascontiguousarray(np.concatenate([b.offset for b in regrouped], axis=0)),  # (sum out, in/G)
-            group=group),
-        column_scale=scales[0],
-    )
+def dequantize_rows(raw: np.ndarray, kind: str) -> np.ndarray:
+    """gguf's dequantization of raw rows (N, bytes per row): (N, in) float32."""
+    import gguf
+    from gguf.quants import dequantize
+
+    if kind == "F16":
+        return np.asarray(raw).view(np.float16).astype(np.float32)  # (N, in)
+    return np.asarray(dequantize(np.asarray(raw), gguf.GGMLQuantizationType[kind]), dtype=np.float32)  # (N, in)

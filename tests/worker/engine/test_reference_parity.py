@@ -17,8 +17,11 @@ from worker.engine.kv_pool import KVPool
 from worker.engine.model import Model
 
 pytestmark = pytest.mark.slow
-LOGIT_TOLERANCE = 0.05
-MARGIN_FOR_ARGMAX = 0.05
+# The served path multiplies int8-quantized activations with the file's blocks, as llama.cpp does, so it carries
+# llama.cpp's kind of error against the float32 reference (../shared/fixtures/quantized/README.md: llama.cpp's
+# decode max / mean 0.96 / 0.28, batch 1.25 / 0.30; this engine 1.24 / 0.23 over the same 256 steps).
+LOGIT_TOLERANCE = 1.35
+MARGIN_FOR_ARGMAX = 2 * LOGIT_TOLERANCE
 
 
 def check_step(logits: np.ndarray, top5: list[list[float]], greedy_id: int, where: str) -> float:

@@ -18,7 +18,7 @@ class Architecture(Protocol):
     name: str
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> Any:
-        """Map GGUF tensors to this architecture's weights (folding and fusing passes included)."""
+        """Map GGUF tensors to this architecture's weights (kept as the file stores them)."""
 
     def lora_targets(self, config: ModelConfig) -> tuple[LoraTarget, ...]:
         """The projections LoRA adapters may target, with the load transforms of their base weights."""

@@ -1,7 +1,8 @@
-"""Helpers every architecture module shares: tensor lookup with clear errors, shape checks, fusing.
+"""Helpers every architecture module shares: tensor lookup with clear errors and shape checks.
 
-A projection here is an (out, in) float32 array or a QuantizedLinear (the same matrix with its block codes);
-every transform applies to both forms alike.
+A projection here is an (out, in) float array or a QuantizedMatrix (the file's own blocks); neither is rewritten
+at load: what used to be folded into the weights (norms, the query scale, fused rows, the RoPE row order) is done
+on the activations.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from typing import Any
 import numpy as np
 
 from worker.engine.errors import ModelLoadError
-from worker.engine.quantized import QuantizedLinear, fuse_quantized_rows
 
-Matrix = Any  # np.ndarray | QuantizedLinear
+Matrix = Any  # np.ndarray | QuantizedMatrix
 
 
 def take(tensors: dict[str, Any], name: str, shape: tuple[int, ...], path: str) -> Matrix:
@@ -22,42 +22,14 @@ def take(tensors: dict[str, Any], name: str, shape: tuple[int, ...], path: str) 
     if array is None:
         raise ModelLoadError(path, f"tensor {name} is missing")
     if tuple(array.shape) != shape:
-        raise ModelLoadError(path, f"tensor {name} has shape {array.shape}, expected {shape}")
+        raise ModelLoadError(path, f"tensor {name} has shape {tuple(array.shape)}, expected {shape}")
     return array
 
 
-def dense(matrix: Matrix) -> np.ndarray:
-    """The float32 form of a projection."""
-    return matrix.dense if isinstance(matrix, QuantizedLinear) else matrix
-
-
-def fuse_rows(*matrices: Matrix) -> Matrix:
-    """Stack (out_i, in) matrices into one C-contiguous (sum out_i, in) matrix (block-coded when all parts are)."""
-    if all(isinstance(m, QuantizedLinear) for m in matrices):
-        fused = fuse_quantized_rows(matrices)
-        if fused is not None:
-            return fused
-    return np.ascontiguousarray(np.concatenate([dense(m) for m in matrices], axis=0), dtype=np.float32)  # (sum out_i, in)
-
-
-def unpermute_rope_rows(weight: Matrix, n_heads: int) -> Matrix:
-    """Undo llama.cpp's Q/K row permutation (adjacent-pair RoPE) so RoPE can rotate halves (NEOX form)."""
+def unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (adjacent-pair RoPE) of an (out, in) float array (half-rotation order)."""
     out_dim = weight.shape[0]
     head_dim = out_dim // n_heads
     # GGUF row order per head is (i, a) for pair i, member a; the half-rotation order is (a, i).
     order = np.arange(out_dim).reshape(n_heads, head_dim // 2, 2).swapaxes(1, 2).reshape(out_dim)  # (out,)
-    if isinstance(weight, QuantizedLinear):
-        return weight.permute_rows(order)
     return np.ascontiguousarray(weight[order])  # (out, in)
-
-
-def scale_rows(matrix: Matrix, factor: np.float32) -> Matrix:
-    """Every output row multiplied by one factor."""
-    return matrix.scale_rows(factor) if isinstance(matrix, QuantizedLinear) else matrix * factor
-
-
-def fold_norm(matrix: Matrix, norm_weight: np.ndarray) -> Matrix:
-    """Fold a norm's per-feature weight into the input columns of the (out, in) matrix that follows it."""
-    if isinstance(matrix, QuantizedLinear):
-        return matrix.fold_columns(norm_weight)
-    return np.ascontiguousarray(matrix * norm_weight[None, :], dtype=np.float32)  # (out, in)

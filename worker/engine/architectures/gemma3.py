@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from worker.engine import ops
-from worker.engine.architectures.common import fold_norm, fuse_rows, take
+from worker.engine.architectures.common import take
 from worker.engine.config import ModelConfig
 from worker.engine.forward_batch import ForwardBatch
 from worker.engine.lora_targets import LoraPart, LoraTarget
@@ -30,14 +30,19 @@ def is_global_layer(layer: int) -> bool:
 
 @dataclass(frozen=True)
 class Gemma3Layer:
-    """One block; matrices are (out, in), C-contiguous; pre-norm weights folded into the following matmuls."""
+    """One block; matrices are (out, in) as the file stores them (quantized ones stay in their blocks)."""
 
-    wqkv: Array  # (H*Dh + 2*Hkv*Dh, D) fused query/key/value projection, attn_norm folded in
+    attn_norm: Array  # (D,) applied to x before the q/k/v projections
+    wq: Array  # (H*Dh, D)
+    wk: Array  # (Hkv*Dh, D)
+    wv: Array  # (Hkv*Dh, D)
     q_norm: Array  # (Dh,) QK-norm weight of queries, 1/sqrt(Dh) folded in
     k_norm: Array  # (Dh,) QK-norm weight of keys
     wo: Array  # (D, H*Dh)
     post_attention_norm: Array  # (D,)
-    w_gate_up: Array  # (2F, D) fused gate/up projection, ffn_norm folded in
+    ffn_norm: Array  # (D,)
+    w_gate: Array  # (F, D)
+    w_up: Array  # (F, D)
     w_down: Array  # (D, F)
     post_ffw_norm: Array  # (D,)
     window: int  # 0 for a global layer
@@ -46,8 +51,8 @@ class Gemma3Layer:
     @property
     def nbytes(self) -> int:
         """Bytes of all arrays in the block (the shared rotary tables excluded)."""
-        arrays = (self.wqkv, self.q_norm, self.k_norm, self.wo, self.post_attention_norm, self.w_gate_up,
-                  self.w_down, self.post_ffw_norm)
+        arrays = (self.attn_norm, self.wq, self.wk, self.wv, self.q_norm, self.k_norm, self.wo,
+                  self.post_attention_norm, self.ffn_norm, self.w_gate, self.w_up, self.w_down, self.post_ffw_norm)
         return sum(a.nbytes for a in arrays)
 
 
@@ -66,9 +71,7 @@ class Gemma3Weights:
     def nbytes(self) -> int:
         """Bytes of all distinct arrays."""
         total = self.token_embedding.nbytes + self.output_norm.nbytes + sum(layer.nbytes for layer in self.layers)
-        if ops.dense(self.output) is self.token_embedding:  # tied: only the output's block codes are its own
-            return total + self.output.nbytes - self.token_embedding.nbytes
-        return total + self.output.nbytes
+        return total + (0 if self.output is self.token_embedding else self.output.nbytes)
 
 
 class Gemma3:
@@ -77,7 +80,7 @@ class Gemma3:
     name = "gemma3"
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> Gemma3Weights:
-        """Map GGUF tensors to fused, matmul-ready weights (Q/K rows are already in half-rotation order)."""
+        """Map GGUF tensors to weights, each kept as the file stores it (Q/K rows are in half-rotation order)."""
         d, f, v, dh = config.d_model, config.d_ff, config.vocab_size, config.head_dim
         q_dim, kv_dim = config.n_heads * dh, config.n_kv_heads * dh
         query_scale = np.float32(1.0 / np.sqrt(dh))
@@ -88,31 +91,26 @@ class Gemma3:
         for i in range(config.n_layers):
             p = f"blk.{i}."
             local = config.sliding_window > 0 and not is_global_layer(i)
-            attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
-            ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
             layers.append(Gemma3Layer(
-                wqkv=ops.weight(fold_norm(fuse_rows(
-                    take(tensors, p + "attn_q.weight", (q_dim, d), path),
-                    take(tensors, p + "attn_k.weight", (kv_dim, d), path),
-                    take(tensors, p + "attn_v.weight", (kv_dim, d), path),
-                ), attn_norm)),  # (H*Dh + 2*Hkv*Dh, D)
+                attn_norm=ops.asarray(take(tensors, p + "attn_norm.weight", (d,), path)),  # (D,)
+                wq=ops.weight(take(tensors, p + "attn_q.weight", (q_dim, d), path)),  # (H*Dh, D)
+                wk=ops.weight(take(tensors, p + "attn_k.weight", (kv_dim, d), path)),  # (Hkv*Dh, D)
+                wv=ops.weight(take(tensors, p + "attn_v.weight", (kv_dim, d), path)),  # (Hkv*Dh, D)
                 q_norm=ops.asarray(take(tensors, p + "attn_q_norm.weight", (dh,), path) * query_scale),  # (Dh,)
                 k_norm=ops.asarray(take(tensors, p + "attn_k_norm.weight", (dh,), path)),  # (Dh,)
                 wo=ops.weight(take(tensors, p + "attn_output.weight", (d, q_dim), path)),  # (D, H*Dh)
                 post_attention_norm=ops.asarray(take(tensors, p + "post_attention_norm.weight", (d,), path)),
-                w_gate_up=ops.weight(fold_norm(fuse_rows(
-                    take(tensors, p + "ffn_gate.weight", (f, d), path),
-                    take(tensors, p + "ffn_up.weight", (f, d), path),
-                ), ffn_norm)),  # (2F, D)
+                ffn_norm=ops.asarray(take(tensors, p + "ffn_norm.weight", (d,), path)),  # (D,)
+                w_gate=ops.weight(take(tensors, p + "ffn_gate.weight", (f, d), path)),  # (F, D)
+                w_up=ops.weight(take(tensors, p + "ffn_up.weight", (f, d), path)),  # (F, D)
                 w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
                 post_ffw_norm=ops.asarray(take(tensors, p + "post_ffw_norm.weight", (d,), path)),  # (D,)
                 window=config.sliding_window if local else 0,
                 rotary=local_rotary if local else global_rotary,
             ))
-        embedding_matrix = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D)
-        embedding = ops.dense(embedding_matrix)  # (V, D) float32 rows for the lookup
+        embedding = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D)
         output = (ops.weight(take(tensors, "output.weight", (v, d), path))
-                  if "output.weight" in tensors else embedding_matrix)  # (V, D)
+                  if "output.weight" in tensors else embedding)  # (V, D)
         return Gemma3Weights(
             config=config,
             token_embedding=embedding,
@@ -123,20 +121,20 @@ class Gemma3:
         )
 
     def lora_targets(self, config: ModelConfig) -> tuple[LoraTarget, ...]:
-        """The projections adapters may target (Q/K rows unpermuted in the file; the query scale follows QK-norm)."""
+        """The projections adapters may target (the query scale follows QK-norm)."""
         d, f = config.d_model, config.d_ff
         q_dim, kv_dim = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
         return (
             LoraTarget("qkv", (LoraPart("attn_q", q_dim, d), LoraPart("attn_k", kv_dim, d),
-                               LoraPart("attn_v", kv_dim, d)), "attn_norm"),
+                               LoraPart("attn_v", kv_dim, d))),
             LoraTarget("o", (LoraPart("attn_output", d, q_dim),)),
-            LoraTarget("gate_up", (LoraPart("ffn_gate", f, d), LoraPart("ffn_up", f, d)), "ffn_norm"),
+            LoraTarget("gate_up", (LoraPart("ffn_gate", f, d), LoraPart("ffn_up", f, d))),
             LoraTarget("down", (LoraPart("ffn_down", d, f),)),
         )
 
     def embed(self, weights: Gemma3Weights, tokens: Array) -> Array:
         """Token ids (N,) to embeddings scaled by sqrt(D): (N, D)."""
-        x = weights.token_embedding[tokens]  # (N, D) a copy: scaling in place is safe
+        x = ops.embedding_rows(weights.token_embedding, tokens)  # (N, D) a copy: scaling in place is safe
         x *= np.float32(weights.embedding_scale)
         return x
 
@@ -145,8 +143,8 @@ class Gemma3:
         cfg, w = weights.config, weights.layers[layer]
         n_heads, n_kv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q_dim, kv_dim = n_heads * dh, n_kv * dh
-        normed = ops.rms_normalize(x, cfg.rms_eps)  # (N, D)
-        qkv = batch.adapt(layer, "qkv", normed, ops.linear(normed, w.wqkv))  # (N, H*Dh + 2*Hkv*Dh)
+        normed = ops.rms_norm(x, w.attn_norm, cfg.rms_eps)  # (N, D)
+        qkv = batch.adapt(layer, "qkv", normed, ops.linear_parts(normed, (w.wq, w.wk, w.wv)))  # (N, H*Dh + 2*Hkv*Dh)
         qk = ops.rms_normalize_heads(qkv[:, : q_dim + kv_dim].reshape(-1, n_heads + n_kv, dh),
                                      cfg.rms_eps)  # (N, H+Hkv, Dh)
         qk[:, :n_heads] *= w.q_norm  # (N, H, Dh)
@@ -157,8 +155,9 @@ class Gemma3:
         attn = batch.attention(layer, qk[:, :n_heads], qk[:, n_heads:], v, window=w.window)  # (N, H*Dh)
         x += ops.rms_norm(batch.adapt(layer, "o", attn, ops.linear(attn, w.wo)), w.post_attention_norm,
                           cfg.rms_eps)  # (N, D)
-        normed = ops.rms_normalize(x, cfg.rms_eps)  # (N, D)
-        hidden = ops.geglu(batch.adapt(layer, "gate_up", normed, ops.linear(normed, w.w_gate_up)))  # (N, F)
+        normed = ops.rms_norm(x, w.ffn_norm, cfg.rms_eps)  # (N, D)
+        gate_up = ops.linear_parts(normed, (w.w_gate, w.w_up))  # (N, 2F)
+        hidden = ops.geglu(batch.adapt(layer, "gate_up", normed, gate_up))  # (N, F)
         mlp = batch.adapt(layer, "down", hidden, ops.linear(hidden, w.w_down))  # (N, D)
         x += ops.rms_norm(mlp, w.post_ffw_norm, cfg.rms_eps)  # (N, D)
         return x
