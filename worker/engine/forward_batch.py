@@ -1,7 +1,8 @@
 """One forward step's batch description: tokens, positions, sequence spans and block tables, plus attention.
 
-Built once per step; architecture blocks call `attention()` per layer. Decode rows (one new token each) are
-attended together with a constant number of array calls per layer; prefill chunks are attended per sequence.
+Built once per step; architecture blocks call `attention()` per layer. Every row, decode or prefill, is
+attended by the paged decode kernel over its own positions [first, position], so a row's result is the same
+whatever its step holds and however its prompt was chunked.
 """
 
 from __future__ import annotations
@@ -48,20 +49,18 @@ class ForwardBatch:
                                  zip(tables, np.split(positions, self.starts[1:-1]))])  # (N,)
         self.write_blocks = ops.asarray(blocks)  # (N,)
         self.write_offsets = ops.asarray(positions % pool.block_size)  # (N,)
-        decode = [i for i, n in enumerate(lengths) if n == 1]
-        self.all_decode = len(decode) == len(entries)  # rows are the decode rows in order: no gather/scatter
-        self.decode_rows = ops.asarray(self.starts[decode])  # (B1,)
-        self.prefill = [(i, int(self.starts[i]), int(self.starts[i + 1]), ops.asarray(tables[i]))
-                        for i, n in enumerate(lengths) if n > 1]
-        self._decode_lengths = ops.asarray(np.array([entries[i].start + 1 for i in decode], np.int64))  # (B1,)
-        self._decode_tables = None
-        if decode:
-            width = int(-(-max(entries[i].start + 1 for i in decode) // pool.block_size))
-            padded = np.zeros((len(decode), width), np.int64)  # (B1, nb) block 0 pads: never read
-            for row, i in enumerate(decode):
-                used = tables[i][:width]
-                padded[row, : len(used)] = used
-            self._decode_tables = ops.asarray(padded)  # (B1, nb)
+        # every row attends as a decode row does (its own length, its sequence's table): prefill and decode read
+        # the pool through one kernel, so a row's output does not depend on how its prompt was chunked
+        self.all_decode = True
+        self.decode_rows = ops.asarray(np.arange(len(positions)))  # (N,)
+        self.prefill: list[tuple[int, int, int, Array]] = []
+        self._decode_lengths = ops.asarray((positions + 1).astype(np.int64))  # (N,)
+        width = int(-(-int(positions.max() + 1) // pool.block_size))
+        padded = np.zeros((len(positions), width), np.int64)  # (N, nb) block 0 pads: never read
+        for i, table in enumerate(tables):
+            used = table[:width]
+            padded[self.starts[i] : self.starts[i + 1], : len(used)] = used
+        self._decode_tables = ops.asarray(padded)  # (N, nb)
         self._first_positions: dict[int, Array] = {}  # window -> (B1,) first visible position of each decode row
         self._angles: dict[int, tuple[Array, Array]] = {}
         self.lora = None
