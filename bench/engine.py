@@ -1,7 +1,7 @@
-"""Engine benchmark: prefill and single-stream decode tok/s of each model against its float32 matmul ceiling.
+"""Engine benchmark: prefill and single-stream decode tok/s of each model against its matmul-chain ceiling.
 
 The ceiling is measured in the same run: the same chain of matmuls (the engine's own `linear`) with the model's
-own weight arrays (fused QKV, output, fused gate/up, down, then the vocabulary projection), batch 1, no
+own weights (q/k/v, output, gate/up, down, then the vocabulary projection), batch 1, no
 attention, no norms, no sampling. Decode is also measured after a long prompt (--long-context), where
 attention over the cache starts to count (Gemma 3's sliding layers read only their last 512 positions).
 Run: python bench/engine.py [--model smollm2-135m --model gemma3-270m] [--decode-tokens 64] [--prompt-tokens 256]
@@ -17,7 +17,7 @@ import numpy as np
 
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.model import Model
-from worker.engine.ops import linear
+from worker.engine.ops import linear, linear_parts
 from worker.models import resolve
 
 
@@ -30,9 +30,9 @@ def matmul_chain_rate(weights: Any, batch: int, steps: int) -> float:
     start = time.perf_counter()
     for _ in range(steps):
         for layer in weights.layers:
-            _ = linear(x, layer.wqkv)  # (B, H*Dh + 2*Hkv*Dh)
+            _ = linear_parts(x, (layer.wq, layer.wk, layer.wv))  # (B, H*Dh + 2*Hkv*Dh)
             _ = linear(attn, layer.wo)  # (B, D)
-            gate_up = linear(x, layer.w_gate_up)  # (B, 2F)
+            gate_up = linear_parts(x, (layer.w_gate, layer.w_up))  # (B, 2F)
             _ = linear(gate_up[:, : layer.w_down.shape[1]], layer.w_down)  # (B, D)
         _ = linear(x, weights.output)  # (B, V)
     return batch * steps / (time.perf_counter() - start)
