@@ -75,8 +75,13 @@ def linear_parts(x: Array, weights: tuple[Weight, ...]) -> Array:
 
 
 def lora_delta(x: Array, a: Array, b: Array) -> Array:
-    """A low-rank update (x @ a.T) @ b.T for x (G, in), a (R, in), b (out, R): (G, out), C-ordered."""
-    return (x @ a.T) @ b.T  # (G, out)
+    """A low-rank update (x @ a.T) @ b.T for x (G, in), a (R, in), b (out, R): (G, out), C-ordered. Row by row
+    (two matrix-vector products each), so a row's update does not depend on how many rows share its step (BLAS's
+    matrix-matrix kernels round by their blocking)."""
+    out = xp.empty((x.shape[0], b.shape[0]), np.float32)  # (G, out)
+    for i in range(x.shape[0]):
+        out[i] = b @ (a @ x[i])  # (out,)
+    return out
 
 
 def linear_rows(x: Array, weight: Weight) -> Array:

@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from lora_gguf import random_pairs, write_adapter  # noqa: E402
-from test_reference_parity import check_step  # noqa: E402
+from test_reference_parity import LOGIT_TOLERANCE, check_step  # noqa: E402
 from tiny_gguf import D_FF, D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS  # noqa: E402
 
 from worker.engine.errors import ModelLoadError  # noqa: E402
@@ -68,7 +68,7 @@ def test_every_adapter_set_matches_llama_cpp_teacher_forced(smollm2_engine: Any,
             pool.extend(sid, 1)
             logits = model.forward([BatchEntry(sid, np.array([greedy_id]), start, loras=uses)], pool)[0]
         pool.blocks.free(sid)
-    assert worst < 0.05
+    assert worst < LOGIT_TOLERANCE  # the reference is float32 arithmetic; the served path is quantized (measured 0.86)
 
 
 @pytest.mark.slow
@@ -108,10 +108,9 @@ def test_base_and_adapter_rows_share_one_batch(smollm2_engine: Any, lora_referen
             running.append(sid)
         for sid, logits in zip(running, model.forward(entries, pool)):
             case = cases[sid]
-            # 1e-2, not float32's 1e-4: a batch's matmuls round differently (other blocking), and a key or value
-            # that lands on the other side of a float16 rounding step moves the logits by up to ~5e-3
-            np.testing.assert_allclose(logits, alone[sid][progress[sid]], atol=1e-2, rtol=0,
-                                       err_msg=f"{case['adapters']} step {progress[sid]}")
+            # bit for bit: the integer matmuls, the attention and the adapters' row-by-row deltas do not depend
+            # on what else is in the step
+            assert np.array_equal(logits, alone[sid][progress[sid]]), f"{case['adapters']} step {progress[sid]}"
             check_step(logits, case["top5_per_step"][progress[sid]], case["greedy_ids"][progress[sid]],
                        f"{case['adapters']} batched step {progress[sid]}")
             progress[sid] += 1
