@@ -50,10 +50,14 @@ def empty(shape: tuple[int, ...], dtype: Any = np.float32) -> Array:
 
 def linear(x: Array, weight: Weight) -> Array:
     """x @ weight.T for x (N, in) and weight (out, in): (N, out), row-major. A quantized weight goes through the
-    integer kernels (a row's result does not depend on the other rows); a float one through BLAS."""
+    integer kernels, a float one row by row through BLAS's matrix-vector product: either way a row's result does
+    not depend on the other rows of the step."""
     if isinstance(weight, QuantizedMatrix):
         return weight.matmul(x)  # (N, out)
-    return x @ weight.T  # (N, out)
+    out = xp.empty((x.shape[0], weight.shape[0]), np.float32)  # (N, out)
+    for i in range(x.shape[0]):  # matrix-vector products: a row's result does not depend on the step's rows
+        out[i] = weight @ x[i]  # (out,)
+    return out
 
 
 def linear_parts(x: Array, weights: tuple[Weight, ...]) -> Array:
