@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from gateway.api_keys import KeyRecord
+from shared import keys
 
 PERIOD_MS = 60_000
 # KEYS[1]: the limit's state (its theoretical arrival time, ms); ARGV: period ms, limit, cost, now ms, force.
@@ -55,7 +56,7 @@ class LimitState:
 
 def limit_key(name: str, kind: str) -> str:
     """The Redis key of one key's limit state."""
-    return f"llmfleet:ratelimit:{name}:{kind}"
+    return keys.rate_limit_key(name, kind)
 
 
 class RateLimiter:

@@ -1,7 +1,8 @@
 """Every Redis key, stream, field and channel name used by llmfleet, all under one prefix.
 
 Layout (values in brackets are what is stored there):
-  llmfleet:jobs:{model}          stream [field "job" = codec bytes of a GenerateJob / EmbedJob];
+  llmfleet:jobs:{model}          stream [field "job" = codec bytes of a GenerateJob / EmbedJob] of the normal
+                                 class; llmfleet:jobs@{priority}:{model} the same for critical, high and low;
                                  consumer group JOBS_GROUP, created at id 0 with MKSTREAM by whoever
                                  comes first (gateway or worker), BUSYGROUP ignored
   llmfleet:jobs@w:{worker_id}@{priority}:{model}  stream, same fields and group: jobs the gateway placed on
@@ -38,8 +39,8 @@ Layout (values in brackets are what is stored there):
   llmfleet:batch:{batch_id}      hash: the batch object's fields (batches/objects.py), counts as integers
   llmfleet:batches               sorted set batch_id -> created_at; llmfleet:batches:active: set of the
                                  batch ids not yet in a terminal state (what a runner may have to resume)
-  llmfleet:batch:{id}:output     hash line index -> output JSONL line; :errors the same for failed lines;
-                                 both deleted once the batch's files are written
+  llmfleet:batch:{id}:output     hash line index -> output JSONL line; llmfleet:batch:{id}:errors the same
+                                 for failed lines; both deleted once the batch's files are written
   llmfleet:batch:{id}:lease      string runner id, PX LLMFLEET_BATCH_LEASE_S: the runner executing it
   llmfleet:loras:{model}         hash adapter name -> JSON {"source": path or hf: name, "added": unix s}: the
                                  LoRA adapters every worker of the model should hold (POST/DELETE /admin/loras)
@@ -57,6 +58,8 @@ Layout (values in brackets are what is stored there):
   llmfleet:pool:keep_alive       hash model -> keep-alive seconds of its latest request (-1 = forever)
   llmfleet:response:{resp_id}    string [JSON: a stored Responses API response, its history, request id, model,
                                  API key name, deadline], EX LLMFLEET_RESPONSES_TTL_S (gateway/responses_api/store.py)
+  llmfleet:ratelimit:{key_name}:{kind}  string [GCRA's theoretical arrival time], PX until it no longer
+                                 limits: one API key's request or token limit, shared by every gateway
   rq:queue:llmfleet-batches      rq's own keys (rq:job:*, rq:worker:*, ...): one rq job per batch, JSON
 """
 
@@ -211,6 +214,11 @@ def node_key(node_id: str) -> str:
 def pool_loading(model: str) -> str:
     """The claim of the one node loading `model` right now (SET NX with a TTL)."""
     return f"{PREFIX}pool:loading:{model}"
+
+
+def rate_limit_key(key_name: str, kind: str) -> str:
+    """One API key's limit state (GCRA, gateway/rate_limit.py) for `kind` "requests" or "tokens"."""
+    return f"{PREFIX}ratelimit:{key_name}:{kind}"
 
 
 def pool_failed(model: str) -> str:

@@ -24,3 +24,65 @@ def test_registry_entry_round_trips_through_its_hash() -> None:
     assert RegistryEntry.from_hash("w1", fields) == entry
     assert entry.is_live(now=101.0, ttl_s=10) and not entry.is_live(now=200.0, ttl_s=10)
     assert RegistryEntry.from_hash("w1", {b"model": b"m"}) is None  # no heartbeat, no version: not an entry
+
+
+KEY_LIKE = rf"{keys.PREFIX}[a-z]"  # "llmfleet:jobs..." (a key), not "llmfleet: usage ..." (a message)
+
+
+def _key_patterns() -> dict[str, str]:
+    """Every Redis name the key table builds, as a pattern: each builder called with its parameters' names as
+    placeholders ("{model}"), each constant as it is; rq's own keys and field names left out."""
+    import inspect
+
+    patterns = {}
+    for name, value in vars(keys).items():
+        if name.startswith("_"):
+            continue
+        if inspect.isfunction(value) and value.__module__ == keys.__name__:
+            signature = inspect.signature(value)
+            if signature.return_annotation not in ("str", str):
+                continue  # the list builders repeat a str builder's names
+            patterns[name] = value(*[f"{{{p}}}" for p in signature.parameters])
+        elif isinstance(value, str) and value.startswith(keys.PREFIX) and value != keys.PREFIX:
+            patterns[name] = value
+    return patterns
+
+
+def _placeholders_blank(text: str) -> str:
+    import re
+
+    return re.sub(r"\{[a-z_]+\}", "{}", text)
+
+
+def test_every_key_the_table_builds_is_documented_in_the_contract_and_the_module() -> None:
+    """One key table: shared/keys.py builds every name, and both its docstring and CONTRACT.md describe each
+    (placeholder names may differ: {id} and {request_id} both mean the request's id)."""
+    from pathlib import Path
+
+    contract = _placeholders_blank((Path(keys.__file__).parent / "CONTRACT.md").read_text())
+    docstring = _placeholders_blank(keys.__doc__ or "")
+    patterns = _key_patterns()
+    assert len(patterns) > 30
+    missing = [f"{where} lacks {pattern} (keys.{name})" for name, pattern in patterns.items()
+               for where, text in (("CONTRACT.md", contract), ("keys.py's table", docstring))
+               if _placeholders_blank(pattern) not in text]
+    assert missing == []
+
+
+def test_no_redis_name_is_built_outside_the_key_table() -> None:
+    """Code outside shared/keys.py spells no key name (a string starting with the prefix and a name; messages
+    such as "llmfleet: ..." and prose may)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(keys.__file__).parents[1]
+    offenders = []
+    for folder in ("gateway", "worker", "shared", "llmfleet", "batches"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path == Path(keys.__file__):
+                continue
+            offenders += [f"{path.relative_to(root)}:{node.lineno}" for node in ast.walk(ast.parse(path.read_text()))
+                          if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                          and re.match(KEY_LIKE, node.value)]
+    assert offenders == []
