@@ -5,15 +5,19 @@
 | InvalidRequest         | 400    | invalid_request_error | None                    |             |
 | ContextLengthExceeded  | 400    | invalid_request_error | context_length_exceeded |             |
 | NoChatTemplate         | 400    | invalid_request_error | no_chat_template        |             |
+| LoraLoadFailed         | 400    | invalid_request_error | lora_load_failed        |             |
 | AuthenticationFailed   | 401    | authentication_error  | invalid_api_key         |             |
 | ModelNotFound          | 404    | invalid_request_error | model_not_found         |             |
-| NotFound (bad URL)     | 404    | invalid_request_error | None                    |             |
+| LoraNotFound           | 404    | invalid_request_error | lora_not_found          |             |
+| NotFound               | 404    | invalid_request_error | None                    |             |
 | ResponseNotFound       | 404    | invalid_request_error | response_not_found      |             |
-| PreviousResponseNotFound | 404  | invalid_request_error | previous_response_not_found |         |
+| PreviousResponseNotFound | 404  | invalid_request_error | previous_response_not_found |       |
 | MethodNotAllowed       | 405    | invalid_request_error | None                    |             |
 | ModelBusy              | 409    | invalid_request_error | model_busy              |             |
+| LoraLimitReached       | 409    | invalid_request_error | lora_limit_reached      |             |
 | BodyTooLarge           | 413    | invalid_request_error | None                    |             |
 | QueueFull              | 429    | rate_limit_error      | rate_limit_exceeded     | yes         |
+| RateLimited            | 429    | rate_limit_error      | rate_limit_exceeded     | yes         |
 | InternalError          | 500    | server_error          | None                    |             |
 | DeadLettered           | 500    | server_error          | dead_lettered           |             |
 | NoWorkerAvailable      | 503    | server_error          | no_worker_available     | yes         |
@@ -21,7 +25,7 @@
 | Unavailable            | 503    | server_error          | unavailable             | yes         |
 | DeadlineExceeded       | 504    | server_error          | deadline_exceeded       |             |
 
-DeadlineExceeded is a 504: the request was valid and accepted but no answer came in time (like a
+NotFound is a URL no route serves. DeadlineExceeded is a 504: the request was valid and accepted but no answer came in time (like a
 gateway timeout), which is neither the client's fault (4xx) nor a crash (500).
 """
 

@@ -48,3 +48,21 @@ def test_unknown_event_keeps_its_own_status_type_and_code() -> None:
     error = LLMFleetError.from_event(odd)
     assert (error.status, error.type, error.code) == (422, "weird_error", "odd")
     assert error.to_openai()["error"]["type"] == "weird_error"
+
+
+def test_the_module_table_lists_every_error_as_it_is() -> None:
+    """shared/errors.py's header table has one row per error class, with the class's status, type and code."""
+    import inspect
+
+    from shared import errors
+
+    rows = {}
+    for line in (errors.__doc__ or "").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[1].isdigit():
+            rows[cells[0]] = (int(cells[1]), cells[2], None if cells[3] == "None" else cells[3], cells[4] == "yes")
+    classes = {name: cls for name, cls in vars(errors).items() if inspect.isclass(cls)
+               and issubclass(cls, errors.LLMFleetError) and cls is not errors.LLMFleetError}
+    assert set(rows) == set(classes)
+    for name, cls in classes.items():
+        assert rows[name][:3] == (cls.http_status, cls.error_type, cls.error_code), name
