@@ -7,8 +7,8 @@ printed too.
 Part 2 (--http): a bundled Redis, a gateway and one worker serving the model; `--concurrency` clients send the
 same N texts as /v1/embeddings requests of `--inputs-per-request` inputs; texts/s beside part 1's best.
 `--peer URL` runs part 2's load against another OpenAI-compatible server (llama-server --embedding) serving
-the same GGUF (there is no llama-server binary on this machine: build one with ../shared/peers).
-Run: python bench/embeddings.py [--model all-minilm-l6-v2] [--texts 256] [--http] [--peer URL]
+the same GGUF (build one with ../shared/peers/build-llama-server.sh).
+Run (from the checkout, PYTHONPATH=.): python bench/embeddings.py [--model all-minilm-l6-v2] [--texts 256] [--http] [--peer URL]
 """
 
 from __future__ import annotations
