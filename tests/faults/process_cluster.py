@@ -74,3 +74,38 @@ class ProcessCluster:
             if f"worker {worker_id} serving" in log.read_text(errors="replace"):
                 return index
         raise LookupError(f"no worker process logged the id {worker_id}")
+
+
+def stream_through_a_kill(cluster: ProcessCluster, stream: Callable[[str, dict[str, Any]], None]
+                          ) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """Run `stream(base_url, result)` once undisturbed, then again, killing -9 the worker that holds it once it
+    has sent three pieces (stream appends their arrival times to result["times"]); returns (undisturbed,
+    disturbed, the kill's monotonic time). The cluster runs two workers."""
+    import os
+    import signal
+    import threading
+
+    import redis
+
+    client = redis.Redis.from_url(cluster.redis.url)
+    undisturbed: dict[str, Any] = {}
+    stream(cluster.base_url, undisturbed)
+    assert "error" not in undisturbed and len(undisturbed["times"]) > 20, undisturbed.get("error")
+    disturbed: dict[str, Any] = {}
+    thread = threading.Thread(target=stream, args=(cluster.base_url, disturbed))
+    thread.start()
+    wait_until(lambda: len(disturbed.get("times", [])) >= 3, 120, "the stream to start")
+
+    def holders() -> list[str]:  # the load a worker publishes with its next heartbeat (every 0.5 s)
+        return [w for w, load in heartbeat_loads(client).items() if load > 0]
+
+    # the undisturbed run's worker may report its last load a moment more
+    wait_until(lambda: len(holders()) == 1, 10, "one holder's heartbeat")
+    victim = cluster.workers[cluster.worker_index(holders()[0])]
+    os.kill(victim.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    thread.join(timeout=180)
+    assert not thread.is_alive(), "the stream hung"
+    assert "error" not in disturbed, disturbed["error"]
+    assert victim.poll() is not None  # the kill landed: another worker finished the stream
+    return undisturbed, disturbed, killed_at

@@ -3,16 +3,11 @@ SDK's client sees one unbroken message, identical to an undisturbed run (real Re
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 from typing import Any
 
 import pytest
-import redis
-from process_cluster import MODEL, heartbeat_loads
-from process_cluster import wait_until as _wait
+from process_cluster import MODEL, stream_through_a_kill
 
 anthropic = pytest.importorskip("anthropic")
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -37,28 +32,7 @@ def _stream(base: str, result: dict[str, Any]) -> None:
 def test_kill_9_of_the_worker_holding_a_message_stream_is_invisible(start_cluster) -> None:
     cluster = start_cluster(2, LLMFLEET_SLOTS="4", LLMFLEET_HEARTBEAT_INTERVAL_S="0.5", LLMFLEET_HEARTBEAT_TTL_S="2",
                             LLMFLEET_LEASE_S="30")
-    client = redis.Redis.from_url(cluster.redis.url)
-    undisturbed: dict[str, Any] = {}
-    _stream(cluster.base_url, undisturbed)
-    assert "error" not in undisturbed and len(undisturbed["times"]) > 20, undisturbed.get("error")
-
-    disturbed: dict[str, Any] = {}
-    thread = threading.Thread(target=_stream, args=(cluster.base_url, disturbed))
-    thread.start()
-    _wait(lambda: len(disturbed.get("times", [])) >= 3, 120, "the stream to start")
-
-    def holders() -> list[str]:  # the load a worker publishes with its next heartbeat (every 0.5 s)
-        return [w for w, load in heartbeat_loads(client).items() if load > 0]
-
-    _wait(lambda: len(holders()) == 1, 10, "one holder's heartbeat")  # the other may report its last load a moment more
-    assert len(holders()) == 1, holders()
-    victim = cluster.workers[cluster.worker_index(holders()[0])]
-    os.kill(victim.pid, signal.SIGKILL)
-    killed_at = time.monotonic()
-    thread.join(timeout=180)
-    assert not thread.is_alive(), "the stream hung"
-
-    assert "error" not in disturbed, disturbed["error"]
+    undisturbed, disturbed, killed_at = stream_through_a_kill(cluster, _stream)
     got, want = disturbed["message"], undisturbed["message"]
     assert got.content[0].text == want.content[0].text and got.stop_reason == want.stop_reason
     assert got.usage.output_tokens == want.usage.output_tokens
@@ -68,4 +42,3 @@ def test_kill_9_of_the_worker_holding_a_message_stream_is_invisible(start_cluste
     assert disturbed["types"].count("content_block_start") == 1  # one text block, never reopened
     gaps = [b - a for a, b in zip(disturbed["times"], disturbed["times"][1:]) if b > killed_at]
     assert max(gaps, default=0) < 6, f"the stream was silent for {max(gaps):.1f}s"
-    assert victim.poll() is not None

@@ -4,17 +4,12 @@ workers)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 from typing import Any
 
 import openai
 import pytest
-import redis
-from process_cluster import MODEL, heartbeat_loads
-from process_cluster import wait_until as _wait
+from process_cluster import MODEL, stream_through_a_kill
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 ASK = "Tell me a long story about a lighthouse keeper and his cat."
@@ -39,28 +34,7 @@ def _stream(base: str, result: dict[str, Any]) -> None:
 def test_kill_9_of_the_worker_holding_a_responses_stream_is_invisible(start_cluster) -> None:
     cluster = start_cluster(2, LLMFLEET_SLOTS="4", LLMFLEET_HEARTBEAT_INTERVAL_S="0.5", LLMFLEET_HEARTBEAT_TTL_S="2",
                             LLMFLEET_LEASE_S="30")
-    client = redis.Redis.from_url(cluster.redis.url)
-    undisturbed: dict[str, Any] = {}
-    _stream(cluster.base_url, undisturbed)
-    assert "error" not in undisturbed and len(undisturbed["times"]) > 20, undisturbed.get("error")
-
-    disturbed: dict[str, Any] = {}
-    thread = threading.Thread(target=_stream, args=(cluster.base_url, disturbed))
-    thread.start()
-    _wait(lambda: len(disturbed.get("times", [])) >= 3, 120, "the stream to start")
-
-    def holders() -> list[str]:  # the load a worker publishes with its next heartbeat (every 0.5 s)
-        return [w for w, load in heartbeat_loads(client).items() if load > 0]
-
-    _wait(lambda: len(holders()) == 1, 10, "one holder's heartbeat")  # the other may report its last load a moment more
-    assert len(holders()) == 1, holders()
-    victim = cluster.workers[cluster.worker_index(holders()[0])]
-    os.kill(victim.pid, signal.SIGKILL)
-    killed_at = time.monotonic()
-    thread.join(timeout=180)
-    assert not thread.is_alive(), "the stream hung"
-
-    assert "error" not in disturbed, disturbed["error"]
+    undisturbed, disturbed, killed_at = stream_through_a_kill(cluster, _stream)
     got, want = disturbed["last"].response, undisturbed["last"].response
     def collapsed(types: list[str]) -> list[str]:  # how the text is cut into deltas is the workers' business
         return [t for i, t in enumerate(types) if t != "response.output_text.delta" or types[i - 1] != t]
@@ -74,6 +48,5 @@ def test_kill_9_of_the_worker_holding_a_responses_stream_is_invisible(start_clus
     assert disturbed["types"][-1] in ("response.completed", "response.incomplete")
     gaps = [b - a for a, b in zip(disturbed["times"], disturbed["times"][1:]) if b > killed_at]
     assert max(gaps, default=0) < 6, f"the stream was silent for {max(gaps):.1f}s"
-    assert victim.poll() is not None
     stored = openai.OpenAI(base_url=cluster.base_url + "/v1", api_key="unused").responses.retrieve(got.id)
     assert stored.output_text == want.output_text and stored.status == want.status
