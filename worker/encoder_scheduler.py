@@ -15,13 +15,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from shared.errors import QueueFull
 from worker.engine.engine import Engine
 from worker.scheduler import Scheduler, StepEvent
 from worker.scheduler_config import AUTO_MAX_SLOTS, SchedulerConfig
 from worker.sequences import (
     EmbeddingDone,
-    EmbeddingRequest,
     GenerationRequest,
     RequestGroup,
     ScheduledSequence,
@@ -59,24 +57,9 @@ class EncoderScheduler(Scheduler):
         """An encoder cannot generate: always a ValueError."""
         raise ValueError("this model is an embedding model: it serves embeddings only, not completions or chat")
 
-    def add_embedding(self, request: EmbeddingRequest) -> None:
-        """Queue an embedding request (ValueError for an empty input or one over the context length)."""
-        if request.request_id in self._groups:
-            raise ValueError(f"duplicate request id {request.request_id}")
-        if self.stats.queue_depth >= self.config.max_queue:
-            raise QueueFull(f"{self.stats.queue_depth} requests are waiting (limit {self.config.max_queue})")
-        if not request.inputs or not all(request.inputs):
-            raise ValueError("cannot embed an empty input")
-        for ids in request.inputs:
-            self.engine.check_fits(len(ids), 0)
-        group = RequestGroup(request, next(self._arrivals))
-        for index, ids in enumerate(request.inputs):
-            group.sequences.append(ScheduledSequence(group, index, None, next(self._seq_ids), embed_ids=list(ids)))
-        self._groups[request.request_id] = group
-        self.stats.requests_received += 1
-        for seq in group.sequences:
-            self._push_waiting(seq, front=False)
-        self._refresh_gauges()
+    def _check_input_fits(self, ids: list[int]) -> None:
+        """An input must fit the model's context (an encoder holds no KV pool)."""
+        self.engine.check_fits(len(ids), 0)
 
     def step(self) -> list[StepEvent]:
         """Encode the next batch of waiting inputs in one forward; emit EmbeddingDone for finished requests."""

@@ -136,9 +136,7 @@ class Scheduler:
         if not request.inputs or not all(request.inputs):
             raise ValueError("cannot embed an empty input")
         for ids in request.inputs:
-            self.engine.check_fits(len(ids), 0)
-            if self.blocks.blocks_for(len(ids)) > self.pool.n_blocks:
-                raise ValueError(f"{len(ids)} tokens do not fit this worker's KV pool")
+            self._check_input_fits(ids)
         group = RequestGroup(request, next(self._arrivals))
         for index, ids in enumerate(request.inputs):
             group.sequences.append(ScheduledSequence(group, index, None, next(self._seq_ids), embed_ids=list(ids)))
@@ -147,6 +145,12 @@ class Scheduler:
         for seq in group.sequences:
             self._push_waiting(seq, front=False)
         self._refresh_gauges()
+
+    def _check_input_fits(self, ids: list[int]) -> None:
+        """An embedding input must fit the model's context and this worker's KV pool (ValueError otherwise)."""
+        self.engine.check_fits(len(ids), 0)
+        if self.blocks.blocks_for(len(ids)) > self.pool.n_blocks:
+            raise ValueError(f"{len(ids)} tokens do not fit this worker's KV pool")
 
     @staticmethod
     def _choice_params(request: GenerationRequest, index: int) -> GenerationParams:
