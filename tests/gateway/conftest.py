@@ -203,3 +203,14 @@ def sse_payloads(body: bytes) -> list[Any]:
         data = block[len("data: ") :]
         out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+@pytest.fixture
+def fixed_request_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Request ids req-0123, req-0124, ... (tests that assert on ids and the bodies built from them)."""
+    import itertools
+
+    from gateway import serving
+
+    ids = itertools.count(123)
+    monkeypatch.setattr(serving, "new_request_id", lambda: f"req-{next(ids):04d}")

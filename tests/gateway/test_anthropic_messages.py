@@ -4,13 +4,11 @@ bodies, the exact event sequence of streams, tool_use blocks, stop reasons, coun
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 from typing import Any
 
 import pytest
 
-from gateway import serving
 from shared.errors import ContextLengthExceeded, QueueFull
 from shared.messages import ChoiceEndEvent, DoneEvent, Usage
 
@@ -24,9 +22,8 @@ CALL = ['<tool_call>\n{"name": "get_', 'weather", "arguments": {"ci', 'ty": "Pa}
 
 
 @pytest.fixture(autouse=True)
-def fixed_request_id(monkeypatch: pytest.MonkeyPatch) -> None:
-    ids = itertools.count(123)
-    monkeypatch.setattr(serving, "new_request_id", lambda: f"req-{next(ids):04d}")  # req-0123, then req-0124, ...
+def _request_ids(fixed_request_id: None) -> None:
+    """Every test here sees req-0123, req-0124, ... (tests/gateway/conftest.py)."""
 
 
 @pytest.fixture

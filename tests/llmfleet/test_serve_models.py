@@ -4,7 +4,6 @@ unmodified openai client. Gemma's greedy completions from the fixture's token id
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from process_helpers import stop_serve
 
 from llmfleet.redis_server import free_port
 
@@ -50,12 +50,7 @@ def two_model_serve(smollm2_gguf_path: Path, gemma3_gguf_path: Path,
         assert _ready(base_url).get("workers") == 2, log.read_text()[-3000:]
         yield base_url
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        stop_serve(process)
 
 
 @pytest.fixture()

@@ -5,7 +5,6 @@ loaded (the gateway's own /v1/models says so) and a chat request without `model`
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from process_helpers import stop_serve
 
 from llmfleet.redis_server import free_port
 
@@ -55,9 +55,4 @@ def test_the_first_ready_serves_a_request_without_model(smollm2_gguf_path: Path,
         time.sleep(1.0)  # the supervisor polls /ready every half second before it prints
         assert SERVING_LINE in out_path.read_bytes()
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        stop_serve(process)
