@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.checks import lone_surrogate_path
+from gateway.http.fields import lone_surrogate_path
 from shared.errors import InvalidRequest
 
 URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")

@@ -161,7 +161,7 @@ PROFILE_STAGES = {  # label -> the frame (function (file) prefix) whose inclusiv
     "event decode (shared.codec)": "decode_event (shared/codec.py",
     "per-event wait (asyncio.wait_for on the queue)": "EventStream._receive (gateway/broker.py",
     "chunk dicts (gateway/responses.py)": "completion_chunk (gateway/responses.py",
-    "json.dumps + SSE framing": "event (gateway/sse.py",
+    "json.dumps + SSE framing": "event (gateway/http/sse.py",
     "send path (Starlette/uvicorn h11 send)": "RequestResponseCycle.send (uvicorn/",
     "  of which socket send() syscalls": "_SelectorSocketTransport.write (asyncio/selector_events.py",
 }

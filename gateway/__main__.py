@@ -7,7 +7,7 @@ import logging
 import uvicorn
 
 from gateway.app import create_app
-from gateway.exposure import OpenEndpointRefused, check_exposure
+from gateway.http.exposure import OpenEndpointRefused, check_exposure
 from shared.settings import Settings
 
 

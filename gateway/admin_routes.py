@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.broker import Broker
-from gateway.checks import boolean, number, parse_json_object, string
+from gateway.http.fields import boolean, number, parse_json_object, string
 from gateway.pool import ModelStatus
 from shared.errors import ModelBusy, ModelLoadFailed, ModelNotFound
 from shared.pool import FAILED, READY, UNLOADED

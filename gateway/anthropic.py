@@ -21,7 +21,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from gateway.checks import bounded_int, invalid, is_number, text_within
+from gateway.http.fields import bounded_int, invalid, is_number, text_within
 from gateway.protocol import MAX_STOP_BYTES, ChatRequest, parse_chat
 from gateway.tools import MAX_CALL_TEXT_BYTES
 from shared.errors import InvalidRequest

@@ -28,13 +28,13 @@ from typing import Any
 from gateway import serving
 from gateway.anthropic_errors import error_body
 from gateway.broker import Broker
-from gateway.error_log import ErrorLog, note_request
 from gateway.generation import STILL_WAITING, Generation
+from gateway.http.error_log import ErrorLog, note_request
+from gateway.http.sse import Comment
 from gateway.protocol import ChatRequest
 from gateway.reasoning import Reasoning
 from gateway.reply_parsing import Part, ReplyParser
 from gateway.responses import ChoiceResult
-from gateway.sse import Comment
 from gateway.tool_output import ArgumentsDelta, CallStart
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, ErrorEvent, TokenEvent, Usage

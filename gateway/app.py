@@ -20,12 +20,12 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from gateway import http_errors
-from gateway.api_keys import KeyStore
 from gateway.batch_routes import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.broker import Broker
-from gateway.disconnect import ClientDisconnected
-from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from gateway.http import errors as http_errors
+from gateway.http.api_keys import KeyStore
+from gateway.http.disconnect import ClientDisconnected
+from gateway.http.middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from gateway.ollama.router import ROUTES as OLLAMA_ROUTES
 from gateway.redis_health import DOWN_AFTER_S
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES

@@ -32,13 +32,13 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway import admission
-from gateway.error_log import ErrorLog
+from gateway.http.error_log import ErrorLog
+from gateway.http.rate_limit import RateLimiter
 from gateway.loras import resolve_job
 from gateway.metrics import FleetSnapshot, GatewayMetrics
 from gateway.placement import Choice, PrefixMap, candidates_of, choose, placeable, prefix_chain, prompt_text
 from gateway.pool import Pool
 from gateway.queue_view import READ_EVERY_S, QueueState, QueueView, read_queue_state
-from gateway.rate_limit import RateLimiter
 from gateway.redis_errors import redis_unavailable
 from gateway.redis_health import RedisHealth
 from gateway.registry import Registry

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.broker import Broker
-from gateway.checks import invalid, parse_json_object, string
+from gateway.http.fields import invalid, parse_json_object, string
 from gateway.loras import ADAPTER_NAME, adapters_of
 from gateway.redis_errors import redis_unavailable
 from gateway.responses import OWNED_BY

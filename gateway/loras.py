@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.checks import invalid, is_int, is_number
+from gateway.http.fields import invalid, is_int, is_number
 from shared.errors import LoraNotFound
 from shared.messages import GenerateJob, LoraRef
 from shared.registry import RegistryEntry

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.checks import (
+from gateway.http.fields import (
     boolean,
     choice,
     integer,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.checks import invalid
+from gateway.http.fields import invalid
 
 OPEN, CLOSE = "<think>", "</think>"
 FORMATS = ("none", "deepseek", "auto")  # llama-server's reasoning_format values ("auto" = "deepseek" here)

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from gateway.checks import invalid
+from gateway.http.fields import invalid
 from shared.messages import OutputConstraint
 
 MAX_SCHEMA_CHARS = 64 * 1024  # a schema, as compact JSON text

@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from gateway.broker import Broker
-from gateway.checks import boolean, invalid, is_int, string
 from gateway.generation import Generation
+from gateway.http.fields import boolean, invalid, is_int, string
 from gateway.protocol import MAX_MODEL_NAME, parse_messages
 from gateway.serving import new_request_id
 from shared.errors import InternalError, InvalidRequest, LLMFleetError

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.checks import boolean, invalid, text_within
+from gateway.http.fields import boolean, invalid, text_within
 from gateway.structured import SCHEMA_NAME, json_schema_constraint
 from shared.messages import ToolCall, ToolChoice, ToolSpec
 

@@ -71,7 +71,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     """Add, list or revoke API keys in the key file the gateways read (LLMFLEET_KEYS_FILE)."""
-    from gateway import api_keys
+    from gateway.http import api_keys
 
     path = Path(args.file).expanduser() if args.file else api_keys.default_path()
     if args.action in ("add", "revoke") and not args.name:

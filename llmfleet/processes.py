@@ -81,8 +81,8 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
 
 def exposure_refused(settings: Settings) -> bool:
     """True (after printing why and what to do) when the gateway would serve the network with no API key and
-    no setting says that is intended (gateway/exposure.py); logs the warning when it is intended."""
-    from gateway.exposure import OpenEndpointRefused, check_exposure
+    no setting says that is intended (gateway/http/exposure.py); logs the warning when it is intended."""
+    from gateway.http.exposure import OpenEndpointRefused, check_exposure
 
     try:
         warning = check_exposure(settings)

@@ -217,7 +217,7 @@ def pool_loading(model: str) -> str:
 
 
 def rate_limit_key(key_name: str, kind: str) -> str:
-    """One API key's limit state (GCRA, gateway/rate_limit.py) for `kind` "requests" or "tokens"."""
+    """One API key's limit state (GCRA, gateway/http/rate_limit.py) for `kind` "requests" or "tokens"."""
     return f"{PREFIX}ratelimit:{key_name}:{kind}"
 
 

@@ -38,7 +38,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = field(default=None, repr=False)  # when set, every /v1 request needs "Authorization: Bearer <key>"
-    allow_open: int = 0  # 1: a gateway other hosts can reach may run without an API key (gateway/exposure.py)
+    allow_open: int = 0  # 1: a gateway other hosts can reach may run without an API key (gateway/http/exposure.py)
     published_host: str | None = None  # where clients reach the gateway when a container publishes it (compose)
     max_body_bytes: int = 1024 * 1024
     max_prompt_chars: int = 400_000  # over all messages / prompts of one request

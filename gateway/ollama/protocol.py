@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from gateway.checks import invalid, is_int, is_number, text_within
+from gateway.http.fields import invalid, is_int, is_number, text_within
 from gateway.protocol import (
     MAX_STOP_BYTES,
     ChatRequest,

@@ -1,6 +1,6 @@
 """The Ollama API's HTTP routes (mounted by gateway/app.py); each decodes, calls gateway/ollama/serving.py or
 models.py, and maps the result to a JSON or NDJSON response. Errors take Ollama's shape on every /api/ path
-(gateway/http_errors.py asks gateway/ollama/errors.py), API keys and rate limits apply as on /v1."""
+(gateway/http/errors.py asks gateway/ollama/errors.py), API keys and rate limits apply as on /v1."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.disconnect import unless_disconnected
+from gateway.http.disconnect import unless_disconnected
+from gateway.http.sse import HEADERS, SSEResponse
 from gateway.ollama import models, protocol, serving
 from gateway.routes import request_body
-from gateway.sse import HEADERS, SSEResponse
 from shared.settings import Settings
 
 MEDIA_TYPE = "application/x-ndjson"

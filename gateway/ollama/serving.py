@@ -28,9 +28,9 @@ from typing import Any
 
 from gateway import serving
 from gateway.broker import Broker
-from gateway.checks import invalid
-from gateway.error_log import ErrorLog
 from gateway.generation import Generation
+from gateway.http.error_log import ErrorLog
+from gateway.http.fields import invalid
 from gateway.ollama.errors import error_body
 from gateway.ollama.models import context_length
 from gateway.ollama.protocol import OllamaEmbedding, OllamaGeneration

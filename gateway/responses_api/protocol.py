@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.checks import boolean, integer, invalid, string
+from gateway.http.fields import boolean, integer, invalid, string
 from gateway.protocol import ChatRequest, parse_chat
 from gateway.structured import SCHEMA_NAME, json_schema_constraint
 from shared.errors import InvalidRequest

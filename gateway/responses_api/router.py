@@ -7,14 +7,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api_keys import current_key
 from gateway.broker import Broker
-from gateway.disconnect import unless_disconnected
+from gateway.http.api_keys import current_key
+from gateway.http.disconnect import unless_disconnected
+from gateway.http.sse import SSEResponse
 from gateway.responses_api import bodies, serving
 from gateway.responses_api.protocol import parse_request
 from gateway.responses_api.store import ResponseStore
 from gateway.routes import request_body
-from gateway.sse import SSEResponse
 from shared.settings import Settings
 
 

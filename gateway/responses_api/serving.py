@@ -29,16 +29,16 @@ from typing import Any
 import anyio
 
 from gateway import serving
-from gateway.api_keys import current_key
 from gateway.broker import Broker
 from gateway.generation import Generation
+from gateway.http.api_keys import current_key
+from gateway.http.sse import Comment
 from gateway.protocol import ChatRequest
 from gateway.reasoning import Reasoning
 from gateway.reply_parsing import Part, ReplyParser
 from gateway.responses_api import bodies
 from gateway.responses_api.protocol import ResponsesRequest, chat_request
 from gateway.responses_api.store import RUNNING, ResponseStore, StoredResponse
-from gateway.sse import Comment
 from gateway.tool_output import ArgumentsDelta, CallStart
 from shared.errors import InternalError, InvalidRequest, LLMFleetError
 from shared.messages import TokenEvent

@@ -91,7 +91,7 @@ def _interpolate(value: str, shell: dict[str, str]) -> str:
 ])
 def test_the_gateway_is_published_on_loopback_unless_a_key_or_the_opt_in_says_otherwise(
         compose: dict, shell: dict[str, str], published: str, starts: str) -> None:
-    from gateway.exposure import OpenEndpointRefused, check_exposure
+    from gateway.http.exposure import OpenEndpointRefused, check_exposure
     from shared.settings import Settings
 
     gateway = compose["services"]["gateway"]
@@ -108,7 +108,7 @@ def test_the_gateway_is_published_on_loopback_unless_a_key_or_the_opt_in_says_ot
 
 
 def test_the_kubernetes_gateway_takes_its_keys_from_the_secret() -> None:
-    from gateway.exposure import check_exposure
+    from gateway.http.exposure import check_exposure
     from shared.settings import Settings
 
     manifest = (ROOT / "deploy" / "k8s" / "base" / "gateway.yaml").read_text()

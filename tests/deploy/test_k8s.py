@@ -27,7 +27,7 @@ from k8s_checks import (
 from keda_checks import capacity_problems, keda_problems, scaledobject_schema
 from kustomize_lite import KustomizeError, render
 
-from gateway import api_keys
+from gateway.http import api_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZATIONS = {"base": ROOT / "deploy/k8s/base", "gemma": ROOT / "deploy/k8s/overlays/gemma"}

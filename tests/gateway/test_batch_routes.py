@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from batches.queue import batch_queue
-from gateway import api_keys
 from gateway.app import create_app
+from gateway.http import api_keys
 from shared import keys
 from shared.settings import Settings
 

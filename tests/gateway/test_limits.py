@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from gateway import protocol
-from gateway.checks import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
+from gateway.http.fields import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
 from gateway.openapi import openapi_document
 from gateway.tools import MAX_CALL_TEXT_BYTES
 from shared.errors import InvalidRequest

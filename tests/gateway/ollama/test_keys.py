@@ -12,8 +12,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from gateway import api_keys
 from gateway.app import create_app
+from gateway.http import api_keys
 from shared.settings import Settings
 
 ollama = pytest.importorskip("ollama")

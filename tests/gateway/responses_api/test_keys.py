@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import api_keys
+from gateway.http import api_keys
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from gateway import api_keys
 from gateway.app import create_app
 from gateway.generation import charge_key
+from gateway.http import api_keys
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from gateway.api_keys import KeyRecord
+from gateway.http.api_keys import KeyRecord
 from shared import keys
 
 PERIOD_MS = 60_000

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from gateway.exposure import OpenEndpointRefused, check_exposure, is_loopback
+from gateway.http.exposure import OpenEndpointRefused, check_exposure, is_loopback
 from shared.settings import Settings
 
 

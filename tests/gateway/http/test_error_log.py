@@ -5,8 +5,8 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from gateway import error_log
-from gateway.error_log import ErrorLog, RequestNote, make_entry
+from gateway.http import error_log
+from gateway.http.error_log import ErrorLog, RequestNote, make_entry
 from shared import keys
 from shared.errors import Unavailable
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway import sse
+from gateway.http import sse
 
 
 class Waiting:

@@ -10,8 +10,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.anthropic_errors import error_body, is_anthropic_path
-from gateway.api_keys import current_key
-from gateway.error_log import make_entry
+from gateway.http.api_keys import current_key
+from gateway.http.error_log import make_entry
 from gateway.ollama import errors as ollama_errors
 from shared.errors import InternalError, LLMFleetError, MethodNotAllowed, NotFound
 
