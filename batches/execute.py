@@ -16,7 +16,7 @@ from typing import Any
 from batches import objects
 from batches.input import BatchLine
 from gateway import protocol, serving
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
 from shared.errors import InternalError, InvalidRequest, LLMFleetError
 from shared.settings import Settings
 

@@ -33,7 +33,7 @@ from batches.execute import run_line
 from batches.files import FileStore
 from batches.input import BatchLine, parse_input
 from batches.store import BatchStore
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
 from shared import keys
 from shared.errors import InvalidRequest, NotFound
 from shared.settings import Settings

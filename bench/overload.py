@@ -6,7 +6,7 @@ sends nothing until its first token, as before) as the baseline, then with the d
 then keep-alives). Per round it prints how many responses got their first byte after more than 2 s and how many had
 any gap of more than 2 s without a byte, the time to the first byte and to the first token, deadline failures among admitted requests, and refusals (429 with Retry-After).
 A third round makes admission refuse: the request deadline is short (--deadline, LLMFLEET_REQUEST_TIMEOUT_S), so the
-gateway's estimated wait (gateway/admission.py) passes half of it; the burst is fired twice on the same cluster,
+gateway's estimated wait (gateway/cluster/admission.py) passes half of it; the burst is fired twice on the same cluster,
 on fresh workers (no finish rate measured yet) and again once they have measured one. Per burst it prints the
 admitted, the refusals (how many had Retry-After, its range, how long the 429 took), deadline failures among the
 admitted (must be 0) and first bytes after more than 2 s (must be 0).

@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
+from gateway.cluster.warm_pool import ModelStatus
 from gateway.http.fields import boolean, number, parse_json_object, string
-from gateway.pool import ModelStatus
 from shared.errors import ModelBusy, ModelLoadFailed, ModelNotFound
 from shared.pool import FAILED, READY, UNLOADED
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from gateway import serving
 from gateway.anthropic_errors import error_body
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
 from gateway.generation import STILL_WAITING, Generation
 from gateway.http.error_log import ErrorLog, note_request
 from gateway.http.sse import Comment

@@ -21,13 +21,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.batch_routes import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
+from gateway.cluster.redis_health import DOWN_AFTER_S
 from gateway.http import errors as http_errors
 from gateway.http.api_keys import KeyStore
 from gateway.http.disconnect import ClientDisconnected
 from gateway.http.middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from gateway.ollama.router import ROUTES as OLLAMA_ROUTES
-from gateway.redis_health import DOWN_AFTER_S
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
 from gateway.routes import ROUTES
 from shared.errors import LLMFleetError
@@ -62,7 +62,7 @@ def _redis_client(settings: Settings) -> Redis:
 
 
 def _probe_client(settings: Settings) -> SyncRedis:
-    """The health probe's own blocking client (gateway/redis_health.py): a PING unanswered in DOWN_AFTER_S fails."""
+    """The health probe's own blocking client (gateway/cluster/redis_health.py): a PING unanswered in DOWN_AFTER_S fails."""
     return SyncRedis.from_url(settings.redis_url, socket_timeout=DOWN_AFTER_S, socket_connect_timeout=DOWN_AFTER_S)
 
 

@@ -21,9 +21,9 @@ from batches.files import FileStore, file_not_found
 from batches.input import URLS, parse_input
 from batches.queue import enqueue_batch
 from batches.store import BatchStore
+from gateway.cluster.redis_errors import redis_unavailable
 from gateway.http.api_keys import current_key
 from gateway.http.fields import integer, invalid, metadata, parse_json_object, string
-from gateway.redis_errors import redis_unavailable
 from shared.errors import BodyTooLarge, InvalidRequest, NotFound
 from shared.settings import Settings
 

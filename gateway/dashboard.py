@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
 from shared.registry import RegistryEntry
 
 PAGE_PATH = "/dashboard"

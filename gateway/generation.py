@@ -15,7 +15,7 @@ from collections import deque
 import anyio
 from redis.exceptions import RedisError
 
-from gateway.broker import Broker, EventStream
+from gateway.cluster.broker import Broker, EventStream
 from gateway.http.api_keys import KeyRecord, current_key
 from gateway.metrics import RequestTracker
 from shared.errors import InternalError, LLMFleetError

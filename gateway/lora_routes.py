@@ -18,10 +18,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
+from gateway.cluster.loras import ADAPTER_NAME, adapters_of
+from gateway.cluster.redis_errors import redis_unavailable
 from gateway.http.fields import invalid, parse_json_object, string
-from gateway.loras import ADAPTER_NAME, adapters_of
-from gateway.redis_errors import redis_unavailable
 from gateway.responses import OWNED_BY
 from shared import keys
 from shared.errors import LoraLimitReached, LoraLoadFailed, LoraNotFound, ModelNotFound

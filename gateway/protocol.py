@@ -5,7 +5,7 @@ InvalidRequest that names the offending `param`. Unknown fields are ignored, as 
 fields llmfleet cannot honour (non-text content, suffix, best_of > 1, dimensions, the legacy functions) are
 refused rather than silently ignored. Structured output (response_format and llama.cpp's json_schema,
 grammar, regex) is read by gateway/structured.py, tools and tool_choice by gateway/tools.py. Extensions
-beyond OpenAI: top_k, min_p, repetition_penalty, ignore_eos, priority, cache_prompt, lora (gateway/loras.py). Only OpenAI's
+beyond OpenAI: top_k, min_p, repetition_penalty, ignore_eos, priority, cache_prompt, lora (gateway/cluster/loras.py). Only OpenAI's
 documented limits are checked here (temperature, top_p, penalties, logit_bias, top_logprobs, ...); the
 ranges of the extensions (top_k, min_p, repetition_penalty) are checked once, by the engine's
 SamplingParams.validate in the worker, which answers with a 400 error event.
@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gateway.cluster.loras import parse_loras, split_model
 from gateway.http.fields import (
     boolean,
     choice,
@@ -29,7 +30,6 @@ from gateway.http.fields import (
     text_within,
     token_ids,
 )
-from gateway.loras import parse_loras, split_model
 from gateway.reasoning import parse_reasoning_format
 from gateway.structured import parse_constraint
 from gateway.tools import MAX_CALL_TEXT_BYTES, ToolOptions, parse_tool_calls, parse_tools

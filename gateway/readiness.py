@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
 from shared.errors import LLMFleetError
 from shared.pool import LOADING
 from shared.settings import Settings

@@ -22,15 +22,15 @@ from gateway import (
     tokenization,
 )
 from gateway.batch_routes import BATCH_ROUTES
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
+from gateway.cluster.loras import split_model
+from gateway.cluster.warm_pool import requested_keep_alive
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.error_log import note_request
 from gateway.http.fields import parse_json_object
 from gateway.http.sse import SSEResponse
-from gateway.loras import split_model
 from gateway.metrics import CONTENT_TYPE, FleetSnapshot
 from gateway.openapi import openapi_document
-from gateway.pool import requested_keep_alive
 from gateway.protocol import ChatRequest, CompletionRequest
 from shared.errors import InvalidRequest, LLMFleetError, ModelNotFound
 from shared.pool import parse_keep_alive

@@ -25,12 +25,12 @@ from typing import Any
 import msgspec
 
 from gateway import responses
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
+from gateway.cluster.loras import split_model
 from gateway.generation import STILL_WAITING, Generation, charge_key
 from gateway.http.api_keys import current_key
 from gateway.http.error_log import ErrorLog, make_entry, note_request
 from gateway.http.sse import Comment
-from gateway.loras import split_model
 from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
 from gateway.reasoning import split_reasoning
 from gateway.reply_parsing import ReplyParser

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
 from gateway.generation import Generation
 from gateway.http.fields import boolean, invalid, is_int, string
 from gateway.protocol import MAX_MODEL_NAME, parse_messages

@@ -6,7 +6,7 @@ Layout (values in brackets are what is stored there):
                                  consumer group JOBS_GROUP, created at id 0 with MKSTREAM by whoever
                                  comes first (gateway or worker), BUSYGROUP ignored
   llmfleet:jobs@w:{worker_id}@{priority}:{model}  stream, same fields and group: jobs the gateway placed on
-                                 one worker (prefix-aware placement, gateway/placement.py); its worker reads it
+                                 one worker (prefix-aware placement, gateway/cluster/placement.py); its worker reads it
                                  before the shared stream of the same class, idle workers steal from it when it
                                  lags, and the others drain it once the worker is dead
   llmfleet:placed:{model}        set of worker ids that have (or had) per-worker streams of the model; the gateway

@@ -64,7 +64,7 @@ class Heartbeat:
         self._stats = stats or dict  # scheduler statistics for the fleet's /metrics
         self._loras = loras or (lambda: (0, ()))  # (desired-set version, names) of the LoRA adapters loaded
         self._finish_rate = EwmaRate()  # requests ended per second: the gateways' admission estimates the wait
-        self._token_rate = EwmaRate()  # tokens generated per second: the same, in tokens (gateway/admission.py)
+        self._token_rate = EwmaRate()  # tokens generated per second: the same, in tokens (gateway/cluster/admission.py)
         self.state = "ready"
         self.recovered_at = -math.inf  # monotonic time of the first beat after an outage (failed or hung beats)
         self.started = time.time()

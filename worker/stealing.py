@@ -1,6 +1,6 @@
 """Other workers' per-worker job streams (prefix-aware placement): draining dead ones, stealing from lagging ones.
 
-The gateway places a job on `jobs@w:{worker}@{priority}:{model}` (gateway/placement.py) and adds the worker to
+The gateway places a job on `jobs@w:{worker}@{priority}:{model}` (gateway/cluster/placement.py) and adds the worker to
 `placed:{model}`. Every worker reads its own streams first; with free slots left and nothing to read there or
 on the shared streams, it looks at the other members of the set:
   - a member with no registry entry (dead) or not "ready" (draining): its waiting jobs are read at once;

@@ -14,7 +14,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
 from gateway.ollama.protocol import served_name
 from shared.errors import ModelNotFound
 from shared.pool import READY

@@ -27,14 +27,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway import serving
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
+from gateway.cluster.warm_pool import requested_keep_alive
 from gateway.generation import Generation
 from gateway.http.error_log import ErrorLog
 from gateway.http.fields import invalid
 from gateway.ollama.errors import error_body
 from gateway.ollama.models import context_length
 from gateway.ollama.protocol import OllamaEmbedding, OllamaGeneration
-from gateway.pool import requested_keep_alive
 from gateway.protocol import ChatRequest
 from gateway.reasoning import Reasoning
 from gateway.reply_parsing import ReplyParser

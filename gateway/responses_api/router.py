@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
 from gateway.http.api_keys import current_key
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.sse import SSEResponse

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 
 from gateway import serving
-from gateway.broker import Broker
+from gateway.cluster.broker import Broker
 from gateway.generation import Generation
 from gateway.http.api_keys import current_key
 from gateway.http.sse import Comment

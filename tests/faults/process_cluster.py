@@ -41,7 +41,7 @@ def model_streams(client: Any, model: str = MODEL) -> list[str]:
 
 def job_holders(client: Any, model: str = MODEL) -> list[str]:
     """The workers holding jobs of the model (pending entries), over all its streams: with two or more workers
-    a job is usually placed on a worker's own stream (gateway/placement.py), not the shared one."""
+    a job is usually placed on a worker's own stream (gateway/cluster/placement.py), not the shared one."""
     holders: list[str] = []
     for stream in model_streams(client, model):
         if client.exists(stream):

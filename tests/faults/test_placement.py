@@ -20,7 +20,7 @@ import pytest
 import redis
 from process_cluster import MODEL, ProcessCluster, heartbeat_loads, wait_until
 
-from gateway.placement import prefix_chain, prompt_text
+from gateway.cluster.placement import prefix_chain, prompt_text
 from shared import keys
 from shared.messages import ChatMessage, GenerateJob
 

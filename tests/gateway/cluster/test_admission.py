@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.admission import expected_finish_s, retry_after_s
 from gateway.app import create_app
+from gateway.cluster.admission import expected_finish_s, retry_after_s
 from shared.registry import RegistryEntry
 
 pytestmark = pytest.mark.anyio

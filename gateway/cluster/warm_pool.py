@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from gateway.queue_view import QueueState
-from gateway.redis_errors import redis_unavailable
-from gateway.registry import Registry
+from gateway.cluster.queue_view import QueueState
+from gateway.cluster.redis_errors import redis_unavailable
+from gateway.cluster.registry import Registry
 from shared import keys
 from shared.errors import ModelLoadFailed
 from shared.pool import FAILED, LOADING, NODE_TTL_S, READY, UNLOADED, NodeState

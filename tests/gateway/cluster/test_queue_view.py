@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.queue_view import QueueState, QueueView
+from gateway.cluster.queue_view import QueueState, QueueView
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ import time
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.redis_health import DOWN_AFTER_S, PROBE_EVERY_S, RedisHealth
+from gateway.cluster.redis_health import DOWN_AFTER_S, PROBE_EVERY_S, RedisHealth
 from shared import keys
 
 pytestmark = pytest.mark.anyio

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.placement import (
+from gateway.cluster.placement import (
     CHUNK_CHARS,
     MAX_CHUNKS,
     Candidate,
@@ -184,7 +184,7 @@ async def test_a_burst_of_new_prompts_splits_evenly_over_idle_workers(
     for round_ in range(3):  # every time: a burst counts itself as it is placed
         counts = await _burst(client, redis, workers, prompts)
         # 8/8 but for one job per read whose write Redis applied just after a queue read that ended after it
-        # returned (gateway/queue_view.py): such a job is missed until the next read
+        # returned (gateway/cluster/queue_view.py): such a job is missed until the next read
         assert sum(counts.values()) == 16 and abs(counts["a"] - counts["b"]) <= 2, (round_, counts)
 
 

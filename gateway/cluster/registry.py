@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 
-from gateway.redis_errors import redis_unavailable
+from gateway.cluster.redis_errors import redis_unavailable
 from shared import keys
 from shared.registry import RegistryEntry
 from shared.settings import Settings

@@ -1,10 +1,10 @@
-"""gateway.loras: naming adapters in requests (model suffix, llama.cpp's lora field) and resolving them."""
+"""gateway.cluster.loras: naming adapters in requests (model suffix, llama.cpp's lora field) and resolving them."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.loras import adapters_of, parse_loras, resolve_job, split_model
+from gateway.cluster.loras import adapters_of, parse_loras, resolve_job, split_model
 from shared.errors import InvalidRequest, LoraNotFound
 from shared.messages import GenerateJob, LoraRef
 from shared.registry import RegistryEntry

@@ -14,7 +14,7 @@ too), so a burst still counts itself. A job admitted but not yet written is coun
 the read (it was written before the read's reply came; a job Redis wrote just after the read's XINFO is missed
 until the next read). Other gateways' jobs are seen at the next read.
 
-Placement (gateway/placement.py) counts a worker's load synchronously with its choice (`loads`): the last read,
+Placement (gateway/cluster/placement.py) counts a worker's load synchronously with its choice (`loads`): the last read,
 this gateway's jobs queued since, and its reservations, placements chosen whose XADD has not returned yet
 (`reserve` at the choice, `settle` when the write returned or failed). So concurrent placements count toward a
 worker before its jobs are read, and a burst of new streams spreads over idle workers instead of piling onto
@@ -32,7 +32,7 @@ from typing import NamedTuple
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from gateway.redis_errors import redis_unavailable
+from gateway.cluster.redis_errors import redis_unavailable
 from shared import keys
 
 READ_EVERY_S = 0.0  # a read is reused this long (0: shared only by requests that arrive while it is under way)

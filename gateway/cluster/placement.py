@@ -10,7 +10,7 @@ about 64 tokens, i.e. two KV blocks.
 `llmfleet:prefix:{model}:{h_i}` = the worker that last got a prompt with that prefix (EX LLMFLEET_PREFIX_TTL_S).
 A worker's load (`busy`) is counted as placement chooses, not as of the last read: the jobs it holds (its
 consumer's pending entries, or its heartbeat's load if higher), the jobs placed on it and not yet taken, and
-the placements this gateway chose and is still writing (gateway/queue_view.py `loads`, `reserve`). Without
+the placements this gateway chose and is still writing (gateway/cluster/queue_view.py `loads`, `reserve`). Without
 the last two, every request of a burst saw the same idle workers and went to the same one.
 choose():
   1. fewer than two live workers: the shared stream (nothing to choose);

@@ -2,11 +2,11 @@
 
 submit(job):
   1. the model must have a live worker (else 503 NoWorkerAvailable if known, 404 ModelNotFound if not), or be
-     in a live node agent's catalogue (gateway/pool.py: the queued job is what makes a node load it; a
+     in a live node agent's catalogue (gateway/cluster/warm_pool.py: the queued job is what makes a node load it; a
      remembered load failure is a 503 model_load_failed);
   2. its waiting jobs (the consumer group's lag) must be under LLMFLEET_QUEUE_LIMIT (else 429 QueueFull);
   3. subscribe to llmfleet:events:{id} and wait for Redis's confirmation;
-  4. pick the stream (gateway/placement.py): with two or more live workers, a generation job goes to the
+  4. pick the stream (gateway/cluster/placement.py): with two or more live workers, a generation job goes to the
      worker that has its prompt prefix cached, or else the least busy one, counting the placements under way
      (reserved in the queue view until the XADD returns), on its stream llmfleet:jobs@w:{worker}@{priority}:{model}
      (and the prefix map is refreshed in the same MULTI); anything else, or with no worker that has room, on
@@ -31,18 +31,26 @@ import anyio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway import admission
+from gateway.cluster import admission
+from gateway.cluster.loras import resolve_job
+from gateway.cluster.placement import (
+    Choice,
+    PrefixMap,
+    candidates_of,
+    choose,
+    placeable,
+    prefix_chain,
+    prompt_text,
+)
+from gateway.cluster.queue_view import READ_EVERY_S, QueueState, QueueView, read_queue_state
+from gateway.cluster.redis_errors import redis_unavailable
+from gateway.cluster.redis_health import RedisHealth
+from gateway.cluster.registry import Registry
+from gateway.cluster.subscriber import RESYNC, QueueItem, Subscriber
+from gateway.cluster.warm_pool import Pool
 from gateway.http.error_log import ErrorLog
 from gateway.http.rate_limit import RateLimiter
-from gateway.loras import resolve_job
 from gateway.metrics import FleetSnapshot, GatewayMetrics
-from gateway.placement import Choice, PrefixMap, candidates_of, choose, placeable, prefix_chain, prompt_text
-from gateway.pool import Pool
-from gateway.queue_view import READ_EVERY_S, QueueState, QueueView, read_queue_state
-from gateway.redis_errors import redis_unavailable
-from gateway.redis_health import RedisHealth
-from gateway.registry import Registry
-from gateway.subscriber import RESYNC, QueueItem, Subscriber
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.errors import (
@@ -221,7 +229,7 @@ class Broker:
         log.info("cancelled %s (%s)", request_id, reason)
 
     async def _place(self, job: Job, workers: list[RegistryEntry]) -> tuple[list[str], Choice]:
-        """Where the job goes (see gateway/placement.py), and the prefix chain to record for it; a choice of a
+        """Where the job goes (see gateway/cluster/placement.py), and the prefix chain to record for it; a choice of a
         worker is reserved in the queue view before anything else awaits (the caller settles it)."""
         generation = placeable(job)
         if not self.settings.prefix_placement or generation is None:
@@ -327,7 +335,7 @@ class Broker:
         return (await self.queue_state(model)).waiting
 
     async def queue_state(self, model: str) -> QueueState:
-        """The model's jobs by state (waiting, in flight, per worker), read now (see gateway/queue_view.py)."""
+        """The model's jobs by state (waiting, in flight, per worker), read now (see gateway/cluster/queue_view.py)."""
         return await read_queue_state(self.redis, model, self.settings.retry_after_s)
 
 
