@@ -28,14 +28,14 @@ from typing import Any
 from gateway import serving
 from gateway.anthropic_errors import error_body
 from gateway.cluster.broker import Broker
-from gateway.generation import STILL_WAITING, Generation
 from gateway.http.error_log import ErrorLog, note_request
 from gateway.http.sse import Comment
 from gateway.protocol import ChatRequest
-from gateway.reasoning import Reasoning
-from gateway.reply_parsing import Part, ReplyParser
+from gateway.replies.generation import STILL_WAITING, Generation
+from gateway.replies.parser import Part, ReplyParser
+from gateway.replies.reasoning import Reasoning
+from gateway.replies.tool_calls import ArgumentsDelta, CallStart
 from gateway.responses import ChoiceResult
-from gateway.tool_output import ArgumentsDelta, CallStart
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, ErrorEvent, TokenEvent, Usage
 from shared.settings import Settings

@@ -30,7 +30,7 @@ from gateway.http.fields import (
     text_within,
     token_ids,
 )
-from gateway.reasoning import parse_reasoning_format
+from gateway.replies.reasoning import parse_reasoning_format
 from gateway.structured import parse_constraint
 from gateway.tools import MAX_CALL_TEXT_BYTES, ToolOptions, parse_tool_calls, parse_tools
 from shared.errors import InvalidRequest

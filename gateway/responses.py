@@ -9,8 +9,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.reasoning import Reasoning
-from gateway.tool_output import CallStart, Item
+from gateway.replies.reasoning import Reasoning
+from gateway.replies.tool_calls import CallStart, Item
 from shared.messages import Timing, TokenLogprob, Usage
 
 SYSTEM_FINGERPRINT = "fp_llmfleet"

@@ -9,18 +9,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import (
-    admin_routes,
-    anthropic,
-    anthropic_messages,
-    dashboard,
-    lora_routes,
-    protocol,
-    readiness,
-    responses,
-    serving,
-    tokenization,
-)
+from gateway import anthropic, anthropic_messages, protocol, responses, serving, tokenization
+from gateway.admin import dashboard, lora_routes, readiness
+from gateway.admin import model_routes as admin_routes
+from gateway.admin.metrics import CONTENT_TYPE, FleetSnapshot
 from gateway.batch_routes import BATCH_ROUTES
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
@@ -29,7 +21,6 @@ from gateway.http.disconnect import unless_disconnected
 from gateway.http.error_log import note_request
 from gateway.http.fields import parse_json_object
 from gateway.http.sse import SSEResponse
-from gateway.metrics import CONTENT_TYPE, FleetSnapshot
 from gateway.openapi import openapi_document
 from gateway.protocol import ChatRequest, CompletionRequest
 from shared.errors import InvalidRequest, LLMFleetError, ModelNotFound
@@ -178,7 +169,7 @@ async def health(_request: Request) -> Response:
 
 async def ready(request: Request) -> Response:
     """GET /ready: every model the deployment was started with has a live, loaded worker (503 naming the rest);
-    with none required, Redis answers and a worker or node agent is alive. See gateway/readiness.py."""
+    with none required, Redis answers and a worker or node agent is alive. See gateway/admin/readiness.py."""
     broker: Broker = request.app.state.broker
     verdict = await readiness.assess(broker)
     body = verdict.to_json()

@@ -27,15 +27,15 @@ import msgspec
 from gateway import responses
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
-from gateway.generation import STILL_WAITING, Generation, charge_key
 from gateway.http.api_keys import current_key
 from gateway.http.error_log import ErrorLog, make_entry, note_request
 from gateway.http.sse import Comment
 from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
-from gateway.reasoning import split_reasoning
-from gateway.reply_parsing import ReplyParser
+from gateway.replies.generation import STILL_WAITING, Generation, charge_key
+from gateway.replies.parser import ReplyParser
+from gateway.replies.reasoning import split_reasoning
+from gateway.replies.tool_calls import split_reply
 from gateway.responses import ChoiceResult, ChunkHeader
-from gateway.tool_output import split_reply
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, Timing, TokenEvent, Usage
 from shared.settings import Settings

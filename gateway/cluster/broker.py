@@ -31,6 +31,7 @@ import anyio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.admin.metrics import FleetSnapshot, GatewayMetrics
 from gateway.cluster import admission
 from gateway.cluster.loras import resolve_job
 from gateway.cluster.placement import (
@@ -50,7 +51,6 @@ from gateway.cluster.subscriber import RESYNC, QueueItem, Subscriber
 from gateway.cluster.warm_pool import Pool
 from gateway.http.error_log import ErrorLog
 from gateway.http.rate_limit import RateLimiter
-from gateway.metrics import FleetSnapshot, GatewayMetrics
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.errors import (

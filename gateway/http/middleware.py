@@ -8,8 +8,8 @@ import logging
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.admin.dashboard import FLEET_PATH, PUBLIC_PATHS
 from gateway.cluster.redis_errors import redis_unavailable
-from gateway.dashboard import FLEET_PATH, PUBLIC_PATHS
 from gateway.http.api_keys import KeyStore, current_key
 from gateway.http.errors import error_response, record_error
 from shared.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest, LLMFleetError, RateLimited

@@ -15,7 +15,7 @@ every limit; Ollama's own structure is checked here first, with Ollama's field n
 - tools: Ollama's tools are OpenAI function tools; assistant tool_calls carry `arguments` as an object, and a
   tool turn names its call by `tool_name` (ids are made up here, in order).
 - think: true / false / "low" / "medium" / "high": a reply opening with a <think> block has it split into
-  `thinking` (gateway/reasoning.py), except with false, which leaves it in the content (levels are not told apart).
+  `thinking` (gateway/replies/reasoning.py), except with false, which leaves it in the content (levels are not told apart).
 - keep_alive is read with the OpenAI routes' (gateway/routes.py request_body; the warm pool acts on it).
 Images, suffix (insertion), template overrides and `context` (token history) are refused with a 400.
 """

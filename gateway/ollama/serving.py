@@ -29,15 +29,15 @@ from typing import Any
 from gateway import serving
 from gateway.cluster.broker import Broker
 from gateway.cluster.warm_pool import requested_keep_alive
-from gateway.generation import Generation
 from gateway.http.error_log import ErrorLog
 from gateway.http.fields import invalid
 from gateway.ollama.errors import error_body
 from gateway.ollama.models import context_length
 from gateway.ollama.protocol import OllamaEmbedding, OllamaGeneration
 from gateway.protocol import ChatRequest
-from gateway.reasoning import Reasoning
-from gateway.reply_parsing import ReplyParser
+from gateway.replies.generation import Generation
+from gateway.replies.parser import ReplyParser
+from gateway.replies.reasoning import Reasoning
 from shared.errors import InternalError, LLMFleetError, ModelNotFound
 from shared.messages import Timing, TokenEvent, Usage
 from shared.settings import Settings

@@ -30,16 +30,16 @@ import anyio
 
 from gateway import serving
 from gateway.cluster.broker import Broker
-from gateway.generation import Generation
 from gateway.http.api_keys import current_key
 from gateway.http.sse import Comment
 from gateway.protocol import ChatRequest
-from gateway.reasoning import Reasoning
-from gateway.reply_parsing import Part, ReplyParser
+from gateway.replies.generation import Generation
+from gateway.replies.parser import Part, ReplyParser
+from gateway.replies.reasoning import Reasoning
+from gateway.replies.tool_calls import ArgumentsDelta, CallStart
 from gateway.responses_api import bodies
 from gateway.responses_api.protocol import ResponsesRequest, chat_request
 from gateway.responses_api.store import RUNNING, ResponseStore, StoredResponse
-from gateway.tool_output import ArgumentsDelta, CallStart
 from shared.errors import InternalError, InvalidRequest, LLMFleetError
 from shared.messages import TokenEvent
 from shared.settings import Settings

@@ -2,7 +2,7 @@
 llama.cpp's `regex` field: `<think>` + lowercase words + `</think>` + one sentence. The regex holds the whole
 reply (the gateway splits it; the worker knows nothing of reasoning), so the test exercises the split on every
 path with real tokens cut wherever SmolLM2's tokenizer cuts them (`</think>` is several tokens). Anthropic's
-thinking blocks are checked in tests/gateway/test_reasoning_routes.py (its body has no `regex` field)."""
+thinking blocks are checked in tests/gateway/replies/test_reasoning_routes.py (its body has no `regex` field)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.app import create_app
-from gateway.generation import charge_key
 from gateway.http import api_keys
+from gateway.replies.generation import charge_key
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""gateway.lora_routes: POST /admin/loras answers 201 only once every live worker followed this very write, and
+"""gateway.admin.lora_routes: POST /admin/loras answers 201 only once every live worker followed this very write, and
 DELETE bumps the desired set's version too."""
 
 from __future__ import annotations

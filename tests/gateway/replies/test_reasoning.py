@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.reasoning import Reasoning, ReasoningSplitter, parse_reasoning_format, split_reasoning
+from gateway.replies.reasoning import Reasoning, ReasoningSplitter, parse_reasoning_format, split_reasoning
 from shared.errors import InvalidRequest
 
 CASES = [  # (reply, forced_open, reasoning, answer)

@@ -1,10 +1,10 @@
-"""One choice's reply, parsed as it streams: its thinking block split off (gateway/reasoning.py), then tool
-calls parsed out of the answer alone (gateway/tool_output.py). Every streaming surface feeds its text here."""
+"""One choice's reply, parsed as it streams: its thinking block split off (gateway/replies/reasoning.py), then tool
+calls parsed out of the answer alone (gateway/replies/tool_calls.py). Every streaming surface feeds its text here."""
 
 from __future__ import annotations
 
-from gateway.reasoning import Reasoning, ReasoningSplitter
-from gateway.tool_output import Item, ToolCallParser
+from gateway.replies.reasoning import Reasoning, ReasoningSplitter
+from gateway.replies.tool_calls import Item, ToolCallParser
 
 Part = Reasoning | Item  # reasoning text, answer text (str), or a tool call's start / arguments
 

@@ -15,8 +15,8 @@ import fakeredis
 import httpx
 import pytest
 
+from gateway.admin.dashboard import ASSETS
 from gateway.app import create_app
-from gateway.dashboard import ASSETS
 from shared import keys
 from shared.errors import ContextLengthExceeded, InternalError
 from shared.settings import Settings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.tool_output import ArgumentsDelta, CallStart, ToolCallParser, split_reply
+from gateway.replies.tool_calls import ArgumentsDelta, CallStart, ToolCallParser, split_reply
 
 REPLIES = [
     "Hello there.\n",
