@@ -9,10 +9,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import anthropic, anthropic_messages, protocol, responses, serving, tokenization
+from gateway import protocol, responses, serving, tokenization
 from gateway.admin import dashboard, lora_routes, readiness
 from gateway.admin import model_routes as admin_routes
 from gateway.admin.metrics import CONTENT_TYPE, FleetSnapshot
+from gateway.anthropic import protocol as anthropic
+from gateway.anthropic import serving as anthropic_messages
 from gateway.batch_routes import BATCH_ROUTES
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model

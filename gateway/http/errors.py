@@ -1,5 +1,5 @@
 """Every failure as an OpenAI-shaped JSON error response, Starlette's own 404/405 included (Anthropic-shaped on
-the Messages API's paths, see gateway/anthropic_errors.py; Ollama-shaped on /api/..., see gateway/ollama/errors.py)."""
+the Messages API's paths, see gateway/anthropic/errors.py; Ollama-shaped on /api/..., see gateway/ollama/errors.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.anthropic_errors import error_body, is_anthropic_path
+from gateway.anthropic.errors import error_body, is_anthropic_path
 from gateway.http.api_keys import current_key
 from gateway.http.error_log import make_entry
 from gateway.ollama import errors as ollama_errors

@@ -1,7 +1,7 @@
 """Ollama API request bodies (/api/chat, /api/generate, /api/embed, /api/embeddings, /api/show) as the gateway's
 requests: every Ollama field, default and limit is read here.
 
-As gateway/anthropic.py does for the Messages API, a body is translated into the OpenAI body the gateway already
+As gateway/anthropic/protocol.py does for the Messages API, a body is translated into the OpenAI body the gateway already
 validates (gateway/protocol.py, gateway/tools.py, gateway/structured.py), so both APIs make the same jobs and share
 every limit; Ollama's own structure is checked here first, with Ollama's field names in the messages
 (gateway/ollama/errors.py renames the OpenAI fields in errors raised later).

@@ -17,8 +17,8 @@ import pytest
 
 from gateway.app import create_app
 from shared.settings import Settings
+from tests.gateway.anthropic.test_serving import sse_events
 from tests.gateway.conftest import MODEL, sse_payloads
-from tests.gateway.test_anthropic_messages import sse_events
 
 pytestmark = pytest.mark.anyio
 ASK = [{"role": "user", "content": "Is 7 prime?"}]

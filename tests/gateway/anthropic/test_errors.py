@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import anthropic
-from gateway.anthropic_errors import anthropic_message, error_body, error_type, is_anthropic_path
+from gateway.anthropic import protocol as anthropic
+from gateway.anthropic.errors import anthropic_message, error_body, error_type, is_anthropic_path
 from shared.errors import (
     AuthenticationFailed,
     DeadlineExceeded,

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway import serving
-from gateway.anthropic_errors import error_body
+from gateway.anthropic.errors import error_body
 from gateway.cluster.broker import Broker
 from gateway.http.error_log import ErrorLog, note_request
 from gateway.http.sse import Comment
