@@ -20,7 +20,6 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from gateway.batch_routes import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.cluster.broker import Broker
 from gateway.cluster.redis_health import DOWN_AFTER_S
 from gateway.http import errors as http_errors
@@ -28,6 +27,7 @@ from gateway.http.api_keys import KeyStore
 from gateway.http.disconnect import ClientDisconnected
 from gateway.http.middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from gateway.ollama.router import ROUTES as OLLAMA_ROUTES
+from gateway.openai.batches import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
 from gateway.routes import ROUTES
 from shared.errors import LLMFleetError

@@ -9,13 +9,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import protocol, responses, serving, tokenization
 from gateway.admin import dashboard, lora_routes, readiness
 from gateway.admin import model_routes as admin_routes
 from gateway.admin.metrics import CONTENT_TYPE, FleetSnapshot
 from gateway.anthropic import protocol as anthropic
 from gateway.anthropic import serving as anthropic_messages
-from gateway.batch_routes import BATCH_ROUTES
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
 from gateway.cluster.warm_pool import requested_keep_alive
@@ -23,8 +21,12 @@ from gateway.http.disconnect import unless_disconnected
 from gateway.http.error_log import note_request
 from gateway.http.fields import parse_json_object
 from gateway.http.sse import SSEResponse
-from gateway.openapi import openapi_document
-from gateway.protocol import ChatRequest, CompletionRequest
+from gateway.llamacpp import tokenization
+from gateway.openai import bodies as responses
+from gateway.openai import protocol, serving
+from gateway.openai.batches import BATCH_ROUTES
+from gateway.openai.openapi import openapi_document
+from gateway.openai.protocol import ChatRequest, CompletionRequest
 from shared.errors import InvalidRequest, LLMFleetError, ModelNotFound
 from shared.pool import parse_keep_alive
 from shared.settings import Settings

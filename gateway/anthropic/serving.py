@@ -1,6 +1,6 @@
 """Anthropic Messages API responses: one message body, the named SSE event stream, and count_tokens.
 
-Generation goes through gateway/serving.py like every chat request (the same admission, deadlines, metrics,
+Generation goes through gateway/openai/serving.py like every chat request (the same admission, deadlines, metrics,
 rate-limit charges and cancellation on disconnect); this module only shapes what comes back:
 - a message {id "msg_...", type, role, model, content [text, tool_use {id "toolu_...", name, input}],
   stop_reason end_turn | max_tokens | stop_sequence | tool_use, stop_sequence, usage};
@@ -25,17 +25,17 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway import serving
 from gateway.anthropic.errors import error_body
 from gateway.cluster.broker import Broker
 from gateway.http.error_log import ErrorLog, note_request
 from gateway.http.sse import Comment
-from gateway.protocol import ChatRequest
+from gateway.openai import serving
+from gateway.openai.bodies import ChoiceResult
+from gateway.openai.protocol import ChatRequest
 from gateway.replies.generation import STILL_WAITING, Generation
 from gateway.replies.parser import Part, ReplyParser
 from gateway.replies.reasoning import Reasoning
 from gateway.replies.tool_calls import ArgumentsDelta, CallStart
-from gateway.responses import ChoiceResult
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, ErrorEvent, TokenEvent, Usage
 from shared.settings import Settings

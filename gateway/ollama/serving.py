@@ -1,4 +1,4 @@
-"""Serve validated Ollama requests on the gateway's job layer (gateway/serving.py); no Starlette here.
+"""Serve validated Ollama requests on the gateway's job layer (gateway/openai/serving.py); no Starlette here.
 
 Generation goes through the same functions as chat completions (admission, deadlines, metrics, rate-limit
 charges, cancellation when the client goes away, failover by journal replay); this module only shapes what
@@ -26,7 +26,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway import serving
 from gateway.cluster.broker import Broker
 from gateway.cluster.warm_pool import requested_keep_alive
 from gateway.http.error_log import ErrorLog
@@ -34,7 +33,8 @@ from gateway.http.fields import invalid
 from gateway.ollama.errors import error_body
 from gateway.ollama.models import context_length
 from gateway.ollama.protocol import OllamaEmbedding, OllamaGeneration
-from gateway.protocol import ChatRequest
+from gateway.openai import serving
+from gateway.openai.protocol import ChatRequest
 from gateway.replies.generation import Generation
 from gateway.replies.parser import ReplyParser
 from gateway.replies.reasoning import Reasoning

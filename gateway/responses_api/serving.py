@@ -1,6 +1,6 @@
-"""Serve Responses API requests on the chat jobs (gateway/serving.py; no Starlette here).
+"""Serve Responses API requests on the chat jobs (gateway/openai/serving.py; no Starlette here).
 
-Generation goes through gateway/serving.py like every chat request: the same admission, placement, deadlines,
+Generation goes through gateway/openai/serving.py like every chat request: the same admission, placement, deadlines,
 metrics, key charges, cancellation on disconnect and failover (the event stream resumes from the journal).
 This module loads the history of previous_response_id, names the response before its job starts (the job's
 request id is the response id's digits), stores the record (`in_progress` first, so any gateway can cancel it,
@@ -28,11 +28,11 @@ from typing import Any
 
 import anyio
 
-from gateway import serving
 from gateway.cluster.broker import Broker
 from gateway.http.api_keys import current_key
 from gateway.http.sse import Comment
-from gateway.protocol import ChatRequest
+from gateway.openai import serving
+from gateway.openai.protocol import ChatRequest
 from gateway.replies.generation import Generation
 from gateway.replies.parser import Part, ReplyParser
 from gateway.replies.reasoning import Reasoning

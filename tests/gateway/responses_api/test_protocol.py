@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway import protocol, serving
+from gateway.openai import protocol, serving
 from gateway.responses_api.protocol import chat_request, parse_request
 from shared.errors import InvalidRequest
 from shared.messages import ChatMessage, GenerateJob, ToolCall

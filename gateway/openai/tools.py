@@ -1,7 +1,7 @@
 """Tool-calling fields of a chat request: tools, tool_choice, parallel_tool_calls, and tool history in messages.
 
 Shapes and sizes are checked here; each tool's parameters schema is compiled by the worker, which names
-`tools[i].function.parameters` in a 400 when one does not compile (see gateway/structured.py).
+`tools[i].function.parameters` in a 400 when one does not compile (see gateway/openai/structured.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.http.fields import boolean, invalid, text_within
-from gateway.structured import SCHEMA_NAME, json_schema_constraint
+from gateway.openai.structured import SCHEMA_NAME, json_schema_constraint
 from shared.messages import ToolCall, ToolChoice, ToolSpec
 
 MAX_TOOLS = 128

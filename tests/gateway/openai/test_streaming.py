@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from gateway import serving
+from gateway.openai import serving
 from shared.errors import ContextLengthExceeded, InternalError
 from shared.messages import TokenLogprob, TopLogprob
 

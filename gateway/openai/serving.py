@@ -24,18 +24,18 @@ from typing import Any
 
 import msgspec
 
-from gateway import responses
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
 from gateway.http.api_keys import current_key
 from gateway.http.error_log import ErrorLog, make_entry, note_request
 from gateway.http.sse import Comment
-from gateway.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
+from gateway.openai import bodies
+from gateway.openai.bodies import ChoiceResult, ChunkHeader
+from gateway.openai.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
 from gateway.replies.generation import STILL_WAITING, Generation, charge_key
 from gateway.replies.parser import ReplyParser
 from gateway.replies.reasoning import split_reasoning
 from gateway.replies.tool_calls import split_reply
-from gateway.responses import ChoiceResult, ChunkHeader
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, Timing, TokenEvent, Usage
 from shared.settings import Settings
@@ -182,11 +182,11 @@ async def collect_completion(broker: Broker, request: GenerationRequest, setting
 async def run_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> dict[str, Any]:
     """Queue the request's jobs and collect their events into one response body."""
     done = await collect_completion(broker, request, settings)
-    build = responses.chat_completion if isinstance(request, ChatRequest) else responses.text_completion
+    build = bodies.chat_completion if isinstance(request, ChatRequest) else bodies.text_completion
     body = build(_response_id(request, done.request_id), int(done.created), request.params.model, done.choices,
                  done.usage)
     if request.params.timings:
-        body["timings"] = responses.timings_body(done.usage, done.timings)
+        body["timings"] = bodies.timings_body(done.usage, done.timings)
     return body
 
 
@@ -303,7 +303,7 @@ class ChunkStream(OpenStream):
 
     async def _chunks(self) -> AsyncIterator[dict[str, Any] | Comment]:
         header, started = self._header, [False] * self._generation.choices
-        offsets = [responses.TextOffsets() for _ in range(self._generation.choices)]
+        offsets = [bodies.TextOffsets() for _ in range(self._generation.choices)]
         try:
             async for comment in queued_comments(self._priming, self._keepalive_s):
                 yield comment
@@ -314,17 +314,17 @@ class ChunkStream(OpenStream):
                 index, event = item
                 if self._chat and not started[index]:
                     started[index] = True
-                    yield responses.chat_chunk(header, index, {"role": "assistant", "content": ""})
+                    yield bodies.chat_chunk(header, index, {"role": "assistant", "content": ""})
                 if not isinstance(event, TokenEvent):
                     reason = event.finish_reason
                     if self._parsers:
                         for part in self._parsers[index].finish():
-                            yield responses.chat_chunk(header, index, responses.part_delta(part))
+                            yield bodies.chat_chunk(header, index, bodies.part_delta(part))
                         reason = _tool_finish(reason, self._parsers[index].calls)
                     if self._chat:
-                        yield responses.chat_chunk(header, index, {}, finish_reason=reason)
+                        yield bodies.chat_chunk(header, index, {}, finish_reason=reason)
                     else:
-                        yield responses.completion_chunk(header, index, "", finish_reason=reason)
+                        yield bodies.completion_chunk(header, index, "", finish_reason=reason)
                     continue
                 entries = (event.logprobs or []) if self._logprobs else None
                 if not event.text and not entries:
@@ -332,22 +332,22 @@ class ChunkStream(OpenStream):
                 if self._parsers:  # reasoning, content and tool calls, never a partial tag as content
                     parts = self._parsers[index].feed(event.text)
                     if parts == [event.text]:  # passed through unchanged: it keeps its logprobs
-                        yield responses.chat_chunk(header, index, {"content": event.text}, entries)
+                        yield bodies.chat_chunk(header, index, {"content": event.text}, entries)
                         continue
                     for part in parts:
-                        yield responses.chat_chunk(header, index, responses.part_delta(part))
+                        yield bodies.chat_chunk(header, index, bodies.part_delta(part))
                     continue
                 if self._chat:
-                    yield responses.chat_chunk(header, index, {"content": event.text}, entries)
+                    yield bodies.chat_chunk(header, index, {"content": event.text}, entries)
                     continue
-                logprobs = None if entries is None else responses.completion_logprobs(entries, offsets[index])
-                yield responses.completion_chunk(header, index, event.text, logprobs)
+                logprobs = None if entries is None else bodies.completion_logprobs(entries, offsets[index])
+                yield bodies.completion_chunk(header, index, event.text, logprobs)
             obj = "chat.completion.chunk" if self._chat else "text_completion"
             usage = self._generation.usage
             last = header.usage_chunk(obj, usage) if header.include_usage else None
             if self._timings:  # as llama-server: the stream's last chunk carries the timings
                 last = last or header.chunk(obj, [])
-                last["timings"] = responses.timings_body(usage, self._generation.timings)
+                last["timings"] = bodies.timings_body(usage, self._generation.timings)
             if last is not None:
                 yield last
             log.info("%s streamed: %d completion tokens", header.response_id, self._generation.usage.completion_tokens)
@@ -381,7 +381,7 @@ async def run_embeddings(broker: Broker, request: EmbeddingRequest, settings: Se
                 key = current_key.get()
                 if key is not None:
                     await charge_key(broker, key, event.usage.total_tokens)
-                return responses.embedding_list(request.model, vectors, event.usage, request.encoding_format)
+                return bodies.embedding_list(request.model, vectors, event.usage, request.encoding_format)
         raise InternalError("the event stream ended without a terminal event")
     finally:
         await Generation([stream], 1).close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.http.fields import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
-from gateway.protocol import (
+from gateway.openai.protocol import (
     MAX_LOGIT_BIAS,
     MAX_MODEL_NAME,
     MAX_NAME_BYTES,

@@ -8,10 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import protocol
 from gateway.http.fields import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
-from gateway.openapi import openapi_document
-from gateway.tools import MAX_CALL_TEXT_BYTES
+from gateway.openai import protocol
+from gateway.openai.openapi import openapi_document
+from gateway.openai.tools import MAX_CALL_TEXT_BYTES
 from shared.errors import InvalidRequest
 from shared.settings import Settings
 

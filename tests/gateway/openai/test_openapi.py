@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.openapi import openapi_document
+from gateway.openai.openapi import openapi_document
 from shared.settings import Settings
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is in the dev extra")

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway import protocol, serving
-from gateway.structured import parse_constraint
+from gateway.openai import protocol, serving
+from gateway.openai.structured import parse_constraint
 from shared.messages import OutputConstraint
 from shared.settings import Settings
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from gateway import protocol, serving
+from gateway.openai import protocol, serving
 from shared.messages import ToolCall
 from shared.settings import Settings
 
