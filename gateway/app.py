@@ -20,16 +20,19 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from gateway.admin.router import ROUTES as ADMIN_ROUTES
+from gateway.anthropic.router import ROUTES as ANTHROPIC_ROUTES
 from gateway.cluster.broker import Broker
 from gateway.cluster.redis_health import DOWN_AFTER_S
 from gateway.http import errors as http_errors
 from gateway.http.api_keys import KeyStore
 from gateway.http.disconnect import ClientDisconnected
 from gateway.http.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from gateway.llamacpp.router import ROUTES as LLAMACPP_ROUTES
 from gateway.ollama.router import ROUTES as OLLAMA_ROUTES
 from gateway.openai.batches import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
+from gateway.openai.router import ROUTES as OPENAI_ROUTES
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
-from gateway.routes import ROUTES
 from shared.errors import LLMFleetError
 from shared.settings import Settings
 
@@ -98,7 +101,7 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
     cors = [Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
                        allow_headers=["*"], max_age=600)] if origins else []  # outermost: preflights need no key
     app = Starlette(
-        routes=[*ROUTES, *RESPONSES_ROUTES, *OLLAMA_ROUTES],
+        routes=[*OPENAI_ROUTES, *LLAMACPP_ROUTES, *ANTHROPIC_ROUTES, *ADMIN_ROUTES, *RESPONSES_ROUTES, *OLLAMA_ROUTES],
         middleware=[
             *cors,
             Middleware(ApiKeyMiddleware, keys=KeyStore(

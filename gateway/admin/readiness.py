@@ -1,5 +1,5 @@
 """Readiness: whether the deployment can serve every model it was started with (`/ready`), and whether this
-gateway alone can take requests (`/ready/gateway`); `/health` (routes.py) is the process alone.
+gateway alone can take requests (`/ready/gateway`); `/health` (gateway/admin/router.py) is the process alone.
 
 The deployment's required models are the ones live node agents were started to serve (`serve` without --lazy,
 `node --eager`: their `pinned` list) plus LLMFLEET_REQUIRED_MODELS. Each is ready when a live worker of it is

@@ -16,7 +16,7 @@ every limit; Ollama's own structure is checked here first, with Ollama's field n
   tool turn names its call by `tool_name` (ids are made up here, in order).
 - think: true / false / "low" / "medium" / "high": a reply opening with a <think> block has it split into
   `thinking` (gateway/replies/reasoning.py), except with false, which leaves it in the content (levels are not told apart).
-- keep_alive is read with the OpenAI routes' (gateway/routes.py request_body; the warm pool acts on it).
+- keep_alive is read with the OpenAI routes' (gateway/http/request_body.py; the warm pool acts on it).
 Images, suffix (insertion), template overrides and `context` (token history) are refused with a 400.
 """
 

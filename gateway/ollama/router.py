@@ -12,9 +12,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from gateway.http.disconnect import unless_disconnected
+from gateway.http.request_body import request_body
 from gateway.http.sse import HEADERS, SSEResponse
 from gateway.ollama import models, protocol, serving
-from gateway.routes import request_body
 from shared.settings import Settings
 
 MEDIA_TYPE = "application/x-ndjson"

@@ -10,11 +10,11 @@ from starlette.routing import Route
 from gateway.cluster.broker import Broker
 from gateway.http.api_keys import current_key
 from gateway.http.disconnect import unless_disconnected
+from gateway.http.request_body import request_body
 from gateway.http.sse import SSEResponse
 from gateway.responses_api import bodies, serving
 from gateway.responses_api.protocol import parse_request
 from gateway.responses_api.store import ResponseStore
-from gateway.routes import request_body
 from shared.settings import Settings
 
 

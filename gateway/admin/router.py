@@ -1,0 +1,58 @@
+"""Operators' routes: /metrics, /health, /ready, /ready/gateway, then the dashboard's and the admin API's."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.admin import dashboard, lora_routes, model_routes, readiness
+from gateway.admin.metrics import CONTENT_TYPE, FleetSnapshot
+from gateway.cluster.broker import Broker
+from shared.errors import LLMFleetError
+
+
+async def metrics(request: Request) -> Response:
+    """GET /metrics: Prometheus text of this gateway's requests and the whole fleet's workers and queues."""
+    broker: Broker = request.app.state.broker
+    try:
+        snapshot = await broker.fleet_snapshot()
+    except LLMFleetError:  # Redis away: still export this gateway's own numbers
+        snapshot = FleetSnapshot()
+    return Response(broker.metrics.render(snapshot), media_type=CONTENT_TYPE)
+
+
+async def health(_request: Request) -> Response:
+    """GET /health: the process is up."""
+    return JSONResponse({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    """GET /ready: every model the deployment was started with has a live, loaded worker (503 naming the rest);
+    with none required, Redis answers and a worker or node agent is alive. See gateway/admin/readiness.py."""
+    broker: Broker = request.app.state.broker
+    verdict = await readiness.assess(broker)
+    body = verdict.to_json()
+    supervisor = await broker.supervisor_status() if verdict.redis else None
+    if supervisor is not None:
+        body["supervisor"] = supervisor
+        body["degraded"] = bool(supervisor["workers_given_up"]) or \
+            supervisor["workers_running"] < supervisor["workers_expected"]
+    return JSONResponse(body, status_code=200 if verdict.ready else 503)
+
+
+async def gateway_ready(request: Request) -> Response:
+    """GET /ready/gateway: this gateway can take and queue requests (Redis answers), workers or not."""
+    redis_ok = await request.app.state.broker.ping()
+    return JSONResponse({"ready": redis_ok, "redis": redis_ok}, status_code=200 if redis_ok else 503)
+
+
+ROUTES = [
+    *lora_routes.ROUTES,
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/ready", ready, methods=["GET"]),
+    Route("/ready/gateway", gateway_ready, methods=["GET"]),
+    *dashboard.ROUTES,
+    *model_routes.ROUTES,
+]

@@ -1,0 +1,47 @@
+"""The JSON object body every API's router reads first, with the request's `model` resolved against what is served."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from gateway.admin import readiness
+from gateway.cluster.broker import Broker
+from gateway.cluster.loras import split_model
+from gateway.cluster.warm_pool import requested_keep_alive
+from gateway.http.error_log import note_request
+from gateway.http.fields import parse_json_object
+from shared.errors import InvalidRequest
+from shared.pool import parse_keep_alive
+from shared.settings import Settings
+
+
+def app_state(request: Request) -> tuple[Broker, Settings]:
+    """The app's broker and settings."""
+    return request.app.state.broker, request.app.state.settings
+
+
+async def request_body(request: Request) -> dict:
+    """The JSON object body; a missing (or null) `model` is the one model served when there is exactly one (as
+    llama-server does), else a 400 naming `model`. With LLMFLEET_ANY_MODEL_NAME=1 and one model served, any
+    name is that model (llama-server ignores the name; clients hard-code "gpt-3.5-turbo")."""
+    note = note_request()
+    body = parse_json_object(await request.body())
+    try:  # Ollama's keep_alive: how long the model stays loaded after this request (the warm pool reads it)
+        requested_keep_alive.set(parse_keep_alive(body.pop("keep_alive", None)))
+    except ValueError as exc:
+        raise InvalidRequest(f"Invalid value for 'keep_alive': {exc}.", param="keep_alive") from None
+    model = body.get("model")
+    if isinstance(model, str):
+        note.model = model
+    if model is None:
+        served = await readiness.default_models(request.app.state.broker)
+        if len(served) != 1:
+            raise InvalidRequest(f"Missing required parameter: 'model' ({len(served)} models are served: "
+                                 f"{', '.join(served) or 'none'}).", param="model")
+        body["model"] = note.model = served[0]
+    elif isinstance(model, str) and request.app.state.settings.any_model_name:
+        live = sorted(await request.app.state.broker.registry.live_models())
+        base, adapter = split_model(model)
+        if len(live) == 1 and base not in live and model not in live:
+            body["model"] = note.model = live[0] if adapter is None else f"{live[0]}:{adapter}"
+    return body
