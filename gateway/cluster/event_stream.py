@@ -1,0 +1,120 @@
+"""One submitted request's events, in seq order: duplicates (seq already seen) are dropped, a gap is filled from
+llmfleet:journal:{id}, and what the journal cannot fill is an error. No event by the deadline (plus
+LLMFLEET_DEADLINE_GRACE_S, so a worker's own deadline error wins) is a 504 DeadlineExceeded, and a cancel is
+published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from redis.exceptions import RedisError
+
+from gateway.cluster.redis_errors import redis_unavailable
+from gateway.cluster.subscriber import RESYNC, QueueItem
+from shared import codec, keys
+from shared.codec import WireFormatError
+from shared.errors import DeadlineExceeded, InternalError
+from shared.messages import Event, Job, is_terminal
+
+if TYPE_CHECKING:  # the broker creates its streams; a stream calls back into it to cancel and unsubscribe
+    from gateway.cluster.broker import Broker
+
+log = logging.getLogger(__name__)
+
+
+class EventStream:
+    """The events of one submitted request, in seq order, ending after its terminal event."""
+
+    def __init__(self, broker: Broker, job: Job, queue: asyncio.Queue[QueueItem]) -> None:
+        self._broker = broker
+        self._queue = queue
+        self.request_id = job.id
+        self.model = job.model
+        self.deadline = job.deadline
+        self.finished = False  # the terminal event was delivered (or the deadline ended the stream)
+        self._closed = False
+        self._expected = 0
+        self._pending: dict[int, Event] = {}
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self.finished or self._closed:
+            raise StopAsyncIteration
+        while self._expected not in self._pending:
+            item = await self._receive()
+            if item is RESYNC:
+                await self._fill_from_journal()
+                continue
+            event = self._decode(item)
+            if event is None or event.seq < self._expected:
+                continue  # not ours, or a duplicate (e.g. replayed by a replacement worker)
+            self._pending.setdefault(event.seq, event)
+            if event.seq > self._expected:
+                await self._fill_from_journal()
+                if self._expected not in self._pending:
+                    raise InternalError(
+                        f"events {self._expected}..{event.seq - 1} of request {self.request_id} were lost"
+                    )
+        event = self._pending.pop(self._expected)
+        self._expected += 1
+        if is_terminal(event):
+            self.finished = True
+        return event
+
+    @property
+    def buffered(self) -> bool:
+        """True when the next event is already here (no wait needed)."""
+        return not self._queue.empty() or self._expected in self._pending
+
+    async def close(self, reason: str = "client_disconnected") -> None:
+        """Stop listening; publish a cancel first if the terminal event was not seen. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self.finished:
+                await self._broker.cancel(self.request_id, self.model, reason, self.deadline)
+        finally:
+            await self._broker.subscriber.unsubscribe(keys.events_channel(self.request_id))
+            if self.finished:
+                with contextlib.suppress(RedisError, OSError):  # else it expires on its own
+                    await self._broker.redis.delete(keys.journal_stream(self.request_id))
+
+    async def _receive(self) -> QueueItem:
+        if not self._queue.empty():  # the common case under load: no timer, no task
+            return self._queue.get_nowait()
+        remaining = self.deadline + self._broker.settings.deadline_grace_s - self._broker.clock()
+        try:
+            if remaining <= 0:
+                return self._queue.get_nowait()
+            async with asyncio.timeout(remaining):  # not wait_for: it can lose a cancel (Python 3.11)
+                return await self._queue.get()
+        except (TimeoutError, asyncio.QueueEmpty):
+            pass
+        self.finished = True
+        await self._broker.cancel(self.request_id, self.model, "deadline", self.deadline)
+        raise DeadlineExceeded(f"request {self.request_id} did not finish before its deadline")
+
+    def _decode(self, item: QueueItem) -> Event | None:
+        try:
+            event = codec.decode_event(item)  # type: ignore[arg-type]
+        except WireFormatError as exc:
+            log.error("unreadable event for %s: %s", self.request_id, exc)
+            raise InternalError(f"a worker sent an unreadable event for request {self.request_id}") from exc
+        return event if event.id == self.request_id else None
+
+    async def _fill_from_journal(self) -> None:
+        with redis_unavailable(self._broker.settings.retry_after_s):
+            entries = await self._broker.redis.xrange(keys.journal_stream(self.request_id))
+        field = keys.JOURNAL_EVENT_FIELD.encode()
+        for _entry_id, fields in entries:
+            event = self._decode(fields.get(field, b""))
+            if event is not None and event.seq >= self._expected:
+                self._pending.setdefault(event.seq, event)
+        log.info("refilled %s from its journal (%d entries)", self.request_id, len(entries))
