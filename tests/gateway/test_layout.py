@@ -1,0 +1,54 @@
+"""The gateway's layout as the README describes it: folders that follow a request, modules under the size rule,
+and every file the README's architecture section and newcomer's walk name exists where they say."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GATEWAY = ROOT / "gateway"
+TOP_LEVEL = {"__init__.py", "__main__.py", "app.py"}  # everything else lives in a folder
+MAX_MODULE_LINES = 400
+PATH = re.compile(r"\b((?:gateway|worker|shared)/[\w/]+(?:\.py|/))")
+
+
+def _walk() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("**A newcomer's walk**")
+    return readme[start:readme.index("\n\n", start)]
+
+
+def test_gateway_has_only_the_factory_at_its_top() -> None:
+    assert {p.name for p in GATEWAY.glob("*.py")} == TOP_LEVEL
+
+
+def test_every_gateway_module_is_under_the_size_rule() -> None:
+    sizes = {str(p.relative_to(ROOT)): p.read_text().count("\n") for p in GATEWAY.rglob("*.py")}
+    assert {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+def test_readme_names_only_gateway_files_that_exist() -> None:
+    named = set(PATH.findall((ROOT / "README.md").read_text()))
+    missing = sorted(p for p in named if p.startswith("gateway/") and not (ROOT / p).exists())
+    assert missing == []
+
+
+def test_the_newcomers_walk_names_real_files_in_request_order() -> None:
+    walk = _walk()
+    named = PATH.findall(walk)
+    assert [p for p in named if not (ROOT / p).exists()] == []
+    order = [p for p in named if p.startswith("gateway/")]
+    first = {p: order.index(p) for p in order}
+    assert first["gateway/http/middleware.py"] < first["gateway/openai/router.py"] \
+        < first["gateway/openai/protocol.py"] < first["gateway/openai/serving.py"] \
+        < first["gateway/cluster/broker.py"] < first["gateway/cluster/subscriber.py"] < first["gateway/http/sse.py"]
+
+
+def test_the_walk_starts_where_the_app_mounts_the_route() -> None:
+    """The router the walk names is the one app.py mounts for /v1/chat/completions."""
+    tree = ast.parse((GATEWAY / "openai" / "router.py").read_text())
+    names = {node.name for node in ast.walk(tree) if isinstance(node, ast.AsyncFunctionDef)}
+    assert "chat_completions" in names
+    assert "gateway.openai.router" in (GATEWAY / "app.py").read_text()
