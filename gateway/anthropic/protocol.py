@@ -29,6 +29,7 @@ from shared.settings import Settings
 
 MAX_STOP_SEQUENCES = 16
 MAX_USER_ID_BYTES = 256  # metadata.user_id
+TEMPERATURE_RANGE = (0.0, 1.0)  # Anthropic's (OpenAI's is 0..2: gateway/openai/protocol.py)
 UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "container_upload")
 
 
@@ -54,8 +55,9 @@ def to_chat_body(body: dict[str, Any], settings: Settings, *, count_only: bool =
             if body.get(name) is not None:
                 chat[name] = body[name]
         temperature = body.get("temperature")
-        if temperature is not None and not (is_number(temperature) and 0 <= temperature <= 1):
-            raise invalid("temperature", "expected a number between 0 and 1.")
+        low, high = TEMPERATURE_RANGE
+        if temperature is not None and not (is_number(temperature) and low <= temperature <= high):
+            raise invalid("temperature", f"expected a number between {low:g} and {high:g}.")
         chat["temperature"] = temperature
         chat["top_p"] = body.get("top_p")
         if body.get("output_config") is not None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.http.fields import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
 from gateway.openai.protocol import (
+    LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS,
     MAX_MODEL_NAME,
     MAX_NAME_BYTES,
@@ -18,6 +19,11 @@ from gateway.openai.protocol import (
     MAX_STOP_BYTES,
     MAX_TOKEN_ID_DIGITS,
     MAX_USER_CHARS,
+    MIN_P_RANGE,
+    PENALTY_RANGE,
+    REPETITION_PENALTY_RANGE,
+    TEMPERATURE_RANGE,
+    TOP_P_RANGE,
 )
 from shared.messages import PRIORITIES
 from shared.settings import Settings
@@ -50,6 +56,12 @@ def _text(max_bytes: int, *, min_length: int = 0) -> Schema:
             "description": f"at most {max_bytes} bytes in UTF-8"}
 
 
+def _range(bounds: tuple[float, float], *, lo_open: bool = False) -> Schema:
+    """A number in [lo, hi] (or (lo, hi]), from the protocol's constant."""
+    low, high = bounds
+    return _nullable({"type": "number", "exclusiveMinimum" if lo_open else "minimum": low, "maximum": high})
+
+
 def _sampling(settings: Settings) -> dict[str, Schema]:
     """The fields chat and text completions share."""
     stop_text = _text(MAX_STOP_BYTES, min_length=1)
@@ -60,17 +72,18 @@ def _sampling(settings: Settings) -> dict[str, Schema]:
         "n": _nullable({"type": "integer", "minimum": 1, "maximum": settings.max_n}),
         "stream": _nullable({"type": "boolean"}),
         "stream_options": _nullable(_object({"include_usage": _nullable({"type": "boolean"})})),
-        "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),
-        "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+        "temperature": _range(TEMPERATURE_RANGE),
+        "top_p": _range(TOP_P_RANGE, lo_open=True),
         "top_k": _nullable({"type": "integer", "minimum": 0, "maximum": 1000}),
-        "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-        "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
-        "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
-        "repetition_penalty": _nullable({"type": "number", "minimum": 0.01, "maximum": 100}),
+        "min_p": _range(MIN_P_RANGE),
+        "presence_penalty": _range(PENALTY_RANGE),
+        "frequency_penalty": _range(PENALTY_RANGE),
+        "repetition_penalty": _range(REPETITION_PENALTY_RANGE),
         "seed": _nullable({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}),
         "stop": stop,
-        "logit_bias": _nullable({"type": "object", "additionalProperties": {"type": "number", "minimum": -100,
-                                                                            "maximum": 100},
+        "logit_bias": _nullable({"type": "object", "additionalProperties": {"type": "number",
+                                                                            "minimum": LOGIT_BIAS_RANGE[0],
+                                                                            "maximum": LOGIT_BIAS_RANGE[1]},
                                  "propertyNames": {"pattern": f"^[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}$"},
                                  "maxProperties": MAX_LOGIT_BIAS}),
         "user": _nullable({"type": "string", "maxLength": MAX_USER_CHARS}),

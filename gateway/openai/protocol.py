@@ -48,6 +48,14 @@ MAX_MODEL_NAME = 256
 MAX_USER_CHARS = 256  # `user`
 MAX_NAME_BYTES = 256  # messages[].name
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# Sampling ranges, each written once: OpenAI's documented ones are checked here, the extensions' (min_p,
+# repetition_penalty) by the engine (worker/engine/sampling.py; tests/gateway/openai/test_ranges.py compares).
+TEMPERATURE_RANGE = (0.0, 2.0)
+TOP_P_RANGE = (0.0, 1.0)  # the low end open: top_p 0 keeps no token
+PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty, frequency_penalty
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # one token's bias
+MIN_P_RANGE = (0.0, 1.0)  # the engine's
+REPETITION_PENALTY_RANGE = (0.01, 100.0)  # the engine's
 INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
@@ -178,13 +186,13 @@ def _generation(
         include_usage = boolean(options, "include_usage", False)
     top_k = integer(body, "top_k", 0, *INT64)
     sampling = Sampling(  # OpenAI's documented limits here; the extensions' ranges are the engine's to check
-        temperature=number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        temperature=number(body, "temperature", 1.0, *TEMPERATURE_RANGE),
+        top_p=number(body, "top_p", 1.0, *TOP_P_RANGE, lo_open=True),
         top_k=0 if top_k == -1 else top_k,  # -1 means off, as in llama.cpp
         min_p=number(body, "min_p", 0.0, -math.inf, math.inf),
         repetition_penalty=number(body, "repetition_penalty", 1.0, -math.inf, math.inf),
-        presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        presence_penalty=number(body, "presence_penalty", 0.0, *PENALTY_RANGE),
+        frequency_penalty=number(body, "frequency_penalty", 0.0, *PENALTY_RANGE),
         logit_bias=_logit_bias(body.get("logit_bias")),
         seed=integer(body, "seed", None, *INT64),
     )
@@ -231,8 +239,9 @@ def _logit_bias(value: Any) -> dict[int, float]:
     for key, amount in value.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS):
             raise invalid("logit_bias", f"key {key!r} is not a token id.")
-        if not is_number(amount) or not -100 <= amount <= 100:
-            raise invalid("logit_bias", f"the bias of token {key} must be a number between -100 and 100.")
+        low, high = LOGIT_BIAS_RANGE
+        if not is_number(amount) or not low <= amount <= high:
+            raise invalid("logit_bias", f"the bias of token {key} must be a number between {low:g} and {high:g}.")
         bias[int(key)] = float(amount)
     return bias
 
