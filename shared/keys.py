@@ -65,6 +65,8 @@ Layout (values in brackets are what is stored there):
 
 from __future__ import annotations
 
+from shared.messages import PRIORITIES_HIGH_TO_LOW
+
 PREFIX = "llmfleet:"
 
 JOBS_GROUP = "workers"
@@ -76,7 +78,7 @@ MODELS_INDEX = f"{PREFIX}models"
 ERRORS_LIST = f"{PREFIX}errors"
 
 
-PRIORITY_ORDER = ("critical", "high", "normal", "low")  # the order workers read a model's job streams in
+PRIORITY_ORDER = PRIORITIES_HIGH_TO_LOW  # the order workers read a model's job streams in (shared/messages.py owns it)
 
 
 def jobs_stream(model: str, priority: str = "normal") -> str:

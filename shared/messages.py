@@ -16,8 +16,9 @@ import msgspec
 
 WIRE_VERSION = 1
 
-Priority = Literal["low", "normal", "high", "critical"]
-PRIORITIES: tuple[str, ...] = ("low", "normal", "high", "critical")
+PriorityName = Literal["low", "normal", "high", "critical"]  # a job's class on the wire (worker/ ranks them)
+PRIORITIES_LOW_TO_HIGH: tuple[str, ...] = ("low", "normal", "high", "critical")
+PRIORITIES_HIGH_TO_LOW: tuple[str, ...] = PRIORITIES_LOW_TO_HIGH[::-1]  # the order workers read a model's streams in
 Pooling = Literal["mean", "last"]
 FinishReason = Literal["stop", "length", "cancelled"]  # why one choice ended; one type for engine, wire, gateway
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "cancelled")
@@ -118,7 +119,7 @@ class GenerateJob(_Message, tag="generate", kw_only=True):
     model: str
     created: float  # unix seconds
     deadline: float  # unix seconds; both sides stop working on the job after it
-    priority: Priority = "normal"
+    priority: PriorityName = "normal"
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     messages: list[ChatMessage] | None = None
@@ -175,7 +176,7 @@ class EmbedJob(_Message, tag="embed", kw_only=True):
     inputs: list[str | list[int]]
     pooling: Pooling = "mean"
     normalize: bool = True
-    priority: Priority = "normal"
+    priority: PriorityName = "normal"
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:
@@ -206,7 +207,7 @@ class TextJob(_Message, tag="text", kw_only=True):
     parse_special: bool = True  # tokenize: text such as <|im_start|> becomes its special token
     with_pieces: bool = False  # tokenize: answer each id with its piece
     add_generation_prompt: bool = True  # apply_template
-    priority: Priority = "normal"
+    priority: PriorityName = "normal"
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:

@@ -31,7 +31,7 @@ from gateway.openai.protocol import (
     MAX_STOP_BYTES,
     ChatRequest,
     CompletionRequest,
-    EmbeddingRequest,
+    EmbedBody,
     parse_chat,
     parse_completion,
     parse_embeddings,
@@ -76,7 +76,7 @@ class OllamaEmbedding:
     """A validated /api/embed (or, legacy, /api/embeddings) request."""
 
     model: str
-    request: EmbeddingRequest
+    request: EmbedBody
     legacy: bool  # /api/embeddings: one prompt, one vector, not normalized
 
 

@@ -25,7 +25,7 @@ from gateway.openai.protocol import (
     TEMPERATURE_RANGE,
     TOP_P_RANGE,
 )
-from shared.messages import PRIORITIES
+from shared.messages import PRIORITIES_LOW_TO_HIGH
 from shared.settings import Settings
 
 JSON = "application/json"
@@ -92,7 +92,7 @@ def _sampling(settings: Settings) -> dict[str, Schema]:
                                "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_CHARS}}),
         "ignore_eos": _nullable({"type": "boolean"}),
         "cache_prompt": _nullable({"type": "boolean"}),
-        "priority": _nullable({"enum": list(PRIORITIES)}),
+        "priority": _nullable({"enum": list(PRIORITIES_LOW_TO_HIGH)}),
         "timings_per_token": _nullable({"type": "boolean", "description": "add llama-server's `timings`"}),
     }
 

@@ -34,7 +34,7 @@ from gateway.openai.structured import parse_constraint
 from gateway.openai.tools import MAX_CALL_TEXT_BYTES, ToolOptions, parse_tool_calls, parse_tools
 from gateway.replies.reasoning import parse_reasoning_format
 from shared.errors import InvalidRequest
-from shared.messages import PRIORITIES, ChatMessage, LoraRef, OutputConstraint, Sampling
+from shared.messages import PRIORITIES_LOW_TO_HIGH, ChatMessage, LoraRef, OutputConstraint, Sampling
 from shared.settings import Settings
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -101,7 +101,7 @@ class CompletionRequest:
 
 
 @dataclass(frozen=True)
-class EmbeddingRequest:
+class EmbedBody:
     """A validated /v1/embeddings request."""
 
     model: str
@@ -146,7 +146,7 @@ def parse_completion(body: dict[str, Any], settings: Settings) -> CompletionRequ
     return CompletionRequest(params=params, prompts=prompts, logprobs=logprobs, echo=echo)
 
 
-def parse_embeddings(body: dict[str, Any], settings: Settings) -> EmbeddingRequest:
+def parse_embeddings(body: dict[str, Any], settings: Settings) -> EmbedBody:
     """Validate an embeddings body."""
     model = _model(body)
     if body.get("dimensions") is not None:
@@ -156,8 +156,8 @@ def parse_embeddings(body: dict[str, Any], settings: Settings) -> EmbeddingReque
     if value is None:
         raise InvalidRequest("Missing required parameter: 'input'.", param="input")
     inputs = _string_or_token_lists(value, "input", settings, limit=settings.max_embed_inputs)
-    return EmbeddingRequest(model=model, inputs=inputs, encoding_format=encoding_format,  # type: ignore[arg-type]
-                            priority=choice(body, "priority", PRIORITIES, "normal"))
+    return EmbedBody(model=model, inputs=inputs, encoding_format=encoding_format,  # type: ignore[arg-type]
+                            priority=choice(body, "priority", PRIORITIES_LOW_TO_HIGH, "normal"))
 
 
 def _model(body: dict[str, Any]) -> str:
@@ -207,7 +207,7 @@ def _generation(
         sampling=sampling,
         stop=_stop(body.get("stop")),
         ignore_eos=boolean(body, "ignore_eos", False),
-        priority=choice(body, "priority", PRIORITIES, "normal"),
+        priority=choice(body, "priority", PRIORITIES_LOW_TO_HIGH, "normal"),
         cache_prompt=boolean(body, "cache_prompt", True),
         constraint=parse_constraint(body),
         timings=boolean(body, "timings_per_token", False),

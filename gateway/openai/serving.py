@@ -31,7 +31,7 @@ from gateway.http.error_log import ErrorLog, make_entry, note_request
 from gateway.http.sse import Comment
 from gateway.openai import bodies
 from gateway.openai.bodies import ChoiceResult, ChunkHeader
-from gateway.openai.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbeddingRequest
+from gateway.openai.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbedBody
 from gateway.replies.generation import STILL_WAITING, Generation, charge_key
 from gateway.replies.parser import ReplyParser
 from gateway.replies.reasoning import split_reasoning
@@ -42,7 +42,7 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-GenerationRequest = ChatRequest | CompletionRequest
+GenerateBody = ChatRequest | CompletionRequest  # a parsed body that becomes GenerateJobs (EmbedBody: an EmbedJob)
 
 
 def new_request_id() -> str:
@@ -72,7 +72,7 @@ def _job_base(params: CompletionOptions, settings: Settings, request_id: str, no
     }
 
 
-def build_jobs(request: GenerationRequest, settings: Settings, request_id: str, now: float) -> list[GenerateJob]:
+def build_jobs(request: GenerateBody, settings: Settings, request_id: str, now: float) -> list[GenerateJob]:
     """The generate jobs of a request: one for chat, one per prompt for completions."""
     base = _job_base(request.params, settings, request_id, now)
     if isinstance(request, ChatRequest):
@@ -89,7 +89,7 @@ def build_jobs(request: GenerationRequest, settings: Settings, request_id: str, 
     return jobs
 
 
-def build_embed_job(request: EmbeddingRequest, settings: Settings, request_id: str, now: float) -> EmbedJob:
+def build_embed_job(request: EmbedBody, settings: Settings, request_id: str, now: float) -> EmbedJob:
     """The embed job of an embeddings request."""
     return EmbedJob(
         id=request_id,
@@ -102,20 +102,20 @@ def build_embed_job(request: EmbeddingRequest, settings: Settings, request_id: s
     )
 
 
-def _response_id(request: GenerationRequest | EmbeddingRequest, request_id: str) -> str:
+def _response_id(request: GenerateBody | EmbedBody, request_id: str) -> str:
     prefix = "chatcmpl-" if isinstance(request, ChatRequest) else "cmpl-"
     return prefix + request_id.removeprefix("req-")
 
 
-def _uses_tools(request: GenerationRequest) -> bool:
+def _uses_tools(request: GenerateBody) -> bool:
     return isinstance(request, ChatRequest) and request.tools.active
 
 
-def _uses_reasoning(request: GenerationRequest) -> bool:
+def _uses_reasoning(request: GenerateBody) -> bool:
     return isinstance(request, ChatRequest) and request.reasoning
 
 
-async def opens_thinking(broker: Broker, request: GenerationRequest) -> bool:
+async def opens_thinking(broker: Broker, request: GenerateBody) -> bool:
     """Whether a reply to this request starts inside a thinking block: its model's workers' chat template ends
     the generation prompt with `<think>` (they say so in the registry)."""
     if not _uses_reasoning(request):
@@ -129,7 +129,7 @@ def _tool_finish(reason: str | None, calls: list[dict[str, str]]) -> str | None:
     return "tool_calls" if calls and reason == "stop" else reason
 
 
-def _wants_logprobs(request: GenerationRequest) -> bool:
+def _wants_logprobs(request: GenerateBody) -> bool:
     return request.logprobs if isinstance(request, ChatRequest) else request.logprobs is not None
 
 
@@ -144,7 +144,7 @@ class Collected:
     timings: list[Timing]  # the workers' timings (llama-server's `timings` object is built from them)
 
 
-async def collect_completion(broker: Broker, request: GenerationRequest, settings: Settings, *,
+async def collect_completion(broker: Broker, request: GenerateBody, settings: Settings, *,
                              request_id: str | None = None) -> Collected:
     """Queue the request's jobs and collect their events into finished choices (tool calls parsed out); an API
     that names its response before the job starts (the Responses API) passes the request id."""
@@ -179,7 +179,7 @@ async def collect_completion(broker: Broker, request: GenerationRequest, setting
     return Collected(request_id, now, choices, generation.usage, generation.timings)
 
 
-async def run_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> dict[str, Any]:
+async def run_completion(broker: Broker, request: GenerateBody, settings: Settings) -> dict[str, Any]:
     """Queue the request's jobs and collect their events into one response body."""
     done = await collect_completion(broker, request, settings)
     build = bodies.chat_completion if isinstance(request, ChatRequest) else bodies.text_completion
@@ -201,7 +201,7 @@ class StartedStream:
     opens_thinking: bool = False  # the reply starts inside a thinking block (see opens_thinking)
 
 
-async def start_stream(broker: Broker, request: GenerationRequest, settings: Settings, *,
+async def start_stream(broker: Broker, request: GenerateBody, settings: Settings, *,
                        request_id: str | None = None) -> StartedStream:
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is raised
     (a plain HTTP error); a request still queued after `sse_queued_after_s` is returned with its priming task."""
@@ -243,7 +243,7 @@ def record_streamed_error(errors: ErrorLog | None, error: LLMFleetError, path: s
                              path=path, key=key.name if key else None))
 
 
-async def stream_completion(broker: Broker, request: GenerationRequest, settings: Settings) -> ChunkStream:
+async def stream_completion(broker: Broker, request: GenerateBody, settings: Settings) -> ChunkStream:
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is a plain
     HTTP error; a request still queued after `sse_queued_after_s` gets its stream at once (`: queued`, then
     keep-alives) and any failure from then on as an error chunk."""
@@ -364,7 +364,7 @@ class ChunkStream(OpenStream):
             await self.aclose()
 
 
-async def run_embeddings(broker: Broker, request: EmbeddingRequest, settings: Settings) -> dict[str, Any]:
+async def run_embeddings(broker: Broker, request: EmbedBody, settings: Settings) -> dict[str, Any]:
     """Queue one embed job and turn its DoneEvent into an embeddings list."""
     request_id, now, started = new_request_id(), time.time(), time.monotonic()
     stream = await broker.submit(build_embed_job(request, settings, request_id, now))
