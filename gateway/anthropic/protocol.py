@@ -46,7 +46,7 @@ def parse_messages(body: dict[str, Any], settings: Settings, *, count_only: bool
 def to_chat_body(body: dict[str, Any], settings: Settings, *, count_only: bool = False) -> dict[str, Any]:
     """The OpenAI chat completions body an Anthropic messages body means (stop_sequences are read separately)."""
     _metadata(body.get("metadata"))
-    chat: dict[str, Any] = {"model": body.get("model"), "messages": _messages(body)}
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": _messages(body), "keep_alive": body.get("keep_alive")}
     if not count_only:
         if body.get("max_tokens") is None:
             raise InvalidRequest("max_tokens: Field required (the Messages API has no default).", param="max_tokens")

@@ -120,15 +120,16 @@ class Broker:
                 "workers_given_up": names.split(",") if names else [],
                 "restarts": int(fields.get("restarts", 0))}
 
-    async def submit(self, job: Job) -> EventStream:
-        """Admit and queue `job`; returns the stream of its events (close it when done)."""
-        job, workers = await self._admit_in_time(job)  # counted in self._admitting until it is in a stream
+    async def submit(self, job: Job, *, keep_alive: float | None = None) -> EventStream:
+        """Admit and queue `job`; returns the stream of its events (close it when done). `keep_alive` (seconds, -1
+        forever) is how long the warm pool should keep the model after this request, when the request said."""
+        job, workers = await self._admit_in_time(job, keep_alive)  # counted in self._admitting until it is in a stream
         try:
             return await self._queue(job, workers)
         finally:
             self._admitting[job.model] -= 1
 
-    async def _admit_in_time(self, job: Job) -> tuple[Job, list[RegistryEntry]]:
+    async def _admit_in_time(self, job: Job, keep_alive: float | None) -> tuple[Job, list[RegistryEntry]]:
         """_admit, but a fast 503 while Redis does not answer: at once when the health probe finds it down, or as
         soon as it does while admission waits on it (a paused Redis accepts connections and never replies)."""
         unreachable = Unavailable("the queue service (Redis) does not answer; please retry",
@@ -136,8 +137,8 @@ class Broker:
         if self.health.down:
             raise unreachable
         if not self.health.probing:
-            return await self._admit(job)
-        admit = asyncio.ensure_future(self._admit(job))
+            return await self._admit(job, keep_alive)
+        admit = asyncio.ensure_future(self._admit(job, keep_alive))
         down = asyncio.ensure_future(self.health.wait_down())
         try:
             await asyncio.wait({admit, down}, return_when=asyncio.FIRST_COMPLETED)
@@ -239,14 +240,14 @@ class Broker:
             self.queue_view.reserve(job.model, choice.worker_id)
         return chain, choice
 
-    async def _admit(self, job: Job) -> tuple[Job, list[RegistryEntry]]:
+    async def _admit(self, job: Job, keep_alive: float | None) -> tuple[Job, list[RegistryEntry]]:
         """Refuse the job unless the model can take it now; returns it with its LoRA adapters resolved and the
         model's live workers."""
         model = job.model
         live = await self.registry.live_workers()
         catalogued = model in await self.pool.catalogue()
         if catalogued:
-            await self.pool.note_use(model)
+            await self.pool.note_use(model, keep_alive)
         if not any(w.model == model for w in live):
             if catalogued:  # a node agent loads it: the queued job is the demand it sees
                 return await self._admit_cold(job)

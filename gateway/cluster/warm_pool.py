@@ -9,7 +9,6 @@ A remembered load failure refuses it at once with that failure (503 model_load_f
 
 from __future__ import annotations
 
-import contextvars
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -27,9 +26,6 @@ from shared.settings import Settings
 NODES_CACHE_S = 1.0
 NOTE_USE_EVERY_S = 1.0  # a model's last-use mark is written at most this often by one gateway
 COMMANDS_MAXLEN = 1000
-
-requested_keep_alive: contextvars.ContextVar[float | None] = contextvars.ContextVar("requested_keep_alive",
-                                                                                     default=None)
 
 
 @dataclass(frozen=True)
@@ -90,10 +86,9 @@ class Pool:
         """Every model some live node may load."""
         return {model for node in await self.nodes() for model in node.catalogue}
 
-    async def note_use(self, model: str) -> None:
+    async def note_use(self, model: str, keep_alive: float | None = None) -> None:
         """Mark `model` used now (the nodes' LRU order and keep-alive), with the request's keep_alive if it has one;
         without one, at most every NOTE_USE_EVERY_S per model (a burst writes it once, not per request)."""
-        keep_alive = requested_keep_alive.get()
         now = self._clock()
         if keep_alive is None and now - self._noted.get(model, float("-inf")) < NOTE_USE_EVERY_S:
             return

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.errors import InvalidRequest
+from shared.pool import parse_keep_alive
 
 _MISSING = object()
 MAX_METADATA_PAIRS = 16  # OpenAI's limits on `metadata` (chat completions, batches)
@@ -81,6 +82,14 @@ def _kind(value: Any) -> str:
 def invalid(param: str, message: str) -> InvalidRequest:
     """A 400 about `param`."""
     return InvalidRequest(f"Invalid value for '{param}': {message}", param=param)
+
+
+def keep_alive_seconds(body: Mapping[str, Any]) -> float | None:
+    """Ollama's keep_alive (seconds, or a duration such as "5m"; negative = forever); None when absent."""
+    try:
+        return parse_keep_alive(body.get("keep_alive"))
+    except ValueError as exc:
+        raise invalid("keep_alive", f"{exc}.") from None
 
 
 def is_int(value: Any) -> bool:

@@ -7,11 +7,9 @@ from starlette.requests import Request
 from gateway.admin import readiness
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
-from gateway.cluster.warm_pool import requested_keep_alive
 from gateway.http.error_log import note_request
 from gateway.http.fields import parse_json_object
 from shared.errors import InvalidRequest
-from shared.pool import parse_keep_alive
 from shared.settings import Settings
 
 
@@ -26,10 +24,6 @@ async def request_body(request: Request) -> dict:
     name is that model (llama-server ignores the name; clients hard-code "gpt-3.5-turbo")."""
     note = note_request()
     body = parse_json_object(await request.body())
-    try:  # Ollama's keep_alive: how long the model stays loaded after this request (the warm pool reads it)
-        requested_keep_alive.set(parse_keep_alive(body.pop("keep_alive", None)))
-    except ValueError as exc:
-        raise InvalidRequest(f"Invalid value for 'keep_alive': {exc}.", param="keep_alive") from None
     model = body.get("model")
     if isinstance(model, str):
         note.model = model

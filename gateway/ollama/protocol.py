@@ -16,7 +16,7 @@ every limit; Ollama's own structure is checked here first, with Ollama's field n
   tool turn names its call by `tool_name` (ids are made up here, in order).
 - think: true / false / "low" / "medium" / "high": a reply opening with a <think> block has it split into
   `thinking` (gateway/replies/reasoning.py), except with false, which leaves it in the content (levels are not told apart).
-- keep_alive is read with the OpenAI routes' (gateway/http/request_body.py; the warm pool acts on it).
+- keep_alive is read here (gateway/http/fields.py keep_alive_seconds) and travels in the request to the warm pool.
 Images, suffix (insertion), template overrides and `context` (token history) are refused with a 400.
 """
 
@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from gateway.http.fields import invalid, is_int, is_number, text_within
+from gateway.http.fields import invalid, is_int, is_number, keep_alive_seconds, text_within
 from gateway.openai.protocol import (
     MAX_STOP_BYTES,
     ChatRequest,
@@ -69,6 +69,7 @@ class OllamaGeneration:
     request: ChatRequest | CompletionRequest | None  # None: nothing to generate (the model is loaded or unloaded)
     num_ctx: int | None = None
     think: bool | str | None = None
+    keep_alive: float | None = None  # how long the warm pool keeps the model (0: unload it now)
 
 
 @dataclass(frozen=True)
@@ -106,24 +107,27 @@ def _reasoning_format(think: bool | str | None) -> dict[str, str]:
 def parse_chat_request(body: dict[str, Any], settings: Settings) -> OllamaGeneration:
     """Validate an /api/chat body."""
     model = model_name(body)
+    keep_alive = keep_alive_seconds(body)
     messages = _messages(body.get("messages"))
     stream, think, options = _common(body)
     if not messages:  # Ollama: an empty chat loads the model (keep_alive 0 unloads it)
-        return OllamaGeneration("chat", model, served_name(model), stream, None, think=think)
+        return OllamaGeneration("chat", model, served_name(model), stream, None, think=think,
+                                keep_alive=keep_alive)
     chat = {"model": served_name(model), "messages": messages, "stream": stream, **_sampling(options),
             **_reasoning_format(think)}
     if body.get("tools") is not None:
         chat["tools"] = body["tools"]
     chat.update(_format(body.get("format")))
     request = parse_chat(chat, settings)
-    request = replace(request, params=replace(request.params, stop=_stop(options.get("stop"))))
+    request = replace(request, params=replace(request.params, stop=_stop(options.get("stop")), keep_alive=keep_alive))
     return OllamaGeneration("chat", model, request.params.model, stream, request,
-                            num_ctx=options.get("num_ctx"), think=think)
+                            num_ctx=options.get("num_ctx"), think=think, keep_alive=keep_alive)
 
 
 def parse_generate_request(body: dict[str, Any], settings: Settings) -> OllamaGeneration:
     """Validate an /api/generate body: a chat turn (system + prompt), or with `raw` the prompt as it is."""
     model = model_name(body)
+    keep_alive = keep_alive_seconds(body)
     for name in ("suffix", "template"):
         if _string(body, name):
             raise invalid(name, f"{name} is not supported by llmfleet (the model's own chat template is used).")
@@ -137,7 +141,8 @@ def parse_generate_request(body: dict[str, Any], settings: Settings) -> OllamaGe
         raise invalid("raw", "expected a boolean.")
     stream, think, options = _common(body)
     if not prompt:  # Ollama: an empty prompt loads the model (keep_alive 0 unloads it)
-        return OllamaGeneration("generate", model, served_name(model), stream, None, think=think)
+        return OllamaGeneration("generate", model, served_name(model), stream, None, think=think,
+                                keep_alive=keep_alive)
     openai = {"model": served_name(model), "stream": stream, **_sampling(options), **_format(body.get("format"))}
     request: ChatRequest | CompletionRequest
     if raw:  # the prompt is the model's input as it is, with no template
@@ -148,15 +153,16 @@ def parse_generate_request(body: dict[str, Any], settings: Settings) -> OllamaGe
         turns = [{"role": "system", "content": system}] if system else []
         request = parse_chat({**openai, "messages": [*turns, {"role": "user", "content": prompt}],
                               **_reasoning_format(think)}, settings)
-    request = replace(request, params=replace(request.params, stop=_stop(options.get("stop"))))
+    request = replace(request, params=replace(request.params, stop=_stop(options.get("stop")), keep_alive=keep_alive))
     return OllamaGeneration("generate", model, request.params.model, stream, request,
-                            num_ctx=options.get("num_ctx"), think=think)
+                            num_ctx=options.get("num_ctx"), think=think, keep_alive=keep_alive)
 
 
 def parse_embed_request(body: dict[str, Any], settings: Settings, *, legacy: bool = False) -> OllamaEmbedding:
     """Validate an /api/embed body (`input`: a string or strings), or with legacy an /api/embeddings one
     (`prompt`: one string)."""
     model = model_name(body)
+    keep_alive = keep_alive_seconds(body)
     _options(body.get("options"))
     if body.get("dimensions") is not None:
         raise invalid("dimensions", "changing the embedding size is not supported; omit dimensions.")
@@ -172,7 +178,7 @@ def parse_embed_request(body: dict[str, Any], settings: Settings, *, legacy: boo
     if not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
         raise invalid("input", "expected a string or an array of strings.")
     request = parse_embeddings({"model": served_name(model), "input": value}, settings)
-    return OllamaEmbedding(model, replace(request, normalize=not legacy), legacy)
+    return OllamaEmbedding(model, replace(request, normalize=not legacy, keep_alive=keep_alive), legacy)
 
 
 def _common(body: dict[str, Any]) -> tuple[bool, bool | str | None, dict[str, Any]]:

@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.cluster.broker import Broker
-from gateway.cluster.warm_pool import requested_keep_alive
 from gateway.http.error_log import ErrorLog
 from gateway.http.fields import invalid
 from gateway.ollama.errors import error_body
@@ -116,12 +115,12 @@ async def load_only(broker: Broker, request: OllamaGeneration) -> dict[str, Any]
     if model not in live and model not in catalogue and not await broker.registry.is_known(model):
         raise ModelNotFound(f"model '{request.model}' not found", param="model")
     reason = "load"
-    if requested_keep_alive.get() == 0:
+    if request.keep_alive == 0:
         reason = "unload"
         if model in catalogue:
             await broker.pool.command("unload", model)
     elif model in catalogue:
-        await broker.pool.note_use(model)
+        await broker.pool.note_use(model, request.keep_alive)
         if model not in live:
             await broker.pool.command("load", model)
     body = reply(request, time.time(), "")

@@ -24,6 +24,7 @@ from gateway.http.fields import (
     integer,
     invalid,
     is_number,
+    keep_alive_seconds,
     metadata,
     number,
     string,
@@ -76,6 +77,7 @@ class CompletionOptions:
     constraint: OutputConstraint | None = None  # structured output, compiled by the worker
     timings: bool = False  # llama-server's timings_per_token: the response (last chunk) carries `timings`
     loras: tuple[LoraRef, ...] = ()  # LoRA adapters: from `model: "<base>:<adapter>"` and the `lora` field
+    keep_alive: float | None = None  # Ollama's keep_alive, on every API: how long the warm pool keeps the model
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class EmbedBody:
     encoding_format: Literal["float", "base64"]
     priority: str = "normal"
     normalize: bool = True  # unit-length vectors (Ollama's legacy /api/embeddings returns them as pooled)
+    keep_alive: float | None = None  # as CompletionOptions.keep_alive
 
 
 def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:
@@ -157,7 +160,8 @@ def parse_embeddings(body: dict[str, Any], settings: Settings) -> EmbedBody:
         raise InvalidRequest("Missing required parameter: 'input'.", param="input")
     inputs = _string_or_token_lists(value, "input", settings, limit=settings.max_embed_inputs)
     return EmbedBody(model=model, inputs=inputs, encoding_format=encoding_format,  # type: ignore[arg-type]
-                            priority=choice(body, "priority", PRIORITIES_LOW_TO_HIGH, "normal"))
+                     priority=choice(body, "priority", PRIORITIES_LOW_TO_HIGH, "normal"),
+                     keep_alive=keep_alive_seconds(body))
 
 
 def _model(body: dict[str, Any]) -> str:
@@ -212,6 +216,7 @@ def _generation(
         constraint=parse_constraint(body),
         timings=boolean(body, "timings_per_token", False),
         loras=loras,
+        keep_alive=keep_alive_seconds(body),
     )
 
 

@@ -149,7 +149,8 @@ async def collect_completion(broker: Broker, request: GenerateBody, settings: Se
     """Queue the request's jobs and collect their events into finished choices (tool calls parsed out); an API
     that names its response before the job starts (the Responses API) passes the request id."""
     request_id, now = request_id or new_request_id(), time.time()
-    generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
+    jobs = build_jobs(request, settings, request_id, now)
+    generation = await Generation.start(broker, jobs, keep_alive=request.params.keep_alive)
     note_request().request_id = request_id  # queued: from here on the id is in the logs
     try:
         opened = await opens_thinking(broker, request)  # after admission (see start_stream)
@@ -206,7 +207,8 @@ async def start_stream(broker: Broker, request: GenerateBody, settings: Settings
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is raised
     (a plain HTTP error); a request still queued after `sse_queued_after_s` is returned with its priming task."""
     request_id, now = request_id or new_request_id(), time.time()
-    generation = await Generation.start(broker, build_jobs(request, settings, request_id, now))
+    jobs = build_jobs(request, settings, request_id, now)
+    generation = await Generation.start(broker, jobs, keep_alive=request.params.keep_alive)
     note_request().request_id = request_id  # queued: from here on the id is in the logs
     priming = asyncio.create_task(generation.prime())
     try:
@@ -367,7 +369,7 @@ class ChunkStream(OpenStream):
 async def run_embeddings(broker: Broker, request: EmbedBody, settings: Settings) -> dict[str, Any]:
     """Queue one embed job and turn its DoneEvent into an embeddings list."""
     request_id, now, started = new_request_id(), time.time(), time.monotonic()
-    stream = await broker.submit(build_embed_job(request, settings, request_id, now))
+    stream = await broker.submit(build_embed_job(request, settings, request_id, now), keep_alive=request.keep_alive)
     note_request().request_id = request_id
     try:
         async for event in stream:

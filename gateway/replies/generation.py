@@ -80,12 +80,13 @@ class Generation:
         return not self._queue.empty() if self._tasks else self._streams[0].buffered
 
     @classmethod
-    async def start(cls, broker: Broker, jobs: list[GenerateJob]) -> Generation:
-        """Submit every job; if one cannot be queued, cancel the ones that were and re-raise."""
+    async def start(cls, broker: Broker, jobs: list[GenerateJob], *, keep_alive: float | None = None) -> Generation:
+        """Submit every job (with the request's keep_alive, if any); if one cannot be queued, cancel the ones
+        that were and re-raise."""
         streams: list[EventStream] = []
         try:
             for job in jobs:
-                streams.append(await broker.submit(job))
+                streams.append(await broker.submit(job, keep_alive=keep_alive))
         except BaseException:
             await cls(streams, 1).close()
             raise

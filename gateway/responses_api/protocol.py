@@ -90,7 +90,7 @@ def parse_request(body: dict[str, Any], settings: Settings) -> ResponsesRequest:
     max_output = integer(body, "max_output_tokens", None, 1, settings.max_tokens_limit)
     tools = parse_tools(body.get("tools"))
     chat: dict[str, Any] = {"model": model, "stream": stream, "max_tokens": max_output}
-    chat.update({name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None})
+    chat.update({name: body[name] for name in (*SAMPLING_FIELDS, "keep_alive") if body.get(name) is not None})
     if tools:
         chat["tools"] = [{"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
                          for tool in tools]

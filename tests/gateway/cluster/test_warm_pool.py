@@ -102,3 +102,22 @@ async def test_the_admin_api_needs_the_key(keyed_client: httpx.AsyncClient) -> N
     assert (await keyed_client.post("/admin/models/unload", json={"model": "x"})).status_code == 401
     allowed = await keyed_client.get("/admin/models", headers={"Authorization": "Bearer sk-test"})
     assert allowed.status_code == 200 and allowed.json()["object"] == "list"
+
+
+KEEP_ALIVE_BODIES = {  # every API surface passes its body's keep_alive to the warm pool (read by its protocol)
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+    "/v1/messages": {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/responses": {"input": "hi", "store": False},
+    "/api/chat": {"messages": [{"role": "user", "content": "hi"}], "stream": False},
+}
+
+
+@pytest.mark.parametrize("path", sorted(KEEP_ALIVE_BODIES))
+async def test_each_api_passes_its_keep_alive_to_the_warm_pool(client: httpx.AsyncClient, redis, worker,
+                                                               path: str) -> None:
+    await _node(redis)
+    body = {"model": "smollm2", "keep_alive": "7m", **KEEP_ALIVE_BODIES[path]}
+    request = asyncio.create_task(client.post(path, json=body))
+    await worker.answer(await worker.take(), ["Hello"])
+    assert (await request).status_code == 200
+    assert float(await redis.hget(keys.POOL_KEEP_ALIVE, "smollm2")) == 420.0
