@@ -45,7 +45,7 @@ from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.redis_health import RedisHealth
 from gateway.cluster.registry import Registry
 from gateway.cluster.subscriber import QueueItem, Subscriber
-from gateway.cluster.warm_pool import Pool
+from gateway.cluster.warm_pool import WarmPool
 from gateway.http.error_log import ErrorLog
 from gateway.http.rate_limit import RateLimiter
 from shared import codec, keys
@@ -75,7 +75,7 @@ class Broker:
         self.clock = clock
         self.health = RedisHealth(ping)  # `ping`: a blocking PING of the same Redis, for the health probe
         self.registry = Registry(redis, settings, clock=clock)
-        self.pool = Pool(redis, settings, self.registry, clock=clock)
+        self.pool = WarmPool(redis, settings, self.registry, clock=clock)
         self.metrics = GatewayMetrics()
         self.limiter = RateLimiter(redis)
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s, on_error=self.health.note_error)

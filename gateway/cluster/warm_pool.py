@@ -52,7 +52,7 @@ class ModelStatus:
                 "nodes": list(self.nodes), "error": self.error}
 
 
-class Pool:
+class WarmPool:
     """Reads node agents' states (cached for a second) and writes the marks and commands they act on."""
 
     def __init__(self, redis: Redis, settings: Settings, registry: Registry, *,
