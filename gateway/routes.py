@@ -33,8 +33,8 @@ from gateway.pool import requested_keep_alive
 from gateway.protocol import ChatRequest, CompletionRequest
 from gateway.sse import SSEResponse
 from shared.errors import InvalidRequest, LLMFleetError, ModelNotFound
-from shared.pool import parse_keep_alive
 from shared.settings import Settings
+from shared.warm_pool import parse_keep_alive
 
 
 def _state(request: Request) -> tuple[Broker, Settings]:

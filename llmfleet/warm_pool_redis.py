@@ -12,8 +12,8 @@ from redis.exceptions import ResponseError
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.errors import ModelLoadFailed
-from shared.pool import NODE_TTL_S, NodeState
 from shared.registry import RegistryEntry
+from shared.warm_pool import NODE_TTL_S, NodeState
 
 log = logging.getLogger(__name__)
 
