@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 
 from llmfleet import warm_pool_redis
 from llmfleet.catalogue import estimate_bytes
-from llmfleet.supervisor import Child, describe_exit, parent_death_signal
+from llmfleet.child import Child, describe_exit, parent_death_signal
 from llmfleet.warm_pool_redis import QueueDepth
 from shared.registry import READY as WORKER_READY
 from shared.registry import RegistryEntry
