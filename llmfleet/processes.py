@@ -292,7 +292,7 @@ def healthcheck(role: str, settings: Settings) -> int:
             return 1
     import redis
 
-    from shared import keys
+    from shared.redis_commands import fresh_workers, run
 
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=3)
     host, now = socket.gethostname(), time.time()
@@ -302,8 +302,5 @@ def healthcheck(role: str, settings: Settings) -> int:
         from batches.queue import batch_queue
 
         return 0 if any(w.hostname == host for w in Worker.all(queue=batch_queue(client))) else 1
-    for worker_id in client.zrangebyscore(keys.WORKERS_INDEX, now - settings.heartbeat_ttl_s, "+inf"):
-        entry = client.hgetall(keys.worker_key(worker_id.decode()))
-        if entry.get(b"host", b"").decode() == host and float(entry.get(b"heartbeat", 0)) >= now - settings.heartbeat_ttl_s:
-            return 0
-    return 1
+    fresh = run(client, fresh_workers(now, settings.heartbeat_ttl_s))
+    return 0 if any(entry.host == host for entry in fresh) else 1
