@@ -3,8 +3,9 @@
 - Jobs are stored with rq's JSONSerializer (never pickle): the function's name and the batch id.
 - AllowListedJob resolves a job's function from JOB_FUNCTIONS and nothing else: a job naming any other
   function (or a method of an instance) fails before anything is imported or called.
-- BatchWorker is an rq SimpleWorker (no fork: a batch is one long asyncio run); SIGTERM makes the batch it
-  runs stop at its next check and go back to the queue, then the worker exits.
+- BatchWorker is an rq SimpleWorker (no fork: a batch is one long asyncio run); it hands its job the settings,
+  its heartbeat and its stop event. SIGTERM sets the event: the batch it runs stops at its next check and
+  `run_batch_job` puts it back in the queue, then the worker exits.
 - recover_orphans, run by every batch runner every second, finds batches whose runner died (kill -9,
   host lost): not finished, nobody holds their lease, their rq job not waiting in the queue, for longer than
   LLMFLEET_BATCH_LEASE_S. It counts an attempt and enqueues the batch again; the next run continues with
@@ -13,7 +14,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,8 +33,7 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-RUN_BATCH = "batches.runner.run_batch"
-JOB_FUNCTIONS: dict[str, Callable[..., Any]] = {RUN_BATCH: runner.run_batch}
+RUN_BATCH = "batches.runner.run_batch"  # the function name batch jobs carry in Redis (since before run_batch_job)
 WAITING = (JobStatus.QUEUED, JobStatus.DEFERRED, JobStatus.SCHEDULED)
 WORKER_TTL_S = 30  # rq's registration of a batch runner expires this long after its last heartbeat (at least)
 RESULT_TTL_S = 24 * 3600
@@ -41,30 +43,47 @@ class JobNotAllowed(RuntimeError):
     """An rq job names a function that is not on the allow-list."""
 
 
+def run_batch_job(batch_id: str, *, settings: Settings | None = None, heartbeat: Callable[[], None] | None = None,
+                  stop: threading.Event | None = None) -> dict[str, Any]:
+    """The rq job of a batch: run it; one this runner was asked to stop goes back in the queue. Returns what
+    became of it (JSON)."""
+    settings = settings or Settings.from_env()
+    outcome = runner.run_batch(batch_id, settings, heartbeat=heartbeat, stop=stop)
+    if outcome == "stopped":
+        requeue_batch(settings, batch_id)
+    return {"batch_id": batch_id, "outcome": outcome}
+
+
+JOB_FUNCTIONS: dict[str, Callable[..., Any]] = {RUN_BATCH: run_batch_job}
+
+
 class AllowListedJob(Job):
     """An rq job whose function can only be one of JOB_FUNCTIONS."""
 
+    runtime: dict[str, Any] | None = None  # what the BatchWorker running it passes: settings, heartbeat, stop
+
     @property
     def func(self) -> Callable[..., Any]:
-        """The allow-listed function this job runs."""
+        """The allow-listed function this job runs (with the running worker's `runtime` keywords)."""
         name = self.func_name
         if self.instance is not None or name not in JOB_FUNCTIONS:
             raise JobNotAllowed(f"rq job {self.id} names {name!r}, which is not an allowed job function")
-        return JOB_FUNCTIONS[name]
+        return functools.partial(JOB_FUNCTIONS[name], **self.runtime) if self.runtime else JOB_FUNCTIONS[name]
 
 
 class BatchWorker(SimpleWorker):
     """The rq worker of `llmfleet batch-runner`: runs batches in-process; SIGTERM requeues the current one."""
 
+    settings: Settings | None = None  # what batches run with (None: read from the environment)
+    stopping: threading.Event  # set on SIGTERM (warm shutdown): the running batch stops at its next check
+
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Run the job here (no fork), letting the batch keep rq's worker and job heartbeats fresh meanwhile
         (a SimpleWorker sends none while a job runs, and a batch runs for minutes or hours)."""
         execution = self.prepare_execution(job)
-        runner.HEARTBEAT = lambda: self.maintain_heartbeats(job, execution)
-        try:
-            self.perform_job(job, queue, execution)
-        finally:
-            runner.HEARTBEAT = None
+        job.runtime = {"settings": self.settings, "stop": self.stopping,
+                       "heartbeat": lambda: self.maintain_heartbeats(job, execution)}
+        self.perform_job(job, queue, execution)
         self.set_state(WorkerStatus.IDLE)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
@@ -74,7 +93,7 @@ class BatchWorker(SimpleWorker):
 
     def request_stop(self, signum: Any, frame: Any) -> None:
         """Warm shutdown: the running batch stops at its next check and is put back in the queue."""
-        runner.STOP.set()
+        self.stopping.set()
         super().request_stop(signum, frame)
 
 
@@ -83,10 +102,14 @@ def batch_queue(connection: redis.Redis) -> Queue:
     return Queue(keys.BATCH_QUEUE, connection=connection, serializer=JSONSerializer, job_class=AllowListedJob)
 
 
-def batch_worker(connection: redis.Redis, name: str | None = None, ttl_s: int = WORKER_TTL_S) -> BatchWorker:
-    """An rq worker for the batch queue (its registration expires ttl_s after its last heartbeat)."""
-    return BatchWorker([batch_queue(connection)], connection=connection, serializer=JSONSerializer,
-                       job_class=AllowListedJob, name=name, worker_ttl=ttl_s)
+def batch_worker(connection: redis.Redis, name: str | None = None, ttl_s: int = WORKER_TTL_S,
+                 settings: Settings | None = None) -> BatchWorker:
+    """An rq worker for the batch queue (its registration expires ttl_s after its last heartbeat) running
+    batches with `settings`."""
+    worker = BatchWorker([batch_queue(connection)], connection=connection, serializer=JSONSerializer,
+                         job_class=AllowListedJob, name=name, worker_ttl=ttl_s)
+    worker.settings, worker.stopping = settings, threading.Event()
+    return worker
 
 
 def enqueue_batch(connection: redis.Redis, batch_id: str, attempt: int = 0) -> str:

@@ -1,4 +1,4 @@
-"""Execute one batch: the rq job function `run_batch` and what it does.
+"""Execute one batch: `run_batch` (what the rq job in batches/queue.py calls) and what it does.
 
 1. Take the batch's lease (SET NX PX LLMFLEET_BATCH_LEASE_S); if another runner holds it, do nothing.
 2. 'validating' -> 'in_progress'; read and parse the input file; skip the lines that already have a result
@@ -7,7 +7,7 @@
    priority low (batches/execute.py), recording each result as it finishes (the counts go up with it).
    Every LEASE_S / 3 it renews the lease and looks at the batch: 'cancelling' stops it (in-flight requests
    are cancelled in the workers), the end of the completion window expires it, a SIGTERM to the runner
-   stops it and puts it back in the queue for the next runner.
+   stops it ("stopped": the rq job puts it back in the queue for the next runner).
 4. Write the output and error files in input order and end the batch (completed, cancelled, expired, or
    failed when its runners died more than LLMFLEET_MAX_DELIVERIES times).
 """
@@ -23,7 +23,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -40,10 +39,6 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-STOP = threading.Event()  # set when the runner process is asked to stop (SIGTERM): batches go back to the queue
-HEARTBEAT: Callable[[], None] | None = None  # set by the rq worker running us: refreshes its heartbeats
-_configured: Settings | None = None
-
 REDIS_RETRY_S = 0.5
 RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -55,29 +50,22 @@ return 0
 """
 
 
-def configure(settings: Settings) -> None:
-    """The settings run_batch uses in this process (default: read from the environment)."""
-    global _configured
-    _configured = settings
-
-
-def run_batch(batch_id: str) -> dict[str, Any]:
-    """The rq job: execute (or resume) one batch; returns what became of it (JSON)."""
-    settings = _configured or Settings.from_env()
-    outcome = asyncio.run(BatchRun(batch_id, settings).run())
-    if outcome == "stopped":
-        from batches.queue import requeue_batch
-
-        requeue_batch(settings, batch_id)
-    return {"batch_id": batch_id, "outcome": outcome}
+def run_batch(batch_id: str, settings: Settings, *, heartbeat: Callable[[], None] | None = None,
+              stop: threading.Event | None = None) -> str:
+    """Execute (or resume) one batch; returns its outcome ("stopped" when `stop` was set: the caller, the rq
+    job in batches/queue.py, puts it back in the queue)."""
+    return asyncio.run(BatchRun(batch_id, settings, heartbeat=heartbeat, stop=stop).run())
 
 
 class BatchRun:
     """One runner's execution of one batch, under its lease."""
 
-    def __init__(self, batch_id: str, settings: Settings) -> None:
+    def __init__(self, batch_id: str, settings: Settings, *, heartbeat: Callable[[], None] | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.batch_id = batch_id
         self.settings = settings
+        self.heartbeat = heartbeat  # refreshes the heartbeats of the rq worker running us
+        self.stop = stop or threading.Event()  # set when this runner process is asked to stop (SIGTERM)
         self.runner_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.lease_ms = int(settings.batch_lease_s * 1000)
         self.renewed_at = time.monotonic()  # when the lease was last taken or renewed
@@ -198,10 +186,10 @@ class BatchRun:
             log.warning("batch %s: lease lost to another runner; leaving it", self.batch_id)
             return "lost"
         self.renewed_at = time.monotonic()
-        if HEARTBEAT is not None:
+        if self.heartbeat is not None:
             with contextlib.suppress(RedisError, OSError):
-                await asyncio.to_thread(HEARTBEAT)
-        if STOP.is_set():
+                await asyncio.to_thread(self.heartbeat)
+        if self.stop.is_set():
             return "stopped"
         if status == "cancelling":
             return "cancelled"

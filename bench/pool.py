@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -20,13 +21,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from pool_processes import catalogue_files, start_pool  # noqa: E402
-
+from llmfleet.local_cluster import LocalCluster  # noqa: E402
 from worker.models import pull  # noqa: E402
 
 LOADED = re.compile(r"loaded \S+ in ([0-9.]+)s")
+# short liveness settings, one thread per worker, at most one model loaded (the node's --max-loaded 1)
+POOL_SETTINGS = {"LLMFLEET_SLOTS": "2", "LLMFLEET_KV_BUDGET_MIB": "32", "LLMFLEET_REGISTRY_CACHE_S": "0",
+                 "LLMFLEET_HEARTBEAT_INTERVAL_S": "0.5", "LLMFLEET_HEARTBEAT_TTL_S": "3", "LLMFLEET_LEASE_S": "4",
+                 "LLMFLEET_THREADS": "1", "LLMFLEET_DRAIN_TIMEOUT_S": "30", "LLMFLEET_LOG_LEVEL": "INFO",
+                 "OPENBLAS_NUM_THREADS": "1"}
 
 
 def first_token_s(base_url: str, model: str) -> float:
@@ -54,9 +58,10 @@ def main() -> int:
     smollm2 = pull("smollm2-135m", progress=True)
     with tempfile.TemporaryDirectory(prefix="llmfleet-pool-bench-") as tmp:
         folder = Path(tmp)
-        cluster = start_pool(folder)
+        shutil.copyfile(smollm2, folder / "second.gguf")  # the same weights under another id
+        cluster = LocalCluster(folder, POOL_SETTINGS, tied_to_parent=True).start_redis()
         try:
-            cluster.start_node(catalogue_files(smollm2, folder)[:2], "--max-loaded", "1")
+            cluster.start_node(["smollm2-135m", f"second={folder / 'second.gguf'}"], "--max-loaded", "1")
             base = cluster.start_gateway()
             cluster.wait_ready(nodes=1)
             cold, warm = [], []
@@ -68,7 +73,7 @@ def main() -> int:
                       flush=True)
             loads = [float(m) for m in LOADED.findall(cluster.node_logs[0].read_text())]
         finally:
-            cluster.stop()
+            cluster.close(grace_s=45)
     cold_s, warm_s = statistics.median(cold), statistics.median(warm)
     load_s = statistics.median(loads) if loads else float("nan")
     print(f"\ncold start -> first token: median {cold_s:.2f}s (min {min(cold):.2f}, max {max(cold):.2f}) over {len(cold)}")

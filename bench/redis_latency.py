@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis  # noqa: E402
-from cluster_processes import _die_with_parent, wait_until  # noqa: E402
+from cluster_processes import die_with_parent, wait_until  # noqa: E402
 from delay_proxy import DelayProxy, measured_rtt_ms  # noqa: E402
 
 from llmfleet.redis_server import BundledRedis  # noqa: E402
@@ -120,7 +120,7 @@ def main() -> None:
     with open(logdir / "worker.log", "wb") as log:
         worker = subprocess.Popen([PY, "-m", "llmfleet.cli", "worker", "--model", args.model, "--slots",
                                    str(args.streams)], env=env, cwd=args.tree, stdout=log, stderr=subprocess.STDOUT,
-                                  preexec_fn=_die_with_parent)
+                                  preexec_fn=die_with_parent)
     client = redis.Redis.from_url(server.url)
     try:
         wait_until(lambda: any(client.scan_iter(match=keys.worker_key("*"))), 300, "the worker to register")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from shared import codec, keys
 from shared.errors import InvalidRequest
@@ -37,8 +37,9 @@ from shared.messages import (
     TokenEvent,
     Usage,
 )
+from shared.redis_commands import create_group, queue_event, queue_job_done, run_async
 from shared.registry import RegistryEntry
-from worker.wire_commands import queue_deregistration, queue_event, queue_job_done, queue_registration
+from worker.wire_commands import queue_deregistration, queue_registration
 
 log = logging.getLogger("standin")
 DEFAULT_MAX_TOKENS = 16
@@ -94,11 +95,7 @@ class StandinWorker:
 
     async def run(self) -> TickStats:
         """Register, serve until stop is set, then deregister."""
-        try:
-            await self.redis.xgroup_create(self.stream, keys.JOBS_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        await run_async(self.redis, create_group(self.stream))
         await self.beat()
         tasks = [asyncio.create_task(coro) for coro in
                  (self._heartbeat_loop(), self._intake_loop(), self._cancel_loop(), self._tick_loop())]

@@ -55,10 +55,7 @@ def measure(streams: int, steps: int, prompt_tokens: int = 16) -> dict[str, floa
     from worker.models import resolve
     from worker.sequences import GenerationRequest
 
-    try:
-        from worker.engine.generation import GenerationParams
-    except ImportError:
-        from worker.engine.sequence import GenerationParams
+    from worker.engine.generation import GenerationParams
     engine = Engine.load(resolve("smollm2-135m"))
     rng = np.random.default_rng(streams)
     warmup = -(-streams * prompt_tokens // 512) + 2  # steps until every prompt is prefilled (512-token prefill budget)

@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from redis import Redis
 from redis.exceptions import RedisError
 
-from llmfleet import pool_redis
+from llmfleet import warm_pool_redis
 from llmfleet.catalogue import estimate_bytes
-from llmfleet.pool_redis import QueueDepth
-from llmfleet.supervisor import Child, describe_exit, parent_death_signal
-from shared.pool import LOADING, READY, STOPPING, ModelSlot, NodeState
+from llmfleet.child import Child, describe_exit, parent_death_signal
+from llmfleet.warm_pool_redis import QueueDepth
 from shared.registry import READY as WORKER_READY
 from shared.registry import RegistryEntry
 from shared.settings import Settings
+from shared.warm_pool import LOADING, READY, STOPPING, ModelSlot, NodeState
 
 log = logging.getLogger("llmfleet.node")
 
@@ -133,7 +133,7 @@ class Node:
         self._estimates: dict[str, int] = {}
         for model in catalogue:  # now, not on a request's cold start
             self._estimate(model)
-        self._commands_after = pool_redis.last_command_id(redis)
+        self._commands_after = warm_pool_redis.last_command_id(redis)
         self._serial = 0
 
     # ---- the tick -----------------------------------------------------------------------------------------
@@ -146,12 +146,12 @@ class Node:
         self._supervise(view, now, mono)
         self._unload_idle(view, now)
         self._place(view, now)
-        pool_redis.publish_state(self.redis, self.state(now))
+        warm_pool_redis.publish_state(self.redis, self.state(now))
 
     def _view(self, now: float) -> FleetView:
-        workers = pool_redis.live_workers(self.redis, self.settings.heartbeat_ttl_s, now)
-        depth = pool_redis.queue_depths(self.redis, sorted(self.catalogue))
-        used, keep_alive = pool_redis.usage(self.redis)
+        workers = warm_pool_redis.live_workers(self.redis, self.settings.heartbeat_ttl_s, now)
+        depth = warm_pool_redis.queue_depths(self.redis, sorted(self.catalogue))
+        used, keep_alive = warm_pool_redis.usage(self.redis)
         view = FleetView(workers, depth, used, keep_alive, {w.worker_id for w in workers if w.state == WORKER_READY})
         for model in self.catalogue:
             if depth.get(model, QueueDepth()).busy or view.in_flight(model):
@@ -159,7 +159,7 @@ class Node:
         return view
 
     def _commands(self, view: FleetView, now: float) -> None:
-        commands, self._commands_after = pool_redis.read_commands(self.redis, self._commands_after)
+        commands, self._commands_after = warm_pool_redis.read_commands(self.redis, self._commands_after)
         for command in commands:
             model, op = command.get("model", ""), command.get("op")
             if model not in self.catalogue:
@@ -195,7 +195,7 @@ class Node:
                 worker.state, worker.ready_once = READY, True
                 log.info("%s is ready (%s)", worker.child.name, worker.model)
                 self.wanted.pop(worker.model, None)
-                pool_redis.release_load(self.redis, worker.model, self.node_id, keep_s=SETTLE_S)
+                warm_pool_redis.release_load(self.redis, worker.model, self.node_id, keep_s=SETTLE_S)
             if not child.running:
                 self._exited(worker, mono)
                 continue
@@ -204,7 +204,7 @@ class Node:
                 child.process.wait()
                 self._failed(worker, f"not ready within {self.settings.pool_load_timeout_s:.0f}s")
             elif worker.state == LOADING and not worker.pinned:
-                pool_redis.release_load(self.redis, worker.model, self.node_id, keep_s=CLAIM_TTL_S)  # renew
+                warm_pool_redis.release_load(self.redis, worker.model, self.node_id, keep_s=CLAIM_TTL_S)  # renew
 
     def _exited(self, worker: PoolWorker, mono: float) -> None:
         """A worker process ended on its own: a failed load, or a crash to restart with backoff."""
@@ -231,9 +231,9 @@ class Node:
         self.workers.remove(worker)
         self.wanted.pop(worker.model, None)
         ttl = self.settings.pool_failure_ttl_s
-        pool_redis.record_failure(self.redis, worker.model, message, ttl)
-        pool_redis.release_load(self.redis, worker.model, self.node_id)
-        pool_redis.fail_waiting(self.redis, worker.model, self.node_id, message, retry_after=ttl,
+        warm_pool_redis.record_failure(self.redis, worker.model, message, ttl)
+        warm_pool_redis.release_load(self.redis, worker.model, self.node_id)
+        warm_pool_redis.fail_waiting(self.redis, worker.model, self.node_id, message, retry_after=ttl,
                                 journal_ttl_s=int(self.settings.request_timeout_s + 60))
 
     def _unload_idle(self, view: FleetView, now: float) -> None:
@@ -246,7 +246,7 @@ class Node:
 
     def _place(self, view: FleetView, now: float) -> None:
         for model, replicas in self.pinned.items():  # serve's eager models: loaded whatever the budget says
-            if pool_redis.remembered_failure(self.redis, model) is not None:
+            if warm_pool_redis.remembered_failure(self.redis, model) is not None:
                 continue
             while len(self._of(model)) < replicas:
                 self._launch(model, pinned=True, evict=[])
@@ -259,13 +259,13 @@ class Node:
             if ready and (self._of(model) or depth.waiting < REPLICA_QUEUE_DEPTH * ready):
                 continue  # served; a second replica only when its queue is deep, and not two here
             evict = self._room(view, model, evict=True)
-            if evict is None or pool_redis.remembered_failure(self.redis, model) is not None:
+            if evict is None or warm_pool_redis.remembered_failure(self.redis, model) is not None:
                 continue
-            if not pool_redis.claim_load(self.redis, model, self.node_id, CLAIM_TTL_S):
+            if not warm_pool_redis.claim_load(self.redis, model, self.node_id, CLAIM_TTL_S):
                 continue  # another node loads it
-            fresh = pool_redis.live_workers(self.redis, self.settings.heartbeat_ttl_s, self.clock())
+            fresh = warm_pool_redis.live_workers(self.redis, self.settings.heartbeat_ttl_s, self.clock())
             if sum(1 for w in fresh if w.model == model and w.state == WORKER_READY) > ready:
-                pool_redis.release_load(self.redis, model, self.node_id)
+                warm_pool_redis.release_load(self.redis, model, self.node_id)
                 continue  # a load elsewhere finished meanwhile
             self._launch(model, pinned=False, evict=evict)
 
@@ -300,7 +300,7 @@ class Node:
             if victim in self.workers:
                 self.workers.remove(victim)
         if evict and not pinned:  # the wait may have been long: hold the claim from now
-            pool_redis.release_load(self.redis, model, self.node_id, keep_s=CLAIM_TTL_S)
+            warm_pool_redis.release_load(self.redis, model, self.node_id, keep_s=CLAIM_TTL_S)
         self._serial += 1
         name = f"worker-{self._serial}" if len(self.catalogue) == 1 else f"worker-{model}-{self._serial}"
         worker = PoolWorker(model, PoolChild(name, [], self.env), self._estimate(model), pinned)
@@ -386,7 +386,7 @@ class Node:
                 worker.child.process.wait()
         try:
             for model in self.catalogue:
-                pool_redis.release_load(self.redis, model, self.node_id)
-            pool_redis.remove_state(self.redis, self.node_id)
+                warm_pool_redis.release_load(self.redis, model, self.node_id)
+            warm_pool_redis.remove_state(self.redis, self.node_id)
         except RedisError as exc:
             log.warning("could not remove the node's state: %s", type(exc).__name__)

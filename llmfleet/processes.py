@@ -113,18 +113,18 @@ def run_batch_runner(settings: Settings) -> int:
 
     import redis
 
-    from batches import queue, runner
+    from batches import queue
 
-    runner.configure(settings)
     connection = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
     # a running batch sends rq heartbeats every third of its lease: the registration must outlive that
-    worker = queue.batch_worker(connection, ttl_s=max(queue.WORKER_TTL_S, math.ceil(settings.batch_lease_s)))
+    worker = queue.batch_worker(connection, ttl_s=max(queue.WORKER_TTL_S, math.ceil(settings.batch_lease_s)),
+                                settings=settings)
 
     def recover() -> None:
         """Every second: enqueue again the batches whose runner died."""
         scan = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
         suspects: dict[str, float] = {}
-        while not runner.STOP.wait(1.0):
+        while not worker.stopping.wait(1.0):
             try:
                 queue.recover_orphans(scan, settings, suspects)
             except redis.RedisError as exc:
@@ -133,7 +133,7 @@ def run_batch_runner(settings: Settings) -> int:
     threading.Thread(target=recover, name="batch-recovery", daemon=True).start()
     log.info("batch runner %s started (concurrency %d)", worker.name, settings.batch_concurrency)
     worker.work(logging_level=settings.log_level)
-    runner.STOP.set()
+    worker.stopping.set()
     return 0
 
 
@@ -157,8 +157,9 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
     import socket
 
     from llmfleet import catalogue as catalogues
+    from llmfleet.child import Child
     from llmfleet.redis_server import BundledRedis
-    from llmfleet.supervisor import STATUS_TTL_S, Child, Supervisor
+    from llmfleet.supervisor import STATUS_TTL_S, Supervisor
     from shared import keys
     from worker.models import resolve
 
@@ -291,7 +292,7 @@ def healthcheck(role: str, settings: Settings) -> int:
             return 1
     import redis
 
-    from shared import keys
+    from shared.redis_commands import fresh_workers, run
 
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=3)
     host, now = socket.gethostname(), time.time()
@@ -301,8 +302,5 @@ def healthcheck(role: str, settings: Settings) -> int:
         from batches.queue import batch_queue
 
         return 0 if any(w.hostname == host for w in Worker.all(queue=batch_queue(client))) else 1
-    for worker_id in client.zrangebyscore(keys.WORKERS_INDEX, now - settings.heartbeat_ttl_s, "+inf"):
-        entry = client.hgetall(keys.worker_key(worker_id.decode()))
-        if entry.get(b"host", b"").decode() == host and float(entry.get(b"heartbeat", 0)) >= now - settings.heartbeat_ttl_s:
-            return 0
-    return 1
+    fresh = run(client, fresh_workers(now, settings.heartbeat_ttl_s))
+    return 0 if any(entry.host == host for entry in fresh) else 1

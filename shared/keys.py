@@ -48,7 +48,7 @@ Layout (values in brackets are what is stored there):
   llmfleet:lora-errors:{model}   hash adapter name -> the load error a worker hit (the name was dropped from
                                  the desired set); cleared by the next POST of that name
   llmfleet:nodes                 sorted set node_id -> last heartbeat of that node agent (unix s)
-  llmfleet:node:{node_id}        hash, a node agent's state (shared/pool.py NodeState), EXPIRE node TTL
+  llmfleet:node:{node_id}        hash, a node agent's state (shared/warm_pool.py NodeState), EXPIRE node TTL
   llmfleet:pool:loading:{model}  string node_id, PX 10 s renewed while loading: the one node loading it now
                                  (SET NX: two nodes never both load what one load satisfies)
   llmfleet:pool:failed:{model}   string [the load error's message], EX LLMFLEET_POOL_FAILURE_TTL_S

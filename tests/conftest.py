@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+pytest_plugins = ["tests.support.fixtures"]  # the fixtures of tests/support (process clusters, batch clients)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))  # shared test helpers (process_helpers)
 # the shared fixtures sit beside the checkout; LLMFLEET_TEST_SHARED points elsewhere (a git worktree, say)
 SHARED_DIR = Path(os.environ.get("LLMFLEET_TEST_SHARED") or REPO_ROOT.parent / "shared")
 FIXTURES_DIR = SHARED_DIR / "fixtures" / "smollm2"

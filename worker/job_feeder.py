@@ -21,13 +21,13 @@ from redis.exceptions import RedisError, ResponseError
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.messages import Job
+from shared.redis_commands import queue_job_done
 from shared.settings import Settings
 from worker.fencing import Grant, take_ownership
 from worker.loras import AdapterSet
 from worker.resume import JournalState, JournalUnusable, read_journal
 from worker.stealing import Stealer, reclaim_streams
 from worker.takeover import claim_own, claim_stalled, dead_letter
-from worker.wire_commands import queue_job_done
 
 log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jobs (failover: TTL + this)

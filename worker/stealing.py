@@ -21,7 +21,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from shared import keys
+from shared import keys, redis_commands
 
 log = logging.getLogger(__name__)
 STEAL_EVERY_S = 0.25  # how often an idle worker looks at the other workers' streams
@@ -69,11 +69,7 @@ def member_states(redis: Any, members: list[str]) -> dict[str, str]:
 
 def ensure_group(redis: Any, stream: str) -> None:
     """Create a stream's consumer group (and the stream) where missing; entries already there stay readable."""
-    try:
-        redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
+    redis_commands.run(redis, redis_commands.create_group(stream))
 
 
 def overdue(redis: Any, stream: str, *, count: int, older_than_ms: int, now_ms: int) -> int:

@@ -22,7 +22,7 @@ from gateway.cluster.broker import Broker
 from gateway.cluster.warm_pool import ModelStatus
 from gateway.http.fields import boolean, number, parse_json_object, string
 from shared.errors import ModelBusy, ModelLoadFailed, ModelNotFound
-from shared.pool import FAILED, READY, UNLOADED
+from shared.warm_pool import FAILED, READY, UNLOADED
 
 POLL_S = 0.25
 MAX_WAIT_S = 600.0

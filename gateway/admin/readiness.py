@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from gateway.cluster.broker import Broker
 from shared.errors import LLMFleetError
-from shared.pool import LOADING
 from shared.settings import Settings
+from shared.warm_pool import LOADING
 
 READY = "ready"
 NO_WORKER = "no worker"

@@ -27,75 +27,21 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from gateway.cluster.redis_errors import redis_unavailable
-from shared import keys
+from shared.redis_commands import QueueState, queue_states, run_async
 
 READ_EVERY_S = 0.0  # a read is reused this long (0: shared only by requests that arrive while it is under way)
 
 
-class QueueState(NamedTuple):
-    """A model's jobs by state, over its shared and per-worker streams and every priority class."""
-
-    waiting: int  # queued, not yet taken
-    in_flight: int  # taken, not yet acked
-    placed: dict[str, int]  # worker id -> jobs waiting on its own streams
-    held: dict[str, int]  # worker id -> jobs it took and has not acked (any stream of the model)
-
-
 async def read_queue_state(redis: Redis, model: str, retry_after_s: float) -> QueueState:
-    """The model's QueueState, read now in one pipeline (plus the placed-workers set before it)."""
+    """The model's QueueState, read now (shared/redis_commands.py queue_states: the placed-workers set, then
+    every stream in one pipeline); a shared stream without its group gets one."""
     with redis_unavailable(retry_after_s):
-        placed = sorted(m.decode(errors="replace") for m in await redis.smembers(keys.placed_workers(model)))
-    owners = [""] * len(keys.PRIORITY_ORDER) + [w for w in placed for _ in keys.PRIORITY_ORDER]
-    streams = keys.jobs_streams(model) + [s for w in placed for s in keys.worker_jobs_streams(model, w)]
-    per_worker: dict[str, int] = {}
-    held: dict[str, int] = {}
-    with redis_unavailable(retry_after_s):
-        pipe = redis.pipeline(transaction=False)
-        for stream in streams:
-            pipe.xinfo_groups(stream)
-            pipe.xlen(stream)
-            pipe.xinfo_consumers(stream, keys.JOBS_GROUP)
-        replies = await pipe.execute(raise_on_error=False)
-        total = in_flight = 0
-        for owner, stream, groups, length, consumers in zip(owners, streams, replies[::3], replies[1::3],
-                                                            replies[2::3], strict=True):
-            if isinstance(length, Exception):
-                raise length
-            group = None
-            if not isinstance(groups, ResponseError):
-                group = next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
-            if group is None:
-                if not owner:  # a per-worker stream's group is its worker's (or a drainer's) to create
-                    await _create_group(redis, stream)
-                depth = int(length)
-            else:
-                in_flight += int(group.get("pending") or 0)
-                if group.get("lag") is not None:
-                    depth = int(group["lag"])
-                else:  # Redis cannot tell the lag after deletions past its position: entries minus in flight
-                    depth = max(0, int(length) - int(group.get("pending") or 0))
-            total += depth
-            if owner:
-                per_worker[owner] = per_worker.get(owner, 0) + depth
-            _add_held(held, consumers)
-    return QueueState(total, in_flight, per_worker, held)
-
-
-def _add_held(held: dict[str, int], consumers: object) -> None:
-    """Add one stream's pending entries per consumer (a worker's id) to `held`; a missing group adds none."""
-    if not isinstance(consumers, list):
-        return
-    for consumer in consumers:
-        pending = int(consumer.get("pending") or 0)
-        if pending:
-            name = _text(consumer.get("name"))
-            held[name] = held.get(name, 0) + pending
+        states = await run_async(redis, queue_states([model], create_missing_groups=True))
+    return states[model]
 
 
 @dataclass
@@ -205,15 +151,3 @@ class QueueView:
             return snapshot
         finally:
             del self._reads[model]
-
-
-async def _create_group(redis: Redis, stream: str) -> None:
-    try:
-        await redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-
-
-def _text(value: bytes | str | None) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -12,7 +12,6 @@ llmfleet:models, refreshed by every heartbeat of a worker serving it, is within 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 
@@ -20,11 +19,9 @@ from redis.asyncio import Redis
 
 from gateway.cluster.redis_errors import redis_unavailable
 from shared import keys
+from shared.redis_commands import fresh_workers, run_async
 from shared.registry import RegistryEntry
 from shared.settings import Settings
-
-log = logging.getLogger(__name__)
-
 
 WorkerInfo = RegistryEntry  # one live worker's registry entry
 
@@ -56,22 +53,8 @@ class Registry:
     async def _read(self, now: float, *, live_only: bool = True) -> list[WorkerInfo]:
         ttl = self._settings.heartbeat_ttl_s
         with redis_unavailable(self._settings.retry_after_s):
-            ids = await self._redis.zrangebyscore(keys.WORKERS_INDEX, now - ttl, "+inf")
-            pipe = self._redis.pipeline(transaction=False)
-            for worker_id in ids:
-                pipe.hgetall(keys.worker_key(worker_id.decode()))
-            pipe.zremrangebyscore(keys.WORKERS_INDEX, "-inf", now - 10 * ttl)  # forget long-dead ids
-            results = await pipe.execute()
-        workers = []
-        for worker_id, fields in zip(ids, results, strict=False):
-            info = RegistryEntry.from_hash(worker_id.decode(), fields or {})
-            if info is None:
-                if fields:
-                    log.warning("ignoring malformed registry entry of worker %s", worker_id.decode())
-                continue
-            if info.is_live(now, ttl) or (not live_only and info.heartbeat >= now - ttl):
-                workers.append(info)
-        return workers
+            fresh = await run_async(self._redis, fresh_workers(now, ttl))
+        return [info for info in fresh if info.is_live(now, ttl) or not live_only]
 
     async def live_models(self) -> dict[str, list[WorkerInfo]]:
         """Models with at least one live worker, each with its workers."""

@@ -20,8 +20,8 @@ from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.registry import Registry
 from shared import keys
 from shared.errors import ModelLoadFailed
-from shared.pool import FAILED, LOADING, NODE_TTL_S, READY, UNLOADED, NodeState
 from shared.settings import Settings
+from shared.warm_pool import FAILED, LOADING, NODE_TTL_S, READY, UNLOADED, NodeState
 
 NODES_CACHE_S = 1.0
 NOTE_USE_EVERY_S = 1.0  # a model's last-use mark is written at most this often by one gateway

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.errors import InvalidRequest
-from shared.pool import parse_keep_alive
+from shared.warm_pool import parse_keep_alive
 
 _MISSING = object()
 MAX_METADATA_PAIRS = 16  # OpenAI's limits on `metadata` (chat completions, batches)

@@ -17,8 +17,8 @@ from typing import Any
 from gateway.cluster.broker import Broker
 from gateway.ollama.protocol import served_name
 from shared.errors import ModelNotFound
-from shared.pool import READY
 from shared.settings import Settings
+from shared.warm_pool import READY
 
 VERSION = "0.12.0"  # the Ollama API level llmfleet answers for (what /api/version reports)
 FOREVER = datetime(2318, 1, 1, tzinfo=UTC)  # Ollama's expires_at of a model kept loaded forever

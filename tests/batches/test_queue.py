@@ -13,7 +13,6 @@ from rq import Queue
 from rq.job import JobStatus
 
 from batches import queue as batch_queue_module
-from batches import runner
 from batches.queue import AllowListedJob, batch_queue, batch_worker, enqueue_batch, recover_orphans
 from shared import keys
 from shared.settings import Settings
@@ -34,7 +33,7 @@ def test_a_batch_job_is_stored_as_json_naming_the_allowed_function(sredis: redis
     stored = json.loads(zlib.decompress(sredis.hget(f"rq:job:{job_id}", "data")))  # JSON (zlib'd by rq), not pickle
     assert stored[0] == "batches.runner.run_batch" and stored[2] == ["batch_abc"]
     job = batch_queue(sredis).fetch_job(job_id)
-    assert isinstance(job, AllowListedJob) and job.func is runner.run_batch and job.get_status() == JobStatus.QUEUED
+    assert isinstance(job, AllowListedJob) and job.func is batch_queue_module.run_batch_job and job.get_status() == JobStatus.QUEUED
 
 
 def test_a_job_naming_another_function_fails_without_running(sredis: redis.Redis, tmp_path: Path) -> None:
@@ -85,18 +84,17 @@ def test_a_runner_that_stops_puts_its_batch_back_without_counting_an_attempt(
     assert sredis.hget(keys.batch_key("batch_x"), "attempts") == b"0"
 
 
-def test_a_running_batch_can_refresh_the_rq_worker_heartbeat(sredis: redis.Redis,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[bool] = []
+def test_a_running_batch_gets_the_workers_heartbeat_settings_and_stop_event(
+        sredis: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, Any]] = []
 
-    def probe() -> None:
-        seen.append(runner.HEARTBEAT is not None)
-        assert runner.HEARTBEAT is not None
-        runner.HEARTBEAT()  # what BatchRun does at every check
+    def probe(*, settings: Settings | None, heartbeat: Any, stop: Any) -> None:
+        seen.append({"settings": settings, "stop": stop})
+        heartbeat()  # what BatchRun does at every check
 
     monkeypatch.setitem(batch_queue_module.JOB_FUNCTIONS, "probe", probe)
     job = batch_queue(sredis).enqueue("probe")
-    worker = batch_worker(sredis)
+    worker = batch_worker(sredis, settings=SETTINGS)
     worker.work(burst=True)
-    assert seen == [True] and runner.HEARTBEAT is None  # set only while the job runs
+    assert seen == [{"settings": SETTINGS, "stop": worker.stopping}]
     assert batch_queue(sredis).fetch_job(job.id).get_status() == JobStatus.FINISHED

@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kustomize_lite import pod_containers, pod_spec
-
 from llmfleet.cli import build_parser
 from shared.settings import ENV, Settings, SettingsError
+from tests.deploy.kustomize_lite import pod_containers, pod_spec
 from worker.models import CACHE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,11 +7,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from k8s_checks import Doc, command_flag, find, ident, is_llmfleet, merged_env, redis_url_parts, workloads
-from kustomize_lite import pod_spec
 
 from shared import keys
 from shared.settings import Settings
+from tests.deploy.k8s_checks import (
+    Doc,
+    command_flag,
+    find,
+    ident,
+    is_llmfleet,
+    merged_env,
+    redis_url_parts,
+    workloads,
+)
+from tests.deploy.kustomize_lite import pod_spec
 from worker.models import model_id
 
 DATA = Path(__file__).parent / "data"

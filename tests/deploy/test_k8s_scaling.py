@@ -9,23 +9,19 @@ when the model is idle, since workers delete a job's entry when they ack it.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-import redis
-from kustomize_lite import render
-from process_helpers import stop_all
 
-from llmfleet.redis_server import free_port
+from llmfleet.local_cluster import LocalCluster
 from shared import keys
+from tests.deploy.kustomize_lite import render
+from tests.support.cluster import start_process_cluster
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 MODEL = "smollm2-135m"
@@ -37,10 +33,10 @@ WORKER = "llmfleet-worker-smollm2-135m"
 class Cluster:
     """A running gateway and its workers, and a client of their Redis."""
 
-    def __init__(self, base_url: str, redis_url: str, workers: list[subprocess.Popen[bytes]]) -> None:
-        self.base_url = base_url
-        self.redis = redis.Redis.from_url(redis_url)
-        self.workers = workers
+    def __init__(self, running: LocalCluster) -> None:
+        self.base_url = running.base_url
+        self.redis = running.client
+        self.workers = running.workers
 
     def read_triggers(self) -> tuple[int, int]:
         """(XPENDING count, XLEN) of the model's stream, in one MULTI so that no ack falls between the reads."""
@@ -77,44 +73,18 @@ class Cluster:
 @pytest.fixture()
 def start_cluster(redis_server, smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Callable[[int], Cluster]]:
     """A factory: a gateway and N workers with SLOTS slots each against a real Redis, all stopped afterwards."""
-    procs: list[subprocess.Popen[bytes]] = []
+    started: list[LocalCluster] = []
 
     def start(workers: int) -> Cluster:
-        port = free_port()
-        env = {**os.environ, "REDIS_URL": redis_server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_SLOTS": str(SLOTS),
-               "LLMFLEET_THREADS": "1", "LLMFLEET_KV_BUDGET_MIB": "256", "LLMFLEET_REGISTRY_CACHE_S": "0",
-               "LLMFLEET_LOG_LEVEL": "WARNING"}
-        for name, args in [("gateway", ["gateway"])] + [(f"worker{i}", ["worker", "--model", MODEL])
-                                                        for i in range(workers)]:
-            with (tmp_path / f"{name}.log").open("wb") as log:
-                procs.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,
-                                              stderr=subprocess.STDOUT))
-        cluster = Cluster(f"http://127.0.0.1:{port}", redis_server.url, procs[1:])
-        deadline = time.monotonic() + 240
-        while not (_ready(cluster.base_url) and cluster.redis.zcard(keys.WORKERS_INDEX) == workers):
-            assert time.monotonic() < deadline, "the gateway and the workers did not get ready"
-            assert all(p.poll() is None for p in procs), "a process died at start-up (see its log)"
-            time.sleep(0.2)
-        return cluster
+        started.append(start_process_cluster(tmp_path, workers, redis_url=redis_server.url, LLMFLEET_SLOTS=str(SLOTS),
+                                             LLMFLEET_KV_BUDGET_MIB="256", LLMFLEET_LOG_LEVEL="WARNING"))
+        return Cluster(started[-1])
 
     try:
         yield start
     finally:
-        stop_all(procs)
-
-
-def _ready(base: str) -> bool:
-    try:
-        return httpx.get(base + "/ready", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+        for running in started:
+            running.close()
 
 
 def _manifest(kind: str, name: str) -> dict:
@@ -140,7 +110,7 @@ def test_the_triggers_read_held_and_waiting_jobs(start_cluster: Callable[[int], 
     assert peak_pending == SLOTS  # the held jobs: a worker takes no more than its slots
     assert all(pending <= length for pending, length in samples)
     assert peak_length >= 5  # the backlog shows only in the stream's length
-    _wait_for(lambda: cluster.read_triggers() == (0, 0), 5, "an idle stream")  # the last ack may trail its reply
+    wait_until(lambda: cluster.read_triggers() == (0, 0), 5, "an idle stream")  # the last ack may trail its reply
 
 
 def test_a_scaled_down_worker_finishes_its_streams_within_the_grace_period(
@@ -149,7 +119,7 @@ def test_a_scaled_down_worker_finishes_its_streams_within_the_grace_period(
     cluster = start_cluster(2)
     finishes: list[tuple[str, int]] = []
     threads = cluster.ask_in_background(2 * SLOTS, 32, finishes)
-    _wait_for(lambda: cluster.held_jobs() == 2 * SLOTS, 60, "both workers to hold their slots")
+    wait_until(lambda: cluster.held_jobs() == 2 * SLOTS, 60, "both workers to hold their slots")
     victim = cluster.workers[0]
     victim.send_signal(signal.SIGTERM)  # what the kubelet does to a pod KEDA's HPA scales away
     stopped = time.monotonic()

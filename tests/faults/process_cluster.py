@@ -1,30 +1,20 @@
-"""Helpers of the fault tests: waiting, reading /ready, a running cluster's handles."""
+"""Helpers of the fault tests: who holds which job, a stream through a kill -9; the cluster itself is
+llmfleet/local_cluster.py's LocalCluster (ProcessCluster here), waiting is tests/support's."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import httpx
-
-from llmfleet.redis_server import BundledRedis
+from llmfleet.local_cluster import LocalCluster as ProcessCluster
 from shared import keys
+from tests.support.processes import http_json, wait_until
+
+__all__ = ["MODEL", "ProcessCluster", "heartbeat_loads", "job_holders", "model_streams", "ready",
+           "stream_through_a_kill", "wait_until"]
 
 MODEL = "smollm2-135m"
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll predicate until it holds, or fail naming what was awaited."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def heartbeat_loads(client: Any) -> dict[str, int]:
@@ -52,28 +42,7 @@ def job_holders(client: Any, model: str = MODEL) -> list[str]:
 
 def ready(base_url: str) -> dict:
     """The gateway's /ready body ({} when it does not answer)."""
-    try:
-        return httpx.get(base_url + "/ready", timeout=2).json()
-    except (httpx.HTTPError, ValueError):
-        return {}
-
-
-@dataclass
-class ProcessCluster:
-    """A running cluster: its gateway URL, its Redis, its worker processes and their log files."""
-
-    base_url: str
-    redis: BundledRedis
-    workers: list[subprocess.Popen[bytes]]
-    logs: list[Path] = field(default_factory=list)  # one per worker, same order
-    start_worker: Callable[..., subprocess.Popen[bytes]] | None = None  # (index, worker_id=None): (re)start one
-
-    def worker_index(self, worker_id: str) -> int:
-        """Which of the worker processes registered as `worker_id` (from its start-up log line)."""
-        for index, log in enumerate(self.logs):
-            if f"worker {worker_id} serving" in log.read_text(errors="replace"):
-                return index
-        raise LookupError(f"no worker process logged the id {worker_id}")
+    return http_json(base_url + "/ready")
 
 
 def stream_through_a_kill(cluster: ProcessCluster, stream: Callable[[str, dict[str, Any]], None]

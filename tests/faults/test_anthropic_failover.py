@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 import pytest
-from process_cluster import MODEL, stream_through_a_kill
+
+from tests.faults.process_cluster import MODEL, stream_through_a_kill
 
 anthropic = pytest.importorskip("anthropic")
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -4,20 +4,19 @@ gateway, SmolLM2 worker and batch runner processes. The batch completes with eve
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
-from process_cluster import MODEL, ready, wait_until
-from process_helpers import stop_all
 
 from llmfleet.redis_server import free_port, redis_server_binary
+from tests.faults.process_cluster import MODEL, ready, wait_until
+from tests.support.batches import start_batch_runner
+from tests.support.cluster import process_cluster_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -67,23 +66,18 @@ def cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[tuple[Persisten
     server = PersistentRedis(tmp_path / "redis")
     server.directory.mkdir()
     server.start()
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_REGISTRY_CACHE_S": "0",
-           "LLMFLEET_THREADS": "1", "LLMFLEET_HEARTBEAT_INTERVAL_S": "0.5", "LLMFLEET_HEARTBEAT_TTL_S": "5",
-           "LLMFLEET_LEASE_S": "8", "LLMFLEET_BATCH_CONCURRENCY": "3", "LLMFLEET_BATCH_LEASE_S": "10",
-           "LLMFLEET_LOG_LEVEL": "INFO"}
-    procs = []
-    for name, args in [("gateway", ["gateway"]), ("worker", ["worker", "--model", MODEL]),
-                       ("batch-runner", ["batch-runner"])]:
-        with (tmp_path / f"{name}.log").open("wb") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))
-    base = f"http://127.0.0.1:{port}"
+    running = process_cluster_redis(tmp_path, redis_url=server.url, LLMFLEET_HEARTBEAT_INTERVAL_S="0.5",
+                                    LLMFLEET_HEARTBEAT_TTL_S="5", LLMFLEET_LEASE_S="8", LLMFLEET_BATCH_CONCURRENCY="3",
+                                    LLMFLEET_BATCH_LEASE_S="10", LLMFLEET_LOG_LEVEL="INFO")
     try:
-        wait_until(lambda: ready(base).get("ready") is True, 240, "the gateway and the worker")
-        yield server, base, tmp_path
+        running.start_gateway()
+        running.start_worker()
+        start_batch_runner(running)
+        wait_until(lambda: ready(running.base_url).get("ready") is True, 240, "the gateway and the worker",
+                   procs=running.procs)
+        yield server, running.base_url, tmp_path
     finally:
-        stop_all(procs)
+        running.close()
         server.stop()
 
 

@@ -18,9 +18,9 @@ import time
 import httpx
 import pytest
 import redis
-from process_cluster import MODEL, ProcessCluster
 
 from shared import keys
+from tests.faults.process_cluster import MODEL, ProcessCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 CLIENTS = 60

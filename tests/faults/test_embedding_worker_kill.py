@@ -13,8 +13,9 @@ import numpy as np
 import openai
 import pytest
 import redis
-from process_cluster import heartbeat_loads
-from process_cluster import wait_until as _wait
+
+from tests.faults.process_cluster import heartbeat_loads
+from tests.faults.process_cluster import wait_until as _wait
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 EMBEDDER = "all-minilm-l6-v2"

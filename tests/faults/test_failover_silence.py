@@ -25,7 +25,8 @@ from datetime import datetime
 import httpx
 import pytest
 import redis
-from process_cluster import MODEL, ProcessCluster, job_holders, wait_until
+
+from tests.faults.process_cluster import MODEL, ProcessCluster, job_holders, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 REQUESTS = [  # (name, request body extras), started one after the other so that each worker holds one

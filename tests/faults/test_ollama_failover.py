@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from process_cluster import MODEL, ready, stream_through_a_kill
-from process_cluster import wait_until as _wait
 
 from llmfleet.redis_server import BundledRedis
+from tests.faults.process_cluster import MODEL, ready, stream_through_a_kill
+from tests.faults.process_cluster import wait_until as _wait
 
 ollama = pytest.importorskip("ollama")
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -18,11 +18,11 @@ import httpx
 import openai
 import pytest
 import redis
-from process_cluster import MODEL, ProcessCluster, heartbeat_loads, wait_until
 
 from gateway.cluster.placement import prefix_chain, prompt_text
 from shared import keys
 from shared.messages import ChatMessage, GenerateJob
+from tests.faults.process_cluster import MODEL, ProcessCluster, heartbeat_loads, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 BODY = ("Answer in one short sentence. Be precise, polite and brief. Never invent facts about ships, tides, "

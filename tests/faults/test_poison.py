@@ -16,10 +16,10 @@ import httpx
 import openai
 import pytest
 import redis
-from process_cluster import MODEL, job_holders, model_streams
-from process_cluster import wait_until as _wait
 
 from shared import codec, keys
+from tests.faults.process_cluster import MODEL, job_holders, model_streams
+from tests.faults.process_cluster import wait_until as _wait
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -15,7 +15,8 @@ import time
 
 import httpx
 import pytest
-from process_cluster import MODEL
+
+from tests.faults.process_cluster import MODEL
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 PAUSE_S = 10.0

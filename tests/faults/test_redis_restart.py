@@ -12,9 +12,9 @@ import time
 import httpx
 import openai
 import pytest
-from process_cluster import MODEL, ready, wait_until
 
 from llmfleet.redis_server import BundledRedis
+from tests.faults.process_cluster import MODEL, ready, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import openai
 import pytest
-from process_cluster import MODEL, stream_through_a_kill
+
+from tests.faults.process_cluster import MODEL, stream_through_a_kill
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 ASK = "Tell me a long story about a lighthouse keeper and his cat."

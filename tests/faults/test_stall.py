@@ -16,10 +16,10 @@ import httpx
 import openai
 import pytest
 import redis
-from process_cluster import MODEL, job_holders, ready
-from process_cluster import wait_until as _wait
 
 from shared import codec, keys
+from tests.faults.process_cluster import MODEL, job_holders, ready
+from tests.faults.process_cluster import wait_until as _wait
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 PROMPT = "Write a long letter from a lighthouse keeper to his sister."

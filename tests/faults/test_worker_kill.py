@@ -16,8 +16,9 @@ import httpx
 import openai
 import pytest
 import redis
-from process_cluster import MODEL, heartbeat_loads
-from process_cluster import wait_until as _wait
+
+from tests.faults.process_cluster import MODEL, heartbeat_loads
+from tests.faults.process_cluster import wait_until as _wait
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 REQUESTS = [  # (name, request body extras), started one after the other so each worker holds one

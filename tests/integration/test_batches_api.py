@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,21 +14,21 @@ from typing import Any
 
 import openai
 import pytest
-from process_helpers import stop_all
 
+from llmfleet.local_cluster import LocalCluster
 from shared import keys
+from tests.support.batches import start_batch_runner
+from tests.support.processes import stop_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 MODEL = "smollm2-135m"
 LEASE_S = 5  # short, so kill -9 recovery is quick; not so short that a CPU-starved runner loses its lease
 
 
-def start_runner(cluster: Any, log: Path) -> subprocess.Popen[bytes]:
+def start_runner(cluster: LocalCluster, log: Path) -> subprocess.Popen[bytes]:
     """A `llmfleet batch-runner` process against the cluster's Redis."""
-    env = {**os.environ, "REDIS_URL": cluster.redis_url, "LLMFLEET_BATCH_CONCURRENCY": "4",
-           "LLMFLEET_BATCH_LEASE_S": str(LEASE_S), "LLMFLEET_LOG_LEVEL": "INFO", "OPENBLAS_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "llmfleet.cli", "batch-runner"], env=env,
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    return start_batch_runner(cluster, log, LLMFLEET_BATCH_CONCURRENCY="4", LLMFLEET_BATCH_LEASE_S=str(LEASE_S),
+                              LLMFLEET_LOG_LEVEL="INFO", OPENBLAS_NUM_THREADS="1")
 
 
 @pytest.fixture()
@@ -158,7 +156,7 @@ def test_cancel_stops_a_running_batch(client: openai.OpenAI, runner: subprocess.
     counts = done.request_counts
     assert counts.total == 40 and counts.completed < 40 and done.cancelled_at
     assert len(results(client, done.output_file_id)) == counts.completed
-    assert not cluster.redis.exists(keys.batch_output(batch.id))  # the results moved into the files
+    assert not cluster.client.exists(keys.batch_output(batch.id))  # the results moved into the files
     assert client.batches.cancel(batch.id).status == "cancelled"  # cancelling again changes nothing
 
 
@@ -186,7 +184,7 @@ def test_a_batch_survives_sigterm_then_kill_9_of_its_runners(client: openai.Open
         assert first.wait(timeout=30) == 0
     finally:
         stop_all([first])
-    stored = cluster.redis.hgetall(keys.batch_key(batch.id))
+    stored = cluster.client.hgetall(keys.batch_key(batch.id))
     assert stored[b"status"] == b"in_progress" and stored[b"attempts"] == b"0"
     assert "stopped and requeued" in runner_log.read_text()
     second = start_runner(cluster, runner_log)
@@ -207,4 +205,4 @@ def test_a_batch_survives_sigterm_then_kill_9_of_its_runners(client: openai.Open
     output = results(client, done.output_file_id)
     assert sorted(output) == sorted(line["custom_id"] for line in lines)
     assert "enqueued again (attempt 1)" in runner_log.read_text()
-    assert cluster.redis.hget(keys.batch_key(batch.id), "attempts") == b"1"  # the SIGTERM counted none
+    assert cluster.client.hget(keys.batch_key(batch.id), "attempts") == b"1"  # the SIGTERM counted none

@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
-from process_helpers import stop_all
 
 from shared import keys
+from tests.support.cluster import start_extra_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -61,8 +61,8 @@ def browser() -> Iterator[Any]:
 
 
 def _live_worker_ids(cluster: Any) -> list[str]:
-    ids = [i.decode() for i in cluster.redis.zrange(keys.WORKERS_INDEX, 0, -1)]
-    return [i for i in ids if cluster.redis.exists(keys.worker_key(i))]
+    ids = [i.decode() for i in cluster.client.zrange(keys.WORKERS_INDEX, 0, -1)]
+    return [i for i in ids if cluster.client.exists(keys.worker_key(i))]
 
 
 def _console_problems(driver: Any) -> list[dict[str, Any]]:
@@ -118,32 +118,11 @@ def test_the_dashboard_shows_the_live_fleet_and_streams_a_chat_completion(browse
 @pytest.fixture
 def keyed_gateway(cluster: Any, tmp_path: Path) -> Iterator[str]:
     """A second gateway on the cluster's Redis that requires the key 'sk-dashboard-test'; yields its URL."""
-    import subprocess
-    import sys
-    import time
-
-    from llmfleet.redis_server import free_port
-
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": cluster.redis_url, "LLMFLEET_PORT": str(port), "LLMFLEET_HOST": "127.0.0.1",
-           "LLMFLEET_API_KEY": "sk-dashboard-test", "LLMFLEET_REGISTRY_CACHE_S": "0", "LLMFLEET_LOG_LEVEL": "WARNING"}
-    with (tmp_path / "gateway.log").open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "llmfleet.cli", "gateway"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_extra_gateway(cluster, tmp_path / "gateway.log", LLMFLEET_API_KEY="sk-dashboard-test")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise RuntimeError(f"the keyed gateway did not start: {(tmp_path / 'gateway.log').read_text()}")
         yield base
     finally:
-        stop_all([proc])
+        cluster.stop(proc)
 
 
 def test_with_keys_the_page_asks_for_one_and_then_uses_it(browser: Any, cluster: Any, keyed_gateway: str) -> None:

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import openai
 import pytest
-import redis
-from process_helpers import stop_all
 
-from llmfleet.redis_server import BundledRedis, free_port
-from shared import keys
+from tests.support.batches import start_batch_runner
+from tests.support.cluster import process_cluster_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 EMBEDDER = "all-minilm-l6-v2"
@@ -28,41 +22,20 @@ CHAT_MODEL = "smollm2-135m"
 
 @pytest.fixture(scope="module")
 def fleet(minilm_f32_path: Path, smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Redis, a gateway, a MiniLM worker and a SmolLM2 worker as processes; yields the gateway's base URL."""
+    """Redis, a gateway, a MiniLM worker, a SmolLM2 worker and a batch runner as processes; yields the gateway's
+    base URL."""
+    cluster = process_cluster_redis(tmp_path_factory.mktemp("embedding-fleet-logs"), LLMFLEET_HOST="127.0.0.1",
+                                    LLMFLEET_HEARTBEAT_INTERVAL_S="0.5", LLMFLEET_HEARTBEAT_TTL_S="5",
+                                    LLMFLEET_KV_BUDGET_MIB="64", LLMFLEET_LOG_LEVEL="WARNING")
     try:
-        server = BundledRedis().start()
-    except RuntimeError as exc:
-        pytest.skip(f"no redis-server available: {exc}")
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": server.url, "LLMFLEET_PORT": str(port), "LLMFLEET_HOST": "127.0.0.1",
-           "LLMFLEET_HEARTBEAT_INTERVAL_S": "0.5", "LLMFLEET_HEARTBEAT_TTL_S": "5", "LLMFLEET_REGISTRY_CACHE_S": "0",
-           "LLMFLEET_KV_BUDGET_MIB": "64", "LLMFLEET_LOG_LEVEL": "WARNING"}
-    logs = tmp_path_factory.mktemp("embedding-fleet-logs")
-    procs: list[subprocess.Popen[bytes]] = []
-    for name, args in (("gateway", ["gateway"]), ("minilm", ["worker", "--model", EMBEDDER]),
-                       ("smollm2", ["worker", "--model", CHAT_MODEL]), ("batch-runner", ["batch-runner"])):
-        out = (logs / f"{name}.log").open("wb")
-        procs.append(subprocess.Popen([sys.executable, "-m", "llmfleet.cli", *args], env=env, stdout=out,
-                                      stderr=subprocess.STDOUT))
-    client = redis.Redis.from_url(server.url)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            if any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"a fleet process exited early; logs in {logs}")
-            try:
-                if httpx.get(base + "/ready", timeout=2).status_code == 200 and client.zcard(keys.WORKERS_INDEX) == 2:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the fleet did not come up; logs in {logs}")
-            time.sleep(0.3)
-        yield base
+        cluster.start_gateway()
+        cluster.start_worker(model=EMBEDDER)
+        cluster.start_worker(model=CHAT_MODEL)
+        start_batch_runner(cluster)
+        cluster.wait_ready(2)
+        yield cluster.base_url
     finally:
-        stop_all(procs)
-        server.stop()
+        cluster.close()
 
 
 @pytest.fixture()

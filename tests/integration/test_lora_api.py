@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,7 @@ import httpx
 import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker" / "engine"))
-
-from lora_gguf import random_pairs, write_adapter  # noqa: E402
+from tests.support.lora_gguf import random_pairs, write_adapter
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 MODEL = "smollm2-135m"

@@ -4,20 +4,15 @@ second gateway process continuing a conversation the first one stored."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
-from process_helpers import stop_all
 
-from llmfleet.redis_server import free_port
+from tests.support.cluster import start_extra_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 MODEL = "smollm2-135m"
@@ -42,27 +37,11 @@ def client(cluster: Any) -> openai.OpenAI:
 @pytest.fixture()
 def second_gateway(cluster: Any, tmp_path: Any) -> Iterator[openai.OpenAI]:
     """Another `llmfleet gateway` process on the same Redis (it shares nothing else with the first)."""
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": cluster.redis_url, "LLMFLEET_PORT": str(port), "LLMFLEET_HOST": "127.0.0.1",
-           "LLMFLEET_REGISTRY_CACHE_S": "0", "LLMFLEET_LOG_LEVEL": "WARNING"}
-    with (tmp_path / "gateway2.log").open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "llmfleet.cli", "gateway"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_extra_gateway(cluster, tmp_path / "gateway2.log", wait_for="/ready")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "gateway2.log").read_text()
-            try:
-                if httpx.get(base + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the second gateway did not start"
-            time.sleep(0.3)
         yield openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
     finally:
-        stop_all([proc])
+        cluster.stop(proc)
 
 
 def test_a_greedy_response_equals_the_same_chat(client: openai.OpenAI) -> None:

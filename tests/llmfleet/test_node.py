@@ -13,11 +13,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pool_processes import PoolCluster, catalogue_files, start_pool, wait_until
 from redis import Redis
 
 from llmfleet.node import SETTLE_S
 from shared import keys
+from tests.support.processes import wait_until
+from tests.support.warm_pool import PoolCluster, catalogue_files, start_pool
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 openai = pytest.importorskip("openai")
@@ -37,7 +38,7 @@ def pool(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         cluster.wait_ready(nodes=1)
         yield cluster
     finally:
-        cluster.stop()
+        cluster.close()
 
 
 def _client(pool: PoolCluster) -> openai.OpenAI:
@@ -197,7 +198,7 @@ def two_nodes(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[PoolCluster]:
         cluster.wait_ready(nodes=2)
         yield cluster
     finally:
-        cluster.stop()
+        cluster.close()
 
 
 def _burst(pool: PoolCluster, n: int, max_tokens: int) -> list[str]:
@@ -223,7 +224,7 @@ def test_two_gateways_asking_for_the_same_cold_model_cause_one_load(two_nodes: P
     assert two_nodes.loads("second") == 1 and two_nodes.status("second", two_nodes.gateways[1])["replicas"] == 1
     # a finished load keeps its claim SETTLE_S (no node loads again on a stale view): a burst inside that window
     # is served by the one replica, and a fast machine finishes it there (CI did)
-    with Redis.from_url(two_nodes.redis.url) as redis:
+    with Redis.from_url(two_nodes.redis_url) as redis:
         wait_until(lambda: not redis.exists(keys.pool_loading("second")), SETTLE_S + 10, "the load claim to lapse")
     assert len(_burst(two_nodes, 12, 48)) == 12  # a deep queue asks for a second replica, on the other node
     assert two_nodes.loads("second") == 2
@@ -255,4 +256,4 @@ def test_a_node_killed_by_sigkill_takes_its_workers_along_after_they_drain(smoll
         wait_until(lambda: not any(m.id == "smollm2-135m" for m in client.models.list().data), 30,
                    "the dead node's catalogue to leave /v1/models")
     finally:
-        cluster.stop()
+        cluster.close()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from process_helpers import stop_all
 
 from llmfleet.redis_server import BundledRedis, free_port
+from tests.support.processes import stop_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

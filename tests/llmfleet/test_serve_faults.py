@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import openai
 import pytest
 
 from llmfleet.redis_server import free_port
+from tests.support.processes import http_json, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 MODEL = "smollm2-135m"
@@ -51,10 +51,7 @@ class Serve:
 
     def ready(self) -> dict:
         """The gateway's /ready body ({} if it does not answer)."""
-        try:
-            return httpx.get(self.base_url + "/ready", timeout=2).json()
-        except (httpx.HTTPError, ValueError):
-            return {}
+        return http_json(self.base_url + "/ready")
 
 
 def _child_pids(pid: int) -> list[int]:
@@ -74,15 +71,6 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture()
 def serve(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Serve]:
     """`llmfleet serve --workers 2` with short liveness settings; killed (whole tree) afterwards."""
@@ -98,7 +86,7 @@ def serve(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Serve]:
                                     str(port), "--model", MODEL], env=env, stdout=out, stderr=subprocess.STDOUT)
     running = Serve(process, f"http://127.0.0.1:{port}", log)
     try:
-        _wait(lambda: running.ready().get("workers") == 2 or process.poll() is not None, 240, "serve to be ready")
+        wait_until(lambda: running.ready().get("workers") == 2 or process.poll() is not None, 240, "serve to be ready")
         assert process.poll() is None, log.read_text()[-3000:]
         yield running
     finally:
@@ -157,16 +145,16 @@ def test_a_killed_worker_is_restarted_and_no_stream_notices(serve: Serve) -> Non
     workers = serve.pids_of("worker")
     assert len(workers) == 2
     outcomes = _start_streams(serve.base_url, 4, 120)  # two slots per worker: two streams on each
-    _wait(lambda: all(o.chunks >= 2 for o in outcomes), 120, "all four streams to be streaming")
+    wait_until(lambda: all(o.chunks >= 2 for o in outcomes), 120, "all four streams to be streaming")
     os.kill(workers[0], signal.SIGKILL)
     for outcome in outcomes:
         assert outcome.done.wait(120), "a stream hung"
     for before, after in zip(undisturbed, outcomes):
         assert after.error is None, after.error
         assert after.text == before.text and after.finish == "length"
-    _wait(lambda: len(serve.pids_of("worker")) == 2 and workers[0] not in serve.pids_of("worker"), 30,
+    wait_until(lambda: len(serve.pids_of("worker")) == 2 and workers[0] not in serve.pids_of("worker"), 30,
           "a replacement worker process")
-    _wait(lambda: serve.ready().get("supervisor", {}).get("restarts") == 1 and serve.ready().get("workers") == 2,
+    wait_until(lambda: serve.ready().get("supervisor", {}).get("restarts") == 1 and serve.ready().get("workers") == 2,
           60, "the replacement to register (and the dead entry to expire)")
     assert serve.process.poll() is None
     log = serve.log.read_text()
@@ -175,10 +163,10 @@ def test_a_killed_worker_is_restarted_and_no_stream_notices(serve: Serve) -> Non
 
 def test_a_killed_gateway_is_restarted(serve: Serve) -> None:
     outcome = _start_streams(serve.base_url, 1, 400)[0]
-    _wait(lambda: outcome.chunks >= 2, 60, "the stream to start")
+    wait_until(lambda: outcome.chunks >= 2, 60, "the stream to start")
     os.kill(serve.pids_of("gateway")[0], signal.SIGKILL)
     assert outcome.done.wait(60) and outcome.error is not None  # nothing else is possible for this client
-    _wait(lambda: serve.ready().get("ready") is True, 30, "the restarted gateway")
+    wait_until(lambda: serve.ready().get("ready") is True, 30, "the restarted gateway")
     fresh = StreamOutcome()
     _stream(serve.base_url, "a new request", 8, fresh)
     assert fresh.error is None and fresh.finish == "length"
@@ -191,7 +179,7 @@ def test_a_stop_signal_lets_open_streams_finish_and_leaves_no_process(serve: Ser
     assert len(children) == 5  # gateway, batch runner, two workers, redis-server
     assert len(serve.pids_of("batch-runner")) == 1
     outcomes = _start_streams(serve.base_url, 3, 120)
-    _wait(lambda: all(o.chunks >= 2 for o in outcomes), 120, "the streams to start")
+    wait_until(lambda: all(o.chunks >= 2 for o in outcomes), 120, "the streams to start")
     serve.process.send_signal(signum)
     for outcome in outcomes:
         assert outcome.done.wait(120)
@@ -210,7 +198,7 @@ def test_serve_runs_batches_and_restarts_a_killed_batch_runner(serve: Serve) -> 
     data = "".join(json.dumps(line) + "\n" for line in lines).encode()
     batch = client.batches.create(input_file_id=client.files.create(file=("in.jsonl", data), purpose="batch").id,
                                   endpoint="/v1/completions", completion_window="24h")
-    _wait(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 2, 120, "the batch to start")
+    wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 2, 120, "the batch to start")
     [runner] = serve.pids_of("batch-runner")
     os.kill(runner, signal.SIGKILL)
     os.kill(serve.pids_of("gateway")[0], signal.SIGKILL)  # the gateway too: a batch lives in Redis only
@@ -221,7 +209,7 @@ def test_serve_runs_batches_and_restarts_a_killed_batch_runner(serve: Serve) -> 
         except openai.APIConnectionError:  # the gateway is being restarted
             return False
 
-    _wait(completed, 240, "the resumed batch to complete")
+    wait_until(completed, 240, "the resumed batch to complete")
     done = client.batches.retrieve(batch.id)
     assert done.request_counts.completed == 10 and done.request_counts.failed == 0
     output = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]

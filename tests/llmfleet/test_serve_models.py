@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
-from process_helpers import stop_serve
 
 from llmfleet.redis_server import free_port
+from tests.support.processes import stop_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 MARGIN_FOR_ARGMAX = 0.05

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from process_helpers import stop_serve
 
 from llmfleet.redis_server import free_port
+from tests.support.processes import stop_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 SERVING_LINE = b"llmfleet is serving"

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llmfleet.supervisor import Child, RestartPolicy, Supervisor, describe_exit
+from llmfleet.child import Child, RestartPolicy, describe_exit
+from llmfleet.supervisor import Supervisor
 
 
 def test_describe_exit() -> None:
@@ -93,7 +94,7 @@ def test_children_are_stopped_when_serve_dies_by_kill_9(tmp_path) -> None:
     pid_file = tmp_path / "child.pid"
     parent = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
-        "from llmfleet.supervisor import Child\n"
+        "from llmfleet.child import Child\n"
         "child = Child('worker-1', [sys.executable, '-c', 'import time; time.sleep(60)'], None)\n"
         "child.start()\n"
         f"open({str(pid_file)!r}, 'w').write(str(child.process.pid))\n"

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from shared.settings import Settings
-
-sys.path.insert(0, str(Path(__file__).parent / "engine"))
-sys.path.insert(0, str(Path(__file__).parent))  # job_events: queue a job, collect its events
-
-from tiny_gguf import write_tiny_gguf  # noqa: E402
+from tests.support.tiny_gguf import write_tiny_gguf
 
 
 @pytest.fixture(scope="session")

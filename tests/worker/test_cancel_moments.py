@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import redis
-from job_events import collect, submit
 
 from shared import codec, keys
 from shared.messages import CancelRequest, ChoiceEndEvent, DoneEvent, GenerateJob, Sampling, TokenEvent
 from shared.settings import Settings
+from tests.support.job_events import collect, submit
 from worker.runner import WorkerRunner
 
 pytestmark = pytest.mark.integration

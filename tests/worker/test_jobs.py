@@ -31,8 +31,7 @@ def test_chat_on_a_model_without_a_template_is_a_400_naming_the_fix(tiny_engine:
 
 
 def test_a_configured_template_renders_chat(tmp_path: Path) -> None:
-    from tiny_gguf import write_tiny_gguf
-
+    from tests.support.tiny_gguf import write_tiny_gguf
     from worker.engine.engine import Engine
 
     engine = Engine.load(write_tiny_gguf(tmp_path / "tiny.gguf"), chat_template=TEMPLATE)

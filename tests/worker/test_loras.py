@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import fakeredis
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "engine"))
-
-from lora_gguf import random_pairs, write_adapter  # noqa: E402
-from tiny_gguf import D_MODEL, N_HEADS, N_LAYERS  # noqa: E402
-
-from shared import keys  # noqa: E402
-from shared.errors import InvalidRequest, LoraNotFound  # noqa: E402
-from shared.messages import LoraRef  # noqa: E402
-from worker.loras import AdapterSet  # noqa: E402
+from shared import keys
+from shared.errors import InvalidRequest, LoraNotFound
+from shared.messages import LoraRef
+from tests.support.lora_gguf import random_pairs, write_adapter
+from tests.support.tiny_gguf import D_MODEL, N_HEADS, N_LAYERS
+from worker.loras import AdapterSet
 
 Q_SHAPE = {"attn_q": (D_MODEL, D_MODEL)}
 assert D_MODEL // N_HEADS * N_HEADS == D_MODEL
@@ -88,8 +84,7 @@ def test_count_and_memory_bounds(tiny_model, adapter_files: dict[str, Path]) -> 
 
 
 def test_scheduler_keys_the_prefix_cache_by_adapter_set(tiny_engine, tmp_path: Path) -> None:
-    from tiny_gguf import D_FF
-
+    from tests.support.tiny_gguf import D_FF
     from worker.engine.generation import GenerationParams
     from worker.engine.sampling import SamplingParams
     from worker.scheduler import Scheduler, SchedulerConfig

@@ -112,9 +112,8 @@ def test_a_full_worker_takes_a_job_that_outranks_its_work_and_runs_it_first(tiny
     import threading
     import time
 
-    from job_events import collect, submit
-
     from shared.messages import DoneEvent, GenerateJob, Sampling, TokenEvent
+    from tests.support.job_events import collect, submit
     from worker.runner import WorkerRunner
 
     runner = WorkerRunner(tiny_engine, client, dataclasses.replace(settings, slots=1), model="tiny")

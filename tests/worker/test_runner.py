@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import redis
-from job_events import collect, submit
 
 from shared import codec, keys
 from shared.messages import (
@@ -28,6 +27,7 @@ from shared.messages import (
     ToolSpec,
 )
 from shared.settings import Settings
+from tests.support.job_events import collect, submit
 from worker.fencing import take_ownership
 from worker.runner import WorkerRunner
 from worker.takeover import claim_from_dead_workers

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import redis
-from job_events import collect, submit
 
 from shared import codec, keys
 from shared.messages import (
@@ -21,6 +20,7 @@ from shared.messages import (
     TokenLogprob,
 )
 from shared.settings import Settings
+from tests.support.job_events import collect, submit
 from worker.runner import WorkerRunner
 
 pytestmark = pytest.mark.integration

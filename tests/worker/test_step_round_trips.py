@@ -12,11 +12,11 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
-from job_events import collect, submit
 
 from shared import codec, keys
 from shared.messages import DoneEvent, GenerateJob, Sampling, TokenEvent
 from shared.settings import Settings
+from tests.support.job_events import collect, submit
 from worker.publish_sender import BatchSender, RequestWrite, StepBatch
 from worker.runner import WorkerRunner
 

@@ -16,8 +16,8 @@ import pytest
 
 from gateway.app import create_app
 from shared import keys
-from shared.pool import LOADING, ModelSlot, NodeState
 from shared.settings import Settings
+from shared.warm_pool import LOADING, ModelSlot, NodeState
 from tests.gateway.conftest import MODEL
 
 pytestmark = pytest.mark.anyio

@@ -17,8 +17,8 @@ from redis.asyncio import BlockingConnectionPool
 
 from gateway.app import create_app
 from shared import keys
-from shared.pool import LOADING, ModelSlot, NodeState
 from shared.settings import Settings
+from shared.warm_pool import LOADING, ModelSlot, NodeState
 
 pytestmark = pytest.mark.anyio
 

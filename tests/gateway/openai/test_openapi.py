@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,12 +58,10 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     from gateway.app import create_app
     from llmfleet.redis_server import BundledRedis
+    from tests.support.tiny_gguf import write_tiny_gguf
     from worker.engine.chat_template import CHATML_TEMPLATE
     from worker.engine.engine import Engine
     from worker.runner import WorkerRunner
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "worker" / "engine"))
-    from tiny_gguf import write_tiny_gguf
 
     try:
         server = BundledRedis().start()

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tiny_gguf import write_tiny_gguf  # noqa: E402
+from tests.support.tiny_gguf import write_tiny_gguf
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_gguf import write_tiny_gguf
 
+from tests.support.tiny_gguf import write_tiny_gguf
 from worker.engine.errors import ModelLoadError
 from worker.engine.gguf_file import read_gguf
 from worker.engine.model import Model

@@ -7,24 +7,20 @@ teacher-forced, every reference logit within 0.05, argmax equal where the refere
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from lora_gguf import random_pairs, write_adapter  # noqa: E402
-from test_reference_parity import check_step  # noqa: E402
-from tiny_gguf import D_FF, D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS  # noqa: E402
-
-from worker.engine.errors import ModelLoadError  # noqa: E402
-from worker.engine.forward_batch import BatchEntry  # noqa: E402
-from worker.engine.gguf_file import read_gguf  # noqa: E402
-from worker.engine.lora import AdapterLoadError, LoraAdapter, check_scale, lora_set_key  # noqa: E402
-from worker.engine.model import Model  # noqa: E402
+from tests.support.lora_gguf import random_pairs, write_adapter
+from tests.support.tiny_gguf import D_FF, D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS
+from tests.worker.engine.test_reference_parity import check_step
+from worker.engine.errors import ModelLoadError
+from worker.engine.forward_batch import BatchEntry
+from worker.engine.gguf_file import read_gguf
+from worker.engine.lora import AdapterLoadError, LoraAdapter, check_scale, lora_set_key
+from worker.engine.model import Model
 
 HEAD_DIM = D_MODEL // N_HEADS
 TINY_SHAPES = {"attn_q": (N_HEADS * HEAD_DIM, D_MODEL), "attn_k": (N_KV_HEADS * HEAD_DIM, D_MODEL),

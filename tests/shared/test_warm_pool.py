@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.pool import LOADING, READY, ModelSlot, NodeState, parse_keep_alive
+from shared.warm_pool import LOADING, READY, ModelSlot, NodeState, parse_keep_alive
 
 
 def test_node_state_round_trips_through_its_hash() -> None:

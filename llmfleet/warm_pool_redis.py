@@ -7,13 +7,13 @@ import logging
 from dataclasses import dataclass
 
 from redis import Redis
-from redis.exceptions import ResponseError
 
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.errors import ModelLoadFailed
-from shared.pool import NODE_TTL_S, NodeState
+from shared.redis_commands import create_group, fresh_workers, queue_event, queue_job_done, queue_states, run
 from shared.registry import RegistryEntry
+from shared.warm_pool import NODE_TTL_S, NodeState
 
 log = logging.getLogger(__name__)
 
@@ -43,49 +43,13 @@ class QueueDepth:
 
 def live_workers(redis: Redis, ttl_s: float, now: float) -> list[RegistryEntry]:
     """Every worker with a fresh registry entry (ready or draining)."""
-    ids = redis.zrangebyscore(keys.WORKERS_INDEX, now - ttl_s, "+inf")
-    pipe = redis.pipeline(transaction=False)
-    for worker_id in ids:
-        pipe.hgetall(keys.worker_key(worker_id.decode()))
-    entries = []
-    for worker_id, fields in zip(ids, pipe.execute(), strict=True):
-        entry = RegistryEntry.from_hash(worker_id.decode(), fields or {})
-        if entry is not None and entry.heartbeat >= now - ttl_s:
-            entries.append(entry)
-    return entries
+    return run(redis, fresh_workers(now, ttl_s))
 
 
 def queue_depths(redis: Redis, models: list[str]) -> dict[str, QueueDepth]:
     """Waiting and pending jobs of each model, over its shared and per-worker (placed) streams, every priority."""
-    pipe = redis.pipeline(transaction=False)
-    for model in models:
-        pipe.smembers(keys.placed_workers(model))
-    placed = pipe.execute()
-    streams = {model: keys.jobs_streams(model) + [s for w in sorted(ids) for s in keys.worker_jobs_streams(model, w.decode())]
-               for model, ids in zip(models, placed, strict=True)}
-    pipe = redis.pipeline(transaction=False)
-    for model in models:
-        for stream in streams[model]:
-            pipe.xinfo_groups(stream)
-            pipe.xlen(stream)
-    replies = iter(pipe.execute(raise_on_error=False))
-    depths: dict[str, QueueDepth] = {}
-    for model in models:
-        waiting = pending = 0
-        for _stream in streams[model]:
-            groups, length = next(replies), next(replies)
-            if isinstance(groups, Exception) or isinstance(length, Exception):
-                continue  # no stream yet
-            group = next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
-            if group is None:
-                waiting += int(length)
-                continue
-            in_flight = int(group.get("pending") or 0)
-            pending += in_flight
-            lag = group.get("lag")
-            waiting += int(lag) if lag is not None else max(0, int(length) - in_flight)
-        depths[model] = QueueDepth(waiting, pending)
-    return depths
+    states = run(redis, queue_states(models))
+    return {model: QueueDepth(state.waiting, state.in_flight) for model, state in states.items()}
 
 
 def claim_load(redis: Redis, model: str, node_id: str, ttl_s: float) -> bool:
@@ -116,11 +80,7 @@ def fail_waiting(redis: Redis, model: str, node_id: str, message: str, *, retry_
     consumer, ended = f"pool-{node_id}", 0
     error = ModelLoadFailed(message, retry_after=retry_after)
     for stream in keys.jobs_streams(model):
-        try:  # the group is created by whoever comes first (a gateway usually did): from the stream's start
-            redis.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        run(redis, create_group(stream))  # whoever comes first creates it (a gateway usually did)
         replies = redis.xreadgroup(keys.JOBS_GROUP, consumer, {stream: ">"}, count=FAIL_BATCH)
         for _stream, entries in replies or []:
             pipe = redis.pipeline(transaction=True)
@@ -130,14 +90,10 @@ def fail_waiting(redis: Redis, model: str, node_id: str, message: str, *, retry_
                 except WireFormatError:
                     job = None
                 if job is not None:
-                    event = codec.encode_event(error.to_event(job.id, 0))
-                    journal = keys.journal_stream(job.id)
-                    pipe.xadd(journal, {keys.JOURNAL_SEQ_FIELD: b"0", keys.JOURNAL_EVENT_FIELD: event})
-                    pipe.expire(journal, journal_ttl_s)
-                    pipe.publish(keys.events_channel(job.id), event)
+                    queue_event(pipe, job.id, 0, codec.encode_event(error.to_event(job.id, 0)),
+                                journal_ttl_s=journal_ttl_s, refresh_ttl=True)
                     ended += 1
-                pipe.xack(stream, keys.JOBS_GROUP, entry_id)
-                pipe.xdel(stream, entry_id)
+                queue_job_done(pipe, stream, entry_id)
             pipe.execute()
     if ended:
         log.info("ended %d waiting requests of %s with its load error", ended, model)
@@ -198,7 +154,3 @@ def remove_state(redis: Redis, node_id: str) -> None:
     pipe.delete(keys.node_key(node_id))
     pipe.zrem(keys.NODES_INDEX, node_id)
     pipe.execute()
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

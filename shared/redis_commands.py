@@ -1,0 +1,184 @@
+"""The Redis commands both sides run, each rule written once for the synchronous and the asyncio client.
+
+A read rule is a generator: it yields a round of commands (`call(...)`), receives their replies, and returns
+what they mean. `run` executes it on a `redis.Redis`, `run_async` on a `redis.asyncio.Redis`, one
+non-transactional pipeline per round, replies that are errors handed to the rule as exception objects (a
+lost connection still raises). So the gateway (asyncio), the node agent and the workers (sync) read the
+queue depth and the live workers, and create consumer groups, by the same code. A write rule queues its
+commands on a pipeline the caller executes (redis-py's sync and asyncio pipelines queue alike).
+
+Rules: `create_group` (BUSYGROUP, a group already there, is fine), `queue_states` (waiting / in flight /
+placed / held per model over every stream of it), `fresh_workers` (registry entries within the heartbeat
+TTL), `queue_event` (journal first, then publish) and `queue_job_done` (XACK + XDEL). No redis import here:
+the clients are the caller's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator
+from typing import Any, NamedTuple, TypeVar
+
+from shared import keys
+from shared.registry import RegistryEntry
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+JOURNAL_MAXLEN = 100_000  # events kept per request (approximate trim)
+FORGET_AFTER_TTLS = 10  # a worker id silent for this many heartbeat TTLs leaves the workers index
+
+
+class Call(NamedTuple):
+    """One command: a redis-py client method's name and its arguments."""
+
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+Rule = Generator[list[Call], list[Any], T]  # yields rounds of calls, receives their replies, returns a result
+
+
+def call(name: str, *args: Any, **kwargs: Any) -> Call:
+    """A command of a rule's round, named as redis-py's client method (`call("xlen", stream)`)."""
+    return Call(name, args, kwargs)
+
+
+def run(redis: Any, rule: Rule[T]) -> T:
+    """Run a rule on a synchronous client, each round in one pipeline."""
+    try:
+        calls = next(rule)
+        while True:
+            pipe = redis.pipeline(transaction=False)
+            for name, args, kwargs in calls:
+                getattr(pipe, name)(*args, **kwargs)
+            calls = rule.send(pipe.execute(raise_on_error=False))
+    except StopIteration as done:
+        return done.value
+
+
+async def run_async(redis: Any, rule: Rule[T]) -> T:
+    """Run a rule on an asyncio client, each round in one pipeline."""
+    try:
+        calls = next(rule)
+        while True:
+            pipe = redis.pipeline(transaction=False)
+            for name, args, kwargs in calls:
+                getattr(pipe, name)(*args, **kwargs)
+            calls = rule.send(await pipe.execute(raise_on_error=False))
+    except StopIteration as done:
+        return done.value
+
+
+def create_group(stream: str) -> Rule[bool]:
+    """Create a job stream's consumer group (and the stream) where missing, reading from the stream's start so
+    entries already there stay readable; whoever comes first creates it (gateway or worker). True if created."""
+    [reply] = yield [call("xgroup_create", stream, keys.JOBS_GROUP, id="0", mkstream=True)]
+    if isinstance(reply, Exception):
+        if "BUSYGROUP" not in str(reply):
+            raise reply
+        return False
+    return True
+
+
+class QueueState(NamedTuple):
+    """A model's jobs by state, over its shared and per-worker streams and every priority class."""
+
+    waiting: int  # queued, not yet taken
+    in_flight: int  # taken, not yet acked
+    placed: dict[str, int]  # worker id -> jobs waiting on its own streams
+    held: dict[str, int]  # worker id -> jobs it took and has not acked (any stream of the model)
+
+
+def queue_states(models: list[str], *, create_missing_groups: bool = False) -> Rule[dict[str, QueueState]]:
+    """Each model's QueueState: the placed-workers sets, then every stream's group (lag, pending), length and
+    consumers in one round. Acked jobs are deleted (`queue_job_done`), so where Redis cannot tell the lag,
+    waiting = length - pending. With `create_missing_groups`, a shared stream without its group gets one
+    (a per-worker stream's group is its worker's, or a drainer's, to create)."""
+    placed_sets = yield [call("smembers", keys.placed_workers(model)) for model in models]
+    streams: list[tuple[str, str, str]] = []  # (model, owner worker id or "", stream)
+    for model, members in zip(models, placed_sets, strict=True):
+        if isinstance(members, Exception):
+            raise members
+        streams += [(model, "", s) for s in keys.jobs_streams(model)]
+        for worker_id in sorted(_text(m) for m in members):
+            streams += [(model, worker_id, s) for s in keys.worker_jobs_streams(model, worker_id)]
+    replies = yield [c for _m, _o, stream in streams for c in (
+        call("xinfo_groups", stream), call("xlen", stream), call("xinfo_consumers", stream, keys.JOBS_GROUP))]
+    states = {model: QueueState(0, 0, {}, {}) for model in models}
+    ungrouped = []
+    for (model, owner, stream), groups, length, consumers in zip(streams, replies[::3], replies[1::3],
+                                                                  replies[2::3], strict=True):
+        if isinstance(length, Exception):
+            raise length
+        group = None if isinstance(groups, Exception) else next(
+            (g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
+        waiting, in_flight = int(length), 0
+        if group is None:
+            if not owner:
+                ungrouped.append(stream)
+        else:
+            in_flight = int(group.get("pending") or 0)
+            lag = group.get("lag")  # None after deletions past the group's position
+            waiting = int(lag) if lag is not None else max(0, int(length) - in_flight)
+        state = states[model]
+        states[model] = state._replace(waiting=state.waiting + waiting, in_flight=state.in_flight + in_flight)
+        if owner:
+            state.placed[owner] = state.placed.get(owner, 0) + waiting
+        _add_held(state.held, consumers)
+    for stream in ungrouped if create_missing_groups else []:
+        yield from create_group(stream)
+    return states
+
+
+def _add_held(held: dict[str, int], consumers: object) -> None:
+    """Add one stream's pending entries per consumer (a worker's id) to `held`; a missing group adds none."""
+    if not isinstance(consumers, list):
+        return
+    for consumer in consumers:
+        pending = int(consumer.get("pending") or 0)
+        if pending:
+            name = _text(consumer.get("name"))
+            held[name] = held.get(name, 0) + pending
+
+
+def fresh_workers(now: float, ttl_s: float) -> Rule[list[RegistryEntry]]:
+    """Every worker whose registry entry is within the heartbeat TTL (ready or draining: `is_live` tells which
+    may take new jobs); ids silent for FORGET_AFTER_TTLS TTLs leave the index. Malformed entries are logged."""
+    ids = yield [call("zrangebyscore", keys.WORKERS_INDEX, now - ttl_s, "+inf")]
+    if isinstance(ids[0], Exception):
+        raise ids[0]
+    ids = [_text(worker_id) for worker_id in ids[0]]
+    replies = yield [*(call("hgetall", keys.worker_key(w)) for w in ids),
+                     call("zremrangebyscore", keys.WORKERS_INDEX, "-inf", now - FORGET_AFTER_TTLS * ttl_s)]
+    workers = []
+    for worker_id, fields in zip(ids, replies, strict=False):
+        entry = RegistryEntry.from_hash(worker_id, fields if isinstance(fields, dict) else {})
+        if entry is None:
+            if fields:
+                log.warning("ignoring malformed registry entry of worker %s", worker_id)
+        elif entry.heartbeat >= now - ttl_s:
+            workers.append(entry)
+    return workers
+
+
+def queue_event(pipe: Any, request_id: str, seq: int, data: bytes, *, journal_ttl_s: int, refresh_ttl: bool) -> None:
+    """Queue one encoded event: journal it first (so a gap is always refillable), then publish it."""
+    journal = keys.journal_stream(request_id)
+    pipe.xadd(journal, {keys.JOURNAL_SEQ_FIELD: str(seq), keys.JOURNAL_EVENT_FIELD: data},
+              maxlen=JOURNAL_MAXLEN, approximate=True)
+    if refresh_ttl:
+        pipe.expire(journal, journal_ttl_s)
+    pipe.publish(keys.events_channel(request_id), data)
+
+
+def queue_job_done(pipe: Any, stream: str, message_id: str | bytes) -> None:
+    """Queue XACK + XDEL of a finished job: the stream keeps only waiting and in-flight jobs, so
+    XLEN - pending is the queue depth `queue_states` reads (Redis 6.2 has no consumer-group lag)."""
+    pipe.xack(stream, keys.JOBS_GROUP, message_id)
+    pipe.xdel(stream, message_id)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,8 +1,0 @@
-"""The deploy tests' helpers (kustomize_lite, k8s_checks) are plain modules beside them."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))

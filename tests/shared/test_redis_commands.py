@@ -1,0 +1,107 @@
+"""shared/redis_commands.py: each rule gives the same answer run on the sync and on the asyncio client
+(fakeredis, one server behind both); the queue-depth rule over shared and placed streams, consumer groups
+created once, fresh registry entries, and journal-then-publish."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import fakeredis
+import pytest
+
+from shared import keys
+from shared.redis_commands import (
+    QueueState,
+    create_group,
+    fresh_workers,
+    queue_event,
+    queue_job_done,
+    queue_states,
+    run,
+    run_async,
+)
+from shared.registry import RegistryEntry
+
+
+@pytest.fixture()
+def clients() -> tuple[fakeredis.FakeRedis, fakeredis.aioredis.FakeRedis]:
+    """A sync and an asyncio client of one fake server."""
+    server = fakeredis.FakeServer()
+    return fakeredis.FakeRedis(server=server), fakeredis.aioredis.FakeRedis(server=server)
+
+
+def both(clients: tuple[Any, Any], rule: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run the rule on both clients; the answers must agree (the sync one is returned)."""
+    sync, aio = clients
+    answer = run(sync, rule(*args, **kwargs))
+    assert asyncio.run(run_async(aio, rule(*args, **kwargs))) == answer
+    return answer
+
+
+def test_a_group_is_created_once_and_busygroup_is_not_an_error(clients: tuple[Any, Any]) -> None:
+    sync, aio = clients
+    assert run(sync, create_group("s")) is True
+    assert run(sync, create_group("s")) is False
+    assert asyncio.run(run_async(aio, create_group("s"))) is False
+    assert [g["name"] for g in sync.xinfo_groups("s")] == [keys.JOBS_GROUP.encode()]
+
+
+def test_another_error_creating_a_group_is_raised(clients: tuple[Any, Any]) -> None:
+    sync, _aio = clients
+    sync.set("not-a-stream", b"x")
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        run(sync, create_group("not-a-stream"))
+
+
+def test_queue_states_count_shared_and_placed_streams_per_worker(clients: tuple[Any, Any]) -> None:
+    sync, _aio = clients
+    assert both(clients, queue_states, ["m"]) == {"m": QueueState(0, 0, {}, {})}
+    sync.xadd(keys.jobs_stream("m", "high"), {"job": b"x"})  # no group yet: every entry waits
+    sync.sadd(keys.placed_workers("m"), "w1")
+    placed = keys.worker_jobs_stream("m", "w1")
+    run(sync, create_group(placed))
+    for job in (b"y", b"z", b"t"):
+        sync.xadd(placed, {"job": job})
+    [[_stream, [(done, _fields), _held]]] = sync.xreadgroup(keys.JOBS_GROUP, "w1", {placed: ">"}, count=2)
+    pipe = sync.pipeline()
+    queue_job_done(pipe, placed, done)  # acked and deleted: no longer counted anywhere
+    pipe.execute()
+    states = both(clients, queue_states, ["m", "other"])
+    assert states["m"] == QueueState(waiting=2, in_flight=1, placed={"w1": 1}, held={"w1": 1})
+    assert states["other"] == QueueState(0, 0, {}, {})
+
+
+def test_queue_states_create_a_missing_shared_group_only_when_asked(clients: tuple[Any, Any]) -> None:
+    sync, _aio = clients
+    run(sync, queue_states(["m"]))
+    assert not sync.exists(keys.jobs_stream("m"))
+    run(sync, queue_states(["m"], create_missing_groups=True))
+    assert all(sync.xinfo_groups(s) for s in keys.jobs_streams("m"))
+
+
+def test_fresh_workers_are_those_within_the_ttl_draining_ones_included(clients: tuple[Any, Any]) -> None:
+    sync, _aio = clients
+    now = 1000.0
+    for worker_id, heartbeat, state in (("fresh", now - 1, "ready"), ("draining", now - 1, "draining"),
+                                        ("stale", now - 30, "ready"), ("ancient", now - 500, "ready")):
+        entry = RegistryEntry(worker_id=worker_id, model="m", slots=2, heartbeat=heartbeat, started=0, state=state)
+        sync.hset(keys.worker_key(worker_id), mapping=entry.to_hash())
+        sync.zadd(keys.WORKERS_INDEX, {worker_id: heartbeat})
+    sync.zadd(keys.WORKERS_INDEX, {"malformed": now})
+    sync.hset(keys.worker_key("malformed"), mapping={"model": "m"})
+    found = both(clients, fresh_workers, now, 10.0)
+    assert sorted(w.worker_id for w in found) == ["draining", "fresh"]
+    assert [w.worker_id for w in found if w.is_live(now, 10.0)] == ["fresh"]
+    assert sync.zscore(keys.WORKERS_INDEX, "ancient") is None  # silent for ten TTLs: forgotten
+
+
+def test_an_event_is_journalled_before_it_is_published(clients: tuple[Any, Any]) -> None:
+    sync, _aio = clients
+    pipe = sync.pipeline()
+    queue_event(pipe, "req-1", 3, b"event", journal_ttl_s=60, refresh_ttl=True)
+    assert [c[0][0] for c in pipe.command_stack] == ["XADD", "EXPIRE", "PUBLISH"]
+    pipe.execute()
+    [(_id, fields)] = sync.xrange(keys.journal_stream("req-1"))
+    assert fields == {keys.JOURNAL_SEQ_FIELD.encode(): b"3", keys.JOURNAL_EVENT_FIELD.encode(): b"event"}
+    assert 0 < sync.ttl(keys.journal_stream("req-1")) <= 60
