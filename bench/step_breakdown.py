@@ -51,11 +51,10 @@ def measure(streams: int, steps: int, prompt_tokens: int = 16) -> dict[str, floa
     from engine import matmul_chain_rate
 
     from worker.engine.engine import Engine
+    from worker.engine.generation import GenerationParams
     from worker.engine.sampling import SamplingParams
     from worker.models import resolve
     from worker.sequences import GenerationRequest
-
-    from worker.engine.generation import GenerationParams
     engine = Engine.load(resolve("smollm2-135m"))
     rng = np.random.default_rng(streams)
     warmup = -(-streams * prompt_tokens // 512) + 2  # steps until every prompt is prefilled (512-token prefill budget)

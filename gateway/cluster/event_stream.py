@@ -9,27 +9,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.cluster.redis_errors import redis_unavailable
-from gateway.cluster.subscriber import RESYNC, QueueItem
+from gateway.cluster.subscriber import RESYNC, QueueItem, Subscriber
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.errors import DeadlineExceeded, InternalError
 from shared.messages import Event, Job, is_terminal
-
-if TYPE_CHECKING:  # the broker creates its streams; a stream calls back into it to cancel and unsubscribe
-    from gateway.cluster.broker import Broker
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+class StreamOwner(Protocol):
+    """What a stream calls back into (the broker that created it): cancelling, unsubscribing, the journal."""
+
+    redis: Redis
+    settings: Settings
+    clock: Callable[[], float]
+    subscriber: Subscriber
+
+    async def cancel(self, request_id: str, model: str, reason: str, deadline: float) -> None:
+        """Cancel the request's job (its worker stops it within a step)."""
 
 
 class EventStream:
     """The events of one submitted request, in seq order, ending after its terminal event."""
 
-    def __init__(self, broker: Broker, job: Job, queue: asyncio.Queue[QueueItem]) -> None:
+    def __init__(self, broker: StreamOwner, job: Job, queue: asyncio.Queue[QueueItem]) -> None:
         self._broker = broker
         self._queue = queue
         self.request_id = job.id
