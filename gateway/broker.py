@@ -15,7 +15,8 @@ submit(job):
 The returned EventStream yields the request's events in seq order: duplicates (seq already seen) are
 dropped, a gap is filled from llmfleet:journal:{id}, and what the journal cannot fill is an error. No
 event by the deadline (plus LLMFLEET_DEADLINE_GRACE_S, so a worker's own deadline error wins) is a 504
-DeadlineExceeded, and a cancel is published.
+DeadlineExceeded, and a cancel is published; a gateway that lost Redis for LOST_AFTER_S (gateway/redis_health.py:
+a partition) ends its waiting streams with a 503 Unavailable instead of holding them to the deadline.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 CANCEL_MARKER_MARGIN_S = 60
+REDIS_CHECK_EVERY_S = 1.0  # a stream waiting on events looks this often whether the gateway lost Redis
 
 
 class Broker:
@@ -394,14 +396,17 @@ class EventStream:
     async def _receive(self) -> QueueItem:
         if not self._queue.empty():  # the common case under load: no timer, no task
             return self._queue.get_nowait()
-        remaining = self.deadline + self._broker.settings.deadline_grace_s - self._broker.clock()
-        try:
-            if remaining <= 0:
-                return self._queue.get_nowait()
-            async with asyncio.timeout(remaining):  # not wait_for: it can lose a cancel (Python 3.11)
-                return await self._queue.get()
-        except (TimeoutError, asyncio.QueueEmpty):
-            pass
+        while (remaining := self.deadline + self._broker.settings.deadline_grace_s - self._broker.clock()) > 0:
+            try:  # in slices: a gateway that lost Redis gives up long before the deadline
+                async with asyncio.timeout(min(remaining, REDIS_CHECK_EVERY_S)):  # not wait_for (Python 3.11)
+                    return await self._queue.get()
+            except TimeoutError:
+                if self._broker.health.lost:
+                    raise Unavailable(f"the gateway lost its connection to Redis while request {self.request_id} "
+                                      "was running; its outcome is unknown", retry_after=self._broker.settings
+                                      .retry_after_s) from None
+        with contextlib.suppress(asyncio.QueueEmpty):
+            return self._queue.get_nowait()
         self.finished = True
         await self._broker.cancel(self.request_id, self.model, "deadline", self.deadline)
         raise DeadlineExceeded(f"request {self.request_id} did not finish before its deadline")
