@@ -43,10 +43,11 @@ WORKER_LABELS = ("worker", "model", "host")
 
 @dataclass
 class FleetSnapshot:
-    """What the fleet looked like at one scrape: live workers and each known model's waiting jobs."""
+    """What the fleet looked like at one scrape: live workers, each known model's waiting jobs and all its jobs."""
 
     workers: list[RegistryEntry] = field(default_factory=list)
     waiting: dict[str, int] = field(default_factory=dict)
+    jobs: dict[str, int] = field(default_factory=dict)  # waiting + held by a worker, over every stream of the model
 
 
 class _FleetCollector(Collector):
@@ -76,7 +77,11 @@ class _FleetCollector(Collector):
                                     "has taken yet.", labels=("model",))
         for model, depth in sorted(self.snapshot.waiting.items()):
             waiting.add_metric((model,), depth)
-        yield from (up, kv, *gauges.values(), *counters.values(), waiting)
+        jobs = GaugeMetricFamily("llmfleet_model_jobs", "Jobs of the model waiting or held by a worker, over its "
+                                 "shared and per-worker streams (what KEDA scales the workers on).", labels=("model",))
+        for model, count in sorted(self.snapshot.jobs.items()):
+            jobs.add_metric((model,), count)
+        yield from (up, kv, *gauges.values(), *counters.values(), waiting, jobs)
 
 
 class GatewayMetrics:

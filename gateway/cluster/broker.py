@@ -320,10 +320,11 @@ class Broker:
         return job, []
 
     async def fleet_snapshot(self) -> FleetSnapshot:
-        """Live workers and the waiting jobs of each of their models, for /metrics."""
+        """Live workers, and the waiting and all jobs of each of their models, for /metrics."""
         workers = await self.registry.live_workers()
-        models = sorted({w.model for w in workers})
-        return FleetSnapshot(workers, {model: await self.waiting(model) for model in models})
+        states = {model: await self.queue_state(model) for model in sorted({w.model for w in workers})}
+        return FleetSnapshot(workers, {model: s.waiting for model, s in states.items()},
+                             {model: s.waiting + s.in_flight for model, s in states.items()})
 
     async def waiting(self, model: str) -> int:
         """Jobs of `model` queued but not yet taken by any worker, over all its priority classes."""

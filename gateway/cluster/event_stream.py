@@ -1,7 +1,8 @@
 """One submitted request's events, in seq order: duplicates (seq already seen) are dropped, a gap is filled from
 llmfleet:journal:{id}, and what the journal cannot fill is an error. No event by the deadline (plus
 LLMFLEET_DEADLINE_GRACE_S, so a worker's own deadline error wins) is a 504 DeadlineExceeded, and a cancel is
-published.
+published; a gateway that lost Redis for LOST_AFTER_S (gateway/cluster/redis_health.py: a partition) ends its
+waiting streams with a 503 Unavailable instead of holding them to the deadline.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.cluster.redis_errors import redis_unavailable
+from gateway.cluster.redis_health import RedisHealth
 from gateway.cluster.subscriber import RESYNC, QueueItem, Subscriber
 from shared import codec, keys
 from shared.codec import WireFormatError
-from shared.errors import DeadlineExceeded, InternalError
+from shared.errors import DeadlineExceeded, InternalError, Unavailable
 from shared.messages import Event, Job, is_terminal
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
+
+REDIS_CHECK_EVERY_S = 1.0  # a stream waiting on events looks this often whether the gateway lost Redis
 
 
 class StreamOwner(Protocol):
@@ -33,6 +37,7 @@ class StreamOwner(Protocol):
     settings: Settings
     clock: Callable[[], float]
     subscriber: Subscriber
+    health: RedisHealth
 
     async def cancel(self, request_id: str, model: str, reason: str, deadline: float) -> None:
         """Cancel the request's job (its worker stops it within a step)."""
@@ -101,14 +106,17 @@ class EventStream:
     async def _receive(self) -> QueueItem:
         if not self._queue.empty():  # the common case under load: no timer, no task
             return self._queue.get_nowait()
-        remaining = self.deadline + self._broker.settings.deadline_grace_s - self._broker.clock()
-        try:
-            if remaining <= 0:
-                return self._queue.get_nowait()
-            async with asyncio.timeout(remaining):  # not wait_for: it can lose a cancel (Python 3.11)
-                return await self._queue.get()
-        except (TimeoutError, asyncio.QueueEmpty):
-            pass
+        while (remaining := self.deadline + self._broker.settings.deadline_grace_s - self._broker.clock()) > 0:
+            try:  # in slices: a gateway that lost Redis gives up long before the deadline
+                async with asyncio.timeout(min(remaining, REDIS_CHECK_EVERY_S)):  # not wait_for (Python 3.11)
+                    return await self._queue.get()
+            except TimeoutError:
+                if self._broker.health.lost:
+                    raise Unavailable(f"the gateway lost its connection to Redis while request {self.request_id} "
+                                      "was running; its outcome is unknown", retry_after=self._broker.settings
+                                      .retry_after_s) from None
+        with contextlib.suppress(asyncio.QueueEmpty):
+            return self._queue.get_nowait()
         self.finished = True
         await self._broker.cancel(self.request_id, self.model, "deadline", self.deadline)
         raise DeadlineExceeded(f"request {self.request_id} did not finish before its deadline")

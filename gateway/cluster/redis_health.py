@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 log = logging.getLogger(__name__)
 PROBE_EVERY_S = 0.2
 DOWN_AFTER_S = 0.8  # no PING answered for this long: Redis is unreachable (fast 503s); also the probe's timeout
+LOST_AFTER_S = 20.0  # no PING answered for this long: streams waiting on events end with a 503 (see `lost`)
 
 
 class RedisHealth:
@@ -51,6 +52,13 @@ class RedisHealth:
     def down(self) -> bool:
         """True while the probe has had no PING answered for DOWN_AFTER_S."""
         return self._thread is not None and self._clock() - self._answered_at > DOWN_AFTER_S
+
+    @property
+    def lost(self) -> bool:
+        """True while no PING was answered for LOST_AFTER_S: a stream waiting on its events gives up then (a
+        gateway cut off from Redis by a partition would otherwise hold its clients with keep-alives until the
+        request's deadline). Longer than a Redis restart or a short pause, which streams ride out."""
+        return self._thread is not None and self._clock() - self._answered_at > LOST_AFTER_S
 
     def recently_failed(self, grace_s: float) -> bool:
         """Whether Redis failed within the last `grace_s` seconds (or is down now)."""

@@ -83,6 +83,46 @@ def _trigger_problems(trigger: dict[str, Any], where: str, *, model: str, env: d
     return problems
 
 
+def jobs_selector(model: str) -> str:
+    """The metric selector (KEDA metrics-api, format prometheus) of all of a model's jobs on a gateway's /metrics."""
+    return f'llmfleet_model_jobs{{model="{model}"}}'
+
+
+def _metrics_api_problems(trigger: dict[str, Any], where: str, *, model: str, slots: int, namespace: str,
+                          docs: list[Doc]) -> list[str]:
+    """The metrics-api trigger: every job of the model, from a gateway Service's /metrics, under the slots."""
+    meta, problems = trigger["metadata"], []
+    problems += [f"{where}: missing {k!r}" for k in ("url", "valueLocation", "targetValue") if k not in meta]
+    if meta.get("format") != "prometheus":
+        problems.append(f"{where}: format {meta.get('format')!r}; /metrics is Prometheus text (format: prometheus)")
+    if meta.get("valueLocation") != jobs_selector(model):
+        problems.append(f"{where}: valueLocation {meta.get('valueLocation')!r}, expected {jobs_selector(model)!r}")
+    if trigger.get("metricType", "AverageValue") != "AverageValue":
+        problems.append(f"{where}: metricType {trigger['metricType']!r}: the target is per worker (AverageValue)")
+    if not 0 < float(meta.get("targetValue", 0)) < slots:
+        problems.append(f"{where}: targetValue {meta.get('targetValue')} must be under LLMFLEET_SLOTS ({slots})")
+    url = str(meta.get("url", ""))
+    host, _, rest = url.removeprefix("http://").partition(":")
+    port, _, path = rest.partition("/")
+    service = find(docs, "Service", host.removesuffix(f".{namespace}.svc"), namespace)
+    if not host.endswith(f".{namespace}.svc") or path != "metrics" or service is None \
+            or not port.isdigit() or int(port) not in [p["port"] for p in service["spec"]["ports"]]:
+        problems.append(f"{where}: url {url!r} is no http://<Service>.{namespace}.svc:<port>/metrics here")
+        return problems
+    gateways = [d for d in workloads(docs) if d["kind"] == "Deployment" and all(
+        d["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in service["spec"]["selector"].items())]
+    for gateway in gateways:
+        container = next(c for c in pod_spec(gateway)["containers"] if is_llmfleet(c))
+        env, _ = merged_env(docs, container, namespace)
+        if container["command"][:2] != ["llmfleet", "gateway"]:
+            problems.append(f"{where}: url's Service {host} selects {ident(gateway)}, not a gateway")
+        elif not Settings.from_env(env).public_metrics:
+            problems.append(f"{where}: {ident(gateway)} sets LLMFLEET_PUBLIC_METRICS=0: KEDA's scrape would get 401")
+    if not gateways:
+        problems.append(f"{where}: url's Service {host} selects no Deployment")
+    return problems
+
+
 def keda_problems(docs: list[Doc]) -> list[str]:
     """Every worker Deployment has one ScaledObject on its model's stream and group, with room to scale up."""
     problems: list[str] = []
@@ -118,6 +158,13 @@ def keda_problems(docs: list[Doc]) -> list[str]:
         lengths = {t["metadata"].get("stream") for t in triggers if "streamLength" in t["metadata"]}
         for stream in sorted(set(keys.jobs_streams(model)) - lengths):  # one stream per priority class
             problems.append(f"{ident(obj)}: no streamLength trigger on {stream}: its backlog would not scale")
+        all_jobs = [t for t in spec["triggers"] if t["type"] == "metrics-api"]
+        if len(all_jobs) != 1:  # the redis-streams triggers cannot name the per-worker streams placement uses
+            problems.append(f"{ident(obj)}: needs one metrics-api trigger on the model's llmfleet_model_jobs, has "
+                            f"{len(all_jobs)}")
+        for trigger in all_jobs:
+            problems += _metrics_api_problems(trigger, f"{ident(obj)} trigger {trigger.get('name', 'metrics-api')}",
+                                              model=model, slots=slots or 0, namespace=namespace, docs=docs)
         for index, trigger in enumerate(triggers):
             problems += _trigger_problems(trigger, f"{ident(obj)} trigger {trigger.get('name', index)}", model=model,
                                           env=env, namespace=namespace, docs=docs)

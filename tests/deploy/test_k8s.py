@@ -79,7 +79,9 @@ def test_gemma_overlay_adds_only_gemma_workers(base: Docs) -> None:
     gemma = render(KUSTOMIZATIONS["gemma"])
     name = "llmfleet-worker-gemma3-270m"
     assert _names(gemma) - _names(base) == {("Deployment", name), ("ScaledObject", name), ("PodDisruptionBudget", name)}
-    assert _get(gemma, "ScaledObject", name)["spec"]["triggers"][0]["metadata"]["stream"] == "llmfleet:jobs:gemma3-270m"
+    triggers = _get(gemma, "ScaledObject", name)["spec"]["triggers"]
+    assert triggers[0]["metadata"]["valueLocation"] == 'llmfleet_model_jobs{model="gemma3-270m"}'
+    assert triggers[1]["metadata"]["stream"] == "llmfleet:jobs:gemma3-270m"
 
 
 @pytest.mark.skipif(kubernetes_validate is None, reason="kubernetes-validate is not installed (pip install -e '.[dev]')")
@@ -142,7 +144,13 @@ def _worker_container(docs: Docs) -> dict[str, Any]:
 
 
 def _trigger(docs: Docs, index: int = 0) -> dict[str, str]:
-    return _get(docs, "ScaledObject", "llmfleet-worker-smollm2-135m")["spec"]["triggers"][index]["metadata"]
+    triggers = _get(docs, "ScaledObject", "llmfleet-worker-smollm2-135m")["spec"]["triggers"]
+    return [t for t in triggers if t["type"] == "redis-streams"][index]["metadata"]
+
+
+def _jobs_trigger(docs: Docs) -> dict[str, str]:
+    triggers = _get(docs, "ScaledObject", "llmfleet-worker-smollm2-135m")["spec"]["triggers"]
+    return next(t for t in triggers if t["type"] == "metrics-api")["metadata"]
 
 
 def _set_env(container: dict[str, Any], name: str, value: str) -> None:
@@ -188,6 +196,16 @@ BROKEN: list[tuple[str, Callable[[Docs], None], Callable[[Docs], list[str]], str
      "the workers' Redis is 'redis.llmfleet.svc:6379'"),
     ("target at the slots", lambda d: _trigger(d).update(pendingEntriesCount="16"), keda_problems,
      "pendingEntriesCount 16 must be under the workers' LLMFLEET_SLOTS (16"),
+    ("jobs metric of another model", lambda d: _jobs_trigger(d).update(valueLocation='llmfleet_model_jobs{model="x"}'),
+     keda_problems, "expected 'llmfleet_model_jobs{model=\"smollm2-135m\"}'"),
+    ("jobs metric as JSON", lambda d: _jobs_trigger(d).update(format="json"), keda_problems, "format 'json'"),
+    ("jobs metric from no Service", lambda d: _jobs_trigger(d).update(url="http://gateway.llmfleet.svc:8000/metrics"),
+     keda_problems, "is no http://<Service>.llmfleet.svc:<port>/metrics"),
+    ("jobs metric closed", lambda d: _get(d, "ConfigMap", "llmfleet-settings")["data"].update(
+        LLMFLEET_PUBLIC_METRICS="0"), keda_problems, "KEDA's scrape would get 401"),
+    ("no jobs metric", lambda d: _get(d, "ScaledObject", "llmfleet-worker-smollm2-135m")["spec"].update(
+        triggers=[t for t in _get(d, "ScaledObject", "llmfleet-worker-smollm2-135m")["spec"]["triggers"]
+                  if t["type"] != "metrics-api"]), keda_problems, "needs one metrics-api trigger"),
     ("scale to zero", lambda d: _get(d, "ScaledObject", "llmfleet-worker-smollm2-135m")["spec"].update(minReplicaCount=0),
      keda_problems, "minReplicaCount < 1"),
     ("replicas beside KEDA", lambda d: _worker(d)["spec"].update(replicas=3), keda_problems, "would fight"),

@@ -5,17 +5,23 @@ KEDA's pendingEntriesCount trigger runs XPENDING <stream> <group> (the summary c
 XLEN <stream>. Under load the first must count the jobs the workers hold (never more than their slots, which is
 why the ScaledObject's target stays under LLMFLEET_SLOTS) and the second held plus waiting jobs; both drop to 0
 when the model is idle, since workers delete a job's entry when they ack it.
+KEDA's metrics-api trigger reads the gateway's /metrics (format prometheus) and takes the sample its
+valueLocation selects: llmfleet_model_jobs, every job of the model waiting or held over its shared and
+per-worker streams; the redis-streams triggers (a fallback while no gateway answers) see the shared streams only.
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmfleet.local_cluster import LocalCluster
 from shared import keys
@@ -92,7 +98,8 @@ def _manifest(kind: str, name: str) -> dict:
 
 
 def test_the_triggers_read_held_and_waiting_jobs(start_cluster: Callable[[int], Cluster]) -> None:
-    streams = {t["metadata"]["stream"] for t in _manifest("ScaledObject", WORKER)["spec"]["triggers"]}
+    streams = {t["metadata"]["stream"] for t in _manifest("ScaledObject", WORKER)["spec"]["triggers"]
+               if t["type"] == "redis-streams"}
     assert streams == set(keys.jobs_streams(MODEL))
     cluster = start_cluster(1)
     finishes: list[tuple[str, int]] = []
@@ -133,3 +140,33 @@ def test_a_scaled_down_worker_finishes_its_streams_within_the_grace_period(
     assert exit_code == 0
     assert finishes == [("length", 32)] * (3 * SLOTS)  # every stream complete, none cut by the scale-down
     assert cluster.workers[1].poll() is None and cluster.redis.zcard(keys.WORKERS_INDEX) == 1  # deregistered
+
+
+def _jobs_metric(base: str, selector: str) -> float | None:
+    """What KEDA's metrics-api trigger (format prometheus) reads: the /metrics sample the selector names."""
+    name, _, labels = selector.partition("{")
+    wanted = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+    for family in text_string_to_metric_families(httpx.get(base + "/metrics", timeout=5).text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in wanted.items()):
+                return sample.value
+    return None
+
+
+def test_the_jobs_metric_counts_jobs_on_the_workers_own_streams(start_cluster: Callable[[int], Cluster]) -> None:
+    selector = next(t for t in _manifest("ScaledObject", WORKER)["spec"]["triggers"]
+                    if t["type"] == "metrics-api")["metadata"]["valueLocation"]
+    cluster = start_cluster(2)  # two workers: placement writes most jobs to a worker's own stream
+    finishes: list[tuple[str, int]] = []
+    samples: list[tuple[float, int, int]] = []  # (the metric, shared XPENDING, shared XLEN)
+    threads = cluster.ask_in_background(3 * SLOTS, 24, finishes)
+    while any(t.is_alive() for t in threads):
+        samples.append((_jobs_metric(cluster.base_url, selector) or 0.0, *cluster.read_triggers()))
+        time.sleep(0.05)
+    assert finishes == [("length", 24)] * (3 * SLOTS)
+    peak_metric, peak_shared = max(s[0] for s in samples), max(max(s[1], s[2]) for s in samples)
+    print(f"\n{3 * SLOTS} requests on 2 workers x {SLOTS} slots: llmfleet_model_jobs peaked at {peak_metric:.0f}, "
+          f"the shared stream's XPENDING/XLEN at {peak_shared}")
+    assert peak_metric >= 2 * SLOTS  # at least every held job, wherever it was queued
+    assert peak_shared < peak_metric  # what the redis-streams triggers alone would have scaled on
+    wait_until(lambda: _jobs_metric(cluster.base_url, selector) == 0, 10, "the metric to drop to 0 when idle")

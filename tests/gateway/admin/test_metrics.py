@@ -111,3 +111,21 @@ async def test_metrics_need_no_api_key(settings: Any, server: Any) -> None:
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
         assert (await client.get("/metrics")).status_code == 200
         assert (await client.get("/v1/models")).status_code == 401
+
+
+async def test_model_jobs_counts_waiting_and_held_jobs_on_every_stream(client: httpx.AsyncClient, redis: Any,
+                                                                       worker: Any) -> None:
+    from shared import keys
+
+    # a job placed on a worker's own stream (KEDA's redis-streams triggers cannot name it), and one held
+    await redis.sadd(keys.placed_workers("smollm2"), "w-other")
+    await redis.xadd(keys.worker_jobs_stream("smollm2", "w-other"), {keys.JOB_FIELD: b"placed"})
+    task = asyncio.create_task(_chat(client))
+    job = await worker.take()
+    samples = await scrape(client)
+    assert value(samples, "llmfleet_model_jobs", model="smollm2") == 2
+    assert value(samples, "llmfleet_num_requests_waiting", model="smollm2") == 1
+    await worker.token(job, "Hi")
+    await worker.end(job)
+    await worker.done(job)
+    assert (await task).status_code == 200

@@ -9,7 +9,7 @@ import time
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.cluster.redis_health import DOWN_AFTER_S, PROBE_EVERY_S, RedisHealth
+from gateway.cluster.redis_health import DOWN_AFTER_S, LOST_AFTER_S, PROBE_EVERY_S, RedisHealth
 from shared import keys
 
 pytestmark = pytest.mark.anyio
@@ -91,6 +91,22 @@ async def test_long_after_a_failure_a_known_model_without_workers_is_503_again(a
     app.state.broker.health._failed_at = time.monotonic() - app.state.broker.registry_grace_s() - 1
     response = await client.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 503 and response.json()["error"]["code"] == "no_worker_available"
+
+
+async def test_a_stream_whose_gateway_lost_redis_ends_with_a_503_not_at_its_deadline(app_client, worker) -> None:
+    app, client = app_client
+    broker = app.state.broker
+    redis = await _probed(broker)
+    call = asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "stream": True}))
+    job = await worker.take()
+    await worker.token(job, "Hi")
+    await asyncio.sleep(0.3)
+    redis.answering = False  # cut off (a partition): no PING answered since LOST_AFTER_S ago
+    broker.health._answered_at = time.monotonic() - LOST_AFTER_S - 0.1
+    started = time.monotonic()
+    response = await asyncio.wait_for(call, 5)
+    assert time.monotonic() - started < 2.5  # within a check interval, not the request's 600 s deadline
+    assert '"content":"Hi"' in response.text and '"code":"unavailable"' in response.text
 
 
 def test_the_probe_notices_a_redis_that_stops_answering_and_comes_back() -> None:
