@@ -55,7 +55,7 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
     from threadpoolctl import threadpool_limits
 
     from worker.engine.engine import Engine
-    from worker.engine.kernels import set_threads
+    from worker.engine.numba_runtime import set_threads
     from worker.models import model_id, resolve
     from worker.runner import WorkerRunner
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from shared.errors import QueueFull
 from worker.engine import ops
-from worker.engine.batch_sampling import sample_batch
+from worker.engine.batch_sampling import SampledToken, sample_batch
 from worker.engine.block_manager import NoFreeBlocks
 from worker.engine.constraints import ConstraintError
 from worker.engine.embeddings import finish_pool, pool_chunk
@@ -21,7 +21,6 @@ from worker.engine.engine import Engine
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams
 from worker.engine.lora import lora_set_key
-from worker.engine.sampling import SampledToken
 from worker.engine.stopping import StopReason
 from worker.preemption import not_outranked, preempt_for_kv, preempt_for_priority, rank
 from worker.prompt_scoring import PromptScored, PromptScorer, score_chunk
