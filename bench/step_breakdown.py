@@ -36,7 +36,7 @@ ATTENTION_ENTRY_POINTS = ("attention", "attend", "attend_decode_batch")
 
 def _scheduler(engine: Any, streams: int) -> Any:
     """A scheduler of this tree's or the older API, prefix caching off."""
-    from worker.scheduler import Scheduler, SchedulerConfig
+    from worker.schedule.scheduler import Scheduler, SchedulerConfig
 
     try:
         config = SchedulerConfig(max_sequences=streams, max_queue=streams, prefix_cache=False)
@@ -53,7 +53,7 @@ def measure(streams: int, steps: int, prompt_tokens: int = 16) -> dict[str, floa
     from worker.engine.engine import Engine
     from worker.engine.sampling import SamplingParams
     from worker.models import resolve
-    from worker.sequences import GenerationRequest
+    from worker.schedule.sequences import GenerationRequest
 
     try:
         from worker.engine.generation import GenerationParams

@@ -62,7 +62,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from llmfleet.redis_server import BundledRedis
     from worker.engine.chat_template import CHATML_TEMPLATE
     from worker.engine.engine import Engine
-    from worker.runner import WorkerRunner
+    from worker.serve.runner import WorkerRunner
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "worker" / "engine"))
     from tiny_gguf import write_tiny_gguf
