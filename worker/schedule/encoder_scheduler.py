@@ -7,7 +7,6 @@ encodes them in one forward and finishes each request whose inputs are all done.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import time
@@ -16,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from worker.engine.engine import Engine
+from worker.schedule.admission import Admission
 from worker.schedule.scheduler import Scheduler, StepEvent
 from worker.schedule.scheduler_config import AUTO_MAX_SLOTS, SchedulerConfig
 from worker.schedule.sequences import (
@@ -44,12 +44,9 @@ class EncoderScheduler(Scheduler):
         self.pool = None  # an encoder keeps nothing between steps
         self.blocks = None
         self.stats = SchedulerStats()
+        self.admission = Admission(None, config, self.stats)
         self._groups: dict[str, RequestGroup] = {}
-        self._waiting: list[tuple[int, int, int, int, ScheduledSequence]] = []
-        self._active: list[ScheduledSequence] = []
         self._arrivals = itertools.count()
-        self._admissions = itertools.count()
-        self._ties = itertools.count()
         self._seq_ids = itertools.count()
         self._ready: list[StepEvent] = []
 
@@ -87,18 +84,10 @@ class EncoderScheduler(Scheduler):
         """Pop waiting inputs, best first, while the batch stays within max_batch_tokens and max_sequences."""
         batch: list[ScheduledSequence] = []
         tokens = 0
-        while self._waiting and len(batch) < self.config.max_sequences:
-            seq = self._waiting[0][-1]
+        while (seq := self.admission.peek()) is not None and len(batch) < self.config.max_sequences:
             if batch and tokens + len(seq.embed_ids) > self.config.max_batch_tokens:
                 break
-            heapq.heappop(self._waiting)
-            group = seq.group
-            if group.timings.admitted is None:
-                group.timings.admitted = time.monotonic()
-            seq.state = SeqState.PREFILLING
-            seq.admit_order = next(self._admissions)
-            self._active.append(seq)
-            batch.append(seq)
+            batch.append(self.admission.start_next())
             tokens += len(seq.embed_ids)
         return batch
 
@@ -109,7 +98,7 @@ class EncoderScheduler(Scheduler):
         seq.pooled = vector  # (D,)
         seq.computed = len(seq.embed_ids)
         seq.state = SeqState.FINISHED
-        self._active.remove(seq)
+        self.admission.retire(seq)
         self.stats.prompt_tokens += len(seq.embed_ids)
         group = seq.group
         if group.done:
@@ -122,8 +111,8 @@ class EncoderScheduler(Scheduler):
 
     def _refresh_gauges(self) -> None:
         """Queue depth, active inputs and tokens left (an encoder has no KV gauges)."""
-        self.stats.queue_depth = len({id(item[-1].group) for item in self._waiting})
-        self.stats.active = len(self._active)
+        self.stats.queue_depth = self.admission.waiting_requests
+        self.stats.active = len(self.admission.active)
         self.stats.tokens_left = sum(group.tokens_left for group in self._groups.values())
 
 

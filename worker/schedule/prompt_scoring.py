@@ -11,12 +11,8 @@ first token, and the publisher turns it into the echo TokenEvent of every choice
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from worker.schedule.sequences import RequestGroup
 
 MAX_SCORED_PROMPT_TOKENS = 4096  # echo + logprobs prompts longer than this are refused (400, param logprobs)
 
@@ -80,18 +76,6 @@ class PromptScorer:
             top = [(int(i), float(lp)) for i, lp in zip(self._top_ids[position], self._top_logprobs[position])]
             scores.append(PromptTokenScore(self.prompt_ids[position], float(self._logprobs[position]), top))
         return PromptScored(request_id, n, self.prompt_ids, scores)
-
-
-def score_chunk(group: RequestGroup, start: int, logits: np.ndarray, events: list[Any]) -> np.ndarray:
-    """Fold a prefill chunk's rows (T, V) from position `start` into the group's prompt logprobs; append the
-    PromptScored event once complete. Returns the last row (V,), the one the first token is sampled from."""
-    scorer = group.scorer
-    if scorer is not None:
-        scorer.add(start, logits)
-        if scorer.complete:
-            events.append(scorer.event(group.request.request_id, group.request.n))
-            group.scorer = None
-    return logits[-1]
 
 
 def _log_sum_exp(rows: np.ndarray) -> np.ndarray:

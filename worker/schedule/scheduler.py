@@ -1,9 +1,9 @@
-"""Continuous batching: admit by priority, chunked prefill beside decodes, KV blocks with preemption
-(worker/schedule/preemption.py: for KV, and for a waiting request that outranks running ones)."""
+"""Continuous batching: each step plans one batch (every decode, then prefill chunks, within the token and KV
+budgets), runs one forward and turns its rows into tokens, embeddings and events. Who waits, who runs and who is
+preempted is worker/schedule/admission.py's."""
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import time
@@ -14,16 +14,14 @@ import numpy as np
 from shared.errors import QueueFull
 from worker.engine import ops
 from worker.engine.batch_sampling import SampledToken, sample_batch
-from worker.engine.block_manager import NoFreeBlocks
 from worker.engine.constraints import ConstraintError
 from worker.engine.embeddings import finish_pool, pool_chunk
 from worker.engine.engine import Engine
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.generation import GenerationParams
-from worker.engine.lora import lora_set_key
 from worker.engine.stopping import StopReason
-from worker.schedule.preemption import not_outranked, preempt_for_kv, preempt_for_priority, rank
-from worker.schedule.prompt_scoring import PromptScored, PromptScorer, score_chunk
+from worker.schedule.admission import Admission
+from worker.schedule.preemption import not_outranked
+from worker.schedule.prompt_scoring import PromptScored, PromptScorer
 from worker.schedule.scheduler_config import SchedulerConfig, auto_slots
 from worker.schedule.sequences import (
     EmbeddingDone,
@@ -37,7 +35,6 @@ from worker.schedule.sequences import (
     SeqState,
     SequenceStep,
 )
-from worker.schedule.speculation import draft_tokens
 
 __all__ = ["Scheduler", "SchedulerConfig", "StepEvent"]
 
@@ -67,12 +64,9 @@ class Scheduler:
         self.config = config
         self.blocks = self.pool.blocks
         self.stats = SchedulerStats(kv_blocks_total=self.pool.n_blocks)
+        self.admission = Admission(self.blocks, config, self.stats)
         self._groups: dict[str, RequestGroup] = {}
-        self._waiting: list[tuple[int, int, int, int, ScheduledSequence]] = []  # heap (-priority, front, order, tie, seq)
-        self._active: list[ScheduledSequence] = []
         self._arrivals = itertools.count()
-        self._admissions = itertools.count()
-        self._ties = itertools.count()
         self._seq_ids = itertools.count()
         self._ready: list[StepEvent] = []  # events that need no forward (a resumed request already complete)
 
@@ -96,14 +90,14 @@ class Scheduler:
         if request.prompt_logprobs is not None:
             group.scorer = PromptScorer(request.prompt_ids, request.prompt_logprobs)
         for index in range(request.n):
-            gen = self.engine.new_generation(request.prompt_ids, self._choice_params(request, index))
+            gen = self.engine.new_generation(request.prompt_ids, request.choice_params(index))
             group.sequences.append(ScheduledSequence(group, index, gen, next(self._seq_ids)))
         self._groups[request.request_id] = group
         self.stats.requests_received += 1
         if request.resume_tokens is not None:
             self._resume(group)
         else:
-            self._push_waiting(group.sequences[0], front=False)
+            self.admission.push(group.sequences[0], front=False)
             for follower in group.sequences[1:]:
                 follower.fork_from = group.sequences[0]
         self._refresh_gauges()
@@ -120,11 +114,11 @@ class Scheduler:
                 seq.state = SeqState.FINISHED
             else:
                 seq.was_preempted = True  # its prompt was counted by the first worker; it prefills alone
-                self._push_waiting(seq, front=False)
+                self.admission.push(seq, front=False)
         if group.done:  # every choice had ended: only the terminal event was missing
             self._groups.pop(request.request_id, None)
             self.stats.requests_finished += 1
-            self._ready.append(self._done_event(group, []))
+            self._ready.append(group.done_event([]))
 
     def add_embedding(self, request: EmbeddingRequest) -> None:
         """Queue an embedding request: each input is prefilled (chunked, batched with other work), then pooled."""
@@ -142,7 +136,7 @@ class Scheduler:
         self._groups[request.request_id] = group
         self.stats.requests_received += 1
         for seq in group.sequences:
-            self._push_waiting(seq, front=False)
+            self.admission.push(seq, front=False)
         self._refresh_gauges()
 
     def _check_input_fits(self, ids: list[int]) -> None:
@@ -150,20 +144,6 @@ class Scheduler:
         self.engine.check_fits(len(ids), 0)
         if self.blocks.blocks_for(len(ids)) > self.pool.n_blocks:
             raise ValueError(f"{len(ids)} tokens do not fit this worker's KV pool")
-
-    @staticmethod
-    def _choice_params(request: GenerationRequest, index: int) -> GenerationParams:
-        """Choice i of a seeded request samples with seed + i, so choices differ yet stay reproducible."""
-        sampling = request.params.sampling
-        if index == 0 or sampling.seed is None:
-            return request.params
-        return replace(request.params, sampling=replace(sampling, seed=sampling.seed + index))
-
-    def _push_waiting(self, seq: ScheduledSequence, *, front: bool) -> None:
-        """Queue a sequence: by priority, preempted ones ahead of new arrivals, then by arrival."""
-        seq.state = SeqState.PREEMPTED if front else SeqState.WAITING
-        key = (-int(seq.group.request.priority), 0 if front else 1, seq.group.arrival, next(self._ties), seq)
-        heapq.heappush(self._waiting, key)
 
     def cancel(self, request_id: str) -> RequestDone | None:
         """Cancel a request in any state; its slots and KV blocks are freed at once.
@@ -180,28 +160,25 @@ class Scheduler:
             tails.append("" if ended or seq.gen is None else seq.gen.finish(StopReason.CANCELLED))
             if not ended:
                 seq.state = SeqState.CANCELLED
-            self._free(seq)
-        self._active = [s for s in self._active if s.group is not group]
-        self._waiting = [item for item in self._waiting if item[-1].group is not group]
-        heapq.heapify(self._waiting)
+        self.admission.drop_group(group)
         self.stats.requests_cancelled += 1
         self._refresh_gauges()
         if isinstance(group.request, EmbeddingRequest):
             return None  # an embedding has no partial result to report
-        return self._done_event(group, tails)
+        return group.done_event(tails)
 
     # ---- the step --------------------------------------------------------------------------------------
 
     @property
     def has_work(self) -> bool:
         """True while anything waits or runs."""
-        return bool(self._waiting or self._active or self._ready)
+        return bool(self.admission.waiting or self.admission.active or self._ready)
 
     def step(self) -> list[StepEvent]:
         """Admit, plan one batch within the token and KV budgets (preempting if needed), forward, sample."""
         events: list[StepEvent] = self._ready
         self._ready = []
-        self._admit()
+        self.admission.admit()
         plan = self._plan()
         if not plan:
             return events
@@ -227,7 +204,7 @@ class Scheduler:
                 self._on_hidden(seq, logits, now, events)
                 continue
             if logits.ndim == 2:  # every row of a scored prompt's prefill chunk; the last one samples
-                logits = score_chunk(seq.group, start, logits, events)
+                logits = seq.group.score_chunk(start, logits, events)
             if seq.group.cancelled or seq.pending_prefill > 0 or seq.state == SeqState.FINISHED:
                 continue  # (finished: a scoring-only choice its group's other prefill ended this step)
             if seq.state == SeqState.PREFILLING and seq.group.request.params.max_tokens == 0:
@@ -269,8 +246,7 @@ class Scheduler:
             return
         seq.pooled = finish_pool(seq.pooled, len(seq.embed_ids), request.pooling, request.normalize)  # (D,)
         seq.state = SeqState.FINISHED
-        self._free(seq)
-        self._active.remove(seq)
+        self.admission.retire(seq)
         self.stats.prompt_tokens += len(seq.embed_ids)
         group = seq.group
         if group.done:
@@ -288,75 +264,22 @@ class Scheduler:
         if seq.group.request.cache_prompt and seq.computed // size > before // size:
             self.blocks.commit(seq.seq_id, seq.target_ids[: seq.computed])
 
-    def _admit(self) -> None:
-        """Move waiting sequences into free slots, best priority first, while the pool can hold their prompts."""
-        floor = -1  # once a waiting sequence preempted others, none ranked below it is admitted in this pass
-        while self._waiting:
-            seq = self._waiting[0][-1]
-            group = seq.group
-            if rank(seq) < floor:
-                break
-            shares = seq.gen is not None and seq.index == 0 and not seq.was_preempted and group.request.n > 1
-            width = group.request.n if shares else 1
-            use_cache = group.request.cache_prompt
-            seed = lora_set_key(group.request.loras)  # the prefix cache is keyed by the adapter set
-            if not self._fits(seq, width, use_cache=use_cache, seed=seed):
-                if preempt_for_priority(self, seq):  # it outranks running sequences: make room, look again
-                    floor = rank(seq)
-                    continue
-                break
-            try:
-                computed = self.blocks.allocate(seq.seq_id, seq.target_ids, use_cache=use_cache, seed=seed)
-            except NoFreeBlocks:
-                if preempt_for_priority(self, seq):
-                    floor = rank(seq)
-                    continue
-                break
-            heapq.heappop(self._waiting)
-            if group.timings.admitted is None:
-                group.timings.admitted = time.monotonic()
-            seq.in_pool, seq.computed = True, computed
-            seq.admit_order = next(self._admissions)
-            if not seq.was_preempted:
-                group.cached_tokens = computed
-            seq.state = SeqState.PREFILLING
-            self._active.append(seq)
-            if shares:  # the other choices share this prefill's blocks when it is done
-                for follower in group.sequences[1:]:
-                    follower.state = SeqState.PREFILLING
-                    follower.admit_order = next(self._admissions)
-                    self._active.append(follower)
-
-    def _fits(self, seq: ScheduledSequence, width: int, *, use_cache: bool, seed: int | None) -> bool:
-        """Whether a waiting sequence (width slots) can be admitted now: a free slot, and KV for its prompt
-        beside one free block per running decode (so admission does not force an immediate preemption)."""
-        if len(self._active) + width > self.config.max_sequences:
-            return False
-        headroom = sum(1 for s in self._active if s.state == SeqState.DECODING)
-        if self._active and self.blocks.num_free_blocks - headroom < self.blocks.blocks_for(len(seq.target_ids)):
-            return False
-        return self.blocks.can_allocate(seq.target_ids, use_cache=use_cache, seed=seed)
-
     def _plan(self) -> list[tuple[ScheduledSequence, list[int]]]:
         """Choose this step's tokens: every decode, then prefill chunks, within budgets; preempt to fit KV."""
-        while True:
-            decoding = [s for s in self._active if s.state == SeqState.DECODING]
-            if sum(self.blocks.append_cost(s.seq_id, 1) for s in decoding) <= self.blocks.num_free_blocks:
-                break
-            preempt_for_kv(self)
-        decoding = not_outranked(decoding, self._active)  # a prefill that outranks them goes without them
+        active = self.admission.active
+        decoding = not_outranked(self.admission.make_room_for_decodes(), active)  # an outranking prefill goes alone
         plan: list[tuple[ScheduledSequence, list[int]]] = []
         budget = self.config.max_batch_tokens
-        prefilling = sorted(not_outranked([s for s in self._active if s.state == SeqState.PREFILLING
-                                           and s.fork_from is None], self._active),
+        prefilling = sorted(not_outranked([s for s in active if s.state == SeqState.PREFILLING
+                                           and s.fork_from is None], active),
                             key=lambda s: (-int(s.group.request.priority), s.admit_order))
         speculate = (self.config.speculative_tokens > 0 and len(decoding) <= self.config.speculative_max_batch
                      and not prefilling)  # drafts never delay a prompt's prefill (TTFT)
         spare = self.blocks.num_free_blocks - sum(self.blocks.append_cost(s.seq_id, 1) for s in decoding)
         draft_rows = max(0, ops.narrow_rows() - len(decoding))  # drafts never widen the step past narrow
         for seq in decoding[:budget]:
-            drafts = draft_tokens(seq, self.config.speculative_tokens, min(budget, draft_rows + 1),
-                                  self.engine.context_length) if speculate else []
+            drafts = seq.draft_tokens(self.config.speculative_tokens, min(budget, draft_rows + 1),
+                                      self.engine.context_length) if speculate else []
             draft_rows -= len(drafts)
             extra = self.blocks.append_cost(seq.seq_id, 1 + len(drafts)) - self.blocks.append_cost(seq.seq_id, 1)
             if extra > spare:  # drafts never take blocks a plain decode needs
@@ -400,7 +323,7 @@ class Scheduler:
         if not seq.was_preempted:
             self.stats.prompt_tokens += len(group.request.prompt_ids)
         rows = []
-        for follower in [s for s in self._active if s.fork_from is seq]:
+        for follower in [s for s in self.admission.active if s.fork_from is seq]:
             self.blocks.fork(seq.seq_id, follower.seq_id)
             follower.in_pool, follower.computed = True, seq.computed
             follower.fork_from = None
@@ -413,12 +336,11 @@ class Scheduler:
         for seq in group.sequences:
             seq.gen.finish(StopReason.LENGTH)
             seq.state = SeqState.FINISHED
-            self._free(seq)
-        self._active = [s for s in self._active if s.group is not group]
+        self.admission.drop_group(group)
         group.timings.first_token = group.timings.finished = now
         self._groups.pop(group.request.request_id, None)
         self.stats.requests_finished += 1
-        events.append(replace(self._done_event(group, []), unsampled=True))
+        events.append(replace(group.done_event([]), unsampled=True))
 
     def _on_token(self, seq: ScheduledSequence, sampled: SampledToken, now: float, events: list[StepEvent]) -> None:
         """Give a sequence its sampled token, emit it, and retire the sequence if it finished."""
@@ -435,47 +357,26 @@ class Scheduler:
         events.append(SequenceStep(group.request.request_id, seq.index, out))
         if out.finish_reason is not None:
             seq.state = SeqState.FINISHED
-            self._free(seq)
-            self._active.remove(seq)
+            self.admission.retire(seq)
             if group.done:
                 group.timings.finished = now
                 self._groups.pop(group.request.request_id, None)
                 self.stats.requests_finished += 1
-                events.append(self._done_event(group, []))
-
-    def _done_event(self, group: RequestGroup, tails: list[str]) -> RequestDone:
-        """The terminal record of a request."""
-        return RequestDone(
-            request_id=group.request.request_id,
-            finish_reasons=[s.gen.finish_reason or StopReason.CANCELLED for s in group.sequences],
-            prompt_tokens=len(group.request.prompt_ids),
-            completion_tokens=sum(len(s.gen.generated_ids) for s in group.sequences),
-            cached_tokens=group.cached_tokens,
-            timings=group.timings,
-            seeds=[s.gen.seed for s in group.sequences],
-            tail_texts=tails,
-        )
+                events.append(group.done_event([]))
 
     def _fail(self, group: RequestGroup, message: str) -> RequestFailed:
         """Drop a request after an engine failure."""
         for seq in group.sequences:
             seq.state = SeqState.CANCELLED
-            self._free(seq)
-        self._active = [s for s in self._active if s.group is not group]
+        self.admission.drop_group(group)
         self._groups.pop(group.request.request_id, None)
         self.stats.requests_failed += 1
         return RequestFailed(group.request.request_id, message)
 
-    def _free(self, seq: ScheduledSequence) -> None:
-        """Give a sequence's blocks back to the pool (full prompt blocks stay cached until evicted)."""
-        if seq.in_pool:
-            self.blocks.free(seq.seq_id)
-            seq.in_pool, seq.computed = False, 0
-
     def _refresh_gauges(self) -> None:
         """Update queue depth, active count, KV usage (and its peak) and prefix-cache counters."""
-        self.stats.queue_depth = len({id(item[-1].group) for item in self._waiting if not item[-1].was_preempted})
-        self.stats.active = len(self._active)
+        self.stats.queue_depth = self.admission.waiting_requests
+        self.stats.active = len(self.admission.active)
         self.stats.tokens_left = sum(group.tokens_left for group in self._groups.values())
         self.stats.kv_blocks_used = self.blocks.num_used_blocks
         self.stats.kv_bytes = self.blocks.num_used_blocks * self.pool.block_bytes

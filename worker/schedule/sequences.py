@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
+from typing import Any
 
 import numpy as np
 
 from worker.engine.generation import GenerationParams, GenerationState, TokenOutput
 from worker.engine.lora import LoraUse
+from worker.engine.stopping import StopReason
 from worker.schedule.prompt_scoring import PromptScorer
 from worker.schedule.speculation import NgramProposer
 
@@ -60,6 +62,13 @@ class GenerationRequest:
     resume_ended: set[int] = field(default_factory=set)  # choices that previous worker already ended
     prompt_logprobs: int | None = None  # echo + logprobs: score the prompt's tokens (top k) before the first token
     loras: tuple[LoraUse, ...] = ()  # LoRA adapters (and scales) every choice runs under
+
+    def choice_params(self, index: int) -> GenerationParams:
+        """Choice i of a seeded request samples with seed + i, so choices differ yet stay reproducible."""
+        sampling = self.params.sampling
+        if index == 0 or sampling.seed is None:
+            return self.params
+        return replace(self.params, sampling=replace(sampling, seed=sampling.seed + index))
 
 
 
@@ -142,6 +151,20 @@ class ScheduledSequence:
             return len(self.embed_ids) - self.computed
         return len(self.gen.prompt_ids) + len(self.gen.generated_ids) - self.computed
 
+    def draft_tokens(self, max_drafts: int, budget: int, context_length: int) -> list[int]:
+        """Tokens to check after a greedy decoding sequence's last one this step (none for sampled sequences)."""
+        gen = self.gen
+        if gen is None or not gen.sampler.params.is_greedy:
+            return []
+        room = min(max_drafts, gen.params.max_tokens - len(gen.generated_ids) - 1, budget - 1,
+                   context_length - self.computed - 1)
+        if room <= 0:
+            return []
+        if self.proposer is None:
+            self.proposer = NgramProposer()
+        count = self.proposer.draft_count(room)
+        return self.proposer.propose(gen.all_ids, count) if count > 0 else []
+
 
 class RequestGroup:
     """A submitted request and its n sequences."""
@@ -169,6 +192,30 @@ class RequestGroup:
     def done(self) -> bool:
         """True when every sequence has finished or was cancelled."""
         return all(s.state in (SeqState.FINISHED, SeqState.CANCELLED) for s in self.sequences)
+
+    def score_chunk(self, start: int, logits: np.ndarray, events: list[Any]) -> np.ndarray:
+        """Fold a prefill chunk's rows (T, V) from position `start` into the prompt logprobs; append the
+        PromptScored event once complete. Returns the last row (V,), the one the first token is sampled from."""
+        scorer = self.scorer
+        if scorer is not None:
+            scorer.add(start, logits)
+            if scorer.complete:
+                events.append(scorer.event(self.request.request_id, self.request.n))
+                self.scorer = None
+        return logits[-1]  # (V,)
+
+    def done_event(self, tails: list[str]) -> RequestDone:
+        """The terminal record of a generation request (`tails`: text each choice released at a cancel)."""
+        return RequestDone(
+            request_id=self.request.request_id,
+            finish_reasons=[s.gen.finish_reason or StopReason.CANCELLED for s in self.sequences],
+            prompt_tokens=len(self.request.prompt_ids),
+            completion_tokens=sum(len(s.gen.generated_ids) for s in self.sequences),
+            cached_tokens=self.cached_tokens,
+            timings=self.timings,
+            seeds=[s.gen.seed for s in self.sequences],
+            tail_texts=tails,
+        )
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,6 @@ alive). Drafts never widen a step past the narrow-step limit, where the cost per
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from worker.schedule.sequences import ScheduledSequence
 
 NGRAM_SIZES = (3, 2)  # longest match first
 STEP_BASE_ROWS = 3.0  # a served step's fixed cost in rows of the narrow matmul (kernel base, attention, publishing)
@@ -91,18 +87,3 @@ class NgramProposer:
                 if end >= n:
                     self._index[n][tuple(history[end - n : end])] = end
         self._indexed = max(self._indexed, len(history))
-
-
-def draft_tokens(seq: ScheduledSequence, max_drafts: int, budget: int, context_length: int) -> list[int]:
-    """Tokens to check after a greedy decoding sequence's last one this step (none for sampled sequences)."""
-    gen = seq.gen
-    if gen is None or not gen.sampler.params.is_greedy:
-        return []
-    room = min(max_drafts, gen.params.max_tokens - len(gen.generated_ids) - 1, budget - 1,
-               context_length - seq.computed - 1)
-    if room <= 0:
-        return []
-    if seq.proposer is None:
-        seq.proposer = NgramProposer()
-    count = seq.proposer.draft_count(room)
-    return seq.proposer.propose(gen.all_ids, count) if count > 0 else []

@@ -144,7 +144,7 @@ def test_scores_survive_a_preemption_in_the_middle_of_the_prompt(tiny_engine: An
         decoding |= {e.request_id for e in sched.step() if isinstance(e, SequenceStep)}
     scored_ids = [int(t) for t in rng.integers(3, vocab, 300)]
     sched.add(request("s", scored_ids, 3, 2, n=2))
-    with caplog.at_level("INFO", logger="worker.schedule.preemption"):
+    with caplog.at_level("INFO", logger="worker.schedule.admission"):
         events = run(sched)
     assert any("preempted request s " in r.getMessage() for r in caplog.records)
     scored = [e for e in events if isinstance(e, PromptScored)]
