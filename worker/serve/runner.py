@@ -15,18 +15,11 @@ from redis import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from shared import keys
-from shared.errors import (
-    DeadLettered,
-    DeadlineExceeded,
-    InternalError,
-    InvalidRequest,
-    LLMFleetError,
-    Unavailable,
-)
-from shared.messages import ChoiceEndEvent, DoneEvent, EmbedJob, GenerateJob, Job, TextJob, TokenEvent, Usage
+from shared.errors import DeadlineExceeded
+from shared.messages import Job
 from shared.settings import Settings
 from worker.engine.engine import Engine
-from worker.engine.errors import EngineError
+from worker.failover.continuation import Continuation, continuation, ending_error
 from worker.failover.fencing import Lease
 from worker.failover.resume import JournalState
 from worker.failover.stealing import ensure_group, reclaim_streams
@@ -36,8 +29,8 @@ from worker.schedule.encoder_scheduler import new_scheduler
 from worker.schedule.scheduler import SchedulerConfig
 from worker.serve.cancel_listener import CancelListener
 from worker.serve.heartbeat import Heartbeat
+from worker.serve.intake import JobIntake
 from worker.serve.job_feeder import JobFeeder, TakenJob
-from worker.serve.jobs import embedding_request, generation_request, text_answer
 from worker.serve.publisher import EventPublisher
 
 log = logging.getLogger(__name__)
@@ -97,6 +90,8 @@ class WorkerRunner:
         self.cancels = CancelListener(redis, model, held=self._held_ids)
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
                                    max_bytes=int(settings.lora_memory_mib * (1 << 20)))
+        self.intake = JobIntake(engine, self.scheduler, self.publisher, self.adapters, redis,
+                                default_max_tokens=settings.default_max_tokens)
         self.feeder = JobFeeder(redis, settings, model=model, worker_id=self.worker_id, streams=self.streams,
                                 own_streams=self.own_streams, adapters=self.adapters, free_width=self._free_width,
                                 accepting=lambda: self.heartbeat.state == "ready" and not self.stop_requested.is_set(),
@@ -264,104 +259,35 @@ class WorkerRunner:
             self.feeder.settled(taken)
 
     def _take_over(self, entry: Entry, item: TakenJob, acks: list[Entry]) -> None:
-        """Continue a job another worker held, from its journal (read by the feeder after the fence went up)."""
+        """Continue a job another worker held, as its journal decides (worker/failover/continuation.py)."""
         job, grant, state, next_seq = item.job, item.grant, item.journal, item.journal_next_seq
         log.info("took over job %s as owner epoch %d (delivery %d, previous owner %s, %s)", job.id, grant.epoch,
                  grant.deliveries, grant.previous or "none", "journal unusable" if state is None
                  else f"{next_seq} events already sent")
-        if state is not None and state.terminal:
+        how = continuation(job, state, next_seq, item.dead_lettered)
+        if how is Continuation.ACK:
             acks.append(entry)  # it ended; only the ack was missing
-        elif item.dead_lettered:
-            self._dead_letter(entry, job, item.dead_lettered, next_seq, acks)
-        elif state is not None and next_seq == 0:
+        elif how is Continuation.START:
             self._accept(entry, job, acks, owner=grant.owner, cancelled=item.cancelled)  # nothing sent: a start
-        elif state is None or not isinstance(job, GenerateJob):
-            self.publisher.resume_from(job.id, next_seq)
-            self.publisher.add_error(job.id, Unavailable(
-                "the worker serving this request stopped and the request cannot be resumed; please retry",
-                retry_after=1.0))
-            acks.append(entry)
         else:
             self.publisher.resume_from(job.id, next_seq)
-            self._accept(entry, job, acks, owner=grant.owner, resume=state, cancelled=item.cancelled)
-
-    def _dead_letter(self, entry: Entry, job: Job, tries: int, next_seq: int, acks: list[Entry]) -> None:
-        """End a poison job (taken over too often without an ack; the feeder set it aside) with a clear error."""
-        log.warning("dead-lettered job %s: delivered %d times without finishing (LLMFLEET_MAX_DELIVERIES=%d)",
-                    job.id, tries, self.settings.max_deliveries)
-        self.publisher.resume_from(job.id, next_seq)
-        self.publisher.add_error(job.id, DeadLettered(
-            f"this request was started {tries} times and every worker running it stopped before it finished; "
-            "it was set aside and will not be retried"))
-        acks.append(entry)
+            if how is Continuation.RESUME:
+                self._accept(entry, job, acks, owner=grant.owner, resume=state, cancelled=item.cancelled)
+            else:
+                self.publisher.add_error(job.id, ending_error(how, job, item.dead_lettered,
+                                                              self.settings.max_deliveries))
+                acks.append(entry)
 
     def _accept(self, entry: Entry, job: Job, acks: list[Entry], *, owner: str, cancelled: bool,
                 resume: JournalState | None = None) -> None:
-        """Start a job (or continue a reclaimed one from its journal), or end it at once with a terminal event."""
-        if time.time() > job.deadline:
-            self.publisher.add_error(job.id, DeadlineExceeded("the request's deadline passed before it started"))
-            acks.append(entry)
-            return
-        if cancelled:  # its cancel marker was set when the feeder took it
-            self._end_without_tokens(job, "cancelled", prompt_tokens=0)
-            acks.append(entry)
-            return
-        log.info("job %s", job.describe())
-        try:
-            if isinstance(job, TextJob):  # answered now: no batch slot, nothing held
-                answer = text_answer(self.engine, job)
-                self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id),
-                                                   usage=Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0),
-                                                   **answer))
-                acks.append(entry)
-                return
-            if isinstance(job, EmbedJob):
-                self.scheduler.add_embedding(embedding_request(self.engine, job))
-                with self._lock:
-                    self._held[job.id] = HeldJob(entry[1], job, 1, entry[0], owner)
-                return
-            loras = self.adapters.resolve(job.loras, self.redis) if job.loras else ()
-            request = generation_request(self.engine, job, default_max_tokens=self.settings.default_max_tokens,
-                                         loras=loras)
-            if resume is not None:
-                request.resume_tokens = [resume.tokens.get(i, []) for i in range(job.n)]
-                request.resume_ended = set(resume.ended)
-                if resume.echoed:  # the echo (and its prompt logprobs) went out before the takeover
-                    request.prompt_logprobs = None
-            if job.echo and request.prompt_logprobs is None and (resume is None or not resume.echoed):
-                text = self.engine.tokenizer.decode(request.prompt_ids, skip_special=False)
-                for index in range(job.n):
-                    self.publisher.add_event(TokenEvent(id=job.id, seq=self.publisher.next_seq(job.id), index=index,
-                                                        text=text, token_ids=list(request.prompt_ids), echo=True))
-            if request.params.max_tokens == 0 and request.prompt_logprobs is None:  # no tokens, finish "length"
-                self._end_without_tokens(job, "length", prompt_tokens=len(request.prompt_ids))
-                acks.append(entry)
-                return
-            self.scheduler.add(request)
-        except LLMFleetError as exc:
-            self.publisher.add_error(job.id, exc)
-            acks.append(entry)
-            return
-        except (ValueError, EngineError) as exc:
-            self.publisher.add_error(job.id, InvalidRequest(str(exc)))
-            acks.append(entry)
-            return
-        except Exception as exc:  # one bad job must never take the worker down
-            log.exception("job %s failed on intake", job.id)
-            self.publisher.add_error(job.id, InternalError(f"the worker could not start this request ({type(exc).__name__})"))
+        """Start a job (or continue a reclaimed one from its journal) and hold it, or ack it when it ended at
+        once with a terminal event."""
+        width = self.intake.start(job, cancelled=cancelled, resume=resume)
+        if width is None:
             acks.append(entry)
             return
         with self._lock:
-            self._held[job.id] = HeldJob(entry[1], job, job.n, entry[0], owner)
-
-    def _end_without_tokens(self, job: Job, reason: str, *, prompt_tokens: int) -> None:
-        """End a job with no generated tokens: every choice ends with `reason`, then Done (e.g. cancelled while
-        it waited in the stream, or max_tokens 0)."""
-        for index in range(job.n if isinstance(job, GenerateJob) else 0):
-            self.publisher.add_event(ChoiceEndEvent(id=job.id, seq=self.publisher.next_seq(job.id), index=index,
-                                                    finish_reason=reason))
-        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
-        self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id), usage=usage))
+            self._held[job.id] = HeldJob(entry[1], job, width, entry[0], owner)
 
     # ---- cancels and deadlines -------------------------------------------------------------------------
 
@@ -405,8 +331,3 @@ class WorkerRunner:
             self.scheduler.cancel(request_id)
             self.publisher.add_error(request_id, DeadlineExceeded("the request's deadline passed"))
             acks.append(self._release(request_id))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-

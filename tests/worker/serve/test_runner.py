@@ -136,16 +136,16 @@ def test_job_of_a_dead_worker_is_reclaimed_and_ends(tiny_engine: Any, client: re
 
 def test_a_job_that_breaks_intake_fails_alone(worker: WorkerRunner, client: redis.Redis,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    import worker.serve.runner as runner_module
+    import worker.serve.intake as intake_module
 
-    real = runner_module.generation_request
+    real = intake_module.generation_request
 
     def flaky(engine: Any, job: GenerateJob, **kw: Any) -> Any:
         if job.id == "boom":
             raise RuntimeError("simulated bug")
         return real(engine, job, **kw)
 
-    monkeypatch.setattr(runner_module, "generation_request", flaky)
+    monkeypatch.setattr(intake_module, "generation_request", flaky)
     events = collect(submit(client, job("boom")))
     assert isinstance(events[-1], ErrorEvent) and events[-1].status == 500 and "simulated" not in events[-1].message
     assert isinstance(collect(submit(client, job("after")))[-1], DoneEvent)  # the worker lives on
