@@ -85,7 +85,7 @@ class Admission:
                     continue
                 break
             self.start_next()
-            seq.in_pool, seq.computed = True, computed
+            seq.holds_blocks, seq.computed = True, computed
             if not seq.was_preempted:
                 group.cached_tokens = computed
             if shares:  # the other choices share this prefill's blocks when it is done
@@ -136,9 +136,9 @@ class Admission:
 
     def free(self, seq: ScheduledSequence) -> None:
         """Give a sequence's blocks back to the pool (full prompt blocks stay cached until evicted)."""
-        if seq.in_pool:
+        if seq.holds_blocks:
             self.blocks.free(seq.seq_id)
-            seq.in_pool, seq.computed = False, 0
+            seq.holds_blocks, seq.computed = False, 0
 
     def retire(self, seq: ScheduledSequence) -> None:
         """A running sequence ended: its blocks go back, its slot is free."""

@@ -41,7 +41,7 @@ class EncoderScheduler(Scheduler):
             config = replace(config, max_sequences=AUTO_MAX_SLOTS)
         self.engine = engine
         self.config = config
-        self.pool = None  # an encoder keeps nothing between steps
+        self.kv_pool = None  # an encoder keeps nothing between steps
         self.blocks = None
         self.stats = SchedulerStats()
         self.admission = Admission(None, config, self.stats)

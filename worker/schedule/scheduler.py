@@ -57,13 +57,13 @@ class Scheduler:
     def __init__(self, engine: Engine, config: SchedulerConfig | None = None) -> None:
         self.engine = engine
         config = config or SchedulerConfig()
-        self.pool = engine.model.new_pool(int(config.kv_budget_mib * MIB), enable_prefix_caching=config.prefix_cache,
-                                          dtype=config.kv_dtype)
+        self.kv_pool = engine.model.new_pool(int(config.kv_budget_mib * MIB),
+                                             enable_prefix_caching=config.prefix_cache, dtype=config.kv_dtype)
         if config.max_sequences <= 0:
-            config = replace(config, max_sequences=auto_slots(self.pool.capacity_tokens))
+            config = replace(config, max_sequences=auto_slots(self.kv_pool.capacity_tokens))
         self.config = config
-        self.blocks = self.pool.blocks
-        self.stats = SchedulerStats(kv_blocks_total=self.pool.n_blocks)
+        self.blocks = self.kv_pool.blocks
+        self.stats = SchedulerStats(kv_blocks_total=self.kv_pool.n_blocks)
         self.admission = Admission(self.blocks, config, self.stats)
         self._groups: dict[str, RequestGroup] = {}
         self._arrivals = itertools.count()
@@ -84,8 +84,8 @@ class Scheduler:
             raise ValueError(f"n must be between 1 and {self.config.max_sequences}")
         total = len(request.prompt_ids) + request.params.max_tokens
         self.engine.check_fits(len(request.prompt_ids), request.params.max_tokens)
-        if self.blocks.blocks_for(total) > self.pool.n_blocks:
-            raise ValueError(f"{total} tokens do not fit this worker's KV pool of {self.pool.capacity_tokens} tokens")
+        if self.blocks.blocks_for(total) > self.kv_pool.n_blocks:
+            raise ValueError(f"{total} tokens do not fit this worker's KV pool of {self.kv_pool.capacity_tokens} tokens")
         group = RequestGroup(request, next(self._arrivals))
         if request.prompt_logprobs is not None:
             group.scorer = PromptScorer(request.prompt_ids, request.prompt_logprobs)
@@ -142,7 +142,7 @@ class Scheduler:
     def _check_input_fits(self, ids: list[int]) -> None:
         """An embedding input must fit the model's context and this worker's KV pool (ValueError otherwise)."""
         self.engine.check_fits(len(ids), 0)
-        if self.blocks.blocks_for(len(ids)) > self.pool.n_blocks:
+        if self.blocks.blocks_for(len(ids)) > self.kv_pool.n_blocks:
             raise ValueError(f"{len(ids)} tokens do not fit this worker's KV pool")
 
     def cancel(self, request_id: str) -> RequestDone | None:
@@ -185,7 +185,7 @@ class Scheduler:
         entries = [BatchEntry(seq.seq_id, np.asarray(tokens, np.int64), seq.computed, _output_kind(seq, tokens),
                               seq.group.request.loras) for seq, tokens in plan]
         try:
-            outputs = self.engine.model.forward(entries, self.pool)
+            outputs = self.engine.model.forward(entries, self.kv_pool)
         except Exception as exc:  # the loop must survive anything one batch does
             log.exception("forward failed; failing the %d requests in the batch", len(plan))
             for group in {id(seq.group): seq.group for seq, _ in plan}.values():
@@ -285,7 +285,7 @@ class Scheduler:
             if extra > spare:  # drafts never take blocks a plain decode needs
                 drafts, extra = [], 0
             spare -= extra
-            self.pool.extend(seq.seq_id, 1 + len(drafts))
+            self.kv_pool.extend(seq.seq_id, 1 + len(drafts))
             plan.append((seq, [seq.gen.generated_ids[-1], *drafts]))
             budget -= 1 + len(drafts)
         for seq in prefilling:
@@ -325,7 +325,7 @@ class Scheduler:
         rows = []
         for follower in [s for s in self.admission.active if s.fork_from is seq]:
             self.blocks.fork(seq.seq_id, follower.seq_id)
-            follower.in_pool, follower.computed = True, seq.computed
+            follower.holds_blocks, follower.computed = True, seq.computed
             follower.fork_from = None
             rows.append((follower, logits))
         return [*rows, (seq, logits)]
@@ -379,7 +379,7 @@ class Scheduler:
         self.stats.active = len(self.admission.active)
         self.stats.tokens_left = sum(group.tokens_left for group in self._groups.values())
         self.stats.kv_blocks_used = self.blocks.num_used_blocks
-        self.stats.kv_bytes = self.blocks.num_used_blocks * self.pool.block_bytes
+        self.stats.kv_bytes = self.blocks.num_used_blocks * self.kv_pool.block_bytes
         self.stats.kv_peak_bytes = max(self.stats.kv_peak_bytes, self.stats.kv_bytes)
         prefix = self.blocks.stats
         self.stats.prefix_queries, self.stats.prefix_hits = prefix.queries, prefix.hits

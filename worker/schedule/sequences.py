@@ -130,7 +130,7 @@ class ScheduledSequence:
         self.pooled: np.ndarray | None = None  # (D,) running sum (mean) or last hidden state of an embedding
         self.seq_id = seq_id  # its block table's id in the engine's KV pool
         self.state = SeqState.WAITING
-        self.in_pool = False  # holds a block table
+        self.holds_blocks = False  # has a block table in the KV pool
         self.computed = 0  # tokens whose KV is in the pool
         self.admit_order = -1
         self.fork_from: ScheduledSequence | None = None  # set while waiting to share the leader's prompt blocks
@@ -145,7 +145,7 @@ class ScheduledSequence:
     @property
     def pending_prefill(self) -> int:
         """Tokens still to prefill before sampling."""
-        if not self.in_pool:
+        if not self.holds_blocks:
             return 0
         if self.gen is None:
             return len(self.embed_ids) - self.computed

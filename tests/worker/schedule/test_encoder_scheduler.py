@@ -37,7 +37,7 @@ def test_requests_share_forwards_within_the_token_budget(minilm_engine) -> None:
     from worker.schedule.encoder_scheduler import EncoderScheduler, new_scheduler
 
     scheduler = new_scheduler(minilm_engine, SchedulerConfig(max_batch_tokens=24))
-    assert isinstance(scheduler, EncoderScheduler) and scheduler.pool is None
+    assert isinstance(scheduler, EncoderScheduler) and scheduler.kv_pool is None
     inputs = [minilm_engine.encode_prompt(t) for t in TEXTS]
     scheduler.add_embedding(EmbeddingRequest("a", inputs[:2]))
     scheduler.add_embedding(EmbeddingRequest("b", inputs[2:]))

@@ -63,7 +63,7 @@ def test_a_higher_priority_request_preempts_and_starts_at_once_and_nothing_is_lo
     config = SchedulerConfig(max_sequences=4, prefix_cache=False, kv_dtype="float32")
     if bound == "kv":  # slots to spare; 13 blocks of 32 tokens: the four low ones' 2 blocks each, one free per
         # decode, and 1 more (the urgent prompt needs 2)
-        block_bytes = Scheduler(tiny_engine, config).pool.block_bytes
+        block_bytes = Scheduler(tiny_engine, config).kv_pool.block_bytes
         config = SchedulerConfig(max_sequences=8, prefix_cache=False, kv_dtype="float32",
                                  kv_budget_mib=13.5 * block_bytes / 2**20)
     sched, out = _busy(tiny_engine, config, lows)

@@ -97,7 +97,7 @@ def test_kv_pool_never_overflows_and_preemption_keeps_outputs(tiny_engine: Any, 
     peaks = []
     got = run_all(sched, on_step=lambda s: peaks.append(s.blocks.num_used_blocks))
     assert sched.stats.preemptions > 0
-    assert max(peaks) <= sched.pool.n_blocks
+    assert max(peaks) <= sched.kv_pool.n_blocks
     for i in range(4):
         assert got[f"r{i}"][0] == expected[i], f"request {i} changed by preemption"
     assert sched.blocks.num_used_blocks == 0  # nothing leaked
@@ -112,7 +112,7 @@ def test_prefix_cache_hit_gives_same_output(tiny_engine: Any) -> None:
     assert sched.blocks.stats.hits == 0
     sched.add(_request("second", shared + [5, 6]))
     second = run_all(sched)["second"][0]
-    size = sched.pool.block_size
+    size = sched.kv_pool.block_size
     assert sched.blocks.stats.hits == 1 and sched.blocks.stats.tokens_hit == (len(shared) + 1) // size * size
     assert first == second
     sched.add(_request("third", shared + [9], cache_prompt=False))
@@ -132,7 +132,7 @@ def test_concurrent_requests_share_prefix_blocks(tiny_engine: Any) -> None:
     used_before = sched.blocks.num_used_blocks
     first = [e.output.token_id for e in sched.step() if isinstance(e, SequenceStep) and e.request_id == "b"]
     assert sched.blocks.num_used_blocks - used_before <= 2  # b reuses a's full blocks, holds only its own tail
-    assert sched.blocks.stats.tokens_hit >= 96 - sched.pool.block_size
+    assert sched.blocks.stats.tokens_hit >= 96 - sched.kv_pool.block_size
     assert first + run_all(sched)["b"][0] == expected
     assert sched.blocks.num_used_blocks == 0
 
