@@ -38,7 +38,7 @@ from shared.messages import (
     Usage,
 )
 from shared.registry import RegistryEntry
-from worker.serve.wire_commands import queue_deregistration, queue_event, queue_job_done, queue_registration
+from worker.wire_commands import queue_deregistration, queue_event, queue_job_done, queue_registration
 
 log = logging.getLogger("standin")
 DEFAULT_MAX_TOKENS = 16

@@ -27,7 +27,7 @@ from shared.messages import (
 )
 from shared.registry import RegistryEntry
 from shared.settings import Settings
-from worker.serve.wire_commands import queue_registration
+from worker.wire_commands import queue_registration
 
 MODEL = "smollm2"
 

@@ -24,7 +24,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from shared import keys
-from worker.serve.wire_commands import JOURNAL_MAXLEN
+from worker.wire_commands import JOURNAL_MAXLEN
 
 DONE = "done"  # the owner value once a request's terminal event and ack are written
 

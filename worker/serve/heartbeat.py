@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from shared.registry import RegistryEntry
 from worker.failover.fencing import Lease, renew_leases
-from worker.serve.wire_commands import queue_deregistration, queue_registration
+from worker.wire_commands import queue_deregistration, queue_registration
 
 log = logging.getLogger(__name__)
 RATE_TIME_CONSTANT_S = 30.0  # the finish rate follows changes over about this long

@@ -27,7 +27,7 @@ from worker.failover.resume import JournalState, JournalUnusable, read_journal
 from worker.failover.stealing import Stealer, reclaim_streams
 from worker.failover.takeover import claim_own, claim_stalled, dead_letter
 from worker.loras import AdapterSet
-from worker.serve.wire_commands import queue_job_done
+from worker.wire_commands import queue_job_done
 
 log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jobs (failover: TTL + this)

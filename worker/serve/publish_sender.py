@@ -25,7 +25,7 @@ from redis.exceptions import RedisError, ResponseError
 from shared import codec, keys
 from shared.messages import Event, is_terminal
 from worker.failover.fencing import is_noscript, load_scripts, queue_fenced_publish
-from worker.serve.wire_commands import queue_event, queue_job_done
+from worker.wire_commands import queue_event, queue_job_done
 
 log = logging.getLogger(__name__)
 Entry = tuple[str, str]  # (job stream, entry id)
