@@ -8,7 +8,7 @@ It starts a bundled Redis, one gateway, one SmolLM2 worker (--slots) and one `ll
 2. batch: the same N as one batch; wall time from batches.create to status completed (polled every 0.1 s);
    the outputs are checked equal to part 1's.
 3. interactive: one streamed request's first-token time and latency with the worker idle, then while a second
-   batch of N runs (its lines at priority low: the interactive request preempts them, worker/preemption.py).
+   batch of N runs (its lines at priority low: the interactive request preempts them, worker/schedule/preemption.py).
 Run: python bench/batches.py [--requests 32] [--max-tokens 32] [--slots 16] [--concurrency 16]
 """
 

@@ -22,8 +22,8 @@ from worker.engine.engine import Engine  # noqa: E402
 from worker.engine.generation import GenerationParams  # noqa: E402
 from worker.engine.sampling import SamplingParams  # noqa: E402
 from worker.models import resolve  # noqa: E402
-from worker.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from worker.sequences import GenerationRequest, SequenceStep  # noqa: E402
+from worker.schedule.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from worker.schedule.sequences import GenerationRequest, SequenceStep  # noqa: E402
 
 
 def scheduler_decode_rate(engine: Engine, batch: int, steps: int) -> float:

@@ -27,8 +27,8 @@ import numpy as np
 from worker.engine.engine import Engine
 from worker.engine.ops import linear
 from worker.models import model_id, resolve
-from worker.scheduler_config import SchedulerConfig
-from worker.sequences import EmbeddingRequest
+from worker.schedule.scheduler_config import SchedulerConfig
+from worker.schedule.sequences import EmbeddingRequest
 
 WORD_LIST = ("the a of to and in is was for on that with as by at from this his her which have are were be an or "
          "river city market engine question garden window music science winter history language morning "
@@ -45,7 +45,7 @@ def sentences(count: int, seed: int = 0) -> list[str]:
 
 def scheduler_rate(engine: Engine, inputs: list[list[int]], batch_tokens: int) -> float:
     """Texts/s through the worker's scheduler with a max_batch_tokens budget (one request per 16 texts)."""
-    from worker.encoder_scheduler import new_scheduler
+    from worker.schedule.encoder_scheduler import new_scheduler
 
     scheduler = new_scheduler(engine, SchedulerConfig(max_batch_tokens=batch_tokens, max_queue=len(inputs)))
     started = time.perf_counter()

@@ -27,8 +27,8 @@ from worker.engine.generation import GenerationParams  # noqa: E402
 from worker.engine.lora import LoraAdapter  # noqa: E402
 from worker.engine.sampling import SamplingParams  # noqa: E402
 from worker.models import resolve  # noqa: E402
-from worker.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from worker.sequences import GenerationRequest, SequenceStep  # noqa: E402
+from worker.schedule.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from worker.schedule.sequences import GenerationRequest, SequenceStep  # noqa: E402
 
 
 def write_random_adapter(path: Path, engine: Engine, rank: int, seed: int) -> Path:

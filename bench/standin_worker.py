@@ -1,10 +1,10 @@
 """A stand-in engine for gateway relay benchmarks: a live worker that streams numbered tokens at a fixed rate.
 
-It registers exactly as worker/heartbeat.py does (registry hash with EXPIRE, llmfleet:workers and
+It registers exactly as worker/serve/heartbeat.py does (registry hash with EXPIRE, llmfleet:workers and
 llmfleet:models sorted sets, lease renewal by XCLAIM), takes jobs from the model's stream with XREADGROUP
 (group shared.keys.JOBS_GROUP, created with MKSTREAM when missing), and every 1/rate seconds emits one
 TokenEvent per choice of every held job, all of them journaled and published in ONE MULTI/EXEC per tick
-(as worker/publisher.py does). After max_tokens tokens a job ends with ChoiceEnd + Done and is XACKed.
+(as worker/serve/publisher.py does). After max_tokens tokens a job ends with ChoiceEnd + Done and is XACKed.
 Each token's text is "<k>@<unix time of the tick's publish> " so a client can check order and latency.
 The load client that drives a gateway in front of it is bench/relay_client.py.
 Run: python bench/standin_worker.py --redis-url redis://127.0.0.1:PORT/0 [--model standin] [--rate 20]
@@ -111,7 +111,7 @@ class StandinWorker:
         return self.stats
 
     async def beat(self) -> None:
-        """Write the registry entry (as worker/heartbeat.py does) and renew the lease of every held job."""
+        """Write the registry entry (as worker/serve/heartbeat.py does) and renew the lease of every held job."""
         pipe = self.redis.pipeline(transaction=True)
         entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=time.time(),
                               started=self.started, load=len(self.held), served=self.stats.jobs)

@@ -36,7 +36,7 @@ ATTENTION_ENTRY_POINTS = ("attention", "attend", "attend_decode_batch")
 
 def _scheduler(engine: Any, streams: int) -> Any:
     """A scheduler of this tree's or the older API, prefix caching off."""
-    from worker.scheduler import Scheduler, SchedulerConfig
+    from worker.schedule.scheduler import Scheduler, SchedulerConfig
 
     try:
         config = SchedulerConfig(max_sequences=streams, max_queue=streams, prefix_cache=False)
@@ -54,7 +54,7 @@ def measure(streams: int, steps: int, prompt_tokens: int = 16) -> dict[str, floa
     from worker.engine.generation import GenerationParams
     from worker.engine.sampling import SamplingParams
     from worker.models import resolve
-    from worker.sequences import GenerationRequest
+    from worker.schedule.sequences import GenerationRequest
     engine = Engine.load(resolve("smollm2-135m"))
     rng = np.random.default_rng(streams)
     warmup = -(-streams * prompt_tokens // 512) + 2  # steps until every prompt is prefilled (512-token prefill budget)

@@ -28,8 +28,8 @@ from worker.engine.engine import Engine  # noqa: E402
 from worker.engine.generation import GenerationParams  # noqa: E402
 from worker.engine.sampling import SamplingParams  # noqa: E402
 from worker.models import resolve  # noqa: E402
-from worker.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from worker.sequences import GenerationRequest, RequestFailed, SequenceStep  # noqa: E402
+from worker.schedule.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from worker.schedule.sequences import GenerationRequest, RequestFailed, SequenceStep  # noqa: E402
 
 SCHEMA = {"type": "array", "minItems": 64, "items": {
     "type": "object", "properties": {"name": {"type": "string", "maxLength": 20},

@@ -55,9 +55,9 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
     from threadpoolctl import threadpool_limits
 
     from worker.engine.engine import Engine
-    from worker.engine.kernels import set_threads
+    from worker.engine.numba_runtime import set_threads
     from worker.models import model_id, resolve
-    from worker.runner import WorkerRunner
+    from worker.serve.runner import WorkerRunner
 
     threads = settings.threads or os.cpu_count() or 1
     blas_limits = threadpool_limits(limits=threads, user_api="blas")  # noqa: F841 (kept for the process's life)

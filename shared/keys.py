@@ -23,7 +23,7 @@ Layout (values in brackets are what is stored there):
   llmfleet:cancelled:{request_id} string "1" with a TTL; set with every cancel so a worker that takes
                                  the job later (or missed the publish) still sees it
   llmfleet:owner:{request_id}    string "<epoch>:<worker_id>" (then "done"), TTL request timeout + 60 s: the
-                                 fence of the request's journal, channel and ack (worker/fencing.py)
+                                 fence of the request's journal, channel and ack (worker/failover/fencing.py)
   llmfleet:deadletter:{model}    stream [fields "job" = codec bytes, "worker", "deliveries", "at"]; jobs
                                  delivered LLMFLEET_MAX_DELIVERIES times without an ack, set aside
   llmfleet:worker:{worker_id}    hash, the worker's registry entry, EXPIRE heartbeat TTL

@@ -56,7 +56,7 @@ class Settings:
     sse_keepalive_s: float = 1.0  # an SSE comment after this long without an event (queued, failover, Redis pause)
     heartbeat_interval_s: float = 0.5  # workers refresh their registry entry this often
     heartbeat_ttl_s: float = 2.5  # a worker without a heartbeat for this long is dead: its jobs fail over (within
-    # this + 0.5 s, worker/runner.py RECLAIM_EVERY_S); a worker stalled this long loses its jobs (fenced, resumed)
+    # this + 0.5 s, worker/serve/job_feeder.py RECLAIM_EVERY_S); a worker stalled this long loses its jobs (fenced, resumed)
     lease_s: float = 30.0  # a job idle this long in the pending list may be reclaimed (XAUTOCLAIM)
     max_deliveries: int = 3  # a job taken over after this many deliveries without an ack is dead-lettered
     slots: int = 0  # sequences a worker runs at once; 0 ("auto") = derived from the KV budget (up to 64)

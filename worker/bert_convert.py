@@ -153,23 +153,10 @@ def _add_tensor(writer: Any, name: str, array: np.ndarray, outtype: str) -> None
     writer.add_tensor(name, np.ascontiguousarray(array.astype(dtype)))
 
 
-def convert(directory: str | Path, dest: str | Path, *, outtype: str = "f32", general: GeneralInfo | None = None) -> Path:
-    """Write `dest` (GGUF, `bert` architecture) from a sentence-transformers directory; outtype f32, f16 or q8_0
-    (matrices whose rows are not a multiple of 32 stay F16 then)."""
+def _add_model_keys(writer: Any, config: dict[str, Any], general: GeneralInfo, outtype: str, pooling: int) -> None:
+    """The `general.*` and `bert.*` keys, in the order llama.cpp's converter writes them."""
     import gguf
-    from safetensors.numpy import load_file
 
-    directory, dest = Path(directory), Path(dest)
-    if outtype not in FILE_TYPES:
-        raise ConversionError(f"outtype {outtype!r}: one of {', '.join(FILE_TYPES)}")
-    config = _json(directory, "config.json")
-    tokenizer_json = _json(directory, "tokenizer.json")
-    tensors = load_file(str(directory / "model.safetensors"))
-    renamed = [(gguf_tensor_name(name), array) for name, array in sorted(tensors.items())]
-    tokens, token_types = phantom_vocabulary(tokenizer_json)
-    special = _special_ids(directory, tokenizer_json)
-    general = general or GeneralInfo(name=directory.name)
-    writer = gguf.GGUFWriter(str(dest), "bert")
     writer.add_type("model")
     writer.add_name(general.name)
     for value, add in ((general.version, writer.add_version), (general.organization, writer.add_organization),
@@ -184,9 +171,14 @@ def convert(directory: str | Path, dest: str | Path, *, outtype: str = "f32", ge
     writer.add_layer_norm_eps(float(config.get("layer_norm_eps", 1e-12)))
     writer.add_file_type(FILE_TYPES[outtype])
     writer.add_causal_attention(False)
-    writer.add_pooling_type(gguf.PoolingType(pooling_type(directory)))
+    writer.add_pooling_type(gguf.PoolingType(pooling))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_token_type_count(int(config.get("type_vocab_size", 2)))
+
+
+def _add_tokenizer_keys(writer: Any, tokens: list[str], token_types: list[int], special: dict[str, int],
+                        tokenizer_json: dict[str, Any]) -> None:
+    """The `tokenizer.ggml.*` keys: the phantom-space vocabulary, its special ids and the normalizer's flags."""
     writer.add_tokenizer_model("bert")
     writer.add_tokenizer_pre("bert-bge")
     writer.add_token_list(tokens)
@@ -206,6 +198,26 @@ def convert(directory: str | Path, dest: str | Path, *, outtype: str = "f32", ge
         writer.add_bool("tokenizer.ggml.normalizer.lowercase", bool(normalizer["lowercase"]))
     if normalizer.get("strip_accents") is not None:
         writer.add_bool("tokenizer.ggml.normalizer.strip_accents", bool(normalizer["strip_accents"]))
+
+
+def convert(directory: str | Path, dest: str | Path, *, outtype: str = "f32", general: GeneralInfo | None = None) -> Path:
+    """Write `dest` (GGUF, `bert` architecture) from a sentence-transformers directory; outtype f32, f16 or q8_0
+    (matrices whose rows are not a multiple of 32 stay F16 then)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    directory, dest = Path(directory), Path(dest)
+    if outtype not in FILE_TYPES:
+        raise ConversionError(f"outtype {outtype!r}: one of {', '.join(FILE_TYPES)}")
+    config = _json(directory, "config.json")
+    tokenizer_json = _json(directory, "tokenizer.json")
+    tensors = load_file(str(directory / "model.safetensors"))
+    renamed = [(gguf_tensor_name(name), array) for name, array in sorted(tensors.items())]
+    tokens, token_types = phantom_vocabulary(tokenizer_json)
+    special = _special_ids(directory, tokenizer_json)
+    writer = gguf.GGUFWriter(str(dest), "bert")
+    _add_model_keys(writer, config, general or GeneralInfo(name=directory.name), outtype, pooling_type(directory))
+    _add_tokenizer_keys(writer, tokens, token_types, special, tokenizer_json)
     for name, array in renamed:
         if name is None:
             continue

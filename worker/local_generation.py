@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 from worker.engine.engine import Engine
 from worker.engine.generation import GenerationParams, TokenOutput
-from worker.scheduler import Scheduler, SchedulerConfig
-from worker.sequences import GenerationRequest, RequestFailed, SequenceStep
+from worker.schedule.scheduler import Scheduler, SchedulerConfig
+from worker.schedule.sequences import GenerationRequest, RequestFailed, SequenceStep
 
 
 def generate(engine: Engine, prompt_ids: list[int], params: GenerationParams,

@@ -3,7 +3,7 @@ gateway alone can take requests (`/ready/gateway`); `/health` (gateway/admin/rou
 
 The deployment's required models are the ones live node agents were started to serve (`serve` without --lazy,
 `node --eager`: their `pinned` list) plus LLMFLEET_REQUIRED_MODELS. Each is ready when a live worker of it is
-registered, which a worker does only after its model is loaded and its kernels ran once (worker/runner.py).
+registered, which a worker does only after its model is loaded and its kernels ran once (worker/serve/runner.py).
 With no required model (a lazy pool, or workers that register on their own) the deployment is ready when Redis
 answers and a worker or a node agent is alive: lazily loaded models are admitted while they load.
 """

@@ -1,4 +1,4 @@
-"""The namespace test bed itself (tests/faults/netns.py), with a real redis-server and redis-cli: hosts reach
+"""The namespace test bed itself (tests/support/netns.py), with a real redis-server and redis-cli: hosts reach
 each other over the bridge, a partition cuts a host off and heal() brings it back, cut() drops only the traffic
 between two hosts, the delay proxy inside a host adds its round trip, and close() leaves nothing behind."""
 

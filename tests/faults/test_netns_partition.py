@@ -1,4 +1,4 @@
-"""Network partitions in the namespace test bed (tests/faults/netns.py): Redis, gateways and workers on hosts of
+"""Network partitions in the namespace test bed (tests/support/netns.py): Redis, gateways and workers on hosts of
 their own, joined by a bridge; SmolLM2 workers with default heartbeat and lease settings.
 
 - A worker dropped off the network for 20 s mid-stream: the other worker takes its streams over, clients get

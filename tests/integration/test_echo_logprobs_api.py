@@ -92,7 +92,7 @@ def test_max_tokens_zero_scores_the_prompt(client: openai.OpenAI) -> None:
 
 
 def test_a_prompt_over_the_scoring_limit_is_a_400_naming_logprobs(client: openai.OpenAI) -> None:
-    from worker.prompt_scoring import MAX_SCORED_PROMPT_TOKENS
+    from worker.schedule.prompt_scoring import MAX_SCORED_PROMPT_TOKENS
 
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=MODEL, prompt=[42] * (MAX_SCORED_PROMPT_TOKENS + 1), echo=True, logprobs=1,

@@ -51,11 +51,11 @@ def _request_for(adapter_set: list[dict]) -> dict[str, Any]:
 def test_every_adapter_set_matches_llama_cpp_in_shared_batches(cluster: Any, adapters: httpx.Client,
                                                                lora_fixtures: Path) -> None:
     from worker.engine.gguf_file import read_metadata
-    from worker.engine.tokenizer import Tokenizer
+    from worker.engine.gguf_tokenizer import tokenizer_from_gguf
     from worker.models import pull
 
     reference = json.loads((lora_fixtures / "reference.json").read_text())
-    tokenizer = Tokenizer.from_gguf_metadata(read_metadata(pull(MODEL, progress=False)))
+    tokenizer = tokenizer_from_gguf(read_metadata(pull(MODEL, progress=False)))
     client = openai.AsyncOpenAI(base_url=cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
     async def run(case: dict, room: asyncio.Semaphore) -> Any:

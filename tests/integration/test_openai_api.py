@@ -53,9 +53,9 @@ def test_chat_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
 def test_completion_token_ids_greedy_logprobs_match_llama_cpp(client: openai.OpenAI, smollm2_reference: dict,
                                                               smollm2_gguf_path: Any) -> None:
     from worker.engine.gguf_file import read_metadata
-    from worker.engine.tokenizer import Tokenizer
+    from worker.engine.gguf_tokenizer import tokenizer_from_gguf
 
-    tokenizer = Tokenizer.from_gguf_metadata(read_metadata(smollm2_gguf_path))
+    tokenizer = tokenizer_from_gguf(read_metadata(smollm2_gguf_path))
     case = smollm2_reference["greedy"][0]
     reply = client.completions.create(model=MODEL, prompt=case["prompt_ids"], max_tokens=48, temperature=0,
                                       logprobs=5, extra_body={"ignore_eos": True})

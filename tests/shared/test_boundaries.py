@@ -39,15 +39,8 @@ def test_no_pickle_in_our_sources() -> None:
 
 GRAPH_PACKAGES = ("gateway", "worker", "shared", "llmfleet", "batches")
 
-# Circles in main while other branches break them (issue 24). This set must only shrink: a circle that is not
-# one of these (or part of one) fails the test; the lead empties it once the branches that break them are merged.
-KNOWN_CIRCLES: set[frozenset[str]] = {
-    frozenset({"worker.engine.batch_sampling", "worker.engine.sampling"}),
-    frozenset({"worker.engine.block_kernels", "worker.engine.kernels"}),
-    frozenset({"worker.engine.tokenizer", "worker.engine.wordpiece"}),
-    frozenset({"worker.prompt_scoring", "worker.sequences", "worker.speculation"}),
-    frozenset({"worker.preemption", "worker.scheduler"}),
-}
+# Circles allowed to remain: none (issue 24 broke the last ones). Add one only with a reason beside it.
+KNOWN_CIRCLES: set[frozenset[str]] = set()
 
 
 def _module_files() -> dict[str, Path]:

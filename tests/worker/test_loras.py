@@ -87,8 +87,8 @@ def test_scheduler_keys_the_prefix_cache_by_adapter_set(tiny_engine, tmp_path: P
     from tests.support.tiny_gguf import D_FF
     from worker.engine.generation import GenerationParams
     from worker.engine.sampling import SamplingParams
-    from worker.scheduler import Scheduler, SchedulerConfig
-    from worker.sequences import GenerationRequest, RequestDone, SequenceStep
+    from worker.schedule.scheduler import Scheduler, SchedulerConfig
+    from worker.schedule.sequences import GenerationRequest, RequestDone, SequenceStep
 
     shapes = {"attn_v": (D_MODEL // N_HEADS * 2, D_MODEL), "ffn_down": (D_MODEL, D_FF)}
     path = write_adapter(tmp_path / "strong.gguf", random_pairs(shapes, N_LAYERS, 4, seed=5, scale=0.5))

@@ -7,25 +7,68 @@ A single row is sampled by this same code (Sampler.sample calls it with a batch 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from worker.engine.sampling import SampledToken, Sampler
 
 LogitsProcessor = Callable[[np.ndarray], None]  # edits one row of processed scores (V,) in place, e.g. a grammar mask
 NUCLEUS_PREFIX = 256  # top_p looks for the nucleus among this many best tokens before sorting more
 WIDE_NUCLEUS_PREFIX = 8192  # a row whose nucleus is wider tries this many before sorting its whole vocabulary
 
 
-def sample_batch(samplers: Sequence[Sampler], logits: np.ndarray | Sequence[np.ndarray],
+@dataclass(frozen=True)
+class SampledToken:
+    """The chosen token, with logprobs (of the raw logits) when they were asked for."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # best first
+
+
+class RowControls(Protocol):
+    """The controls of one row that this module reads (sampling.SamplingParams is one)."""
+
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def min_p(self) -> float: ...
+    @property
+    def repetition_penalty(self) -> float: ...
+    @property
+    def presence_penalty(self) -> float: ...
+    @property
+    def frequency_penalty(self) -> float: ...
+    @property
+    def logprobs(self) -> int | None: ...
+    @property
+    def is_greedy(self) -> bool: ...
+
+
+class RowSampler(Protocol):
+    """One row's sampler as this module uses it (sampling.Sampler is one)."""
+
+    params: RowControls
+    vocab_size: int
+    bias_ids: np.ndarray  # (NB,)
+    bias_values: np.ndarray  # (NB,)
+
+    @property
+    def is_plain_greedy(self) -> bool: ...
+
+    def next_uniform(self) -> float: ...
+
+
+def sample_batch(samplers: Sequence[RowSampler], logits: np.ndarray | Sequence[np.ndarray],
                  context_ids: Sequence[Sequence[int]], generated_ids: Sequence[Sequence[int]],
                  processors: Sequence[LogitsProcessor | None] | None = None) -> list[SampledToken]:
     """One token per row of raw logits (B, V) (or a list of B rows): bias, penalties, processors, then pick."""
-    from worker.engine.sampling import SampledToken, log_softmax_top
-
     b = len(samplers)
     rows = [np.asarray(row, dtype=np.float32) for row in logits]  # B x (V,)
     if len(rows) != b or any(row.shape != (samplers[0].vocab_size,) for row in rows):
@@ -57,7 +100,7 @@ def sample_batch(samplers: Sequence[Sampler], logits: np.ndarray | Sequence[np.n
     return results
 
 
-def processed_logits(samplers: Sequence[Sampler], raw: np.ndarray, context_ids: Sequence[Sequence[int]],
+def processed_logits(samplers: Sequence[RowSampler], raw: np.ndarray, context_ids: Sequence[Sequence[int]],
                      generated_ids: Sequence[Sequence[int]],
                      processors: Sequence[LogitsProcessor | None] | None = None) -> np.ndarray:
     """A copy of raw logits (B, V) after logit_bias, repetition and presence/frequency penalties, processors."""
@@ -93,7 +136,7 @@ def processed_logits(samplers: Sequence[Sampler], raw: np.ndarray, context_ids: 
     return scores
 
 
-def _row_ids(samplers: Sequence[Sampler], rows: list[int], histories: list[Sequence[int]],
+def _row_ids(samplers: Sequence[RowSampler], rows: list[int], histories: list[Sequence[int]],
              vocab: int) -> tuple[np.ndarray, np.ndarray]:
     """(row, token id) pairs (M,) x2 of the given histories, refusing ids outside the vocabulary."""
     ids = [np.asarray(h, dtype=np.int64).reshape(-1) for h in histories]
@@ -103,7 +146,7 @@ def _row_ids(samplers: Sequence[Sampler], rows: list[int], histories: list[Seque
     return np.concatenate([np.full(len(t), r) for r, t in zip(rows, ids)]).astype(np.int64), flat  # (M,) x2
 
 
-def _draw_rows(samplers: Sequence[Sampler], scores: np.ndarray) -> np.ndarray:
+def _draw_rows(samplers: Sequence[RowSampler], scores: np.ndarray) -> np.ndarray:
     """Temperature, top_k, top_p, min_p and one draw per row (S, V) from each row's own generator: (S,).
 
     Rows without top_k or top_p are drawn unranked (no sort), the others from their ranked best tokens;
@@ -119,7 +162,7 @@ def _draw_rows(samplers: Sequence[Sampler], scores: np.ndarray) -> np.ndarray:
     return tokens
 
 
-def _draw_ranked(samplers: Sequence[Sampler], scores: np.ndarray) -> np.ndarray:
+def _draw_ranked(samplers: Sequence[RowSampler], scores: np.ndarray) -> np.ndarray:
     """Draws for rows with top_k or top_p (S, V): among each row's best tokens, best first, ties by id."""
     s, vocab = scores.shape
     temperature = np.array([x.params.temperature for x in samplers], np.float32)[:, None]  # (S, 1)
@@ -157,7 +200,7 @@ def _draw_ranked(samplers: Sequence[Sampler], scores: np.ndarray) -> np.ndarray:
     return tokens
 
 
-def _draw_unranked(samplers: Sequence[Sampler], scores: np.ndarray) -> np.ndarray:
+def _draw_unranked(samplers: Sequence[RowSampler], scores: np.ndarray) -> np.ndarray:
     """Draws for rows without top_k or top_p (S, V): temperature and min_p need no ordering.
 
     The weights stay in token-id order, so a uniform draw maps to a token without a sort (sorting a
@@ -175,7 +218,7 @@ def _draw_unranked(samplers: Sequence[Sampler], scores: np.ndarray) -> np.ndarra
     return np.minimum(np.array(chosen, np.int64), scaled.shape[1] - 1)  # (S,)
 
 
-def _draw_full_row(sampler: Sampler, scaled: np.ndarray, peak: float, draw: float) -> int:
+def _draw_full_row(sampler: RowSampler, scaled: np.ndarray, peak: float, draw: float) -> int:
     """The same draw for one row whose nucleus reaches past the prefix: a wider prefix, else the whole row.
 
     Exact either way: when the best `width` tokens already hold top_p of the weight, no token past them can
@@ -197,3 +240,18 @@ def _draw_full_row(sampler: Sampler, scaled: np.ndarray, peak: float, draw: floa
         chosen = min(int((cumulative <= draw * cumulative[-1]).sum()), width - 1)
         return int(ids[chosen])
     raise AssertionError("unreachable: the last width is the whole vocabulary")
+
+
+def log_softmax_top(raw: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """The log-softmax of `token` over raw logits (V,), and the `top` best (id, logprob), best first."""
+    peak = float(raw.max())
+    log_total = peak + math.log(float(np.exp(raw - np.float32(peak)).sum(dtype=np.float64)))
+    alternatives: list[tuple[int, float]] = []
+    vocab = raw.shape[0]
+    top = min(top, vocab)
+    if top > 0:
+        kth_value = raw[np.argpartition(raw, vocab - top)[vocab - top]]
+        best = np.flatnonzero(raw >= kth_value)  # (>=k,) every token tied with the k-th is a candidate
+        best = best[np.lexsort((best, -raw[best]))][:top]  # (k,) by logit, ties by id
+        alternatives = [(int(i), float(raw[i]) - log_total) for i in best]
+    return float(raw[token]) - log_total, alternatives

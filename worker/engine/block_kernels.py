@@ -12,8 +12,8 @@ columns (quantized.py), reading a quarter of the bytes of float32. Two compiled 
   kernel's eights and fours win); the wide kernel against float32 BLAS (bench/block_matmul.py): 32 rows 64-72 /
   83-88, 64 rows 126-132 / 127-152.
 
-Both hold their sums in eight-lane vectors (simd.py). Launches hold kernels.launch_lock (see kernels.py for the
-threading layer).
+Both hold their sums in eight-lane vectors (simd.py). Launches hold numba_runtime.launch_lock (see kernels.py for
+the threading layer).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from worker.engine.kernels import launch_lock
+from worker.engine.numba_runtime import launch_lock
 from worker.engine.simd import LANES, vadd, vbroadcast, vfma, vload, vload_u8, vstore, vsum, vzero
 
 WIDE_ROWS = 16  # rows of x from which the wide kernel is used

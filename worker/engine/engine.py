@@ -16,6 +16,7 @@ from worker.engine.embeddings import Pooling, embed, encode_batch
 from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams, GenerationState
+from worker.engine.gguf_tokenizer import tokenizer_from_gguf
 from worker.engine.model import Model
 from worker.engine.stopping import THINK_OPEN
 from worker.engine.tokenizer import Tokenizer
@@ -39,7 +40,7 @@ class Engine:
         replacement leaves the engine without chat: encode_chat raises NoChatTemplateError.
         """
         model = Model.from_file(path)
-        tokenizer = Tokenizer.from_gguf_metadata(model.metadata, source=str(path))
+        tokenizer = tokenizer_from_gguf(model.metadata, source=str(path))
         source = chat_template if chat_template is not None else model.metadata.get("tokenizer.chat_template")
         template = (ChatTemplate.from_source(source, tokenizer)
                     if isinstance(source, str) and source.strip() else None)

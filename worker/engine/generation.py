@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from worker.engine.batch_sampling import SampledToken
 from worker.engine.constraints import Constraint, SequenceConstraint
-from worker.engine.sampling import SampledToken, Sampler, SamplingParams
+from worker.engine.sampling import Sampler, SamplingParams
 from worker.engine.stopping import StopReason, StopStringMatcher, check_token_stop
 from worker.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 

@@ -4,7 +4,7 @@ Paged decode attention reads every sequence's keys and values in place through i
 path first gathers all blocks into a padded (Hkv, B, L, Dh) batch per layer, which at long contexts cost more
 than the attention itself. The vector kernel holds its running sums in eight-lane vectors (simd.py), which
 numba's own vectorisation of the same loops did not keep in registers. The block-code matmuls are in
-block_kernels.py; the threading set-up and launch lock here are theirs too. SwiGLU runs here as well, across
+block_kernels.py; the threading set-up and launch lock both use are in numba_runtime.py. SwiGLU runs here as well, across
 the kernel threads: numpy's four single-threaded passes left the second core idle.
 
 Parallel kernels prefer numba's OpenMP layer: on the 2-core machine the `workqueue` layer launched the block
@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import threading
 
-import numba
 import numpy as np
 from numba import njit, prange
 
+from worker.engine.numba_runtime import launch_lock
 from worker.engine.simd import (
     LANES,
     vadd,
@@ -43,15 +41,6 @@ from worker.engine.simd import (
     vzero,
     widen,
 )
-
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # read when numba first loads libgomp (at the first launch)
-numba.config.THREADING_LAYER_PRIORITY = ["omp", "workqueue", "tbb"]  # before the first parallel call
-launch_lock = threading.Lock()  # workqueue is not re-entrant across threads: every parallel launch holds it
-
-
-def set_threads(count: int) -> None:
-    """Threads the parallel kernels use (at most the cores numba saw at start-up)."""
-    numba.set_num_threads(max(1, min(count, numba.config.NUMBA_NUM_THREADS)))
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -218,6 +207,6 @@ def warm_up() -> None:
         paged_attend_decode(np.zeros((1, 2, head_dim), np.float32), keys, keys, np.ones((1, 1), np.int64),
                             np.ones(1, np.int64), np.zeros(1, np.int64))
     swiglu(np.zeros((2, 2 * SWIGLU_CHUNK + 2 * LANES + 2), np.float32))
-    from worker.engine import block_kernels  # it imports this module (the threading set-up and launch lock)
+    from worker.engine import block_kernels  # loaded only when an image build warms the kernels
 
     block_kernels.warm({16, 32})

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine.batch_sampling import LogitsProcessor, processed_logits, sample_batch
+from worker.engine.batch_sampling import LogitsProcessor, SampledToken, processed_logits, sample_batch
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this mean argmax
 MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs
@@ -96,15 +96,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-@dataclass(frozen=True)
-class SampledToken:
-    """The chosen token, with logprobs (of the raw logits) when they were asked for."""
-
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # best first
-
-
 class Sampler:
     """Picks tokens for one sequence with its own seeded PCG64 generator."""
 
@@ -157,18 +148,3 @@ class Sampler:
         """A copy of raw logits (V,) after logit_bias, repetition and presence/frequency penalties."""
         row = np.asarray(raw, dtype=np.float32)[None, :]  # (1, V)
         return processed_logits([self], row, [context_ids], [generated_ids])[0]  # (V,)
-
-
-def log_softmax_top(raw: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
-    """The log-softmax of `token` over raw logits (V,), and the `top` best (id, logprob), best first."""
-    peak = float(raw.max())
-    log_total = peak + math.log(float(np.exp(raw - np.float32(peak)).sum(dtype=np.float64)))
-    alternatives: list[tuple[int, float]] = []
-    vocab = raw.shape[0]
-    top = min(top, vocab)
-    if top > 0:
-        kth_value = raw[np.argpartition(raw, vocab - top)[vocab - top]]
-        best = np.flatnonzero(raw >= kth_value)  # (>=k,) every token tied with the k-th is a candidate
-        best = best[np.lexsort((best, -raw[best]))][:top]  # (k,) by logit, ties by id
-        alternatives = [(int(i), float(raw[i]) - log_total) for i in best]
-    return float(raw[token]) - log_total, alternatives

@@ -61,7 +61,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from tests.support.tiny_gguf import write_tiny_gguf
     from worker.engine.chat_template import CHATML_TEMPLATE
     from worker.engine.engine import Engine
-    from worker.runner import WorkerRunner
+    from worker.serve.runner import WorkerRunner
 
     try:
         server = BundledRedis().start()

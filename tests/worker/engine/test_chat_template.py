@@ -26,10 +26,10 @@ def render(source: str, messages: list[dict[str, Any]] | None = None, **caps: An
 def smollm2_template(smollm2_gguf_path: Path) -> ChatTemplate:
     """SmolLM2's own chat template, built from its GGUF metadata."""
     from worker.engine.gguf_file import read_metadata
-    from worker.engine.tokenizer import Tokenizer
+    from worker.engine.gguf_tokenizer import tokenizer_from_gguf
 
     metadata = read_metadata(smollm2_gguf_path)
-    return ChatTemplate.from_source(metadata.get("tokenizer.chat_template"), Tokenizer.from_gguf_metadata(metadata))
+    return ChatTemplate.from_source(metadata.get("tokenizer.chat_template"), tokenizer_from_gguf(metadata))
 
 
 @pytest.mark.slow

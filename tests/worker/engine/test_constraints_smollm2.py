@@ -13,8 +13,8 @@ from worker.engine.constraints import Constraint
 from worker.engine.generation import GenerationParams
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE
 from worker.engine.sampling import SamplingParams
-from worker.scheduler import Scheduler, SchedulerConfig
-from worker.sequences import GenerationRequest, RequestFailed, SequenceStep
+from worker.schedule.scheduler import Scheduler, SchedulerConfig
+from worker.schedule.sequences import GenerationRequest, RequestFailed, SequenceStep
 
 pytestmark = pytest.mark.slow
 jsonschema = pytest.importorskip("jsonschema")

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from worker.engine.batch_sampling import NUCLEUS_PREFIX, sample_batch
-from worker.engine.sampling import SampledToken, Sampler, SamplingParams, log_softmax_top
+from worker.engine.batch_sampling import NUCLEUS_PREFIX, SampledToken, log_softmax_top, sample_batch
+from worker.engine.sampling import Sampler, SamplingParams
 
 VOCAB = 1000
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from worker.engine.errors import ModelLoadError
+from worker.engine.gguf_tokenizer import tokenizer_from_gguf
 from worker.engine.tokenizer import (
     TOKEN_BYTE,
     TOKEN_CONTROL,
@@ -46,7 +47,7 @@ def tiny_gpt2_metadata(pre: str = "gpt2") -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def tiny_gpt2() -> Tokenizer:
     """Tokenizer over the tiny gpt2-style vocabulary."""
-    return Tokenizer.from_gguf_metadata(tiny_gpt2_metadata())
+    return tokenizer_from_gguf(tiny_gpt2_metadata())
 
 
 def test_tiny_gpt2_merges_and_special_tokens(tiny_gpt2: Tokenizer) -> None:
@@ -89,7 +90,7 @@ def test_tiny_gpt2_end_of_generation_ids(tiny_gpt2: Tokenizer) -> None:
 
 def test_unknown_pre_tokenizer_falls_back_to_gpt2() -> None:
     """An unknown tokenizer.ggml.pre still builds, and says it fell back."""
-    tok = Tokenizer.from_gguf_metadata(tiny_gpt2_metadata(pre="no-such-pre"))
+    tok = tokenizer_from_gguf(tiny_gpt2_metadata(pre="no-such-pre"))
     assert tok.pre_tokenizer_name == "gpt2" and tok.pre_tokenizer_fallback
     assert tok.decode(tok.encode("hello world")) == "hello world"
 
@@ -97,7 +98,7 @@ def test_unknown_pre_tokenizer_falls_back_to_gpt2() -> None:
 @pytest.mark.parametrize("pre", ["gpt2", "default", "smollm", "llama3", "llama-bpe", "qwen2"])
 def test_every_known_pre_tokenizer_round_trips(pre: str) -> None:
     """Each table entry builds and round-trips mixed text exactly."""
-    tok = Tokenizer.from_gguf_metadata(tiny_gpt2_metadata(pre=pre))
+    tok = tokenizer_from_gguf(tiny_gpt2_metadata(pre=pre))
     assert not tok.pre_tokenizer_fallback
     text = "Hello world 12345 it's  \n\tdone!? ünï 日本"
     assert tok.decode(tok.encode(text)) == text
@@ -106,9 +107,9 @@ def test_every_known_pre_tokenizer_round_trips(pre: str) -> None:
 def test_bad_metadata_raises_model_load_error() -> None:
     """Missing keys and unsupported tokenizer models give ModelLoadError."""
     with pytest.raises(ModelLoadError, match="tokenizer.ggml.tokens"):
-        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "gpt2"})
+        tokenizer_from_gguf({"tokenizer.ggml.model": "gpt2"})
     with pytest.raises(ModelLoadError, match="not supported"):
-        Tokenizer.from_gguf_metadata({**tiny_gpt2_metadata(), "tokenizer.ggml.model": "t5"})
+        tokenizer_from_gguf({**tiny_gpt2_metadata(), "tokenizer.ggml.model": "t5"})
 
 
 def test_token_id_out_of_range(tiny_gpt2: Tokenizer) -> None:
@@ -147,7 +148,7 @@ def tiny_spm_metadata(add_space_prefix: bool = True) -> dict[str, Any]:
 
 def test_tiny_spm_merges_from_scores() -> None:
     """Pieces merge by score; a space prefix is added; BOS is on by default for SPM."""
-    tok = Tokenizer.from_gguf_metadata(tiny_spm_metadata())
+    tok = tokenizer_from_gguf(tiny_spm_metadata())
     ids = tok.encode("hello world")
     assert [tok.token_text(i) for i in ids] == ["<s>", "▁hello", "▁world"]
     assert tok.decode(ids) == "hello world"
@@ -156,7 +157,7 @@ def test_tiny_spm_merges_from_scores() -> None:
 
 def test_tiny_spm_byte_fallback_and_no_space_prefix() -> None:
     """Characters missing from the vocabulary fall back to <0xNN> byte tokens."""
-    tok = Tokenizer.from_gguf_metadata(tiny_spm_metadata(add_space_prefix=False))
+    tok = tokenizer_from_gguf(tiny_spm_metadata(add_space_prefix=False))
     ids = tok.encode("hé", add_bos=False)
     assert [tok.token_text(i) for i in ids] == ["h", "<0xC3>", "<0xA9>"]
     assert tok.token_bytes(ids[1]) == b"\xc3" and tok.decode(ids) == "hé"
@@ -165,7 +166,7 @@ def test_tiny_spm_byte_fallback_and_no_space_prefix() -> None:
 
 def test_tiny_spm_incremental_detokenizer_strips_prefix_at_text_start() -> None:
     """With strip_space_prefix the stream matches decode(); bytes join into one character."""
-    tok = Tokenizer.from_gguf_metadata(tiny_spm_metadata())
+    tok = tokenizer_from_gguf(tiny_spm_metadata())
     ids = tok.encode("hello é world")
     detok = IncrementalDetokenizer(tok, strip_space_prefix=True)
     pieces = [detok.push(i) for i in ids]
@@ -181,7 +182,7 @@ def smollm2_tokenizer(smollm2_gguf_path: Path) -> Tokenizer:
     """The real SmolLM2 tokenizer, built from the GGUF's metadata once per module."""
     from worker.engine.gguf_file import read_metadata
 
-    return Tokenizer.from_gguf_metadata(read_metadata(smollm2_gguf_path), source=str(smollm2_gguf_path))
+    return tokenizer_from_gguf(read_metadata(smollm2_gguf_path), source=str(smollm2_gguf_path))
 
 
 @pytest.mark.slow

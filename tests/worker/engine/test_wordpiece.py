@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from worker.engine.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, Tokenizer
+from worker.engine.gguf_tokenizer import tokenizer_from_gguf
+from worker.engine.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL
 from worker.engine.wordpiece import WordPieceTokenizer, split_words
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -59,7 +60,7 @@ def test_control_token_text_is_parsed_as_special() -> None:
 def test_ids_match_llama_cpp_for_every_fixture_text(minilm_f32_path: Path, minilm_reference: dict[str, Any]) -> None:
     from worker.engine.gguf_file import read_metadata
 
-    tok = Tokenizer.from_gguf_metadata(read_metadata(minilm_f32_path))
+    tok = tokenizer_from_gguf(read_metadata(minilm_f32_path))
     assert isinstance(tok, WordPieceTokenizer)
     for entry in minilm_reference["texts"]:
         assert tok.encode(entry["text"]) == entry["ids"], entry["text"][:60]

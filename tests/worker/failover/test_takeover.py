@@ -1,0 +1,74 @@
+"""Claiming stalled workers' jobs on a real Redis: an entry read but never taken moves to a live worker after
+UNTAKEN_AFTER_S, and its stalled reader's own take is then refused; a taken entry stays with its owner."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from shared import keys
+from worker.failover import takeover
+from worker.failover.fencing import take_ownership
+from worker.failover.takeover import claim_stalled, claim_untaken
+
+pytestmark = pytest.mark.integration
+STREAM = keys.jobs_stream("m")
+
+
+@pytest.fixture()
+def client(redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> redis.Redis:
+    monkeypatch.setattr(takeover, "UNTAKEN_AFTER_S", 0.2)
+    client = redis.Redis.from_url(redis_server.url)
+    client.xgroup_create(STREAM, keys.JOBS_GROUP, id="0", mkstream=True)
+    return client
+
+
+def _read(client: redis.Redis, consumer: str, request_id: str) -> str:
+    """One job entry (its field names the request), delivered to `consumer`; returns its entry id."""
+    entry = client.xadd(STREAM, {keys.JOB_FIELD: request_id.encode()}).decode()
+    client.xreadgroup(keys.JOBS_GROUP, consumer, {STREAM: ">"}, count=1)
+    return entry
+
+
+def _request_id(fields: dict) -> str:
+    return fields[keys.JOB_FIELD.encode()].decode()
+
+
+def test_an_entry_read_and_never_taken_moves_to_the_claimer_and_its_reader_is_refused(client: redis.Redis) -> None:
+    entry = _read(client, "stalled", "r1")
+    assert claim_untaken(client, STREAM, "thief", count=5, request_id_of=_request_id) == []  # just read
+    time.sleep(0.3)
+    claimed = claim_untaken(client, STREAM, "thief", count=5, request_id_of=_request_id)
+    assert [e[0].decode() for e in claimed] == [entry]
+    assert take_ownership(client, STREAM, "stalled", [("r1", entry)], ttl_s=60)[0].status == "lost"
+    assert take_ownership(client, STREAM, "thief", [("r1", entry)], ttl_s=60)[0].owner == "1:thief"
+
+
+def test_an_entry_its_reader_took_stays_until_the_lease(client: redis.Redis) -> None:
+    entry = _read(client, "busy", "r2")
+    take_ownership(client, STREAM, "busy", [("r2", entry)], ttl_s=60)
+    time.sleep(0.3)
+    assert claim_untaken(client, STREAM, "thief", count=5, request_id_of=_request_id) == []
+    client.set(keys.owner_key("r2"), "done")  # ended, only the ack missing: not claimed either
+    assert claim_untaken(client, STREAM, "thief", count=5, request_id_of=_request_id) == []
+    pending = client.xpending_range(STREAM, keys.JOBS_GROUP, min="-", max="+", count=5)
+    assert [p["consumer"].decode() for p in pending] == ["busy"]
+
+
+def test_an_entry_taken_by_an_earlier_owner_and_read_again_by_a_stalled_worker_is_claimed(client: redis.Redis) -> None:
+    entry = _read(client, "first", "r3")
+    take_ownership(client, STREAM, "first", [("r3", entry)], ttl_s=60)
+    client.xclaim(STREAM, keys.JOBS_GROUP, "second", 0, [entry])  # the first died; the second reclaimed it and stopped
+    time.sleep(0.3)
+    claimed = claim_stalled(client, STREAM, "thief", count=5, ttl_s=60, lease_s=60, request_id_of=_request_id)
+    assert [e[0].decode() for e in claimed] == [entry]
+
+
+def test_without_a_way_to_name_requests_only_the_lease_applies(client: redis.Redis) -> None:
+    _read(client, "stalled", "r4")
+    time.sleep(0.3)
+    assert claim_stalled(client, STREAM, "thief", count=5, ttl_s=60, lease_s=60) == []
+    assert claim_untaken(client, STREAM, "stalled", count=5, request_id_of=_request_id) == []  # its own entry

@@ -1,0 +1,83 @@
+"""worker.serve.heartbeat: the smoothed finish rate the gateways' admission reads."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_the_finish_rate_follows_the_counter_smoothly() -> None:
+    from worker.serve.heartbeat import EwmaRate
+
+    meter = EwmaRate(time_constant_s=30.0)
+    assert meter.update(0, now=100.0) == 0.0  # one reading: no rate yet
+    for second in range(1, 301):  # 4 requests per second for five minutes
+        rate = meter.update(4 * second, now=100.0 + second)
+    assert rate == pytest.approx(4.0, rel=1e-3)
+    for second in range(301, 331):  # then nothing for 30 s (one time constant): down to about 1/e
+        rate = meter.update(1200, now=100.0 + second)
+    assert rate == pytest.approx(4.0 / 2.718, rel=0.02)
+
+
+def test_the_heartbeat_publishes_the_token_rate_and_the_tokens_left() -> None:
+    """What the gateways' admission weighs work in tokens with: tokens generated per second, tokens still to come."""
+    import fakeredis
+
+    from shared import keys
+    from worker.serve.heartbeat import Heartbeat
+
+    counters = {"generated_tokens": 0.0, "tokens_left": 300.0}
+    beat = Heartbeat(fakeredis.FakeRedis(), worker_id="w1", model="m", slots=4, interval_s=1.0, ttl_s=3.0,
+                     gauges=lambda: {"load": 2, "served": 0}, held_jobs=list, stats=lambda: dict(counters))
+    beat.beat()
+    counters.update(generated_tokens=500.0, tokens_left=120.0)
+    beat.beat()
+    entry = beat.redis.hgetall(keys.worker_key("w1"))
+    assert float(entry[b"stat.token_rate"]) > 0 and float(entry[b"stat.tokens_left"]) == 120.0
+
+
+class _Outage:
+    """A FakeRedis whose pipelines fail (as a stopped Redis does) while `down` is set."""
+
+    def __init__(self) -> None:
+        import fakeredis
+
+        self.inner = fakeredis.FakeRedis()
+        self.down = False
+
+    def pipeline(self, *args: object, **kwargs: object) -> object:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        if self.down:
+            raise RedisConnectionError("Redis is away")
+        return self.inner.pipeline(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_the_heartbeat_registers_again_as_soon_as_redis_answers() -> None:
+    """After failed beats the heartbeat retries every RETRY_S, not every interval: an outage longer than the TTL
+    leaves the worker unregistered for at most RETRY_S once Redis is back."""
+    import time
+
+    from shared import keys
+    from worker.serve.heartbeat import RETRY_S, Heartbeat
+
+    redis = _Outage()
+    beat = Heartbeat(redis, worker_id="w1", model="m", slots=4, interval_s=5.0, ttl_s=10.0,  # type: ignore[arg-type]
+                     gauges=lambda: {"load": 0, "served": 0}, held_jobs=list)
+    beat.start()
+    try:
+        assert not beat.recovering()
+        redis.down = True
+        redis.inner.delete(keys.worker_key("w1"))  # expired during the outage
+        time.sleep(5.3)  # the next interval's beat fails
+        redis.down = False
+        back = time.monotonic()
+        while not redis.inner.exists(keys.worker_key("w1")) and time.monotonic() - back < 3:
+            time.sleep(0.01)
+        assert redis.inner.exists(keys.worker_key("w1"))
+        assert time.monotonic() - back <= RETRY_S + 0.3  # not the 5 s interval
+        assert beat.recovering()  # for a TTL, other workers' expired entries are not taken for dead ones
+    finally:
+        beat.stop()

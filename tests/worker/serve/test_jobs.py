@@ -1,0 +1,108 @@
+"""worker.serve.jobs: a chat job for a model without a chat template is a clear 400; a configured template is used."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.errors import NoChatTemplate
+from shared.messages import ChatMessage, GenerateJob
+from worker.serve.jobs import prompt_ids_of
+
+TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}>{% endif %}"
+
+
+def _chat_job() -> GenerateJob:
+    now = time.time()
+    return GenerateJob(id="job-1", model="tiny", created=now, deadline=now + 60,
+                       messages=[ChatMessage(role="user", content="hello")])
+
+
+def test_chat_on_a_model_without_a_template_is_a_400_naming_the_fix(tiny_engine: Any) -> None:
+    assert tiny_engine.chat_template is None  # the tiny GGUF, like a base model, has no template
+    with pytest.raises(NoChatTemplate) as caught:
+        prompt_ids_of(tiny_engine, _chat_job())
+    error = caught.value
+    assert (error.status, error.code, error.param) == (400, "no_chat_template", "messages")
+    assert "'tiny' has no chat template" in error.message and "--chat-template" in error.message
+
+
+def test_a_configured_template_renders_chat(tmp_path: Path) -> None:
+    from tests.support.tiny_gguf import write_tiny_gguf
+    from worker.engine.engine import Engine
+
+    engine = Engine.load(write_tiny_gguf(tmp_path / "tiny.gguf"), chat_template=TEMPLATE)
+    ids = prompt_ids_of(engine, _chat_job())
+    assert engine.tokenizer.decode(ids) == "[user] hello\n>"
+
+
+def _prompt_job(**fields: Any) -> GenerateJob:
+    now = time.time()
+    return GenerateJob(id="job-2", model="tiny", created=now, deadline=now + 60, prompt_token_ids=[1, 2, 3], **fields)
+
+
+def test_a_job_without_max_tokens_gets_the_default_cut_to_the_context(tiny_engine: Any) -> None:
+    from worker.serve.jobs import generation_request
+
+    left = tiny_engine.context_length - 3
+    assert generation_request(tiny_engine, _prompt_job(), default_max_tokens=5).params.max_tokens == 5
+    assert generation_request(tiny_engine, _prompt_job(), default_max_tokens=10**6).params.max_tokens == left
+    assert generation_request(tiny_engine, _prompt_job(), default_max_tokens=0).params.max_tokens == left
+    assert generation_request(tiny_engine, _prompt_job(max_tokens=7), default_max_tokens=5).params.max_tokens == 7
+
+
+@pytest.mark.parametrize("prompt_len_over_context", [0, 1, 50])
+def test_a_prompt_that_fills_the_context_without_max_tokens_is_a_400(tiny_engine: Any,
+                                                                    prompt_len_over_context: int) -> None:
+    from shared.errors import ContextLengthExceeded
+    from worker.serve.jobs import generation_request
+
+    now = time.time()
+    job = GenerateJob(id="job-3", model="tiny", created=now, deadline=now + 60,
+                      prompt_token_ids=[1] * (tiny_engine.context_length + prompt_len_over_context))
+    for default in (0, 5):  # was a negative max_tokens, then a forward past the context: a 500 "engine error"
+        with pytest.raises(ContextLengthExceeded) as caught:
+            generation_request(tiny_engine, job, default_max_tokens=default)
+        assert (caught.value.status, caught.value.param) == (400, "prompt")
+
+
+def _text_job(operation: str, **fields: Any) -> Any:
+    from shared.messages import TextJob
+
+    now = time.time()
+    return TextJob(id="t", model="smollm2", created=now, deadline=now + 60, operation=operation, **fields)
+
+
+def test_text_jobs_answer_as_llama_server_does(smollm2_engine: Any, smollm2_reference: dict[str, Any]) -> None:
+    """Tokenize (plain and special), pieces, detokenize and apply-template against llama.cpp's own answers."""
+    from worker.serve.jobs import text_answer
+
+    for case in smollm2_reference["tokenize"]:
+        plain = text_answer(smollm2_engine, _text_job("tokenize", content=case["text"], parse_special=False))
+        special = text_answer(smollm2_engine, _text_job("tokenize", content=case["text"]))
+        assert (plain["tokens"], special["tokens"]) == (case["ids"], case["ids_special"]), case["text"]
+        back = text_answer(smollm2_engine, _text_job("detokenize", tokens=case["ids"]))
+        assert back["text"] == case["text"]
+    pieces = text_answer(smollm2_engine, _text_job("tokenize", content="Hello world", with_pieces=True))["pieces"]
+    assert [(p.id, p.piece) for p in pieces] == [(19556, "Hello"), (905, " world")]
+    split = text_answer(smollm2_engine, _text_job("tokenize", content="🙂", with_pieces=True))["pieces"]
+    assert all(isinstance(p.piece, list) for p in split) and bytes(sum((p.piece for p in split), [])) == "🙂".encode()
+    for case in smollm2_reference["chat_template"]:
+        messages = [ChatMessage(role=m["role"], content=m["content"]) for m in case["messages"]]
+        rendered = text_answer(smollm2_engine, _text_job("apply_template", messages=messages,
+                                                         add_generation_prompt=case["add_generation_prompt"]))
+        assert rendered["text"] == case["rendered"]
+
+
+def test_bad_text_jobs_are_400s(tiny_engine: Any) -> None:
+    from shared.errors import InvalidRequest
+    from worker.serve.jobs import text_answer
+
+    with pytest.raises(InvalidRequest) as caught:
+        text_answer(tiny_engine, _text_job("detokenize", tokens=[10**6]))
+    assert caught.value.param == "tokens"
+    with pytest.raises(NoChatTemplate):
+        text_answer(tiny_engine, _text_job("apply_template", messages=[ChatMessage(role="user", content="x")]))

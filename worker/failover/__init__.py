@@ -1,0 +1,1 @@
+"""Failover: job ownership by epochs, taking over dead or stalled workers' jobs, resuming from the journal."""

@@ -1,0 +1,124 @@
+"""Finding the jobs of dead or stalled workers, and setting poison jobs aside.
+
+A worker takes over (XCLAIM) the pending entries of consumers whose registry entry has expired at once
+(failover by heartbeat TTL), entries read but never taken past UNTAKEN_AFTER_S, and entries idle past the
+lease whatever their owner (XAUTOCLAIM). Every claim counts as a delivery; a job delivered more than
+LLMFLEET_MAX_DELIVERIES times without an ack is a poison job (each worker that took it died or stalled on it)
+and goes to `deadletter:{model}` instead.
+
+Read but never taken: a worker owns a job (worker/failover/fencing.py) in the same turn as it reads it, within
+milliseconds. An entry pending for a live consumer for seconds with no owner naming that consumer was read by
+a worker that stopped right then (SIGSTOP, a long pause; its blocking read was answered while it was stopped),
+and would otherwise wait for its lease. Claiming it is safe: the stalled worker's own take is refused once the
+entry has moved ("lost"), and should it have taken the job in the instant between the check and the claim, the
+claimer's take starts a new epoch and fences it off.
+
+A worker restarted under its own id (`--worker-id`, a StatefulSet pod name) finds the entries its dead
+predecessor held pending for its own consumer name, and under a live registry entry: nobody else would move
+them before the lease ran out. At start it lists them (own_pending) and takes them back at once (claim_own),
+as a takeover: a new owner epoch fences the dead process off, and the streams resume from their journals.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from shared import keys
+
+DEAD_LETTER_MAXLEN = 10_000  # dead-lettered jobs kept per model (approximate trim)
+UNTAKEN_AFTER_S = 3.0  # an entry read this long ago and never taken: its reader stalled as it read it
+OWN_PENDING_MAX = 10_000  # entries an earlier process under the same id may have left, per stream
+
+
+def claim_stalled(redis: Any, stream: str, worker_id: str, *, count: int, ttl_s: float, lease_s: float,
+                  request_id_of: Callable[[dict], str | None] | None = None) -> list[Any]:
+    """Claim up to `count` entries of dead consumers (at once), of stalled readers that never took them (with
+    `request_id_of`, which names an entry's request), and of silent ones (after the lease)."""
+    claimed = claim_from_dead_workers(redis, stream, worker_id, count=count, ttl_s=ttl_s, lease_s=lease_s)
+    if len(claimed) < count and request_id_of is not None and lease_s > UNTAKEN_AFTER_S:
+        claimed += claim_untaken(redis, stream, worker_id, count=count - len(claimed), request_id_of=request_id_of)
+    if len(claimed) < count:
+        reply = redis.xautoclaim(stream, keys.JOBS_GROUP, worker_id, start_id="0-0",
+                                 min_idle_time=int(lease_s * 1000), count=count - len(claimed))
+        claimed += reply[1] if reply else []
+    return claimed
+
+
+def claim_from_dead_workers(redis: Any, stream: str, worker_id: str, *, count: int, ttl_s: float,
+                            lease_s: float) -> list[Any]:
+    """Pending entries of consumers whose registry entry has expired (failover by heartbeat TTL)."""
+    claimed: list[Any] = []
+    for consumer in redis.xinfo_consumers(stream, keys.JOBS_GROUP):
+        name = _text(consumer["name"])
+        if name == worker_id or redis.exists(keys.worker_key(name)):
+            continue
+        if not consumer.get("pending"):  # a dead worker that held nothing: forget it once it is long idle
+            if consumer.get("idle", 0) > lease_s * 1000:
+                redis.xgroup_delconsumer(stream, keys.JOBS_GROUP, name)
+            continue
+        pending = redis.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=count, consumername=name)
+        ids = [p["message_id"] for p in pending]
+        if ids:  # min idle: the dead worker's TTL; a live owner renews well within it
+            claimed += [e for e in redis.xclaim(stream, keys.JOBS_GROUP, worker_id, int(ttl_s * 1000), ids)
+                        if e and e[1] is not None]
+        if len(claimed) >= count:
+            break
+    return claimed[:count]
+
+
+def claim_untaken(redis: Any, stream: str, worker_id: str, *, count: int,
+                  request_id_of: Callable[[dict], str | None]) -> list[Any]:
+    """Entries other consumers read over UNTAKEN_AFTER_S ago and never took (no owner names them)."""
+    idle_ms = int(UNTAKEN_AFTER_S * 1000)
+    # a wider window than `count`: entries a stalled owner took (skipped below) must not hide untaken ones
+    pending = redis.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=4 * count + 16, idle=idle_ms)
+    claimed: list[Any] = []
+    for entry in pending:
+        if len(claimed) >= count:
+            break
+        holder, entry_id = _text(entry["consumer"]), _text(entry["message_id"])
+        if holder == worker_id:
+            continue
+        found = redis.xrange(stream, min=entry_id, max=entry_id, count=1)
+        request_id = request_id_of(found[0][1]) if found else None
+        owner = redis.get(keys.owner_key(request_id)) if request_id else None
+        if owner is not None and (_text(owner) == "done" or _text(owner).split(":", 1)[-1] == holder):
+            continue  # taken by its reader (only the lease may move it), or ended and about to be acked
+        claimed += [e for e in redis.xclaim(stream, keys.JOBS_GROUP, worker_id, idle_ms, [entry_id])
+                    if e and e[1] is not None]
+    return claimed
+
+
+def own_pending(redis: Any, streams: list[str], worker_id: str) -> dict[str, list[str]]:
+    """Per stream, the entry ids pending for `worker_id`'s own consumer: at a worker's start, those of an earlier
+    process that ran under the same id and died holding them."""
+    found: dict[str, list[str]] = {}
+    for stream in streams:
+        try:
+            pending = redis.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=OWN_PENDING_MAX,
+                                           consumername=worker_id)
+        except ResponseError:
+            continue  # no such stream or group yet
+        if pending:
+            found[stream] = [_text(p["message_id"]) for p in pending]
+    return found
+
+
+def claim_own(redis: Any, stream: str, worker_id: str, entry_ids: list[str]) -> list[Any]:
+    """XCLAIM (at once) entries pending for this worker's own id; each claim counts as a delivery (poison check)."""
+    return [e for e in redis.xclaim(stream, keys.JOBS_GROUP, worker_id, 0, entry_ids) if e and e[1] is not None]
+
+
+def dead_letter(redis: Any, model: str, job_bytes: bytes, *, worker_id: str, deliveries: int) -> None:
+    """Append a poison job to the model's dead-letter stream (with who set it aside and how often it ran)."""
+    redis.xadd(keys.deadletter_stream(model), {keys.JOB_FIELD: job_bytes, "worker": worker_id,
+                                               "deliveries": str(deliveries), "at": f"{time.time():.3f}"},
+               maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,1 @@
+"""Scheduling: continuous batching over the engine (admission, preemption, speculation, prompt scoring)."""

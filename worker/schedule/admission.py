@@ -1,0 +1,155 @@
+"""Who runs: the waiting queue, admission into free slots and KV blocks, and preemption by recompute.
+
+Waiting sequences are ordered by priority, then preempted ones ahead of new arrivals, then by arrival. A sequence
+is admitted while a slot is free and the pool can hold its prompt beside one free block per running decode; a
+waiting request that outranks running sequences preempts them until it fits (worker/schedule/preemption.py
+chooses which). A preempted sequence gives its blocks back and waits at the front of its priority class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import time
+
+from worker.engine.block_manager import BlockManager, NoFreeBlocks
+from worker.engine.lora import lora_set_key
+from worker.schedule.preemption import kv_victim, priority_victim, rank
+from worker.schedule.scheduler_config import SchedulerConfig
+from worker.schedule.sequences import RequestGroup, ScheduledSequence, SchedulerStats, SeqState
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    """The waiting and running sequences of one scheduler, and the rules that move them between the two."""
+
+    def __init__(self, blocks: BlockManager | None, config: SchedulerConfig, stats: SchedulerStats) -> None:
+        self.blocks = blocks  # None for an encoder, which keeps no KV between steps
+        self.config = config
+        self.stats = stats
+        self.waiting: list[tuple[int, int, int, int, ScheduledSequence]] = []  # heap (-priority, front, order, tie, seq)
+        self.active: list[ScheduledSequence] = []
+        self._admissions = itertools.count()
+        self._ties = itertools.count()
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests waiting for their first admission (preempted ones are not counted again)."""
+        return len({id(item[-1].group) for item in self.waiting if not item[-1].was_preempted})
+
+    def push(self, seq: ScheduledSequence, *, front: bool) -> None:
+        """Queue a sequence: by priority, preempted ones ahead of new arrivals, then by arrival."""
+        seq.state = SeqState.PREEMPTED if front else SeqState.WAITING
+        key = (-int(seq.group.request.priority), 0 if front else 1, seq.group.arrival, next(self._ties), seq)
+        heapq.heappush(self.waiting, key)
+
+    def peek(self) -> ScheduledSequence | None:
+        """The sequence admitted next, if any waits."""
+        return self.waiting[0][-1] if self.waiting else None
+
+    def start_next(self) -> ScheduledSequence:
+        """Take the first waiting sequence into the running set as a prefill."""
+        seq = heapq.heappop(self.waiting)[-1]
+        if seq.group.timings.admitted is None:
+            seq.group.timings.admitted = time.monotonic()
+        self._run(seq)
+        return seq
+
+    def _run(self, seq: ScheduledSequence) -> None:
+        seq.state = SeqState.PREFILLING
+        seq.admit_order = next(self._admissions)
+        self.active.append(seq)
+
+    def admit(self) -> None:
+        """Move waiting sequences into free slots, best priority first, while the pool can hold their prompts."""
+        assert self.blocks is not None
+        floor = -1  # once a waiting sequence preempted others, none ranked below it is admitted in this pass
+        while self.waiting:
+            seq = self.waiting[0][-1]
+            group = seq.group
+            if rank(seq) < floor:
+                break
+            shares = seq.gen is not None and seq.index == 0 and not seq.was_preempted and group.request.n > 1
+            use_cache = group.request.cache_prompt
+            seed = lora_set_key(group.request.loras)  # the prefix cache is keyed by the adapter set
+            computed = None
+            if self._fits(seq, group.request.n if shares else 1, use_cache=use_cache, seed=seed):
+                with contextlib.suppress(NoFreeBlocks):
+                    computed = self.blocks.allocate(seq.seq_id, seq.target_ids, use_cache=use_cache, seed=seed)
+            if computed is None:
+                if self.preempt_for_priority(seq):  # it outranks running sequences: make room, look again
+                    floor = rank(seq)
+                    continue
+                break
+            self.start_next()
+            seq.holds_blocks, seq.computed = True, computed
+            if not seq.was_preempted:
+                group.cached_tokens = computed
+            if shares:  # the other choices share this prefill's blocks when it is done
+                for follower in group.sequences[1:]:
+                    self._run(follower)
+
+    def _fits(self, seq: ScheduledSequence, width: int, *, use_cache: bool, seed: int | None) -> bool:
+        """Whether a waiting sequence (width slots) can be admitted now: a free slot, and KV for its prompt
+        beside one free block per running decode (so admission does not force an immediate preemption)."""
+        if len(self.active) + width > self.config.max_sequences:
+            return False
+        headroom = sum(1 for s in self.active if s.state == SeqState.DECODING)
+        if self.active and self.blocks.num_free_blocks - headroom < self.blocks.blocks_for(len(seq.target_ids)):
+            return False
+        return self.blocks.can_allocate(seq.target_ids, use_cache=use_cache, seed=seed)
+
+    def make_room_for_decodes(self) -> list[ScheduledSequence]:
+        """Preempt until every running decode can append a token; returns the decodes left."""
+        while True:
+            decoding = [s for s in self.active if s.state == SeqState.DECODING]
+            if sum(self.blocks.append_cost(s.seq_id, 1) for s in decoding) <= self.blocks.num_free_blocks:
+                return decoding
+            self.preempt(kv_victim(self.active))
+
+    def preempt_for_priority(self, waiting: ScheduledSequence) -> bool:
+        """Preempt the lowest-ranked running sequence that `waiting` outranks; False when there is none."""
+        victim = priority_victim(self.active, waiting)
+        if victim is None:
+            return False
+        log.info("request %s (priority %d) waits with no room: preempting request %s (priority %d)",
+                 waiting.group.request.request_id, rank(waiting), victim.group.request.request_id, rank(victim))
+        self.preempt(victim)
+        return True
+
+    def preempt(self, victim: ScheduledSequence) -> None:
+        """Free a sequence's blocks (and those of choices waiting to share its prompt) and requeue them at the
+        front of their priority class."""
+        followers = [s for s in self.active if s.fork_from is victim]
+        for seq in [victim, *followers]:
+            self.free(seq)
+            seq.pooled = None
+            seq.fork_from = None
+            seq.was_preempted = True
+            self.active.remove(seq)
+            self.push(seq, front=True)
+        self.stats.preemptions += 1
+        log.info("preempted request %s choice %d", victim.group.request.request_id, victim.index)
+
+    def free(self, seq: ScheduledSequence) -> None:
+        """Give a sequence's blocks back to the pool (full prompt blocks stay cached until evicted)."""
+        if seq.holds_blocks:
+            self.blocks.free(seq.seq_id)
+            seq.holds_blocks, seq.computed = False, 0
+
+    def retire(self, seq: ScheduledSequence) -> None:
+        """A running sequence ended: its blocks go back, its slot is free."""
+        self.free(seq)
+        self.active.remove(seq)
+
+    def drop_group(self, group: RequestGroup) -> None:
+        """Free every sequence of a request and take them out of the running set and the queue."""
+        for seq in group.sequences:
+            self.free(seq)
+        self.active = [s for s in self.active if s.group is not group]
+        if any(item[-1].group is group for item in self.waiting):
+            self.waiting = [item for item in self.waiting if item[-1].group is not group]
+            heapq.heapify(self.waiting)

@@ -1,0 +1,140 @@
+"""The worker's registry entry and job leases, kept fresh by a background thread.
+
+Leases are renewed only for jobs this worker still owns (worker.failover.fencing.RENEW_SCRIPT): a worker that wakes
+from a stall does not pull back an entry another worker took over, and learns at once that it lost it."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from shared.registry import RegistryEntry
+from worker.failover.fencing import Lease, renew_leases
+from worker.wire_commands import queue_deregistration, queue_registration
+
+log = logging.getLogger(__name__)
+RATE_TIME_CONSTANT_S = 30.0  # the finish rate follows changes over about this long
+RETRY_S = 0.1  # the wait before the next beat after a failed (or hung) one
+
+
+class EwmaRate:
+    """The rate of a growing counter, exponentially smoothed over a time constant (0 until a second reading)."""
+
+    def __init__(self, time_constant_s: float = RATE_TIME_CONSTANT_S) -> None:
+        self.time_constant_s = time_constant_s
+        self.rate = 0.0
+        self._last: tuple[float, float] | None = None  # (time, counter)
+
+    def update(self, counter: float, now: float) -> float:
+        """Fold in a new reading of the counter; returns the smoothed rate per second."""
+        if self._last is not None and now > self._last[0]:
+            elapsed = now - self._last[0]
+            instant = max(0.0, counter - self._last[1]) / elapsed
+            weight = 1.0 - math.exp(-elapsed / self.time_constant_s)
+            self.rate += weight * (instant - self.rate)
+        self._last = (now, counter)
+        return self.rate
+
+
+class Heartbeat:
+    """Every interval: refresh the registry hash (model, slots, load, served, state) and renew held jobs' leases."""
+
+    def __init__(self, redis: Redis, *, worker_id: str, model: str, slots: int, interval_s: float, ttl_s: float,
+                 gauges: Callable[[], dict[str, int]], held_jobs: Callable[[], list[Lease]],
+                 stats: Callable[[], dict[str, float]] | None = None,
+                 on_lost: Callable[[list[tuple[str, str]]], None] | None = None,
+                 loras: Callable[[], tuple[int, tuple[str, ...]]] | None = None,
+                 opens_thinking: bool = False) -> None:
+        self.redis = redis
+        self.worker_id = worker_id
+        self.model = model
+        self.slots = slots
+        self.interval_s = interval_s
+        self.ttl_s = ttl_s
+        self.opens_thinking = opens_thinking  # published so that gateways split a reply that starts in <think>
+        self._gauges = gauges  # {"load": sequences in flight, "served": requests ended so far}
+        self._held_jobs = held_jobs
+        self._on_lost = on_lost or (lambda entries: None)  # told the (stream, entry) another worker owns now
+        self._stats = stats or dict  # scheduler statistics for the fleet's /metrics
+        self._loras = loras or (lambda: (0, ()))  # (desired-set version, names) of the LoRA adapters loaded
+        self._finish_rate = EwmaRate()  # requests ended per second: the gateways' admission estimates the wait
+        self._token_rate = EwmaRate()  # tokens generated per second: the same, in tokens (gateway/cluster/admission.py)
+        self.state = "ready"
+        self.recovered_at = -math.inf  # monotonic time of the first beat after an outage (failed or hung beats)
+        self.started = time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def beat(self) -> None:
+        """Write the registry entry and renew the lease on every job this worker holds."""
+        now = time.time()
+        pipe = self.redis.pipeline(transaction=True)
+        gauges = self._gauges()
+        stats = self._stats()
+        stats["finish_rate"] = round(self._finish_rate.update(gauges.get("served", 0), now), 4)
+        stats["token_rate"] = round(self._token_rate.update(stats.get("generated_tokens", 0.0), now), 4)
+        loras_version, loras = self._loras()
+        entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=now,
+                              started=self.started, state=self.state, load=gauges.get("load", 0),
+                              served=gauges.get("served", 0), stats=stats, loras=loras,
+                              loras_version=loras_version, opens_thinking=self.opens_thinking)
+        queue_registration(pipe, entry, ttl_s=self.ttl_s)
+        pipe.execute()
+        by_stream: dict[str, list[Lease]] = {}
+        for lease in self._held_jobs():
+            by_stream.setdefault(lease.stream, []).append(lease)
+        lost = [(stream, entry_id) for stream, leases in by_stream.items()  # XCLAIM by the owner resets the idle
+                for entry_id in renew_leases(self.redis, stream, self.worker_id, leases)]  # time others respect
+        if lost:
+            self._on_lost(lost)
+
+    def recovering(self) -> bool:
+        """True for one TTL after Redis came back from an outage: the other workers' registry entries may have
+        expired meanwhile and are being written again, so their jobs are not orphans yet."""
+        return time.monotonic() - self.recovered_at < self.ttl_s
+
+    def deregister(self) -> None:
+        """Remove the registry entry (clean shutdown)."""
+        pipe = self.redis.pipeline(transaction=True)
+        queue_deregistration(pipe, self.worker_id)
+        pipe.execute()
+
+    def start(self) -> None:
+        """Beat once now, then every interval in the background."""
+        self.beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background thread."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval_s + 1)
+
+    def _run(self) -> None:
+        """Beat every interval; after a failed beat (Redis away) retry every RETRY_S, so the worker is registered
+        again the moment Redis answers; after a beat that hung (Redis paused: it wrote a heartbeat time from
+        before the pause, already past the TTL for the gateways) beat again at once."""
+        wait, failures = self.interval_s, 0
+        while not self._stop.wait(wait):
+            started = time.monotonic()
+            try:
+                self.beat()
+            except RedisError as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("heartbeat failed: %s; retrying every %.1fs", exc, RETRY_S)
+                wait = RETRY_S
+                continue
+            hung = time.monotonic() - started > self.interval_s
+            if failures or hung:
+                self.recovered_at = time.monotonic()
+                log.info("heartbeat: Redis answers again (%d failed beats, %.1fs in the last); registered again",
+                         failures, time.monotonic() - started)
+            failures = 0
+            wait = RETRY_S if hung else self.interval_s

@@ -1,0 +1,108 @@
+"""Starting one taken job: into the scheduler, or ended at once with its terminal event.
+
+A job whose deadline passed or whose cancel marker was set ends before it starts; a text job (tokenize,
+detokenize, apply a template) is answered at once; an embedding or a generation goes to the scheduler (a
+generation taken over continues from its journal: worker/failover/continuation.py). A job the engine refuses
+ends with the error in the client's terms; no job can take the worker down. Nothing here waits on Redis: the
+terminal events go to the publisher's queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from redis import Redis
+
+from shared.errors import DeadlineExceeded, InternalError, InvalidRequest, LLMFleetError
+from shared.messages import ChoiceEndEvent, DoneEvent, EmbedJob, GenerateJob, Job, TextJob, TokenEvent, Usage
+from worker.engine.engine import Engine
+from worker.engine.errors import EngineError
+from worker.failover.continuation import resume_from_journal
+from worker.failover.resume import JournalState
+from worker.loras import AdapterSet
+from worker.schedule.scheduler import Scheduler
+from worker.schedule.sequences import GenerationRequest
+from worker.serve.jobs import embedding_request, generation_request, text_answer
+from worker.serve.publisher import EventPublisher
+
+log = logging.getLogger(__name__)
+
+
+class JobIntake:
+    """Turns a taken job into scheduler work, or into its terminal event when it ends at once."""
+
+    def __init__(self, engine: Engine, scheduler: Scheduler, publisher: EventPublisher, adapters: AdapterSet,
+                 redis: Redis, *, default_max_tokens: int) -> None:
+        self.engine = engine
+        self.scheduler = scheduler
+        self.publisher = publisher
+        self.adapters = adapters
+        self.redis = redis
+        self.default_max_tokens = default_max_tokens
+
+    def start(self, job: Job, *, cancelled: bool, resume: JournalState | None = None) -> int | None:
+        """Start a job (or continue one taken over, from its journal): the slots it holds, or None when it
+        ended at once (deadline passed, cancelled, answered now, refused) with its terminal event queued."""
+        if time.time() > job.deadline:
+            self.publisher.add_error(job.id, DeadlineExceeded("the request's deadline passed before it started"))
+            return None
+        if cancelled:  # its cancel marker was set when the feeder took it
+            self.end_without_tokens(job, "cancelled", prompt_tokens=0)
+            return None
+        log.info("job %s", job.describe())
+        try:
+            return self._submit(job, resume)
+        except LLMFleetError as exc:
+            error = exc
+        except (ValueError, EngineError) as exc:
+            error = InvalidRequest(str(exc))
+        except Exception as exc:  # one bad job must never take the worker down
+            log.exception("job %s failed on intake", job.id)
+            error = InternalError(f"the worker could not start this request ({type(exc).__name__})")
+        self.publisher.add_error(job.id, error)
+        return None
+
+    def _submit(self, job: Job, resume: JournalState | None) -> int | None:
+        """Hand a job to the scheduler, or answer it now: the slots it holds, None when it already ended."""
+        if isinstance(job, TextJob):  # answered now: no batch slot, nothing held
+            answer = text_answer(self.engine, job)
+            self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id),
+                                               usage=Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0),
+                                               **answer))
+            return None
+        if isinstance(job, EmbedJob):
+            self.scheduler.add_embedding(embedding_request(self.engine, job))
+            return 1
+        request = self._generation_request(job, resume)
+        if job.echo and request.prompt_logprobs is None and (resume is None or not resume.echoed):
+            self._echo_prompt(job, request.prompt_ids)
+        if request.params.max_tokens == 0 and request.prompt_logprobs is None:  # no tokens, finish "length"
+            self.end_without_tokens(job, "length", prompt_tokens=len(request.prompt_ids))
+            return None
+        self.scheduler.add(request)
+        return job.n
+
+    def _generation_request(self, job: GenerateJob, resume: JournalState | None) -> GenerationRequest:
+        """The scheduler request of a generation job, its adapters resolved, resumed from a journal if given."""
+        loras = self.adapters.resolve(job.loras, self.redis) if job.loras else ()
+        request = generation_request(self.engine, job, default_max_tokens=self.default_max_tokens, loras=loras)
+        if resume is not None:
+            resume_from_journal(request, resume, job.n)
+        return request
+
+    def _echo_prompt(self, job: GenerateJob, prompt_ids: list[int]) -> None:
+        """Send the prompt's text as every choice's first event (echo without prompt logprobs)."""
+        text = self.engine.tokenizer.decode(prompt_ids, skip_special=False)
+        for index in range(job.n):
+            self.publisher.add_event(TokenEvent(id=job.id, seq=self.publisher.next_seq(job.id), index=index,
+                                                text=text, token_ids=list(prompt_ids), echo=True))
+
+    def end_without_tokens(self, job: Job, reason: str, *, prompt_tokens: int) -> None:
+        """End a job with no generated tokens: every choice ends with `reason`, then Done (e.g. cancelled while
+        it waited in the stream, or max_tokens 0)."""
+        for index in range(job.n if isinstance(job, GenerateJob) else 0):
+            self.publisher.add_event(ChoiceEndEvent(id=job.id, seq=self.publisher.next_seq(job.id), index=index,
+                                                    finish_reason=reason))
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
+        self.publisher.add_event(DoneEvent(id=job.id, seq=self.publisher.next_seq(job.id), usage=usage))

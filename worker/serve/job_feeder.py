@@ -1,0 +1,333 @@
+"""Brings jobs to the worker loop from a thread of its own, so the decode step never waits on Redis for them.
+
+Every Redis read the taking of a job needs happens here: new jobs (highest priority class first, this worker's
+placed jobs before the shared ones), other workers' overdue placed jobs (worker/failover/stealing.py), dead or silent
+workers' jobs (worker/failover/takeover.py, every RECLAIM_EVERY_S), the owner epoch (worker/failover/fencing.py), the journal of a
+job taken over (worker/failover/resume.py), the cancel marker, the dead-lettering of a poison job, and the LoRA desired
+set (worker/loras.py). The loop collects the results with `drain()` and starts or ends each job without Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from redis import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from shared import codec, keys
+from shared.codec import WireFormatError
+from shared.messages import Job
+from shared.redis_commands import queue_job_done
+from shared.settings import Settings
+from worker.failover.fencing import Grant, take_ownership
+from worker.failover.resume import JournalState, JournalUnusable, read_journal
+from worker.failover.stealing import Stealer, reclaim_streams
+from worker.failover.takeover import claim_own, claim_stalled, dead_letter
+from worker.loras import AdapterSet
+
+log = logging.getLogger(__name__)
+RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jobs (failover: TTL + this)
+IDLE_BLOCK_MS = 200  # a read with nothing waiting anywhere blocks this long on this worker's streams
+FULL_WAIT_S = 0.05  # with no free slot, look again after this long (or when the loop frees one)
+BUSY_POLL_S = 0.03  # a busy worker with free slots looks for jobs this often (only an idle one blocks on the
+# streams, so Redis hands a new shared job to an idle worker first)
+
+
+@dataclass
+class TakenJob:
+    """A job this worker now owns, with what the loop needs to start, resume or end it."""
+
+    stream: str
+    message_id: str
+    job: Job
+    grant: Grant
+    takeover: bool  # reclaimed from a dead or silent worker (or owned before: grant.previous)
+    cancelled: bool = False  # its cancel marker was set when it was taken
+    journal: JournalState | None = None  # takeovers: the journal as read after the fence went up
+    journal_next_seq: int = 0  # takeovers whose journal is unusable: one past its highest seq
+    journal_problem: str = ""  # why the journal is unusable ("" = usable or not read)
+    dead_lettered: int = 0  # a poison job set aside: the deliveries it had (0 = not one)
+
+
+class JobFeeder:
+    """A thread that takes as many jobs as there are free slots and hands them to the loop."""
+
+    def __init__(self, redis: Redis, settings: Settings, *, model: str, worker_id: str, streams: list[str],
+                 own_streams: list[str], adapters: AdapterSet, free_width: Callable[[], int],
+                 accepting: Callable[[], bool], holds: Callable[[str], bool], ensure_group: Callable[[], None],
+                 journal_ttl_s: int, slots: int, outranked_width: Callable[[int], int],
+                 recovering: Callable[[], bool] = lambda: False) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.model = model
+        self.worker_id = worker_id
+        self.streams, self.own_streams = streams, own_streams
+        self.read_order = [s for pair in zip(own_streams, streams, strict=True) for s in pair]
+        self.stealer = Stealer(redis, model, worker_id, steal_after_s=settings.steal_after_s)
+        self.adapters = adapters
+        self._free_width = free_width  # the loop's free slots (not counting what waits in the inbox)
+        self._accepting = accepting  # False while draining: nothing new is taken
+        self._holds = holds  # whether the loop already holds a request (a reclaim skips it)
+        self._ensure_group = ensure_group
+        self.journal_ttl_s = journal_ttl_s
+        self._slots = slots  # free_width() == slots: the worker is idle
+        self._outranked_width = outranked_width  # slots held by jobs of classes below PRIORITY_ORDER[i]
+        self._recovering = recovering  # just after a Redis outage: every registry entry looked expired
+        self.orphans: dict[str, list[str]] = {}  # stream -> entries an earlier process with this id left pending
+        self._inbox: list[TakenJob] = []
+        self._inbox_width = 0  # slots the inbox's jobs will occupy
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._last_reclaim = 0.0
+        self._failures = 0
+        self._thread = threading.Thread(target=self._run, name="job-feeder", daemon=True)
+
+    # ---- the loop's side ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start taking jobs."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop taking jobs (what is in the inbox stays for drain())."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(timeout=IDLE_BLOCK_MS / 1000 + 5)
+
+    def drain(self, wait_s: float = 0.0) -> list[TakenJob]:
+        """The jobs taken since the last call (waiting up to wait_s for one); their slots count as used until
+        `settled` is called."""
+        with self._cond:
+            if not self._inbox and wait_s > 0:
+                self._cond.wait(wait_s)
+            taken, self._inbox = self._inbox, []
+            return taken
+
+    def wait_for_jobs(self, timeout_s: float) -> None:
+        """Wait until a job is in the inbox, at most timeout_s."""
+        with self._cond:
+            if not self._inbox:
+                self._cond.wait(timeout_s)
+
+    def settled(self, taken: list[TakenJob]) -> None:
+        """The loop has started (or ended) these jobs: their slots are its own now."""
+        with self._cond:
+            self._inbox_width -= sum(_width(t.job) for t in taken)
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """A slot was freed: look for work now."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def _free(self) -> int:
+        with self._cond:
+            return self._free_width() - self._inbox_width
+
+    def _preemptible(self, index: int) -> int:
+        """Slots a job of class PRIORITY_ORDER[index] may take from running lower-class work (the scheduler
+        preempts it for them), less what the inbox will take."""
+        with self._cond:
+            return max(0, self._outranked_width(index) - self._inbox_width)
+
+    # ---- the thread ---------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.adapters.sync(self.redis)  # at most every LORA_SYNC_S
+                if not self._accepting() or (self._free() <= 0 and self._preemptible(0) <= 0):
+                    with self._cond:
+                        self._cond.wait(FULL_WAIT_S)
+                    continue
+                if time.monotonic() - self._last_reclaim > RECLAIM_EVERY_S:
+                    self._last_reclaim = time.monotonic()
+                    self._reclaim()
+                self._intake()
+                self._failures = 0
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
+                    log.warning("the job stream or its group is gone (Redis restarted?); recreating it")
+                    self._retry(self._ensure_group)
+                else:
+                    self._back_off(f"Redis error while taking jobs: {exc}")
+            except RedisError as exc:
+                self._back_off(f"Redis error while taking jobs: {exc}")
+            except Exception:
+                log.exception("unexpected error while taking jobs; continuing")
+                self._stop.wait(0.5)
+
+    def _retry(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except RedisError as exc:
+            self._back_off(f"Redis error: {exc}")
+
+    def _back_off(self, message: str) -> None:
+        """Log and wait 0.1 s, doubling per consecutive failure up to 2 s."""
+        self._failures += 1
+        if self._failures == 1 or self._failures % 10 == 0:
+            log.warning("%s; retrying", message)
+        self._stop.wait(min(2.0, 0.1 * 2 ** (self._failures - 1)))
+
+    def _intake(self) -> None:
+        """Read as many new jobs as there are free slots, highest priority class first (in a class: the jobs
+        placed on this worker, then the shared ones), then other workers' overdue placed jobs. With nothing to
+        read anywhere, an idle worker waits briefly on all its streams at once; a busy one looks again soon."""
+        free = self._free()
+        others = self.stealer.plan(free) if free > 0 and self.stealer.due() else {}
+        replies = []
+        for index, (priority, own, shared) in enumerate(zip(keys.PRIORITY_ORDER, self.own_streams, self.streams,
+                                                            strict=True)):
+            room = max(free, self._preemptible(index))  # full: a class that outranks running work still reads
+            for stream, count in [(own, room), (shared, room), *others.get(priority, [])] if room > 0 else []:
+                reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=min(count, room))
+                got = sum(len(messages) for _stream, messages in reply or [])
+                if got and stream != own and stream != shared:
+                    log.info("took %d job(s) placed on another worker from %s", got, stream)
+                free, room = free - got, room - got
+                replies += reply or []
+                if room <= 0:
+                    break
+        if not replies and self._free_width() < self._slots:  # busy: poll again soon, leave blocking to idle
+            with self._cond:
+                self._cond.wait(BUSY_POLL_S)
+            return
+        if not replies:
+            replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(self.read_order, ">"),
+                                            count=1, block=IDLE_BLOCK_MS) or []
+        jobs = []
+        for stream, messages in replies:
+            for message_id, fields in messages:
+                job = self._decode(_text(stream), _text(message_id), fields)
+                if job is not None:
+                    jobs.append((_text(stream), _text(message_id), job))
+        self._take(jobs, takeover=False)
+
+    def _reclaim(self) -> None:
+        """Take over jobs of dead workers (registry entry expired) or silent ones (lease passed)."""
+        self.stealer.forget_dead()
+        free = self._free()
+        jobs = self._claim_orphans(free)
+        free -= len(jobs)
+        if self._recovering():  # after a Redis outage every registry entry looked expired: wait a TTL
+            free = 0
+        for stream in reclaim_streams(self.redis, self.model):
+            if free <= 0:
+                break
+            try:
+                claimed = claim_stalled(self.redis, stream, self.worker_id, count=free,
+                                        ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s,
+                                        request_id_of=request_id_of)
+            except ResponseError as exc:
+                if stream in self.streams or stream in self.own_streams:
+                    raise  # NOGROUP on a stream of this worker: recreated
+                log.debug("skipping %s in the reclaim: %s", stream, exc)  # forgotten meanwhile
+                continue
+            free -= len(claimed)
+            for message_id, fields in claimed:
+                mid = _text(message_id)
+                job = self._decode(stream, mid, fields)  # None: trimmed away or unreadable, acked and dropped
+                if job is not None and not self._holds(job.id):
+                    jobs.append((stream, mid, job))
+        self._take(jobs, takeover=True)
+
+    def _claim_orphans(self, free: int) -> list[tuple[str, str, Job]]:
+        """Up to `free` of the jobs an earlier process under this worker's id held when it died, claimed back at
+        once (they are this worker's own; the owner epoch still fences the dead process)."""
+        jobs: list[tuple[str, str, Job]] = []
+        for stream in list(self.orphans):
+            if free <= 0:
+                break
+            batch, rest = self.orphans[stream][:free], self.orphans[stream][free:]
+            for message_id, fields in claim_own(self.redis, stream, self.worker_id, batch):
+                mid = _text(message_id)
+                job = self._decode(stream, mid, fields)
+                if job is not None and not self._holds(job.id):
+                    jobs.append((stream, mid, job))
+            free -= len(batch)
+            if rest:
+                self.orphans[stream] = rest
+            else:
+                del self.orphans[stream]
+        return jobs
+
+    def _take(self, jobs: list[tuple[str, str, Job]], *, takeover: bool) -> None:
+        """Own each (stream, entry id, job) with a new epoch (fencing off any earlier owner), read what its
+        start needs, and put it in the inbox."""
+        taken: list[TakenJob] = []
+        for stream in dict.fromkeys(s for s, _mid, _job in jobs):  # each stream once, in reading order
+            mine = [(mid, job) for s, mid, job in jobs if s == stream]
+            grants = take_ownership(self.redis, stream, self.worker_id, [(job.id, mid) for mid, job in mine],
+                                    ttl_s=self.journal_ttl_s)
+            for (mid, job), grant in zip(mine, grants, strict=True):
+                if grant.status == "lost":
+                    log.info("job %s was claimed by another worker before this one could own it; leaving it", job.id)
+                elif grant.status == "done":
+                    self._ack(stream, mid)  # it ended; only the ack was missing
+                else:
+                    taken.append(TakenJob(stream, mid, job, grant, takeover or bool(grant.previous)))
+        if not taken:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for item in taken:
+            pipe.exists(keys.cancelled_marker(item.job.id))
+        for item, cancelled in zip(taken, pipe.execute(), strict=True):
+            item.cancelled = bool(cancelled)
+            if item.takeover:
+                self._read_journal(item)
+        with self._cond:
+            self._inbox += taken
+            self._inbox_width += sum(_width(t.job) for t in taken)
+            self._cond.notify_all()
+
+    def _read_journal(self, item: TakenJob) -> None:
+        """A takeover's journal (read after the fence went up); a poison job is dead-lettered here."""
+        try:
+            item.journal = read_journal(self.redis, item.job.id)
+            item.journal_next_seq = item.journal.next_seq
+        except JournalUnusable as exc:
+            log.warning("cannot resume job %s: %s", item.job.id, exc)
+            item.journal_next_seq, item.journal_problem = exc.next_seq, str(exc)
+        terminal = item.journal is not None and item.journal.terminal
+        if not terminal and item.grant.deliveries > self.settings.max_deliveries:
+            tries = item.grant.deliveries - 1  # this delivery is not run
+            dead_letter(self.redis, self.model, codec.encode_job(item.job), worker_id=self.worker_id,
+                        deliveries=tries)
+            item.dead_lettered = tries
+
+    def _ack(self, stream: str, message_id: str) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        queue_job_done(pipe, stream, message_id)
+        pipe.execute()
+
+    def _decode(self, stream: str, message_id: str, fields: dict | None) -> Job | None:
+        """The job in a stream entry; an entry that cannot be read is acked and dropped (None)."""
+        try:
+            return codec.decode_job((fields or {})[keys.JOB_FIELD.encode()])
+        except (WireFormatError, KeyError) as exc:
+            log.warning("dropping undecodable job %s: %s", message_id, exc)
+            self._ack(stream, message_id)
+            return None
+
+
+def request_id_of(fields: dict) -> str | None:
+    """The request id of a job stream entry (None when it cannot be read)."""
+    try:
+        return codec.decode_job(fields[keys.JOB_FIELD.encode()]).id
+    except (WireFormatError, KeyError):
+        return None
+
+
+def _width(job: Job) -> int:
+    """Slots a job occupies once started (n for a generation, 1 for anything else)."""
+    return int(getattr(job, "n", 1) or 1)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,192 @@
+"""Turning wire jobs into scheduler requests, and engine failures into client-facing errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+
+from shared.errors import ContextLengthExceeded, InvalidRequest, NoChatTemplate
+from shared.messages import ChatMessage, EmbedJob, GenerateJob, TextJob, TokenPiece
+from worker.engine.constraints import Constraint, ConstraintError
+from worker.engine.engine import Engine
+from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
+from worker.engine.generation import GenerationParams
+from worker.engine.lora import LoraUse
+from worker.engine.sampling import SamplingParams
+from worker.engine.tools import Tool, call_grammar
+from worker.schedule.prompt_scoring import MAX_SCORED_PROMPT_TOKENS
+from worker.schedule.sequences import EmbeddingRequest, GenerationRequest, Priority
+
+
+def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
+    """Tokenize a job's prompt form (text, token ids or chat messages); bad input raises InvalidRequest."""
+    if job.messages is not None:
+        messages = [_chat_message(m) for m in job.messages]
+        with _template_errors(job.model):
+            return engine.encode_chat(messages, add_generation_prompt=job.add_generation_prompt,
+                                      tools=offered_tools(job))
+    if job.prompt_token_ids is not None:
+        vocab = engine.model.config.vocab_size
+        bad = [t for t in job.prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+        return list(job.prompt_token_ids)
+    return engine.encode_prompt(job.prompt or "")
+
+
+def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: int = 0,
+                       loras: tuple[LoraUse, ...] = ()) -> GenerationRequest:
+    """Build the scheduler request of a generate job, checking it against the model's limits; a job without
+    max_tokens gets `default_max_tokens` (0: none), cut to what the context has left. `loras` are the job's
+    adapters, already resolved (worker.loras.AdapterSet.resolve). An embedding-only model refuses (a 400)."""
+    if engine.embedding_only:
+        raise InvalidRequest(f"model {job.model!r} is an embedding model: it serves /v1/embeddings only, not "
+                             "completions or chat", param="model")
+    prompt_ids = prompt_ids_of(engine, job)
+    param = "messages" if job.messages is not None else "prompt"
+    if not prompt_ids:
+        raise InvalidRequest("the prompt is empty", param=param)
+    max_tokens = job.max_tokens
+    if max_tokens is None:  # at least 1: a prompt that fills the context is a 400 below, not a forward past it
+        left = max(engine.context_length - len(prompt_ids), 1)
+        max_tokens = min(default_max_tokens, left) if default_max_tokens > 0 else left
+    try:
+        engine.check_fits(len(prompt_ids), max_tokens)  # the one context-length rule, with OpenAI's wording
+    except ContextLengthError as exc:
+        raise ContextLengthExceeded(str(exc), param=param) from None
+    sampling = sampling_params(job)
+    try:
+        sampling.validate(engine.model.config.vocab_size)
+    except ValueError as exc:
+        name = str(exc).split(" ", 1)[0]  # validate's messages start with the field's name
+        raise InvalidRequest(str(exc), param=name if hasattr(sampling, name) else None) from None
+    params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(job.stop),
+                              ignore_eos=job.ignore_eos, constraint=output_constraint(engine, job),
+                              stop_after_thinking=job.reasoning,
+                              thinking_opened=job.reasoning and job.messages is not None and engine.opens_thinking)
+    scored = job.echo and job.logprobs is not None  # the prompt's own logprobs: every prompt row is computed
+    if scored and len(prompt_ids) > MAX_SCORED_PROMPT_TOKENS:
+        raise InvalidRequest(f"echo with logprobs scores at most {MAX_SCORED_PROMPT_TOKENS} prompt tokens on this "
+                             f"server; the prompt has {len(prompt_ids)}", param="logprobs")
+    return GenerationRequest(job.id, prompt_ids, params, n=job.n, priority=Priority.parse(job.priority),
+                             cache_prompt=job.cache_prompt and not scored,  # no prefix-cache hit skips a row
+                             prompt_logprobs=job.logprobs if scored else None, loras=loras)
+
+
+def text_answer(engine: Engine, job: TextJob) -> dict[str, Any]:
+    """The DoneEvent fields answering a text job (llama.cpp's /tokenize, /detokenize, /apply-template)."""
+    tokenizer = engine.tokenizer
+    if job.operation == "tokenize":
+        ids = tokenizer.encode(job.content or "", parse_special=job.parse_special,
+                               add_bos=None if job.add_special else False)
+        if not job.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": ids, "pieces": [TokenPiece(id=i, piece=_piece(tokenizer.token_bytes(i))) for i in ids]}
+    if job.operation == "detokenize":
+        vocab = engine.model.config.vocab_size
+        bad = [t for t in job.tokens or [] if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="tokens")
+        return {"text": tokenizer.decode(job.tokens or [], skip_special=False)}
+    messages = [_chat_message(m) for m in job.messages or []]
+    with _template_errors(job.model):
+        return {"text": engine.render_chat(messages, add_generation_prompt=job.add_generation_prompt)}
+
+
+@contextmanager
+def _template_errors(model: str) -> Iterator[None]:
+    """Chat-template failures as client errors naming `messages`."""
+    try:
+        yield
+    except NoChatTemplateError:
+        raise NoChatTemplate(
+            f"model {model!r} has no chat template (it is a base model): use /v1/completions, or start "
+            "its workers with --chat-template FILE (LLMFLEET_CHAT_TEMPLATE)", param="messages") from None
+    except TemplateError as exc:
+        raise InvalidRequest(f"the model's chat template refused these messages: {exc}", param="messages") from None
+
+
+def _piece(data: bytes) -> str | list[int]:
+    """A token's text, or its bytes where they are not valid UTF-8 on their own (as llama-server answers)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+def _chat_message(message: ChatMessage) -> dict[str, Any]:
+    """A wire chat message as the chat template reads it."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.name:
+        out["name"] = message.name
+    if message.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def offered_tools(job: GenerateJob) -> list[Tool]:
+    """The tools the prompt shows: all of them, unless tool_choice is none."""
+    if job.tool_choice == "none":
+        return []
+    return [Tool(t.name, t.description, t.parameters, t.strict) for t in job.tools]
+
+
+def _compiled(engine: Engine, constraint: Constraint, param: str) -> Constraint:
+    """Compile a constraint now (cached); one that does not compile is a 400 naming its field."""
+    try:
+        engine.compile_constraint(constraint)
+    except ConstraintError as exc:
+        raise InvalidRequest(f"Invalid value for '{param}': {exc}", param=param) from None
+    return constraint
+
+
+def tool_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:
+    """The grammar of a job's tool calls: forced (required, named) or lazy (auto); each tool's schema first
+    compiled alone, so a bad one is named."""
+    tools = offered_tools(job)
+    if not tools:
+        return None
+    for i, tool in enumerate(tools):
+        _compiled(engine, Constraint("json_schema", tool.parameters, tool.strict), f"tools[{i}].function.parameters")
+    if job.tool_choice == "named":
+        tools = [t for t in tools if t.name == job.tool_name]
+    mode = "auto" if job.tool_choice == "auto" else "required"
+    return _compiled(engine, call_grammar(tools, mode, job.parallel_tool_calls), "tools")
+
+
+def output_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:
+    """The engine's constraint of a job, compiled now: one that does not compile is a 400 naming its field."""
+    if job.constraint is None:
+        return tool_constraint(engine, job)
+    wire = job.constraint
+    return _compiled(engine, Constraint(wire.kind, wire.source, wire.strict), wire.param)
+
+
+def sampling_params(job: GenerateJob) -> SamplingParams:
+    """The engine's sampler settings of a job: the wire's Sampling fields (same names) plus logprobs.
+
+    Values are not range-checked here; `SamplingParams.validate` is the one place that does.
+    """
+    return SamplingParams(**msgspec.structs.asdict(job.sampling), logprobs=job.logprobs)
+
+
+def embedding_request(engine: Engine, job: EmbedJob) -> EmbeddingRequest:
+    """The scheduler request of an embed job: every input tokenized and checked."""
+    inputs = []
+    for i, item in enumerate(job.inputs):
+        ids = engine.encode_prompt(item) if isinstance(item, str) else list(item)
+        if not ids:
+            raise InvalidRequest(f"input {i} is empty", param="input")
+        if len(ids) > engine.context_length:
+            raise InvalidRequest(f"input {i} has {len(ids)} tokens, over the context length "
+                                 f"{engine.context_length}", param="input")
+        if any(not 0 <= t < engine.model.config.vocab_size for t in ids):
+            raise InvalidRequest(f"input {i} has a token id outside the vocabulary", param="input")
+        inputs.append(ids)
+    return EmbeddingRequest(job.id, inputs, pooling=job.pooling, normalize=job.normalize,
+                            priority=Priority.parse(job.priority))
