@@ -30,7 +30,7 @@ from gateway.checks import (
     token_ids,
 )
 from gateway.loras import parse_loras, split_model
-from gateway.reasoning import parse_reasoning_format
+from gateway.reasoning import ThinkingSwitch, parse_reasoning_format, parse_thinking_switch
 from gateway.structured import parse_constraint
 from gateway.tools import MAX_CALL_TEXT_BYTES, ToolOptions, parse_tool_calls, parse_tools
 from shared.errors import InvalidRequest
@@ -80,6 +80,7 @@ class ChatRequest:
     top_logprobs: int | None
     tools: ToolOptions = ToolOptions()
     reasoning: bool = False  # split a thinking block off the answer (reasoning_format / LLMFLEET_REASONING_FORMAT)
+    thinking: ThinkingSwitch = ThinkingSwitch({})  # chat_template_kwargs (enable_thinking), thinking budget
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:
                       "an output constraint cannot be combined with tools unless tool_choice is 'none'.")
     reasoning = parse_reasoning_format(body, settings.reasoning_format)
     return ChatRequest(params=params, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs, tools=tools,
-                       reasoning=reasoning)
+                       reasoning=reasoning, thinking=parse_thinking_switch(body, max_tokens))
 
 
 def parse_completion(body: dict[str, Any], settings: Settings) -> CompletionRequest:

@@ -50,7 +50,7 @@ class Heartbeat:
                  stats: Callable[[], dict[str, float]] | None = None,
                  on_lost: Callable[[list[tuple[str, str]]], None] | None = None,
                  loras: Callable[[], tuple[int, tuple[str, ...]]] | None = None,
-                 opens_thinking: bool = False) -> None:
+                 opens_thinking: bool = False, opens_thinking_disabled: bool = False) -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.model = model
@@ -58,6 +58,7 @@ class Heartbeat:
         self.interval_s = interval_s
         self.ttl_s = ttl_s
         self.opens_thinking = opens_thinking  # published so that gateways split a reply that starts in <think>
+        self.opens_thinking_disabled = opens_thinking_disabled  # the same with enable_thinking=false
         self._gauges = gauges  # {"load": sequences in flight, "served": requests ended so far}
         self._held_jobs = held_jobs
         self._on_lost = on_lost or (lambda entries: None)  # told the (stream, entry) another worker owns now
@@ -83,7 +84,8 @@ class Heartbeat:
         entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=now,
                               started=self.started, state=self.state, load=gauges.get("load", 0),
                               served=gauges.get("served", 0), stats=stats, loras=loras,
-                              loras_version=loras_version, opens_thinking=self.opens_thinking)
+                              loras_version=loras_version, opens_thinking=self.opens_thinking,
+                              opens_thinking_disabled=self.opens_thinking_disabled)
         queue_registration(pipe, entry, ttl_s=self.ttl_s)
         pipe.execute()
         by_stream: dict[str, list[Lease]] = {}

@@ -93,7 +93,8 @@ class WorkerRunner:
                                    interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
                                    gauges=self._gauges, held_jobs=self._leases, stats=self._stats,
                                    on_lost=self._lost_leases, loras=lambda: self.adapters.snapshot(),
-                                   opens_thinking=engine.opens_thinking)
+                                   opens_thinking=engine.opens_thinking,
+                                   opens_thinking_disabled=engine.opens_thinking_disabled)
         self.cancels = CancelListener(redis, model, held=self._held_ids)
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
                                    max_bytes=int(settings.lora_memory_mib * (1 << 20)))
