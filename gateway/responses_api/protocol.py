@@ -4,8 +4,9 @@ A /v1/responses body becomes the same ChatRequest a /v1/chat/completions body do
 the shared fields and limits), as the Anthropic route does, so both make the same jobs:
 - input: a string (one user message) or items: messages {role user | system | developer | assistant, content a
   string or parts input_text / output_text (refusal parts count as text)}, function_call {call_id, name,
-  arguments} and function_call_output {call_id, output}; reasoning items are dropped (the served models do not
-  think); images, files, audio and other item types are refused with a 400 naming the item.
+  arguments} and function_call_output {call_id, output}; item_reference {id} (an item of a stored response,
+  gateway/responses_api/items.py); reasoning items are dropped (their thinking is not part of the next prompt,
+  as chat templates drop it); images, files, audio and other item types are refused with a 400 naming the item.
 - instructions: a system message before everything (not carried over by previous_response_id, as OpenAI's).
 - tools: function tools in the flat Responses shape {type: function, name, description, parameters, strict};
   tool_choice none | auto | required | {type: function, name}; parallel_tool_calls.
@@ -25,6 +26,7 @@ from typing import Any
 
 from gateway.checks import boolean, integer, invalid, string
 from gateway.protocol import ChatRequest, parse_chat
+from gateway.responses_api.items import reference_id
 from gateway.structured import SCHEMA_NAME, json_schema_constraint
 from shared.errors import InvalidRequest
 from shared.messages import OutputConstraint
@@ -39,7 +41,7 @@ RESPONSE_ID = re.compile(r"^resp_[A-Za-z0-9]{1,64}$")
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
 UNSUPPORTED_PARTS = ("input_image", "input_file", "input_audio")
-UNSUPPORTED_ITEMS = ("item_reference", "file_search_call", "web_search_call", "computer_call",
+UNSUPPORTED_ITEMS = ("file_search_call", "web_search_call", "computer_call",
                      "computer_call_output", "image_generation_call", "code_interpreter_call", "local_shell_call",
                      "local_shell_call_output", "mcp_call", "mcp_list_tools", "mcp_approval_request",
                      "mcp_approval_response", "custom_tool_call", "custom_tool_call_output")
@@ -148,9 +150,19 @@ def parse_input(value: Any) -> list[dict[str, Any]]:
 
 
 def parse_item(item: Any, where: str) -> dict[str, Any] | None:
-    """One input item in its canonical shape; None for an item the model does not read (reasoning)."""
+    """One input item in its canonical shape (with the id it came with, if any); None for an item the model
+    does not read (reasoning); an item_reference stays one until the history is loaded (serving.prepare)."""
     if not isinstance(item, dict):
         raise invalid(where, "expected an input item object.")
+    if item.get("type") == "item_reference":
+        return {"type": "item_reference", "id": reference_id(item, where)}
+    canonical = _canonical_item(item, where)
+    if canonical is not None and item.get("id") is not None:
+        canonical = {"id": reference_id(item, where), **canonical}
+    return canonical
+
+
+def _canonical_item(item: dict[str, Any], where: str) -> dict[str, Any] | None:
     kind = item.get("type", "message" if "role" in item else None)
     if kind == "message":
         return _message_item(item, where)
@@ -167,7 +179,7 @@ def parse_item(item: Any, where: str) -> dict[str, Any] | None:
     if kind in UNSUPPORTED_ITEMS:
         raise invalid(f"{where}.type", f"{kind} items are not supported: llmfleet runs function tools only.")
     raise invalid(f"{where}.type", f"unknown item type {json.dumps(kind)} (supported: message, function_call, "
-                                   "function_call_output, reasoning).")
+                                   "function_call_output, reasoning, item_reference).")
 
 
 def _message_item(item: dict[str, Any], where: str) -> dict[str, Any]:
