@@ -200,6 +200,7 @@ def loras_version(model: str) -> str:
 def loras_errors(model: str) -> str:
     """The hash of adapter load errors of a model's workers (name -> message)."""
     return f"{PREFIX}lora-errors:{model}"
+MODEL_FACTS = f"{PREFIX}model-facts"  # hash: model -> JSON of its file's size, digest, details (worker/model_facts.py)
 NODES_INDEX = f"{PREFIX}nodes"
 POOL_COMMANDS = f"{PREFIX}pool:commands"
 POOL_USED = f"{PREFIX}pool:used"
