@@ -12,7 +12,8 @@ the shared fields and limits), as the Anthropic route does, so both make the sam
   tool_choice none | auto | required | {type: function, name}; parallel_tool_calls.
 - text.format: text | json_object | json_schema {name, schema, strict}: the structured-output constraint.
 - max_output_tokens, temperature, top_p, and llmfleet's sampling extensions (seed, top_k, min_p, penalties,
-  logit_bias, stop, priority, cache_prompt, lora, ignore_eos) as chat completions read them.
+  logit_bias, stop, priority, cache_prompt, lora, ignore_eos) and thinking switches (chat_template_kwargs,
+  thinking_budget_tokens) as chat completions read them.
 - metadata (at most 16 string pairs), store (default true), previous_response_id, stream, background.
 Unknown fields are ignored, as OpenAI does (include, reasoning, truncation, service_tier, user, ...).
 """
@@ -47,7 +48,7 @@ UNSUPPORTED_ITEMS = ("file_search_call", "web_search_call", "computer_call",
                      "mcp_approval_response", "custom_tool_call", "custom_tool_call_output")
 SAMPLING_FIELDS = ("temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "logit_bias", "stop", "priority", "cache_prompt", "lora", "ignore_eos",
-                   "parallel_tool_calls")
+                   "parallel_tool_calls", "chat_template_kwargs", "thinking_budget_tokens")
 REFUSED_FIELDS = {"conversation": "conversations are not supported; chain responses with previous_response_id.",
                   "prompt": "reusable prompt templates are not supported; send input and instructions."}
 _CHAT_NAMES = [(re.compile(r"(tools\[\d+\])\.function\."), r"\1.")]  # chat field names -> Responses ones

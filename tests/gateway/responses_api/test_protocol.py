@@ -42,6 +42,9 @@ def test_a_string_input_with_instructions_is_the_same_job_as_the_chat() -> None:
                      "max_tokens": 32, "temperature": 0.5, "top_p": 0.9, "seed": 7, "top_k": 40})
     assert job.messages == twin.messages
     assert (job.max_tokens, job.sampling, job.tools, job.tool_choice) == (32, twin.sampling, [], "none")
+    switched = job_of({"input": "Hi", "max_output_tokens": 32, "chat_template_kwargs": {"enable_thinking": True},
+                       "thinking_budget_tokens": 8})
+    assert (switched.template_kwargs, switched.thinking_budget) == ({"enable_thinking": True}, 8)
 
 
 def test_items_become_messages_with_calls_joined_to_their_assistant_turn() -> None:
