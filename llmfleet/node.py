@@ -30,9 +30,10 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from llmfleet import warm_pool_redis
-from llmfleet.catalogue import estimate_bytes
+from llmfleet.catalogue import estimate_bytes, local_file
 from llmfleet.child import Child, describe_exit, parent_death_signal
 from llmfleet.warm_pool_redis import QueueDepth
+from shared import keys
 from shared.registry import READY as WORKER_READY
 from shared.registry import RegistryEntry
 from shared.settings import Settings
@@ -133,6 +134,7 @@ class Node:
         self._estimates: dict[str, int] = {}
         for model in catalogue:  # now, not on a request's cold start
             self._estimate(model)
+        threading.Thread(target=self._publish_facts, name="model-facts", daemon=True).start()
         self._commands_after = warm_pool_redis.last_command_id(redis)
         self._serial = 0
 
@@ -341,6 +343,20 @@ class Node:
     def _of(self, model: str | None) -> list[PoolWorker]:
         """Our workers (of one model), stopping ones left out."""
         return [w for w in self.workers if w.state != STOPPING and (model is None or w.model == model)]
+
+    def _publish_facts(self) -> None:
+        """Publish the facts (size, digest, details) of every catalogued file here, for Ollama's /api/tags before
+        a worker of the model ever ran; a worker of the model rewrites them every heartbeat."""
+        from worker.model_facts import facts_json
+
+        for model, source in self.catalogue.items():
+            path = local_file(source)
+            facts = facts_json(path) if path is not None else None
+            if facts is not None:
+                try:
+                    self.redis.hsetnx(keys.MODEL_FACTS, model, facts)
+                except RedisError as exc:
+                    log.info("cannot publish %s's facts: %s", model, type(exc).__name__)
 
     def _estimate(self, model: str) -> int:
         if model not in self._estimates:

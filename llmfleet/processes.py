@@ -67,7 +67,8 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
     engine = Engine.load(path, chat_template=read_chat_template(settings.chat_template))
     log.info("loaded %s in %.1fs; %d BLAS threads", path.name, time.monotonic() - started, threads)
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, health_check_interval=30)
-    runner = WorkerRunner(engine, client, settings, model=served_as or model_id(model_name), worker_id=worker_id)
+    runner = WorkerRunner(engine, client, settings, model=served_as or model_id(model_name), worker_id=worker_id,
+                          model_file=path)
 
     def request_stop(signum: int, _frame: object) -> None:
         log.info("signal %d: finishing in-flight requests, taking no new ones", signum)

@@ -47,6 +47,8 @@ Layout (values in brackets are what is stored there):
   llmfleet:loras-version:{model} integer, INCR with each write of that hash; workers report the one they follow
   llmfleet:lora-errors:{model}   hash adapter name -> the load error a worker hit (the name was dropped from
                                  the desired set); cleared by the next POST of that name
+  llmfleet:model-facts           hash model -> JSON facts of its GGUF file (size, sha256 digest, details), written
+                                 by its workers' heartbeats and node agents (worker/model_facts.py)
   llmfleet:nodes                 sorted set node_id -> last heartbeat of that node agent (unix s)
   llmfleet:node:{node_id}        hash, a node agent's state (shared/warm_pool.py NodeState), EXPIRE node TTL
   llmfleet:pool:loading:{model}  string node_id, PX 10 s renewed while loading: the one node loading it now
@@ -202,6 +204,7 @@ def loras_version(model: str) -> str:
 def loras_errors(model: str) -> str:
     """The hash of adapter load errors of a model's workers (name -> message)."""
     return f"{PREFIX}lora-errors:{model}"
+MODEL_FACTS = f"{PREFIX}model-facts"  # hash: model -> JSON of its file's size, digest, details (worker/model_facts.py)
 NODES_INDEX = f"{PREFIX}nodes"
 POOL_COMMANDS = f"{PREFIX}pool:commands"
 POOL_USED = f"{PREFIX}pool:used"

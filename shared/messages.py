@@ -10,7 +10,7 @@ the gateway checks only OpenAI's documented limits.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
@@ -139,7 +139,9 @@ class GenerateJob(_Message, tag="generate", kw_only=True):
     tool_name: str | None = None  # the function tool_choice "named" forces
     parallel_tool_calls: bool = True
     loras: list[LoraRef] = []  # adapters applied to every choice (empty: the base model); a resume re-applies them
-    reasoning: bool = False  # the gateway splits a leading <think> block off: stop strings skip it
+    reasoning: bool = False  # the gateway splits a leading <think> block off: stop strings and constraint skip it
+    template_kwargs: dict[str, Any] = {}  # chat_template_kwargs: extra chat-template variables (enable_thinking)
+    thinking_budget: Positive | None = None  # a reasoning reply's thinking block is closed after this many tokens
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:

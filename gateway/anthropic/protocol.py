@@ -10,8 +10,10 @@ gateway/openai/tools.py), so both APIs make the same jobs and share every limit 
 - max_tokens is required (not for count_tokens); temperature in [0, 1], top_p, top_k, stop_sequences, stream;
   output_config.format {type: json_schema, schema} is structured output (gateway/openai/structured.py).
 - tools [{name, description, input_schema}] (Anthropic's server tools are refused); tool_choice {type: auto |
-  any | tool (with name) | none, disable_parallel_tool_use}. thinking and unknown fields are ignored;
-  metadata.user_id is bounded (MAX_USER_ID_BYTES) and otherwise ignored.
+  any | tool (with name) | none, disable_parallel_tool_use}. thinking {type: disabled} renders the chat template
+  with enable_thinking=false; {type: enabled, budget_tokens} with enable_thinking=true and closes the thinking
+  block after budget_tokens (below max_tokens; any positive count, not Anthropic's 1024 minimum: small models).
+  Unknown fields are ignored; metadata.user_id is bounded (MAX_USER_ID_BYTES) and otherwise ignored.
 Text blocks of one turn are joined with a newline, as the OpenAI side joins text parts.
 """
 
@@ -62,6 +64,8 @@ def to_chat_body(body: dict[str, Any], settings: Settings, *, count_only: bool =
         chat["top_p"] = body.get("top_p")
         if body.get("output_config") is not None:
             chat["response_format"] = _output_format(body["output_config"])
+        if body.get("thinking") is not None:
+            chat.update(_thinking(body["thinking"], chat["max_tokens"]))
     tools = _tools(body.get("tools"))
     if tools is not None:
         chat["tools"] = tools
@@ -70,6 +74,21 @@ def to_chat_body(body: dict[str, Any], settings: Settings, *, count_only: bool =
         if parallel is not None:
             chat["parallel_tool_calls"] = parallel
     return chat
+
+
+def _thinking(value: Any, max_tokens: int) -> dict[str, Any]:
+    """Anthropic's `thinking` as the chat body's chat_template_kwargs and thinking_budget_tokens."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "disabled":
+        return {"chat_template_kwargs": {"enable_thinking": False}}
+    if kind != "enabled":
+        raise invalid("thinking.type", "expected 'enabled' or 'disabled'.")
+    if value.get("budget_tokens") is None:
+        raise InvalidRequest("thinking.budget_tokens: Field required.", param="thinking.budget_tokens")
+    budget = bounded_int(value["budget_tokens"], "thinking.budget_tokens", 1, max(max_tokens - 1, 1))
+    if budget >= max_tokens:
+        raise invalid("thinking.budget_tokens", f"must be below max_tokens ({max_tokens}).")
+    return {"chat_template_kwargs": {"enable_thinking": True}, "thinking_budget_tokens": budget}
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:

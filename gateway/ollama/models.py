@@ -1,24 +1,32 @@
 """Ollama's model routes' bodies: /api/tags (every model the fleet serves or may load), /api/ps (the loaded ones),
 /api/show (one model) and /api/version; no Starlette here.
 
-The gateway never reads model files, so what Ollama reads from a GGUF is what the workers publish: the context
-length (a worker's `context_length` statistic) and, for pooled models, the memory the node agents report. Model
-names are llmfleet's ids (an Ollama client's "name:latest" means the same model); details say format "gguf" and
-leave family, parameter size and quantization empty; digests are the SHA-256 of the name, stable but not a file's.
+The gateway never reads model files, so what Ollama reads from a GGUF is what the workers publish: the model
+file's facts (size in bytes, SHA-256 digest, details: family, parameter_size, quantization_level, and the
+model_info keys; worker/model_facts.py, in the `llmfleet:model-facts` hash), the context length (a worker's
+`context_length` statistic) and, for pooled models, the memory the node agents report. Model names are llmfleet's
+ids (an Ollama client's "name:latest" means the same model). A model whose facts are not published yet (its
+worker is still hashing the file, or none ever ran since Redis started empty) has size 0, empty details and the
+SHA-256 of its name as digest.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 from gateway.cluster.broker import Broker
 from gateway.ollama.protocol import served_name
+from shared import keys
 from shared.errors import ModelNotFound
 from shared.settings import Settings
 from shared.warm_pool import READY
+
+log = logging.getLogger(__name__)
 
 VERSION = "0.12.0"  # the Ollama API level llmfleet answers for (what /api/version reports)
 FOREVER = datetime(2318, 1, 1, tzinfo=UTC)  # Ollama's expires_at of a model kept loaded forever
@@ -29,15 +37,35 @@ def _iso(unix_s: float) -> str:
     return datetime.fromtimestamp(unix_s, UTC).isoformat().replace("+00:00", "Z")
 
 
-def digest(model: str) -> str:
-    """A stable digest for a model name (llmfleet has no Ollama blobs to hash)."""
+def digest(model: str, facts: dict[str, Any] | None = None) -> str:
+    """The model file's SHA-256 as its worker published it; until then a stable digest of the name."""
+    if facts and isinstance(facts.get("digest"), str):
+        return facts["digest"]
     return hashlib.sha256(model.encode()).hexdigest()
 
 
-def details() -> dict[str, Any]:
-    """Ollama's details object, with what the gateway knows of a model."""
-    return {"parent_model": "", "format": "gguf", "family": "", "families": None, "parameter_size": "",
-            "quantization_level": ""}
+def details(facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Ollama's details object, from the model file's published facts (empty fields until then)."""
+    facts = facts or {}
+    family = str(facts.get("family", ""))
+    return {"parent_model": "", "format": facts.get("format", "gguf"), "family": family,
+            "families": [family] if family else None, "parameter_size": str(facts.get("parameter_size", "")),
+            "quantization_level": str(facts.get("quantization_level", ""))}
+
+
+async def model_facts(broker: Broker) -> dict[str, dict[str, Any]]:
+    """Every model's published file facts (worker/model_facts.py); an unreadable entry is skipped."""
+    raw = await broker.redis.hgetall(keys.MODEL_FACTS)
+    out = {}
+    for name, value in raw.items():
+        try:
+            facts = json.loads(value)
+        except ValueError:
+            log.warning("unreadable model facts ignored")
+            continue
+        if isinstance(facts, dict):
+            out[name.decode(errors="replace") if isinstance(name, bytes) else name] = facts
+    return out
 
 
 async def context_length(broker: Broker, model: str) -> int | None:
@@ -50,18 +78,22 @@ async def context_length(broker: Broker, model: str) -> int | None:
 async def tags(broker: Broker) -> dict[str, Any]:
     """/api/tags: the models with a live worker or in a live node agent's catalogue."""
     live, catalogue = await broker.registry.live_models(), await broker.pool.catalogue()
+    facts = await model_facts(broker)
     now = time.time()
     models = []
     for model in sorted(set(live) | catalogue):
         modified = min(w.started for w in live[model]) if model in live else now
-        models.append({"name": model, "model": model, "modified_at": _iso(modified), "size": 0,
-                       "digest": digest(model), "details": details()})
+        known = facts.get(model)
+        models.append({"name": model, "model": model, "modified_at": _iso(modified),
+                       "size": int((known or {}).get("size", 0)), "digest": digest(model, known),
+                       "details": details(known)})
     return {"models": models}
 
 
 async def running(broker: Broker, settings: Settings) -> dict[str, Any]:
     """/api/ps: the models a live worker serves, with the memory and keep-alive the warm pool knows of."""
     live = await broker.registry.live_models()
+    facts = await model_facts(broker)
     pooled = {s.model: s for s in await broker.pool.statuses(broker.queue_state) if s.status == READY}
     keep_alive = await broker.pool.keep_alives()
     models = []
@@ -73,8 +105,8 @@ async def running(broker: Broker, settings: Settings) -> dict[str, Any]:
             if keep >= 0:
                 expires = _iso((status.last_used or time.time()) + keep)
         memory = status.memory_bytes if status is not None else 0
-        models.append({"name": model, "model": model, "size": memory, "digest": digest(model),
-                       "details": details(), "expires_at": expires, "size_vram": 0,
+        models.append({"name": model, "model": model, "size": memory, "digest": digest(model, facts.get(model)),
+                       "details": details(facts.get(model)), "expires_at": expires, "size_vram": 0,
                        "context_length": await context_length(broker, model)})
     return {"models": models}
 
@@ -85,12 +117,13 @@ async def show(broker: Broker, name: str) -> dict[str, Any]:
     live = await broker.registry.live_models()
     if model not in live and model not in await broker.pool.catalogue() and not await broker.registry.is_known(model):
         raise ModelNotFound(f"model '{name}' not found", param="model")
-    info: dict[str, Any] = {"general.architecture": "llmfleet"}
+    known = (await model_facts(broker)).get(model)
+    info: dict[str, Any] = dict(known.get("model_info", {})) if known else {"general.architecture": "llmfleet"}
     context = await context_length(broker, model)
-    if context is not None:
-        info["llmfleet.context_length"] = context
+    if context is not None:  # what the worker serves (the file's own may be larger)
+        info[f"{info.get('general.architecture', 'llmfleet')}.context_length"] = context
     started = min((w.started for w in live.get(model, [])), default=time.time())
-    return {"modelfile": "", "parameters": "", "template": "", "details": details(), "model_info": info,
+    return {"modelfile": "", "parameters": "", "template": "", "details": details(known), "model_info": info,
             "capabilities": CAPABILITIES, "modified_at": _iso(started)}
 
 

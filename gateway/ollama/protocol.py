@@ -14,7 +14,8 @@ every limit; Ollama's own structure is checked here first, with Ollama's field n
 - format: "json" (any JSON object) or a JSON schema, onto the structured-output constraint path.
 - tools: Ollama's tools are OpenAI function tools; assistant tool_calls carry `arguments` as an object, and a
   tool turn names its call by `tool_name` (ids are made up here, in order).
-- think: true / false / "low" / "medium" / "high": a reply opening with a <think> block has it split into
+- think: true / false / "low" / "medium" / "high": the chat template gets enable_thinking (false, or true for the
+  others, as the chat route's chat_template_kwargs); a reply opening with a <think> block has it split into
   `thinking` (gateway/replies/reasoning.py), except with false, which leaves it in the content (levels are not told apart).
 - keep_alive is read here (gateway/http/fields.py keep_alive_seconds) and travels in the request to the warm pool.
 Images, suffix (insertion), template overrides and `context` (token history) are refused with a 400.
@@ -96,12 +97,15 @@ def model_name(body: dict[str, Any]) -> str:
     return model
 
 
-def _reasoning_format(think: bool | str | None) -> dict[str, str]:
-    """Ollama's `think` onto the chat route's reasoning_format: false keeps a thinking block in the content,
-    true or a level splits it into `thinking`, absent leaves the server's LLMFLEET_REASONING_FORMAT."""
+def _reasoning_format(think: bool | str | None) -> dict[str, Any]:
+    """Ollama's `think` onto the chat route's fields: false renders the template with enable_thinking=false and
+    keeps a thinking block (if the model writes one anyway) in the content; true or a level renders it with
+    enable_thinking=true and splits the block into `thinking`; absent leaves the template's default and the
+    server's LLMFLEET_REASONING_FORMAT."""
     if think is None:
         return {}
-    return {"reasoning_format": "none" if think is False else "deepseek"}
+    return {"reasoning_format": "none" if think is False else "deepseek",
+            "chat_template_kwargs": {"enable_thinking": think is not False}}
 
 
 def parse_chat_request(body: dict[str, Any], settings: Settings) -> OllamaGeneration:

@@ -33,7 +33,7 @@ from gateway.http.fields import (
 )
 from gateway.openai.structured import parse_constraint
 from gateway.openai.tools import MAX_CALL_TEXT_BYTES, ToolOptions, parse_tool_calls, parse_tools
-from gateway.replies.reasoning import parse_reasoning_format
+from gateway.replies.reasoning import ThinkingSwitch, parse_reasoning_format, parse_thinking_switch
 from shared.errors import InvalidRequest
 from shared.messages import PRIORITIES_LOW_TO_HIGH, ChatMessage, LoraRef, OutputConstraint, Sampling
 from shared.settings import Settings
@@ -90,6 +90,7 @@ class ChatRequest:
     top_logprobs: int | None
     tools: ToolOptions = ToolOptions()
     reasoning: bool = False  # split a thinking block off the answer (reasoning_format / LLMFLEET_REASONING_FORMAT)
+    thinking: ThinkingSwitch = ThinkingSwitch({})  # chat_template_kwargs (enable_thinking), thinking budget
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:
                       "an output constraint cannot be combined with tools unless tool_choice is 'none'.")
     reasoning = parse_reasoning_format(body, settings.reasoning_format)
     return ChatRequest(params=params, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs, tools=tools,
-                       reasoning=reasoning)
+                       reasoning=reasoning, thinking=parse_thinking_switch(body, max_tokens))
 
 
 def parse_completion(body: dict[str, Any], settings: Settings) -> CompletionRequest:

@@ -78,9 +78,12 @@ def build_jobs(request: GenerateBody, settings: Settings, request_id: str, now: 
     if isinstance(request, ChatRequest):
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         tools = request.tools
+        thinking = request.thinking
+        shaped = bool(request.params.stop or request.params.constraint or tools.active or thinking.budget)
         return [GenerateJob(**base, messages=request.messages, logprobs=logprobs, tools=tools.tools,
                             tool_choice=tools.choice, tool_name=tools.name, parallel_tool_calls=tools.parallel,
-                            reasoning=request.reasoning and bool(request.params.stop))]
+                            reasoning=request.reasoning and shaped, template_kwargs=thinking.template_kwargs,
+                            thinking_budget=thinking.budget)]
     jobs = []
     for i, prompt in enumerate(request.prompts):
         job_id = request_id if len(request.prompts) == 1 else f"{request_id}-{i}"
@@ -117,10 +120,12 @@ def _uses_reasoning(request: GenerateBody) -> bool:
 
 async def opens_thinking(broker: Broker, request: GenerateBody) -> bool:
     """Whether a reply to this request starts inside a thinking block: its model's workers' chat template ends
-    the generation prompt with `<think>` (they say so in the registry)."""
-    if not _uses_reasoning(request):
+    the generation prompt with `<think>` (they say so in the registry, with and without enable_thinking)."""
+    if not _uses_reasoning(request) or not isinstance(request, ChatRequest):
         return False
     workers = (await broker.registry.live_models()).get(split_model(request.params.model)[0], [])
+    if request.thinking.disabled:  # enable_thinking false: only a template that ignores the switch opens the block
+        return any(worker.opens_thinking_disabled for worker in workers)
     return any(worker.opens_thinking for worker in workers)
 
 

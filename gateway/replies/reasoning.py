@@ -12,13 +12,18 @@ answer is dropped, as llama-server trims them. The answer alone goes on to the t
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.http.fields import invalid
+from gateway.http.fields import integer, invalid
 
 OPEN, CLOSE = "<think>", "</think>"
 FORMATS = ("none", "deepseek", "auto")  # llama-server's reasoning_format values ("auto" = "deepseek" here)
+# what the worker gives every chat template itself (worker/engine/chat_template.py RESERVED_TEMPLATE_VARIABLES)
+RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+MAX_TEMPLATE_KWARGS_BYTES = 4096  # chat_template_kwargs as JSON
+MAX_THINKING_BUDGET = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,43 @@ def parse_reasoning_format(body: dict[str, Any], default: str) -> bool:
     if value not in FORMATS:
         raise invalid("reasoning_format", f"expected one of {', '.join(repr(f) for f in FORMATS)}.")
     return value != "none"
+
+
+@dataclass(frozen=True)
+class ThinkingSwitch:
+    """A request's say over a reasoning model's thinking: extra chat-template variables (`enable_thinking`, as
+    vLLM and llama-server take chat_template_kwargs) and a thinking budget in tokens (None: unbounded)."""
+
+    template_kwargs: dict[str, Any]
+    budget: int | None = None
+
+    @property
+    def disabled(self) -> bool:
+        """Whether the request turned thinking off (`enable_thinking: false`)."""
+        return self.template_kwargs.get("enable_thinking") is False
+
+
+def parse_thinking_switch(body: dict[str, Any], max_tokens: int | None) -> ThinkingSwitch:
+    """`chat_template_kwargs` (a JSON object of extra template variables; `enable_thinking` a boolean) and
+    `thinking_budget_tokens` (llmfleet's: `</think>` is forced after that many tokens; below max_tokens)."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise invalid("chat_template_kwargs", "expected an object of template variables.")
+    taken = [name for name in kwargs if name in RESERVED_TEMPLATE_VARIABLES]
+    if taken:
+        raise invalid("chat_template_kwargs", f"{taken[0]!r} is set by the server and cannot be replaced.")
+    if len(json.dumps(kwargs)) > MAX_TEMPLATE_KWARGS_BYTES:
+        raise invalid("chat_template_kwargs", f"at most {MAX_TEMPLATE_KWARGS_BYTES} bytes as JSON.")
+    if not isinstance(kwargs.get("enable_thinking", True), bool):
+        raise invalid("chat_template_kwargs.enable_thinking", "expected a boolean.")
+    budget = integer(body, "thinking_budget_tokens", None, 1, MAX_THINKING_BUDGET)
+    if budget is not None and max_tokens is not None and budget >= max_tokens:
+        raise invalid("thinking_budget_tokens", f"must be below max_tokens ({max_tokens}).")
+    if budget is not None and kwargs.get("enable_thinking") is False:
+        raise invalid("thinking_budget_tokens", "a thinking budget needs thinking enabled.")
+    return ThinkingSwitch(dict(kwargs), budget)
 
 
 class ReasoningSplitter:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import secrets
 from typing import Any
 
+from gateway.responses_api.items import item_id
 from gateway.responses_api.protocol import ResponsesRequest
 from shared.errors import LLMFleetError
 from shared.messages import Usage
@@ -16,11 +16,6 @@ ZERO_USAGE = Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
 def response_id(request_id: str) -> str:
     """The response id of a request: 'resp_' and its hex digits."""
     return "resp_" + request_id.removeprefix("req-")
-
-
-def item_id(prefix: str) -> str:
-    """A fresh output item id: `prefix` ('msg', 'fc') and 32 hex digits."""
-    return f"{prefix}_{secrets.token_hex(16)}"
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:
@@ -67,14 +62,14 @@ def is_complete_call(arguments: str) -> bool:
 
 
 def output_items(text: str | None, calls: list[dict[str, str]], finish_reason: str | None,
-                 reasoning: str | None = None) -> list[dict[str, Any]]:
-    """The output of a finished reply: its thinking as a reasoning item, its text as a message, then its
-    complete calls."""
+                 reasoning: str | None = None, *, rid: str) -> list[dict[str, Any]]:
+    """The output of a finished reply of response `rid`: its thinking as a reasoning item, its text as a
+    message, then its complete calls."""
     status = "incomplete" if finish_reason == "length" else "completed"
-    items = [reasoning_item(item_id("rs"), reasoning)] if reasoning else []
+    items = [reasoning_item(item_id("rs", rid), reasoning)] if reasoning else []
     if text or not calls:
-        items.append(message_item(item_id("msg"), text or "", status))
-    items += [call_item(item_id("fc"), call) for call in calls if is_complete_call(call["arguments"])]
+        items.append(message_item(item_id("msg", rid), text or "", status))
+    items += [call_item(item_id("fc", rid), call) for call in calls if is_complete_call(call["arguments"])]
     return items
 
 

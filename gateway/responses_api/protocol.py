@@ -4,14 +4,16 @@ A /v1/responses body becomes the same ChatRequest a /v1/chat/completions body do
 the shared fields and limits), as the Anthropic route does, so both make the same jobs:
 - input: a string (one user message) or items: messages {role user | system | developer | assistant, content a
   string or parts input_text / output_text (refusal parts count as text)}, function_call {call_id, name,
-  arguments} and function_call_output {call_id, output}; reasoning items are dropped (the served models do not
-  think); images, files, audio and other item types are refused with a 400 naming the item.
+  arguments} and function_call_output {call_id, output}; item_reference {id} (an item of a stored response,
+  gateway/responses_api/items.py); reasoning items are dropped (their thinking is not part of the next prompt,
+  as chat templates drop it); images, files, audio and other item types are refused with a 400 naming the item.
 - instructions: a system message before everything (not carried over by previous_response_id, as OpenAI's).
 - tools: function tools in the flat Responses shape {type: function, name, description, parameters, strict};
   tool_choice none | auto | required | {type: function, name}; parallel_tool_calls.
 - text.format: text | json_object | json_schema {name, schema, strict}: the structured-output constraint.
 - max_output_tokens, temperature, top_p, and llmfleet's sampling extensions (seed, top_k, min_p, penalties,
-  logit_bias, stop, priority, cache_prompt, lora, ignore_eos) as chat completions read them.
+  logit_bias, stop, priority, cache_prompt, lora, ignore_eos) and thinking switches (chat_template_kwargs,
+  thinking_budget_tokens) as chat completions read them.
 - metadata (at most 16 string pairs), store (default true), previous_response_id, stream, background.
 Unknown fields are ignored, as OpenAI does (include, reasoning, truncation, service_tier, user, ...).
 """
@@ -26,6 +28,7 @@ from typing import Any
 from gateway.http.fields import boolean, integer, invalid, string
 from gateway.openai.protocol import ChatRequest, parse_chat
 from gateway.openai.structured import SCHEMA_NAME, json_schema_constraint
+from gateway.responses_api.items import reference_id
 from shared.errors import InvalidRequest
 from shared.messages import OutputConstraint
 from shared.settings import Settings
@@ -39,13 +42,13 @@ RESPONSE_ID = re.compile(r"^resp_[A-Za-z0-9]{1,64}$")
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
 UNSUPPORTED_PARTS = ("input_image", "input_file", "input_audio")
-UNSUPPORTED_ITEMS = ("item_reference", "file_search_call", "web_search_call", "computer_call",
+UNSUPPORTED_ITEMS = ("file_search_call", "web_search_call", "computer_call",
                      "computer_call_output", "image_generation_call", "code_interpreter_call", "local_shell_call",
                      "local_shell_call_output", "mcp_call", "mcp_list_tools", "mcp_approval_request",
                      "mcp_approval_response", "custom_tool_call", "custom_tool_call_output")
 SAMPLING_FIELDS = ("temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "logit_bias", "stop", "priority", "cache_prompt", "lora", "ignore_eos",
-                   "parallel_tool_calls")
+                   "parallel_tool_calls", "chat_template_kwargs", "thinking_budget_tokens")
 REFUSED_FIELDS = {"conversation": "conversations are not supported; chain responses with previous_response_id.",
                   "prompt": "reusable prompt templates are not supported; send input and instructions."}
 _CHAT_NAMES = [(re.compile(r"(tools\[\d+\])\.function\."), r"\1.")]  # chat field names -> Responses ones
@@ -148,9 +151,19 @@ def parse_input(value: Any) -> list[dict[str, Any]]:
 
 
 def parse_item(item: Any, where: str) -> dict[str, Any] | None:
-    """One input item in its canonical shape; None for an item the model does not read (reasoning)."""
+    """One input item in its canonical shape (with the id it came with, if any); None for an item the model
+    does not read (reasoning); an item_reference stays one until the history is loaded (serving.prepare)."""
     if not isinstance(item, dict):
         raise invalid(where, "expected an input item object.")
+    if item.get("type") == "item_reference":
+        return {"type": "item_reference", "id": reference_id(item, where)}
+    canonical = _canonical_item(item, where)
+    if canonical is not None and item.get("id") is not None:
+        canonical = {"id": reference_id(item, where), **canonical}
+    return canonical
+
+
+def _canonical_item(item: dict[str, Any], where: str) -> dict[str, Any] | None:
     kind = item.get("type", "message" if "role" in item else None)
     if kind == "message":
         return _message_item(item, where)
@@ -167,7 +180,7 @@ def parse_item(item: Any, where: str) -> dict[str, Any] | None:
     if kind in UNSUPPORTED_ITEMS:
         raise invalid(f"{where}.type", f"{kind} items are not supported: llmfleet runs function tools only.")
     raise invalid(f"{where}.type", f"unknown item type {json.dumps(kind)} (supported: message, function_call, "
-                                   "function_call_output, reasoning).")
+                                   "function_call_output, reasoning, item_reference).")
 
 
 def _message_item(item: dict[str, Any], where: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from gateway.http.api_keys import current_key
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.request_body import request_body
 from gateway.http.sse import SSEResponse
-from gateway.responses_api import bodies, serving
+from gateway.responses_api import bodies, items, serving
 from gateway.responses_api.protocol import parse_request
 from gateway.responses_api.store import ResponseStore
 from shared.settings import Settings
@@ -48,6 +48,15 @@ async def retrieve(request: Request) -> Response:
     return JSONResponse(record.response)
 
 
+async def input_items(request: Request) -> Response:
+    """GET /v1/responses/{response_id}/input_items: the items the response read, as a cursor page."""
+    _, store, _ = _state(request)
+    rid = request.path_params["response_id"]
+    record = await store.load(rid, _key_name())
+    stored = [items.listed(item, rid, index) for index, item in enumerate(record.history)]
+    return JSONResponse(items.page(stored, dict(request.query_params)))
+
+
 async def delete(request: Request) -> Response:
     """DELETE /v1/responses/{response_id}"""
     _, store, _ = _state(request)
@@ -69,6 +78,7 @@ ROUTES = [
     for route in (
         Route(f"{prefix}/responses", create, methods=["POST"]),
         Route(prefix + "/responses/{response_id}", retrieve, methods=["GET"]),
+        Route(prefix + "/responses/{response_id}/input_items", input_items, methods=["GET"]),
         Route(prefix + "/responses/{response_id}", delete, methods=["DELETE"]),
         Route(prefix + "/responses/{response_id}/cancel", cancel, methods=["POST"]),
     )

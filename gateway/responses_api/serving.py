@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -38,6 +38,7 @@ from gateway.replies.parser import Part, ReplyParser
 from gateway.replies.reasoning import Reasoning
 from gateway.replies.tool_calls import ArgumentsDelta, CallStart
 from gateway.responses_api import bodies
+from gateway.responses_api.items import item_id, resolve_references, with_ids
 from gateway.responses_api.protocol import ResponsesRequest, chat_request
 from gateway.responses_api.store import RUNNING, ResponseStore, StoredResponse
 from shared.errors import InternalError, InvalidRequest, LLMFleetError
@@ -85,10 +86,12 @@ async def prepare(store: ResponseStore, request: ResponsesRequest, settings: Set
             raise InvalidRequest(f"Previous response '{request.previous_response_id}' is still in progress.",
                                  param="previous_response_id")
         history = previous.conversation
-    chat = chat_request(request, history, settings)
     request_id, now = serving.new_request_id(), time.time()
-    return Prepared(request, chat, request_id, bodies.response_id(request_id), now, [*history, *request.items],
-                    key_name, now + settings.request_timeout_s)
+    rid = bodies.response_id(request_id)
+    items = with_ids(await resolve_references(store, request.items, history, key_name), rid)
+    chat = chat_request(replace(request, items=items), history, settings)
+    return Prepared(request, chat, request_id, rid, now, [*history, *items], key_name,
+                    now + settings.request_timeout_s)
 
 
 async def _save_running(store: ResponseStore, prepared: Prepared) -> dict[str, Any]:
@@ -124,7 +127,7 @@ async def _run(broker: Broker, store: ResponseStore, prepared: Prepared, setting
         raise
     choice = done.choices[0]
     calls = choice.tool_calls or []
-    output = bodies.output_items(choice.text, calls, choice.finish_reason, choice.reasoning)
+    output = bodies.output_items(choice.text, calls, choice.finish_reason, choice.reasoning, rid=prepared.rid)
     body = prepared.body(bodies.status_of(choice.finish_reason), output=output, usage=done.usage)
     await _save_final(store, prepared, body)
     return body
@@ -186,7 +189,8 @@ async def stream_response(broker: Broker, store: ResponseStore, request: Respons
 class _Output:
     """The output items of a streamed response: opens, fills and closes them in order (events unnumbered)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rid: str) -> None:
+        self._rid = rid  # item ids name their response (gateway/responses_api/items.py)
         self.items: list[dict[str, Any]] = []
         self._message: dict[str, Any] | None = None  # the message item being filled
         self._reasoning: dict[str, Any] | None = None  # the reasoning item being filled (it comes first)
@@ -230,7 +234,7 @@ class _Output:
             return []  # the splitter sends all thinking before the answer: nothing comes after it closed
         events = []
         if self._reasoning is None:
-            self._reasoning = bodies.reasoning_item(bodies.item_id("rs"), None, "in_progress")
+            self._reasoning = bodies.reasoning_item(item_id("rs", self._rid), None, "in_progress")
             self.items.append(self._reasoning)
             events.append({"type": "response.output_item.added", "output_index": len(self.items) - 1,
                            "item": dict(self._reasoning)})
@@ -255,7 +259,7 @@ class _Output:
     def _open_message(self) -> list[dict[str, Any]]:
         if self._message is not None:
             return []
-        self._message = bodies.message_item(bodies.item_id("msg"), None, "in_progress")
+        self._message = bodies.message_item(item_id("msg", self._rid), None, "in_progress")
         index = len(self.items)
         self.items.append(self._message)
         events = [{"type": "response.output_item.added", "output_index": index, "item": dict(self._message)},
@@ -283,7 +287,7 @@ class _Output:
         call, deltas, self._call, self._deltas = self._call, self._deltas, None, []
         if call is None or not bodies.is_complete_call(call["arguments"]):
             return []
-        index, item = len(self.items), bodies.call_item(bodies.item_id("fc"), call)
+        index, item = len(self.items), bodies.call_item(item_id("fc", self._rid), call)
         self.items.append(item)
         ref = {"item_id": item["id"], "output_index": index}
         events: list[dict[str, Any]] = [{"type": "response.output_item.added", "output_index": index,
@@ -307,7 +311,7 @@ class ResponseStream(serving.OpenStream):
         self._keepalive_s = keepalive_s
         self._errors = broker.errors
         self._sequence = 0
-        self._output = _Output()
+        self._output = _Output(prepared.rid)
         self._stored = False  # the final object went to the store (or there is none to write)
 
     async def aclose(self) -> None:

@@ -43,15 +43,17 @@ class StoredResponse:
     @property
     def conversation(self) -> list[dict[str, Any]]:
         """The items a response continuing this one reads first: history, then this one's output."""
-        return [*self.history, *(_as_input(item) for item in self.response["output"])]
+        return [*self.history, *(_as_input(item) for item in self.response["output"] if item["type"] != "reasoning")]
 
 
 def _as_input(item: dict[str, Any]) -> dict[str, Any]:
-    """An output item as the canonical input item it becomes in a continuation."""
+    """An output item as the canonical input item it becomes in a continuation (with its id; a reasoning item
+    is none: the thinking is not part of the next prompt)."""
     if item["type"] == "message":
-        return {"type": "message", "role": "assistant",
+        return {"id": item["id"], "type": "message", "role": "assistant",
                 "content": [{"type": "output_text", "text": part["text"]} for part in item["content"]]}
-    return {"type": "function_call", "call_id": item["call_id"], "name": item["name"], "arguments": item["arguments"]}
+    return {"id": item["id"], "type": "function_call", "call_id": item["call_id"], "name": item["name"],
+            "arguments": item["arguments"]}
 
 
 class ResponseStore:

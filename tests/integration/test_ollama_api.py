@@ -3,8 +3,11 @@ are compared with the same request through the openai client, which makes the sa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import time
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -91,13 +94,22 @@ def test_embed_matches_v1_embeddings_and_the_older_route_is_unnormalized(client:
     assert max(abs(a / norm - b) for a, b in zip(legacy, reply.embeddings[0], strict=True)) < 1e-4
 
 
-def test_list_show_and_ps(client: Any) -> None:
-    assert MODEL in [m.model for m in client.list().models]
+def test_list_show_and_ps(client: Any, smollm2_gguf_path: Path) -> None:
+    """The size, digest and details are the GGUF file's, as the workers read and publish them."""
+    deadline = time.monotonic() + 60
+    while (listed := next(m for m in client.list().models if m.model == MODEL)).size == 0:
+        assert time.monotonic() < deadline, "the workers never published the model file's facts"
+        time.sleep(0.5)  # a worker is still hashing the file (once: the digest is cached beside it)
+    assert listed.size == smollm2_gguf_path.stat().st_size
+    assert listed.digest == hashlib.sha256(smollm2_gguf_path.read_bytes()).hexdigest()
+    assert (listed.details.format, listed.details.family, listed.details.quantization_level) == ("gguf", "llama",
+                                                                                                   "Q4_1")
+    assert listed.details.parameter_size.endswith("M")
     shown = client.show(MODEL)
-    context = shown.modelinfo["llmfleet.context_length"]
-    assert context >= 2048 and "completion" in shown.capabilities and shown.details.format == "gguf"
+    context = shown.modelinfo["llama.context_length"]
+    assert context >= 2048 and "completion" in shown.capabilities and shown.details == listed.details
     (running,) = [m for m in client.ps().models if m.model == MODEL]
-    assert running.context_length == context
+    assert running.context_length == context and running.digest == listed.digest
 
 
 def test_format_with_a_schema_gives_json_that_validates(client: Any) -> None:

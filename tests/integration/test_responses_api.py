@@ -95,6 +95,14 @@ def test_a_function_call_round_trip_through_a_second_gateway(client: openai.Open
                                     tools=[WEATHER], max_output_tokens=24, temperature=0, store=False)
     assert whole.output_text == second.output_text
     assert second_gateway.responses.retrieve(second.id).output_text == second.output_text
+    # what the second response read, listed by either gateway, and sent again as item references
+    listed = list(client.responses.input_items.list(second.id, order="asc", limit=1))
+    kinds = [item.type for item in listed]
+    assert kinds[0] == "message" and kinds[-2:] == ["function_call", "function_call_output"], kinds
+    again = second_gateway.responses.create(model=MODEL, input=[{"type": "item_reference", "id": item.id}
+                                                                for item in listed],
+                                            tools=[WEATHER], max_output_tokens=24, temperature=0, store=False)
+    assert again.output_text == second.output_text
 
 
 def test_text_format_json_schema_validates(client: openai.OpenAI) -> None:

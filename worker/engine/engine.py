@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from worker.engine.chat_template import ChatTemplate
-from worker.engine.constraints import Constraint, GrammarCompiler
+from worker.engine.chat_template import RESERVED_TEMPLATE_VARIABLES, ChatTemplate
+from worker.engine.constraints import Constraint, GrammarCompiler, SequenceConstraint
 from worker.engine.embeddings import Pooling, embed, encode_batch
 from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams, GenerationState
 from worker.engine.gguf_tokenizer import tokenizer_from_gguf
 from worker.engine.model import Model
-from worker.engine.stopping import THINK_OPEN
+from worker.engine.stopping import THINK_CLOSE, THINK_OPEN
+from worker.engine.thinking import ThinkingGate, ThinkingVocabulary, has_thinking_tokens
 from worker.engine.tokenizer import Tokenizer
 from worker.engine.tools import Tool, ToolTemplateSupport, prepare_messages, probe
 
@@ -64,13 +65,38 @@ class Engine:
     def opens_thinking(self) -> bool:
         """Whether the chat template's generation prompt ends inside a thinking block (`...<think>`, as newer
         DeepSeek-R1 templates write it): the reply then starts with reasoning, without its own `<think>`."""
+        return self.opens_thinking_with(None)
+
+    @cached_property
+    def opens_thinking_disabled(self) -> bool:
+        """Whether the generation prompt still ends inside a thinking block with `enable_thinking=false` (a
+        template that ignores the switch)."""
+        return self.opens_thinking_with(False)
+
+    def opens_thinking_with(self, enable_thinking: bool | None) -> bool:
+        """Whether the generation prompt ends with `<think>` under this `enable_thinking` (None: not passed)."""
         if self.chat_template is None:
             return False
+        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         try:
-            prompt = self.chat_template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+            prompt = self.chat_template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                               **extra)
         except TemplateError:
             return False
         return prompt.rstrip().endswith(THINK_OPEN)
+
+    @cached_property
+    def thinks(self) -> bool:
+        """Whether the model is a reasoning model: its template opens a thinking block or writes one, or its
+        vocabulary has a `<think>` / `</think>` token pair (Qwen3, DeepSeek-R1 distills)."""
+        source = self.chat_template.source if self.chat_template is not None else ""
+        return (self.opens_thinking or THINK_OPEN in source or THINK_CLOSE in source
+                or has_thinking_tokens(self.tokenizer))
+
+    @cached_property
+    def thinking_vocabulary(self) -> ThinkingVocabulary:
+        """The tables of the thinking gate for this tokenizer (built on first use)."""
+        return ThinkingVocabulary(self.tokenizer, self.model.config.vocab_size)
 
     @cached_property
     def tool_support(self) -> ToolTemplateSupport:
@@ -78,23 +104,27 @@ class Engine:
         return probe(self.chat_template) if self.chat_template is not None else ToolTemplateSupport(False, False)
 
     def encode_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                    tools: Sequence[Tool] = ()) -> list[int]:
+                    tools: Sequence[Tool] = (), template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """Render messages (and tools) through the model's chat template, then tokenize (no extra BOS: the
         template has it)."""
-        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                template_kwargs=template_kwargs)
         return self.tokenizer.encode(text, parse_special=True, add_bos=False)
 
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                    tools: Sequence[Tool] = ()) -> str:
+                    tools: Sequence[Tool] = (), template_kwargs: Mapping[str, Any] | None = None) -> str:
         """The prompt text of messages (and tools) under the model's chat template; tools and tool-call history
-        go natively or as text, as tools.prepare_messages says."""
+        go natively or as text, as tools.prepare_messages says. `template_kwargs` are extra template variables
+        (a request's chat_template_kwargs, e.g. enable_thinking); they never replace the template's own."""
         if self.chat_template is None:
             raise NoChatTemplateError("the model has no chat template (it is a base model); configure one "
                                       "(--chat-template FILE) or send raw prompts")
         tools_variable = None
         if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
             messages, tools_variable = prepare_messages(messages, tools, self.tool_support)
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools_variable)
+        extra = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARIABLES}
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools_variable,
+                                         **extra)
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
         """Raise ContextLengthError (OpenAI's wording) unless prompt + max_tokens fits in the context window."""
@@ -110,7 +140,11 @@ class Engine:
 
     def new_generation(self, prompt_ids: list[int], params: GenerationParams) -> GenerationState:
         """A fresh generation state for one sequence (with its own matcher when the output is constrained)."""
-        constraint = None if params.constraint is None else self.grammars.new_sequence(params.constraint)
+        constraint: SequenceConstraint | ThinkingGate | None = (
+            None if params.constraint is None else self.grammars.new_sequence(params.constraint))
+        if params.answer_after_thinking and (constraint is not None or params.thinking_budget is not None):
+            constraint = ThinkingGate(self.thinking_vocabulary, constraint, opened=params.thinking_opened,
+                                      budget=params.thinking_budget)
         return GenerationState(prompt_ids, params, self.tokenizer, self.model.config.vocab_size, constraint)
 
     def embed(self, token_ids: list[int], *, pooling: Pooling = "mean", normalize: bool = True) -> np.ndarray:

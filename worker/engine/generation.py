@@ -24,6 +24,8 @@ class GenerationParams:
     constraint: Constraint | None = None  # what the output must match (JSON schema, grammar, regex)
     stop_after_thinking: bool = False  # stop strings skip a leading <think> block (the reasoning is split off)
     thinking_opened: bool = False  # the prompt ends inside a <think> block: the reply starts in it
+    answer_after_thinking: bool = False  # a reasoning model's reply: the constraint starts after </think>
+    thinking_budget: int | None = None  # with answer_after_thinking: `</think>` is forced after this many tokens
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from redis import Redis
 from redis.exceptions import RedisError
 
+from shared import keys
 from shared.registry import RegistryEntry
 from worker.failover.fencing import Lease, renew_leases
 from worker.wire_commands import queue_deregistration, queue_registration
@@ -50,7 +51,8 @@ class Heartbeat:
                  stats: Callable[[], dict[str, float]] | None = None,
                  on_lost: Callable[[list[tuple[str, str]]], None] | None = None,
                  loras: Callable[[], tuple[int, tuple[str, ...]]] | None = None,
-                 opens_thinking: bool = False) -> None:
+                 opens_thinking: bool = False, opens_thinking_disabled: bool = False,
+                 facts: Callable[[], str | None] | None = None) -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.model = model
@@ -58,6 +60,8 @@ class Heartbeat:
         self.interval_s = interval_s
         self.ttl_s = ttl_s
         self.opens_thinking = opens_thinking  # published so that gateways split a reply that starts in <think>
+        self.opens_thinking_disabled = opens_thinking_disabled  # the same with enable_thinking=false
+        self._facts = facts or (lambda: None)  # the model file's JSON facts once read (worker/model_facts.py)
         self._gauges = gauges  # {"load": sequences in flight, "served": requests ended so far}
         self._held_jobs = held_jobs
         self._on_lost = on_lost or (lambda entries: None)  # told the (stream, entry) another worker owns now
@@ -83,8 +87,12 @@ class Heartbeat:
         entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=now,
                               started=self.started, state=self.state, load=gauges.get("load", 0),
                               served=gauges.get("served", 0), stats=stats, loras=loras,
-                              loras_version=loras_version, opens_thinking=self.opens_thinking)
+                              loras_version=loras_version, opens_thinking=self.opens_thinking,
+                              opens_thinking_disabled=self.opens_thinking_disabled)
         queue_registration(pipe, entry, ttl_s=self.ttl_s)
+        facts = self._facts()
+        if facts is not None:  # every beat: a Redis that restarted empty has them again at once
+            pipe.hset(keys.MODEL_FACTS, self.model, facts)
         pipe.execute()
         by_stream: dict[str, list[Lease]] = {}
         for lease in self._held_jobs():

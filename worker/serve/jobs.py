@@ -27,7 +27,7 @@ def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
         messages = [_chat_message(m) for m in job.messages]
         with _template_errors(job.model):
             return engine.encode_chat(messages, add_generation_prompt=job.add_generation_prompt,
-                                      tools=offered_tools(job))
+                                      tools=offered_tools(job), template_kwargs=job.template_kwargs)
     if job.prompt_token_ids is not None:
         vocab = engine.model.config.vocab_size
         bad = [t for t in job.prompt_token_ids if not 0 <= t < vocab]
@@ -65,8 +65,9 @@ def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: 
         raise InvalidRequest(str(exc), param=name if hasattr(sampling, name) else None) from None
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(job.stop),
                               ignore_eos=job.ignore_eos, constraint=output_constraint(engine, job),
-                              stop_after_thinking=job.reasoning,
-                              thinking_opened=job.reasoning and job.messages is not None and engine.opens_thinking)
+                              stop_after_thinking=job.reasoning, thinking_opened=_thinking_opened(engine, job),
+                              answer_after_thinking=job.reasoning and job.messages is not None and engine.thinks,
+                              thinking_budget=job.thinking_budget)
     scored = job.echo and job.logprobs is not None  # the prompt's own logprobs: every prompt row is computed
     if scored and len(prompt_ids) > MAX_SCORED_PROMPT_TOKENS:
         raise InvalidRequest(f"echo with logprobs scores at most {MAX_SCORED_PROMPT_TOKENS} prompt tokens on this "
@@ -74,6 +75,15 @@ def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: 
     return GenerationRequest(job.id, prompt_ids, params, n=job.n, priority=Priority.parse(job.priority),
                              cache_prompt=job.cache_prompt and not scored,  # no prefix-cache hit skips a row
                              prompt_logprobs=job.logprobs if scored else None, loras=loras)
+
+
+def _thinking_opened(engine: Engine, job: GenerateJob) -> bool:
+    """Whether a split chat reply starts inside a thinking block: its prompt ends with `<think>` (the template's
+    `enable_thinking` switch as the job sets it)."""
+    if not job.reasoning or job.messages is None:
+        return False
+    disabled = job.template_kwargs.get("enable_thinking") is False
+    return engine.opens_thinking_disabled if disabled else engine.opens_thinking
 
 
 def text_answer(engine: Engine, job: TextJob) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from redis import Redis
 from redis.exceptions import RedisError, ResponseError
@@ -25,6 +26,7 @@ from worker.failover.resume import JournalState
 from worker.failover.stealing import ensure_group, reclaim_streams
 from worker.failover.takeover import own_pending
 from worker.loras import AdapterSet
+from worker.model_facts import facts_json
 from worker.schedule.encoder_scheduler import new_scheduler
 from worker.schedule.scheduler import SchedulerConfig
 from worker.serve.cancel_listener import CancelListener
@@ -58,8 +60,11 @@ class WorkerRunner:
     """One model-pinned worker: intake, scheduling, publishing, cancels, deadlines, leases, draining."""
 
     def __init__(self, engine: Engine, redis: Redis, settings: Settings, *, model: str,
-                 scheduler_config: SchedulerConfig | None = None, worker_id: str | None = None) -> None:
+                 scheduler_config: SchedulerConfig | None = None, worker_id: str | None = None,
+                 model_file: Path | None = None) -> None:
         self.engine = engine
+        self.model_file = model_file  # its facts (size, digest, details) are read in run() and published
+        self.facts: str | None = None
         self.redis = redis
         self.settings = settings
         self.model = model
@@ -86,7 +91,9 @@ class WorkerRunner:
                                    interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
                                    gauges=self._gauges, held_jobs=self._leases, stats=self._stats,
                                    on_lost=self._lost_leases, loras=lambda: self.adapters.snapshot(),
-                                   opens_thinking=engine.opens_thinking)
+                                   opens_thinking=engine.opens_thinking,
+                                   opens_thinking_disabled=engine.opens_thinking_disabled,
+                                   facts=lambda: self.facts)
         self.cancels = CancelListener(redis, model, held=self._held_ids)
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
                                    max_bytes=int(settings.lora_memory_mib * (1 << 20)))
@@ -147,6 +154,10 @@ class WorkerRunner:
             ensure_group(self.redis, stream)
         self.redis.sadd(keys.placed_workers(self.model), self.worker_id)
 
+    def _read_facts(self, path: Path) -> None:
+        """Read the model file's facts for Ollama's /api/tags and /api/show (the heartbeat publishes them)."""
+        self.facts = facts_json(path)
+
     def run(self) -> None:
         """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
         self.ensure_group()
@@ -157,6 +168,8 @@ class WorkerRunner:
         self.decode_capacity = self.engine.measure_decode_rate(self.scheduler.config.max_sequences)
         log.info("worker %s: a full decode step runs at %.0f tokens/s", self.worker_id, self.decode_capacity)
         self._safe(lambda: self.adapters.sync(self.redis, force=True))  # the desired adapters, before registering
+        if self.model_file is not None:  # a digest not cached beside the file takes a while: not on the way to ready
+            threading.Thread(target=self._read_facts, args=(self.model_file,), name="model-facts", daemon=True).start()
         self.cancels.start()
         self.heartbeat.start()
         self.publisher.start()

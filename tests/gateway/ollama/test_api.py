@@ -284,6 +284,7 @@ async def test_model_routes(sdk, client, worker) -> None:
     assert [m.model for m in listed.models] == ["smollm2"] and listed.models[0].details.format == "gguf"
     shown = await sdk.show("smollm2:latest")
     assert shown.modelinfo["llmfleet.context_length"] == 8192 and "completion" in shown.capabilities
+    assert listed.models[0].size == 0 and listed.models[0].details.family == ""  # no facts published yet
     running = await sdk.ps()
     assert [(m.model, m.context_length) for m in running.models] == [("smollm2", 8192)]
     assert running.models[0].expires_at.year == 2318  # a worker no node agent manages is never unloaded
@@ -292,6 +293,27 @@ async def test_model_routes(sdk, client, worker) -> None:
     with pytest.raises(ollama.ResponseError) as missing:
         await sdk.show("nope")
     assert missing.value.status_code == 404 and missing.value.error == "model 'nope' not found"
+
+
+async def test_the_model_files_published_facts(sdk, worker, redis) -> None:
+    """What a worker read of its GGUF (worker/model_facts.py) is what /api/tags, /api/show and /api/ps say."""
+    await worker.register(**{"stat.context_length": 4096})
+    facts = {"size": 145_000_000, "digest": "ab" * 32, "family": "llama", "parameter_size": "134.52M",
+             "quantization_level": "Q8_0", "format": "gguf",
+             "model_info": {"general.architecture": "llama", "general.parameter_count": 134_515_008,
+                            "llama.context_length": 8192, "llama.block_count": 30}}
+    await redis.hset(keys.MODEL_FACTS, "smollm2", json.dumps(facts))
+    (listed,) = (await sdk.list()).models
+    assert (listed.size, listed.digest) == (145_000_000, "ab" * 32)
+    assert (listed.details.family, listed.details.parameter_size, listed.details.quantization_level) == (
+        "llama", "134.52M", "Q8_0") and listed.details.families == ["llama"]
+    shown = await sdk.show("smollm2")
+    assert shown.details.quantization_level == "Q8_0" and shown.modelinfo["general.parameter_count"] == 134_515_008
+    assert shown.modelinfo["llama.context_length"] == 4096 and shown.modelinfo["llama.block_count"] == 30
+    (running,) = (await sdk.ps()).models
+    assert running.digest == "ab" * 32 and running.details.family == "llama"
+    await redis.hset(keys.MODEL_FACTS, "smollm2", "not json")
+    assert (await sdk.list()).models[0].size == 0  # unreadable: as if not published
 
 
 async def test_an_empty_chat_loads_and_keep_alive_zero_unloads(sdk, worker) -> None:

@@ -127,3 +127,65 @@ async def test_a_reply_that_starts_inside_the_block(client: httpx.AsyncClient, m
     deltas = [p["choices"][0]["delta"] for p in sse_payloads(response.content)[:-1] if p["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == THOUGHT
     assert "".join(d.get("content") or "" for d in deltas) == ANSWER
+
+
+@pytest.mark.parametrize(("body", "shaped"), [
+    ({"response_format": {"type": "json_object"}}, True),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, True),
+    ({"thinking_budget_tokens": 8, "max_tokens": 32}, True),
+    ({"response_format": {"type": "json_object"}, "reasoning_format": "none"}, False)])
+async def test_the_job_says_whether_its_constraint_skips_the_thinking(client: httpx.AsyncClient, worker,
+                                                                      body: dict, shaped: bool) -> None:
+    task = asyncio.create_task(client.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, **body}))
+    job = await worker.take()
+    assert job.reasoning is shaped  # the worker starts the constraint after </think> (worker/engine/thinking.py)
+    assert job.thinking_budget == body.get("thinking_budget_tokens")
+    await worker.answer(job, ["{}"])
+    assert (await task).status_code == 200
+
+
+async def test_each_api_switches_thinking_off_the_same_way(client: httpx.AsyncClient, worker) -> None:
+    """chat_template_kwargs, Anthropic's thinking and Ollama's think all reach the template as enable_thinking."""
+    requests = [("/v1/chat/completions", {"model": MODEL, "messages": ASK,
+                                          "chat_template_kwargs": {"enable_thinking": False}}, False),
+                ("/v1/messages", {"model": MODEL, "max_tokens": 32, "messages": ASK,
+                                  "thinking": {"type": "disabled"}}, False),
+                ("/api/chat", {"model": MODEL, "messages": ASK, "stream": False, "think": False}, False),
+                ("/v1/messages", {"model": MODEL, "max_tokens": 32, "messages": ASK,
+                                  "thinking": {"type": "enabled", "budget_tokens": 16}}, True),
+                ("/api/chat", {"model": MODEL, "messages": ASK, "stream": False, "think": "high"}, True)]
+    for path, body, enabled in requests:
+        task = asyncio.create_task(client.post(path, json=body))
+        job = await worker.take()
+        assert job.template_kwargs == {"enable_thinking": enabled}, path
+        assert job.thinking_budget == (16 if path == "/v1/messages" and enabled else None)
+        await worker.answer(job, ["Yes."])
+        assert (await task).status_code == 200, (await task).text
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+    ("/v1/chat/completions", {"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs.enable_thinking"),
+    ("/v1/chat/completions", {"chat_template_kwargs": [1]}, "chat_template_kwargs"),
+    ("/v1/chat/completions", {"thinking_budget_tokens": 40, "max_tokens": 40}, "thinking_budget_tokens"),
+    ("/v1/messages", {"max_tokens": 32, "thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+    ("/v1/messages", {"max_tokens": 32, "thinking": {"type": "enabled", "budget_tokens": 32}}, "thinking.budget_tokens"),
+    ("/v1/messages", {"max_tokens": 32, "thinking": {"type": "sometimes"}}, "thinking.type")])
+async def test_a_bad_thinking_switch_is_a_400(client: httpx.AsyncClient, path: str, body: dict, param: str) -> None:
+    response = await client.post(path, json={"model": MODEL, "messages": ASK, **body})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert param in (error.get("param") or error.get("message")), error
+
+
+async def test_a_template_that_honours_the_switch_does_not_open_the_block(client: httpx.AsyncClient,
+                                                                          make_worker) -> None:
+    """enable_thinking=false: the gateway splits as the registry's opens_thinking_disabled says."""
+    thinker = make_worker(worker_id="w-switch")
+    await thinker.register(opens_thinking=1, opens_thinking_disabled=0)
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    message = (await _chat(client, thinker, ["Yes, 7 is prime."], **off)).json()["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": ANSWER}
+    message = (await _chat(client, thinker, ["Seven has no divisors but 1 and 7.</think>Yes, 7 is prime."])
+               ).json()["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}

@@ -42,6 +42,9 @@ def test_a_string_input_with_instructions_is_the_same_job_as_the_chat() -> None:
                      "max_tokens": 32, "temperature": 0.5, "top_p": 0.9, "seed": 7, "top_k": 40})
     assert job.messages == twin.messages
     assert (job.max_tokens, job.sampling, job.tools, job.tool_choice) == (32, twin.sampling, [], "none")
+    switched = job_of({"input": "Hi", "max_output_tokens": 32, "chat_template_kwargs": {"enable_thinking": True},
+                       "thinking_budget_tokens": 8})
+    assert (switched.template_kwargs, switched.thinking_budget) == ({"enable_thinking": True}, 8)
 
 
 def test_items_become_messages_with_calls_joined_to_their_assistant_turn() -> None:
@@ -115,7 +118,8 @@ def test_text_format_is_the_same_constraint_as_response_format() -> None:
     ({}, "input", "Missing required parameter"),
     ({"input": []}, "input", "non-empty"),
     ({"input": [{"type": "banana"}]}, "input[0].type", "unknown item type"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "not supported"),
+    ({"input": [{"type": "computer_call", "id": "cu_1"}]}, "input[0].type", "not supported"),
+    ({"input": [{"type": "item_reference"}]}, "input[0].id", "item id"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type", "text only"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "expected one of"),

@@ -307,3 +307,47 @@ async def test_a_thinking_block_is_a_reasoning_item_collected_and_streamed(sdk, 
     final = events[-1]["response"]
     assert [item["type"] for item in final["output"]] == ["reasoning", "message"]
     assert final["output"][0]["content"] == [{"type": "reasoning_text", "text": "It is sunny."}]
+
+
+async def test_input_items_lists_what_the_response_read_page_by_page(sdk, client, worker) -> None:
+    task = asyncio.create_task(sdk.responses.create(model="smollm2", input="Weather in Paris?", tools=[WEATHER]))
+    await worker.answer(await worker.take(), ["Checking. ", *CALL])
+    first = await task
+    call = first.output[1]
+    task = asyncio.create_task(sdk.responses.create(
+        model="smollm2", previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21 C"},
+               {"role": "user", "content": "And tomorrow?"}]))
+    await worker.answer(await worker.take(), ["Rain."])
+    second = await task
+    listed = [item async for item in sdk.responses.input_items.list(second.id, limit=2)]  # three pages
+    kinds = [item.type for item in listed]
+    assert kinds == ["message", "function_call_output", "function_call", "message", "message"]  # newest first
+    assert listed[2].id == call.id and listed[3].id == first.output[0].id  # an output item keeps its id
+    assert listed[4].content[0].text == "Weather in Paris?" and listed[0].content[0].text == "And tomorrow?"
+    assert len({item.id for item in listed}) == 5
+    oldest = await sdk.responses.input_items.list(second.id, order="asc", limit=1)
+    assert [item.id for item in oldest.data] == [listed[4].id] and oldest.has_more
+    response = await client.get(f"/v1/responses/{second.id}/input_items", params={"after": "msg_nope"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "after"
+    assert (await client.get("/v1/responses/resp_ffff/input_items")).status_code == 404
+
+
+async def test_an_item_reference_brings_a_stored_item_into_a_new_conversation(sdk, client, worker) -> None:
+    task = asyncio.create_task(sdk.responses.create(model="smollm2", input="Weather in Paris?", tools=[WEATHER]))
+    await worker.answer(await worker.take(), ["Checking. ", *CALL])
+    first = await task
+    asked, call = (await sdk.responses.input_items.list(first.id)).data[0], first.output[1]
+    task = asyncio.create_task(sdk.responses.create(  # no previous_response_id: the ids name the response
+        model="smollm2", input=[{"type": "item_reference", "id": asked.id}, {"type": "item_reference", "id": call.id},
+                                {"type": "function_call_output", "call_id": call.call_id, "output": "21 C"}]))
+    job = await worker.take()
+    assert [(m.role, m.content) for m in job.messages] == [
+        ("user", "Weather in Paris?"), ("assistant", ""), ("tool", "21 C")]
+    assert job.messages[1].tool_calls[0].name == "get_weather"
+    await worker.answer(job, ["It is 21 C."])
+    assert (await task).output_text == "It is 21 C."
+    for wanted in ("msg_nope", first.output[0].id.replace(first.id.removeprefix("resp_"), "ffff", 1)):
+        response = await client.post("/v1/responses", json={"model": "smollm2", "input": [
+            {"type": "item_reference", "id": wanted}]})
+        assert response.status_code == 404 and response.json()["error"]["param"] == "input[0]", response.text

@@ -18,7 +18,9 @@ from shared.settings import Settings
 pytestmark = pytest.mark.anyio
 SETTINGS = Settings(responses_ttl_s=3600, retry_after_s=1)
 HISTORY = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]
-OUTPUT = [{"id": "msg_1", "type": "message", "status": "completed", "role": "assistant",
+OUTPUT = [{"id": "rs_1", "type": "reasoning", "status": "completed", "summary": [],
+           "content": [{"type": "reasoning_text", "text": "Hm."}]},
+          {"id": "msg_1", "type": "message", "status": "completed", "role": "assistant",
            "content": [{"type": "output_text", "text": "Hello", "annotations": [], "logprobs": []}]},
           {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": "call_1", "name": "f",
            "arguments": "{}"}]
@@ -42,10 +44,11 @@ async def test_a_record_round_trips_with_its_ttl_and_continues_its_conversation(
     assert 3590 < await redis.ttl(keys.response_key("resp_1")) <= 3600
     loaded = await store.load("resp_1", None)
     assert loaded == record(deadline=loaded.deadline)
-    assert loaded.conversation == [*HISTORY,
-                                   {"type": "message", "role": "assistant",
+    assert loaded.conversation == [*HISTORY,  # output items keep their ids; the reasoning is not carried over
+                                   {"id": "msg_1", "type": "message", "role": "assistant",
                                     "content": [{"type": "output_text", "text": "Hello"}]},
-                                   {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}]
+                                   {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f",
+                                    "arguments": "{}"}]
     await store.delete("resp_1", None)
     with pytest.raises(ResponseNotFound):
         await store.load("resp_1", None)

@@ -2,7 +2,9 @@
 
 Learned absolute positions and token types (always type 0, as llama.cpp), LayerNorm after each residual add,
 bidirectional attention within each text, GELU (tanh form, as ggml), biases everywhere, no final norm and no
-output projection. It has no KV cache: a text is encoded whole in one forward, many texts side by side.
+output projection. It has no KV cache: a text is encoded whole in one forward, many texts side by side. The
+matmuls are ops.linear's (BLAS); attention, the residual adds with their LayerNorms and bias + GELU are the
+compiled kernels of encoder_kernels.py, which read the matmuls' outputs in the order BLAS leaves them.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worker.engine import ops
+from worker.engine import encoder_kernels, ops
 from worker.engine.architectures.common import fuse_rows, scale_rows, take
 from worker.engine.config import ModelConfig
+from worker.engine.encoder_kernels import add_layer_norm, attend_texts, bias_gelu
 from worker.engine.lora_targets import LoraTarget
 from worker.engine.ops import Array
 
@@ -96,6 +99,7 @@ class Bert:
                 out_norm_bias=ops.asarray(take(tensors, p + "layer_output_norm.bias", (d,), path)),  # (D,)
             ))
         positions = ops.dense(take(tensors, "position_embd.weight", (config.context_length, d), path))  # (P, D)
+        encoder_kernels.warm()  # compiled (or read from numba's cache) at load, not on the first request
         types = tensors.get("token_types.weight")
         type_zero = (ops.dense(types)[0] if types is not None else np.zeros(d, np.float32))  # (D,)
         return BertWeights(
@@ -119,19 +123,14 @@ class Bert:
         eps, n_heads, dh = cfg.layer_norm_eps, cfg.n_heads, cfg.head_dim
         x = weights.token_embedding[tokens] + weights.position_embedding[positions]  # (N, D)
         x += weights.type_zero
-        x = ops.layer_norm(x, weights.embed_norm_weight, weights.embed_norm_bias, eps)  # (N, D)
-        inner = n_heads * dh
+        x = np.ascontiguousarray(ops.layer_norm(x, weights.embed_norm_weight, weights.embed_norm_bias, eps),
+                                 np.float32)  # (N, D) row-major: the kernels update it in place
         for w in weights.layers:
-            qkv = ops.contiguous(ops.linear(x, w.wqkv)) + w.bqkv  # (N, 3*H*Dh)
-            q = qkv[:, :inner].reshape(-1, n_heads, dh)  # (N, H, Dh)
-            k = qkv[:, inner : 2 * inner].reshape(-1, n_heads, dh)  # (N, H, Dh)
-            v = qkv[:, 2 * inner :].reshape(-1, n_heads, dh)  # (N, H, Dh)
-            attn = ops.attend_bidirectional(q, k, v, starts)  # (N, H*Dh)
-            x += ops.linear(attn, w.wo)  # (N, D)
-            x += w.bo
-            x = ops.layer_norm(x, w.attn_norm_weight, w.attn_norm_bias, eps)  # (N, D)
-            hidden = ops.gelu_tanh_inplace(ops.linear(x, w.w_up) + w.b_up)  # (N, F)
-            x += ops.linear(hidden, w.w_down)  # (N, D)
-            x += w.b_down
-            x = ops.layer_norm(x, w.out_norm_weight, w.out_norm_bias, eps)  # (N, D)
+            qkv_t = ops.linear(x, w.wqkv).T  # (3*H*Dh, N) as BLAS leaves it; the bias is added in the kernel
+            attn = attend_texts(qkv_t, w.bqkv, starts, n_heads, dh)  # (N, H*Dh)
+            x = add_layer_norm(x, ops.linear(attn, w.wo), w.bo, w.attn_norm_weight, w.attn_norm_bias, eps)  # (N, D)
+            hidden_t = np.ascontiguousarray(ops.linear(x, w.w_up).T)  # (F, N), no copy when BLAS made it so
+            bias_gelu(hidden_t, w.b_up)  # (F, N)
+            x = add_layer_norm(x, ops.linear(hidden_t.T, w.w_down), w.b_down, w.out_norm_weight, w.out_norm_bias,
+                               eps)  # (N, D)
         return x  # (N, D)
