@@ -67,3 +67,12 @@ def tiled_matmul(x: np.ndarray, codes: np.ndarray, scale: np.ndarray, offset: np
         dequantize_rows(codes, scale, offset, first, tile)
         np.dot(tile, xt, out=out[first : first + count])  # (T, K): as (W @ x.T).T on a float32 W
     return out.T  # (K, R)
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) the tile decoder for writeable and for read-only (mapped) codes."""
+    for writeable in (True, False):
+        codes = np.zeros((2, 16), np.uint8)  # (R, C)
+        tables = np.zeros((2, 1), np.float32)  # (R, C/G)
+        codes.flags.writeable = tables.flags.writeable = writeable
+        dequantize_rows(codes, tables, tables, 0, np.empty((2, 16), np.float32))
