@@ -180,7 +180,7 @@ def cached_blocks(model_path: str | Path, pendings: list[PendingLinear],
     """Every pending projection's codes: mapped from the repack cache, built into it first when missing or
     invalid; built in memory when there is no cache directory or it cannot be written."""
     keys = {p.key for p in pendings}
-    if directory is None:
+    if directory is None or not pendings:  # (a float-only model, BERT's F32/F16: nothing to cache)
         return build_in_memory(pendings)
     path = directory / f"{Path(model_path).name}.{model_key(model_path)}.repack"
     found = _open_valid(path, keys)
