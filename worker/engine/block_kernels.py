@@ -317,9 +317,12 @@ def block_matmul(x: np.ndarray, codes: np.ndarray, scale: np.ndarray, offset: np
 
 
 def warm(groups: set[int]) -> None:
-    """Compile (or load from numba's cache) the narrow kernel of every group size a model uses, and the wide one."""
+    """Compile (or load from numba's cache) the narrow kernel of every group size a model uses, and the wide one,
+    for writeable arrays and for read-only ones (codes mapped from the repack cache: another numba type)."""
     for group in sorted(groups):
-        codes = np.zeros((2, group), np.uint8)  # (R, C)
-        tables = np.zeros((2, 1), np.float32)  # (R, C/G)
-        block_matmul(np.zeros((5, group), np.float32), codes, tables, tables)  # one narrow kernel for 1..15 rows
-        block_matmul(np.zeros((WIDE_ROWS, group), np.float32), codes, tables, tables)
+        for writeable in (True, False):
+            codes = np.zeros((2, group), np.uint8)  # (R, C)
+            tables = np.zeros((2, 1), np.float32)  # (R, C/G)
+            codes.flags.writeable = tables.flags.writeable = writeable
+            block_matmul(np.zeros((5, group), np.float32), codes, tables, tables)  # one narrow kernel, 1..15 rows
+            block_matmul(np.zeros((WIDE_ROWS, group), np.float32), codes, tables, tables)

@@ -1,4 +1,4 @@
-"""Reading GGUF files: metadata as plain Python values, tensors dequantized once to float32.
+"""Reading GGUF files: metadata as plain Python values, float tensors as arrays, quantized ones left in the file.
 
 The layout (header, key/value metadata, tensor infos, aligned data) is parsed here with `struct` over an
 mmap: the `gguf` package's reader builds a numpy view per metadata item, which took ~20 s for Gemma 3's
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from worker.engine.errors import ModelLoadError
-from worker.engine.quant_blocks import SUPPORTED, BlockCodes, decode_block_codes
+from worker.engine.quant_blocks import BlockCodes, code_group, decode_block_codes
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -34,7 +34,22 @@ class GGUFContents:
     path: str
     metadata: dict[str, Any]
     tensors: dict[str, np.ndarray]  # name -> float32, shape in row-major order (GGUF's ne reversed)
-    block_codes: dict[str, BlockCodes] = field(default_factory=dict)  # 2-D quantized tensors' codes, if asked
+    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)  # 2-D quantized tensors, undecoded
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A 2-D quantized tensor as the file stores it: its type name, (rows, cols) and the raw bytes of each row."""
+
+    kind: str  # e.g. "Q4_K"
+    shape: tuple[int, int]  # (out, in)
+    data: np.ndarray  # (out, bytes per row) uint8, a view of the read-only mapping
+
+    def decode(self) -> BlockCodes:
+        """The tensor's 8-bit codes and per-group tables (quant_blocks.py)."""
+        codes = decode_block_codes(self.data, self.kind, self.shape)
+        assert codes is not None, "read_gguf keeps only tensors with a block form"
+        return codes
 
 
 class _Cursor:
@@ -146,10 +161,12 @@ def _tensor_data(buffer: mmap.mmap, offset: int, dims: list[int], qtype: Any) ->
     return data.reshape(*shape[:-1], shape[-1] // block_size * type_size)  # (..., bytes per row)
 
 
-def read_gguf(path: str | Path, block_codes: bool = False) -> GGUFContents:
-    """Read a GGUF file and dequantize every tensor to float32 (row-major, GGUF shape reversed); with block_codes,
-    also keep each 2-D quantized tensor's codes (quant_blocks.py)."""
+def read_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFContents:
+    """Read a GGUF file: float tensors as arrays (F32 as read-only views of the mapping, other types dequantized to
+    float32; shape row-major, GGUF's reversed). With keep_quantized, each 2-D tensor of a type with a block form
+    (quant_blocks.py) is left undecoded in `quantized`, its bytes a view of the mapping."""
     import gguf
+    from gguf.constants import GGML_QUANT_SIZES
     from gguf.quants import dequantize
 
     buffer = _open(path)
@@ -174,19 +191,23 @@ def read_gguf(path: str | Path, block_codes: bool = False) -> GGUFContents:
     except (struct.error, IndexError, KeyError, ValueError, UnicodeDecodeError, OverflowError) as exc:
         raise ModelLoadError(path, f"corrupt or truncated GGUF ({type(exc).__name__}: {exc})") from None
     tensors: dict[str, np.ndarray] = {}
+    quantized: dict[str, QuantizedTensor] = {}
     for name, data in raw.items():
+        kind = types[name].name
+        if keep_quantized and data.ndim == 2 and kind not in _NUMPY_TYPES:
+            cols = data.shape[1] // GGML_QUANT_SIZES[types[name]][1] * GGML_QUANT_SIZES[types[name]][0]
+            if code_group(kind, cols) is not None:
+                quantized[name] = QuantizedTensor(kind, (data.shape[0], cols), data)
+                continue
+        if kind == "F32":
+            tensors[name] = data  # a read-only view of the mapping: no copy
+            continue
         shape = data.shape[:-1] + (-1,)
         try:
             array = dequantize(data, types[name])
         except NotImplementedError:
-            raise ModelLoadError(path, f"tensor {name}: type {types[name].name} cannot be dequantized") from None
+            raise ModelLoadError(path, f"tensor {name}: type {kind} cannot be dequantized") from None
         except (ValueError, IndexError, TypeError) as exc:
             raise ModelLoadError(path, f"tensor {name}: malformed data ({exc})") from None
         tensors[name] = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
-    codes: dict[str, BlockCodes] = {}
-    for name, data in raw.items() if block_codes else ():
-        if data.ndim == 2 and types[name].name in SUPPORTED:
-            decoded = decode_block_codes(data, types[name].name, tensors[name].shape)
-            if decoded is not None:
-                codes[name] = decoded
-    return GGUFContents(path=str(path), metadata=metadata, tensors=tensors, block_codes=codes)
+    return GGUFContents(path=str(path), metadata=metadata, tensors=tensors, quantized=quantized)

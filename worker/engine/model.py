@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, ops
+from worker.engine import block_kernels, ops, tile_matmul
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.config import ModelConfig
@@ -17,7 +17,9 @@ from worker.engine.gguf_file import read_gguf
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
 from worker.engine.ops import Array
-from worker.engine.quantized import QuantizedLinear
+from worker.engine.quant_blocks import code_group
+from worker.engine.quantized import PendingLinear, materialize
+from worker.engine.repack_cache import cache_dir, cached_blocks
 
 
 class Model:
@@ -32,22 +34,29 @@ class Model:
         self.lora_base = lora_base or {}  # the small base tensors (norm weights) adapter loads fold in again
 
     @classmethod
-    def from_file(cls, path: str | Path, *, block_codes: bool = True) -> Model:
-        """Load a GGUF file (dequantized to float32 once); with block_codes its quantized projections also keep
-        their 8-bit codes, which narrow decode steps multiply with (ops.linear)."""
-        contents = read_gguf(path, block_codes=block_codes)
+    def from_file(cls, path: str | Path, *, block_codes: bool = True,
+                  repack_dir: Path | None | str = "default") -> Model:
+        """Load a GGUF file: its quantized projections, embedding and output as 8-bit block codes only
+        (quantized.py; no float32 copy), mapped from the repack cache in `repack_dir` (repack_cache.py; default
+        LLMFLEET_REPACK_DIR or ~/.cache/llmfleet/repack; None: built in memory), float tensors as arrays.
+        block_codes=False dequantizes every tensor to float32 instead (the tests' float32 reference)."""
+        contents = read_gguf(path, keep_quantized=block_codes)
         if contents.metadata.get("general.type") == "adapter":
             raise ModelLoadError(path, "the file is a LoRA adapter, not a model: load it with POST /admin/loras")
         config = ModelConfig.from_metadata(contents.metadata, str(path))
         architecture = architecture_for(config, str(path))
         tensors: dict[str, Any] = dict(contents.tensors)
-        for name, codes in contents.block_codes.items():
-            tensors[name] = QuantizedLinear(contents.tensors[name], codes)
-        if contents.block_codes:  # compiled now, not in the first narrow steps of each width
-            block_kernels.warm({codes.group for codes in contents.block_codes.values()})
-        weights = architecture.load(tensors, config, str(path))
+        for name, raw in contents.quantized.items():
+            group = code_group(raw.kind, raw.shape[1])
+            tensors[name] = PendingLinear(name, raw.shape, group, raw.decode)  # type: ignore[arg-type]
+        directory = cache_dir() if repack_dir == "default" else None if repack_dir is None else Path(repack_dir)
+        weights = materialize(architecture.load(tensors, config, str(path)),
+                              lambda pendings: cached_blocks(path, pendings, directory))
+        if contents.quantized:  # compiled now, not in the first narrow steps of each width
+            block_kernels.warm({code_group(raw.kind, raw.shape[1]) or 32 for raw in contents.quantized.values()})
+            tile_matmul.warm()
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
-        lora_base = {name: contents.tensors[name].copy() for name in keep if name in contents.tensors}
+        lora_base = {name: np.array(contents.tensors[name]) for name in keep if name in contents.tensors}
         return cls(config, architecture, weights, contents.metadata, lora_base)
 
     @property

@@ -10,36 +10,51 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, kernels
-from worker.engine.quantized import QuantizedLinear
+from worker.engine import block_kernels, kernels, tile_matmul
+from worker.engine.quantized import PendingLinear, QuantizedLinear
 
 xp: Any = np  # the array module of the forward path
 Array = Any  # an array of the backend in `xp`
-Weight = Any  # a projection: an (out, in) array, or a QuantizedLinear holding a block-coded form beside it
-_block_rows = 64  # steps of at most this many rows use block codes (bench/block_matmul.py, SmolLM2's matrices,
-# ms, block codes against float32 BLAS in one run: 32 rows 64-72 / 83-88, 48 rows 96-98 / 105-108, 64 rows
-# 126-132 / 127-152, 96 rows 181-189 / 175-184)
+Weight = Any  # a projection: an (out, in) float32 array, or a QuantizedLinear (block codes only)
+_block_rows = 64  # steps of at most this many rows use the block kernels (bench/block_matmul.py, SmolLM2's
+# matrices, ms, block kernels against float32 BLAS in one run: 32 rows 64-72 / 83-88, 48 rows 96-98 / 105-108,
+# 64 rows 126-132 / 127-152, 96 rows 181-189 / 175-184); wider ones dequantize tiles for BLAS (tile_matmul.py)
 
 
 def set_block_rows(rows: int) -> None:
-    """The widest step that multiplies with block codes instead of float32 (0 turns the block path off)."""
+    """The widest step that multiplies with the block kernels instead of dequantized tiles and BLAS."""
     global _block_rows
     _block_rows = max(0, rows)
 
 
 def narrow_rows() -> int:
-    """The widest step that multiplies with block codes (wider ones use float32 BLAS)."""
+    """The widest step that multiplies with the block kernels (wider ones: dequantized tiles and BLAS)."""
     return _block_rows
 
 
 def weight(matrix: Any) -> Weight:
-    """A projection as the forward path takes it: block-coded ones as they are, arrays row-major on the backend."""
-    return matrix if isinstance(matrix, QuantizedLinear) else xp.ascontiguousarray(xp.asarray(matrix, dtype=np.float32))
+    """A projection as the forward path takes it: quantized ones (built or pending) as they are, arrays
+    row-major float32 on the backend (a C-contiguous float32 array is not copied)."""
+    if isinstance(matrix, (QuantizedLinear, PendingLinear)):
+        return matrix
+    return xp.ascontiguousarray(xp.asarray(matrix, dtype=np.float32))
 
 
-def dense(matrix: Weight) -> Array:
-    """The float32 (out, in) form of a projection (for an embedding lookup)."""
-    return matrix.dense if isinstance(matrix, QuantizedLinear) else matrix
+def dense(matrix: Any) -> Array:
+    """The float32 (out, in) form of a small table (BERT's positions): quantized ones are dequantized whole."""
+    if isinstance(matrix, PendingLinear):
+        return matrix.dequantize()  # (out, in)
+    if isinstance(matrix, QuantizedLinear):
+        return matrix.rows(np.arange(matrix.shape[0]))  # (out, in)
+    return matrix
+
+
+def embedding_rows(table: Weight, tokens: Array) -> Array:
+    """The rows of an embedding table for token ids (N,): (N, D), a new float32 array (only those rows are
+    dequantized when the table is block-coded)."""
+    if isinstance(table, QuantizedLinear):
+        return table.rows(tokens)  # (N, D)
+    return xp.asarray(table[tokens], dtype=np.float32)  # (N, D)
 
 
 def _block_linear(x: Array, weight: QuantizedLinear) -> Array:
@@ -60,13 +75,22 @@ def empty(shape: tuple[int, ...], dtype: Any = np.float32) -> Array:
     return xp.empty(shape, dtype)
 
 
+def _tiled_linear(x: Array, weight: QuantizedLinear) -> Array:
+    """x @ weight.T through dequantized tiles of the codes and BLAS: (N, out), Fortran-ordered."""
+    if weight.column_scale is not None:
+        x = x * weight.column_scale  # (N, in)
+    blocks = weight.blocks
+    return tile_matmul.tiled_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
+
+
 def linear(x: Array, weight: Weight) -> Array:
-    """x @ weight.T for x (N, in) and weight (out, in): block codes for narrow steps, else (weight @ x.T).T on
-    OpenBLAS (faster that way round; a column-major result that callers needing rows contiguous copy)."""
+    """x @ weight.T for x (N, in) and weight (out, in): block kernels for narrow steps, else (weight @ x.T).T on
+    OpenBLAS, by tiles for block codes (faster that way round; a column-major result that callers needing rows
+    contiguous copy)."""
     if isinstance(weight, QuantizedLinear):
         if x.shape[0] <= _block_rows:
             return _block_linear(x, weight)  # (N, out), C-ordered
-        weight = weight.dense
+        return _tiled_linear(x, weight)  # (N, out), Fortran-ordered
     return (weight @ x.T).T  # (N, out), Fortran-ordered
 
 
@@ -80,7 +104,7 @@ def linear_rows(x: Array, weight: Weight) -> Array:
     if isinstance(weight, QuantizedLinear):
         if x.shape[0] <= _block_rows:
             return _block_linear(x, weight)  # (N, out), C-ordered
-        weight = weight.dense
+        return xp.ascontiguousarray(_tiled_linear(x, weight))  # (N, out), C-ordered
     return x @ weight.T  # (N, out), C-ordered
 
 

@@ -112,17 +112,22 @@ _K_QUANTS = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
 SUPPORTED = _LEGACY + tuple(_K_QUANTS)
 
 
+def code_group(kind: str, cols: int) -> int | None:
+    """The group size of a type's codes for rows of `cols` weights; None when it has no block form."""
+    if kind in _LEGACY:
+        return 32 if cols % 32 == 0 else None
+    if kind in _K_QUANTS:
+        return _K_QUANTS[kind] if cols % QK_K == 0 else None
+    return None
+
+
 def decode_block_codes(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> BlockCodes | None:
     """Codes and per-group scale/offset of a 2-D quantized tensor (raw bytes per row as GGUF stores them)."""
     rows, cols = shape
-    if kind in _LEGACY:
-        group, super_block = 32, 32
-    elif kind in _K_QUANTS:
-        group, super_block = _K_QUANTS[kind], QK_K
-    else:
+    group = code_group(kind, cols)
+    if group is None:
         return None
-    if cols % super_block:
-        return None
+    super_block = 32 if kind in _LEGACY else QK_K
     blocks = np.ascontiguousarray(raw).reshape(rows * (cols // super_block), -1)  # (n, bytes per block)
     if kind in _LEGACY:
         codes, scale, offset = _legacy(blocks, kind)

@@ -1,27 +1,35 @@
-"""A QuantizedLinear's two forms stay the same matrix through every load-time transform, and ops.linear gives
-the same product whichever form a step's width picks."""
+"""Pending quantized projections build the same matrix as the float32 transforms would, and ops.linear gives the
+same product through the block kernels (narrow steps) and through dequantized tiles and BLAS (wide steps)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
-from worker.engine import ops
+from worker.engine import ops, tile_matmul
 from worker.engine.architectures.common import fold_norm, fuse_rows, scale_rows, unpermute_rope_rows
 from worker.engine.quant_blocks import BlockCodes
-from worker.engine.quantized import QuantizedLinear
+from worker.engine.quantized import PendingLinear, QuantizedLinear, build_codes, build_in_memory, materialize
 
 
-def random_linear(rng: np.random.Generator, out_dim: int, in_dim: int, group: int = 32) -> QuantizedLinear:
-    """A random block-coded projection with its float32 form."""
+def random_pending(rng: np.random.Generator, name: str, out_dim: int, in_dim: int,
+                   group: int = 32) -> tuple[PendingLinear, np.ndarray]:
+    """A random block-coded projection as the loader sees it, and its float32 matrix (out, in)."""
     blocks = BlockCodes(rng.integers(0, 16, (out_dim, in_dim), dtype=np.uint8),
                         rng.uniform(0.01, 0.1, (out_dim, in_dim // group)).astype(np.float32),
                         rng.uniform(-0.5, 0.5, (out_dim, in_dim // group)).astype(np.float32), group)
-    return QuantizedLinear(blocks.dequantize(), blocks)
+    return PendingLinear(name, (out_dim, in_dim), group, lambda: blocks), blocks.dequantize()
 
 
-def block_product(x: np.ndarray, weight: QuantizedLinear) -> np.ndarray:
-    """x @ W.T through the block form (what a narrow step computes)."""
+def built(pending: PendingLinear) -> QuantizedLinear:
+    """The pending projection materialized in memory."""
+    return materialize((pending,), build_in_memory)[0]
+
+
+def narrow_product(x: np.ndarray, weight: QuantizedLinear) -> np.ndarray:
+    """x @ W.T through the block kernels (what a decode step computes)."""
     narrow = ops.narrow_rows()
     ops.set_block_rows(x.shape[0])
     try:
@@ -30,35 +38,71 @@ def block_product(x: np.ndarray, weight: QuantizedLinear) -> np.ndarray:
         ops.set_block_rows(narrow)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8])
-def test_transforms_keep_both_forms_the_same_matrix(rows: int) -> None:
+@pytest.mark.parametrize("rows", [1, 2, 8, 70])
+def test_transforms_build_the_float32_transformed_matrix(rows: int) -> None:
     rng = np.random.default_rng(rows)
-    q, k = random_linear(rng, 64, 96), random_linear(rng, 32, 96)
-    v = random_linear(rng, 32, 96, group=16)
+    (q, q32), (k, k32) = random_pending(rng, "q", 64, 96), random_pending(rng, "k", 32, 96)
+    v, v32 = random_pending(rng, "v", 32, 96, group=16)
     norm = rng.uniform(0.5, 1.5, 96).astype(np.float32)  # (in,)
-    fused = fold_norm(fuse_rows(scale_rows(unpermute_rope_rows(q, 4), np.float32(0.25)), unpermute_rope_rows(k, 2), v),
-                      norm)
-    assert isinstance(fused, QuantizedLinear) and fused.blocks.group == 16 and fused.shape == (128, 96)
-    reference = fold_norm(fuse_rows(scale_rows(unpermute_rope_rows(q.dense, 4), np.float32(0.25)),
-                                    unpermute_rope_rows(k.dense, 2), v.dense), norm)  # (128, 96) the float32 path
-    np.testing.assert_allclose(fused.dense, reference, rtol=1e-6)
+    pending = fold_norm(fuse_rows(scale_rows(unpermute_rope_rows(q, 4), np.float32(0.25)),
+                                  unpermute_rope_rows(k, 2), v), norm)
+    assert isinstance(pending, PendingLinear) and pending.group == 16 and pending.shape == (128, 96)
+    reference = fold_norm(fuse_rows(scale_rows(unpermute_rope_rows(q32, 4), np.float32(0.25)),
+                                    unpermute_rope_rows(k32, 2), v32), norm)  # (128, 96) the float32 path
+    np.testing.assert_allclose(pending.dequantize(), reference, rtol=1e-6, atol=1e-7)
+    weight = built(pending)
     x = rng.standard_normal((rows, 96)).astype(np.float32)  # (N, in)
-    np.testing.assert_allclose(block_product(x, fused), x @ reference.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(narrow_product(x, weight), x @ reference.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ops.linear(x, weight), x @ reference.T, rtol=1e-4, atol=1e-4)
 
 
-def test_wide_steps_use_the_float32_form_and_agree() -> None:
+@pytest.mark.parametrize("tile_bytes", [1, 4 * 96 * 24, 1 << 22])
+def test_tiled_prefill_matches_the_float32_reference(tile_bytes: int) -> None:
     rng = np.random.default_rng(3)
-    weight = random_linear(rng, 48, 64)
-    x = rng.standard_normal((16, 64)).astype(np.float32)  # (N, in): wider than the block path
-    wide = ops.linear(x, weight)  # (N, out) through BLAS
-    np.testing.assert_allclose(wide, block_product(x, weight), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(ops.linear_rows(x[:2], weight), x[:2] @ weight.dense.T, rtol=1e-4, atol=1e-4)
+    pending, dense = random_pending(rng, "w", 100, 96)
+    weight = built(pending)
+    x = rng.standard_normal((80, 96)).astype(np.float32)  # (N, in): wider than the block kernels' steps
+    b = weight.blocks
+    tiled = tile_matmul.tiled_matmul(x, b.codes, b.scale, b.offset, tile_bytes)  # (N, out), tiles of 16-100 rows
+    np.testing.assert_allclose(tiled, x @ dense.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ops.linear(x, weight), x @ dense.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ops.linear_rows(x, weight), x @ dense.T, rtol=1e-4, atol=1e-4)
+    assert ops.linear_rows(x, weight).flags.c_contiguous
+
+
+def test_embedding_rows_dequantize_only_the_rows_asked() -> None:
+    rng = np.random.default_rng(5)
+    pending, dense = random_pending(rng, "e", 50, 64)
+    table = built(pending)
+    tokens = np.array([3, 0, 49, 3])  # (N,)
+    np.testing.assert_array_equal(ops.embedding_rows(table, tokens), dense[tokens])
+    assert ops.embedding_rows(table, tokens).dtype == np.float32
+
+
+def test_materialize_builds_each_key_once_and_keeps_ties() -> None:
+    rng = np.random.default_rng(6)
+    pending, _ = random_pending(rng, "e", 8, 32)
+    calls = []
+
+    @dataclass(frozen=True)
+    class Weights:
+        embedding: object
+        layers: tuple
+        output: object
+
+    def source(pendings: list[PendingLinear]) -> dict[str, BlockCodes]:
+        calls.extend(p.key for p in pendings)
+        return {p.key: build_codes(p) for p in pendings}
+
+    weights = materialize(Weights(pending, (pending.scale_rows(np.float32(2.0)),), pending), source)
+    assert weights.output is weights.embedding and isinstance(weights.output, QuantizedLinear)
+    assert sorted(set(calls)) == ["e", "e|scale:2.0"]
 
 
 def test_mixed_fusing_falls_back_to_float32() -> None:
     rng = np.random.default_rng(4)
-    q = random_linear(rng, 16, 64)
+    q, q32 = random_pending(rng, "q", 16, 64)
     plain = rng.standard_normal((8, 64)).astype(np.float32)
     fused = fuse_rows(q, plain)
     assert isinstance(fused, np.ndarray)
-    np.testing.assert_array_equal(fused, np.concatenate([q.dense, plain]))
+    np.testing.assert_array_equal(fused, np.concatenate([q32, plain]))

@@ -104,7 +104,7 @@ class Bert:
         type_zero = (ops.dense(types)[0] if types is not None else np.zeros(d, np.float32))  # (D,)
         return BertWeights(
             config=config,
-            token_embedding=ops.asarray(ops.dense(take(tensors, "token_embd.weight", (v, d), path))),  # (V, D)
+            token_embedding=ops.weight(take(tensors, "token_embd.weight", (v, d), path)),  # (V, D) rows looked up
             position_embedding=ops.asarray(positions),
             type_zero=ops.asarray(np.ascontiguousarray(type_zero, np.float32)),
             embed_norm_weight=ops.asarray(take(tensors, "token_embd_norm.weight", (d,), path)),  # (D,)
@@ -121,7 +121,8 @@ class Bert:
         starts[i]..starts[i+1]-1, each attending over its own rows only."""
         cfg = weights.config
         eps, n_heads, dh = cfg.layer_norm_eps, cfg.n_heads, cfg.head_dim
-        x = weights.token_embedding[tokens] + weights.position_embedding[positions]  # (N, D)
+        x = ops.embedding_rows(weights.token_embedding, tokens)  # (N, D)
+        x += weights.position_embedding[positions]  # (N, D)
         x += weights.type_zero
         x = np.ascontiguousarray(ops.layer_norm(x, weights.embed_norm_weight, weights.embed_norm_bias, eps),
                                  np.float32)  # (N, D) row-major: the kernels update it in place

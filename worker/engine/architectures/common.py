@@ -1,7 +1,7 @@
 """Helpers every architecture module shares: tensor lookup with clear errors, shape checks, fusing.
 
-A projection here is an (out, in) float32 array or a QuantizedLinear (the same matrix with its block codes);
-every transform applies to both forms alike.
+A projection here is an (out, in) float32 array or a PendingLinear (a quantized tensor's recipe, built after
+loading: quantized.py); every transform applies to both alike.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from worker.engine.errors import ModelLoadError
-from worker.engine.quantized import QuantizedLinear, fuse_quantized_rows
+from worker.engine.quantized import PendingLinear, fuse_pending_rows
 
-Matrix = Any  # np.ndarray | QuantizedLinear
+Matrix = Any  # np.ndarray | PendingLinear
 
 
 def take(tensors: dict[str, Any], name: str, shape: tuple[int, ...], path: str) -> Matrix:
@@ -27,14 +27,14 @@ def take(tensors: dict[str, Any], name: str, shape: tuple[int, ...], path: str) 
 
 
 def dense(matrix: Matrix) -> np.ndarray:
-    """The float32 form of a projection."""
-    return matrix.dense if isinstance(matrix, QuantizedLinear) else matrix
+    """The float32 form of a projection (a quantized one dequantized: the fallback of mixed fusing)."""
+    return matrix.dequantize() if isinstance(matrix, PendingLinear) else matrix
 
 
 def fuse_rows(*matrices: Matrix) -> Matrix:
     """Stack (out_i, in) matrices into one C-contiguous (sum out_i, in) matrix (block-coded when all parts are)."""
-    if all(isinstance(m, QuantizedLinear) for m in matrices):
-        fused = fuse_quantized_rows(matrices)
+    if all(isinstance(m, PendingLinear) for m in matrices):
+        fused = fuse_pending_rows(matrices)
         if fused is not None:
             return fused
     return np.ascontiguousarray(np.concatenate([dense(m) for m in matrices], axis=0), dtype=np.float32)  # (sum out_i, in)
@@ -46,18 +46,18 @@ def unpermute_rope_rows(weight: Matrix, n_heads: int) -> Matrix:
     head_dim = out_dim // n_heads
     # GGUF row order per head is (i, a) for pair i, member a; the half-rotation order is (a, i).
     order = np.arange(out_dim).reshape(n_heads, head_dim // 2, 2).swapaxes(1, 2).reshape(out_dim)  # (out,)
-    if isinstance(weight, QuantizedLinear):
+    if isinstance(weight, PendingLinear):
         return weight.permute_rows(order)
     return np.ascontiguousarray(weight[order])  # (out, in)
 
 
 def scale_rows(matrix: Matrix, factor: np.float32) -> Matrix:
     """Every output row multiplied by one factor."""
-    return matrix.scale_rows(factor) if isinstance(matrix, QuantizedLinear) else matrix * factor
+    return matrix.scale_rows(factor) if isinstance(matrix, PendingLinear) else matrix * factor
 
 
 def fold_norm(matrix: Matrix, norm_weight: np.ndarray) -> Matrix:
     """Fold a norm's per-feature weight into the input columns of the (out, in) matrix that follows it."""
-    if isinstance(matrix, QuantizedLinear):
+    if isinstance(matrix, PendingLinear):
         return matrix.fold_columns(norm_weight)
     return np.ascontiguousarray(matrix * norm_weight[None, :], dtype=np.float32)  # (out, in)

@@ -66,9 +66,7 @@ class Gemma3Weights:
     def nbytes(self) -> int:
         """Bytes of all distinct arrays."""
         total = self.token_embedding.nbytes + self.output_norm.nbytes + sum(layer.nbytes for layer in self.layers)
-        if ops.dense(self.output) is self.token_embedding:  # tied: only the output's block codes are its own
-            return total + self.output.nbytes - self.token_embedding.nbytes
-        return total + self.output.nbytes
+        return total if self.output is self.token_embedding else total + self.output.nbytes  # tied: one table
 
 
 class Gemma3:
@@ -109,10 +107,9 @@ class Gemma3:
                 window=config.sliding_window if local else 0,
                 rotary=local_rotary if local else global_rotary,
             ))
-        embedding_matrix = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D)
-        embedding = ops.dense(embedding_matrix)  # (V, D) float32 rows for the lookup
+        embedding = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D) rows looked up
         output = (ops.weight(take(tensors, "output.weight", (v, d), path))
-                  if "output.weight" in tensors else embedding_matrix)  # (V, D)
+                  if "output.weight" in tensors else embedding)  # (V, D)
         return Gemma3Weights(
             config=config,
             token_embedding=embedding,
@@ -136,7 +133,7 @@ class Gemma3:
 
     def embed(self, weights: Gemma3Weights, tokens: Array) -> Array:
         """Token ids (N,) to embeddings scaled by sqrt(D): (N, D)."""
-        x = weights.token_embedding[tokens]  # (N, D) a copy: scaling in place is safe
+        x = ops.embedding_rows(weights.token_embedding, tokens)  # (N, D) a new array: scaling in place is safe
         x *= np.float32(weights.embedding_scale)
         return x
 

@@ -46,9 +46,7 @@ class LlamaWeights:
     def nbytes(self) -> int:
         """Bytes of all distinct arrays."""
         total = self.token_embedding.nbytes + self.output_norm.nbytes + sum(layer.nbytes for layer in self.layers)
-        if ops.dense(self.output) is self.token_embedding:  # tied: only the output's block codes are its own
-            return total + self.output.nbytes - self.token_embedding.nbytes
-        return total + self.output.nbytes
+        return total if self.output is self.token_embedding else total + self.output.nbytes  # tied: one table
 
 
 class Llama:
@@ -91,10 +89,9 @@ class Llama:
                 ), ffn_norm)),  # (2F, D)
                 w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
             ))
-        embedding_matrix = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D)
-        embedding = ops.dense(embedding_matrix)  # (V, D) float32 rows for the lookup
+        embedding = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D) rows looked up
         output = (ops.weight(take(tensors, "output.weight", (v, d), path))
-                  if "output.weight" in tensors else embedding_matrix)  # (V, D)
+                  if "output.weight" in tensors else embedding)  # (V, D)
         return LlamaWeights(
             config=config,
             token_embedding=embedding,
@@ -121,7 +118,7 @@ class Llama:
 
     def embed(self, weights: LlamaWeights, tokens: Array) -> Array:
         """Token ids (N,) to embeddings (N, D)."""
-        return weights.token_embedding[tokens]  # (N, D)
+        return ops.embedding_rows(weights.token_embedding, tokens)  # (N, D)
 
     def block(self, weights: LlamaWeights, layer: int, x: Array, batch: ForwardBatch) -> Array:
         """Attention then SwiGLU MLP, each pre-normed and residual; updates and returns x (N, D)."""

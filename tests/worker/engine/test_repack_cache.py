@@ -1,0 +1,140 @@
+"""The repack cache: built once, mapped read-only after; a truncated or corrupt file is rebuilt, never mapped; a
+killed builder's temporary file is cleaned up; two processes starting together on a cold cache end with one file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from worker.engine.quant_blocks import BlockCodes
+from worker.engine.quantized import PendingLinear
+from worker.engine.repack_cache import cached_blocks, model_key
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def pendings(builds: list[str], delay: float = 0.0) -> list[PendingLinear]:
+    """Three deterministic projections (one with Q6_K-like groups of 16) counting their builds in `builds`."""
+    out = []
+    for i, (rows, cols, group) in enumerate([(8, 64, 32), (16, 32, 16), (4, 256, 32)]):
+        def build(i: int = i, rows: int = rows, cols: int = cols, group: int = group) -> BlockCodes:
+            builds.append(f"w{i}")
+            time.sleep(delay)
+            rng = np.random.default_rng(i)
+            return BlockCodes(rng.integers(0, 64, (rows, cols), dtype=np.uint8),
+                              rng.random((rows, cols // group), dtype=np.float32),
+                              rng.random((rows, cols // group), dtype=np.float32), group)
+        out.append(PendingLinear(f"w{i}", (rows, cols), group, build))
+    return out
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    """A stand-in model file (the cache keys it by size, mtime and its first and last MiB)."""
+    path = tmp_path / "m.gguf"
+    path.write_bytes(os.urandom(3000))
+    return path
+
+
+def the_cache_file(directory: Path) -> Path:
+    """The one repack file in a directory (and nothing else but its lock file)."""
+    files = sorted(p.name for p in directory.iterdir())
+    repacks = [name for name in files if name.endswith(".repack")]
+    assert len(repacks) == 1 and set(files) == {repacks[0], repacks[0] + ".lock"}, files
+    return directory / repacks[0]
+
+
+def assert_same(found: dict[str, BlockCodes], expected: dict[str, BlockCodes]) -> None:
+    """Every key's arrays equal."""
+    assert found.keys() == expected.keys()
+    for key, blocks in expected.items():
+        for name in ("codes", "scale", "offset"):
+            np.testing.assert_array_equal(getattr(found[key], name), getattr(blocks, name))
+        assert found[key].group == blocks.group
+
+
+def test_built_once_then_mapped_read_only(model_file: Path, tmp_path: Path) -> None:
+    builds: list[str] = []
+    cache = tmp_path / "cache"
+    first = cached_blocks(model_file, pendings(builds), cache)
+    assert sorted(builds) == ["w0", "w1", "w2"]
+    second = cached_blocks(model_file, pendings(builds), cache)
+    assert len(builds) == 3  # the warm load decoded nothing
+    assert_same(second, first)
+    codes = second["w1"].codes
+    assert not codes.flags.writeable and codes.dtype == np.uint8 and codes.shape == (16, 32)
+    assert model_key(model_file) in the_cache_file(cache).name
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage"])
+def test_a_damaged_file_is_rebuilt_not_mapped(model_file: Path, tmp_path: Path, damage: str) -> None:
+    builds: list[str] = []
+    cache = tmp_path / "cache"
+    good = {k: BlockCodes(np.array(v.codes), np.array(v.scale), np.array(v.offset), v.group)
+            for k, v in cached_blocks(model_file, pendings(builds), cache).items()}
+    path = the_cache_file(cache)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "flip":
+        data[200] ^= 0x10  # a bit of the first array's codes
+    else:
+        data = bytearray(os.urandom(len(data)))
+    path.write_bytes(bytes(data))
+    builds.clear()
+    rebuilt = cached_blocks(model_file, pendings(builds), cache)
+    assert sorted(builds) == ["w0", "w1", "w2"]
+    assert_same(rebuilt, good)
+    assert the_cache_file(cache).stat().st_size > len(data) // 2
+
+
+def test_a_killed_builders_temporary_file_is_removed(model_file: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = model_key(model_file)
+    (cache / f"m.gguf.{key}.repack.tmp.99999").write_bytes(b"half written")
+    cached_blocks(model_file, pendings([]), cache)
+    the_cache_file(cache)
+
+
+def test_no_directory_builds_in_memory(model_file: Path) -> None:
+    builds: list[str] = []
+    found = cached_blocks(model_file, pendings(builds), None)
+    assert sorted(builds) == ["w0", "w1", "w2"] and found["w0"].codes.flags.writeable
+
+
+CHILD = """
+import sys, json
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_repack_cache import pendings
+from worker.engine.repack_cache import cached_blocks
+builds = []
+found = cached_blocks(Path(sys.argv[1]), pendings(builds, delay=0.3), Path(sys.argv[2]))
+print(json.dumps({{"builds": len(builds), "sum": int(sum(int(b.codes.sum()) for b in found.values()))}}))
+"""
+
+
+def test_two_processes_on_a_cold_cache_end_with_one_valid_file(model_file: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    script = CHILD.format(tests=str(Path(__file__).parent))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    children = [subprocess.Popen([sys.executable, "-c", script, str(model_file), str(cache)], env=env,
+                                 stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [child.communicate(timeout=300)[0] for child in children]
+    assert all(child.returncode == 0 for child in children)
+    import json
+
+    parsed = [json.loads(r.strip().splitlines()[-1]) for r in results]
+    assert sorted(p["builds"] for p in parsed) == [0, 3]  # one built it; the other waited and mapped it
+    assert parsed[0]["sum"] == parsed[1]["sum"]
+    builds: list[str] = []
+    cached_blocks(model_file, pendings(builds), cache)
+    assert builds == []  # the file left behind is valid
+    the_cache_file(cache)
