@@ -33,12 +33,13 @@ def test_a_file_and_flags_make_one_catalogue(tmp_path: Path) -> None:
         catalogue.build([], str(tmp_path / "absent.json"))
 
 
-def test_the_estimate_is_float32_weights_and_block_codes_plus_the_kv_pool(smollm2_gguf_path: Path,
-                                                                          tmp_path: Path) -> None:
+def test_the_estimate_is_block_codes_and_float_tensors_plus_the_kv_pool(smollm2_gguf_path: Path,
+                                                                         tmp_path: Path) -> None:
     kv = 32 * 2**20
     estimate = catalogue.estimate_bytes(str(smollm2_gguf_path), 32)
-    weights = 134_515_008  # SmolLM2-135M's weights: 4 bytes each as float32, at most 1.5 more as block codes
-    assert estimate - kv == weights * 4 + weights * 3 // 2
+    # SmolLM2-135M Q4_1: 106,168,320 Q4_1 and 28,311,552 Q8_0 weights held as block codes (at most 1.5 bytes a
+    # weight with their tables), 35,136 F32 norm weights as float32
+    assert estimate - kv == (106_168_320 + 28_311_552) * 3 // 2 + 35_136 * 4
     assert catalogue.estimate_bytes("smollm2-135m", 32) == estimate  # a pulled alias: its cached file
     corrupt = tmp_path / "corrupt.gguf"
     corrupt.write_bytes(smollm2_gguf_path.read_bytes()[:4096])

@@ -129,18 +129,25 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 
 def tensor_elements(path: str | Path) -> int:
     """How many weights a GGUF file holds (every tensor's element count; cheap: no tensor data is read)."""
+    return sum(tensor_elements_by_type(path).values())
+
+
+def tensor_elements_by_type(path: str | Path) -> dict[str, int]:
+    """How many weights a GGUF file holds per tensor type name ("Q4_K", "F32", ...), from its header only."""
+    from gguf.constants import GGMLQuantizationType
+
     buffer = _open(path)
     try:
         cursor = _Cursor(buffer)
         n_tensors = _parse_metadata(cursor, path)[1]
-        total = 0
+        counts: dict[str, int] = {}
         for _ in range(n_tensors):
             cursor.string()
             dims = [cursor.scalar("<Q") for _ in range(cursor.scalar("<I"))]
-            cursor.scalar("<I")
+            kind = GGMLQuantizationType(cursor.scalar("<I")).name
             cursor.scalar("<Q")
-            total += int(np.prod(dims, dtype=np.int64))
-        return total
+            counts[kind] = counts.get(kind, 0) + int(np.prod(dims, dtype=np.int64))
+        return counts
     except (struct.error, IndexError, KeyError, ValueError, UnicodeDecodeError, OverflowError) as exc:
         raise ModelLoadError(path, f"corrupt or truncated GGUF ({type(exc).__name__}: {exc})") from None
 
