@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.netns import NetnsBed, unavailable
+from tests.support.netns import NetnsBed, redis_cli_binary, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def _ping(bed: NetnsBed, host: str, url: str, timeout_s: float = 2.0) -> bool:
-    reply = bed.run_in(host, ["timeout", str(timeout_s), "redis-cli", "-u", url, "ping"])
+    reply = bed.run_in(host, ["timeout", str(timeout_s), redis_cli_binary(), "-u", url, "ping"])
     return reply.stdout.strip() == "PONG"
 
 
 def test_partition_cut_delay_and_cleanup(tmp_path: Path) -> None:
-    reason = unavailable() or (None if shutil.which("redis-cli") else "no redis-cli on PATH")
+    reason = unavailable() or (None if Path(redis_cli_binary()).is_file() or shutil.which(redis_cli_binary())
+                                else "no redis-cli")
     if reason is not None:
         pytest.skip(f"no namespace test bed: {reason}")
     bed = NetnsBed()

@@ -43,10 +43,9 @@ def netns_cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Callable[
     if reason is not None:
         pytest.skip(f"no namespace test bed: {reason}")
     if os.environ.get("LLMFLEET_NETNS_TESTS") != "1":
-        # known open defects (issue 25): inside a full suite run the bed's redis-server has not answered within
-        # 10 s in 2 of 2 runs, and after a 20 s cut a gateway's pub/sub connection can stay stale (TCP
-        # retransmissions backed off), so a request after the heal waits on it; alone both tests pass
-        pytest.skip("the partition tests are opt-in until the open defects are fixed: LLMFLEET_NETNS_TESTS=1")
+        # a known open defect (issue 25): after a 20 s cut, a gateway's pub/sub connection can stay stale (TCP
+        # retransmissions backed off), so a request after the heal may wait on it; each test passes alone
+        pytest.skip("the partition tests are opt-in until the stale pub/sub defect is fixed: LLMFLEET_NETNS_TESTS=1")
     bed = NetnsBed()
 
     def start(gateways: int, workers: int, **settings: str) -> NetnsCluster:

@@ -72,7 +72,7 @@ def test_alternate_requests_load_serve_and_evict(pool: PoolCluster) -> None:
     assert pool.loads("second") - before["second"] == 1
     assert pool.loads("smollm2-135m") - before["smollm2-135m"] in (1, 2)  # 1 if it was loaded already
     status = pool.status("smollm2-135m")
-    assert status["replicas"] == 1 and status["memory_bytes"] > 500 * 2**20 and status["last_used"] > 0
+    assert status["replicas"] == 1 and status["memory_bytes"] > 128 * 2**20 and status["last_used"] > 0
     assert "evicted (least recently used) to load second" in pool.node_logs[0].read_text()
 
 

