@@ -37,6 +37,8 @@ WORKER_COUNTERS = {
     "generated_tokens": ("llmfleet_worker_generation_tokens", "Tokens the worker generated."),
     "requests_finished": ("llmfleet_worker_requests_finished", "Requests the worker finished."),
     "steps": ("llmfleet_worker_steps", "Forward steps the worker ran."),
+    "interrupted_steps": ("llmfleet_worker_interrupted_steps",
+                          "Steps stopped between layers for a request of a higher priority (then redone)."),
 }
 WORKER_LABELS = ("worker", "model", "host")
 

@@ -28,3 +28,7 @@ class ContextLengthError(EngineError):
 
 class NoChatTemplateError(TemplateError):
     """Chat was asked of a model that has no chat template (a base model) and none was configured."""
+
+
+class StepInterrupted(EngineError):
+    """A forward stopped between layers because its caller asked; nothing it computed is to be used."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from worker.engine import block_kernels, ops, tile_matmul
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.config import ModelConfig
-from worker.engine.errors import ContextLengthError, EngineError, ModelLoadError
+from worker.engine.errors import ContextLengthError, EngineError, ModelLoadError, StepInterrupted
 from worker.engine.forward_batch import BatchEntry, ForwardBatch
 from worker.engine.gguf_file import read_gguf
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
@@ -90,10 +91,14 @@ class Model:
         return KVPool.from_budget(self.config, budget_bytes, block_size, enable_prefix_caching=enable_prefix_caching,
                                   dtype=dtype)
 
-    def forward(self, entries: list[BatchEntry], pool: KVPool) -> list[Array | None]:
+    def forward(self, entries: list[BatchEntry], pool: KVPool,
+                interrupt: Callable[[], bool] | None = None) -> list[Array | None]:
         """One step over a batch whose block tables already cover the new tokens.
 
-        Returns per entry: last logits (V,), all logits (T, V), final hidden states (T, D) or None.
+        Returns per entry: last logits (V,), all logits (T, V), final hidden states (T, D) or None. `interrupt`
+        is asked before each layer after the first and before the output projection; when it answers True the
+        step stops with StepInterrupted (keys and values it wrote past each sequence's computed tokens are
+        rewritten by the step that redoes them).
         """
         if self.is_encoder:
             raise EngineError(f"{self.config.architecture} is an encoder: it has no causal forward (use encode)")
@@ -106,7 +111,7 @@ class Model:
         if any(entry.loras for entry in entries):  # rows of one adapter set next to each other: slices, not gathers
             order = sorted(range(len(entries)), key=lambda i: _lora_order(entries[i]))
             if order != list(range(len(entries))):
-                outputs = self.forward([entries[i] for i in order], pool)
+                outputs = self.forward([entries[i] for i in order], pool, interrupt)
                 restored: list[Array | None] = [None] * len(entries)
                 for position, i in enumerate(order):
                     restored[i] = outputs[position]
@@ -115,7 +120,11 @@ class Model:
         arch, weights = self.architecture, self.weights
         x = arch.embed(weights, batch.tokens)  # (N, D)
         for layer in range(self.config.n_layers):
+            if layer and interrupt is not None and interrupt():
+                raise StepInterrupted(f"stopped before layer {layer}")
             x = arch.block(weights, layer, x, batch)  # (N, D)
+        if interrupt is not None and interrupt():
+            raise StepInterrupted("stopped before the output projection")
         return self._outputs(entries, x, batch.starts)
 
     def _outputs(self, entries: list[BatchEntry], x: Array, starts: np.ndarray) -> list[Array | None]:

@@ -134,6 +134,14 @@ class Admission:
         self.stats.preemptions += 1
         log.info("preempted request %s choice %d", victim.group.request.request_id, victim.index)
 
+    def undo_step(self, planned: list[ScheduledSequence]) -> None:
+        """A step stopped before its end: each decode gives back the positions it was extended by (prefill chunks
+        were allocated at admission; nothing was committed or sampled)."""
+        for seq in planned:
+            if seq.state == SeqState.DECODING:
+                self.blocks.truncate(seq.seq_id, seq.computed)
+        self.stats.interrupted_steps += 1
+
     def free(self, seq: ScheduledSequence) -> None:
         """Give a sequence's blocks back to the pool (full prompt blocks stay cached until evicted)."""
         if seq.holds_blocks:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -58,8 +59,9 @@ class EncoderScheduler(Scheduler):
         """An input must fit the model's context (an encoder holds no KV pool)."""
         self.engine.check_fits(len(ids), 0)
 
-    def step(self) -> list[StepEvent]:
-        """Encode the next batch of waiting inputs in one forward; emit EmbeddingDone for finished requests."""
+    def step(self, outranked: Callable[[int], bool] | None = None) -> list[StepEvent]:
+        """Encode the next batch of waiting inputs in one forward; emit EmbeddingDone for finished requests
+        (an encoder's step is one short forward: `outranked` is not asked)."""
         events: list[StepEvent] = self._ready
         self._ready = []
         batch = self._take_batch()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -17,16 +18,18 @@ from worker.engine.batch_sampling import SampledToken, sample_batch
 from worker.engine.constraints import ConstraintError
 from worker.engine.embeddings import finish_pool, pool_chunk
 from worker.engine.engine import Engine
+from worker.engine.errors import StepInterrupted
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.stopping import StopReason
 from worker.schedule.admission import Admission
-from worker.schedule.preemption import not_outranked
+from worker.schedule.preemption import not_outranked, rank
 from worker.schedule.prompt_scoring import PromptScored, PromptScorer
 from worker.schedule.scheduler_config import SchedulerConfig, auto_slots
 from worker.schedule.sequences import (
     EmbeddingDone,
     EmbeddingRequest,
     GenerationRequest,
+    Priority,
     RequestDone,
     RequestFailed,
     RequestGroup,
@@ -174,8 +177,13 @@ class Scheduler:
         """True while anything waits or runs."""
         return bool(self.admission.waiting or self.admission.active or self._ready)
 
-    def step(self) -> list[StepEvent]:
-        """Admit, plan one batch within the token and KV budgets (preempting if needed), forward, sample."""
+    def step(self, outranked: Callable[[int], bool] | None = None) -> list[StepEvent]:
+        """Admit, plan one batch within the token and KV budgets (preempting if needed), forward, sample.
+
+        `outranked(rank)` is asked between layers: True when a request ranked above `rank` (the step's lowest
+        priority) has arrived; the step then stops, undoes its KV growth and returns, so the next step can
+        prefill that request first (issue 25: priorities hold while work runs).
+        """
         events: list[StepEvent] = self._ready
         self._ready = []
         self.admission.admit()
@@ -184,8 +192,14 @@ class Scheduler:
             return events
         entries = [BatchEntry(seq.seq_id, np.asarray(tokens, np.int64), seq.computed, _output_kind(seq, tokens),
                               seq.group.request.loras) for seq, tokens in plan]
+        floor = min(rank(seq) for seq, _ in plan)
+        interrupt = None if outranked is None or floor >= max(Priority) else (lambda: outranked(floor))
         try:
-            outputs = self.engine.model.forward(entries, self.kv_pool)
+            outputs = self.engine.model.forward(entries, self.kv_pool, interrupt)
+        except StepInterrupted:
+            self.admission.undo_step([seq for seq, _ in plan])
+            self._refresh_gauges()
+            return events
         except Exception as exc:  # the loop must survive anything one batch does
             log.exception("forward failed; failing the %d requests in the batch", len(plan))
             for group in {id(seq.group): seq.group for seq, _ in plan}.values():

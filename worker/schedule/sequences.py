@@ -272,6 +272,7 @@ class SchedulerStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     steps: int = 0
+    interrupted_steps: int = 0  # steps stopped between layers for a job that outranks them
     preemptions: int = 0
     queue_depth: int = 0
     active: int = 0

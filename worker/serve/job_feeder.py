@@ -28,6 +28,7 @@ from worker.failover.resume import JournalState, JournalUnusable, read_journal
 from worker.failover.stealing import Stealer, reclaim_streams
 from worker.failover.takeover import claim_own, claim_stalled, dead_letter
 from worker.loras import AdapterSet
+from worker.schedule.sequences import Priority
 
 log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jobs (failover: TTL + this)
@@ -107,6 +108,12 @@ class JobFeeder:
                 self._cond.wait(wait_s)
             taken, self._inbox = self._inbox, []
             return taken
+
+    def outranks(self, rank: int) -> bool:
+        """Whether a job taken since the loop's last drain is of a priority above `rank` (a Priority value): the
+        loop's running step stops for it (Scheduler.step)."""
+        with self._cond:
+            return any(Priority.parse(item.job.priority) > rank for item in self._inbox)
 
     def wait_for_jobs(self, timeout_s: float) -> None:
         """Wait until a job is in the inbox, at most timeout_s."""

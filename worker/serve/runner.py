@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 EXPORTED_STATS = frozenset({  # SchedulerStats fields every gateway's /metrics shows per worker
     "active", "queue_depth", "kv_blocks_used", "kv_blocks_total", "prefix_queries", "prefix_hits",
     "prefix_tokens_hit", "preemptions", "prompt_tokens", "generated_tokens", "requests_finished",
-    "requests_cancelled", "requests_failed", "steps", "speculated_tokens", "accepted_tokens", "tokens_left"})
+    "requests_cancelled", "requests_failed", "steps", "interrupted_steps", "speculated_tokens", "accepted_tokens",
+    "tokens_left"})
 IDLE_WAIT_S = 0.2  # an idle loop waits this long for a taken job before its next turn
 BACKPRESSURE_WAIT_S = 0.05  # with the publish queue full, the loop waits this long per turn for room
 Entry = tuple[str, str]  # (job stream, entry id): where a job is, and what its ack names
@@ -249,7 +250,7 @@ class WorkerRunner:
         if not self.publisher.room(BACKPRESSURE_WAIT_S):  # the publish queue is full: wait for Redis
             self.publisher.flush(acks)
             return
-        ended = self.publisher.add_steps(self.scheduler.step())
+        ended = self.publisher.add_steps(self.scheduler.step(self.feeder.outranks))
         acks.extend(self._release(rid) for rid in ended if rid in self._held)
         self.publisher.flush(acks)  # sealed: the publisher thread sends it with whatever else waits
 

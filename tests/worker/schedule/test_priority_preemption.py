@@ -141,3 +141,43 @@ def test_a_full_worker_takes_a_job_that_outranks_its_work_and_runs_it_first(tiny
     finally:
         runner.stop_requested.set()
         thread.join(timeout=30)
+
+
+def test_a_running_step_stops_for_an_arrival_that_outranks_it_and_nothing_is_lost(tiny_engine: Any) -> None:
+    lows = [_request(f"low{i}", _prompt(tiny_engine, 40, i), 30, Priority.LOW, i) for i in range(3)]
+    sched, out = _busy(tiny_engine, SchedulerConfig(max_sequences=8, prefix_cache=False, kv_dtype="float32"), lows)
+    lengths = {seq.seq_id: sched.blocks.num_tokens(seq.seq_id) for seq in sched.admission.active}
+    asked: list[int] = []
+
+    def arrival_mid_step(rank: int) -> bool:  # the second question finds a job above the step's floor
+        asked.append(rank)
+        return len(asked) >= 2
+
+    assert not _tokens(sched.step(arrival_mid_step), out)  # stopped: no token, no event
+    assert asked == [int(Priority.LOW)] * 2 and sched.stats.interrupted_steps == 1
+    assert {s.seq_id: sched.blocks.num_tokens(s.seq_id) for s in sched.admission.active} == lengths  # KV undone
+    urgent = _request("urgent", _prompt(tiny_engine, 40, 99), 8, Priority.HIGH)
+    sched.add(urgent)
+    assert _tokens(sched.step(lambda rank: rank < Priority.HIGH), out) == {"urgent"}  # alone, at once: its
+    # prefill's floor is HIGH, so the same arrival does not stop it
+    while sched.has_work:
+        _tokens(sched.step(lambda rank: False), out)
+    assert out["urgent"] == _alone(tiny_engine, urgent)
+    for request in lows:  # the stopped step was redone: the same tokens as undisturbed
+        assert out[request.request_id] == _alone(tiny_engine, request), request.request_id
+
+
+def test_an_interrupted_step_changes_no_token(tiny_engine: Any) -> None:
+    lows = [_request(f"low{i}", _prompt(tiny_engine, 40, i), 20, Priority.LOW, i) for i in range(3)]
+    config = SchedulerConfig(max_sequences=8, prefix_cache=False, kv_dtype="float32")
+    sched, out = _busy(tiny_engine, config, lows)
+    rng = np.random.default_rng(3)  # each question stops the step with probability 0.2
+    stops = 0
+    while sched.has_work:
+        before = sched.stats.interrupted_steps
+        _tokens(sched.step(lambda rank: bool(rng.random() < 0.2)), out)
+        stops += sched.stats.interrupted_steps - before
+    assert stops > 0
+    for request in lows:
+        assert out[request.request_id] == _alone(tiny_engine, request), request.request_id
+    assert sched.blocks.num_used_blocks == 0
