@@ -2,7 +2,9 @@
 
 It describes what the gateway accepts: a body valid under these schemas is not refused for its shape (it may
 still be refused for a rule between fields, e.g. top_logprobs without logprobs, with a 400 in OpenAI's shape).
-The routes are also served without the /v1 prefix; the document lists the /v1 ones.
+The OpenAI routes are also served without the /v1 prefix; the document lists the /v1 ones. The Anthropic,
+Ollama and admin routes are listed too (gateway/openai/openapi_other_apis.py), each with its API's error shape;
+not listed: this document, the dashboard (HTML) and /metrics (Prometheus' text format).
 """
 
 from __future__ import annotations
@@ -221,49 +223,67 @@ ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "u
           "504": "deadline passed"}
 
 
-def _operation(summary: str, body: str | None, reply: str, *, stream: bool = False) -> Schema:
+def operation(summary: str, body: str | None, reply: str, *, stream: bool = False, tag: str = "openai",
+              error: str = "Error", params: tuple[str, ...] = ()) -> Schema:
+    """One operation: its body and 200 reply (components' schema names), errors in `error`'s shape, and its
+    path parameters (strings); `tag` names the API it belongs to."""
     ok: Schema = {"description": "success", "content": {JSON: {"schema": _ref(reply)}}}
     if stream:
         ok["content"]["text/event-stream"] = {"schema": _object(  # each event: a chunk's JSON, then "[DONE]"
             {"data": {"type": "string"}}, ("data",))}
-    responses = {"200": ok, **{code: {"description": why, "content": {JSON: {"schema": _ref("Error")}}}
+    responses = {"200": ok, **{code: {"description": why, "content": {JSON: {"schema": _ref(error)}}}
                                for code, why in ERRORS.items()}}
-    operation: Schema = {"summary": summary, "responses": responses}
+    found: Schema = {"summary": summary, "tags": [tag], "responses": responses}
     if body is not None:
-        operation["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
-    return operation
+        found["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
+    if params:
+        found["parameters"] = [{"name": name, "in": "path", "required": True,
+                                "schema": {"type": "string", "minLength": 1}} for name in params]
+    return found
 
 
 def openapi_document(settings: Settings) -> dict[str, Any]:
     """The OpenAPI 3.1 document of this gateway's API."""
+    # the other APIs' entries build on this module's parts
+    from gateway.openai.openapi_other_apis import other_api_paths, other_api_schemas, page_parameters
+
     plain = {"200": {"description": "success", "content": {JSON: {"schema": {"type": "object"}}}},
              "503": {"description": "not ready", "content": {JSON: {"schema": {"type": "object"}}}}}
+    rid = ("response_id",)
+    listing = operation("The input items a stored response read (a cursor page)", None, "ItemList", params=rid)
+    listing["parameters"] += page_parameters()
     paths = {
-        "/v1/chat/completions": {"post": _operation("Chat completion", "ChatCompletionRequest", "ChatCompletion",
-                                                    stream=True)},
-        "/v1/completions": {"post": _operation("Text completion", "CompletionRequest", "Completion", stream=True)},
-        "/v1/responses": {"post": _operation("Create a response (Responses API)", "ResponsesRequest", "Response",
-                                             stream=True)},
-        "/v1/responses/{response_id}": {"get": {**_operation("A stored response", None, "Response"), "parameters": [
-            {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}]}},
-        "/v1/embeddings": {"post": _operation("Embeddings", "EmbeddingRequest", "EmbeddingList")},
-        "/v1/models": {"get": _operation("Models with a live worker", None, "ModelList")},
-        "/v1/models/{model}": {"get": {**_operation("One model", None, "Model"), "parameters": [
-            {"name": "model", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}]}},
-        "/tokenize": {"post": _operation("Tokenize (llama-server)", "TokenizeRequest", "Tokens")},
-        "/detokenize": {"post": _operation("Detokenize (llama-server)", "DetokenizeRequest", "Detokenized")},
-        "/apply-template": {"post": _operation("Render the chat template (llama-server)", "ApplyTemplateRequest",
-                                               "Rendered")},
-        "/health": {"get": {"summary": "The process is up", "responses": {"200": plain["200"]}}},
+        "/v1/chat/completions": {"post": operation("Chat completion", "ChatCompletionRequest", "ChatCompletion",
+                                                   stream=True)},
+        "/v1/completions": {"post": operation("Text completion", "CompletionRequest", "Completion", stream=True)},
+        "/v1/responses": {"post": operation("Create a response (Responses API)", "ResponsesRequest", "Response",
+                                            stream=True)},
+        "/v1/responses/{response_id}": {"get": operation("A stored response", None, "Response", params=rid),
+                                        "delete": operation("Delete a stored response", None, "Deleted",
+                                                            params=rid)},
+        "/v1/responses/{response_id}/input_items": {"get": listing},
+        "/v1/responses/{response_id}/cancel": {"post": operation("Cancel a running response", None, "Response",
+                                                                 params=rid)},
+        "/v1/embeddings": {"post": operation("Embeddings", "EmbeddingRequest", "EmbeddingList")},
+        "/v1/models": {"get": operation("Models with a live worker", None, "ModelList")},
+        "/v1/models/{model}": {"get": operation("One model", None, "Model", params=("model",))},
+        "/tokenize": {"post": operation("Tokenize (llama-server)", "TokenizeRequest", "Tokens", tag="llama-server")},
+        "/detokenize": {"post": operation("Detokenize (llama-server)", "DetokenizeRequest", "Detokenized",
+                                          tag="llama-server")},
+        "/apply-template": {"post": operation("Render the chat template (llama-server)", "ApplyTemplateRequest",
+                                              "Rendered", tag="llama-server")},
+        "/health": {"get": {"summary": "The process is up (liveness)", "tags": ["health"],
+                            "responses": {"200": plain["200"]}}},
         "/ready": {"get": {"summary": "Every model the deployment was started with can take a request",
-                           "responses": plain}},
+                           "tags": ["health"], "responses": plain}},
         "/ready/gateway": {"get": {"summary": "This gateway can take and queue requests (Redis answers)",
-                                   "responses": plain}},
+                                   "tags": ["health"], "responses": plain}},
+        **other_api_paths(),
     }
     return {
         "openapi": "3.1.0",
         "info": {"title": "llmfleet gateway", "version": "1", "description": __doc__.splitlines()[0]},
         "paths": paths,
-        "components": {"schemas": {**_request_schemas(settings), **_response_schemas()},
+        "components": {"schemas": {**_request_schemas(settings), **_response_schemas(), **other_api_schemas()},
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }

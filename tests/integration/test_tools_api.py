@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import openai
@@ -119,3 +120,63 @@ def test_anthropic_tool_use_inputs_are_whole_when_max_tokens_cuts(cluster: Any) 
     with client.messages.stream(**kwargs) as stream:
         final = stream.get_final_message()  # the SDK parses each block's input_json_delta pieces as JSON
     assert [u.input for u in final.content if u.type == "tool_use"] == [u.input for u in uses]
+
+
+CUTS = [20, 40, 60, 120]
+RESPONSES_WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
+                     "parameters": PARAMETERS, "strict": True}
+
+
+@pytest.mark.parametrize("max_tokens", CUTS)
+def test_every_responses_function_call_parses_whatever_max_output_tokens_cuts(client: openai.OpenAI,
+                                                                             max_tokens: int) -> None:
+    """The Responses API's path: a call cut short is not an output item (the response is "incomplete" when
+    max_output_tokens cut it); the stream's function_call items are the same whole calls."""
+    kwargs = {"model": MODEL, "input": ASK[0]["content"], "tools": [RESPONSES_WEATHER], "tool_choice": "required",
+              "max_output_tokens": max_tokens, "temperature": 0}
+    response = client.responses.create(**kwargs)
+    calls = [(item.name, item.arguments) for item in response.output if item.type == "function_call"]
+    for _name, arguments in calls:
+        assert isinstance(json.loads(arguments), dict), arguments
+    if response.usage.output_tokens >= max_tokens:
+        assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    with client.responses.stream(**kwargs) as stream:
+        events = list(stream)
+    done = [(event.name, event.arguments) for event in events if event.type == "response.function_call_arguments.done"]
+    # a response cut by max_output_tokens ends with `response.incomplete` (as OpenAI's does), where the SDK's
+    # get_final_response() expects `response.completed`: the last event carries the final response either way
+    assert events[-1].type == {"completed": "response.completed", "incomplete": "response.incomplete"}[response.status]
+    final = events[-1].response
+    assert done == calls == [(item.name, item.arguments) for item in final.output if item.type == "function_call"]
+
+
+def test_batch_tool_calls_parse_whatever_max_tokens_cuts(cluster: Any, client: openai.OpenAI, tmp_path: Any) -> None:
+    """The batch API's path: each line's calls parse, and equal the same request made directly."""
+    from tests.support.batches import start_batch_runner
+
+    bodies = {f"cut-{n}": {"model": MODEL, "messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+                           "max_tokens": n, "temperature": 0} for n in CUTS}
+    data = "".join(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
+                   + "\n" for cid, body in bodies.items()).encode()
+    runner = start_batch_runner(cluster, tmp_path / "batch-runner.log")
+    try:
+        file_id = client.files.create(file=("tools.jsonl", data), purpose="batch").id
+        batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        deadline = time.monotonic() + 400
+        while (batch := client.batches.retrieve(batch.id)).status not in ("completed", "failed", "expired"):
+            assert time.monotonic() < deadline, batch.request_counts
+            time.sleep(0.5)
+    finally:
+        cluster.stop(runner)
+    assert batch.status == "completed" and batch.output_file_id and not batch.error_file_id, batch
+    lines = {line["custom_id"]: line for line in map(json.loads,
+                                                     client.files.content(batch.output_file_id).text.splitlines())}
+    assert set(lines) == set(bodies)
+    for cid, body in bodies.items():
+        message = lines[cid]["response"]["body"]["choices"][0]["message"]
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+        for _name, arguments in calls:
+            assert isinstance(json.loads(arguments), dict), arguments
+        twin = client.chat.completions.create(**body).choices[0].message
+        assert calls == [(c.function.name, c.function.arguments) for c in twin.tool_calls or []], cid

@@ -138,3 +138,20 @@ async def test_anthropic_free_text_bounds_are_400s_in_anthropics_shape(
     reply = response.json()
     assert reply["type"] == "error" and reply["error"]["type"] == "invalid_request_error"
     assert f"'{field}'" in reply["error"]["message"]
+
+
+@pytest.mark.parametrize("value", [
+    ["a"] * (SETTINGS.max_embed_inputs + 1),  # too many inputs
+    ["x" * (SETTINGS.max_prompt_chars // 2 + 1)] * 2,  # too many characters in all
+    [[1] * (SETTINGS.max_prompt_chars // 2 + 1)] * 2,  # too many tokens in all
+    [""], [], [[1, -2]]])
+def test_an_embedding_input_over_the_limits_is_a_400_naming_input(value: Any) -> None:
+    from gateway.ollama.protocol import parse_embed_request
+
+    with pytest.raises(InvalidRequest) as caught:
+        protocol.parse_embeddings({"model": "e", "input": value}, SETTINGS)
+    assert caught.value.status == 400 and str(caught.value.param).startswith("input"), caught.value.message
+    if value and all(isinstance(v, str) for v in value):  # Ollama's /api/embed takes strings: the same bounds
+        with pytest.raises(InvalidRequest) as ollama_caught:
+            parse_embed_request({"model": "e", "input": value}, SETTINGS)
+        assert ollama_caught.value.status == 400 and ollama_caught.value.param == "input"

@@ -41,7 +41,9 @@ def _document() -> dict[str, Any]:
     return doc
 
 
-schema = schemathesis.openapi.from_dict(_document())
+# the OpenAI-shaped operations (the Anthropic, Ollama and admin entries answer in their own shapes; the batch API
+# needs a batch runner): tests/gateway/openai/test_openapi_routes.py checks the document lists every route
+schema = schemathesis.openapi.from_dict(_document()).include(tag_regex="^(openai|llama-server|health)$")
 
 
 def _free_port() -> int:
