@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ MAX_RESTARTS_PER_MINUTE = 5
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STDERR_LINES = 20  # a pool worker's last stderr lines kept for its failure reason
 
 
 def parent_death_signal(parent_pid: int) -> Callable[[], None] | None:
@@ -98,3 +100,32 @@ def signal_group(child: Child, signum: int) -> None:
     """Signal a child's whole session (it and anything it started)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.process.pid, signum)
+
+
+class PoolChild(Child):
+    """A worker process whose stderr is relayed to ours and whose last lines are kept (a load error's cause)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        super().__init__(name, argv, env)
+        self.tail: deque[str] = deque(maxlen=STDERR_LINES)
+
+    def start(self) -> None:
+        """Start the worker in its own session with SIGTERM on our death, relaying its stderr."""
+        self.process = subprocess.Popen(self.argv, env=self.env, start_new_session=True, stderr=subprocess.PIPE,
+                                        preexec_fn=parent_death_signal(os.getpid()))
+        threading.Thread(target=self._relay, args=(self.process.stderr,), daemon=True).start()
+        log.info("started %s (pid %d)", self.name, self.process.pid)
+
+    def _relay(self, pipe: object) -> None:
+        for raw in iter(pipe.readline, b""):  # type: ignore[attr-defined]
+            sys.stderr.buffer.write(raw)
+            sys.stderr.buffer.flush()
+            self.tail.append(raw.decode(errors="replace").rstrip())
+
+    def failure_reason(self) -> str:
+        """The worker's own error line (`llmfleet: ...`) or its last line, else how it exited."""
+        lines = [line for line in self.tail if line.strip()]
+        own = [line.removeprefix("llmfleet: ") for line in lines if line.startswith("llmfleet: ")]
+        reason = own[-1] if own else (lines[-1] if lines else "")
+        code = self.process.returncode if self.process is not None else None
+        return (reason or f"the worker exited with code {code}")[:300]

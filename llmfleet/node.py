@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,7 +30,7 @@ from redis.exceptions import RedisError
 
 from llmfleet import warm_pool_redis
 from llmfleet.catalogue import estimate_bytes, local_file
-from llmfleet.child import Child, describe_exit, parent_death_signal
+from llmfleet.child import Child, PoolChild, describe_exit
 from llmfleet.warm_pool_redis import QueueDepth
 from shared import keys
 from shared.registry import READY as WORKER_READY
@@ -46,36 +45,6 @@ REPLICA_QUEUE_DEPTH = 4  # waiting jobs per ready replica that ask for one more 
 SETTLE_S = 5.0  # a finished load keeps its claim this long, so no node loads the model again on a stale view
 CLAIM_TTL_S = 10.0  # a load claim lapses this long after its node stopped renewing it (each tick): a dead node's too
 EVICT_WAIT_S = 15.0
-STDERR_LINES = 20
-
-
-class PoolChild(Child):
-    """A worker process whose stderr is relayed to ours and whose last lines are kept (a load error's cause)."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        super().__init__(name, argv, env)
-        self.tail: deque[str] = deque(maxlen=STDERR_LINES)
-
-    def start(self) -> None:
-        """Start the worker in its own session with SIGTERM on our death, relaying its stderr."""
-        self.process = subprocess.Popen(self.argv, env=self.env, start_new_session=True, stderr=subprocess.PIPE,
-                                        preexec_fn=parent_death_signal(os.getpid()))
-        threading.Thread(target=self._relay, args=(self.process.stderr,), daemon=True).start()
-        log.info("started %s (pid %d)", self.name, self.process.pid)
-
-    def _relay(self, pipe: object) -> None:
-        for raw in iter(pipe.readline, b""):  # type: ignore[attr-defined]
-            sys.stderr.buffer.write(raw)
-            sys.stderr.buffer.flush()
-            self.tail.append(raw.decode(errors="replace").rstrip())
-
-    def failure_reason(self) -> str:
-        """The worker's own error line (`llmfleet: ...`) or its last line, else how it exited."""
-        lines = [line for line in self.tail if line.strip()]
-        own = [line.removeprefix("llmfleet: ") for line in lines if line.startswith("llmfleet: ")]
-        reason = own[-1] if own else (lines[-1] if lines else "")
-        code = self.process.returncode if self.process is not None else None
-        return (reason or f"the worker exited with code {code}")[:300]
 
 
 @dataclass
