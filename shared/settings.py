@@ -92,6 +92,8 @@ class Settings:
     responses_ttl_s: float = 30 * 86400.0  # a stored Responses API response lives this long (OpenAI: 30 days)
     required_models: str = ""  # comma-separated: /ready waits for a live worker of each (beside nodes' pinned ones)
     reasoning_format: str = "deepseek"  # a thinking model's <think> block: "deepseek" (own field) or "none" (in content)
+    causal_embeddings: int = 0  # 1: a worker of a generative (causal) model serves embeddings by pooling its hidden
+    # states (llama-server's --embeddings, vLLM's --task embed); 0: such requests are a 400 naming the model
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -109,7 +111,7 @@ class Settings:
                 _fail(name, "must be > 0")
         for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
                      "public_metrics", "any_model_name", "prefix_placement", "placement_balance_abs", "pool_max_loaded",
-                     "pool_memory_mib", "pool_keep_alive_s", "allow_open"):
+                     "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings"):
             if not getattr(self, name) >= 0:
                 _fail(name, "must be >= 0")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
@@ -200,6 +202,7 @@ ENV: dict[str, str] = {
     "responses_ttl_s": "LLMFLEET_RESPONSES_TTL_S",
     "required_models": "LLMFLEET_REQUIRED_MODELS",
     "reasoning_format": "LLMFLEET_REASONING_FORMAT",
+    "causal_embeddings": "LLMFLEET_CAUSAL_EMBEDDINGS",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 

@@ -1,46 +1,25 @@
-"""End to end with the unmodified `openai` client: a BERT embedding model served beside a chat model in one fleet."""
+"""End to end with the unmodified `openai` client: a BERT embedding model served beside a chat model in one fleet
+(tests/integration/conftest.py `embedding_fleet`, whose SmolLM2 workers opt in to causal embeddings)."""
 
 from __future__ import annotations
 
 import json
+import math
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import openai
 import pytest
 
-from tests.support.batches import start_batch_runner
-from tests.support.cluster import process_cluster_redis
-
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 EMBEDDER = "all-minilm-l6-v2"
 CHAT_MODEL = "smollm2-135m"
 
 
-@pytest.fixture(scope="module")
-def fleet(minilm_f32_path: Path, smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Redis, a gateway, a MiniLM worker, a SmolLM2 worker and a batch runner as processes; yields the gateway's
-    base URL."""
-    cluster = process_cluster_redis(tmp_path_factory.mktemp("embedding-fleet-logs"), LLMFLEET_HOST="127.0.0.1",
-                                    LLMFLEET_HEARTBEAT_INTERVAL_S="0.5", LLMFLEET_HEARTBEAT_TTL_S="5",
-                                    LLMFLEET_KV_BUDGET_MIB="64", LLMFLEET_LOG_LEVEL="WARNING")
-    try:
-        cluster.start_gateway()
-        cluster.start_worker(model=EMBEDDER)
-        cluster.start_worker(model=CHAT_MODEL)
-        start_batch_runner(cluster)
-        cluster.wait_ready(2)
-        yield cluster.base_url
-    finally:
-        cluster.close()
-
-
 @pytest.fixture()
-def client(fleet: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=fleet + "/v1", api_key="unused", max_retries=0, timeout=120)
+def client(embedding_fleet: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=embedding_fleet + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def cosine(a: Any, b: Any) -> float:
@@ -78,10 +57,21 @@ def test_the_chat_model_still_chats_in_the_same_fleet(client: openai.OpenAI) -> 
     assert reply.choices[0].message.content
 
 
+def test_a_generative_model_embeds_when_its_workers_opt_in(client: openai.OpenAI) -> None:
+    """LLMFLEET_CAUSAL_EMBEDDINGS=1: SmolLM2's pooled hidden states, unit length, as before the opt-in existed."""
+    reply = client.embeddings.create(model=CHAT_MODEL, input=["hello world", "Redis is an in-memory store"])
+    assert [d.index for d in reply.data] == [0, 1] and reply.usage.prompt_tokens > 0
+    for item in reply.data:
+        assert abs(math.sqrt(sum(x * x for x in item.embedding)) - 1.0) < 1e-3
+    assert reply.data[0].embedding != reply.data[1].embedding
+
+
 def test_the_batch_api_embeds_with_it(client: openai.OpenAI, minilm_reference: dict[str, Any]) -> None:
     entry = minilm_reference["texts"][2]
+    pooled = {"model": CHAT_MODEL, "input": ["a batch of requests", "runs at low priority"]}
     lines = [{"custom_id": "embed", "method": "POST", "url": "/v1/embeddings",
               "body": {"model": EMBEDDER, "input": [entry["text"]]}},
+             {"custom_id": "pooled", "method": "POST", "url": "/v1/embeddings", "body": pooled},
              {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
               "body": {"model": EMBEDDER, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}}]
     data = "".join(json.dumps(line) + "\n" for line in lines).encode()
@@ -99,3 +89,6 @@ def test_the_batch_api_embeds_with_it(client: openai.OpenAI, minilm_reference: d
     vector = outputs["embed"]["response"]["body"]["data"][0]["embedding"]
     assert cosine(vector, entry["embedding_f32"]) >= 0.9999
     assert outputs["chat"]["response"]["status_code"] == 400
+    direct = client.embeddings.create(**pooled)  # the opted-in chat model's line equals the same request made directly
+    for got, want in zip(outputs["pooled"]["response"]["body"]["data"], direct.data, strict=True):
+        assert max(abs(a - b) for a, b in zip(got["embedding"], want.embedding, strict=True)) < 1e-4

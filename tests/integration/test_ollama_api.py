@@ -10,12 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
 ollama = pytest.importorskip("ollama")
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 MODEL = "smollm2-135m"
+EMBEDDER = "all-minilm-l6-v2"
 ASK = [{"role": "user", "content": "Name three colours of the rainbow."}]
 GREEDY = {"temperature": 0, "num_predict": 24}
 CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
@@ -79,19 +81,34 @@ def test_generate_streams_and_not(client: Any, openai_client: openai.OpenAI) -> 
     assert raw.response == twin.choices[0].text and raw.prompt_eval_count == twin.usage.prompt_tokens
 
 
-def test_embed_matches_v1_embeddings_and_the_older_route_is_unnormalized(client: Any,
-                                                                         openai_client: openai.OpenAI) -> None:
+def test_embed_matches_v1_embeddings_and_the_older_route_is_unnormalized(embedding_fleet: str) -> None:
+    """/api/embed and /api/embeddings on the real embedding model (all-MiniLM-L6-v2, tests/integration/conftest.py)."""
+    client = ollama.Client(host=embedding_fleet, timeout=120)
+    openai_client = openai.OpenAI(base_url=embedding_fleet + "/v1", api_key="unused", max_retries=0, timeout=120)
     texts = ["The cat sat on the mat.", "Quantum chromodynamics"]
-    reply = client.embed(model=MODEL, input=texts)
-    twin = openai_client.embeddings.create(model=MODEL, input=texts)
+    reply = client.embed(model=EMBEDDER, input=texts)
+    twin = openai_client.embeddings.create(model=EMBEDDER, input=texts)
     assert len(reply.embeddings) == 2 and reply.prompt_eval_count == twin.usage.prompt_tokens
     for got, want in zip(reply.embeddings, twin.data, strict=True):
         assert max(abs(a - b) for a, b in zip(got, want.embedding, strict=True)) < 1e-6
         assert math.isclose(math.hypot(*got), 1.0, rel_tol=1e-4)
-    legacy = client.embeddings(model=MODEL, prompt=texts[0]).embedding
+    legacy = client.embeddings(model=EMBEDDER, prompt=texts[0]).embedding
     norm = math.hypot(*legacy)
     assert norm > 0 and not math.isclose(norm, 1.0, rel_tol=1e-3)
     assert max(abs(a / norm - b) for a, b in zip(legacy, reply.embeddings[0], strict=True)) < 1e-4
+
+
+def test_embed_on_a_generative_model_is_a_400_in_ollamas_shape(client: Any, cluster: Any) -> None:
+    """SmolLM2 without LLMFLEET_CAUSAL_EMBEDDINGS refuses both embedding routes; the reason names the model."""
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.embed(model=MODEL, input=["The cat sat on the mat."])
+    assert caught.value.status_code == 400
+    assert f"'{MODEL}' is a generative model" in caught.value.error and "LLMFLEET_CAUSAL_EMBEDDINGS" in caught.value.error
+    with pytest.raises(ollama.ResponseError) as older:
+        client.embeddings(model=MODEL, prompt="The cat sat on the mat.")
+    assert older.value.status_code == 400 and older.value.error == caught.value.error
+    raw = httpx.post(cluster.base_url + "/api/embed", json={"model": MODEL, "input": "x"}, timeout=60)
+    assert raw.status_code == 400 and raw.json() == {"error": caught.value.error}
 
 
 def test_list_show_and_ps(client: Any, smollm2_gguf_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import Any
 
@@ -86,12 +85,15 @@ def test_n_and_stop(client: openai.OpenAI) -> None:
     assert stopped.choices[0].text.strip().startswith("Paris")
 
 
-def test_embeddings_have_unit_norm(client: openai.OpenAI) -> None:
-    reply = client.embeddings.create(model=MODEL, input=["hello world", "Redis is an in-memory store"])
-    assert [d.index for d in reply.data] == [0, 1] and reply.usage.prompt_tokens > 0
-    for item in reply.data:
-        assert abs(math.sqrt(sum(x * x for x in item.embedding)) - 1.0) < 1e-3
-    assert reply.data[0].embedding != reply.data[1].embedding
+def test_embeddings_from_a_generative_model_are_a_400_naming_the_model(client: openai.OpenAI) -> None:
+    """SmolLM2 is no embedding model: without LLMFLEET_CAUSAL_EMBEDDINGS its workers refuse, in OpenAI's shape."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model=MODEL, input=["hello world", "Redis is an in-memory store"])
+    error = caught.value.response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["param"]) == ("invalid_request_error", "model")
+    assert f"'{MODEL}' is a generative model" in error["message"]
+    assert "LLMFLEET_CAUSAL_EMBEDDINGS=1" in error["message"]
 
 
 def test_models_and_errors(client: openai.OpenAI) -> None:

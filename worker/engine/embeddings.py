@@ -3,6 +3,7 @@ causal LM (final-normed, mean or last)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -47,8 +48,9 @@ def encoder_pooling(model: Model) -> str:
     return POOLING_TYPES.get(model.config.pooling_type, "mean")
 
 
-def encode_batch(model: Model, inputs: list[list[int]], *, normalize: bool = True) -> np.ndarray:
-    """Embeddings (B, D) of many texts through an encoder in one forward, pooled as the file declares."""
+def encode_batch(model: Model, inputs: list[list[int]], *, normalize: bool | Sequence[bool] = True) -> np.ndarray:
+    """Embeddings (B, D) of many texts through an encoder in one forward, pooled as the file declares;
+    `normalize` for all of them or one flag per input (texts of different requests share a forward)."""
     hidden, starts = model.encode(inputs)  # (N, D), (B+1,)
     hidden = np.asarray(hidden, dtype=np.float64)  # (N, D) pooled in float64: no drift with the batch size
     pooling = encoder_pooling(model)
@@ -58,7 +60,7 @@ def encode_batch(model: Model, inputs: list[list[int]], *, normalize: bool = Tru
         vectors = hidden[starts[:-1]]  # (B, D)
     else:
         vectors = hidden[starts[1:] - 1]  # (B, D)
-    if normalize:
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)  # (B, 1)
-        vectors = vectors / np.where(norms > 0, norms, 1.0)  # (B, D)
+    flags = np.broadcast_to(np.asarray(normalize, dtype=bool), (len(inputs),))[:, None]  # (B, 1)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)  # (B, 1)
+    vectors = vectors / np.where(flags & (norms > 0), norms, 1.0)  # (B, D)
     return vectors.astype(np.float32)  # (B, D)

@@ -154,13 +154,15 @@ class Engine:
             return encode_batch(self.model, [token_ids], normalize=normalize)[0]  # (D,)
         return embed(self.model, token_ids, pooling=pooling, normalize=normalize)
 
-    def embed_batch(self, inputs: list[list[int]], *, normalize: bool = True) -> np.ndarray:
-        """Embeddings (B, D) of many token sequences: one forward for an encoder, one at a time for a causal LM."""
+    def embed_batch(self, inputs: list[list[int]], *, normalize: bool | Sequence[bool] = True) -> np.ndarray:
+        """Embeddings (B, D) of many token sequences: one forward for an encoder, one at a time for a causal LM;
+        `normalize` for all or one flag per input."""
         for ids in inputs:
             self.check_fits(len(ids), 0)
         if self.embedding_only:
             return encode_batch(self.model, inputs, normalize=normalize)  # (B, D)
-        return np.stack([embed(self.model, ids, normalize=normalize) for ids in inputs])  # (B, D)
+        flags = [normalize] * len(inputs) if isinstance(normalize, bool) else list(normalize)
+        return np.stack([embed(self.model, ids, normalize=n) for ids, n in zip(inputs, flags, strict=True)])  # (B, D)
 
     def measure_decode_rate(self, rows: int) -> float:
         """Tokens per second of one decode step over `rows` fresh sequences (short contexts: an upper bound).

@@ -68,7 +68,8 @@ class EncoderScheduler(Scheduler):
         if not batch:
             return events
         try:
-            vectors = self.engine.embed_batch([seq.embed_ids for seq in batch])  # (B, D)
+            vectors = self.engine.embed_batch([seq.embed_ids for seq in batch],  # (B, D)
+                                              normalize=[seq.group.request.normalize for seq in batch])
         except Exception as exc:  # the loop must survive anything one batch does
             log.exception("encoder forward failed; failing the requests of %d inputs", len(batch))
             for group in {id(seq.group): seq.group for seq in batch}.values():

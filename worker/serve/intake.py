@@ -33,13 +33,14 @@ class JobIntake:
     """Turns a taken job into scheduler work, or into its terminal event when it ends at once."""
 
     def __init__(self, engine: Engine, scheduler: Scheduler, publisher: EventPublisher, adapters: AdapterSet,
-                 redis: Redis, *, default_max_tokens: int) -> None:
+                 redis: Redis, *, default_max_tokens: int, causal_embeddings: bool = False) -> None:
         self.engine = engine
         self.scheduler = scheduler
         self.publisher = publisher
         self.adapters = adapters
         self.redis = redis
         self.default_max_tokens = default_max_tokens
+        self.causal_embeddings = causal_embeddings  # a generative model serves embeddings (else they are a 400)
 
     def start(self, job: Job, *, cancelled: bool, resume: JournalState | None = None) -> int | None:
         """Start a job (or continue one taken over, from its journal): the slots it holds, or None when it
@@ -72,7 +73,7 @@ class JobIntake:
                                                **answer))
             return None
         if isinstance(job, EmbedJob):
-            self.scheduler.add_embedding(embedding_request(self.engine, job))
+            self.scheduler.add_embedding(embedding_request(self.engine, job, causal_embeddings=self.causal_embeddings))
             return 1
         request = self._generation_request(job, resume)
         if job.echo and request.prompt_logprobs is None and (resume is None or not resume.echoed):

@@ -185,8 +185,14 @@ def sampling_params(job: GenerateJob) -> SamplingParams:
     return SamplingParams(**msgspec.structs.asdict(job.sampling), logprobs=job.logprobs)
 
 
-def embedding_request(engine: Engine, job: EmbedJob) -> EmbeddingRequest:
-    """The scheduler request of an embed job: every input tokenized and checked."""
+def embedding_request(engine: Engine, job: EmbedJob, *, causal_embeddings: bool = False) -> EmbeddingRequest:
+    """The scheduler request of an embed job: every input tokenized and checked. A generative (causal) model
+    refuses (a 400) unless `causal_embeddings` (LLMFLEET_CAUSAL_EMBEDDINGS) lets it pool its hidden states."""
+    if not engine.embedding_only and not causal_embeddings:
+        raise InvalidRequest(f"model {job.model!r} is a generative model: it serves completions and chat, not "
+                             "embeddings. Use an embedding model (e.g. all-minilm-l6-v2), or start this model's "
+                             "workers with LLMFLEET_CAUSAL_EMBEDDINGS=1 to serve its pooled hidden states",
+                             param="model")
     inputs = []
     for i, item in enumerate(job.inputs):
         ids = engine.encode_prompt(item) if isinstance(item, str) else list(item)

@@ -99,7 +99,8 @@ class WorkerRunner:
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
                                    max_bytes=int(settings.lora_memory_mib * (1 << 20)))
         self.intake = JobIntake(engine, self.scheduler, self.publisher, self.adapters, redis,
-                                default_max_tokens=settings.default_max_tokens)
+                                default_max_tokens=settings.default_max_tokens,
+                                causal_embeddings=bool(settings.causal_embeddings))
         self.feeder = JobFeeder(redis, settings, model=model, worker_id=self.worker_id, streams=self.streams,
                                 own_streams=self.own_streams, adapters=self.adapters, free_width=self._free_width,
                                 accepting=lambda: self.heartbeat.state == "ready" and not self.stop_requested.is_set(),

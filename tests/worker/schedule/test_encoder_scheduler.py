@@ -49,6 +49,22 @@ def test_requests_share_forwards_within_the_token_budget(minilm_engine) -> None:
     assert scheduler.stats.queue_depth == scheduler.stats.active == 0
 
 
+def test_each_request_keeps_its_normalize_flag_in_a_shared_forward(minilm_engine) -> None:
+    """Ollama's older /api/embeddings asks for raw pooled vectors; /v1/embeddings for unit ones: one forward."""
+    from worker.schedule.encoder_scheduler import new_scheduler
+
+    scheduler = new_scheduler(minilm_engine, SchedulerConfig())
+    inputs = [minilm_engine.encode_prompt(t) for t in TEXTS[:2]]
+    scheduler.add_embedding(EmbeddingRequest("raw", inputs, normalize=False))
+    scheduler.add_embedding(EmbeddingRequest("unit", inputs))
+    done = run_all(scheduler)
+    assert scheduler.stats.steps == 1
+    for ids, raw, unit in zip(inputs, done["raw"].embeddings, done["unit"].embeddings, strict=True):
+        np.testing.assert_allclose(raw, minilm_engine.embed(ids, normalize=False), atol=1e-5)  # norm ~6
+        assert abs(np.linalg.norm(raw) - 1.0) > 0.1 and abs(np.linalg.norm(unit) - 1.0) < 1e-5
+        np.testing.assert_allclose(np.asarray(raw) / np.linalg.norm(raw), unit, atol=2e-6)
+
+
 def test_cancel_and_refusals(minilm_engine) -> None:
     from shared.errors import InvalidRequest
     from shared.messages import GenerateJob

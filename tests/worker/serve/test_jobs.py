@@ -106,3 +106,33 @@ def test_bad_text_jobs_are_400s(tiny_engine: Any) -> None:
     assert caught.value.param == "tokens"
     with pytest.raises(NoChatTemplate):
         text_answer(tiny_engine, _text_job("apply_template", messages=[ChatMessage(role="user", content="x")]))
+
+
+def _embed_job(inputs: list[Any]) -> Any:
+    from shared.messages import EmbedJob
+
+    now = time.time()
+    return EmbedJob(id="job-e", model="tiny", created=now, deadline=now + 60, inputs=inputs)
+
+
+def test_embeddings_of_a_generative_model_are_a_400_naming_the_model_and_the_opt_in(tiny_engine: Any) -> None:
+    from shared.errors import InvalidRequest
+    from worker.serve.jobs import embedding_request
+
+    assert not tiny_engine.embedding_only  # the tiny GGUF is a causal (llama) model
+    with pytest.raises(InvalidRequest) as caught:
+        embedding_request(tiny_engine, _embed_job(["hello", "world"]))
+    error = caught.value
+    assert (error.status, error.type, error.code, error.param) == (400, "invalid_request_error", None, "model")
+    assert "'tiny' is a generative model" in error.message and "LLMFLEET_CAUSAL_EMBEDDINGS=1" in error.message
+
+
+def test_the_opt_in_pools_a_generative_model_as_before(tiny_engine: Any) -> None:
+    from shared.errors import InvalidRequest
+    from worker.serve.jobs import embedding_request
+
+    request = embedding_request(tiny_engine, _embed_job(["hello", "world"]), causal_embeddings=True)
+    assert request.inputs == [tiny_engine.encode_prompt("hello"), tiny_engine.encode_prompt("world")]
+    with pytest.raises(InvalidRequest) as caught:  # its inputs are still checked
+        embedding_request(tiny_engine, _embed_job([[1, 2], []]), causal_embeddings=True)
+    assert caught.value.param == "input"

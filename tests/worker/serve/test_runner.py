@@ -46,7 +46,7 @@ def _running(engine: Any, client: redis.Redis, settings: Settings) -> Iterator[W
     runner = WorkerRunner(engine, client, settings, model=MODEL)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
-    assert runner.ready.wait(10)
+    assert runner.ready.wait(60)  # the first start compiles the decode kernels (6-7 s alone on a busy 2-core box)
     yield runner
     runner.stop_requested.set()
     thread.join(timeout=10)
@@ -107,14 +107,31 @@ def test_expired_deadline(worker: WorkerRunner, client: redis.Redis) -> None:
     assert isinstance(events[-1], ErrorEvent) and events[-1].status == 504
 
 
-def test_embeddings(worker: WorkerRunner, client: redis.Redis) -> None:
+def test_embeddings_of_a_causal_model_when_the_deployment_opts_in(tiny_engine: Any, client: redis.Redis,
+                                                                   settings: Settings) -> None:
+    """LLMFLEET_CAUSAL_EMBEDDINGS=1: the tiny (causal) model pools its hidden states, as before the opt-in."""
+    for _ in _running(tiny_engine, client, dataclasses.replace(settings, causal_embeddings=1)):
+        now = time.time()
+        events = collect(submit(client, EmbedJob(id="e1", model=MODEL, created=now, deadline=now + 30,
+                                                 inputs=[[5, 6, 7], [8, 9]])))
+        done = events[-1]
+        assert isinstance(done, DoneEvent) and len(done.embeddings) == 2 and done.usage.prompt_tokens == 5
+        for vector in done.embeddings:
+            assert abs(sum(x * x for x in vector) - 1.0) < 1e-4
+
+
+def test_embeddings_of_a_causal_model_are_a_400_ended_once(worker: WorkerRunner, client: redis.Redis) -> None:
     now = time.time()
-    events = collect(submit(client, EmbedJob(id="e1", model=MODEL, created=now, deadline=now + 30,
-                                             inputs=[[5, 6, 7], [8, 9]])))
-    done = events[-1]
-    assert isinstance(done, DoneEvent) and len(done.embeddings) == 2 and done.usage.prompt_tokens == 5
-    for vector in done.embeddings:
-        assert abs(sum(x * x for x in vector) - 1.0) < 1e-4
+    events = collect(submit(client, EmbedJob(id="e2", model=MODEL, created=now, deadline=now + 30,
+                                             inputs=["a", "b"])))
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent)
+    error = events[0]
+    assert (error.status, error.type, error.param) == (400, "invalid_request_error", "model")
+    assert f"{MODEL!r} is a generative model" in error.message and "LLMFLEET_CAUSAL_EMBEDDINGS=1" in error.message
+    assert client.xlen(keys.journal_stream("e2")) == 1  # the one terminal event, journaled
+    time.sleep(0.3)
+    assert client.xpending(keys.jobs_stream(MODEL), keys.JOBS_GROUP)["pending"] == 0  # acked: not redelivered
+    assert worker.scheduler.stats.active == 0
 
 
 def test_job_of_a_dead_worker_is_reclaimed_and_ends(tiny_engine: Any, client: redis.Redis, settings: Settings) -> None:
