@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worker.engine.architectures import ARCHITECTURES
 from worker.engine.gguf_file import read_metadata, tensor_elements
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class ModelFacts:
     quantization_level: str
     model_info: dict[str, Any] = field(default_factory=dict)
     format: str = "gguf"
+    capabilities: tuple[str, ...] = ("completion", "tools")  # Ollama's: an encoder's are ("embedding",)
 
     def to_json(self) -> str:
         """The JSON the gateway reads (gateway/ollama/models.py)."""
@@ -102,6 +104,11 @@ def quantization_of(metadata: dict[str, Any]) -> str:
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
+def _capabilities(family: str) -> tuple[str, ...]:
+    """What Ollama's /api/show says a model of this architecture can do."""
+    return ("embedding",) if getattr(ARCHITECTURES.get(family), "encoder", False) else ("completion", "tools")
+
+
 def read_facts(path: Path) -> ModelFacts:
     """The facts of one GGUF file (its header, its tensors' shapes, its digest)."""
     metadata = read_metadata(path)
@@ -115,7 +122,7 @@ def read_facts(path: Path) -> ModelFacts:
             info[f"{family}.{key}"] = value
     return ModelFacts(size=path.stat().st_size, digest=file_digest(path), family=family,
                       parameter_size=human_count(parameters), quantization_level=quantization_of(metadata),
-                      model_info=info)
+                      model_info=info, capabilities=_capabilities(family))
 
 
 def facts_json(path: Path) -> str | None:

@@ -124,7 +124,8 @@ async def show(broker: Broker, name: str) -> dict[str, Any]:
         info[f"{info.get('general.architecture', 'llmfleet')}.context_length"] = context
     started = min((w.started for w in live.get(model, [])), default=time.time())
     return {"modelfile": "", "parameters": "", "template": "", "details": details(known), "model_info": info,
-            "capabilities": CAPABILITIES, "modified_at": _iso(started)}
+            "capabilities": list(known.get("capabilities", CAPABILITIES)) if known else CAPABILITIES,
+            "modified_at": _iso(started)}
 
 
 def version() -> dict[str, str]:

@@ -74,3 +74,8 @@ def test_the_heartbeat_publishes_the_facts_once_known() -> None:
     client.flushall()  # Redis restarted empty: the next beat writes them again
     beat.beat()
     assert client.hget(keys.MODEL_FACTS, "m") == b'{"size": 7}'
+
+
+def test_an_encoder_can_only_embed(gguf_file: Path, minilm_f32_path: Path) -> None:
+    assert read_facts(gguf_file).capabilities == ("completion", "tools")
+    assert read_facts(minilm_f32_path).capabilities == ("embedding",)  # as Ollama's /api/show says of one
