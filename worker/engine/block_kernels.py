@@ -37,15 +37,18 @@ from worker.engine.simd import LANES, vbroadcast, vfma, vload, vload_u8, vstore,
 
 WIDE_ROWS = 16  # rows of x from which the wide kernel is used
 DECODED_TILE = 8  # weight rows a wide task decodes at once (8 x 1536 float32 = 48 KiB at most for SmolLM2: L2)
-ROW_TILE = 4  # output rows per task of the narrow kernel: their codes and a four of x stay in L1
+ROW_TILE = 4  # weight rows per task of the narrow kernel, R/4 apart: four sequential streams of codes (rows
+# next to each other, interleaved, defeated the prefetcher: a 1-row step over SmolLM2's matrices took twice as long)
 
 
 def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
     """The narrow block matmul for one group size (a compile-time constant, so the group loop unrolls).
 
     Codes are decoded 8 at a time into a float32x8 (one FMA) and multiplied into the rows of x of a tile; a task
-    takes ROW_TILE output rows, so that the rows of x in use and those rows' codes stay in L1. Every tile keeps one
-    chain per output element (the canonical reduction above).
+    takes ROW_TILE weight rows a quarter of the matrix apart (t, t + R/4, ..), so that each thread reads four
+    sequential streams of codes. Every tile keeps one chain per output element (the canonical reduction above).
+    One thread, SmolLM2's matrices, ms, the previous kernels (two chains per single row) against these in one
+    process, alternating: 1 row 24.0 / 19.3, 2 rows 33.6 / 30.0, 4 rows 30.7 / 32.9, 12 rows 79 / 78.
     """
     vectors = group // LANES  # 8-lane vectors per group
 
@@ -85,26 +88,26 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
         out[k + 7, r] = vsum(a7)
 
     @njit(inline="always")
-    def two_by_four(flat_codes, scale, offset, flat_x, cols, r, k, out):  # pragma: no cover (compiled)
-        """out[k:k+4, r:r+2]: two weight rows times four rows of x (eight chains)."""
+    def two_by_four(flat_codes, scale, offset, flat_x, cols, r, q, k, out):  # pragma: no cover (compiled)
+        """out[k:k+4, r] and out[k:k+4, q]: two weight rows times four rows of x (eight chains)."""
         x0 = k * cols
         a0 = vzero()  # (8,) weight row r times x row k
         a1 = vzero()
         a2 = vzero()
         a3 = vzero()
-        b0 = vzero()  # (8,) weight row r+1 times x row k
+        b0 = vzero()  # (8,) weight row q times x row k
         b1 = vzero()
         b2 = vzero()
         b3 = vzero()
         for g in range(cols // group):
             s0 = vbroadcast(scale[r, g])  # (8,)
             m0 = vbroadcast(offset[r, g])  # (8,)
-            s1 = vbroadcast(scale[r + 1, g])  # (8,)
-            m1 = vbroadcast(offset[r + 1, g])  # (8,)
+            s1 = vbroadcast(scale[q, g])  # (8,)
+            m1 = vbroadcast(offset[q, g])  # (8,)
             for v in range(vectors):
                 c = g * group + v * LANES
                 w0 = vfma(vload_u8(flat_codes, r * cols + c), s0, m0)  # (8,) weights r, c:c+8
-                w1 = vfma(vload_u8(flat_codes, (r + 1) * cols + c), s1, m1)  # (8,) weights r+1, c:c+8
+                w1 = vfma(vload_u8(flat_codes, q * cols + c), s1, m1)  # (8,) weights q, c:c+8
                 t = vload(flat_x, x0 + c)  # (8,)
                 a0 = vfma(w0, t, a0)
                 b0 = vfma(w1, t, b0)
@@ -117,10 +120,10 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
                 t = vload(flat_x, x0 + 3 * cols + c)  # (8,)
                 a3 = vfma(w0, t, a3)
                 b3 = vfma(w1, t, b3)
-        out[k, r], out[k, r + 1] = vsum(a0), vsum(b0)
-        out[k + 1, r], out[k + 1, r + 1] = vsum(a1), vsum(b1)
-        out[k + 2, r], out[k + 2, r + 1] = vsum(a2), vsum(b2)
-        out[k + 3, r], out[k + 3, r + 1] = vsum(a3), vsum(b3)
+        out[k, r], out[k, q] = vsum(a0), vsum(b0)
+        out[k + 1, r], out[k + 1, q] = vsum(a1), vsum(b1)
+        out[k + 2, r], out[k + 2, q] = vsum(a2), vsum(b2)
+        out[k + 3, r], out[k + 3, q] = vsum(a3), vsum(b3)
 
     @njit(inline="always")
     def one_by_four(flat_codes, scale, offset, flat_x, cols, r, k, out):  # pragma: no cover (compiled)
@@ -146,30 +149,30 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
         out[k + 3, r] = vsum(a3)
 
     @njit(inline="always")
-    def four_by_one(flat_codes, scale, offset, flat_x, cols, r, k, out):  # pragma: no cover (compiled)
-        """out[k, r:r+4]: four weight rows times one row of x (four chains, one per weight row)."""
+    def four_by_one(flat_codes, scale, offset, flat_x, cols, r0, r1, r2, r3, k, out):  # pragma: no cover (compiled)
+        """out[k, r0], .., out[k, r3]: four weight rows times one row of x (four chains, one per weight row)."""
         x0 = k * cols
-        a0 = vzero()  # (8,) chain of weight row r
+        a0 = vzero()  # (8,) chain of weight row r0
         a1 = vzero()
         a2 = vzero()
         a3 = vzero()
         for g in range(cols // group):
-            s0 = vbroadcast(scale[r, g])  # (8,)
-            m0 = vbroadcast(offset[r, g])  # (8,)
-            s1 = vbroadcast(scale[r + 1, g])  # (8,)
-            m1 = vbroadcast(offset[r + 1, g])  # (8,)
-            s2 = vbroadcast(scale[r + 2, g])  # (8,)
-            m2 = vbroadcast(offset[r + 2, g])  # (8,)
-            s3 = vbroadcast(scale[r + 3, g])  # (8,)
-            m3 = vbroadcast(offset[r + 3, g])  # (8,)
+            s0 = vbroadcast(scale[r0, g])  # (8,)
+            m0 = vbroadcast(offset[r0, g])  # (8,)
+            s1 = vbroadcast(scale[r1, g])  # (8,)
+            m1 = vbroadcast(offset[r1, g])  # (8,)
+            s2 = vbroadcast(scale[r2, g])  # (8,)
+            m2 = vbroadcast(offset[r2, g])  # (8,)
+            s3 = vbroadcast(scale[r3, g])  # (8,)
+            m3 = vbroadcast(offset[r3, g])  # (8,)
             for v in range(vectors):
                 c = g * group + v * LANES
                 t = vload(flat_x, x0 + c)  # (8,)
-                a0 = vfma(vfma(vload_u8(flat_codes, r * cols + c), s0, m0), t, a0)  # (8,)
-                a1 = vfma(vfma(vload_u8(flat_codes, (r + 1) * cols + c), s1, m1), t, a1)  # (8,)
-                a2 = vfma(vfma(vload_u8(flat_codes, (r + 2) * cols + c), s2, m2), t, a2)  # (8,)
-                a3 = vfma(vfma(vload_u8(flat_codes, (r + 3) * cols + c), s3, m3), t, a3)  # (8,)
-        out[k, r], out[k, r + 1], out[k, r + 2], out[k, r + 3] = vsum(a0), vsum(a1), vsum(a2), vsum(a3)
+                a0 = vfma(vfma(vload_u8(flat_codes, r0 * cols + c), s0, m0), t, a0)  # (8,)
+                a1 = vfma(vfma(vload_u8(flat_codes, r1 * cols + c), s1, m1), t, a1)  # (8,)
+                a2 = vfma(vfma(vload_u8(flat_codes, r2 * cols + c), s2, m2), t, a2)  # (8,)
+                a3 = vfma(vfma(vload_u8(flat_codes, r3 * cols + c), s3, m3), t, a3)  # (8,)
+        out[k, r0], out[k, r1], out[k, r2], out[k, r3] = vsum(a0), vsum(a1), vsum(a2), vsum(a3)
 
     @njit(inline="always")
     def one_by_one(flat_codes, scale, offset, flat_x, cols, r, k, out):  # pragma: no cover (compiled)
@@ -194,27 +197,29 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
         eights = n_rows // 8
         fours = (n_rows - 8 * eights) // 4
         singles_from = 8 * eights + 4 * fours
-        n_tiles = (rows + ROW_TILE - 1) // ROW_TILE
-        for tile in prange(n_tiles):  # a few output rows per task: their codes and the x rows in use stay in L1
-            first = tile * ROW_TILE
-            last = min(rows, first + ROW_TILE)
+        quarter = (rows + ROW_TILE - 1) // ROW_TILE
+        for t in prange(quarter):  # weight rows t, t + Q, t + 2Q, t + 3Q: four sequential streams of codes
+            r0, r1, r2, r3 = t, t + quarter, t + 2 * quarter, t + 3 * quarter
+            count = 1 + (r1 < rows) + (r2 < rows) + (r3 < rows)  # the rows that exist are a prefix
             for e in range(eights):
-                for r in range(first, last):
-                    one_by_eight(flat_codes, scale, offset, flat_x, cols, r, 8 * e, out)
+                for j in range(count):
+                    one_by_eight(flat_codes, scale, offset, flat_x, cols, t + j * quarter, 8 * e, out)
             if fours:
-                r = first
-                while r + 2 <= last:
-                    two_by_four(flat_codes, scale, offset, flat_x, cols, r, singles_from - 4, out)
-                    r += 2
-                if r < last:
-                    one_by_four(flat_codes, scale, offset, flat_x, cols, r, singles_from - 4, out)
+                k = singles_from - 4
+                if count >= 2:
+                    two_by_four(flat_codes, scale, offset, flat_x, cols, r0, r1, k, out)
+                else:
+                    one_by_four(flat_codes, scale, offset, flat_x, cols, r0, k, out)
+                if count == 4:
+                    two_by_four(flat_codes, scale, offset, flat_x, cols, r2, r3, k, out)
+                elif count == 3:
+                    one_by_four(flat_codes, scale, offset, flat_x, cols, r2, k, out)
             for k in range(singles_from, n_rows):
-                r = first
-                while r + 4 <= last:
-                    four_by_one(flat_codes, scale, offset, flat_x, cols, r, k, out)
-                    r += 4
-                for q in range(r, last):
-                    one_by_one(flat_codes, scale, offset, flat_x, cols, q, k, out)
+                if count == 4:
+                    four_by_one(flat_codes, scale, offset, flat_x, cols, r0, r1, r2, r3, k, out)
+                else:
+                    for j in range(count):
+                        one_by_one(flat_codes, scale, offset, flat_x, cols, t + j * quarter, k, out)
 
     return block_matmul
 
