@@ -37,18 +37,20 @@ from worker.engine.simd import LANES, vbroadcast, vfma, vload, vload_u8, vstore,
 
 WIDE_ROWS = 16  # rows of x from which the wide kernel is used
 DECODED_TILE = 8  # weight rows a wide task decodes at once (8 x 1536 float32 = 48 KiB at most for SmolLM2: L2)
-ROW_TILE = 4  # weight rows per task of the narrow kernel, R/4 apart: four sequential streams of codes (rows
-# next to each other, interleaved, defeated the prefetcher: a 1-row step over SmolLM2's matrices took twice as long)
+ROW_TILE = 4  # weight rows per task of the narrow kernel
 
 
 def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
     """The narrow block matmul for one group size (a compile-time constant, so the group loop unrolls).
 
-    Codes are decoded 8 at a time into a float32x8 (one FMA) and multiplied into the rows of x of a tile; a task
-    takes ROW_TILE weight rows a quarter of the matrix apart (t, t + R/4, ..), so that each thread reads four
-    sequential streams of codes. Every tile keeps one chain per output element (the canonical reduction above).
-    One thread, SmolLM2's matrices, ms, the previous kernels (two chains per single row) against these in one
-    process, alternating: 1 row 24.0 / 19.3, 2 rows 33.6 / 30.0, 4 rows 30.7 / 32.9, 12 rows 79 / 78.
+    Codes are decoded 8 at a time into a float32x8 (one FMA) and multiplied into the rows of x of a tile. Eights
+    of x rows: a task takes ROW_TILE adjacent weight rows, one at a time (their codes and the x rows stay in L1).
+    A four and single x rows, which need several weight rows at once for independent chains: a task takes four
+    weight rows a quarter of the matrix apart (t, t + R/4, ..), so each thread reads four sequential streams of
+    codes (adjacent rows interleaved took up to twice as long: the prefetcher lost track). Every tile keeps one chain per output element (the canonical reduction above).
+    One thread (CPU time), SmolLM2's matrices and head, ms, the kernels before the canonical rule (two chains per
+    single row) against these, in one process, alternating: 1 row 20.0 / 14.1, 2 rows 27.2 / 21.4, 4 rows 25.1 /
+    25.8, 5 rows 43.2 / 41.5, 8 rows 49.6 / 49.1, 12 rows 74.1 / 69.2.
     """
     vectors = group // LANES  # 8-lane vectors per group
 
@@ -197,29 +199,32 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
         eights = n_rows // 8
         fours = (n_rows - 8 * eights) // 4
         singles_from = 8 * eights + 4 * fours
-        quarter = (rows + ROW_TILE - 1) // ROW_TILE
-        for t in prange(quarter):  # weight rows t, t + Q, t + 2Q, t + 3Q: four sequential streams of codes
-            r0, r1, r2, r3 = t, t + quarter, t + 2 * quarter, t + 3 * quarter
-            count = 1 + (r1 < rows) + (r2 < rows) + (r3 < rows)  # the rows that exist are a prefix
-            for e in range(eights):
-                for j in range(count):
-                    one_by_eight(flat_codes, scale, offset, flat_x, cols, t + j * quarter, 8 * e, out)
-            if fours:
-                k = singles_from - 4
-                if count >= 2:
-                    two_by_four(flat_codes, scale, offset, flat_x, cols, r0, r1, k, out)
-                else:
-                    one_by_four(flat_codes, scale, offset, flat_x, cols, r0, k, out)
-                if count == 4:
-                    two_by_four(flat_codes, scale, offset, flat_x, cols, r2, r3, k, out)
-                elif count == 3:
-                    one_by_four(flat_codes, scale, offset, flat_x, cols, r2, k, out)
-            for k in range(singles_from, n_rows):
-                if count == 4:
-                    four_by_one(flat_codes, scale, offset, flat_x, cols, r0, r1, r2, r3, k, out)
-                else:
-                    for j in range(count):
-                        one_by_one(flat_codes, scale, offset, flat_x, cols, t + j * quarter, k, out)
+        if eights:
+            for tile in prange((rows + ROW_TILE - 1) // ROW_TILE):  # ROW_TILE adjacent weight rows a task
+                for e in range(eights):
+                    for r in range(tile * ROW_TILE, min(rows, (tile + 1) * ROW_TILE)):
+                        one_by_eight(flat_codes, scale, offset, flat_x, cols, r, 8 * e, out)
+        if 8 * eights < n_rows:
+            quarter = (rows + ROW_TILE - 1) // ROW_TILE
+            for t in prange(quarter):  # weight rows t, t + Q, t + 2Q, t + 3Q: four sequential streams of codes
+                r0, r1, r2, r3 = t, t + quarter, t + 2 * quarter, t + 3 * quarter
+                count = 1 + (r1 < rows) + (r2 < rows) + (r3 < rows)  # the rows that exist are a prefix
+                if fours:
+                    k = singles_from - 4
+                    if count >= 2:
+                        two_by_four(flat_codes, scale, offset, flat_x, cols, r0, r1, k, out)
+                    else:
+                        one_by_four(flat_codes, scale, offset, flat_x, cols, r0, k, out)
+                    if count == 4:
+                        two_by_four(flat_codes, scale, offset, flat_x, cols, r2, r3, k, out)
+                    elif count == 3:
+                        one_by_four(flat_codes, scale, offset, flat_x, cols, r2, k, out)
+                for k in range(singles_from, n_rows):
+                    if count == 4:
+                        four_by_one(flat_codes, scale, offset, flat_x, cols, r0, r1, r2, r3, k, out)
+                    else:
+                        for j in range(count):
+                            one_by_one(flat_codes, scale, offset, flat_x, cols, t + j * quarter, k, out)
 
     return block_matmul
 
