@@ -77,8 +77,7 @@ def serve(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Serve]:
     port = free_port()
     env = {**os.environ, "LLMFLEET_SLOTS": "2", "LLMFLEET_HEARTBEAT_INTERVAL_S": "0.5",
            "LLMFLEET_HEARTBEAT_TTL_S": "3", "LLMFLEET_LEASE_S": "4", "LLMFLEET_REGISTRY_CACHE_S": "0",
-           "LLMFLEET_DRAIN_TIMEOUT_S": "30", "LLMFLEET_LOG_LEVEL": "INFO",
-           "LLMFLEET_KV_DTYPE": "float32"}  # byte-identical resumes (tests/faults/conftest.py says why)
+           "LLMFLEET_DRAIN_TIMEOUT_S": "30", "LLMFLEET_LOG_LEVEL": "INFO"}  # default float16 KV: resumes are exact
     env.pop("REDIS_URL", None)
     log = tmp_path / "serve.log"
     with log.open("wb") as out:

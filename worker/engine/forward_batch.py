@@ -1,7 +1,9 @@
 """One forward step's batch description: tokens, positions, sequence spans and block tables, plus attention.
 
-Built once per step; architecture blocks call `attention()` per layer. Decode rows (one new token each) are
-attended together with a constant number of array calls per layer; prefill chunks are attended per sequence.
+Built once per step; architecture blocks call `attention()` per layer. Every row of the step, a decode token or one
+of a prompt chunk, is one query of the same compiled kernel (kernels.paged_attend_decode) over its own positions
+as the float16 pool holds them (this step's keys written first): a row's attention is the same computation whether
+it is decoded alone, prefilled in one chunk or in many, or re-prefilled after a failover (batch invariance).
 """
 
 from __future__ import annotations
@@ -48,21 +50,14 @@ class ForwardBatch:
                                  zip(tables, np.split(positions, self.starts[1:-1]))])  # (N,)
         self.write_blocks = ops.asarray(blocks)  # (N,)
         self.write_offsets = ops.asarray(positions % pool.block_size)  # (N,)
-        decode = [i for i, n in enumerate(lengths) if n == 1]
-        self.all_decode = len(decode) == len(entries)  # rows are the decode rows in order: no gather/scatter
-        self.decode_rows = ops.asarray(self.starts[decode])  # (B1,)
-        self.prefill = [(i, int(self.starts[i]), int(self.starts[i + 1]), ops.asarray(tables[i]))
-                        for i, n in enumerate(lengths) if n > 1]
-        self._decode_lengths = ops.asarray(np.array([entries[i].start + 1 for i in decode], np.int64))  # (B1,)
-        self._decode_tables = None
-        if decode:
-            width = int(-(-max(entries[i].start + 1 for i in decode) // pool.block_size))
-            padded = np.zeros((len(decode), width), np.int64)  # (B1, nb) block 0 pads: never read
-            for row, i in enumerate(decode):
-                used = tables[i][:width]
-                padded[row, : len(used)] = used
-            self._decode_tables = ops.asarray(padded)  # (B1, nb)
-        self._first_positions: dict[int, Array] = {}  # window -> (B1,) first visible position of each decode row
+        self._lengths = ops.asarray(positions + 1)  # (N,) each row attends to positions [first, position]
+        width = int(-(-int(positions.max() + 1) // pool.block_size))
+        row_tables = np.zeros((len(positions), width), np.int64)  # (N, nb) block 0 pads: never read
+        for i, table in enumerate(tables):
+            used = table[:width]
+            row_tables[self.starts[i] : self.starts[i + 1], : len(used)] = used
+        self._tables = ops.asarray(row_tables)  # (N, nb)
+        self._first_positions: dict[int, Array] = {}  # window -> (N,) first visible position of each row
         self._angles: dict[int, tuple[Array, Array]] = {}
         self.lora = None
         if any(e.loras for e in entries):
@@ -86,16 +81,16 @@ class ForwardBatch:
             angles = self._angles[id(rotary)] = rotary.angles(self.positions)  # (N, 1, R/2) x2
         return angles
 
-    def decode_first_positions(self, window: int) -> Array:
-        """The first position each decode row attends to (B1,): 0, or its last `window` positions on a sliding layer.
+    def first_positions(self, window: int) -> Array:
+        """The first position each row attends to (N,): 0, or its last `window` positions on a sliding layer.
 
-        The kernel reads only positions [first, length) through the block table, so a sliding-window layer's cost
+        The kernel reads only positions [first, position] through the block table, so a sliding-window layer's cost
         stays bounded however long the sequences grow.
         """
         first = self._first_positions.get(window)
         if first is None:
-            first = (ops.xp.maximum(self._decode_lengths - window, 0) if window > 0
-                     else ops.xp.zeros_like(self._decode_lengths))  # (B1,)
+            first = (ops.xp.maximum(self._lengths - window, 0) if window > 0
+                     else ops.xp.zeros_like(self._lengths))  # (N,)
             self._first_positions[window] = first
         return first
 
@@ -106,20 +101,6 @@ class ForwardBatch:
         """
         pool = self.pool
         pool.write(layer, self.write_blocks, self.write_offsets, k, v)
-        n, n_heads, head_dim = q.shape
-        out = ops.empty((n, n_heads * head_dim))  # (N, H*Dh)
-        if self._decode_tables is not None:
-            first = self.decode_first_positions(window)  # (B1,)
-            keys, values = pool.keys[layer], pool.values[layer]  # (Hkv, NB, BS, Dh) x2, read in place
-            if self.all_decode:
-                return ops.paged_attend_decode(q, keys, values, self._decode_tables, self._decode_lengths,
-                                               first)  # (N, H*Dh)
-            out[self.decode_rows] = ops.paged_attend_decode(q[self.decode_rows], keys, values, self._decode_tables,
-                                                            self._decode_lengths, first)  # (B1, H*Dh)
-        for i, s, e, table in self.prefill:
-            start = self.entries[i].start
-            first_block = max(0, start - window + 1) // pool.block_size if window > 0 else 0
-            keys, values = pool.gather_one(layer, table, start + e - s, first_block)  # (Hkv, L', Dh) x2
-            out[s:e] = ops.attend_causal(q[s:e], keys, values, start, window,
-                                         key_start=first_block * pool.block_size)  # (T, H*Dh)
-        return out
+        keys, values = pool.keys[layer], pool.values[layer]  # (Hkv, NB, BS, Dh) x2, read in place
+        return ops.paged_attend_decode(q, keys, values, self._tables, self._lengths,
+                                       self.first_positions(window))  # (N, H*Dh)

@@ -1,8 +1,9 @@
 """Compiled CPU kernels (numba) for the parts of the forward pass numpy cannot do without copies.
 
-Paged decode attention reads every sequence's keys and values in place through its block table: the numpy
+Paged attention reads every sequence's keys and values in place through its block table: the numpy
 path first gathers all blocks into a padded (Hkv, B, L, Dh) batch per layer, which at long contexts cost more
-than the attention itself. The vector kernel holds its running sums in eight-lane vectors (simd.py), which
+than the attention itself. Every row of a step is one query of it, a decode token or a prompt row alike
+(forward_batch.py), so a row's attention never depends on the step around it (batch invariance). The vector kernel holds its running sums in eight-lane vectors (simd.py), which
 numba's own vectorisation of the same loops did not keep in registers. The block-code matmuls are in
 block_kernels.py; the threading set-up and launch lock both use are in numba_runtime.py. SwiGLU runs here as well, across
 the kernel threads: numpy's four single-threaded passes left the second core idle.

@@ -100,12 +100,3 @@ class KVPool:
         """Store new keys/values k, v (N, Hkv, Dh) at (blocks, offsets) (N,) of one layer."""
         self.keys[layer][:, blocks, offsets] = k.transpose(1, 0, 2)  # (Hkv, N, Dh)
         self.values[layer][:, blocks, offsets] = v.transpose(1, 0, 2)  # (Hkv, N, Dh)
-
-    def gather_one(self, layer: int, table: Array, length: int, first_block: int = 0) -> tuple[Array, Array]:
-        """Keys and values of positions [first_block*BS, length) of one sequence, as float32: each (Hkv, L', Dh)."""
-        used = table[first_block : -(-length // self.block_size)]  # (nb',)
-        n_kv, dh = self.config.n_kv_heads, self.config.head_dim
-        span = length - first_block * self.block_size
-        keys = self.keys[layer][:, used].reshape(n_kv, -1, dh)[:, :span].astype(np.float32)  # (Hkv, L', Dh)
-        values = self.values[layer][:, used].reshape(n_kv, -1, dh)[:, :span].astype(np.float32)  # (Hkv, L', Dh)
-        return keys, values

@@ -10,26 +10,18 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, kernels, tile_matmul
+from worker.engine import block_kernels, kernels
 from worker.engine.quantized import PendingLinear, QuantizedLinear
 
 xp: Any = np  # the array module of the forward path
 Array = Any  # an array of the backend in `xp`
 Weight = Any  # a projection: an (out, in) float32 array, or a QuantizedLinear (block codes only)
-_block_rows = 64  # steps of at most this many rows use the block kernels (bench/block_matmul.py, SmolLM2's
-# matrices, ms, block kernels against float32 BLAS in one run: 32 rows 64-72 / 83-88, 48 rows 96-98 / 105-108,
-# 64 rows 126-132 / 127-152, 96 rows 181-189 / 175-184); wider ones dequantize tiles for BLAS (tile_matmul.py)
-
-
-def set_block_rows(rows: int) -> None:
-    """The widest step that multiplies with the block kernels instead of dequantized tiles and BLAS."""
-    global _block_rows
-    _block_rows = max(0, rows)
+_NARROW_ROWS = 64  # the widest step the scheduler fills with speculative drafts (narrow_rows)
 
 
 def narrow_rows() -> int:
-    """The widest step that multiplies with the block kernels (wider ones: dequantized tiles and BLAS)."""
-    return _block_rows
+    """The widest step worth filling with speculative drafts (every step, of any width, runs the same kernels)."""
+    return _NARROW_ROWS
 
 
 def weight(matrix: Any) -> Weight:
@@ -75,37 +67,32 @@ def empty(shape: tuple[int, ...], dtype: Any = np.float32) -> Array:
     return xp.empty(shape, dtype)
 
 
-def _tiled_linear(x: Array, weight: QuantizedLinear) -> Array:
-    """x @ weight.T through dequantized tiles of the codes and BLAS: (N, out), Fortran-ordered."""
-    if weight.column_scale is not None:
-        x = x * weight.column_scale  # (N, in)
-    blocks = weight.blocks
-    return tile_matmul.tiled_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
-
-
 def linear(x: Array, weight: Weight) -> Array:
-    """x @ weight.T for x (N, in) and weight (out, in): block kernels for narrow steps, else (weight @ x.T).T on
-    OpenBLAS, by tiles for block codes (faster that way round; a column-major result that callers needing rows
-    contiguous copy)."""
+    """x @ weight.T for x (N, in) and weight (out, in): (N, out), C-ordered. Block codes and float32 matrices alike
+    go through block_kernels' canonical reduction, so each output row depends on its own input row only (never
+    on the step's width: no BLAS, whose summation order depends on the shape)."""
     if isinstance(weight, QuantizedLinear):
-        if x.shape[0] <= _block_rows:
-            return _block_linear(x, weight)  # (N, out), C-ordered
-        return _tiled_linear(x, weight)  # (N, out), Fortran-ordered
+        return _block_linear(x, weight)  # (N, out)
+    return block_kernels.float_matmul(x, weight)  # (N, out)
+
+
+def encoder_linear(x: Array, weight: Weight) -> Array:
+    """x @ weight.T for an encoder's whole texts (BERT): (weight @ x.T).T on OpenBLAS for float32 matrices, a
+    column-major (N, out); an encoder keeps no cache, so it needs no batch invariance."""
+    if isinstance(weight, QuantizedLinear):
+        return _block_linear(x, weight)  # (N, out), C-ordered
     return (weight @ x.T).T  # (N, out), Fortran-ordered
 
 
 def lora_delta(x: Array, a: Array, b: Array) -> Array:
-    """A low-rank update (x @ a.T) @ b.T for x (G, in), a (R, in), b (out, R): (G, out), C-ordered."""
-    return (x @ a.T) @ b.T  # (G, out)
+    """A low-rank update (x @ a.T) @ b.T for x (G, in), a (R, in), b (out, R): (G, out), C-ordered, in the
+    canonical reduction (each row independent of the others in the group)."""
+    return block_kernels.float_matmul(block_kernels.float_matmul(x, a), b)  # (G, out)
 
 
 def linear_rows(x: Array, weight: Weight) -> Array:
-    """x @ weight.T with a row-major result (cheaper than linear + a copy for wide outputs such as logits)."""
-    if isinstance(weight, QuantizedLinear):
-        if x.shape[0] <= _block_rows:
-            return _block_linear(x, weight)  # (N, out), C-ordered
-        return xp.ascontiguousarray(_tiled_linear(x, weight))  # (N, out), C-ordered
-    return x @ weight.T  # (N, out), C-ordered
+    """x @ weight.T with a row-major result (the output projection): (N, out), C-ordered."""
+    return linear(x, weight)  # (N, out)
 
 
 def contiguous(x: Array) -> Array:
@@ -218,31 +205,10 @@ def softmax_inplace(scores: Array) -> Array:
     return scores
 
 
-def attend_causal(q: Array, keys: Array, values: Array, past: int, window: int = 0, key_start: int = 0) -> Array:
-    """Causal GQA of T new (pre-scaled) queries at positions past.. over keys at positions key_start..past+T-1.
-
-    window > 0 limits each query to its last `window` positions (itself included).
-    """
-    t, n_heads, head_dim = q.shape
-    n_kv = keys.shape[0]
-    group = n_heads // n_kv
-    length = keys.shape[1]
-    qg = q.reshape(t, n_kv, group, head_dim).transpose(1, 2, 0, 3)  # (Hkv, G, T, Dh)
-    scores = xp.matmul(qg, keys[:, None].transpose(0, 1, 3, 2))  # (Hkv, G, T, L)
-    query_pos = past + xp.arange(t)  # (T,)
-    key_pos = key_start + xp.arange(length)  # (L,)
-    hidden = key_pos[None, :] > query_pos[:, None]  # (T, L)
-    if window > 0:
-        hidden |= key_pos[None, :] <= query_pos[:, None] - window  # (T, L)
-    scores[:, :, hidden] = -xp.inf
-    probs = softmax_inplace(scores)  # (Hkv, G, T, L)
-    out = xp.matmul(probs, values[:, None])  # (Hkv, G, T, Dh)
-    return out.transpose(2, 0, 1, 3).reshape(t, n_heads * head_dim)  # (T, H*Dh)
-
-
 def paged_attend_decode(q: Array, keys: Array, values: Array, tables: Array, lengths: Array,
                         first_positions: Array) -> Array:
-    """Decode attention of q (B, H, Dh) over each row's positions [first, length) of a paged arena (B, H*Dh).
+    """Attention of q (B, H, Dh), one query a row, over each row's positions [first, length) of a paged arena:
+    (B, H*Dh). Decode tokens and prompt rows alike (one computation per row, whatever the step holds).
 
     keys/values are one layer's blocks (Hkv, NB, BS, Dh), read in place through tables (B, nb): the compiled
     kernel makes no padded copy. `attend_decode` below is the same computation on gathered arrays.

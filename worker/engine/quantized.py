@@ -1,8 +1,9 @@
 """Quantized projections kept only as the file's 8-bit block codes: no float32 copy of a quantized tensor.
 
 A step of a few sequences reads every weight once and does little arithmetic with it, so its speed is the bytes
-read: the block form (1 byte per weight plus per-group tables) reads a quarter of float32's. Wide steps
-(prefill) dequantize a tile of weight rows at a time into scratch and multiply it with BLAS (tile_matmul.py).
+read: the block form (1 byte per weight plus per-group tables) reads a quarter of float32's. Steps of every width
+multiply through block_kernels.py (wide ones decode a tile of weight rows at a time into scratch), in one
+canonical summation order, so that a row's result never depends on the rest of the step.
 
 Loading is two-phase. The architecture's loader gets each quantized tensor as a `PendingLinear`: a recipe (the
 file tensor, then row permutations, row scales, fusing) with a key that names it, and nothing decoded. Row

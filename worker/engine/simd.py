@@ -21,7 +21,9 @@ LANES = 8
 _F32 = ir.FloatType()
 _V8F = ir.VectorType(_F32, LANES)
 _I32 = ir.IntType(32)
-_FAST = ("fast",)
+_STRICT = ("nsz",)  # a flag numba's fastmath pass respects (it adds "fast" only to float instructions with none):
+# with it, LLVM may neither reassociate nor contract these operations, whatever the kernel's fastmath setting, so a
+# chain of vfma over columns sums in exactly the order written (block_kernels.py's canonical reduction)
 
 
 class Float32x8(types.Type):
@@ -136,7 +138,7 @@ def _lane_operation(name: str, instruction: str, doc: str) -> Any:
 
     def operation(typingctx: Any, a: Any, b: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            return getattr(builder, instruction)(args[0], args[1], flags=_FAST)
+            return getattr(builder, instruction)(args[0], args[1], flags=_STRICT)
 
         return float32x8(float32x8, float32x8), codegen
 
@@ -153,17 +155,22 @@ vdiv = _lane_operation("vdiv", "fdiv", "a / b, lane by lane.")
 
 @intrinsic
 def vfma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
-    """a * b + c, lane by lane (one fused multiply-add where the CPU has it)."""
+    """a * b + c, lane by lane, rounded once (llvm.fma: a fused multiply-add on every CPU, in hardware where it has
+    FMA); never split into a multiply and an add, nor reassociated with the sum it feeds."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.fadd(builder.fmul(args[0], args[1], flags=_FAST), args[2], flags=_FAST)
+        module = builder.module
+        name = "llvm.fma.v8f32"
+        function = module.globals.get(name) or ir.Function(module, ir.FunctionType(_V8F, [_V8F, _V8F, _V8F]), name=name)
+        return builder.call(function, [args[0], args[1], args[2]])
 
     return float32x8(float32x8, float32x8, float32x8), codegen
 
 
 @intrinsic
 def vsum(typingctx: Any, a: Any) -> Any:
-    """The sum of the eight lanes, as one float32 (halving: three vector adds)."""
+    """The sum of the eight lanes, as one float32: (l0+l4 + l2+l6) + (l1+l5 + l3+l7), halving in three strict
+    vector adds (always this order)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         vector = args[0]
@@ -173,7 +180,7 @@ def vsum(typingctx: Any, a: Any) -> Any:
             low = builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_I32, width), list(range(width))))
             high = builder.shuffle_vector(vector, vector,
                                           ir.Constant(ir.VectorType(_I32, width), list(range(width, 2 * width))))
-            vector = builder.fadd(low, high, flags=_FAST)
+            vector = builder.fadd(low, high, flags=_STRICT)
         return builder.extract_element(vector, ir.Constant(_I32, 0))
 
     return types.float32(float32x8), codegen

@@ -131,5 +131,5 @@ def test_sliding_layers_read_only_their_window(gemma3_engine: Any) -> None:
     pool = model.new_pool(128 << 20, block_size=32, enable_prefix_caching=False)
     pool.ensure(0, 2000)
     batch = ForwardBatch([BatchEntry(0, np.array([5]), 1999)], pool)
-    assert int(batch.decode_first_positions(WINDOW)[0]) == 2000 - WINDOW
-    assert int(batch.decode_first_positions(0)[0]) == 0
+    assert int(batch.first_positions(WINDOW)[0]) == 2000 - WINDOW
+    assert int(batch.first_positions(0)[0]) == 0

@@ -1,5 +1,5 @@
 """Pending quantized projections build the same matrix as the float32 transforms would, and ops.linear gives the
-same product through the block kernels (narrow steps) and through dequantized tiles and BLAS (wide steps)."""
+same product through the block kernels, narrow steps and wide ones alike."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from worker.engine import ops, tile_matmul
+from worker.engine import ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, scale_rows, unpermute_rope_rows
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import PendingLinear, QuantizedLinear, build_codes, build_in_memory, materialize
@@ -28,16 +28,6 @@ def built(pending: PendingLinear) -> QuantizedLinear:
     return materialize((pending,), build_in_memory)[0]
 
 
-def narrow_product(x: np.ndarray, weight: QuantizedLinear) -> np.ndarray:
-    """x @ W.T through the block kernels (what a decode step computes)."""
-    narrow = ops.narrow_rows()
-    ops.set_block_rows(x.shape[0])
-    try:
-        return ops.linear(x, weight)  # (N, out)
-    finally:
-        ops.set_block_rows(narrow)
-
-
 @pytest.mark.parametrize("rows", [1, 2, 8, 70])
 def test_transforms_build_the_float32_transformed_matrix(rows: int) -> None:
     rng = np.random.default_rng(rows)
@@ -52,19 +42,14 @@ def test_transforms_build_the_float32_transformed_matrix(rows: int) -> None:
     np.testing.assert_allclose(pending.dequantize(), reference, rtol=1e-6, atol=1e-7)
     weight = built(pending)
     x = rng.standard_normal((rows, 96)).astype(np.float32)  # (N, in)
-    np.testing.assert_allclose(narrow_product(x, weight), x @ reference.T, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ops.linear(x, weight), x @ reference.T, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("tile_bytes", [1, 4 * 96 * 24, 1 << 22])
-def test_tiled_prefill_matches_the_float32_reference(tile_bytes: int) -> None:
+def test_wide_prefill_matches_the_float32_reference() -> None:
     rng = np.random.default_rng(3)
     pending, dense = random_pending(rng, "w", 100, 96)
     weight = built(pending)
-    x = rng.standard_normal((80, 96)).astype(np.float32)  # (N, in): wider than the block kernels' steps
-    b = weight.blocks
-    tiled = tile_matmul.tiled_matmul(x, b.codes, b.scale, b.offset, tile_bytes)  # (N, out), tiles of 16-100 rows
-    np.testing.assert_allclose(tiled, x @ dense.T, rtol=1e-4, atol=1e-4)
+    x = rng.standard_normal((80, 96)).astype(np.float32)  # (N, in): a prefill-wide step
     np.testing.assert_allclose(ops.linear(x, weight), x @ dense.T, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ops.linear_rows(x, weight), x @ dense.T, rtol=1e-4, atol=1e-4)
     assert ops.linear_rows(x, weight).flags.c_contiguous

@@ -73,3 +73,25 @@ def test_wide_loads_are_exact() -> None:
     _widen(singles, out_vector, out_scalar)
     np.testing.assert_array_equal(out_vector, singles)
     np.testing.assert_array_equal(out_scalar, singles)
+
+
+@njit(fastmath=True, cache=False)
+def _chain(a, b, c, n):  # type: ignore[no-untyped-def]
+    """vsum of an n-step vfma chain from c, and one fused a * b + c, in a fastmath kernel (as the matmuls)."""
+    acc = vload(c, 0)
+    for _ in range(n):
+        acc = vfma(vload(a, 0), vload(b, 0), acc)
+    return vsum(acc), vsum(vfma(vload(a, 0), vload(b, 0), vload(c, 0)))
+
+
+def test_fma_rounds_once_and_sums_are_not_reassociated_in_fastmath_kernels() -> None:
+    """vfma is fused even inside fastmath=True: (1 + 2**-13)**2 - (1 + 2**-12) is 2**-26, not 0 as a separate
+    multiply and add give; vsum adds in its documented order (a reassociated one gives another result here)."""
+    a = np.full(LANES, 1 + 2.0**-13, np.float32)
+    c = np.full(LANES, -(1 + 2.0**-12), np.float32)
+    _, fused = _chain(a, a, c, 0)
+    assert fused == np.float32(LANES * 2.0**-26)
+    lanes = np.array([1e8, 1.0, -1e8, 1.0, 3.0, 1.0, 5.0, 1.0], np.float32)  # (8,)
+    total, _ = _chain(np.zeros(LANES, np.float32), np.zeros(LANES, np.float32), lanes, 3)
+    l0, l1, l2, l3, l4, l5, l6, l7 = (np.float32(v) for v in lanes)
+    assert total == ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))

@@ -3,7 +3,7 @@
 Learned absolute positions and token types (always type 0, as llama.cpp), LayerNorm after each residual add,
 bidirectional attention within each text, GELU (tanh form, as ggml), biases everywhere, no final norm and no
 output projection. It has no KV cache: a text is encoded whole in one forward, many texts side by side. The
-matmuls are ops.linear's (BLAS); attention, the residual adds with their LayerNorms and bias + GELU are the
+matmuls are ops.encoder_linear's (BLAS); attention, the residual adds with their LayerNorms and bias + GELU are the
 compiled kernels of encoder_kernels.py, which read the matmuls' outputs in the order BLAS leaves them.
 """
 
@@ -127,11 +127,12 @@ class Bert:
         x = np.ascontiguousarray(ops.layer_norm(x, weights.embed_norm_weight, weights.embed_norm_bias, eps),
                                  np.float32)  # (N, D) row-major: the kernels update it in place
         for w in weights.layers:
-            qkv_t = ops.linear(x, w.wqkv).T  # (3*H*Dh, N) as BLAS leaves it; the bias is added in the kernel
+            qkv_t = ops.encoder_linear(x, w.wqkv).T  # (3*H*Dh, N) as BLAS leaves it; the bias is added in the kernel
             attn = attend_texts(qkv_t, w.bqkv, starts, n_heads, dh)  # (N, H*Dh)
-            x = add_layer_norm(x, ops.linear(attn, w.wo), w.bo, w.attn_norm_weight, w.attn_norm_bias, eps)  # (N, D)
-            hidden_t = np.ascontiguousarray(ops.linear(x, w.w_up).T)  # (F, N), no copy when BLAS made it so
+            x = add_layer_norm(x, ops.encoder_linear(attn, w.wo), w.bo, w.attn_norm_weight, w.attn_norm_bias,
+                               eps)  # (N, D)
+            hidden_t = np.ascontiguousarray(ops.encoder_linear(x, w.w_up).T)  # (F, N), no copy when BLAS made it so
             bias_gelu(hidden_t, w.b_up)  # (F, N)
-            x = add_layer_norm(x, ops.linear(hidden_t.T, w.w_down), w.b_down, w.out_norm_weight, w.out_norm_bias,
+            x = add_layer_norm(x, ops.encoder_linear(hidden_t.T, w.w_down), w.b_down, w.out_norm_weight, w.out_norm_bias,
                                eps)  # (N, D)
         return x  # (N, D)

@@ -1,0 +1,97 @@
+"""Batch invariance on the real models, bit for bit (np.array_equal), with the default float16 KV pool: a prompt's
+last logits do not depend on how it was chunked, on what else is in its steps, on a prefix-cache hit, and a decode
+step's logits equal a re-prefill of the prompt and the tokens generated so far (a failover's resume)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from worker.engine.forward_batch import BatchEntry
+from worker.engine.kv_pool import KVPool
+from worker.engine.model import Model
+
+pytestmark = pytest.mark.slow
+
+PROMPT = ("The lighthouse keeper counted the ships that passed each night, writing their names in a worn "
+          "leather book, and on the coldest evening of the year a vessel with no name appeared on the horizon")
+OTHER = "Write a haiku about spreadsheets."
+
+
+@pytest.fixture(params=["smollm2_engine", "gemma3_engine"])
+def engine(request: pytest.FixtureRequest) -> Any:
+    """Each real model in turn."""
+    return request.getfixturevalue(request.param)
+
+
+def _pool(model: Model, caching: bool = False) -> KVPool:
+    """A fresh float16 pool (the default dtype) of 16-token blocks."""
+    pool = model.new_pool(32 << 20, block_size=16, enable_prefix_caching=caching)
+    assert pool.dtype == np.float16
+    return pool
+
+
+def _prefill(model: Model, pool: KVPool, sid: int, tokens: list[int], chunk: int, done: int = 0) -> np.ndarray:
+    """Prefill tokens[done:] of sequence sid alone, `chunk` tokens a step: the last logits (V,)."""
+    logits = None
+    while done < len(tokens):
+        piece = tokens[done : done + chunk]
+        pool.ensure(sid, done + len(piece))
+        logits = model.forward([BatchEntry(sid, np.array(piece), done)], pool)[0]
+        done += len(piece)
+    return logits
+
+
+def test_prompt_logits_do_not_depend_on_chunks_or_neighbours(engine: Any) -> None:
+    """One chunk, chunks of 7, token by token, and in one step with other prompts and decode rows: same bits."""
+    model: Model = engine.model
+    tokens = engine.encode_prompt(PROMPT)
+    assert len(tokens) > 32
+    whole = _prefill(model, _pool(model), 0, tokens, len(tokens))
+    assert np.array_equal(_prefill(model, _pool(model), 0, tokens, 7), whole)
+    assert np.array_equal(_prefill(model, _pool(model), 0, tokens, 1), whole)
+    pool = _pool(model)
+    other = engine.encode_prompt(OTHER)
+    _prefill(model, pool, 1, other, len(other))  # sequences already running: decode rows beside the prompt
+    _prefill(model, pool, 2, tokens[:20], 20)
+    pool.ensure(0, len(tokens))
+    pool.extend(1, 1)
+    pool.extend(2, 11)
+    pool.ensure(3, 9)
+    step = [BatchEntry(1, np.array([other[-1]]), len(other)), BatchEntry(2, np.array(tokens[20:31]), 20),
+            BatchEntry(0, np.array(tokens), 0), BatchEntry(3, np.array(other[:9]), 0)]
+    crowded = model.forward(step, pool)  # 1 + 11 + len(tokens) + 9 rows
+    assert np.array_equal(crowded[2], whole)
+    assert np.array_equal(crowded[1], _prefill(model, _pool(model), 0, tokens[:31], 31))
+
+
+def test_prefix_cache_hit_gives_the_fresh_prefill_logits(engine: Any) -> None:
+    """A second sequence whose leading blocks come from the prefix cache ends with the same logits."""
+    model: Model = engine.model
+    tokens = engine.encode_prompt(PROMPT)
+    pool = _pool(model, caching=True)
+    pool.blocks.allocate(0, tokens)
+    fresh = _prefill(model, pool, 0, tokens, len(tokens))
+    pool.blocks.commit(0, tokens)
+    computed = pool.blocks.allocate(1, tokens)
+    assert computed >= 32  # at least two cached blocks
+    assert np.array_equal(_prefill(model, pool, 1, tokens, len(tokens), done=computed), fresh)
+
+
+def test_decode_logits_equal_a_re_prefill_of_prompt_and_tokens(engine: Any) -> None:
+    """Greedy decode of 6 tokens one at a time; at every step the logits equal those of prompt + tokens so far
+    prefilled in one go in a fresh pool (what a failover's re-prefill computes)."""
+    model: Model = engine.model
+    tokens = engine.encode_prompt(PROMPT)
+    pool = _pool(model)
+    logits = _prefill(model, pool, 0, tokens, len(tokens))
+    generated: list[int] = []
+    for _ in range(6):
+        generated.append(int(np.argmax(logits)))
+        start = len(tokens) + len(generated) - 1
+        pool.extend(0, 1)
+        logits = model.forward([BatchEntry(0, np.array(generated[-1:]), start)], pool)[0]
+        resumed = tokens + generated
+        assert np.array_equal(_prefill(model, _pool(model), 0, resumed, len(resumed)), logits)
