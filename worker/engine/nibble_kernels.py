@@ -1,0 +1,352 @@
+"""Matmuls over packed 4-bit codes (quant_blocks.pack_nibbles: two codes a byte, a float32 scale and offset per
+group of 32 columns): x (K, C) times the matrix (R, C) transposed, reading 0.75 bytes a weight where 8-bit codes
+(block_kernels.py) read 1.25. One 8-byte load gives two float32x8 of weights: its low nibbles are columns j..j+7
+of a block, its high nibbles columns j+16..j+23.
+
+Canonical reduction (batch invariance): every kernel and tile computes out[k, r] = vsum(acc), acc one float32x8
+chain over the columns in order 0..C step 8, acc = fma(w[r, c:c+8], x[k, c:c+8], acc), w = fma(code, scale,
+offset) in float32, with simd.py's strict intrinsics (LLVM may not reorder them). A row's result is therefore the
+same bits whatever else is in its step and wherever it sits; `reference_matmul` is the same arithmetic in numpy.
+Parallelism between FMAs comes from tiling several weight rows and x rows, never from splitting a chain.
+
+- narrow (K < WIDE_ROWS): a task takes ROW_TILE (four) weight rows; each pair of x rows runs eight chains (four
+  weight rows times two x rows) with the codes decoded in registers, an odd last x row four chains.
+- wide (K >= WIDE_ROWS): a task decodes DECODED_TILE weight rows into float32 scratch (the same decode, so the
+  same weights), then runs two-by-six register tiles over x (twelve chains), then fours, then singles.
+
+Launches hold numba_runtime.launch_lock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from worker.engine.numba_runtime import launch_lock
+from worker.engine.quant_blocks import NIBBLE_BLOCK, unpack_nibbles
+from worker.engine.simd import (
+    LANES,
+    vbroadcast,
+    vfma_strict,
+    vload,
+    vload_high_nibbles,
+    vload_low_nibbles,
+    vstore,
+    vsum_strict,
+    vzero,
+)
+
+WIDE_ROWS = 16  # rows of x from which the wide kernel is used
+DECODED_TILE = 8  # weight rows a wide task decodes at once (8 x 8192 float32 = 256 KiB at most for a 1B's down)
+ROW_TILE = 4  # weight rows a narrow task takes (the tile functions below are written for four)
+_BLOCK_BYTES = NIBBLE_BLOCK // 2  # packed bytes of one block of 32 columns
+
+
+def reference_matmul(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """The kernels' arithmetic in numpy, step by step: x (K, C) times the packed matrix (R, C) transposed: (K, R).
+    An FMA is a float64 product (exact for float32 factors) plus the addend, rounded to float32."""
+    codes = unpack_nibbles(packed).astype(np.float64)  # (R, C)
+    rows, cols = codes.shape
+    group = cols // scale.shape[1]
+    s = np.repeat(scale.astype(np.float64), group, axis=1)  # (R, C)
+    m = np.repeat(offset.astype(np.float64), group, axis=1)  # (R, C)
+    w = (codes * s + m).astype(np.float32).astype(np.float64)  # (R, C) decoded weights
+    xs = np.asarray(x, np.float32).astype(np.float64)  # (K, C)
+    acc = np.zeros((xs.shape[0], rows, LANES), np.float32)  # (K, R, 8) one chain per output
+    for c in range(0, cols, LANES):
+        product = xs[:, None, c : c + LANES] * w[None, :, c : c + LANES]  # (K, R, 8) exact
+        acc = (product + acc).astype(np.float32)  # (K, R, 8)
+    half = acc[:, :, :4] + acc[:, :, 4:]  # (K, R, 4)
+    quarter = half[:, :, :2] + half[:, :, 2:]  # (K, R, 2)
+    return quarter[:, :, 0] + quarter[:, :, 1]  # (K, R)
+
+
+@njit(cache=True, inline="always")
+def _decode(flat, at, high, s, m):  # pragma: no cover (compiled)
+    """Eight weights: the low (or high) nibbles of flat[at:at+8] times s plus m, one FMA."""
+    if high:
+        return vfma_strict(vload_high_nibbles(flat, at), s, m)
+    return vfma_strict(vload_low_nibbles(flat, at), s, m)
+
+
+@njit(cache=True, inline="always")
+def _four_by_two(flat, scale, offset, r, half, x, k, cols, out):  # pragma: no cover (compiled)
+    """out[k:k+2, r:r+4]: weight rows r..r+3 decoded in registers against x rows k, k+1 (eight chains)."""
+    a0 = vzero()  # (8,) weight row r times x row k
+    a1 = vzero()
+    a2 = vzero()
+    a3 = vzero()
+    b0 = vzero()  # (8,) weight row r times x row k+1
+    b1 = vzero()
+    b2 = vzero()
+    b3 = vzero()
+    xa = k * cols
+    xb = xa + cols
+    for block in range(cols // NIBBLE_BLOCK):
+        s0 = vbroadcast(scale[r, block])  # (8,)
+        s1 = vbroadcast(scale[r + 1, block])  # (8,)
+        s2 = vbroadcast(scale[r + 2, block])  # (8,)
+        s3 = vbroadcast(scale[r + 3, block])  # (8,)
+        m0 = vbroadcast(offset[r, block])  # (8,)
+        m1 = vbroadcast(offset[r + 1, block])  # (8,)
+        m2 = vbroadcast(offset[r + 2, block])  # (8,)
+        m3 = vbroadcast(offset[r + 3, block])  # (8,)
+        for sub in range(4):  # columns 0-7, 8-15 (low nibbles), 16-23, 24-31 (high nibbles)
+            c = block * NIBBLE_BLOCK + sub * LANES
+            at = r * half + block * _BLOCK_BYTES + LANES * (sub & 1)
+            high = sub >= 2
+            t = vload(x, xa + c)  # (8,)
+            u = vload(x, xb + c)  # (8,)
+            w = _decode(flat, at, high, s0, m0)  # (8,)
+            a0 = vfma_strict(w, t, a0)
+            b0 = vfma_strict(w, u, b0)
+            w = _decode(flat, at + half, high, s1, m1)  # (8,)
+            a1 = vfma_strict(w, t, a1)
+            b1 = vfma_strict(w, u, b1)
+            w = _decode(flat, at + 2 * half, high, s2, m2)  # (8,)
+            a2 = vfma_strict(w, t, a2)
+            b2 = vfma_strict(w, u, b2)
+            w = _decode(flat, at + 3 * half, high, s3, m3)  # (8,)
+            a3 = vfma_strict(w, t, a3)
+            b3 = vfma_strict(w, u, b3)
+    out[k, r], out[k, r + 1], out[k, r + 2], out[k, r + 3] = vsum_strict(a0), vsum_strict(a1), vsum_strict(a2), \
+        vsum_strict(a3)
+    out[k + 1, r], out[k + 1, r + 1], out[k + 1, r + 2], out[k + 1, r + 3] = vsum_strict(b0), vsum_strict(b1), \
+        vsum_strict(b2), vsum_strict(b3)
+
+
+@njit(cache=True, inline="always")
+def _four_by_one(flat, scale, offset, r, half, x, k, cols, out):  # pragma: no cover (compiled)
+    """out[k, r:r+4]: weight rows r..r+3 decoded in registers against x row k (four chains)."""
+    a0 = vzero()  # (8,) weight row r times x row k
+    a1 = vzero()
+    a2 = vzero()
+    a3 = vzero()
+    xa = k * cols
+    for block in range(cols // NIBBLE_BLOCK):
+        s0 = vbroadcast(scale[r, block])  # (8,)
+        s1 = vbroadcast(scale[r + 1, block])  # (8,)
+        s2 = vbroadcast(scale[r + 2, block])  # (8,)
+        s3 = vbroadcast(scale[r + 3, block])  # (8,)
+        m0 = vbroadcast(offset[r, block])  # (8,)
+        m1 = vbroadcast(offset[r + 1, block])  # (8,)
+        m2 = vbroadcast(offset[r + 2, block])  # (8,)
+        m3 = vbroadcast(offset[r + 3, block])  # (8,)
+        for sub in range(4):
+            c = block * NIBBLE_BLOCK + sub * LANES
+            at = r * half + block * _BLOCK_BYTES + LANES * (sub & 1)
+            high = sub >= 2
+            t = vload(x, xa + c)  # (8,)
+            a0 = vfma_strict(_decode(flat, at, high, s0, m0), t, a0)
+            a1 = vfma_strict(_decode(flat, at + half, high, s1, m1), t, a1)
+            a2 = vfma_strict(_decode(flat, at + 2 * half, high, s2, m2), t, a2)
+            a3 = vfma_strict(_decode(flat, at + 3 * half, high, s3, m3), t, a3)
+    out[k, r], out[k, r + 1], out[k, r + 2], out[k, r + 3] = vsum_strict(a0), vsum_strict(a1), vsum_strict(a2), \
+        vsum_strict(a3)
+
+
+@njit(cache=True, inline="always")
+def _one_by_one(flat, scale, offset, r, half, x, k, cols):  # pragma: no cover (compiled)
+    """out[k, r]: one weight row decoded in registers against one x row (one chain; leftover rows only)."""
+    a0 = vzero()  # (8,)
+    xa = k * cols
+    for block in range(cols // NIBBLE_BLOCK):
+        s = vbroadcast(scale[r, block])  # (8,)
+        m = vbroadcast(offset[r, block])  # (8,)
+        for sub in range(4):
+            at = r * half + block * _BLOCK_BYTES + LANES * (sub & 1)
+            t = vload(x, xa + block * NIBBLE_BLOCK + sub * LANES)  # (8,)
+            a0 = vfma_strict(_decode(flat, at, sub >= 2, s, m), t, a0)
+    return vsum_strict(a0)
+
+
+@njit(parallel=True, cache=True)
+def _narrow(packed, scale, offset, x, out):  # pragma: no cover (compiled)
+    """out[k, r] = w[r] . x[k] for a few rows of x, codes decoded in registers, ROW_TILE weight rows per task."""
+    rows, half = packed.shape  # packed (R, C/2) uint8; scale/offset (R, C/32); x (K, C)
+    cols = 2 * half
+    n_rows = x.shape[0]
+    flat = packed.reshape(-1)  # (R*C/2,)
+    flat_x = x.reshape(-1)  # (K*C,)
+    for tile in prange((rows + ROW_TILE - 1) // ROW_TILE):
+        r = tile * ROW_TILE
+        if r + ROW_TILE <= rows:
+            for k in range(0, n_rows - 1, 2):
+                _four_by_two(flat, scale, offset, r, half, flat_x, k, cols, out)
+            if n_rows % 2:
+                _four_by_one(flat, scale, offset, r, half, flat_x, n_rows - 1, cols, out)
+        else:
+            for j in range(r, rows):
+                for k in range(n_rows):
+                    out[k, j] = _one_by_one(flat, scale, offset, j, half, flat_x, k, cols)
+
+
+@njit(cache=True, inline="always")
+def _decode_row(flat, scale, offset, r, half, w, wa):  # pragma: no cover (compiled)
+    """Weight row r decoded into float32 scratch w[wa:wa+C]."""
+    for block in range(2 * half // NIBBLE_BLOCK):
+        s = vbroadcast(scale[r, block])  # (8,)
+        m = vbroadcast(offset[r, block])  # (8,)
+        at = r * half + block * _BLOCK_BYTES
+        c = wa + block * NIBBLE_BLOCK
+        vstore(w, c, _decode(flat, at, False, s, m))  # (8,) columns 0-7
+        vstore(w, c + LANES, _decode(flat, at + LANES, False, s, m))  # (8,) columns 8-15
+        vstore(w, c + 2 * LANES, _decode(flat, at, True, s, m))  # (8,) columns 16-23
+        vstore(w, c + 3 * LANES, _decode(flat, at + LANES, True, s, m))  # (8,) columns 24-31
+
+
+@njit(cache=True, inline="always")
+def _two_by_six(w, wa, x, x0, cols, out, k, r):  # pragma: no cover (compiled)
+    """out[k:k+6, r:r+2] from decoded weight rows w[wa:], w[wa+C:] and x rows from flat offset x0 (12 chains)."""
+    wb = wa + cols
+    a0 = vzero()  # (8,) weight row r times x row k
+    a1 = vzero()
+    a2 = vzero()
+    a3 = vzero()
+    a4 = vzero()
+    a5 = vzero()
+    b0 = vzero()  # (8,) weight row r+1 times x row k
+    b1 = vzero()
+    b2 = vzero()
+    b3 = vzero()
+    b4 = vzero()
+    b5 = vzero()
+    for c in range(0, cols, LANES):
+        w0 = vload(w, wa + c)  # (8,)
+        w1 = vload(w, wb + c)  # (8,)
+        t = vload(x, x0 + c)  # (8,)
+        a0 = vfma_strict(w0, t, a0)
+        b0 = vfma_strict(w1, t, b0)
+        t = vload(x, x0 + cols + c)  # (8,)
+        a1 = vfma_strict(w0, t, a1)
+        b1 = vfma_strict(w1, t, b1)
+        t = vload(x, x0 + 2 * cols + c)  # (8,)
+        a2 = vfma_strict(w0, t, a2)
+        b2 = vfma_strict(w1, t, b2)
+        t = vload(x, x0 + 3 * cols + c)  # (8,)
+        a3 = vfma_strict(w0, t, a3)
+        b3 = vfma_strict(w1, t, b3)
+        t = vload(x, x0 + 4 * cols + c)  # (8,)
+        a4 = vfma_strict(w0, t, a4)
+        b4 = vfma_strict(w1, t, b4)
+        t = vload(x, x0 + 5 * cols + c)  # (8,)
+        a5 = vfma_strict(w0, t, a5)
+        b5 = vfma_strict(w1, t, b5)
+    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
+    out[k + 1, r], out[k + 1, r + 1] = vsum_strict(a1), vsum_strict(b1)
+    out[k + 2, r], out[k + 2, r + 1] = vsum_strict(a2), vsum_strict(b2)
+    out[k + 3, r], out[k + 3, r + 1] = vsum_strict(a3), vsum_strict(b3)
+    out[k + 4, r], out[k + 4, r + 1] = vsum_strict(a4), vsum_strict(b4)
+    out[k + 5, r], out[k + 5, r + 1] = vsum_strict(a5), vsum_strict(b5)
+
+
+@njit(cache=True, inline="always")
+def _two_by_four(w, wa, x, x0, cols, out, k, r):  # pragma: no cover (compiled)
+    """out[k:k+4, r:r+2] from decoded weight rows w[wa:], w[wa+C:] and x rows from flat offset x0 (8 chains)."""
+    wb = wa + cols
+    a0 = vzero()  # (8,) weight row r times x row k
+    a1 = vzero()
+    a2 = vzero()
+    a3 = vzero()
+    b0 = vzero()  # (8,) weight row r+1 times x row k
+    b1 = vzero()
+    b2 = vzero()
+    b3 = vzero()
+    for c in range(0, cols, LANES):
+        w0 = vload(w, wa + c)  # (8,)
+        w1 = vload(w, wb + c)  # (8,)
+        t = vload(x, x0 + c)  # (8,)
+        a0 = vfma_strict(w0, t, a0)
+        b0 = vfma_strict(w1, t, b0)
+        t = vload(x, x0 + cols + c)  # (8,)
+        a1 = vfma_strict(w0, t, a1)
+        b1 = vfma_strict(w1, t, b1)
+        t = vload(x, x0 + 2 * cols + c)  # (8,)
+        a2 = vfma_strict(w0, t, a2)
+        b2 = vfma_strict(w1, t, b2)
+        t = vload(x, x0 + 3 * cols + c)  # (8,)
+        a3 = vfma_strict(w0, t, a3)
+        b3 = vfma_strict(w1, t, b3)
+    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
+    out[k + 1, r], out[k + 1, r + 1] = vsum_strict(a1), vsum_strict(b1)
+    out[k + 2, r], out[k + 2, r + 1] = vsum_strict(a2), vsum_strict(b2)
+    out[k + 3, r], out[k + 3, r + 1] = vsum_strict(a3), vsum_strict(b3)
+
+
+@njit(cache=True, inline="always")
+def _two_by_one(w, wa, x, x0, cols, out, k, r):  # pragma: no cover (compiled)
+    """out[k, r:r+2] from decoded weight rows w[wa:], w[wa+C:] and the x row at flat offset x0 (two chains)."""
+    wb = wa + cols
+    a0 = vzero()  # (8,) weight row r
+    b0 = vzero()  # (8,) weight row r+1
+    for c in range(0, cols, LANES):
+        t = vload(x, x0 + c)  # (8,)
+        a0 = vfma_strict(vload(w, wa + c), t, a0)
+        b0 = vfma_strict(vload(w, wb + c), t, b0)
+    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
+
+
+@njit(cache=True, inline="always")
+def _one_row(w, wa, x, x0, cols):  # pragma: no cover (compiled)
+    """The dot product of the decoded weight row at w[wa:] and the x row at flat offset x0 (one chain)."""
+    a0 = vzero()  # (8,)
+    for c in range(0, cols, LANES):
+        a0 = vfma_strict(vload(w, wa + c), vload(x, x0 + c), a0)
+    return vsum_strict(a0)
+
+
+@njit(parallel=True, cache=True)
+def _wide(packed, scale, offset, x, out):  # pragma: no cover (compiled)
+    """out[k, r] = w[r] . x[k] for many rows of x: DECODED_TILE weight rows decoded per task, register tiles."""
+    rows, half = packed.shape  # packed (R, C/2) uint8; scale/offset (R, C/32); x (K, C)
+    cols = 2 * half
+    n_rows = x.shape[0]
+    flat = packed.reshape(-1)  # (R*C/2,)
+    flat_x = x.reshape(-1)  # (K*C,)
+    sixes = n_rows // 6
+    if n_rows % 6 == 2 and sixes > 0:
+        sixes -= 1  # 6k+2 rows: two fours instead of two singles
+    fours = (n_rows - 6 * sixes) // 4
+    for tile in prange((rows + DECODED_TILE - 1) // DECODED_TILE):
+        first = tile * DECODED_TILE
+        count = min(rows, first + DECODED_TILE) - first
+        w = np.empty(count * cols, np.float32)  # (T*C,) this tile's weight rows, decoded
+        for j in range(count):
+            _decode_row(flat, scale, offset, first + j, half, w, j * cols)
+        pairs = count // 2
+        for six in range(sixes):  # six rows of x (in L1) against every pair of the tile's weight rows
+            for p in range(pairs):
+                _two_by_six(w, 2 * p * cols, flat_x, 6 * six * cols, cols, out, 6 * six, first + 2 * p)
+        for four in range(fours):
+            k = 6 * sixes + 4 * four
+            for p in range(pairs):
+                _two_by_four(w, 2 * p * cols, flat_x, k * cols, cols, out, k, first + 2 * p)
+        for k in range(6 * sixes + 4 * fours, n_rows):
+            for p in range(pairs):
+                _two_by_one(w, 2 * p * cols, flat_x, k * cols, cols, out, k, first + 2 * p)
+        if count % 2:  # an odd last weight row
+            for k in range(n_rows):
+                out[k, first + count - 1] = _one_row(w, (count - 1) * cols, flat_x, k * cols, cols)
+
+
+def packed_matmul(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """x (K, C) times the packed matrix (R, C) transposed (packed (R, C/2), tables (R, C/32)): (K, R), row-major."""
+    n_rows, cols = x.shape
+    if packed.shape[1] * 2 != cols or scale.shape[1] * NIBBLE_BLOCK != cols:
+        raise ValueError(f"packed codes {packed.shape} and tables {scale.shape} do not fit x {x.shape}")
+    x = np.ascontiguousarray(x, dtype=np.float32)  # (K, C)
+    out = np.empty((n_rows, packed.shape[0]), np.float32)  # (K, R)
+    kernel = _wide if n_rows >= WIDE_ROWS else _narrow
+    with launch_lock:
+        kernel(np.ascontiguousarray(packed), scale, offset, x, out)
+    return out
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) both kernels for writeable and for read-only (mapped) codes."""
+    for writeable in (True, False):
+        packed = np.zeros((2, NIBBLE_BLOCK // 2), np.uint8)  # (R, C/2)
+        tables = np.zeros((2, 1), np.float32)  # (R, C/32)
+        packed.flags.writeable = tables.flags.writeable = writeable
+        packed_matmul(np.zeros((3, NIBBLE_BLOCK), np.float32), packed, tables, tables)
+        packed_matmul(np.zeros((WIDE_ROWS, NIBBLE_BLOCK), np.float32), packed, tables, tables)
