@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, ops, tile_matmul
+from worker.engine import block_kernels, nibble_kernels, ops, tile_matmul
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.config import ModelConfig
@@ -55,6 +55,7 @@ class Model:
         if contents.quantized:  # compiled now, not in the first narrow steps of each width
             block_kernels.warm({code_group(raw.kind, raw.shape[1]) or 32 for raw in contents.quantized.values()})
             tile_matmul.warm()
+            nibble_kernels.warm()
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: np.array(contents.tensors[name]) for name in keep if name in contents.tensors}
         return cls(config, architecture, weights, contents.metadata, lora_base)

@@ -9,8 +9,9 @@ offset) in float32, with simd.py's strict intrinsics (LLVM may not reorder them)
 same bits whatever else is in its step and wherever it sits; `reference_matmul` is the same arithmetic in numpy.
 Parallelism between FMAs comes from tiling several weight rows and x rows, never from splitting a chain.
 
-- narrow (K < WIDE_ROWS): a task takes ROW_TILE (four) weight rows; each pair of x rows runs eight chains (four
-  weight rows times two x rows) with the codes decoded in registers, an odd last x row four chains.
+- narrow (K < WIDE_ROWS): a task takes a pair of weight rows, decodes a block of each in registers (one 8-byte
+  load, two nibble vectors) and runs it against fours of x rows (eight chains), then a pair (four), then a single
+  (two); one weight row runs one chain only when the matrix has an odd last row.
 - wide (K >= WIDE_ROWS): a task decodes DECODED_TILE weight rows into float32 scratch (the same decode, so the
   same weights), then runs two-by-six register tiles over x (twelve chains), then fours, then singles.
 
@@ -38,7 +39,6 @@ from worker.engine.simd import (
 
 WIDE_ROWS = 16  # rows of x from which the wide kernel is used
 DECODED_TILE = 8  # weight rows a wide task decodes at once (8 x 8192 float32 = 256 KiB at most for a 1B's down)
-ROW_TILE = 4  # weight rows a narrow task takes (the tile functions below are written for four)
 _BLOCK_BYTES = NIBBLE_BLOCK // 2  # packed bytes of one block of 32 columns
 
 
@@ -62,137 +62,131 @@ def reference_matmul(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, offse
 
 
 @njit(cache=True, inline="always")
-def _decode(flat, at, high, s, m):  # pragma: no cover (compiled)
-    """Eight weights: the low (or high) nibbles of flat[at:at+8] times s plus m, one FMA."""
-    if high:
-        return vfma_strict(vload_high_nibbles(flat, at), s, m)
-    return vfma_strict(vload_low_nibbles(flat, at), s, m)
+def _block_weights(flat, at, s, m):  # pragma: no cover (compiled)
+    """The 32 weights of the block whose packed bytes start at flat[at]: four (8,) vectors in column order (one
+    8-byte load gives columns 0-7 and 16-23, the next 8-15 and 24-31)."""
+    return (vfma_strict(vload_low_nibbles(flat, at), s, m), vfma_strict(vload_low_nibbles(flat, at + LANES), s, m),
+            vfma_strict(vload_high_nibbles(flat, at), s, m), vfma_strict(vload_high_nibbles(flat, at + LANES), s, m))
 
 
 @njit(cache=True, inline="always")
-def _four_by_two(flat, scale, offset, r, half, x, k, cols, out):  # pragma: no cover (compiled)
-    """out[k:k+2, r:r+4]: weight rows r..r+3 decoded in registers against x rows k, k+1 (eight chains)."""
+def _chain(w, x, xa, a):  # pragma: no cover (compiled)
+    """The chain a carried over one block: a block's weights w (four (8,)) times x[xa:xa+32], in column order."""
+    a = vfma_strict(w[0], vload(x, xa), a)
+    a = vfma_strict(w[1], vload(x, xa + LANES), a)
+    a = vfma_strict(w[2], vload(x, xa + 2 * LANES), a)
+    return vfma_strict(w[3], vload(x, xa + 3 * LANES), a)
+
+
+@njit(cache=True, inline="always")
+def _coded_two_by_four(flat, scale, offset, r, half, x, k, cols, out):  # pragma: no cover (compiled)
+    """out[k:k+4, r:r+2]: weight rows r, r+1 decoded in registers against x rows k..k+3 (eight chains)."""
     a0 = vzero()  # (8,) weight row r times x row k
     a1 = vzero()
     a2 = vzero()
     a3 = vzero()
-    b0 = vzero()  # (8,) weight row r times x row k+1
+    b0 = vzero()  # (8,) weight row r+1 times x row k
     b1 = vzero()
     b2 = vzero()
     b3 = vzero()
-    xa = k * cols
-    xb = xa + cols
     for block in range(cols // NIBBLE_BLOCK):
-        s0 = vbroadcast(scale[r, block])  # (8,)
-        s1 = vbroadcast(scale[r + 1, block])  # (8,)
-        s2 = vbroadcast(scale[r + 2, block])  # (8,)
-        s3 = vbroadcast(scale[r + 3, block])  # (8,)
-        m0 = vbroadcast(offset[r, block])  # (8,)
-        m1 = vbroadcast(offset[r + 1, block])  # (8,)
-        m2 = vbroadcast(offset[r + 2, block])  # (8,)
-        m3 = vbroadcast(offset[r + 3, block])  # (8,)
-        for sub in range(4):  # columns 0-7, 8-15 (low nibbles), 16-23, 24-31 (high nibbles)
-            c = block * NIBBLE_BLOCK + sub * LANES
-            at = r * half + block * _BLOCK_BYTES + LANES * (sub & 1)
-            high = sub >= 2
-            t = vload(x, xa + c)  # (8,)
-            u = vload(x, xb + c)  # (8,)
-            w = _decode(flat, at, high, s0, m0)  # (8,)
-            a0 = vfma_strict(w, t, a0)
-            b0 = vfma_strict(w, u, b0)
-            w = _decode(flat, at + half, high, s1, m1)  # (8,)
-            a1 = vfma_strict(w, t, a1)
-            b1 = vfma_strict(w, u, b1)
-            w = _decode(flat, at + 2 * half, high, s2, m2)  # (8,)
-            a2 = vfma_strict(w, t, a2)
-            b2 = vfma_strict(w, u, b2)
-            w = _decode(flat, at + 3 * half, high, s3, m3)  # (8,)
-            a3 = vfma_strict(w, t, a3)
-            b3 = vfma_strict(w, u, b3)
-    out[k, r], out[k, r + 1], out[k, r + 2], out[k, r + 3] = vsum_strict(a0), vsum_strict(a1), vsum_strict(a2), \
-        vsum_strict(a3)
-    out[k + 1, r], out[k + 1, r + 1], out[k + 1, r + 2], out[k + 1, r + 3] = vsum_strict(b0), vsum_strict(b1), \
-        vsum_strict(b2), vsum_strict(b3)
+        at = r * half + block * _BLOCK_BYTES
+        xa = k * cols + block * NIBBLE_BLOCK
+        w = _block_weights(flat, at, vbroadcast(scale[r, block]), vbroadcast(offset[r, block]))  # 4 x (8,)
+        a0 = _chain(w, x, xa, a0)
+        a1 = _chain(w, x, xa + cols, a1)
+        a2 = _chain(w, x, xa + 2 * cols, a2)
+        a3 = _chain(w, x, xa + 3 * cols, a3)
+        w = _block_weights(flat, at + half, vbroadcast(scale[r + 1, block]), vbroadcast(offset[r + 1, block]))
+        b0 = _chain(w, x, xa, b0)
+        b1 = _chain(w, x, xa + cols, b1)
+        b2 = _chain(w, x, xa + 2 * cols, b2)
+        b3 = _chain(w, x, xa + 3 * cols, b3)
+    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
+    out[k + 1, r], out[k + 1, r + 1] = vsum_strict(a1), vsum_strict(b1)
+    out[k + 2, r], out[k + 2, r + 1] = vsum_strict(a2), vsum_strict(b2)
+    out[k + 3, r], out[k + 3, r + 1] = vsum_strict(a3), vsum_strict(b3)
 
 
 @njit(cache=True, inline="always")
-def _four_by_one(flat, scale, offset, r, half, x, k, cols, out):  # pragma: no cover (compiled)
-    """out[k, r:r+4]: weight rows r..r+3 decoded in registers against x row k (four chains)."""
+def _coded_two_by_two(flat, scale, offset, r, half, x, k, cols, out):  # pragma: no cover (compiled)
+    """out[k:k+2, r:r+2]: weight rows r, r+1 decoded in registers against x rows k, k+1 (four chains)."""
     a0 = vzero()  # (8,) weight row r times x row k
     a1 = vzero()
-    a2 = vzero()
-    a3 = vzero()
-    xa = k * cols
+    b0 = vzero()  # (8,) weight row r+1 times x row k
+    b1 = vzero()
     for block in range(cols // NIBBLE_BLOCK):
-        s0 = vbroadcast(scale[r, block])  # (8,)
-        s1 = vbroadcast(scale[r + 1, block])  # (8,)
-        s2 = vbroadcast(scale[r + 2, block])  # (8,)
-        s3 = vbroadcast(scale[r + 3, block])  # (8,)
-        m0 = vbroadcast(offset[r, block])  # (8,)
-        m1 = vbroadcast(offset[r + 1, block])  # (8,)
-        m2 = vbroadcast(offset[r + 2, block])  # (8,)
-        m3 = vbroadcast(offset[r + 3, block])  # (8,)
-        for sub in range(4):
-            c = block * NIBBLE_BLOCK + sub * LANES
-            at = r * half + block * _BLOCK_BYTES + LANES * (sub & 1)
-            high = sub >= 2
-            t = vload(x, xa + c)  # (8,)
-            a0 = vfma_strict(_decode(flat, at, high, s0, m0), t, a0)
-            a1 = vfma_strict(_decode(flat, at + half, high, s1, m1), t, a1)
-            a2 = vfma_strict(_decode(flat, at + 2 * half, high, s2, m2), t, a2)
-            a3 = vfma_strict(_decode(flat, at + 3 * half, high, s3, m3), t, a3)
-    out[k, r], out[k, r + 1], out[k, r + 2], out[k, r + 3] = vsum_strict(a0), vsum_strict(a1), vsum_strict(a2), \
-        vsum_strict(a3)
+        at = r * half + block * _BLOCK_BYTES
+        xa = k * cols + block * NIBBLE_BLOCK
+        w = _block_weights(flat, at, vbroadcast(scale[r, block]), vbroadcast(offset[r, block]))  # 4 x (8,)
+        a0 = _chain(w, x, xa, a0)
+        a1 = _chain(w, x, xa + cols, a1)
+        w = _block_weights(flat, at + half, vbroadcast(scale[r + 1, block]), vbroadcast(offset[r + 1, block]))
+        b0 = _chain(w, x, xa, b0)
+        b1 = _chain(w, x, xa + cols, b1)
+    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
+    out[k + 1, r], out[k + 1, r + 1] = vsum_strict(a1), vsum_strict(b1)
 
 
 @njit(cache=True, inline="always")
-def _one_by_one(flat, scale, offset, r, half, x, k, cols):  # pragma: no cover (compiled)
-    """out[k, r]: one weight row decoded in registers against one x row (one chain; leftover rows only)."""
-    a0 = vzero()  # (8,)
-    xa = k * cols
+def _coded_two_by_one(flat, scale, offset, r, half, x, k, cols, out):  # pragma: no cover (compiled)
+    """out[k, r:r+2]: weight rows r, r+1 decoded in registers against x row k (two chains)."""
+    a0 = vzero()  # (8,) weight row r
+    b0 = vzero()  # (8,) weight row r+1
     for block in range(cols // NIBBLE_BLOCK):
-        s = vbroadcast(scale[r, block])  # (8,)
-        m = vbroadcast(offset[r, block])  # (8,)
-        for sub in range(4):
-            at = r * half + block * _BLOCK_BYTES + LANES * (sub & 1)
-            t = vload(x, xa + block * NIBBLE_BLOCK + sub * LANES)  # (8,)
-            a0 = vfma_strict(_decode(flat, at, sub >= 2, s, m), t, a0)
+        at = r * half + block * _BLOCK_BYTES
+        xa = k * cols + block * NIBBLE_BLOCK
+        a0 = _chain(_block_weights(flat, at, vbroadcast(scale[r, block]), vbroadcast(offset[r, block])), x, xa, a0)
+        b0 = _chain(_block_weights(flat, at + half, vbroadcast(scale[r + 1, block]), vbroadcast(offset[r + 1, block])),
+                    x, xa, b0)
+    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
+
+
+@njit(cache=True, inline="always")
+def _coded_one_by_one(flat, scale, offset, r, half, x, k, cols):  # pragma: no cover (compiled)
+    """out[k, r]: one weight row decoded in registers against one x row (one chain: an odd last weight row)."""
+    a0 = vzero()  # (8,)
+    for block in range(cols // NIBBLE_BLOCK):
+        w = _block_weights(flat, r * half + block * _BLOCK_BYTES, vbroadcast(scale[r, block]),
+                           vbroadcast(offset[r, block]))  # 4 x (8,)
+        a0 = _chain(w, x, k * cols + block * NIBBLE_BLOCK, a0)
     return vsum_strict(a0)
 
 
 @njit(parallel=True, cache=True)
 def _narrow(packed, scale, offset, x, out):  # pragma: no cover (compiled)
-    """out[k, r] = w[r] . x[k] for a few rows of x, codes decoded in registers, ROW_TILE weight rows per task."""
+    """out[k, r] = w[r] . x[k] for a few rows of x, codes decoded in registers, a pair of weight rows per task."""
     rows, half = packed.shape  # packed (R, C/2) uint8; scale/offset (R, C/32); x (K, C)
     cols = 2 * half
     n_rows = x.shape[0]
     flat = packed.reshape(-1)  # (R*C/2,)
     flat_x = x.reshape(-1)  # (K*C,)
-    for tile in prange((rows + ROW_TILE - 1) // ROW_TILE):
-        r = tile * ROW_TILE
-        if r + ROW_TILE <= rows:
-            for k in range(0, n_rows - 1, 2):
-                _four_by_two(flat, scale, offset, r, half, flat_x, k, cols, out)
-            if n_rows % 2:
-                _four_by_one(flat, scale, offset, r, half, flat_x, n_rows - 1, cols, out)
-        else:
-            for j in range(r, rows):
-                for k in range(n_rows):
-                    out[k, j] = _one_by_one(flat, scale, offset, j, half, flat_x, k, cols)
+    fours = n_rows // 4
+    pairs = (n_rows - 4 * fours) // 2
+    for pair in prange(rows // 2):
+        r = 2 * pair
+        for four in range(fours):
+            _coded_two_by_four(flat, scale, offset, r, half, flat_x, 4 * four, cols, out)
+        for p in range(pairs):
+            _coded_two_by_two(flat, scale, offset, r, half, flat_x, 4 * fours + 2 * p, cols, out)
+        if n_rows % 2:
+            _coded_two_by_one(flat, scale, offset, r, half, flat_x, n_rows - 1, cols, out)
+    if rows % 2:  # an odd last weight row
+        for k in range(n_rows):
+            out[k, rows - 1] = _coded_one_by_one(flat, scale, offset, rows - 1, half, flat_x, k, cols)
 
 
 @njit(cache=True, inline="always")
 def _decode_row(flat, scale, offset, r, half, w, wa):  # pragma: no cover (compiled)
     """Weight row r decoded into float32 scratch w[wa:wa+C]."""
     for block in range(2 * half // NIBBLE_BLOCK):
-        s = vbroadcast(scale[r, block])  # (8,)
-        m = vbroadcast(offset[r, block])  # (8,)
-        at = r * half + block * _BLOCK_BYTES
+        ws = _block_weights(flat, r * half + block * _BLOCK_BYTES, vbroadcast(scale[r, block]),
+                            vbroadcast(offset[r, block]))  # 4 x (8,)
         c = wa + block * NIBBLE_BLOCK
-        vstore(w, c, _decode(flat, at, False, s, m))  # (8,) columns 0-7
-        vstore(w, c + LANES, _decode(flat, at + LANES, False, s, m))  # (8,) columns 8-15
-        vstore(w, c + 2 * LANES, _decode(flat, at, True, s, m))  # (8,) columns 16-23
-        vstore(w, c + 3 * LANES, _decode(flat, at + LANES, True, s, m))  # (8,) columns 24-31
+        vstore(w, c, ws[0])
+        vstore(w, c + LANES, ws[1])
+        vstore(w, c + 2 * LANES, ws[2])
+        vstore(w, c + 3 * LANES, ws[3])
 
 
 @njit(cache=True, inline="always")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, kernels, tile_matmul
+from worker.engine import block_kernels, kernels, nibble_kernels, tile_matmul
 from worker.engine.quantized import PendingLinear, QuantizedLinear
 
 xp: Any = np  # the array module of the forward path
@@ -58,10 +58,12 @@ def embedding_rows(table: Weight, tokens: Array) -> Array:
 
 
 def _block_linear(x: Array, weight: QuantizedLinear) -> Array:
-    """x @ weight.T through the block codes: (N, out), C-ordered."""
+    """x @ weight.T through the block codes (packed 4-bit ones at every width): (N, out), C-ordered."""
     if weight.column_scale is not None:
         x = x * weight.column_scale  # (N, in)
     blocks = weight.blocks
+    if blocks.packed:
+        return nibble_kernels.packed_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
     return block_kernels.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
 
 
@@ -88,7 +90,7 @@ def linear(x: Array, weight: Weight) -> Array:
     OpenBLAS, by tiles for block codes (faster that way round; a column-major result that callers needing rows
     contiguous copy)."""
     if isinstance(weight, QuantizedLinear):
-        if x.shape[0] <= _block_rows:
+        if x.shape[0] <= _block_rows or weight.blocks.packed:
             return _block_linear(x, weight)  # (N, out), C-ordered
         return _tiled_linear(x, weight)  # (N, out), Fortran-ordered
     return (weight @ x.T).T  # (N, out), Fortran-ordered
@@ -102,7 +104,7 @@ def lora_delta(x: Array, a: Array, b: Array) -> Array:
 def linear_rows(x: Array, weight: Weight) -> Array:
     """x @ weight.T with a row-major result (cheaper than linear + a copy for wide outputs such as logits)."""
     if isinstance(weight, QuantizedLinear):
-        if x.shape[0] <= _block_rows:
+        if x.shape[0] <= _block_rows or weight.blocks.packed:
             return _block_linear(x, weight)  # (N, out), C-ordered
         return xp.ascontiguousarray(_tiled_linear(x, weight))  # (N, out), C-ordered
     return x @ weight.T  # (N, out), C-ordered
