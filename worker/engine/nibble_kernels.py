@@ -13,7 +13,9 @@ Parallelism between FMAs comes from tiling several weight rows and x rows, never
   load, two nibble vectors) and runs it against fours of x rows (eight chains), then a pair (four), then a single
   (two); one weight row runs one chain only when the matrix has an odd last row.
 - wide (K >= WIDE_ROWS): a task decodes DECODED_TILE weight rows into float32 scratch (the same decode, so the
-  same weights), then runs two-by-six register tiles over x (twelve chains), then fours, then singles.
+  same weights), then runs two-by-six register tiles over x (twelve chains), then fours, then singles, one span
+  of COLUMN_SPAN columns at a time: a chain waits in scratch between spans (stored and reloaded exactly, so its
+  order is unchanged) and the span of x it reads stays in L1.
 
 Launches hold numba_runtime.launch_lock.
 """
@@ -39,6 +41,7 @@ from worker.engine.simd import (
 
 WIDE_ROWS = 16  # rows of x from which the wide kernel is used
 DECODED_TILE = 8  # weight rows a wide task decodes at once (8 x 8192 float32 = 256 KiB at most for a 1B's down)
+COLUMN_SPAN = 512  # columns a wide task's register tiles cover before moving on (x's span of six rows: 12 KiB)
 _BLOCK_BYTES = NIBBLE_BLOCK // 2  # packed bytes of one block of 32 columns
 
 
@@ -190,22 +193,23 @@ def _decode_row(flat, scale, offset, r, half, w, wa):  # pragma: no cover (compi
 
 
 @njit(cache=True, inline="always")
-def _two_by_six(w, wa, x, x0, cols, out, k, r):  # pragma: no cover (compiled)
-    """out[k:k+6, r:r+2] from decoded weight rows w[wa:], w[wa+C:] and x rows from flat offset x0 (12 chains)."""
+def _two_by_six(w, wa, x, x0, cols, c0, c1, acc, ia, stride):  # pragma: no cover (compiled)
+    """Twelve chains carried over columns c0..c1: decoded weight rows w[wa:], w[wa+C:] against six x rows from flat
+    offset x0; x row i's two chains live at acc[ia + i*stride] and the next eight floats."""
     wb = wa + cols
-    a0 = vzero()  # (8,) weight row r times x row k
-    a1 = vzero()
-    a2 = vzero()
-    a3 = vzero()
-    a4 = vzero()
-    a5 = vzero()
-    b0 = vzero()  # (8,) weight row r+1 times x row k
-    b1 = vzero()
-    b2 = vzero()
-    b3 = vzero()
-    b4 = vzero()
-    b5 = vzero()
-    for c in range(0, cols, LANES):
+    a0 = vload(acc, ia)  # (8,) weight row r times x row k
+    a1 = vload(acc, ia + stride)
+    a2 = vload(acc, ia + 2 * stride)
+    a3 = vload(acc, ia + 3 * stride)
+    a4 = vload(acc, ia + 4 * stride)
+    a5 = vload(acc, ia + 5 * stride)
+    b0 = vload(acc, ia + LANES)  # (8,) weight row r+1 times x row k
+    b1 = vload(acc, ia + stride + LANES)
+    b2 = vload(acc, ia + 2 * stride + LANES)
+    b3 = vload(acc, ia + 3 * stride + LANES)
+    b4 = vload(acc, ia + 4 * stride + LANES)
+    b5 = vload(acc, ia + 5 * stride + LANES)
+    for c in range(c0, c1, LANES):
         w0 = vload(w, wa + c)  # (8,)
         w1 = vload(w, wb + c)  # (8,)
         t = vload(x, x0 + c)  # (8,)
@@ -226,27 +230,33 @@ def _two_by_six(w, wa, x, x0, cols, out, k, r):  # pragma: no cover (compiled)
         t = vload(x, x0 + 5 * cols + c)  # (8,)
         a5 = vfma_strict(w0, t, a5)
         b5 = vfma_strict(w1, t, b5)
-    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
-    out[k + 1, r], out[k + 1, r + 1] = vsum_strict(a1), vsum_strict(b1)
-    out[k + 2, r], out[k + 2, r + 1] = vsum_strict(a2), vsum_strict(b2)
-    out[k + 3, r], out[k + 3, r + 1] = vsum_strict(a3), vsum_strict(b3)
-    out[k + 4, r], out[k + 4, r + 1] = vsum_strict(a4), vsum_strict(b4)
-    out[k + 5, r], out[k + 5, r + 1] = vsum_strict(a5), vsum_strict(b5)
+    vstore(acc, ia, a0)
+    vstore(acc, ia + stride, a1)
+    vstore(acc, ia + 2 * stride, a2)
+    vstore(acc, ia + 3 * stride, a3)
+    vstore(acc, ia + 4 * stride, a4)
+    vstore(acc, ia + 5 * stride, a5)
+    vstore(acc, ia + LANES, b0)
+    vstore(acc, ia + stride + LANES, b1)
+    vstore(acc, ia + 2 * stride + LANES, b2)
+    vstore(acc, ia + 3 * stride + LANES, b3)
+    vstore(acc, ia + 4 * stride + LANES, b4)
+    vstore(acc, ia + 5 * stride + LANES, b5)
 
 
 @njit(cache=True, inline="always")
-def _two_by_four(w, wa, x, x0, cols, out, k, r):  # pragma: no cover (compiled)
-    """out[k:k+4, r:r+2] from decoded weight rows w[wa:], w[wa+C:] and x rows from flat offset x0 (8 chains)."""
+def _two_by_four(w, wa, x, x0, cols, c0, c1, acc, ia, stride):  # pragma: no cover (compiled)
+    """Eight chains carried over columns c0..c1: _two_by_six for four x rows."""
     wb = wa + cols
-    a0 = vzero()  # (8,) weight row r times x row k
-    a1 = vzero()
-    a2 = vzero()
-    a3 = vzero()
-    b0 = vzero()  # (8,) weight row r+1 times x row k
-    b1 = vzero()
-    b2 = vzero()
-    b3 = vzero()
-    for c in range(0, cols, LANES):
+    a0 = vload(acc, ia)  # (8,) weight row r times x row k
+    a1 = vload(acc, ia + stride)
+    a2 = vload(acc, ia + 2 * stride)
+    a3 = vload(acc, ia + 3 * stride)
+    b0 = vload(acc, ia + LANES)  # (8,) weight row r+1 times x row k
+    b1 = vload(acc, ia + stride + LANES)
+    b2 = vload(acc, ia + 2 * stride + LANES)
+    b3 = vload(acc, ia + 3 * stride + LANES)
+    for c in range(c0, c1, LANES):
         w0 = vload(w, wa + c)  # (8,)
         w1 = vload(w, wb + c)  # (8,)
         t = vload(x, x0 + c)  # (8,)
@@ -261,37 +271,43 @@ def _two_by_four(w, wa, x, x0, cols, out, k, r):  # pragma: no cover (compiled)
         t = vload(x, x0 + 3 * cols + c)  # (8,)
         a3 = vfma_strict(w0, t, a3)
         b3 = vfma_strict(w1, t, b3)
-    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
-    out[k + 1, r], out[k + 1, r + 1] = vsum_strict(a1), vsum_strict(b1)
-    out[k + 2, r], out[k + 2, r + 1] = vsum_strict(a2), vsum_strict(b2)
-    out[k + 3, r], out[k + 3, r + 1] = vsum_strict(a3), vsum_strict(b3)
+    vstore(acc, ia, a0)
+    vstore(acc, ia + stride, a1)
+    vstore(acc, ia + 2 * stride, a2)
+    vstore(acc, ia + 3 * stride, a3)
+    vstore(acc, ia + LANES, b0)
+    vstore(acc, ia + stride + LANES, b1)
+    vstore(acc, ia + 2 * stride + LANES, b2)
+    vstore(acc, ia + 3 * stride + LANES, b3)
 
 
 @njit(cache=True, inline="always")
-def _two_by_one(w, wa, x, x0, cols, out, k, r):  # pragma: no cover (compiled)
-    """out[k, r:r+2] from decoded weight rows w[wa:], w[wa+C:] and the x row at flat offset x0 (two chains)."""
+def _two_by_one(w, wa, x, x0, cols, c0, c1, acc, ia):  # pragma: no cover (compiled)
+    """Two chains carried over columns c0..c1: decoded weight rows w[wa:], w[wa+C:] against one x row."""
     wb = wa + cols
-    a0 = vzero()  # (8,) weight row r
-    b0 = vzero()  # (8,) weight row r+1
-    for c in range(0, cols, LANES):
+    a0 = vload(acc, ia)  # (8,) weight row r
+    b0 = vload(acc, ia + LANES)  # (8,) weight row r+1
+    for c in range(c0, c1, LANES):
         t = vload(x, x0 + c)  # (8,)
         a0 = vfma_strict(vload(w, wa + c), t, a0)
         b0 = vfma_strict(vload(w, wb + c), t, b0)
-    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
+    vstore(acc, ia, a0)
+    vstore(acc, ia + LANES, b0)
 
 
 @njit(cache=True, inline="always")
-def _one_row(w, wa, x, x0, cols):  # pragma: no cover (compiled)
-    """The dot product of the decoded weight row at w[wa:] and the x row at flat offset x0 (one chain)."""
-    a0 = vzero()  # (8,)
-    for c in range(0, cols, LANES):
+def _one_row(w, wa, x, x0, c0, c1, acc, ia):  # pragma: no cover (compiled)
+    """One chain carried over columns c0..c1: the decoded weight row at w[wa:] against one x row."""
+    a0 = vload(acc, ia)  # (8,)
+    for c in range(c0, c1, LANES):
         a0 = vfma_strict(vload(w, wa + c), vload(x, x0 + c), a0)
-    return vsum_strict(a0)
+    vstore(acc, ia, a0)
 
 
 @njit(parallel=True, cache=True)
 def _wide(packed, scale, offset, x, out):  # pragma: no cover (compiled)
-    """out[k, r] = w[r] . x[k] for many rows of x: DECODED_TILE weight rows decoded per task, register tiles."""
+    """out[k, r] = w[r] . x[k] for many rows of x: DECODED_TILE weight rows decoded per task, register tiles over
+    spans of COLUMN_SPAN columns (the chains wait in `acc` between spans, so x's span stays in L1)."""
     rows, half = packed.shape  # packed (R, C/2) uint8; scale/offset (R, C/32); x (K, C)
     cols = 2 * half
     n_rows = x.shape[0]
@@ -307,20 +323,29 @@ def _wide(packed, scale, offset, x, out):  # pragma: no cover (compiled)
         w = np.empty(count * cols, np.float32)  # (T*C,) this tile's weight rows, decoded
         for j in range(count):
             _decode_row(flat, scale, offset, first + j, half, w, j * cols)
+        stride = count * LANES
+        acc = np.zeros(n_rows * stride, np.float32)  # (K*T*8,) every chain of the tile, between spans
         pairs = count // 2
-        for six in range(sixes):  # six rows of x (in L1) against every pair of the tile's weight rows
-            for p in range(pairs):
-                _two_by_six(w, 2 * p * cols, flat_x, 6 * six * cols, cols, out, 6 * six, first + 2 * p)
-        for four in range(fours):
-            k = 6 * sixes + 4 * four
-            for p in range(pairs):
-                _two_by_four(w, 2 * p * cols, flat_x, k * cols, cols, out, k, first + 2 * p)
-        for k in range(6 * sixes + 4 * fours, n_rows):
-            for p in range(pairs):
-                _two_by_one(w, 2 * p * cols, flat_x, k * cols, cols, out, k, first + 2 * p)
-        if count % 2:  # an odd last weight row
-            for k in range(n_rows):
-                out[k, first + count - 1] = _one_row(w, (count - 1) * cols, flat_x, k * cols, cols)
+        for c0 in range(0, cols, COLUMN_SPAN):
+            c1 = min(cols, c0 + COLUMN_SPAN)
+            for six in range(sixes):  # six rows of x against every pair of the tile's weight rows
+                for p in range(pairs):
+                    _two_by_six(w, 2 * p * cols, flat_x, 6 * six * cols, cols, c0, c1, acc,
+                                6 * six * stride + 2 * p * LANES, stride)
+            for four in range(fours):
+                k = 6 * sixes + 4 * four
+                for p in range(pairs):
+                    _two_by_four(w, 2 * p * cols, flat_x, k * cols, cols, c0, c1, acc, k * stride + 2 * p * LANES,
+                                 stride)
+            for k in range(6 * sixes + 4 * fours, n_rows):
+                for p in range(pairs):
+                    _two_by_one(w, 2 * p * cols, flat_x, k * cols, cols, c0, c1, acc, k * stride + 2 * p * LANES)
+            if count % 2:  # an odd last weight row
+                for k in range(n_rows):
+                    _one_row(w, (count - 1) * cols, flat_x, k * cols, c0, c1, acc, k * stride + (count - 1) * LANES)
+        for k in range(n_rows):
+            for j in range(count):
+                out[k, first + j] = vsum_strict(vload(acc, k * stride + j * LANES))
 
 
 def packed_matmul(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np.ndarray:
