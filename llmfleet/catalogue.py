@@ -84,15 +84,15 @@ def local_file(source: str) -> Path | None:
 
 def weights_bytes(path: Path) -> int:
     """What the engine holds for a GGUF's weights: the quantized tensors it has block codes for as those codes
-    (at most 1.5 bytes a weight with their tables, in the repack cache every worker of the host maps), every
-    other tensor as float32; the file's size when its header cannot be read."""
+    (quant_blocks.held_bytes: 0.75 bytes a weight for 4-bit types, up to 1.5 for others, in the repack cache every
+    worker of the host maps), every other tensor as float32; the file's size when its header cannot be read."""
     from worker.engine.errors import ModelLoadError
     from worker.engine.gguf_file import tensor_elements_by_type
-    from worker.engine.quant_blocks import SUPPORTED
+    from worker.engine.quant_blocks import SUPPORTED, held_bytes
 
     try:
         counts = tensor_elements_by_type(path)
-        return sum(n * 3 // 2 if kind in SUPPORTED else n * F32_BYTES for kind, n in counts.items())
+        return sum(held_bytes(kind, n) if kind in SUPPORTED else n * F32_BYTES for kind, n in counts.items())
     except (ModelLoadError, OSError) as exc:  # a corrupt or foreign file: the worker will say why it cannot load it
         log.info("cannot read %s's tensors (%s); estimating from its size", path.name, type(exc).__name__)
         try:

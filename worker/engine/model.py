@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, ops
+from worker.engine import block_kernels, nibble_kernels, ops
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.config import ModelConfig
@@ -55,6 +55,8 @@ class Model:
                               lambda pendings: cached_blocks(path, pendings, directory))
         # compiled now, not in the first steps of each width (the float32 kernel serves float weights and LoRA)
         block_kernels.warm({code_group(raw.kind, raw.shape[1]) or 32 for raw in contents.quantized.values()})
+        if contents.quantized:
+            nibble_kernels.warm()
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: np.array(contents.tensors[name]) for name in keep if name in contents.tensors}
         return cls(config, architecture, weights, contents.metadata, lora_base)

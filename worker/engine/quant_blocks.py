@@ -3,7 +3,8 @@
 Every llama.cpp format below stores, per group of 16 or 32 weights, small unsigned integers and an affine map
 (Q8_0's signed codes are shifted by 128 and the shift moved into the offset). Keeping that form (1 byte per
 weight instead of 4) lets decode read a quarter of the memory float32 weights need. Formats not listed (Q2_K,
-Q3_K, the IQ types) return None and stay float32 only.
+Q3_K, the IQ types) return None and stay float32 only. Codes that fit in four bits (Q4_0, Q4_1, Q4_K: 0..15) are
+held packed two to a byte (`pack_nibbles`; nibble_kernels.py multiplies with them): half a byte a weight.
 """
 
 from __future__ import annotations
@@ -15,25 +16,60 @@ import numpy as np
 QK_K = 256  # weights per K-quant super-block
 
 
+NIBBLE_BLOCK = 32  # columns per block of packed codes: byte j of a block holds column j low, column j + 16 high
+
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """Codes (out, in) in 0..15, in % 32 == 0, packed two a byte: (out, in/2) uint8, byte 16b + j of a row holding
+    column 32b + j in its low four bits and column 32b + 16 + j in its high four (ggml's Q4_0 order)."""
+    rows, cols = codes.shape
+    halves = codes.reshape(rows, cols // NIBBLE_BLOCK, 2, NIBBLE_BLOCK // 2)  # (out, in/32, 2, 16)
+    return np.ascontiguousarray((halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, cols // 2), np.uint8)
+
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """The codes (out, in) uint8 that pack_nibbles packed into `packed` (out, in/2)."""
+    rows, half = packed.shape
+    blocks = packed.reshape(rows, half // (NIBBLE_BLOCK // 2), 1, NIBBLE_BLOCK // 2)  # (out, in/32, 1, 16)
+    return np.concatenate([blocks & 0x0F, blocks >> 4], axis=2).reshape(rows, 2 * half)  # (out, in)
+
+
 @dataclass(frozen=True)
 class BlockCodes:
-    """A (out, in) matrix as codes (out, in) uint8 and per-group scale/offset (out, in/group) float32."""
+    """A (out, in) matrix as codes (out, in) uint8, or packed two a byte (out, in/2) when `packed`, and per-group
+    scale/offset (out, in/group) float32."""
 
-    codes: np.ndarray  # (out, in) uint8
+    codes: np.ndarray  # (out, in) uint8, or (out, in/2) packed nibbles
     scale: np.ndarray  # (out, in/G) float32
     offset: np.ndarray  # (out, in/G) float32
     group: int
+    packed: bool = False  # codes are pack_nibbles' form
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out, in) of the matrix the codes stand for."""
+        rows, width = self.codes.shape
+        return rows, 2 * width if self.packed else width
 
     @property
     def nbytes(self) -> int:
         """Bytes of the codes and the per-group tables."""
         return self.codes.nbytes + self.scale.nbytes + self.offset.nbytes
 
+    def code_rows(self, index: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Some rows' codes one a byte: (N, in) uint8."""
+        return unpack_nibbles(self.codes[index]) if self.packed else self.codes[index]
+
     def dequantize(self) -> np.ndarray:
         """The float32 matrix the codes stand for: (out, in)."""
-        rows, cols = self.codes.shape
-        grouped = self.codes.reshape(rows, cols // self.group, self.group).astype(np.float32)  # (out, in/G, G)
+        rows, cols = self.shape
+        grouped = self.code_rows().reshape(rows, cols // self.group, self.group).astype(np.float32)  # (out, in/G, G)
         return (grouped * self.scale[:, :, None] + self.offset[:, :, None]).reshape(rows, cols)  # (out, in)
+
+    def packable(self) -> bool:
+        """Whether these unpacked codes fit pack_nibbles' form: every code in 0..15, groups of 32 columns."""
+        return (not self.packed and self.group == NIBBLE_BLOCK and self.codes.shape[1] % NIBBLE_BLOCK == 0
+                and self.codes.size > 0 and int(self.codes.max()) < 16)
 
 
 def _f16(column: np.ndarray) -> np.ndarray:
@@ -110,6 +146,15 @@ def _k_quant(blocks: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.
 _LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 _K_QUANTS = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
 SUPPORTED = _LEGACY + tuple(_K_QUANTS)
+NIBBLE_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # codes in 0..15, groups of 32: held packed
+
+
+def held_bytes(kind: str, count: int) -> int:
+    """Bytes the engine holds for `count` weights of a SUPPORTED type: codes (half a byte each for NIBBLE_TYPES,
+    else one) and a float32 scale and offset per group (0.75, 1.25 or 1.5 bytes a weight). A fused projection
+    mixing a 4-bit type with Q6_K is held unpacked (slightly more than this)."""
+    group = _K_QUANTS.get(kind, 32)
+    return (count // 2 if kind in NIBBLE_TYPES else count) + count // group * 8
 
 
 def code_group(kind: str, cols: int) -> int | None:

@@ -1,9 +1,11 @@
 """Quantized projections kept only as the file's 8-bit block codes: no float32 copy of a quantized tensor.
 
 A step of a few sequences reads every weight once and does little arithmetic with it, so its speed is the bytes
-read: the block form (1 byte per weight plus per-group tables) reads a quarter of float32's. Steps of every width
-multiply through block_kernels.py (wide ones decode a tile of weight rows at a time into scratch), in one
-canonical summation order, so that a row's result never depends on the rest of the step.
+read: the block form (1 byte per weight plus per-group tables) reads a quarter of float32's, and codes that fit in
+four bits (Q4_0, Q4_1, Q4_K) are held packed two a byte (0.75 bytes a weight with their tables), multiplied by
+nibble_kernels.py. Steps of every width multiply through block_kernels.py or nibble_kernels.py (wide ones decode a
+tile of weight rows at a time), in one canonical summation order, so that a row's result never depends on the
+rest of the step.
 
 Loading is two-phase. The architecture's loader gets each quantized tensor as a `PendingLinear`: a recipe (the
 file tensor, then row permutations, row scales, fusing) with a key that names it, and nothing decoded. Row
@@ -22,20 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine.quant_blocks import BlockCodes
+from worker.engine.quant_blocks import BlockCodes, pack_nibbles
 
 
 @dataclass(frozen=True)
 class QuantizedLinear:
     """An (out, in) projection as block codes, whose input is x * column_scale (a folded norm weight) when set."""
 
-    blocks: BlockCodes  # (out, in) codes, (out, in/G) tables
+    blocks: BlockCodes  # (out, in) codes or (out, in/2) packed ones, (out, in/G) tables
     column_scale: np.ndarray | None = None  # (in,) folded norm weight the codes' input is scaled by
 
     @property
     def shape(self) -> tuple[int, int]:
         """(out, in)."""
-        return self.blocks.codes.shape
+        return self.blocks.shape
 
     @property
     def nbytes(self) -> int:
@@ -45,7 +47,7 @@ class QuantizedLinear:
     def rows(self, index: np.ndarray) -> np.ndarray:
         """Some rows dequantized to float32 (an embedding lookup): (N, in); the column scale is not applied."""
         b = self.blocks
-        codes = b.codes[index]  # (N, in) uint8
+        codes = b.code_rows(index)  # (N, in) uint8
         n, cols = codes.shape
         grouped = codes.reshape(n, cols // b.group, b.group).astype(np.float32)  # (N, in/G, G)
         grouped *= b.scale[index][:, :, None]
@@ -167,10 +169,12 @@ def materialize(weights: Any, source: BlockSource) -> Any:
 
 
 def build_codes(pending: PendingLinear) -> BlockCodes:
-    """A pending projection's codes built in memory, row-major."""
+    """A pending projection's codes built in memory, row-major; packed two a byte when every code fits in four
+    bits (quant_blocks.pack_nibbles)."""
     b = pending.build()
-    return BlockCodes(np.ascontiguousarray(b.codes, np.uint8), np.ascontiguousarray(b.scale, np.float32),
-                      np.ascontiguousarray(b.offset, np.float32), b.group)
+    codes = pack_nibbles(b.codes) if b.packable() else np.ascontiguousarray(b.codes, np.uint8)
+    return BlockCodes(codes, np.ascontiguousarray(b.scale, np.float32), np.ascontiguousarray(b.offset, np.float32),
+                      b.group, packed=b.packable())
 
 
 def build_in_memory(pendings: list[PendingLinear]) -> dict[str, BlockCodes]:

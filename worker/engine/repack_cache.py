@@ -5,7 +5,7 @@ A file is named by the model file's key and LAYOUT_VERSION. The key is sha256 ov
 mtime (ns) and its first and last MiB: a full sha256 of an 8B file (4.6 GB) would take longer than the warm load
 it serves, and a changed file (re-pulled, re-quantized) changes its mtime and size or its header. Layout: a header
 (magic, version, manifest and data lengths, a checksum of the data), a JSON manifest (the recipe key of every
-projection and where its arrays lie) and the arrays, each 64-byte aligned. Before mapping, the size and the
+projection, where its arrays lie and whether its codes are packed two a byte) and the arrays, each 64-byte aligned. Before mapping, the size and the
 checksum are verified: a truncated or corrupt file is rebuilt, never mapped. A builder holds an exclusive lock
 (flock on a side file) and writes a temporary file, fsyncs it and renames it into place: a second worker starting
 on a cold cache waits for the lock and then maps the first one's file; a builder killed mid-write leaves only a
@@ -33,7 +33,7 @@ from numba import njit, prange
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import PendingLinear, build_codes, build_in_memory
 
-LAYOUT_VERSION = 1  # bump whenever codes, tables or a recipe's meaning change
+LAYOUT_VERSION = 2  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte)
 MAGIC = b"LLMFRPK1"
 _HEADER = struct.Struct("<8sIIQQQ")  # magic, layout version, reserved, manifest bytes, data bytes, checksum
 _ALIGN = 64
@@ -90,7 +90,7 @@ def _write(path: Path, pendings: list[PendingLinear]) -> None:
             if pending.key in entries:
                 continue
             blocks = build_codes(pending)
-            entry: dict = {"group": blocks.group}
+            entry: dict = {"group": blocks.group, "packed": blocks.packed}
             for name in ("codes", "scale", "offset"):
                 array = np.ascontiguousarray(getattr(blocks, name))
                 entry[name] = [offset, str(array.dtype), list(array.shape)]
@@ -161,7 +161,7 @@ def _entry_codes(data: np.ndarray, entry: dict) -> BlockCodes:
         offset, dtype, shape = entry[name]
         count = int(np.prod(shape))
         arrays[name] = np.frombuffer(data, np.dtype(dtype), count, offset).reshape(shape)  # a view, no copy
-    return BlockCodes(arrays["codes"], arrays["scale"], arrays["offset"], int(entry["group"]))
+    return BlockCodes(arrays["codes"], arrays["scale"], arrays["offset"], int(entry["group"]), bool(entry["packed"]))
 
 
 @contextmanager

@@ -221,3 +221,73 @@ def vexp(typingctx: Any, a: Any) -> Any:
         return builder.fmul(y, two_to_n)
 
     return float32x8(float32x8), codegen
+
+
+# Packed 4-bit codes and strict (never reassociated) arithmetic, for nibble_kernels.py. A kernel built only from
+# vfma_strict and vsum_strict computes each sum in exactly the order its source says, so two kernels (or two
+# tiles of one) that feed the same chain give bit-identical results: LLVM may not reorder, split or contract
+# an llvm.fma call, nor reassociate an add without the `reassoc` flag.
+_V8I8 = ir.VectorType(ir.IntType(8), LANES)
+_V8I32 = ir.VectorType(_I32, LANES)
+
+
+def _nibbles(context: Any, builder: Any, signature: Any, args: Any, high: bool) -> Any:
+    """Eight bytes from args[1] on, their low (or high) four bits widened to float32 lanes."""
+    pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+    octets = builder.zext(builder.load(builder.bitcast(pointer, _V8I8.as_pointer()), align=1), _V8I32)
+    if high:
+        values = builder.lshr(octets, ir.Constant(_V8I32, [4] * LANES))
+    else:
+        values = builder.and_(octets, ir.Constant(_V8I32, [15] * LANES))
+    return builder.sitofp(values, _V8F)  # (0..15: the signed conversion is exact and one instruction on AVX2)
+
+
+@intrinsic
+def vload_low_nibbles(typingctx: Any, array: Any, index: Any) -> Any:
+    """The low four bits of the eight uint8 of a flat array from `index` on, as float32."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return _nibbles(context, builder, signature, args, high=False)
+
+    return float32x8(array, index), codegen
+
+
+@intrinsic
+def vload_high_nibbles(typingctx: Any, array: Any, index: Any) -> Any:
+    """The high four bits of the eight uint8 of a flat array from `index` on, as float32."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return _nibbles(context, builder, signature, args, high=True)
+
+    return float32x8(array, index), codegen
+
+
+@intrinsic
+def vfma_strict(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+    """a * b + c rounded once (llvm.fma: one vfmadd on FMA CPUs, exact everywhere), never reordered."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        module = builder.module
+        name = "llvm.fma.v8f32"
+        function = module.globals.get(name) or ir.Function(module, ir.FunctionType(_V8F, [_V8F] * 3), name=name)
+        return builder.call(function, list(args))
+
+    return float32x8(float32x8, float32x8, float32x8), codegen
+
+
+@intrinsic
+def vsum_strict(typingctx: Any, a: Any) -> Any:
+    """The sum of the eight lanes as vsum adds them ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), in that order only."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        vector = args[0]
+        width = LANES
+        while width > 1:
+            width //= 2
+            low = builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_I32, width), list(range(width))))
+            high = builder.shuffle_vector(vector, vector,
+                                          ir.Constant(ir.VectorType(_I32, width), list(range(width, 2 * width))))
+            vector = builder.fadd(low, high)
+        return builder.extract_element(vector, ir.Constant(_I32, 0))
+
+    return types.float32(float32x8), codegen

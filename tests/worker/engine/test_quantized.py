@@ -8,16 +8,16 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from worker.engine import ops
+from worker.engine import nibble_kernels, ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, scale_rows, unpermute_rope_rows
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import PendingLinear, QuantizedLinear, build_codes, build_in_memory, materialize
 
 
-def random_pending(rng: np.random.Generator, name: str, out_dim: int, in_dim: int,
-                   group: int = 32) -> tuple[PendingLinear, np.ndarray]:
-    """A random block-coded projection as the loader sees it, and its float32 matrix (out, in)."""
-    blocks = BlockCodes(rng.integers(0, 16, (out_dim, in_dim), dtype=np.uint8),
+def random_pending(rng: np.random.Generator, name: str, out_dim: int, in_dim: int, group: int = 32,
+                   levels: int = 16) -> tuple[PendingLinear, np.ndarray]:
+    """A random block-coded projection as the loader sees it (codes in 0..levels-1), and its float32 matrix."""
+    blocks = BlockCodes(rng.integers(0, levels, (out_dim, in_dim), dtype=np.uint8),
                         rng.uniform(0.01, 0.1, (out_dim, in_dim // group)).astype(np.float32),
                         rng.uniform(-0.5, 0.5, (out_dim, in_dim // group)).astype(np.float32), group)
     return PendingLinear(name, (out_dim, in_dim), group, lambda: blocks), blocks.dequantize()
@@ -47,12 +47,30 @@ def test_transforms_build_the_float32_transformed_matrix(rows: int) -> None:
 
 def test_wide_prefill_matches_the_float32_reference() -> None:
     rng = np.random.default_rng(3)
-    pending, dense = random_pending(rng, "w", 100, 96)
+    pending, dense = random_pending(rng, "w", 100, 96, levels=64)  # 6-bit codes (Q6_K's): held one a byte
     weight = built(pending)
+    assert not weight.blocks.packed
     x = rng.standard_normal((80, 96)).astype(np.float32)  # (N, in): a prefill-wide step
     np.testing.assert_allclose(ops.linear(x, weight), x @ dense.T, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ops.linear_rows(x, weight), x @ dense.T, rtol=1e-4, atol=1e-4)
     assert ops.linear_rows(x, weight).flags.c_contiguous
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 80])
+def test_four_bit_codes_are_held_packed_and_multiply_at_every_width(rows: int) -> None:
+    """Codes in 0..15 with groups of 32 are built packed two a byte (half the bytes), and ops multiplies them
+    with the nibble kernels at every step width, the same bits as the kernels' numpy reference."""
+    rng = np.random.default_rng(rows)
+    pending, dense = random_pending(rng, "w", 40, 96)
+    weight = built(pending)
+    assert weight.blocks.packed and weight.blocks.codes.shape == (40, 48) and weight.shape == (40, 96)
+    x = rng.standard_normal((rows, 96)).astype(np.float32)  # (N, in)
+    b = weight.blocks
+    expected = nibble_kernels.reference_matmul(x, b.codes, b.scale, b.offset)  # (N, out)
+    assert np.array_equal(ops.linear(x, weight), expected) and np.array_equal(ops.linear_rows(x, weight), expected)
+    np.testing.assert_allclose(expected, x @ dense.T, rtol=1e-4, atol=1e-4)
+    tokens = np.array([3, 0, 39])  # (N,)
+    np.testing.assert_array_equal(ops.embedding_rows(weight, tokens), dense[tokens])
 
 
 def test_embedding_rows_dequantize_only_the_rows_asked() -> None:

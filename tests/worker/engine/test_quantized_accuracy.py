@@ -1,6 +1,7 @@
-"""The served path (block codes: block kernels for decode, dequantized tiles and BLAS for prefill) against the
-float32 references, teacher-forced, within llama.cpp's own error on the same files, as
-../shared/fixtures/quantized/README.md says; the loaded model holds no float32 copy of a quantized tensor."""
+"""The served path (block codes: block kernels for decode, dequantized tiles and BLAS for prefill; packed 4-bit
+codes: nibble kernels at every width) against the float32 references, teacher-forced, within llama.cpp's own error
+on the same files, as ../shared/fixtures/quantized/README.md says; the loaded model holds no float32 copy of a
+quantized tensor."""
 
 from __future__ import annotations
 
@@ -102,7 +103,8 @@ def test_no_float32_copy_of_a_quantized_tensor(smollm2_gguf_path: Path, tmp_path
         for matrix in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
             assert isinstance(matrix, QuantizedLinear) and matrix.blocks.codes.dtype == np.uint8
             assert not matrix.blocks.codes.flags.writeable  # a view of the read-only repack mapping
+            assert matrix.blocks.packed  # Q4_1: 4-bit codes, two a byte
     assert float32_bytes(w, set()) < 64 * cfg.d_model * (cfg.n_layers + 2)  # norms, scales: no matrix
     codes = sum(m.blocks.codes.nbytes for layer in w.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up,
                                                                      layer.w_down))
-    assert w.nbytes < 1.6 * (codes + w.token_embedding.blocks.codes.nbytes)  # 1 byte a weight + tables
+    assert w.nbytes < 1.6 * (codes + w.token_embedding.blocks.codes.nbytes)  # codes + tables (0.5 x packed codes)

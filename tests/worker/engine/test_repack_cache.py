@@ -20,14 +20,15 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def pendings(builds: list[str], delay: float = 0.0) -> list[PendingLinear]:
-    """Three deterministic projections (one with Q6_K-like groups of 16) counting their builds in `builds`."""
+    """Three deterministic projections (one with Q6_K-like groups of 16, one of 4-bit codes, held packed) counting
+    their builds in `builds`."""
     out = []
     for i, (rows, cols, group) in enumerate([(8, 64, 32), (16, 32, 16), (4, 256, 32)]):
         def build(i: int = i, rows: int = rows, cols: int = cols, group: int = group) -> BlockCodes:
             builds.append(f"w{i}")
             time.sleep(delay)
             rng = np.random.default_rng(i)
-            return BlockCodes(rng.integers(0, 64, (rows, cols), dtype=np.uint8),
+            return BlockCodes(rng.integers(0, 16 if i == 2 else 64, (rows, cols), dtype=np.uint8),
                               rng.random((rows, cols // group), dtype=np.float32),
                               rng.random((rows, cols // group), dtype=np.float32), group)
         out.append(PendingLinear(f"w{i}", (rows, cols), group, build))
@@ -56,7 +57,7 @@ def assert_same(found: dict[str, BlockCodes], expected: dict[str, BlockCodes]) -
     for key, blocks in expected.items():
         for name in ("codes", "scale", "offset"):
             np.testing.assert_array_equal(getattr(found[key], name), getattr(blocks, name))
-        assert found[key].group == blocks.group
+        assert found[key].group == blocks.group and found[key].packed == blocks.packed
 
 
 def test_built_once_then_mapped_read_only(model_file: Path, tmp_path: Path) -> None:
@@ -64,6 +65,7 @@ def test_built_once_then_mapped_read_only(model_file: Path, tmp_path: Path) -> N
     cache = tmp_path / "cache"
     first = cached_blocks(model_file, pendings(builds), cache)
     assert sorted(builds) == ["w0", "w1", "w2"]
+    assert first["w2"].packed and first["w2"].codes.shape == (4, 128) and not first["w0"].packed
     second = cached_blocks(model_file, pendings(builds), cache)
     assert len(builds) == 3  # the warm load decoded nothing
     assert_same(second, first)
@@ -76,7 +78,7 @@ def test_built_once_then_mapped_read_only(model_file: Path, tmp_path: Path) -> N
 def test_a_damaged_file_is_rebuilt_not_mapped(model_file: Path, tmp_path: Path, damage: str) -> None:
     builds: list[str] = []
     cache = tmp_path / "cache"
-    good = {k: BlockCodes(np.array(v.codes), np.array(v.scale), np.array(v.offset), v.group)
+    good = {k: BlockCodes(np.array(v.codes), np.array(v.scale), np.array(v.offset), v.group, v.packed)
             for k, v in cached_blocks(model_file, pendings(builds), cache).items()}
     path = the_cache_file(cache)
     data = bytearray(path.read_bytes())
