@@ -5,7 +5,7 @@ of a block, its high nibbles columns j+16..j+23.
 
 Canonical reduction (batch invariance): every kernel and tile computes out[k, r] = vsum(acc), acc one float32x8
 chain over the columns in order 0..C step 8, acc = fma(w[r, c:c+8], x[k, c:c+8], acc), w = fma(code, scale,
-offset) in float32, with simd.py's strict intrinsics (LLVM may not reorder them). A row's result is therefore the
+offset) in float32, with simd.py's vfma and vsum (LLVM may not reorder them). A row's result is therefore the
 same bits whatever else is in its step and wherever it sits; `reference_matmul` is the same arithmetic in numpy.
 Parallelism between FMAs comes from tiling several weight rows and x rows, never from splitting a chain.
 
@@ -30,12 +30,12 @@ from worker.engine.quant_blocks import NIBBLE_BLOCK, unpack_nibbles
 from worker.engine.simd import (
     LANES,
     vbroadcast,
-    vfma_strict,
+    vfma,
     vload,
     vload_high_nibbles,
     vload_low_nibbles,
     vstore,
-    vsum_strict,
+    vsum,
     vzero,
 )
 
@@ -68,17 +68,17 @@ def reference_matmul(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, offse
 def _block_weights(flat, at, s, m):  # pragma: no cover (compiled)
     """The 32 weights of the block whose packed bytes start at flat[at]: four (8,) vectors in column order (one
     8-byte load gives columns 0-7 and 16-23, the next 8-15 and 24-31)."""
-    return (vfma_strict(vload_low_nibbles(flat, at), s, m), vfma_strict(vload_low_nibbles(flat, at + LANES), s, m),
-            vfma_strict(vload_high_nibbles(flat, at), s, m), vfma_strict(vload_high_nibbles(flat, at + LANES), s, m))
+    return (vfma(vload_low_nibbles(flat, at), s, m), vfma(vload_low_nibbles(flat, at + LANES), s, m),
+            vfma(vload_high_nibbles(flat, at), s, m), vfma(vload_high_nibbles(flat, at + LANES), s, m))
 
 
 @njit(cache=True, inline="always")
 def _chain(w, x, xa, a):  # pragma: no cover (compiled)
     """The chain a carried over one block: a block's weights w (four (8,)) times x[xa:xa+32], in column order."""
-    a = vfma_strict(w[0], vload(x, xa), a)
-    a = vfma_strict(w[1], vload(x, xa + LANES), a)
-    a = vfma_strict(w[2], vload(x, xa + 2 * LANES), a)
-    return vfma_strict(w[3], vload(x, xa + 3 * LANES), a)
+    a = vfma(w[0], vload(x, xa), a)
+    a = vfma(w[1], vload(x, xa + LANES), a)
+    a = vfma(w[2], vload(x, xa + 2 * LANES), a)
+    return vfma(w[3], vload(x, xa + 3 * LANES), a)
 
 
 @njit(cache=True, inline="always")
@@ -105,10 +105,10 @@ def _coded_two_by_four(flat, scale, offset, r, half, x, k, cols, out):  # pragma
         b1 = _chain(w, x, xa + cols, b1)
         b2 = _chain(w, x, xa + 2 * cols, b2)
         b3 = _chain(w, x, xa + 3 * cols, b3)
-    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
-    out[k + 1, r], out[k + 1, r + 1] = vsum_strict(a1), vsum_strict(b1)
-    out[k + 2, r], out[k + 2, r + 1] = vsum_strict(a2), vsum_strict(b2)
-    out[k + 3, r], out[k + 3, r + 1] = vsum_strict(a3), vsum_strict(b3)
+    out[k, r], out[k, r + 1] = vsum(a0), vsum(b0)
+    out[k + 1, r], out[k + 1, r + 1] = vsum(a1), vsum(b1)
+    out[k + 2, r], out[k + 2, r + 1] = vsum(a2), vsum(b2)
+    out[k + 3, r], out[k + 3, r + 1] = vsum(a3), vsum(b3)
 
 
 @njit(cache=True, inline="always")
@@ -127,8 +127,8 @@ def _coded_two_by_two(flat, scale, offset, r, half, x, k, cols, out):  # pragma:
         w = _block_weights(flat, at + half, vbroadcast(scale[r + 1, block]), vbroadcast(offset[r + 1, block]))
         b0 = _chain(w, x, xa, b0)
         b1 = _chain(w, x, xa + cols, b1)
-    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
-    out[k + 1, r], out[k + 1, r + 1] = vsum_strict(a1), vsum_strict(b1)
+    out[k, r], out[k, r + 1] = vsum(a0), vsum(b0)
+    out[k + 1, r], out[k + 1, r + 1] = vsum(a1), vsum(b1)
 
 
 @njit(cache=True, inline="always")
@@ -142,7 +142,7 @@ def _coded_two_by_one(flat, scale, offset, r, half, x, k, cols, out):  # pragma:
         a0 = _chain(_block_weights(flat, at, vbroadcast(scale[r, block]), vbroadcast(offset[r, block])), x, xa, a0)
         b0 = _chain(_block_weights(flat, at + half, vbroadcast(scale[r + 1, block]), vbroadcast(offset[r + 1, block])),
                     x, xa, b0)
-    out[k, r], out[k, r + 1] = vsum_strict(a0), vsum_strict(b0)
+    out[k, r], out[k, r + 1] = vsum(a0), vsum(b0)
 
 
 @njit(cache=True, inline="always")
@@ -153,7 +153,7 @@ def _coded_one_by_one(flat, scale, offset, r, half, x, k, cols):  # pragma: no c
         w = _block_weights(flat, r * half + block * _BLOCK_BYTES, vbroadcast(scale[r, block]),
                            vbroadcast(offset[r, block]))  # 4 x (8,)
         a0 = _chain(w, x, k * cols + block * NIBBLE_BLOCK, a0)
-    return vsum_strict(a0)
+    return vsum(a0)
 
 
 @njit(parallel=True, cache=True)
@@ -213,23 +213,23 @@ def _two_by_six(w, wa, x, x0, cols, c0, c1, acc, ia, stride):  # pragma: no cove
         w0 = vload(w, wa + c)  # (8,)
         w1 = vload(w, wb + c)  # (8,)
         t = vload(x, x0 + c)  # (8,)
-        a0 = vfma_strict(w0, t, a0)
-        b0 = vfma_strict(w1, t, b0)
+        a0 = vfma(w0, t, a0)
+        b0 = vfma(w1, t, b0)
         t = vload(x, x0 + cols + c)  # (8,)
-        a1 = vfma_strict(w0, t, a1)
-        b1 = vfma_strict(w1, t, b1)
+        a1 = vfma(w0, t, a1)
+        b1 = vfma(w1, t, b1)
         t = vload(x, x0 + 2 * cols + c)  # (8,)
-        a2 = vfma_strict(w0, t, a2)
-        b2 = vfma_strict(w1, t, b2)
+        a2 = vfma(w0, t, a2)
+        b2 = vfma(w1, t, b2)
         t = vload(x, x0 + 3 * cols + c)  # (8,)
-        a3 = vfma_strict(w0, t, a3)
-        b3 = vfma_strict(w1, t, b3)
+        a3 = vfma(w0, t, a3)
+        b3 = vfma(w1, t, b3)
         t = vload(x, x0 + 4 * cols + c)  # (8,)
-        a4 = vfma_strict(w0, t, a4)
-        b4 = vfma_strict(w1, t, b4)
+        a4 = vfma(w0, t, a4)
+        b4 = vfma(w1, t, b4)
         t = vload(x, x0 + 5 * cols + c)  # (8,)
-        a5 = vfma_strict(w0, t, a5)
-        b5 = vfma_strict(w1, t, b5)
+        a5 = vfma(w0, t, a5)
+        b5 = vfma(w1, t, b5)
     vstore(acc, ia, a0)
     vstore(acc, ia + stride, a1)
     vstore(acc, ia + 2 * stride, a2)
@@ -260,17 +260,17 @@ def _two_by_four(w, wa, x, x0, cols, c0, c1, acc, ia, stride):  # pragma: no cov
         w0 = vload(w, wa + c)  # (8,)
         w1 = vload(w, wb + c)  # (8,)
         t = vload(x, x0 + c)  # (8,)
-        a0 = vfma_strict(w0, t, a0)
-        b0 = vfma_strict(w1, t, b0)
+        a0 = vfma(w0, t, a0)
+        b0 = vfma(w1, t, b0)
         t = vload(x, x0 + cols + c)  # (8,)
-        a1 = vfma_strict(w0, t, a1)
-        b1 = vfma_strict(w1, t, b1)
+        a1 = vfma(w0, t, a1)
+        b1 = vfma(w1, t, b1)
         t = vload(x, x0 + 2 * cols + c)  # (8,)
-        a2 = vfma_strict(w0, t, a2)
-        b2 = vfma_strict(w1, t, b2)
+        a2 = vfma(w0, t, a2)
+        b2 = vfma(w1, t, b2)
         t = vload(x, x0 + 3 * cols + c)  # (8,)
-        a3 = vfma_strict(w0, t, a3)
-        b3 = vfma_strict(w1, t, b3)
+        a3 = vfma(w0, t, a3)
+        b3 = vfma(w1, t, b3)
     vstore(acc, ia, a0)
     vstore(acc, ia + stride, a1)
     vstore(acc, ia + 2 * stride, a2)
@@ -289,8 +289,8 @@ def _two_by_one(w, wa, x, x0, cols, c0, c1, acc, ia):  # pragma: no cover (compi
     b0 = vload(acc, ia + LANES)  # (8,) weight row r+1
     for c in range(c0, c1, LANES):
         t = vload(x, x0 + c)  # (8,)
-        a0 = vfma_strict(vload(w, wa + c), t, a0)
-        b0 = vfma_strict(vload(w, wb + c), t, b0)
+        a0 = vfma(vload(w, wa + c), t, a0)
+        b0 = vfma(vload(w, wb + c), t, b0)
     vstore(acc, ia, a0)
     vstore(acc, ia + LANES, b0)
 
@@ -300,7 +300,7 @@ def _one_row(w, wa, x, x0, c0, c1, acc, ia):  # pragma: no cover (compiled)
     """One chain carried over columns c0..c1: the decoded weight row at w[wa:] against one x row."""
     a0 = vload(acc, ia)  # (8,)
     for c in range(c0, c1, LANES):
-        a0 = vfma_strict(vload(w, wa + c), vload(x, x0 + c), a0)
+        a0 = vfma(vload(w, wa + c), vload(x, x0 + c), a0)
     vstore(acc, ia, a0)
 
 
@@ -345,7 +345,7 @@ def _wide(packed, scale, offset, x, out):  # pragma: no cover (compiled)
                     _one_row(w, (count - 1) * cols, flat_x, k * cols, c0, c1, acc, k * stride + (count - 1) * LANES)
         for k in range(n_rows):
             for j in range(count):
-                out[k, first + j] = vsum_strict(vload(acc, k * stride + j * LANES))
+                out[k, first + j] = vsum(vload(acc, k * stride + j * LANES))
 
 
 def packed_matmul(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np.ndarray:

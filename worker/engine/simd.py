@@ -223,10 +223,7 @@ def vexp(typingctx: Any, a: Any) -> Any:
     return float32x8(float32x8), codegen
 
 
-# Packed 4-bit codes and strict (never reassociated) arithmetic, for nibble_kernels.py. A kernel built only from
-# vfma_strict and vsum_strict computes each sum in exactly the order its source says, so two kernels (or two
-# tiles of one) that feed the same chain give bit-identical results: LLVM may not reorder, split or contract
-# an llvm.fma call, nor reassociate an add without the `reassoc` flag.
+# Packed 4-bit codes, for nibble_kernels.py (whose sums use vfma and vsum above: the same canonical order).
 _V8I8 = ir.VectorType(ir.IntType(8), LANES)
 _V8I32 = ir.VectorType(_I32, LANES)
 
@@ -260,34 +257,3 @@ def vload_high_nibbles(typingctx: Any, array: Any, index: Any) -> Any:
         return _nibbles(context, builder, signature, args, high=True)
 
     return float32x8(array, index), codegen
-
-
-@intrinsic
-def vfma_strict(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
-    """a * b + c rounded once (llvm.fma: one vfmadd on FMA CPUs, exact everywhere), never reordered."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        module = builder.module
-        name = "llvm.fma.v8f32"
-        function = module.globals.get(name) or ir.Function(module, ir.FunctionType(_V8F, [_V8F] * 3), name=name)
-        return builder.call(function, list(args))
-
-    return float32x8(float32x8, float32x8, float32x8), codegen
-
-
-@intrinsic
-def vsum_strict(typingctx: Any, a: Any) -> Any:
-    """The sum of the eight lanes as vsum adds them ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), in that order only."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        vector = args[0]
-        width = LANES
-        while width > 1:
-            width //= 2
-            low = builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_I32, width), list(range(width))))
-            high = builder.shuffle_vector(vector, vector,
-                                          ir.Constant(ir.VectorType(_I32, width), list(range(width, 2 * width))))
-            vector = builder.fadd(low, high)
-        return builder.extract_element(vector, ir.Constant(_I32, 0))
-
-    return types.float32(float32x8), codegen
