@@ -36,7 +36,7 @@ def _tokens(events: list[Any], into: dict[str, list[int]]) -> set[str]:
 
 
 def _alone(engine: Any, request: GenerationRequest) -> list[int]:
-    sched = Scheduler(engine, SchedulerConfig(prefix_cache=False, kv_dtype="float32"))
+    sched = Scheduler(engine, SchedulerConfig(prefix_cache=False))
     sched.add(request)
     out: dict[str, list[int]] = {}
     while sched.has_work:
@@ -60,11 +60,11 @@ def _busy(engine: Any, config: SchedulerConfig, lows: list[GenerationRequest]) -
 def test_a_higher_priority_request_preempts_and_starts_at_once_and_nothing_is_lost(tiny_engine: Any,
                                                                                   bound: str) -> None:
     lows = [_request(f"low{i}", _prompt(tiny_engine, 40, i), 60, Priority.LOW, i) for i in range(4)]
-    config = SchedulerConfig(max_sequences=4, prefix_cache=False, kv_dtype="float32")
+    config = SchedulerConfig(max_sequences=4, prefix_cache=False)
     if bound == "kv":  # slots to spare; 13 blocks of 32 tokens: the four low ones' 2 blocks each, one free per
         # decode, and 1 more (the urgent prompt needs 2)
         block_bytes = Scheduler(tiny_engine, config).kv_pool.block_bytes
-        config = SchedulerConfig(max_sequences=8, prefix_cache=False, kv_dtype="float32",
+        config = SchedulerConfig(max_sequences=8, prefix_cache=False,
                                  kv_budget_mib=13.5 * block_bytes / 2**20)
     sched, out = _busy(tiny_engine, config, lows)
     urgent = _request("urgent", _prompt(tiny_engine, 40, 99), 8, Priority.HIGH)
@@ -92,7 +92,7 @@ def test_equal_priority_waits_for_a_slot(tiny_engine: Any) -> None:
 def test_outranked_decodes_sit_out_only_the_prefill(tiny_engine: Any) -> None:
     """With a free slot, no preemption is needed: the low decodes skip the urgent prefill's step, then go on."""
     lows = [_request(f"low{i}", _prompt(tiny_engine, 20, i), 40, Priority.LOW, i) for i in range(3)]
-    sched, out = _busy(tiny_engine, SchedulerConfig(max_sequences=4, prefix_cache=False, kv_dtype="float32"), lows)
+    sched, out = _busy(tiny_engine, SchedulerConfig(max_sequences=4, prefix_cache=False), lows)
     sched.add(_request("urgent", _prompt(tiny_engine, 30, 77), 5, Priority.HIGH))
     assert _tokens(sched.step(), out) == {"urgent"}
     assert _tokens(sched.step(), out) == {"urgent", "low0", "low1", "low2"}  # together again
@@ -145,7 +145,7 @@ def test_a_full_worker_takes_a_job_that_outranks_its_work_and_runs_it_first(tiny
 
 def test_a_running_step_stops_for_an_arrival_that_outranks_it_and_nothing_is_lost(tiny_engine: Any) -> None:
     lows = [_request(f"low{i}", _prompt(tiny_engine, 40, i), 30, Priority.LOW, i) for i in range(3)]
-    sched, out = _busy(tiny_engine, SchedulerConfig(max_sequences=8, prefix_cache=False, kv_dtype="float32"), lows)
+    sched, out = _busy(tiny_engine, SchedulerConfig(max_sequences=8, prefix_cache=False), lows)
     lengths = {seq.seq_id: sched.blocks.num_tokens(seq.seq_id) for seq in sched.admission.active}
     asked: list[int] = []
 
@@ -169,7 +169,7 @@ def test_a_running_step_stops_for_an_arrival_that_outranks_it_and_nothing_is_los
 
 def test_an_interrupted_step_changes_no_token(tiny_engine: Any) -> None:
     lows = [_request(f"low{i}", _prompt(tiny_engine, 40, i), 20, Priority.LOW, i) for i in range(3)]
-    config = SchedulerConfig(max_sequences=8, prefix_cache=False, kv_dtype="float32")
+    config = SchedulerConfig(max_sequences=8, prefix_cache=False)
     sched, out = _busy(tiny_engine, config, lows)
     rng = np.random.default_rng(3)  # each question stops the step with probability 0.2
     stops = 0
