@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.http.fields import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
+from gateway.openai.openapi_other_apis import other_api_paths, other_api_schemas, page_parameters
+from gateway.openai.openapi_parts import JSON, Schema, nullable, object_schema, operation
 from gateway.openai.protocol import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS,
@@ -30,21 +32,6 @@ from gateway.openai.protocol import (
 from shared.messages import PRIORITIES_LOW_TO_HIGH
 from shared.settings import Settings
 
-JSON = "application/json"
-Schema = dict[str, Any]
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _nullable(schema: Schema) -> Schema:
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-def _object(properties: dict[str, Schema], required: tuple[str, ...] = ()) -> Schema:
-    return {"type": "object", "properties": properties, "required": list(required)}
-
 
 def _token_ids(limit: int, *, min_items: int = 1) -> Schema:
     return {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
@@ -61,7 +48,7 @@ def _text(max_bytes: int, *, min_length: int = 0) -> Schema:
 def _range(bounds: tuple[float, float], *, lo_open: bool = False) -> Schema:
     """A number in [lo, hi] (or (lo, hi]), from the protocol's constant."""
     low, high = bounds
-    return _nullable({"type": "number", "exclusiveMinimum" if lo_open else "minimum": low, "maximum": high})
+    return nullable({"type": "number", "exclusiveMinimum" if lo_open else "minimum": low, "maximum": high})
 
 
 def _sampling(settings: Settings) -> dict[str, Schema]:
@@ -71,74 +58,74 @@ def _sampling(settings: Settings) -> dict[str, Schema]:
     return {
         "model": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME, "pattern": r"\S",
                   "description": "optional when exactly one model is served"},
-        "n": _nullable({"type": "integer", "minimum": 1, "maximum": settings.max_n}),
-        "stream": _nullable({"type": "boolean"}),
-        "stream_options": _nullable(_object({"include_usage": _nullable({"type": "boolean"})})),
+        "n": nullable({"type": "integer", "minimum": 1, "maximum": settings.max_n}),
+        "stream": nullable({"type": "boolean"}),
+        "stream_options": nullable(object_schema({"include_usage": nullable({"type": "boolean"})})),
         "temperature": _range(TEMPERATURE_RANGE),
         "top_p": _range(TOP_P_RANGE, lo_open=True),
-        "top_k": _nullable({"type": "integer", "minimum": 0, "maximum": 1000}),
+        "top_k": nullable({"type": "integer", "minimum": 0, "maximum": 1000}),
         "min_p": _range(MIN_P_RANGE),
         "presence_penalty": _range(PENALTY_RANGE),
         "frequency_penalty": _range(PENALTY_RANGE),
         "repetition_penalty": _range(REPETITION_PENALTY_RANGE),
-        "seed": _nullable({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}),
+        "seed": nullable({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}),
         "stop": stop,
-        "logit_bias": _nullable({"type": "object", "additionalProperties": {"type": "number",
+        "logit_bias": nullable({"type": "object", "additionalProperties": {"type": "number",
                                                                             "minimum": LOGIT_BIAS_RANGE[0],
                                                                             "maximum": LOGIT_BIAS_RANGE[1]},
                                  "propertyNames": {"pattern": f"^[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}$"},
                                  "maxProperties": MAX_LOGIT_BIAS}),
-        "user": _nullable({"type": "string", "maxLength": MAX_USER_CHARS}),
-        "metadata": _nullable({"type": "object", "maxProperties": MAX_METADATA_PAIRS,
+        "user": nullable({"type": "string", "maxLength": MAX_USER_CHARS}),
+        "metadata": nullable({"type": "object", "maxProperties": MAX_METADATA_PAIRS,
                                "propertyNames": {"maxLength": MAX_METADATA_KEY_CHARS},
                                "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_CHARS}}),
-        "ignore_eos": _nullable({"type": "boolean"}),
-        "cache_prompt": _nullable({"type": "boolean"}),
-        "priority": _nullable({"enum": list(PRIORITIES_LOW_TO_HIGH)}),
-        "timings_per_token": _nullable({"type": "boolean", "description": "add llama-server's `timings`"}),
+        "ignore_eos": nullable({"type": "boolean"}),
+        "cache_prompt": nullable({"type": "boolean"}),
+        "priority": nullable({"enum": list(PRIORITIES_LOW_TO_HIGH)}),
+        "timings_per_token": nullable({"type": "boolean", "description": "add llama-server's `timings`"}),
     }
 
 
 def _request_schemas(settings: Settings) -> dict[str, Schema]:
     limit = settings.max_tokens_limit
-    text_part = _object({"type": {"const": "text"}, "text": {"type": "string", "maxLength": 10_000}}, ("type", "text"))
+    text_part = object_schema({"type": {"const": "text"}, "text": {"type": "string", "maxLength": 10_000}}, ("type", "text"))
     content = {"anyOf": [{"type": "string", "maxLength": 10_000},
                          {"type": "array", "items": text_part, "maxItems": 8}]}
     message = {"oneOf": [
-        _object({"role": {"enum": ["system", "developer", "user"]}, "content": content, "name":
+        object_schema({"role": {"enum": ["system", "developer", "user"]}, "content": content, "name":
                  _text(MAX_NAME_BYTES)}, ("role", "content")),
-        _object({"role": {"const": "assistant"}, "content": _nullable(content)}, ("role",)),
+        object_schema({"role": {"const": "assistant"}, "content": nullable(content)}, ("role",)),
     ]}
-    chat = _object({**_sampling(settings),
+    chat = object_schema({**_sampling(settings),
                     "messages": {"type": "array", "items": message, "minItems": 1, "maxItems": 16},
-                    "max_tokens": _nullable({"type": "integer", "minimum": 1, "maximum": limit}),
-                    "max_completion_tokens": _nullable({"type": "integer", "minimum": 1, "maximum": limit}),
-                    "logprobs": _nullable({"type": "boolean"})}, ("messages",))
+                    "max_tokens": nullable({"type": "integer", "minimum": 1, "maximum": limit}),
+                    "max_completion_tokens": nullable({"type": "integer", "minimum": 1, "maximum": limit}),
+                    "logprobs": nullable({"type": "boolean"})}, ("messages",))
     prompt = {"anyOf": [{"type": "string", "maxLength": 10_000},
                         {"type": "array", "items": {"type": "string", "maxLength": 10_000}, "minItems": 1,
                          "maxItems": 1},
                         _token_ids(256)]}
-    completion = _object({**_sampling(settings), "prompt": prompt,
-                          "max_tokens": _nullable({"type": "integer", "minimum": 0, "maximum": limit}),
-                          "echo": _nullable({"type": "boolean"}),
-                          "logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 5})}, ("prompt",))
+    completion = object_schema({**_sampling(settings), "prompt": prompt,
+                          "max_tokens": nullable({"type": "integer", "minimum": 0, "maximum": limit}),
+                          "echo": nullable({"type": "boolean"}),
+                          "logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 5})}, ("prompt",))
     embed_input = {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 10_000},
                              {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 2_000},
                               "minItems": 1, "maxItems": 16},
                              _token_ids(256)]}
-    embeddings = _object({"model": _sampling(settings)["model"], "input": embed_input,
-                          "encoding_format": _nullable({"enum": ["float", "base64"]})}, ("input",))
+    embeddings = object_schema({"model": _sampling(settings)["model"], "input": embed_input,
+                          "encoding_format": nullable({"enum": ["float", "base64"]})}, ("input",))
     model = {"model": _sampling(settings)["model"]}
     return {
         "ChatCompletionRequest": chat,
         "ResponsesRequest": _responses_request(settings),
         "CompletionRequest": completion,
         "EmbeddingRequest": embeddings,
-        "TokenizeRequest": _object({**model, "content": {"type": "string", "maxLength": 10_000},
+        "TokenizeRequest": object_schema({**model, "content": {"type": "string", "maxLength": 10_000},
                                     "add_special": {"type": "boolean"}, "parse_special": {"type": "boolean"},
                                     "with_pieces": {"type": "boolean"}}, ("content",)),
-        "DetokenizeRequest": _object({**model, "tokens": _token_ids(256, min_items=0)}, ("tokens",)),
-        "ApplyTemplateRequest": _object({**model, "messages": chat["properties"]["messages"],
+        "DetokenizeRequest": object_schema({**model, "tokens": _token_ids(256, min_items=0)}, ("tokens",)),
+        "ApplyTemplateRequest": object_schema({**model, "messages": chat["properties"]["messages"],
                                          "add_generation_prompt": {"type": "boolean"}}, ("messages",)),
     }
 
@@ -146,107 +133,80 @@ def _request_schemas(settings: Settings) -> dict[str, Schema]:
 def _responses_request(settings: Settings) -> Schema:
     """The Responses API's body (gateway/responses_api/protocol.py): text input items, no tools."""
     text = {"type": "string", "maxLength": 10_000}
-    part = _object({"type": {"enum": ["input_text", "output_text"]}, "text": text}, ("type", "text"))
-    message = _object({"type": {"const": "message"}, "role": {"enum": ["system", "developer", "user", "assistant"]},
+    part = object_schema({"type": {"enum": ["input_text", "output_text"]}, "text": text}, ("type", "text"))
+    message = object_schema({"type": {"const": "message"}, "role": {"enum": ["system", "developer", "user", "assistant"]},
                        "content": {"anyOf": [text, {"type": "array", "items": part, "maxItems": 8}]}},
                       ("role", "content"))
     call_id = {"type": "string", "minLength": 1, "maxLength": 64}
-    call = _object({"type": {"const": "function_call"}, "call_id": call_id, "arguments": {"const": "{}"},
+    call = object_schema({"type": {"const": "function_call"}, "call_id": call_id, "arguments": {"const": "{}"},
                     "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}},
                    ("type", "call_id", "name", "arguments"))
-    output = _object({"type": {"const": "function_call_output"}, "call_id": call_id, "output": text},
+    output = object_schema({"type": {"const": "function_call_output"}, "call_id": call_id, "output": text},
                      ("type", "call_id", "output"))
     items = {"type": "array", "items": {"oneOf": [message, call, output]}, "minItems": 1, "maxItems": 8}
     sampling = _sampling(settings)
     fields = ("model", "temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "priority")
-    fmt = _object({"format": _object({"type": {"enum": ["text", "json_object"]}}, ("type",))})
-    return _object({**{name: sampling[name] for name in fields}, "input": {"anyOf": [text, items]},
-                    "instructions": _nullable(text),
-                    "max_output_tokens": _nullable({"type": "integer", "minimum": 1,
+    fmt = object_schema({"format": object_schema({"type": {"enum": ["text", "json_object"]}}, ("type",))})
+    return object_schema({**{name: sampling[name] for name in fields}, "input": {"anyOf": [text, items]},
+                    "instructions": nullable(text),
+                    "max_output_tokens": nullable({"type": "integer", "minimum": 1,
                                                     "maximum": settings.max_tokens_limit}),
-                    "metadata": _nullable({"type": "object", "maxProperties": 16,
+                    "metadata": nullable({"type": "object", "maxProperties": 16,
                                            "additionalProperties": {"type": "string", "maxLength": 512},
                                            "propertyNames": {"maxLength": 64}}),
-                    "store": _nullable({"type": "boolean"}), "stream": _nullable({"type": "boolean"}),
-                    "text": _nullable(fmt),
-                    "previous_response_id": _nullable({"type": "string", "pattern": "^resp_[A-Za-z0-9]{1,64}$"})},
+                    "store": nullable({"type": "boolean"}), "stream": nullable({"type": "boolean"}),
+                    "text": nullable(fmt),
+                    "previous_response_id": nullable({"type": "string", "pattern": "^resp_[A-Za-z0-9]{1,64}$"})},
                    ("input",))
 
 
 def _response_schemas() -> dict[str, Schema]:
-    usage = _object({"prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
+    usage = object_schema({"prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
                      "total_tokens": {"type": "integer"}}, ("prompt_tokens", "total_tokens"))
-    finish = _nullable({"enum": ["stop", "length", "tool_calls", "cancelled"]})
-    chat_choice = _object({"index": {"type": "integer"}, "finish_reason": finish,
-                           "message": _object({"role": {"const": "assistant"}, "content": _nullable({"type": "string"})},
+    finish = nullable({"enum": ["stop", "length", "tool_calls", "cancelled"]})
+    chat_choice = object_schema({"index": {"type": "integer"}, "finish_reason": finish,
+                           "message": object_schema({"role": {"const": "assistant"}, "content": nullable({"type": "string"})},
                                               ("role",))}, ("index", "message", "finish_reason"))
-    text_choice = _object({"index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": finish},
+    text_choice = object_schema({"index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": finish},
                           ("index", "text", "finish_reason"))
-    model = _object({"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+    model = object_schema({"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
                      "owned_by": {"type": "string"}}, ("id", "object", "created", "owned_by"))
-    piece = _object({"id": {"type": "integer"}, "piece": {"anyOf": [{"type": "string"},
+    piece = object_schema({"id": {"type": "integer"}, "piece": {"anyOf": [{"type": "string"},
                                                                      {"type": "array", "items": {"type": "integer"}}]}},
                     ("id", "piece"))
     return {
-        "Error": _object({"error": _object({"message": {"type": "string"}, "type": {"type": "string"},
-                                            "param": _nullable({"type": "string"}),
-                                            "code": _nullable({"type": "string"})},
+        "Error": object_schema({"error": object_schema({"message": {"type": "string"}, "type": {"type": "string"},
+                                            "param": nullable({"type": "string"}),
+                                            "code": nullable({"type": "string"})},
                                            ("message", "type", "param", "code"))}, ("error",)),
-        "ChatCompletion": _object({"id": {"type": "string"}, "object": {"const": "chat.completion"},
+        "ChatCompletion": object_schema({"id": {"type": "string"}, "object": {"const": "chat.completion"},
                                    "model": {"type": "string"}, "choices": {"type": "array", "items": chat_choice},
                                    "usage": usage}, ("id", "object", "model", "choices", "usage")),
-        "Completion": _object({"id": {"type": "string"}, "object": {"const": "text_completion"},
+        "Completion": object_schema({"id": {"type": "string"}, "object": {"const": "text_completion"},
                                "model": {"type": "string"}, "choices": {"type": "array", "items": text_choice},
                                "usage": usage}, ("id", "object", "model", "choices", "usage")),
-        "EmbeddingList": _object({"object": {"const": "list"}, "model": {"type": "string"},
-                                  "data": {"type": "array", "items": _object(
+        "EmbeddingList": object_schema({"object": {"const": "list"}, "model": {"type": "string"},
+                                  "data": {"type": "array", "items": object_schema(
                                       {"object": {"const": "embedding"}, "index": {"type": "integer"},
                                        "embedding": {"anyOf": [{"type": "string"},
                                                                {"type": "array", "items": {"type": "number"}}]}},
                                       ("object", "index", "embedding"))}}, ("object", "data", "model")),
-        "Response": _object({"id": {"type": "string"}, "object": {"const": "response"},
+        "Response": object_schema({"id": {"type": "string"}, "object": {"const": "response"},
                              "status": {"enum": ["completed", "incomplete", "cancelled", "failed", "in_progress"]},
                              "output": {"type": "array", "items": {"type": "object"}},
-                             "usage": _nullable({"type": "object"})}, ("id", "object", "status", "output")),
+                             "usage": nullable({"type": "object"})}, ("id", "object", "status", "output")),
         "Model": model,
-        "ModelList": _object({"object": {"const": "list"}, "data": {"type": "array", "items": model}},
+        "ModelList": object_schema({"object": {"const": "list"}, "data": {"type": "array", "items": model}},
                              ("object", "data")),
-        "Tokens": _object({"tokens": {"anyOf": [{"type": "array", "items": {"type": "integer"}},
+        "Tokens": object_schema({"tokens": {"anyOf": [{"type": "array", "items": {"type": "integer"}},
                                                 {"type": "array", "items": piece}]}}, ("tokens",)),
-        "Detokenized": _object({"content": {"type": "string"}}, ("content",)),
-        "Rendered": _object({"prompt": {"type": "string"}}, ("prompt",)),
+        "Detokenized": object_schema({"content": {"type": "string"}}, ("content",)),
+        "Rendered": object_schema({"prompt": {"type": "string"}}, ("prompt",)),
     }
-
-
-ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
-          "413": "body too large", "429": "queue full or rate limited", "503": "no worker or Redis away",
-          "504": "deadline passed"}
-
-
-def operation(summary: str, body: str | None, reply: str, *, stream: bool = False, tag: str = "openai",
-              error: str = "Error", params: tuple[str, ...] = ()) -> Schema:
-    """One operation: its body and 200 reply (components' schema names), errors in `error`'s shape, and its
-    path parameters (strings); `tag` names the API it belongs to."""
-    ok: Schema = {"description": "success", "content": {JSON: {"schema": _ref(reply)}}}
-    if stream:
-        ok["content"]["text/event-stream"] = {"schema": _object(  # each event: a chunk's JSON, then "[DONE]"
-            {"data": {"type": "string"}}, ("data",))}
-    responses = {"200": ok, **{code: {"description": why, "content": {JSON: {"schema": _ref(error)}}}
-                               for code, why in ERRORS.items()}}
-    found: Schema = {"summary": summary, "tags": [tag], "responses": responses}
-    if body is not None:
-        found["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
-    if params:
-        found["parameters"] = [{"name": name, "in": "path", "required": True,
-                                "schema": {"type": "string", "minLength": 1}} for name in params]
-    return found
 
 
 def openapi_document(settings: Settings) -> dict[str, Any]:
     """The OpenAPI 3.1 document of this gateway's API."""
-    # the other APIs' entries build on this module's parts
-    from gateway.openai.openapi_other_apis import other_api_paths, other_api_schemas, page_parameters
-
     plain = {"200": {"description": "success", "content": {JSON: {"schema": {"type": "object"}}}},
              "503": {"description": "not ready", "content": {JSON: {"schema": {"type": "object"}}}}}
     rid = ("response_id",)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.openai.openapi import Schema, _object, operation
+from gateway.openai.openapi_parts import Schema, object_schema, operation
 from gateway.responses_api.items import MAX_LIMIT
 
 ANY_OBJECT: Schema = {"type": "object"}
@@ -22,7 +22,7 @@ def page_parameters() -> list[Schema]:
 
 
 def _batch_paths() -> dict[str, Any]:
-    upload = {"multipart/form-data": {"schema": _object({"file": {"type": "string", "format": "binary"},
+    upload = {"multipart/form-data": {"schema": object_schema({"file": {"type": "string", "format": "binary"},
                                                          "purpose": {"const": "batch"}}, ("file", "purpose"))}}
     file_id, batch_id = ("file_id",), ("batch_id",)
     return {
@@ -91,35 +91,35 @@ def other_api_paths() -> dict[str, Any]:
 def other_api_schemas() -> dict[str, Schema]:
     """The components those paths name."""
     text, model = {"type": "string"}, {"type": "string", "minLength": 1}
-    item = _object({"id": text, "type": text}, ("id", "type"))
+    item = object_schema({"id": text, "type": text}, ("id", "type"))
     return {
         "Object": ANY_OBJECT,
-        "Deleted": _object({"id": text, "object": text, "deleted": {"type": "boolean"}}, ("id", "object", "deleted")),
-        "ItemList": _object({"object": {"const": "list"}, "data": {"type": "array", "items": item},
+        "Deleted": object_schema({"id": text, "object": text, "deleted": {"type": "boolean"}}, ("id", "object", "deleted")),
+        "ItemList": object_schema({"object": {"const": "list"}, "data": {"type": "array", "items": item},
                              "first_id": {"type": ["string", "null"]}, "last_id": {"type": ["string", "null"]},
                              "has_more": {"type": "boolean"}}, ("object", "data", "has_more")),
-        "BatchRequest": _object({"input_file_id": text, "endpoint": text, "completion_window": text,
+        "BatchRequest": object_schema({"input_file_id": text, "endpoint": text, "completion_window": text,
                                  "metadata": ANY_OBJECT}, ("input_file_id", "endpoint", "completion_window")),
-        "AnthropicMessagesRequest": _object({"model": model, "messages": {"type": "array"},
+        "AnthropicMessagesRequest": object_schema({"model": model, "messages": {"type": "array"},
                                              "max_tokens": {"type": "integer", "minimum": 1}},
                                             ("model", "messages")),
-        "AnthropicError": _object({"type": {"const": "error"}, "error": _object(
+        "AnthropicError": object_schema({"type": {"const": "error"}, "error": object_schema(
             {"type": text, "message": text}, ("type", "message"))}, ("type", "error")),
-        "OllamaChatRequest": _object({"model": model, "messages": {"type": "array"}, "stream": {"type": "boolean"},
+        "OllamaChatRequest": object_schema({"model": model, "messages": {"type": "array"}, "stream": {"type": "boolean"},
                                       "think": {"type": ["boolean", "string"]}, "options": ANY_OBJECT,
                                       "format": {"type": ["string", "object"]}, "tools": {"type": "array"},
                                       "keep_alive": {"type": ["string", "number"]}}, ("model",)),
-        "OllamaGenerateRequest": _object({"model": model, "prompt": text, "system": text, "raw": {"type": "boolean"},
+        "OllamaGenerateRequest": object_schema({"model": model, "prompt": text, "system": text, "raw": {"type": "boolean"},
                                           "stream": {"type": "boolean"}, "think": {"type": ["boolean", "string"]},
                                           "options": ANY_OBJECT, "format": {"type": ["string", "object"]},
                                           "keep_alive": {"type": ["string", "number"]}}, ("model",)),
-        "OllamaEmbedRequest": _object({"model": model, "input": {"type": ["string", "array"]},
+        "OllamaEmbedRequest": object_schema({"model": model, "input": {"type": ["string", "array"]},
                                        "truncate": {"type": "boolean"}}, ("model", "input")),
-        "OllamaEmbeddingsRequest": _object({"model": model, "prompt": text}, ("model", "prompt")),
-        "OllamaModelRequest": _object({"model": model}, ("model",)),
-        "OllamaError": _object({"error": text}, ("error",)),
-        "AdminModelRequest": _object({"model": model, "wait": {"type": "boolean"}, "timeout": {"type": "number"},
+        "OllamaEmbeddingsRequest": object_schema({"model": model, "prompt": text}, ("model", "prompt")),
+        "OllamaModelRequest": object_schema({"model": model}, ("model",)),
+        "OllamaError": object_schema({"error": text}, ("error",)),
+        "AdminModelRequest": object_schema({"model": model, "wait": {"type": "boolean"}, "timeout": {"type": "number"},
                                       "force": {"type": "boolean"}}, ("model",)),
-        "AdminLoraRequest": _object({"model": model, "name": text, "path": text}, ("model", "name")),
+        "AdminLoraRequest": object_schema({"model": model, "name": text, "path": text}, ("model", "name")),
     }
 
