@@ -79,6 +79,7 @@ class Broker:
         self.metrics = GatewayMetrics()
         self.limiter = RateLimiter(redis)
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s, on_error=self.health.note_error)
+        self.health.on_recovered = self.subscriber.check_now  # a pub/sub connection that lived through it is suspect
         self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
         self._admitting: dict[str, int] = {}  # model -> requests admitted by this gateway, not yet in its stream
         self.queue_view = QueueView(lambda model: self.queue_state(model),  # admission's shared, briefly reused read

@@ -4,6 +4,10 @@ their own, joined by a bridge; SmolLM2 workers with default heartbeat and lease 
 - A worker dropped off the network for 20 s mid-stream: the other worker takes its streams over, clients get
   byte-identical text and never wait 5 s without a byte; when the lost worker comes back it is fenced off (its
   late work is dropped, not published: no journal is written again) and serves again.
+- A gateway cut off from Redis for 20 s, with a stream open and again while idle, then healed: a request sent
+  right after the heal completes promptly (its pub/sub connection, which a partition leaves open but silent, was
+  found dead by its PING watchdog and dialled again), the open stream completes or ends with an in-stream error,
+  never hangs; after a shorter cut the open stream completes byte-identical (read back from its journal).
 - A gateway cut off from Redis while its clients still reach it: its clients get their stream or an error within
   LOST_AFTER_S (then a 503 `unavailable` in the stream), never silence forever; a new request gets a fast 503; the other gateway's streams are untouched; after the cut heals it serves again.
 """
@@ -30,6 +34,8 @@ from tests.support.netns import NetnsBed, NetnsCluster, start_cluster, unavailab
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 PARTITION_S = 20.0
 MAX_SILENCE_S = 5.0
+HEALED_WITHIN_S = 30.0  # a request sent right after a heal completes within this (pub/sub found dead in ~5 s)
+SHORT_CUT_S = 8.0
 REQUESTS = [  # (name, request body extras)
     ("greedy", {"temperature": 0, "max_tokens": 100}),
     ("seeded-n2", {"temperature": 0.8, "top_p": 0.95, "seed": 5, "n": 2, "max_tokens": 100}),
@@ -212,3 +218,66 @@ def test_gateway_cut_off_from_redis(netns_cluster) -> None:
     for name, extras in REQUESTS:
         _ended_once(name, healed[name], extras.get("n", 1))
         assert healed[name]["texts"] == undisturbed[name]["texts"]
+
+
+def _after_heal(cluster: NetnsCluster, base: str, healed_at: float, reference: dict) -> float:
+    """A request sent right after a heal: it must complete with the undisturbed text; returns its seconds."""
+    result: dict = {}
+    _stream(base, cluster.api_key, REQUESTS[0][1], result, timeout_s=HEALED_WITHIN_S)
+    _ended_once("after the heal", result, 1)
+    assert result["texts"] == reference["texts"]
+    took = result["ended"] - healed_at
+    assert took < HEALED_WITHIN_S, f"the request after the heal took {took:.1f}s"
+    return took
+
+
+def _cut_for(cluster: NetnsCluster, gateway: str, seconds: float) -> float:
+    cluster.bed.cut(gateway, "redis")
+    time.sleep(seconds)
+    cluster.bed.join(gateway, "redis")
+    return time.monotonic()
+
+
+def test_gateway_cut_20s_then_healed_serves_at_once(netns_cluster) -> None:
+    cluster = netns_cluster(1, 1)
+    base = cluster.gateway_urls[0]
+    long_request = {"temperature": 0, "max_tokens": 400}
+    reference: dict = {}
+    _stream(base, cluster.api_key, REQUESTS[0][1], reference)
+    _ended_once("reference", reference, 1)
+    undisturbed: dict = {}
+    _stream(base, cluster.api_key, long_request, undisturbed)
+    _ended_once("undisturbed", undisturbed, 1)
+    took = {}
+
+    # a stream open through a 20 s cut: it completes (from the journal) or ends with an in-stream error
+    opened: dict = {}
+    thread = threading.Thread(target=_stream, args=(base, cluster.api_key, long_request, opened))
+    thread.start()
+    wait_until(lambda: len(opened.get("times", [])) >= 3, 120, "the stream to start")
+    healed_at = _cut_for(cluster, "gw0", PARTITION_S)
+    took["after the cut with a stream open"] = _after_heal(cluster, base, healed_at, reference)
+    thread.join(timeout=HEALED_WITHIN_S)
+    assert not thread.is_alive(), "the stream open through the cut hung after the heal"
+    if "error" in opened:
+        assert "unavailable" in opened["error"], opened["error"]
+    else:
+        _ended_once("open through the cut", opened, 1)
+        assert opened["texts"] == undisturbed["texts"]
+
+    # idle through a 20 s cut
+    healed_at = _cut_for(cluster, "gw0", PARTITION_S)
+    took["after an idle cut"] = _after_heal(cluster, base, healed_at, reference)
+
+    # a cut shorter than LOST_AFTER_S: the open stream is not given up; it completes, byte-identical
+    opened = {}
+    thread = threading.Thread(target=_stream, args=(base, cluster.api_key, long_request, opened))
+    thread.start()
+    wait_until(lambda: len(opened.get("times", [])) >= 3, 120, "the stream to start")
+    healed_at = _cut_for(cluster, "gw0", SHORT_CUT_S)
+    thread.join(timeout=HEALED_WITHIN_S)
+    assert not thread.is_alive(), "the stream open through the short cut hung after the heal"
+    _ended_once("open through the short cut", opened, 1)
+    assert opened["texts"] == undisturbed["texts"]
+    took["the stream after a short cut"] = opened["ended"] - healed_at
+    print("seconds from the heal to completion: " + ", ".join(f"{k} {v:.1f}" for k, v in took.items()))
