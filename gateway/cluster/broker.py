@@ -63,6 +63,7 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 CANCEL_MARKER_MARGIN_S = 60
+CANCEL_WAIT_S = 5.0  # a cancel not written by then is given up (the job's deadline still ends it)
 
 
 class Broker:
@@ -218,8 +219,9 @@ class Broker:
             pipe = self.redis.pipeline(transaction=False)
             pipe.set(keys.cancelled_marker(request_id), b"1", ex=ttl)
             pipe.publish(keys.cancel_channel(model), notice)
-            await pipe.execute()
-        except (RedisError, OSError) as exc:
+            async with asyncio.timeout(CANCEL_WAIT_S):  # a connection a partition left silent: the reply ends late
+                await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
             log.warning("could not publish cancel of %s (%s)", request_id, type(exc).__name__)
             return
         log.info("cancelled %s (%s)", request_id, reason)
