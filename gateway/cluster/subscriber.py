@@ -155,10 +155,12 @@ class Subscriber:
                 await self._watch()
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError, TimeoutError) as exc:
+            except Exception as exc:  # noqa: BLE001 - the dispatcher must outlive any failure of its connection
                 self._connected.clear()  # subscriptions under way are sent again by the next dial (or time out)
                 self._on_error()
-                log.warning("pub/sub connection failed (%s); dialling again in %.2fs", type(exc).__name__, backoff)
+                expected = isinstance(exc, RedisError | OSError | TimeoutError)  # uvloop: RuntimeError on a closed
+                log.warning("pub/sub connection failed (%s); dialling again in %.2fs", type(exc).__name__, backoff,
+                            exc_info=not expected)
                 await self._drop()
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -178,6 +180,11 @@ class Subscriber:
         if not first:
             self.reconnects += 1
             log.warning("pub/sub connection re-established; resyncing %d streams from journals", len(self._queues))
+            # the pool's idle connections lived through the same outage and may be as dead (a reset lost in a
+            # partition): closed now, the journal reads that follow dial afresh
+            with contextlib.suppress(Exception):  # best effort: a connection not closed now fails and is redialled
+                async with asyncio.timeout(self._confirm_timeout_s):
+                    await self._redis.connection_pool.disconnect(inuse_connections=False)
         self._heard_at = asyncio.get_running_loop().time()
         self._ping_deadline = None
         self._connected.set()
