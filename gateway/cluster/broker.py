@@ -99,11 +99,13 @@ class Broker:
         await self.subscriber.close()
 
     async def ping(self) -> bool:
-        """True when Redis answers."""
+        """True when Redis answers (the health probe is told at once)."""
         try:
-            return bool(await self.redis.ping())
+            answered = bool(await self.redis.ping())
         except (RedisError, OSError):
             return False
+        self.health.note_answer()
+        return answered
 
     async def supervisor_status(self) -> dict[str, object] | None:
         """What `llmfleet serve` reports about the workers it supervises, when it runs this gateway."""

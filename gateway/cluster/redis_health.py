@@ -70,6 +70,15 @@ class RedisHealth:
         """Record a Redis failure seen elsewhere (a command's error, the pub/sub connection's loss)."""
         self._failed_at = self._clock()
 
+    def note_answer(self) -> None:
+        """Record a Redis reply seen elsewhere (on the event loop): Redis answers now, even if the probe, one PING
+        timeout behind, has not seen it yet (a readiness check that passed must not be followed by a 503)."""
+        was_down = self.down
+        self._answered_at = self._clock()
+        self._went_down.clear()
+        if was_down and self.on_recovered is not None:
+            self.on_recovered()
+
     async def wait_down(self) -> None:
         """Return once the probe finds Redis down (never, without a probe)."""
         await self._went_down.wait()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,10 +48,6 @@ def netns_cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[Callable[
     reason = unavailable()
     if reason is not None:
         pytest.skip(f"no namespace test bed: {reason}")
-    if os.environ.get("LLMFLEET_NETNS_TESTS") != "1":
-        # a known open defect (issue 25): after a 20 s cut, a gateway's pub/sub connection can stay stale (TCP
-        # retransmissions backed off), so a request after the heal may wait on it; each test passes alone
-        pytest.skip("the partition tests are opt-in until the stale pub/sub defect is fixed: LLMFLEET_NETNS_TESTS=1")
     bed = NetnsBed()
 
     def start(gateways: int, workers: int, **settings: str) -> NetnsCluster:
@@ -288,7 +283,9 @@ def test_gateway_cut_20s_then_healed_serves_at_once(netns_cluster) -> None:
     # connection is found dead and dialled again
     def forget_gateway_connections() -> None:
         killed = cluster.bed.run_in("redis", ["ss", "-K", "dst", cluster.bed.hosts["gw0"].address])
-        assert killed.returncode == 0 and "ESTAB" in killed.stdout, killed.stderr
+        if killed.returncode != 0:  # a kernel without CONFIG_INET_DIAG_DESTROY
+            pytest.skip(f"`ss -K` cannot destroy sockets here: {killed.stderr.strip()}")
+        assert "ESTAB" in killed.stdout, "Redis had no connection of the gateway to forget"
 
     opened, thread = _open_stream(cluster, base, long_request)
     healed_at = _cut_for(cluster, "gw0", SHORT_CUT_S, during=forget_gateway_connections)
