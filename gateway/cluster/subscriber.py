@@ -225,7 +225,7 @@ class Subscriber:
         """Close the connection's socket (a stale one would otherwise be read again); the next dial opens a new one."""
         connection = self._pubsub.connection if self._pubsub is not None else None
         if connection is not None:
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(Exception):  # already closed, or closed under it (uvloop: RuntimeError)
                 await connection.disconnect(nowait=True)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
