@@ -63,6 +63,7 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 CANCEL_MARKER_MARGIN_S = 60
+CANCEL_WAIT_S = 5.0  # a cancel not written by then is given up (the job's deadline still ends it)
 
 
 class Broker:
@@ -79,6 +80,7 @@ class Broker:
         self.metrics = GatewayMetrics()
         self.limiter = RateLimiter(redis)
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s, on_error=self.health.note_error)
+        self.health.on_recovered = self.subscriber.check_now  # a pub/sub connection that lived through it is suspect
         self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
         self._admitting: dict[str, int] = {}  # model -> requests admitted by this gateway, not yet in its stream
         self.queue_view = QueueView(lambda model: self.queue_state(model),  # admission's shared, briefly reused read
@@ -97,11 +99,13 @@ class Broker:
         await self.subscriber.close()
 
     async def ping(self) -> bool:
-        """True when Redis answers."""
+        """True when Redis answers (the health probe is told at once)."""
         try:
-            return bool(await self.redis.ping())
+            answered = bool(await self.redis.ping())
         except (RedisError, OSError):
             return False
+        self.health.note_answer()
+        return answered
 
     async def supervisor_status(self) -> dict[str, object] | None:
         """What `llmfleet serve` reports about the workers it supervises, when it runs this gateway."""
@@ -217,8 +221,9 @@ class Broker:
             pipe = self.redis.pipeline(transaction=False)
             pipe.set(keys.cancelled_marker(request_id), b"1", ex=ttl)
             pipe.publish(keys.cancel_channel(model), notice)
-            await pipe.execute()
-        except (RedisError, OSError) as exc:
+            async with asyncio.timeout(CANCEL_WAIT_S):  # a connection a partition left silent: the reply ends late
+                await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
             log.warning("could not publish cancel of %s (%s)", request_id, type(exc).__name__)
             return
         log.info("cancelled %s (%s)", request_id, reason)

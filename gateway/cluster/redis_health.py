@@ -33,8 +33,10 @@ class RedisHealth:
     """The probe thread and the time of the last Redis failure this gateway saw."""
 
     def __init__(self, ping: Callable[[], object] | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_recovered: Callable[[], None] | None = None) -> None:
         self._ping = ping  # a blocking PING with a socket timeout of DOWN_AFTER_S
+        self.on_recovered = on_recovered  # called on the event loop when Redis answers again after failing
         self._clock = clock
         self._answered_at = clock()
         self._failed_at: float | None = None
@@ -68,6 +70,15 @@ class RedisHealth:
         """Record a Redis failure seen elsewhere (a command's error, the pub/sub connection's loss)."""
         self._failed_at = self._clock()
 
+    def note_answer(self) -> None:
+        """Record a Redis reply seen elsewhere (on the event loop): Redis answers now, even if the probe, one PING
+        timeout behind, has not seen it yet (a readiness check that passed must not be followed by a 503)."""
+        was_down = self.down
+        self._answered_at = self._clock()
+        self._went_down.clear()
+        if was_down and self.on_recovered is not None:
+            self.on_recovered()
+
     async def wait_down(self) -> None:
         """Return once the probe finds Redis down (never, without a probe)."""
         await self._went_down.wait()
@@ -88,10 +99,12 @@ class RedisHealth:
             await asyncio.to_thread(self._thread.join, DOWN_AFTER_S + 1)
 
     def _signal(self, down: bool) -> None:
-        """Set or clear the went-down event on the event loop's thread."""
+        """Set or clear the went-down event on the event loop's thread; tell `on_recovered` of a recovery."""
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: the gateway is stopping
                 self._loop.call_soon_threadsafe(self._went_down.set if down else self._went_down.clear)
+                if not down and self.on_recovered is not None:
+                    self._loop.call_soon_threadsafe(self.on_recovered)
 
     def _probe(self) -> None:
         assert self._ping is not None

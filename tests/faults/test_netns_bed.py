@@ -1,6 +1,7 @@
 """The namespace test bed itself (tests/support/netns.py), with a real redis-server and redis-cli: hosts reach
 each other over the bridge, a partition cuts a host off and heal() brings it back, cut() drops only the traffic
-between two hosts, the delay proxy inside a host adds its round trip, and close() leaves nothing behind."""
+between two hosts, the delay proxy inside a host adds its round trip (set_delay changes it), and close() leaves
+nothing behind."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ def test_partition_cut_delay_and_cleanup(tmp_path: Path) -> None:
         direct_s, started = time.monotonic() - started, time.monotonic()
         assert _ping(bed, "b", delayed)
         assert time.monotonic() - started - direct_s >= 0.18  # at least the PING's round trip through the proxy
+        bed.set_delay("b", 2.0)
+        time.sleep(0.3)
+        assert not _ping(bed, "b", delayed, timeout_s=1.0)  # the proxy's new round trip is in force
     finally:
         bed.close()
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -166,7 +166,8 @@ async def test_after_a_reconnect_events_are_read_back_from_the_journal(app_clien
         DoneEvent(id=job.id, seq=2, usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)),
     ):
         await worker.send(event, publish=False)
-    await app.state.broker.subscriber._on_connect(None)  # what redis-py calls after reconnecting
+    # what the connection delivers once a re-dial subscribed the channel again
+    app.state.broker.subscriber._dispatch({"type": "subscribe", "channel": keys.events_channel(job.id).encode()})
     assert (await task).json()["choices"][0]["message"]["content"] == "X"
 
 

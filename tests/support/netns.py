@@ -76,6 +76,7 @@ class NetnsBed:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     services: list[subprocess.Popen[bytes]] = field(default_factory=list)  # Redis, proxies: stopped last
     cuts: set[tuple[str, str]] = field(default_factory=set)
+    proxies: dict[str, Path] = field(default_factory=dict)  # host -> its delay proxy's round-trip file
 
     def __post_init__(self) -> None:
         number = int(self.tag, 16)
@@ -134,21 +135,30 @@ class NetnsBed:
 
     def delayed_url(self, host: str, redis_url: str, rtt_s: float, log: Path) -> str:
         """A delay proxy (bench/delay_proxy.py) inside `host` forwarding to `redis_url` with `rtt_s` added; the
-        URL a process in `host` uses to reach Redis through it."""
+        URL a process in `host` uses to reach Redis through it. `set_delay` changes its round trip later."""
         upstream = redis_url.split("//")[1].split("/")[0].rsplit(":", 1)
-        port_file = log.parent / f"proxy-{host}.port"
+        port_file, rtt_file = log.parent / f"proxy-{host}.port", log.parent / f"proxy-{host}.rtt"
+        rtt_file.write_text(str(rtt_s))
         code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from bench.delay_proxy import DelayProxy; "
-                "p = DelayProxy(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]) / 2).start(); "
-                "open(sys.argv[5], 'w').write(str(p.port)); time.sleep(1e9)")
+                "from pathlib import Path; p = DelayProxy(sys.argv[2], int(sys.argv[3]), 0.0).start(); "
+                "rtt = Path(sys.argv[4]); p.set_rtt(float(rtt.read_text())); Path(sys.argv[5]).write_text(str(p.port))"
+                "\nwhile True:\n time.sleep(0.05); p.set_rtt(float(rtt.read_text() or p.one_way_s * 2))")
         repo = str(Path(__file__).resolve().parents[2])
-        self.popen(host, [sys.executable, "-c", code, repo, upstream[0], upstream[1], str(rtt_s), str(port_file)],
+        self.popen(host, [sys.executable, "-c", code, repo, upstream[0], upstream[1], str(rtt_file), str(port_file)],
                    dict(os.environ), log, service=True)
+        self.proxies[host] = rtt_file
         deadline = time.monotonic() + 10
         while not port_file.exists() or not port_file.read_text():
             if time.monotonic() > deadline:
                 raise RuntimeError("the delay proxy did not start")
             time.sleep(0.05)
         return f"redis://127.0.0.1:{port_file.read_text()}/0"
+
+    def set_delay(self, host: str, rtt_s: float) -> None:
+        """Change the round trip that the delay proxy in `host` adds (applies within 50 ms, to bytes read then)."""
+        scratch = self.proxies[host].with_suffix(".new")
+        scratch.write_text(str(rtt_s))
+        scratch.replace(self.proxies[host])  # atomic: the proxy never reads a half-written number
 
     def partition(self, host: str) -> None:
         """Take the host off the network: its link on the bridge goes down."""

@@ -127,3 +127,22 @@ def test_the_probe_notices_a_redis_that_stops_answering_and_comes_back() -> None
             await health.close()
 
     asyncio.run(run())
+
+
+def test_a_reply_seen_elsewhere_ends_down_at_once() -> None:
+    async def run() -> None:
+        redis, recovered = _Redis(), []
+        health = RedisHealth(redis.ping, on_recovered=lambda: recovered.append(1))
+        await health.start()
+        try:
+            redis.answering = False
+            await asyncio.wait_for(health.wait_down(), DOWN_AFTER_S * 2 + PROBE_EVERY_S + 0.5)
+            health.note_answer()  # e.g. /ready's PING went through before the probe's next one
+            assert not health.down and recovered == [1]
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(health.wait_down(), 0.05)
+        finally:
+            redis.answering = True
+            await health.close()
+
+    asyncio.run(run())
