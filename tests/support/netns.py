@@ -229,7 +229,7 @@ def start_cluster(bed: NetnsBed, logs: Path, model: str, gateways: int, workers:
     bed.add_host("redis")
     redis_url = bed.start_redis("redis", logs / "redis.log")
     base_env = {**os.environ, "REDIS_URL": redis_url, "LLMFLEET_REGISTRY_CACHE_S": "0", "LLMFLEET_THREADS": "1",
-                "LLMFLEET_KV_DTYPE": "float32", **settings}
+                **settings}
     cluster = NetnsCluster(bed, redis_url, [], {}, logs)
     for index in range(gateways):
         host = bed.add_host(f"gw{index}")
