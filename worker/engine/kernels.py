@@ -3,10 +3,11 @@
 Paged attention reads every sequence's keys and values in place through its block table: the numpy
 path first gathers all blocks into a padded (Hkv, B, L, Dh) batch per layer, which at long contexts cost more
 than the attention itself. Every row of a step is one query of it, a decode token or a prompt row alike
-(forward_batch.py), so a row's attention never depends on the step around it (batch invariance). The vector kernel holds its running sums in eight-lane vectors (simd.py), which
-numba's own vectorisation of the same loops did not keep in registers. The block-code matmuls are in
-block_kernels.py; the threading set-up and launch lock both use are in numba_runtime.py. SwiGLU runs here as well, across
-the kernel threads: numpy's four single-threaded passes left the second core idle.
+(forward_batch.py), so a row's attention never depends on the step around it (batch invariance). The vector
+kernel holds its running sums in eight-lane vectors (simd.py), which numba's own vectorisation of the same loops
+did not keep in registers. The block-code matmuls are in block_kernels.py and nibble_kernels.py; the threading
+set-up and launch lock all use are in numba_runtime.py. SwiGLU runs here as well, across the kernel threads:
+numpy's four single-threaded passes left the second core idle.
 
 Parallel kernels prefer numba's OpenMP layer: on the 2-core machine the `workqueue` layer launched the block
 matmul at half the speed (15-24 ms against 10 ms for SmolLM2's matrices). Where OpenMP is missing numba falls
