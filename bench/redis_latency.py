@@ -187,10 +187,7 @@ def main() -> None:
                 measured = measured_rtt_ms(f"redis://127.0.0.1:{proxy.port}/0")
                 single = per_stream_rate(run_requests(client, model, 1, args.max_tokens, vocab)[0])
                 many = aggregate_rate(run_requests(client, model, args.streams, args.max_tokens, vocab))
-                row = best[rtt]
-                row[0], row[1], row[2] = measured, max(row[1], single), max(row[2], many)
-                print(f"  round {round_no + 1} rtt {rtt:4.1f} ms (PING {measured:5.2f} ms): 1 stream {single:6.1f} "
-                      f"tok/s, {args.streams} streams {many:7.1f} tok/s", flush=True)
+                record_round(best[rtt], round_no, rtt, measured, single, many, args.streams)
         print_table(best, rtts, args.streams)
     finally:
         worker.terminate()
@@ -200,6 +197,14 @@ def main() -> None:
             worker.kill()
         proxy.close()
         server.stop()
+
+
+def record_round(row: list[float], round_no: int, rtt: float, measured: float, single: float, many: float,
+                 streams: int) -> None:
+    """Keep a round's best rates in `row` ([PING ms, 1-stream tok/s, N-stream tok/s]) and print the round."""
+    row[0], row[1], row[2] = measured, max(row[1], single), max(row[2], many)
+    print(f"  round {round_no + 1} rtt {rtt:4.1f} ms (PING {measured:5.2f} ms): 1 stream {single:6.1f} "
+          f"tok/s, {streams} streams {many:7.1f} tok/s", flush=True)
 
 
 def print_table(best: dict[float, list[float]], rtts: list[float], streams: int) -> None:
@@ -249,10 +254,7 @@ def measure_in_netns(args: argparse.Namespace, rtts: list[float]) -> None:
                 single = per_stream_rate(run_gateway_requests(base, key, args.model, 1, args.max_tokens, VOCAB)[0])
                 many = aggregate_rate(run_gateway_requests(base, key, args.model, args.streams, args.max_tokens,
                                                            VOCAB))
-                row = best[rtt]
-                row[0], row[1], row[2] = measured, max(row[1], single), max(row[2], many)
-                print(f"  round {round_no + 1} rtt {rtt:4.1f} ms (PING {measured:5.2f} ms): 1 stream {single:6.1f} "
-                      f"tok/s, {args.streams} streams {many:7.1f} tok/s", flush=True)
+                record_round(best[rtt], round_no, rtt, measured, single, many, args.streams)
         print_table(best, rtts, args.streams)
     finally:
         bed.close()
