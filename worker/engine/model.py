@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, nibble_kernels, ops
+from worker.engine import block_kernels, int_kernels, nibble_kernels, ops
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.config import ModelConfig
 from worker.engine.errors import ContextLengthError, EngineError, ModelLoadError, StepInterrupted
 from worker.engine.forward_batch import BatchEntry, ForwardBatch
 from worker.engine.gguf_file import read_gguf
+from worker.engine.k_blocks import K_KINDS
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
 from worker.engine.ops import Array
@@ -57,6 +58,8 @@ class Model:
         block_kernels.warm({code_group(raw.kind, raw.shape[1]) or 32 for raw in contents.quantized.values()})
         if contents.quantized:
             nibble_kernels.warm()
+        if any(raw.kind in K_KINDS for raw in contents.quantized.values()):
+            int_kernels.warm()
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: np.array(contents.tensors[name]) for name in keep if name in contents.tensors}
         return cls(config, architecture, weights, contents.metadata, lora_base)

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, kernels, nibble_kernels
+from worker.engine import block_kernels, int_kernels, kernels, nibble_kernels
+from worker.engine.k_blocks import KBlocks
 from worker.engine.quantized import PendingLinear, QuantizedLinear
 
 xp: Any = np  # the array module of the forward path
@@ -50,10 +51,12 @@ def embedding_rows(table: Weight, tokens: Array) -> Array:
 
 
 def _block_linear(x: Array, weight: QuantizedLinear) -> Array:
-    """x @ weight.T through the block codes (packed 4-bit ones at every width): (N, out), C-ordered."""
+    """x @ weight.T through the weight's quantized form (integer kernels for K-quants): (N, out), C-ordered."""
     if weight.column_scale is not None:
         x = x * weight.column_scale  # (N, in)
     blocks = weight.blocks
+    if isinstance(blocks, KBlocks):
+        return int_kernels.k_matmul(x, blocks)  # (N, out)
     if blocks.packed:
         return nibble_kernels.packed_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
     return block_kernels.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)

@@ -9,7 +9,7 @@ held packed two to a byte (`pack_nibbles`; nibble_kernels.py multiplies with the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -66,13 +66,31 @@ class BlockCodes:
         grouped = self.code_rows().reshape(rows, cols // self.group, self.group).astype(np.float32)  # (out, in/G, G)
         return (grouped * self.scale[:, :, None] + self.offset[:, :, None]).reshape(rows, cols)  # (out, in)
 
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """Some rows dequantized to float32 (an embedding lookup): (N, in)."""
+        codes = self.code_rows(index)  # (N, in) uint8
+        n, cols = codes.shape
+        grouped = codes.reshape(n, cols // self.group, self.group).astype(np.float32)  # (N, in/G, G)
+        grouped *= self.scale[index][:, :, None]
+        grouped += self.offset[index][:, :, None]
+        return grouped.reshape(n, cols)  # (N, in)
+
+    def take_rows(self, order: np.ndarray) -> BlockCodes:
+        """Rows reordered by the index array `order` (out,)."""
+        return replace(self, codes=np.ascontiguousarray(self.codes[order]), scale=np.ascontiguousarray(self.scale[order]),
+                       offset=np.ascontiguousarray(self.offset[order]))
+
+    def scaled(self, factor: np.float32) -> BlockCodes:
+        """Every row multiplied by one factor (scale and offset scaled)."""
+        return replace(self, scale=self.scale * np.float32(factor), offset=self.offset * np.float32(factor))
+
     def packable(self) -> bool:
         """Whether these unpacked codes fit pack_nibbles' form: every code in 0..15, groups of 32 columns."""
         return (not self.packed and self.group == NIBBLE_BLOCK and self.codes.shape[1] % NIBBLE_BLOCK == 0
                 and self.codes.size > 0 and int(self.codes.max()) < 16)
 
 
-def _f16(column: np.ndarray) -> np.ndarray:
+def f16_values(column: np.ndarray) -> np.ndarray:
     """Little-endian float16 bytes (n, 2) as float32 (n,)."""
     return np.ascontiguousarray(column).view(np.float16).astype(np.float32).reshape(-1)  # (n,)
 
@@ -90,11 +108,11 @@ def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
 
 def _legacy(blocks: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 blocks (n, bytes) of 32 weights: codes (n, 32), scale (n,), offset (n,)."""
-    d = _f16(blocks[:, :2])  # (n,)
+    d = f16_values(blocks[:, :2])  # (n,)
     if kind == "Q8_0":
         return (blocks[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8), d, -128.0 * d
     has_min = kind in ("Q4_1", "Q5_1")
-    m = _f16(blocks[:, 2:4]) if has_min else None  # (n,)
+    m = f16_values(blocks[:, 2:4]) if has_min else None  # (n,)
     at = 4 if has_min else 2
     codes = None
     if kind.startswith("Q5"):
@@ -108,7 +126,7 @@ def _legacy(blocks: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.n
     return codes, d, -(8.0 if kind == "Q4_0" else 16.0) * d
 
 
-def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The eight 6-bit scales and mins of a Q4_K/Q5_K super-block: (n, 8) each."""
     d, m, m_d = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]  # (n, 4) each
     sc = np.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1)  # (n, 8)
@@ -123,14 +141,14 @@ def _k_quant(blocks: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.
         ql = blocks[:, : QK_K // 2].reshape(n, 2, 64)  # (n, 2, 64): two halves of 128 weights
         qh = blocks[:, QK_K // 2 : QK_K // 2 + QK_K // 4].reshape(n, 2, 32)  # (n, 2, 32)
         scales = blocks[:, QK_K // 2 + QK_K // 4 : QK_K // 2 + QK_K // 4 + 16].view(np.int8).astype(np.float32)  # (n, 16)
-        d = _f16(blocks[:, -2:])  # (n,)
+        d = f16_values(blocks[:, -2:])  # (n,)
         low = np.concatenate([ql & 0x0F, ql >> 4], axis=-1).reshape(n, 2, 4, 32)  # (n, 2, 4, 32)
         high = (qh[:, :, None, :] >> np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]) & 0x03  # (n, 2, 4, 32)
         codes = (low | (high << 4)).reshape(n, QK_K)  # (n, 256) in 0..63
         scale = d[:, None] * scales  # (n, 16)
         return codes, scale, -32.0 * scale
-    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])  # (n,) each
-    sc, mins = _k_scales(blocks[:, 4:16])  # (n, 8) each
+    d, dmin = f16_values(blocks[:, 0:2]), f16_values(blocks[:, 2:4])  # (n,) each
+    sc, mins = k_scales(blocks[:, 4:16])  # (n, 8) each
     if kind == "Q5_K":
         qh = blocks[:, 16 : 16 + QK_K // 8]  # (n, 32)
         qs = blocks[:, 16 + QK_K // 8 :].reshape(n, 4, 32)  # (n, 4, 32)

@@ -1,11 +1,13 @@
-"""Quantized projections kept only as the file's 8-bit block codes: no float32 copy of a quantized tensor.
+"""Quantized projections kept only in a quantized form: no float32 copy of a quantized tensor.
 
 A step of a few sequences reads every weight once and does little arithmetic with it, so its speed is the bytes
-read: the block form (1 byte per weight plus per-group tables) reads a quarter of float32's, and codes that fit in
-four bits (Q4_0, Q4_1, Q4_K) are held packed two a byte (0.75 bytes a weight with their tables), multiplied by
-nibble_kernels.py. Steps of every width multiply through block_kernels.py or nibble_kernels.py (wide ones decode a
-tile of weight rows at a time), in one canonical summation order, so that a row's result never depends on the
-rest of the step.
+read. Two forms:
+- Q4_K and Q6_K (what Q4_K_M files are made of) stay in the file's own form (k_blocks.py: 0.59 and 0.83 bytes a
+  weight) and multiply through int_kernels.py, in integers against int8 activations;
+- the other types become 8-bit block codes with float32 tables (quant_blocks.py; packed two a byte where codes
+  fit in four bits: Q4_0, Q4_1), multiplied through block_kernels.py or nibble_kernels.py. So does a fused
+  projection whose parts mix kinds (a Q4_K query with a Q6_K value).
+Every kernel sums in one fixed order, so that a row's result never depends on the rest of its step.
 
 Loading is two-phase. The architecture's loader gets each quantized tensor as a `PendingLinear`: a recipe (the
 file tensor, then row permutations, row scales, fusing) with a key that names it, and nothing decoded. Row
@@ -24,14 +26,17 @@ from typing import Any
 
 import numpy as np
 
+from worker.engine.k_blocks import KBlocks
 from worker.engine.quant_blocks import BlockCodes, pack_nibbles
+
+Blocks = BlockCodes | KBlocks  # a quantized matrix in one of the engine's two forms
 
 
 @dataclass(frozen=True)
 class QuantizedLinear:
     """An (out, in) projection as block codes, whose input is x * column_scale (a folded norm weight) when set."""
 
-    blocks: BlockCodes  # (out, in) codes or (out, in/2) packed ones, (out, in/G) tables
+    blocks: Blocks  # block codes (out, in) or packed (out, in/2) with (out, in/G) tables; or K-quant form
     column_scale: np.ndarray | None = None  # (in,) folded norm weight the codes' input is scaled by
 
     @property
@@ -46,13 +51,7 @@ class QuantizedLinear:
 
     def rows(self, index: np.ndarray) -> np.ndarray:
         """Some rows dequantized to float32 (an embedding lookup): (N, in); the column scale is not applied."""
-        b = self.blocks
-        codes = b.code_rows(index)  # (N, in) uint8
-        n, cols = codes.shape
-        grouped = codes.reshape(n, cols // b.group, b.group).astype(np.float32)  # (N, in/G, G)
-        grouped *= b.scale[index][:, :, None]
-        grouped += b.offset[index][:, :, None]
-        return grouped.reshape(n, cols)  # (N, in)
+        return self.blocks.rows(index)  # (N, in)
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,7 +61,7 @@ class PendingLinear:
     key: str  # names the recipe: file tensor and transforms (the repack cache's entry name)
     shape: tuple[int, int]  # (out, in)
     group: int
-    build: Callable[[], BlockCodes]  # decodes and transforms; nothing is kept between calls
+    build: Callable[[], Blocks]  # decodes and transforms; nothing is kept between calls
     column_scale: np.ndarray | None = None  # (in,)
 
     def permute_rows(self, order: np.ndarray) -> PendingLinear:
@@ -70,10 +69,8 @@ class PendingLinear:
         tag = hashlib.sha256(np.ascontiguousarray(order, np.int64).tobytes()).hexdigest()[:12]
         parent = self.build
 
-        def build() -> BlockCodes:
-            b = parent()
-            return BlockCodes(np.ascontiguousarray(b.codes[order]), np.ascontiguousarray(b.scale[order]),
-                              np.ascontiguousarray(b.offset[order]), b.group)
+        def build() -> Blocks:
+            return parent().take_rows(order)
 
         return replace(self, key=f"{self.key}|rows:{tag}", build=build)
 
@@ -81,9 +78,8 @@ class PendingLinear:
         """Every output row multiplied by one factor (a query scale folded in)."""
         parent = self.build
 
-        def build() -> BlockCodes:
-            b = parent()
-            return replace(b, scale=b.scale * np.float32(factor), offset=b.offset * np.float32(factor))
+        def build() -> Blocks:
+            return parent().scaled(factor)
 
         return replace(self, key=f"{self.key}|scale:{float(factor)!r}", build=build)
 
@@ -116,8 +112,12 @@ def fuse_pending_rows(parts: tuple[PendingLinear, ...]) -> PendingLinear | None:
     if any(p.group % group for p in parts):
         return None
 
-    def build() -> BlockCodes:
-        regrouped = [_regroup(p.build(), group) for p in parts]
+    def build() -> Blocks:
+        built = [p.build() for p in parts]
+        first = built[0]
+        if isinstance(first, KBlocks) and all(isinstance(b, KBlocks) and b.kind == first.kind for b in built):
+            return first.stacked(built[1:])  # type: ignore[arg-type]
+        regrouped = [_regroup(b.as_block_codes() if isinstance(b, KBlocks) else b, group) for b in built]
         return BlockCodes(
             codes=np.concatenate([b.codes for b in regrouped], axis=0),  # (sum out, in)
             scale=np.concatenate([b.scale for b in regrouped], axis=0),  # (sum out, in/G)
@@ -129,7 +129,7 @@ def fuse_pending_rows(parts: tuple[PendingLinear, ...]) -> PendingLinear | None:
     return PendingLinear(key, (out_dim, parts[0].shape[1]), group, build, scales[0])
 
 
-BlockSource = Callable[[list[PendingLinear]], dict[str, BlockCodes]]  # codes by key (built or mapped)
+BlockSource = Callable[[list[PendingLinear]], dict[str, Blocks]]  # codes by key (built or mapped)
 
 
 def _walk(node: Any, visit: Callable[[PendingLinear], Any]) -> Any:
@@ -168,18 +168,20 @@ def materialize(weights: Any, source: BlockSource) -> Any:
     return _walk(weights, convert)
 
 
-def build_codes(pending: PendingLinear) -> BlockCodes:
-    """A pending projection's codes built in memory, row-major; packed two a byte when every code fits in four
-    bits (quant_blocks.pack_nibbles)."""
+def build_codes(pending: PendingLinear) -> Blocks:
+    """A pending projection's arrays built in memory, row-major: K-quant form as built; block codes packed two a
+    byte when every code fits in four bits (quant_blocks.pack_nibbles)."""
     b = pending.build()
+    if isinstance(b, KBlocks):
+        return b
     codes = pack_nibbles(b.codes) if b.packable() else np.ascontiguousarray(b.codes, np.uint8)
     return BlockCodes(codes, np.ascontiguousarray(b.scale, np.float32), np.ascontiguousarray(b.offset, np.float32),
                       b.group, packed=b.packable())
 
 
-def build_in_memory(pendings: list[PendingLinear]) -> dict[str, BlockCodes]:
+def build_in_memory(pendings: list[PendingLinear]) -> dict[str, Blocks]:
     """Every pending projection's codes built in memory, once per key (the source when no cache is used)."""
-    built: dict[str, BlockCodes] = {}
+    built: dict[str, Blocks] = {}
     for pending in pendings:
         if pending.key not in built:
             built[pending.key] = build_codes(pending)

@@ -5,7 +5,7 @@ A file is named by the model file's key and LAYOUT_VERSION. The key is sha256 ov
 mtime (ns) and its first and last MiB: a full sha256 of an 8B file (4.6 GB) would take longer than the warm load
 it serves, and a changed file (re-pulled, re-quantized) changes its mtime and size or its header. Layout: a header
 (magic, version, manifest and data lengths, a checksum of the data), a JSON manifest (the recipe key of every
-projection, where its arrays lie and whether its codes are packed two a byte) and the arrays, each 64-byte aligned. Before mapping, the size and the
+projection, where its arrays lie, and its form: a K-quant kind, or a group and whether its codes are packed) and the arrays, each 64-byte aligned. Before mapping, the size and the
 checksum are verified: a truncated or corrupt file is rebuilt, never mapped. A builder holds an exclusive lock
 (flock on a side file) and writes a temporary file, fsyncs it and renames it into place: a second worker starting
 on a cold cache waits for the lock and then maps the first one's file; a builder killed mid-write leaves only a
@@ -30,10 +30,12 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
+from worker.engine.k_blocks import ARRAYS, KBlocks
 from worker.engine.quant_blocks import BlockCodes
-from worker.engine.quantized import PendingLinear, build_codes, build_in_memory
+from worker.engine.quantized import Blocks, PendingLinear, build_codes, build_in_memory
 
-LAYOUT_VERSION = 2  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte)
+LAYOUT_VERSION = 3  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte;
+# 3: Q4_K and Q6_K in their own super-block form, k_blocks.py)
 MAGIC = b"LLMFRPK1"
 _HEADER = struct.Struct("<8sIIQQQ")  # magic, layout version, reserved, manifest bytes, data bytes, checksum
 _ALIGN = 64
@@ -90,9 +92,14 @@ def _write(path: Path, pendings: list[PendingLinear]) -> None:
             if pending.key in entries:
                 continue
             blocks = build_codes(pending)
-            entry: dict = {"group": blocks.group, "packed": blocks.packed}
-            for name in ("codes", "scale", "offset"):
-                array = np.ascontiguousarray(getattr(blocks, name))
+            if isinstance(blocks, KBlocks):
+                entry: dict = {"kind": blocks.kind}
+                arrays = blocks.arrays()
+            else:
+                entry = {"group": blocks.group, "packed": blocks.packed}
+                arrays = {name: getattr(blocks, name) for name in ("codes", "scale", "offset")}
+            for name, array in arrays.items():
+                array = np.ascontiguousarray(array)
                 entry[name] = [offset, str(array.dtype), list(array.shape)]
                 fh.write(array.data)
                 padded = _pad(offset + array.nbytes)
@@ -125,7 +132,7 @@ def _finish(tmp: Path, manifest: bytes, data_bytes: int) -> None:
         os.fsync(fh.fileno())
 
 
-def _open_valid(path: Path, keys: set[str]) -> dict[str, BlockCodes] | None:
+def _open_valid(path: Path, keys: set[str]) -> dict[str, Blocks] | None:
     """The cached codes of every key, mapped read-only; None when the file is missing, truncated, corrupt, of
     another layout or lacks a key."""
     try:
@@ -154,13 +161,17 @@ def _open_valid(path: Path, keys: set[str]) -> dict[str, BlockCodes] | None:
         return None
 
 
-def _entry_codes(data: np.ndarray, entry: dict) -> BlockCodes:
+def _entry_codes(data: np.ndarray, entry: dict) -> Blocks:
     """One projection's arrays as views of the mapped data."""
+    names = ARRAYS if "kind" in entry else ("codes", "scale", "offset")
     arrays = {}
-    for name in ("codes", "scale", "offset"):
-        offset, dtype, shape = entry[name]
-        count = int(np.prod(shape))
-        arrays[name] = np.frombuffer(data, np.dtype(dtype), count, offset).reshape(shape)  # a view, no copy
+    for name in names:
+        if name in entry:
+            offset, dtype, shape = entry[name]
+            count = int(np.prod(shape))
+            arrays[name] = np.frombuffer(data, np.dtype(dtype), count, offset).reshape(shape)  # a view, no copy
+    if "kind" in entry:
+        return KBlocks(kind=str(entry["kind"]), **arrays)
     return BlockCodes(arrays["codes"], arrays["scale"], arrays["offset"], int(entry["group"]), bool(entry["packed"]))
 
 
@@ -176,7 +187,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def cached_blocks(model_path: str | Path, pendings: list[PendingLinear],
-                  directory: Path | None) -> dict[str, BlockCodes]:
+                  directory: Path | None) -> dict[str, Blocks]:
     """Every pending projection's codes: mapped from the repack cache, built into it first when missing or
     invalid; built in memory when there is no cache directory or it cannot be written."""
     keys = {p.key for p in pendings}

@@ -1,7 +1,7 @@
-"""The served path (block codes: block kernels for decode, dequantized tiles and BLAS for prefill; packed 4-bit
-codes: nibble kernels at every width) against the float32 references, teacher-forced, within llama.cpp's own error
-on the same files, as ../shared/fixtures/quantized/README.md says; the loaded model holds no float32 copy of a
-quantized tensor."""
+"""The served path (Q4_K and Q6_K: integer kernels against int8 activations; other types: block codes, packed
+4-bit codes where they fit, with float32 activations) against the float32 references, teacher-forced, within
+llama.cpp's own error on the same files, as ../shared/fixtures/quantized/README.md says; the loaded model holds
+no float32 copy of a quantized tensor."""
 
 from __future__ import annotations
 
@@ -21,15 +21,14 @@ SYNTHETIC_1B = Path.home() / ".cache" / "llmfleet-peers" / "models" / "synthetic
 STEPS = 32  # the quantized fixtures cover each prompt's first 32 steps
 
 
-def budget(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """llama.cpp's error summary on a quantized file and the float32 reference it was measured against."""
+def budget(name: str, model_fixtures: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+    """llama.cpp's error summary on a quantized file and the float32 reference it was measured against (in
+    quantized/, or in the model's own fixture folder when `model_fixtures` names it)."""
     path = FIXTURES / "quantized" / name
     if not path.is_file():
         pytest.skip(f"fixture absent: {path}")
     errors = json.loads(path.read_text())
-    reference = path.parent / errors["float32_reference"]
-    if not reference.is_file():
-        reference = FIXTURES / "smollm2" / errors["float32_reference"]
+    reference = (FIXTURES / model_fixtures if model_fixtures else path.parent) / errors["float32_reference"]
     return errors["summary"], json.loads(reference.read_text())
 
 
@@ -54,9 +53,9 @@ def errors_of(model: Model, reference: dict[str, Any], batch: bool) -> list[floa
     return out
 
 
-def check_within_budget(model: Model, fixture: str, batch: bool) -> None:
+def check_within_budget(model: Model, fixture: str, batch: bool, model_fixtures: str = "") -> None:
     """Our max and mean step error no larger than llama.cpp's decode figures (printed beside them)."""
-    summary, reference = budget(fixture)
+    summary, reference = budget(fixture, model_fixtures)
     errs = errors_of(model, reference, batch)
     mine_max, mine_mean = max(errs), float(np.mean(errs))
     print(f"{fixture} {'batch' if batch else 'decode'}: ours max {mine_max:.4f} mean {mine_mean:.4f}; llama.cpp "
@@ -83,7 +82,13 @@ def float32_bytes(node: Any, seen: set[int]) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", [False, True])
 def test_smollm2_q4_1_within_llama_cpp_error(smollm2_engine: Any, batch: bool) -> None:
-    check_within_budget(smollm2_engine.model, "smollm2-q4_1-vs-f32.json", batch)
+    check_within_budget(smollm2_engine.model, "smollm2-q4_1-vs-f32.json", batch, "smollm2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [False, True])
+def test_gemma3_q4_k_m_within_llama_cpp_error(gemma3_engine: Any, batch: bool) -> None:
+    check_within_budget(gemma3_engine.model, "gemma3-q4_k_m-vs-f32.json", batch, "gemma3")
 
 
 @pytest.mark.slow

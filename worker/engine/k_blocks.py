@@ -1,0 +1,152 @@
+"""Q4_K and Q6_K tensors in the file's own form: 4-bit (or 6-bit) codes, integer sub-scales and a float scale per
+super-block of 256 columns, multiplied by int_kernels.py with int8 activations.
+
+A Q4_K weight is d * sc[g] * code - dmin * m[g] (codes 0..15, sc and m 0..63 per group of 32 columns); a Q6_K
+weight is d * sc[g] * (code - 32) (codes 0..63, sc -128..127 per group of 16). Held here: codes two a byte in
+ggml's Q4 order per 32 columns (byte j of a block: column j low, column j + 16 high), Q6_K's two high bits four a
+byte (byte j of a block's 8: columns j, j+8, j+16, j+24 in bit pairs 0-1 .. 6-7), the sub-scales as bytes and d,
+dmin as float32 per row and super-block: 0.594 bytes a weight for Q4_K, 0.828 for Q6_K (the file's 0.5625 and
+0.8203 plus float32 instead of float16 scales), where 8-bit codes with float32 tables took 0.75 and 1.5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from worker.engine.quant_blocks import QK_K, BlockCodes, f16_values, k_scales, pack_nibbles, unpack_nibbles
+
+K_KINDS = ("Q4_K", "Q6_K")  # held in this form
+_BLOCK = 32  # columns of one packed block (and of one int8x32 in the kernels)
+ARRAYS = ("codes", "high", "scales", "mins", "d", "dmin")
+
+
+def pack_high_bits(codes: np.ndarray) -> np.ndarray:
+    """Bits 4-5 of 6-bit codes (out, in), four a byte: (out, in/4) uint8, byte 8b + j holding columns 32b + j + 8i
+    in bits 2i, 2i+1 (i = 0..3)."""
+    rows, cols = codes.shape
+    high = ((codes >> 4) & 3).reshape(rows, cols // _BLOCK, 4, 8)  # (out, in/32, i, j)
+    shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]  # (1, 1, 4, 1)
+    return np.ascontiguousarray(np.bitwise_or.reduce(high << shifts, axis=2).reshape(rows, cols // 4), np.uint8)
+
+
+def unpack_high_bits(high: np.ndarray) -> np.ndarray:
+    """The bits 4-5 (as values 0..3) that pack_high_bits packed: (out, in) uint8 from (out, in/4)."""
+    rows, quarter = high.shape
+    blocks = high.reshape(rows, quarter // 8, 1, 8)  # (out, in/32, 1, j)
+    shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]  # (1, 1, 4, 1)
+    return ((blocks >> shifts) & 3).reshape(rows, 4 * quarter)  # (out, in)
+
+
+@dataclass(frozen=True)
+class KBlocks:
+    """An (out, in) Q4_K or Q6_K matrix in the file's form (arrays named as in ARRAYS; None where the kind has none)."""
+
+    kind: str  # "Q4_K" or "Q6_K"
+    codes: np.ndarray  # (out, in/2) uint8: the low four bits of each code, two a byte
+    scales: np.ndarray  # (out, in/32) uint8 for Q4_K, (out, in/16) int8 for Q6_K
+    d: np.ndarray  # (out, in/256) float32
+    high: np.ndarray | None = None  # Q6_K: (out, in/4) uint8, bits 4-5 of each code
+    mins: np.ndarray | None = None  # Q4_K: (out, in/32) uint8
+    dmin: np.ndarray | None = None  # Q4_K: (out, in/256) float32
+
+    @property
+    def group(self) -> int:
+        """Columns per sub-scale."""
+        return 32 if self.kind == "Q4_K" else 16
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out, in) of the matrix."""
+        return self.codes.shape[0], 2 * self.codes.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every array."""
+        return sum(a.nbytes for a in self.arrays().values())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays this kind has, by name."""
+        return {name: getattr(self, name) for name in ARRAYS if getattr(self, name) is not None}
+
+    def code_rows(self, index: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Some rows' codes, one a byte: (N, in) uint8 (0..15 or 0..63)."""
+        low = unpack_nibbles(self.codes[index])  # (N, in)
+        return low if self.high is None else low | (unpack_high_bits(self.high[index]) << 4)  # (N, in)
+
+    def tables(self, index: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """Per-group float32 scale and offset of some rows, w = code * scale + offset: (N, in/G) each."""
+        per_super = QK_K // self.group
+        d = np.repeat(self.d[index], per_super, axis=1)  # (N, in/G)
+        scale = d * self.scales[index].astype(np.float32)  # (N, in/G)
+        if self.kind == "Q6_K":
+            return scale, np.float32(-32.0) * scale
+        assert self.mins is not None and self.dmin is not None
+        dmin = np.repeat(self.dmin[index], per_super, axis=1)  # (N, in/G)
+        return scale, -(dmin * self.mins[index].astype(np.float32))
+
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """Some rows dequantized to float32 (an embedding lookup): (N, in)."""
+        codes = self.code_rows(index)  # (N, in)
+        n, cols = codes.shape
+        scale, offset = self.tables(index)  # (N, in/G) each
+        grouped = codes.reshape(n, cols // self.group, self.group).astype(np.float32)  # (N, in/G, G)
+        return (grouped * scale[:, :, None] + offset[:, :, None]).reshape(n, cols)  # (N, in)
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 matrix: (out, in)."""
+        return self.rows(np.arange(self.shape[0]))  # (out, in)
+
+    def as_block_codes(self) -> BlockCodes:
+        """The same weights as 8-bit codes with float32 tables (for fusing with another kind)."""
+        scale, offset = self.tables()
+        return BlockCodes(np.ascontiguousarray(self.code_rows()), np.ascontiguousarray(scale),
+                          np.ascontiguousarray(offset), self.group)
+
+    def take_rows(self, order: np.ndarray) -> KBlocks:
+        """Rows reordered by the index array `order` (out,)."""
+        taken = {name: np.ascontiguousarray(array[order]) for name, array in self.arrays().items()}
+        return replace(self, **taken)
+
+    def scaled(self, factor: np.float32) -> KBlocks:
+        """Every row multiplied by one factor (d and dmin scaled)."""
+        dmin = None if self.dmin is None else self.dmin * np.float32(factor)
+        return replace(self, d=self.d * np.float32(factor), dmin=dmin)
+
+    def stacked(self, others: list[KBlocks]) -> KBlocks:
+        """This matrix's rows followed by others' of the same kind: (sum out, in)."""
+        parts = [self, *others]
+        joined = {name: np.concatenate([p.arrays()[name] for p in parts], axis=0) for name in self.arrays()}
+        return replace(self, **joined)
+
+
+def decode_k_blocks(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> KBlocks:
+    """A Q4_K or Q6_K tensor (raw bytes per row as GGUF stores them) in this form."""
+    rows, cols = shape
+    n = rows * (cols // QK_K)
+    blocks = np.ascontiguousarray(raw).reshape(n, -1)  # (n, bytes per super-block)
+    if kind == "Q6_K":
+        ql = blocks[:, : QK_K // 2].reshape(n, 2, 64)  # (n, 2, 64): two halves of 128 weights
+        qh = blocks[:, QK_K // 2 : QK_K // 2 + QK_K // 4].reshape(n, 2, 32)  # (n, 2, 32)
+        low = np.concatenate([ql & 0x0F, ql >> 4], axis=-1).reshape(n, 2, 4, 32)  # (n, 2, 4, 32)
+        high = (qh[:, :, None, :] >> np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]) & 0x03  # (n, 2, 4, 32)
+        codes = (low | (high << 4)).reshape(rows, cols)  # (out, in) in 0..63
+        scales = blocks[:, QK_K // 2 + QK_K // 4 : QK_K // 2 + QK_K // 4 + 16].view(np.int8)  # (n, 16)
+        return KBlocks(kind, pack_nibbles(codes & 0x0F), np.ascontiguousarray(scales.reshape(rows, -1)),
+                       f16_values(blocks[:, -2:]).reshape(rows, -1), high=pack_high_bits(codes))
+    if kind != "Q4_K":
+        raise ValueError(f"{kind} has no super-block form here")
+    qs = blocks[:, 16:].reshape(n, 4, 32)  # (n, 4, 32)
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(rows, cols)  # (out, in) in 0..15
+    sc, mins = k_scales(blocks[:, 4:16])  # (n, 8) each, float32 of 0..63
+    return KBlocks(kind, pack_nibbles(codes), sc.astype(np.uint8).reshape(rows, -1),
+                   f16_values(blocks[:, 0:2]).reshape(rows, -1), mins=mins.astype(np.uint8).reshape(rows, -1),
+                   dmin=f16_values(blocks[:, 2:4]).reshape(rows, -1))
+
+
+def held_bytes(kind: str, count: int) -> int:
+    """Bytes held for `count` weights of a K_KINDS type."""
+    if kind == "Q4_K":
+        return count // 2 + count // 32 * 2 + count // QK_K * 8
+    return count // 2 + count // 4 + count // 16 + count // QK_K * 4

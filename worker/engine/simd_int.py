@@ -1,0 +1,237 @@
+"""Integer vectors for the int8 kernels (int_kernels.py): 32 codes in one AVX register, multiplied into 32 int8
+activations with AVX2's `vpmaddubsw` / `vpmaddwd`, or with portable LLVM vector code that gives the same integers.
+
+An int8x32 holds 32 unsigned codes (0..63); an int16x16 holds sub-scales; an int32x8 holds partial sums (lane l of
+a 32-column product is the sum of columns 4l..4l+3). The path is chosen once per process (`int_path`): "avx2"
+where the CPU has AVX2, else "generic"; LLMFLEET_INT_KERNELS=avx2|generic forces one (the tests run both). No sum
+here can saturate: a code is at most 63 and an activation at most 127 in magnitude, so a pair of products is at
+most 16002 (< 32767) and vpmaddubsw's saturation never applies; the generic path therefore equals it exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from typing import Any
+
+from llvmlite import binding as llvm_binding
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic, models, register_model
+
+from worker.engine.simd import float32x8
+
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_V32I8, _V16I16, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
+_V16I8, _V8I8 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 8)
+_V8F = ir.VectorType(ir.FloatType(), 8)
+PATHS = ("avx2", "generic")
+
+
+def detected_path() -> str:
+    """The path this CPU takes unless forced: avx2 where it has AVX2, else generic."""
+    return "avx2" if llvm_binding.get_host_cpu_features().get("avx2") else "generic"
+
+
+@cache
+def int_path() -> str:
+    """The integer instruction path of this process: LLMFLEET_INT_KERNELS when set, else detected_path()."""
+    forced = os.environ.get("LLMFLEET_INT_KERNELS", "").strip().lower()
+    if forced in PATHS:
+        return forced
+    if forced:
+        raise ValueError(f"LLMFLEET_INT_KERNELS={forced!r}: expected one of {', '.join(PATHS)}")
+    return detected_path()
+
+
+def _vector_type(name: str, llvm_type: ir.Type) -> types.Type:
+    """A numba type held as one LLVM vector (a type class of its own, with its data model)."""
+
+    class IntVector(types.Type):
+        def __init__(self) -> None:
+            super().__init__(name=name)
+
+    class IntVectorModel(models.PrimitiveModel):
+        def __init__(self, dmm: Any, fe_type: Any) -> None:
+            super().__init__(dmm, fe_type, llvm_type)
+
+    IntVector.__name__ = IntVector.__qualname__ = name.capitalize()
+    register_model(IntVector)(IntVectorModel)
+    return IntVector()
+
+
+int8x32 = _vector_type("int8x32", _V32I8)  # 32 codes, 0..63
+int16x16 = _vector_type("int16x16", _V16I16)  # sub-scales, one per pair of products
+int32x8 = _vector_type("int32x8", _V8I32)  # partial sums
+
+
+def _pointer(context: Any, builder: Any, array_type: Any, array: Any, index: Any, vector: ir.Type) -> Any:
+    """A pointer to array's element `index` as a pointer to `vector` (flat, no bounds check)."""
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [index]), vector.as_pointer())
+
+
+def _splat(llvm_type: ir.VectorType, value: int) -> ir.Constant:
+    """A constant integer vector."""
+    return ir.Constant(llvm_type, [value] * llvm_type.count)
+
+
+def _function(builder: Any, name: str, result: ir.Type, arguments: list[ir.Type]) -> Any:
+    """An LLVM intrinsic function declared once per module."""
+    module = builder.module
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(result, arguments), name=name)
+
+
+def _nibble_codes(context: Any, builder: Any, array_type: Any, array: Any, index: Any) -> Any:
+    """32 codes from 16 bytes at `index`: the low four bits of each byte, then the high four (ggml's Q4 order)."""
+    octets = builder.load(_pointer(context, builder, array_type, array, index, _V16I8), align=1)
+    low = builder.and_(octets, _splat(_V16I8, 0x0F))
+    high = builder.lshr(octets, _splat(_V16I8, 4))
+    return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+
+
+@intrinsic
+def nibbles32(typingctx: Any, array: Any, index: Any) -> Any:
+    """The 32 four-bit codes of one packed block (16 bytes of a flat uint8 array from `index` on)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return _nibble_codes(context, builder, signature.args[0], args[0], args[1])
+
+    return int8x32(array, index), codegen
+
+
+@intrinsic
+def sixbits32(typingctx: Any, low: Any, low_index: Any, high: Any, high_index: Any) -> Any:
+    """The 32 six-bit codes of one block: four low bits as nibbles32 reads them (16 bytes of `low`), two high bits
+    from 8 bytes of `high`, byte j holding columns j, j+8, j+16, j+24 in bit pairs 0-1, 2-3, 4-5, 6-7."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        codes = _nibble_codes(context, builder, signature.args[0], args[0], args[1])
+        octets = builder.load(_pointer(context, builder, signature.args[2], args[2], args[3], _V8I8), align=1)
+        spread = builder.shuffle_vector(octets, octets, ir.Constant(ir.VectorType(_I32, 32), list(range(8)) * 4))
+        words = builder.bitcast(spread, _V8I32)  # lane l: columns 4l..4l+3 (mod 8) of the high bytes
+        shifted = builder.lshr(words, ir.Constant(_V8I32, [0, 0, 2, 2, 4, 4, 6, 6]))  # column e: 2 * (e // 8)
+        bits = builder.shl(builder.and_(shifted, _splat(_V8I32, 0x03030303)), _splat(_V8I32, 4))
+        return builder.or_(codes, builder.bitcast(bits, _V32I8))
+
+    return int8x32(low, low_index, high, high_index), codegen
+
+
+def _pairs(builder: Any, vector: Any, count: int) -> Any:
+    """Adjacent lanes summed: (2n,) -> (n,) (0+1, 2+3, ..)."""
+    even = builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_I32, count), list(range(0, 2 * count, 2))))
+    odd = builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_I32, count), list(range(1, 2 * count, 2))))
+    return builder.add(even, odd)
+
+
+@intrinsic
+def dot_scaled(typingctx: Any, codes: Any, q: Any, q_index: Any, scales: Any) -> Any:
+    """Lane l of the result: scales[2l] * (c0 q0 + c1 q1) + scales[2l+1] * (c2 q2 + c3 q3) over columns 4l..4l+3
+    of 32 codes times the 32 int8 of a flat array from `q_index` on (vpmaddubsw then vpmaddwd on AVX2)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        values = builder.load(_pointer(context, builder, signature.args[1], args[1], args[2], _V32I8), align=1)
+        if int_path() == "avx2":
+            pairs = builder.call(_function(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8]),
+                                 [args[0], values])
+            return builder.call(_function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16]),
+                                [pairs, args[3]])
+        wide = ir.VectorType(_I16, 32)
+        products = builder.mul(builder.zext(args[0], wide), builder.sext(values, wide))  # (32,) exact in int16
+        pairs = _pairs(builder, products, 16)  # (16,) at most 16002 in magnitude: no saturation
+        wide32 = ir.VectorType(_I32, 16)
+        scaled = builder.mul(builder.sext(pairs, wide32), builder.sext(args[3], wide32))  # (16,)
+        return _pairs(builder, scaled, 8)  # (8,)
+
+    return int32x8(int8x32, q, q_index, int16x16), codegen
+
+
+@intrinsic
+def isplat16(typingctx: Any, first: Any, second: Any) -> Any:
+    """An int16x16 of `first` in lanes 0..7 and `second` in lanes 8..15 (the sub-scales of two 16-column groups)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        vector = ir.Constant(_V16I16, ir.Undefined)
+        a, b = builder.trunc(args[0], _I16), builder.trunc(args[1], _I16)
+        for lane in range(16):
+            vector = builder.insert_element(vector, a if lane < 8 else b, ir.Constant(_I32, lane))
+        return vector
+
+    return int16x16(types.int64, types.int64), codegen
+
+
+@intrinsic
+def izero(typingctx: Any) -> Any:
+    """Eight int32 zeros."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return _splat(_V8I32, 0)
+
+    return int32x8(), codegen
+
+
+@intrinsic
+def iadd(typingctx: Any, a: Any, b: Any) -> Any:
+    """a + b, lane by lane (int32, never near overflow here)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.add(args[0], args[1])
+
+    return int32x8(int32x8, int32x8), codegen
+
+
+@intrinsic
+def ifloat(typingctx: Any, a: Any) -> Any:
+    """The eight int32 lanes as float32 (rounded to nearest even past 2**24, as numpy's conversion)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.sitofp(args[0], _V8F)
+
+    return float32x8(int32x8), codegen
+
+
+@intrinsic
+def iwiden8(typingctx: Any, array: Any, index: Any) -> Any:
+    """Eight elements of a flat uint8, int8 or int32 array from `index` on, as int32 lanes (sign-extended for int8)."""
+    dtype = array.dtype
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        if dtype == types.int32:
+            return builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V8I32), align=4)
+        octets = builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V8I8), align=1)
+        return builder.sext(octets, _V8I32) if dtype == types.int8 else builder.zext(octets, _V8I32)
+
+    return int32x8(array, index), codegen
+
+
+@intrinsic
+def imul(typingctx: Any, a: Any, b: Any) -> Any:
+    """a * b, lane by lane (int32)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.mul(args[0], args[1])
+
+    return int32x8(int32x8, int32x8), codegen
+
+
+@intrinsic
+def ishl(typingctx: Any, a: Any, bits: Any) -> Any:
+    """a shifted left by a constant number of bits, lane by lane (int32)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        count = builder.trunc(args[1], _I32) if args[1].type != _I32 else args[1]
+        first = builder.insert_element(ir.Constant(_V8I32, ir.Undefined), count, ir.Constant(_I32, 0))
+        splat = builder.shuffle_vector(first, first, ir.Constant(ir.VectorType(_I32, 8), [0] * 8))
+        return builder.shl(args[0], splat)
+
+    return int32x8(int32x8, bits), codegen
+
+
+@intrinsic
+def isub(typingctx: Any, a: Any, b: Any) -> Any:
+    """a - b, lane by lane (int32)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.sub(args[0], args[1])
+
+    return int32x8(int32x8, int32x8), codegen
