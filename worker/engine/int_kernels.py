@@ -20,6 +20,8 @@ one chain, computed by one thread in one order.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from numba import njit, prange
 
@@ -28,6 +30,7 @@ from worker.engine.numba_runtime import launch_lock
 from worker.engine.quant_blocks import QK_K
 from worker.engine.simd import LANES, vbroadcast, vfma, vload, vstore, vsum
 from worker.engine.simd_int import (
+    PATHS,
     detected_path,
     dot_scaled,
     iadd,
@@ -45,6 +48,7 @@ from worker.engine.simd_int import (
 ROW_CHUNK = 64  # x rows per pass over the weights (their int8 codes stay in L2 while every weight row meets them)
 # numba's on-disk cache is keyed on the CPU, not on LLMFLEET_INT_KERNELS: a forced path compiles afresh each process
 _CACHE = int_path() == detected_path()
+log = logging.getLogger(__name__)
 
 
 @njit(parallel=True, cache=True)
@@ -246,7 +250,9 @@ def reference_matmul(x: np.ndarray, blocks: KBlocks) -> np.ndarray:
 
 
 def warm() -> None:
-    """Compile (or load from numba's cache) both kernels for writeable and for read-only (mapped) arrays."""
+    """Compile (or load from numba's cache) both kernels for writeable and for read-only (mapped) arrays, and log
+    the instruction path once."""
+    log.info("integer kernels: %s path (LLMFLEET_INT_KERNELS=%s forces one)", int_path(), "|".join(PATHS))
     for kind in ("Q4_K", "Q6_K"):
         for writeable in (True, False):
             blocks = _zero_blocks(kind)

@@ -7,13 +7,16 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support.quant_data import random_blocks
+from worker.engine.k_blocks import K_KINDS, KBlocks, decode_k_blocks
 from worker.engine.quant_blocks import BlockCodes
-from worker.engine.quantized import PendingLinear
+from worker.engine.quantized import Blocks, PendingLinear
 from worker.engine.repack_cache import cached_blocks, model_key
 
 REPO = Path(__file__).resolve().parents[3]
@@ -32,6 +35,11 @@ def pendings(builds: list[str], delay: float = 0.0) -> list[PendingLinear]:
                               rng.random((rows, cols // group), dtype=np.float32),
                               rng.random((rows, cols // group), dtype=np.float32), group)
         out.append(PendingLinear(f"w{i}", (rows, cols), group, build))
+    for i, kind in enumerate(K_KINDS, start=3):  # the K-quant super-block form
+        def build_k(i: int = i, kind: str = kind) -> KBlocks:
+            builds.append(f"w{i}")
+            return decode_k_blocks(random_blocks(kind, 4, 512, np.random.default_rng(i)), kind, (4, 512))
+        out.append(PendingLinear(f"w{i}", (4, 512), 32, build_k))
     return out
 
 
@@ -51,23 +59,37 @@ def the_cache_file(directory: Path) -> Path:
     return directory / repacks[0]
 
 
-def assert_same(found: dict[str, BlockCodes], expected: dict[str, BlockCodes]) -> None:
+def assert_same(found: dict[str, Blocks], expected: dict[str, Blocks]) -> None:
     """Every key's arrays equal."""
     assert found.keys() == expected.keys()
     for key, blocks in expected.items():
+        if isinstance(blocks, KBlocks):
+            assert isinstance(found[key], KBlocks) and found[key].kind == blocks.kind
+            assert found[key].arrays().keys() == blocks.arrays().keys()
+            for name, array in blocks.arrays().items():
+                np.testing.assert_array_equal(found[key].arrays()[name], array)
+            continue
         for name in ("codes", "scale", "offset"):
             np.testing.assert_array_equal(getattr(found[key], name), getattr(blocks, name))
         assert found[key].group == blocks.group and found[key].packed == blocks.packed
+
+
+def copied(blocks: Blocks) -> Blocks:
+    """The same matrix in memory of its own (not a view of a mapping)."""
+    if isinstance(blocks, KBlocks):
+        return replace(blocks, **{name: np.array(array) for name, array in blocks.arrays().items()})
+    return BlockCodes(np.array(blocks.codes), np.array(blocks.scale), np.array(blocks.offset), blocks.group,
+                      blocks.packed)
 
 
 def test_built_once_then_mapped_read_only(model_file: Path, tmp_path: Path) -> None:
     builds: list[str] = []
     cache = tmp_path / "cache"
     first = cached_blocks(model_file, pendings(builds), cache)
-    assert sorted(builds) == ["w0", "w1", "w2"]
+    assert sorted(builds) == ["w0", "w1", "w2", "w3", "w4"]
     assert first["w2"].packed and first["w2"].codes.shape == (4, 128) and not first["w0"].packed
     second = cached_blocks(model_file, pendings(builds), cache)
-    assert len(builds) == 3  # the warm load decoded nothing
+    assert len(builds) == 5  # the warm load decoded nothing
     assert_same(second, first)
     codes = second["w1"].codes
     assert not codes.flags.writeable and codes.dtype == np.uint8 and codes.shape == (16, 32)
@@ -78,8 +100,7 @@ def test_built_once_then_mapped_read_only(model_file: Path, tmp_path: Path) -> N
 def test_a_damaged_file_is_rebuilt_not_mapped(model_file: Path, tmp_path: Path, damage: str) -> None:
     builds: list[str] = []
     cache = tmp_path / "cache"
-    good = {k: BlockCodes(np.array(v.codes), np.array(v.scale), np.array(v.offset), v.group, v.packed)
-            for k, v in cached_blocks(model_file, pendings(builds), cache).items()}
+    good = {k: copied(v) for k, v in cached_blocks(model_file, pendings(builds), cache).items()}
     path = the_cache_file(cache)
     data = bytearray(path.read_bytes())
     if damage == "truncate":
@@ -91,7 +112,7 @@ def test_a_damaged_file_is_rebuilt_not_mapped(model_file: Path, tmp_path: Path, 
     path.write_bytes(bytes(data))
     builds.clear()
     rebuilt = cached_blocks(model_file, pendings(builds), cache)
-    assert sorted(builds) == ["w0", "w1", "w2"]
+    assert sorted(builds) == ["w0", "w1", "w2", "w3", "w4"]
     assert_same(rebuilt, good)
     assert the_cache_file(cache).stat().st_size > len(data) // 2
 
@@ -108,7 +129,7 @@ def test_a_killed_builders_temporary_file_is_removed(model_file: Path, tmp_path:
 def test_no_directory_builds_in_memory(model_file: Path) -> None:
     builds: list[str] = []
     found = cached_blocks(model_file, pendings(builds), None)
-    assert sorted(builds) == ["w0", "w1", "w2"] and found["w0"].codes.flags.writeable
+    assert sorted(builds) == ["w0", "w1", "w2", "w3", "w4"] and found["w0"].codes.flags.writeable
 
 
 CHILD = """
@@ -134,7 +155,7 @@ def test_two_processes_on_a_cold_cache_end_with_one_valid_file(model_file: Path,
     import json
 
     parsed = [json.loads(r.strip().splitlines()[-1]) for r in results]
-    assert sorted(p["builds"] for p in parsed) == [0, 3]  # one built it; the other waited and mapped it
+    assert sorted(p["builds"] for p in parsed) == [0, 5]  # one built it; the other waited and mapped it
     assert parsed[0]["sum"] == parsed[1]["sum"]
     builds: list[str] = []
     cached_blocks(model_file, pendings(builds), cache)

@@ -1,0 +1,110 @@
+"""worker.engine.int_kernels: the integer matmuls over Q4_K and Q6_K equal their numpy reference bit for bit at
+every row count, on both instruction paths; a row's result does not depend on the rest of its step; the
+activation quantization is llama.cpp's Q8_K and the result stays close to float arithmetic."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.quant_data import random_blocks
+from worker.engine import int_kernels
+from worker.engine.k_blocks import K_KINDS, KBlocks, decode_k_blocks
+from worker.engine.simd_int import PATHS, int_path
+
+REPO = Path(__file__).resolve().parents[3]
+ROW_COUNTS = (1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 64, 65, 70)
+
+
+def matrix(kind: str, rows: int, cols: int, seed: int) -> KBlocks:
+    """A random (rows, cols) matrix of the kind, decoded from raw GGUF bytes."""
+    return decode_k_blocks(random_blocks(kind, rows, cols, np.random.default_rng(seed)), kind, (rows, cols))
+
+
+def activations(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random x (rows, cols) with an outlier, a zero super-block and a row of zeros."""
+    x = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)  # (rows, cols)
+    x[0, 3] = 40.0
+    x[-1, :256] = 0.0
+    if rows > 2:
+        x[1] = 0.0
+    return x
+
+
+def test_quantization_is_q8_k_and_equals_its_reference() -> None:
+    x = activations(5, 512, 1)
+    q, dx, sums16, sums32 = int_kernels.quantize_rows(x)
+    for got, expected in zip((q, dx, sums16, sums32), int_kernels.reference_quantize(x)):
+        np.testing.assert_array_equal(got, expected)
+    assert q.dtype == np.int8 and np.abs(q).max() == 127 and dx[-1, 0] == 0 and not q[-1, :256].any()
+    np.testing.assert_allclose(q[2].reshape(2, 256) * dx[2][:, None], x[2].reshape(2, 256), atol=float(dx[2].max()))
+
+
+@pytest.mark.parametrize("kind", K_KINDS)
+def test_every_row_count_equals_the_reference_bit_for_bit(kind: str) -> None:
+    blocks = matrix(kind, 37, 512, 2)  # an odd number of weight rows
+    for n in ROW_COUNTS:
+        x = activations(n, 512, n)
+        np.testing.assert_array_equal(int_kernels.k_matmul(x, blocks), int_kernels.reference_matmul(x, blocks),
+                                      err_msg=f"{kind} {n} rows")
+
+
+@pytest.mark.parametrize("kind", K_KINDS)
+def test_a_rows_result_is_the_same_alone_and_among_others(kind: str) -> None:
+    blocks = matrix(kind, 24, 768, 3)
+    x = activations(130, 768, 4)  # more than two passes of ROW_CHUNK
+    together = int_kernels.k_matmul(x, blocks)  # (130, 24)
+    for k in (0, 1, 63, 64, 129):
+        np.testing.assert_array_equal(int_kernels.k_matmul(x[k : k + 1], blocks)[0], together[k])
+
+
+@pytest.mark.parametrize("kind", K_KINDS)
+def test_close_to_float_arithmetic(kind: str) -> None:
+    blocks = matrix(kind, 64, 1024, 5)
+    x = np.random.default_rng(6).standard_normal((3, 1024)).astype(np.float32)  # (3, 1024)
+    exact = x.astype(np.float64) @ blocks.dequantize().T.astype(np.float64)  # (3, 64)
+    error = np.abs(int_kernels.k_matmul(x, blocks) - exact).max() / np.abs(exact).max()
+    assert error < 0.02
+
+
+def test_generic_path_gives_the_same_bits_as_this_cpus(tmp_path: Path) -> None:
+    """LLMFLEET_INT_KERNELS forces each path; every path this CPU has gives the reference's bits."""
+    script = (
+        "import sys, numpy as np\n"
+        "from tests.worker.engine.test_int_kernels import matrix, activations\n"
+        "from worker.engine import int_kernels\n"
+        "from worker.engine.simd_int import int_path\n"
+        "assert int_path() == sys.argv[1], int_path()\n"
+        "out = [int_kernels.k_matmul(activations(n, 512, n), matrix(kind, 9, 512, 7))\n"
+        "       for kind in ('Q4_K', 'Q6_K') for n in (1, 5, 17)]\n"
+        "np.savez(sys.argv[2], *out)\n"
+    )
+    results = {}
+    for path in PATHS:
+        if path == "avx2" and int_path() != "avx2":
+            continue  # (this CPU has no AVX2: only the generic path exists here)
+        target = tmp_path / f"{path}.npz"
+        env = {**os.environ, "LLMFLEET_INT_KERNELS": path, "PYTHONPATH": str(REPO)}
+        subprocess.run([sys.executable, "-c", script, path, str(target)], cwd=REPO, env=env, check=True, timeout=600)
+        results[path] = np.load(target)
+    expected = [int_kernels.reference_matmul(activations(n, 512, n), matrix(kind, 9, 512, 7))
+                for kind in ("Q4_K", "Q6_K") for n in (1, 5, 17)]
+    for path, arrays in results.items():
+        for i, want in enumerate(expected):
+            np.testing.assert_array_equal(arrays[f"arr_{i}"], want, err_msg=path)
+
+
+def test_a_bad_path_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMFLEET_INT_KERNELS", "avx9")
+    int_path.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="LLMFLEET_INT_KERNELS"):
+            int_path()
+    finally:
+        monkeypatch.delenv("LLMFLEET_INT_KERNELS")
+        int_path.cache_clear()
