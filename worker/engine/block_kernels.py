@@ -41,6 +41,142 @@ DECODED_TILE = 8  # weight rows a wide task decodes at once (8 x 1536 float32 = 
 ROW_TILE = 4  # weight rows per task of the narrow kernel
 
 
+@njit(inline="always")
+def _one_by_eight(group, flat_codes, scale, offset, flat_x, cols, r, k, out):  # pragma: no cover (compiled)
+    """out[k:k+8, r]: one weight row times eight rows of x (eight chains)."""
+    x0 = k * cols
+    a0 = vzero()  # (8,) chain of x row k
+    a1 = vzero()
+    a2 = vzero()
+    a3 = vzero()
+    a4 = vzero()
+    a5 = vzero()
+    a6 = vzero()
+    a7 = vzero()
+    for g in range(cols // group):
+        s = vbroadcast(scale[r, g])  # (8,)
+        m = vbroadcast(offset[r, g])  # (8,)
+        for v in range(group // LANES):
+            c = g * group + v * LANES
+            w = vfma(vload_u8(flat_codes, r * cols + c), s, m)  # (8,) weights r, c:c+8
+            a0 = vfma(w, vload(flat_x, x0 + c), a0)  # (8,)
+            a1 = vfma(w, vload(flat_x, x0 + cols + c), a1)  # (8,)
+            a2 = vfma(w, vload(flat_x, x0 + 2 * cols + c), a2)  # (8,)
+            a3 = vfma(w, vload(flat_x, x0 + 3 * cols + c), a3)  # (8,)
+            a4 = vfma(w, vload(flat_x, x0 + 4 * cols + c), a4)  # (8,)
+            a5 = vfma(w, vload(flat_x, x0 + 5 * cols + c), a5)  # (8,)
+            a6 = vfma(w, vload(flat_x, x0 + 6 * cols + c), a6)  # (8,)
+            a7 = vfma(w, vload(flat_x, x0 + 7 * cols + c), a7)  # (8,)
+    out[k, r] = vsum(a0)
+    out[k + 1, r] = vsum(a1)
+    out[k + 2, r] = vsum(a2)
+    out[k + 3, r] = vsum(a3)
+    out[k + 4, r] = vsum(a4)
+    out[k + 5, r] = vsum(a5)
+    out[k + 6, r] = vsum(a6)
+    out[k + 7, r] = vsum(a7)
+
+@njit(inline="always")
+def _two_by_four(group, flat_codes, scale, offset, flat_x, cols, r, q, k, out):  # pragma: no cover (compiled)
+    """out[k:k+4, r] and out[k:k+4, q]: two weight rows times four rows of x (eight chains)."""
+    x0 = k * cols
+    a0 = vzero()  # (8,) weight row r times x row k
+    a1 = vzero()
+    a2 = vzero()
+    a3 = vzero()
+    b0 = vzero()  # (8,) weight row q times x row k
+    b1 = vzero()
+    b2 = vzero()
+    b3 = vzero()
+    for g in range(cols // group):
+        s0 = vbroadcast(scale[r, g])  # (8,)
+        m0 = vbroadcast(offset[r, g])  # (8,)
+        s1 = vbroadcast(scale[q, g])  # (8,)
+        m1 = vbroadcast(offset[q, g])  # (8,)
+        for v in range(group // LANES):
+            c = g * group + v * LANES
+            w0 = vfma(vload_u8(flat_codes, r * cols + c), s0, m0)  # (8,) weights r, c:c+8
+            w1 = vfma(vload_u8(flat_codes, q * cols + c), s1, m1)  # (8,) weights q, c:c+8
+            t = vload(flat_x, x0 + c)  # (8,)
+            a0 = vfma(w0, t, a0)
+            b0 = vfma(w1, t, b0)
+            t = vload(flat_x, x0 + cols + c)  # (8,)
+            a1 = vfma(w0, t, a1)
+            b1 = vfma(w1, t, b1)
+            t = vload(flat_x, x0 + 2 * cols + c)  # (8,)
+            a2 = vfma(w0, t, a2)
+            b2 = vfma(w1, t, b2)
+            t = vload(flat_x, x0 + 3 * cols + c)  # (8,)
+            a3 = vfma(w0, t, a3)
+            b3 = vfma(w1, t, b3)
+    out[k, r], out[k, q] = vsum(a0), vsum(b0)
+    out[k + 1, r], out[k + 1, q] = vsum(a1), vsum(b1)
+    out[k + 2, r], out[k + 2, q] = vsum(a2), vsum(b2)
+    out[k + 3, r], out[k + 3, q] = vsum(a3), vsum(b3)
+
+@njit(inline="always")
+def _one_by_four(group, flat_codes, scale, offset, flat_x, cols, r, k, out):  # pragma: no cover (compiled)
+    """out[k:k+4, r]: one weight row times four rows of x (four chains)."""
+    x0 = k * cols
+    a0 = vzero()  # (8,) chain of x row k
+    a1 = vzero()
+    a2 = vzero()
+    a3 = vzero()
+    for g in range(cols // group):
+        s = vbroadcast(scale[r, g])  # (8,)
+        m = vbroadcast(offset[r, g])  # (8,)
+        for v in range(group // LANES):
+            c = g * group + v * LANES
+            w = vfma(vload_u8(flat_codes, r * cols + c), s, m)  # (8,) weights r, c:c+8
+            a0 = vfma(w, vload(flat_x, x0 + c), a0)  # (8,)
+            a1 = vfma(w, vload(flat_x, x0 + cols + c), a1)  # (8,)
+            a2 = vfma(w, vload(flat_x, x0 + 2 * cols + c), a2)  # (8,)
+            a3 = vfma(w, vload(flat_x, x0 + 3 * cols + c), a3)  # (8,)
+    out[k, r] = vsum(a0)
+    out[k + 1, r] = vsum(a1)
+    out[k + 2, r] = vsum(a2)
+    out[k + 3, r] = vsum(a3)
+
+@njit(inline="always")
+def _four_by_one(group, flat_codes, scale, offset, flat_x, cols, r0, r1, r2, r3, k, out):  # pragma: no cover
+    """out[k, r0], .., out[k, r3]: four weight rows times one row of x (four chains, one per weight row)."""
+    x0 = k * cols
+    a0 = vzero()  # (8,) chain of weight row r0
+    a1 = vzero()
+    a2 = vzero()
+    a3 = vzero()
+    for g in range(cols // group):
+        s0 = vbroadcast(scale[r0, g])  # (8,)
+        m0 = vbroadcast(offset[r0, g])  # (8,)
+        s1 = vbroadcast(scale[r1, g])  # (8,)
+        m1 = vbroadcast(offset[r1, g])  # (8,)
+        s2 = vbroadcast(scale[r2, g])  # (8,)
+        m2 = vbroadcast(offset[r2, g])  # (8,)
+        s3 = vbroadcast(scale[r3, g])  # (8,)
+        m3 = vbroadcast(offset[r3, g])  # (8,)
+        for v in range(group // LANES):
+            c = g * group + v * LANES
+            t = vload(flat_x, x0 + c)  # (8,)
+            a0 = vfma(vfma(vload_u8(flat_codes, r0 * cols + c), s0, m0), t, a0)  # (8,)
+            a1 = vfma(vfma(vload_u8(flat_codes, r1 * cols + c), s1, m1), t, a1)  # (8,)
+            a2 = vfma(vfma(vload_u8(flat_codes, r2 * cols + c), s2, m2), t, a2)  # (8,)
+            a3 = vfma(vfma(vload_u8(flat_codes, r3 * cols + c), s3, m3), t, a3)  # (8,)
+    out[k, r0], out[k, r1], out[k, r2], out[k, r3] = vsum(a0), vsum(a1), vsum(a2), vsum(a3)
+
+@njit(inline="always")
+def _one_by_one(group, flat_codes, scale, offset, flat_x, cols, r, k, out):  # pragma: no cover (compiled)
+    """out[k, r]: one chain."""
+    x0 = k * cols
+    a0 = vzero()  # (8,)
+    for g in range(cols // group):
+        s = vbroadcast(scale[r, g])  # (8,)
+        m = vbroadcast(offset[r, g])  # (8,)
+        for v in range(group // LANES):
+            c = g * group + v * LANES
+            a0 = vfma(vfma(vload_u8(flat_codes, r * cols + c), s, m), vload(flat_x, x0 + c), a0)  # (8,)
+    out[k, r] = vsum(a0)
+
+
 def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
     """The narrow block matmul for one group size (a compile-time constant, so the group loop unrolls).
 
@@ -52,143 +188,9 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
     One thread (CPU time), SmolLM2's matrices and head, ms, the kernels before the canonical rule (two chains per
     single row) against these, in one process, alternating: 1 row 20.0 / 14.1, 2 rows 27.2 / 21.4, 4 rows 25.1 /
     25.8, 5 rows 43.2 / 41.5, 8 rows 49.6 / 49.1, 12 rows 74.1 / 69.2.
+    The tiles live at module level and take `group` from this closure: a closure holding only an int has the same
+    numba cache key in every process (closures over jitted functions did not, and recompiled at every load).
     """
-    vectors = group // LANES  # 8-lane vectors per group
-
-    @njit(inline="always")
-    def one_by_eight(flat_codes, scale, offset, flat_x, cols, r, k, out):  # pragma: no cover (compiled)
-        """out[k:k+8, r]: one weight row times eight rows of x (eight chains)."""
-        x0 = k * cols
-        a0 = vzero()  # (8,) chain of x row k
-        a1 = vzero()
-        a2 = vzero()
-        a3 = vzero()
-        a4 = vzero()
-        a5 = vzero()
-        a6 = vzero()
-        a7 = vzero()
-        for g in range(cols // group):
-            s = vbroadcast(scale[r, g])  # (8,)
-            m = vbroadcast(offset[r, g])  # (8,)
-            for v in range(vectors):
-                c = g * group + v * LANES
-                w = vfma(vload_u8(flat_codes, r * cols + c), s, m)  # (8,) weights r, c:c+8
-                a0 = vfma(w, vload(flat_x, x0 + c), a0)  # (8,)
-                a1 = vfma(w, vload(flat_x, x0 + cols + c), a1)  # (8,)
-                a2 = vfma(w, vload(flat_x, x0 + 2 * cols + c), a2)  # (8,)
-                a3 = vfma(w, vload(flat_x, x0 + 3 * cols + c), a3)  # (8,)
-                a4 = vfma(w, vload(flat_x, x0 + 4 * cols + c), a4)  # (8,)
-                a5 = vfma(w, vload(flat_x, x0 + 5 * cols + c), a5)  # (8,)
-                a6 = vfma(w, vload(flat_x, x0 + 6 * cols + c), a6)  # (8,)
-                a7 = vfma(w, vload(flat_x, x0 + 7 * cols + c), a7)  # (8,)
-        out[k, r] = vsum(a0)
-        out[k + 1, r] = vsum(a1)
-        out[k + 2, r] = vsum(a2)
-        out[k + 3, r] = vsum(a3)
-        out[k + 4, r] = vsum(a4)
-        out[k + 5, r] = vsum(a5)
-        out[k + 6, r] = vsum(a6)
-        out[k + 7, r] = vsum(a7)
-
-    @njit(inline="always")
-    def two_by_four(flat_codes, scale, offset, flat_x, cols, r, q, k, out):  # pragma: no cover (compiled)
-        """out[k:k+4, r] and out[k:k+4, q]: two weight rows times four rows of x (eight chains)."""
-        x0 = k * cols
-        a0 = vzero()  # (8,) weight row r times x row k
-        a1 = vzero()
-        a2 = vzero()
-        a3 = vzero()
-        b0 = vzero()  # (8,) weight row q times x row k
-        b1 = vzero()
-        b2 = vzero()
-        b3 = vzero()
-        for g in range(cols // group):
-            s0 = vbroadcast(scale[r, g])  # (8,)
-            m0 = vbroadcast(offset[r, g])  # (8,)
-            s1 = vbroadcast(scale[q, g])  # (8,)
-            m1 = vbroadcast(offset[q, g])  # (8,)
-            for v in range(vectors):
-                c = g * group + v * LANES
-                w0 = vfma(vload_u8(flat_codes, r * cols + c), s0, m0)  # (8,) weights r, c:c+8
-                w1 = vfma(vload_u8(flat_codes, q * cols + c), s1, m1)  # (8,) weights q, c:c+8
-                t = vload(flat_x, x0 + c)  # (8,)
-                a0 = vfma(w0, t, a0)
-                b0 = vfma(w1, t, b0)
-                t = vload(flat_x, x0 + cols + c)  # (8,)
-                a1 = vfma(w0, t, a1)
-                b1 = vfma(w1, t, b1)
-                t = vload(flat_x, x0 + 2 * cols + c)  # (8,)
-                a2 = vfma(w0, t, a2)
-                b2 = vfma(w1, t, b2)
-                t = vload(flat_x, x0 + 3 * cols + c)  # (8,)
-                a3 = vfma(w0, t, a3)
-                b3 = vfma(w1, t, b3)
-        out[k, r], out[k, q] = vsum(a0), vsum(b0)
-        out[k + 1, r], out[k + 1, q] = vsum(a1), vsum(b1)
-        out[k + 2, r], out[k + 2, q] = vsum(a2), vsum(b2)
-        out[k + 3, r], out[k + 3, q] = vsum(a3), vsum(b3)
-
-    @njit(inline="always")
-    def one_by_four(flat_codes, scale, offset, flat_x, cols, r, k, out):  # pragma: no cover (compiled)
-        """out[k:k+4, r]: one weight row times four rows of x (four chains)."""
-        x0 = k * cols
-        a0 = vzero()  # (8,) chain of x row k
-        a1 = vzero()
-        a2 = vzero()
-        a3 = vzero()
-        for g in range(cols // group):
-            s = vbroadcast(scale[r, g])  # (8,)
-            m = vbroadcast(offset[r, g])  # (8,)
-            for v in range(vectors):
-                c = g * group + v * LANES
-                w = vfma(vload_u8(flat_codes, r * cols + c), s, m)  # (8,) weights r, c:c+8
-                a0 = vfma(w, vload(flat_x, x0 + c), a0)  # (8,)
-                a1 = vfma(w, vload(flat_x, x0 + cols + c), a1)  # (8,)
-                a2 = vfma(w, vload(flat_x, x0 + 2 * cols + c), a2)  # (8,)
-                a3 = vfma(w, vload(flat_x, x0 + 3 * cols + c), a3)  # (8,)
-        out[k, r] = vsum(a0)
-        out[k + 1, r] = vsum(a1)
-        out[k + 2, r] = vsum(a2)
-        out[k + 3, r] = vsum(a3)
-
-    @njit(inline="always")
-    def four_by_one(flat_codes, scale, offset, flat_x, cols, r0, r1, r2, r3, k, out):  # pragma: no cover (compiled)
-        """out[k, r0], .., out[k, r3]: four weight rows times one row of x (four chains, one per weight row)."""
-        x0 = k * cols
-        a0 = vzero()  # (8,) chain of weight row r0
-        a1 = vzero()
-        a2 = vzero()
-        a3 = vzero()
-        for g in range(cols // group):
-            s0 = vbroadcast(scale[r0, g])  # (8,)
-            m0 = vbroadcast(offset[r0, g])  # (8,)
-            s1 = vbroadcast(scale[r1, g])  # (8,)
-            m1 = vbroadcast(offset[r1, g])  # (8,)
-            s2 = vbroadcast(scale[r2, g])  # (8,)
-            m2 = vbroadcast(offset[r2, g])  # (8,)
-            s3 = vbroadcast(scale[r3, g])  # (8,)
-            m3 = vbroadcast(offset[r3, g])  # (8,)
-            for v in range(vectors):
-                c = g * group + v * LANES
-                t = vload(flat_x, x0 + c)  # (8,)
-                a0 = vfma(vfma(vload_u8(flat_codes, r0 * cols + c), s0, m0), t, a0)  # (8,)
-                a1 = vfma(vfma(vload_u8(flat_codes, r1 * cols + c), s1, m1), t, a1)  # (8,)
-                a2 = vfma(vfma(vload_u8(flat_codes, r2 * cols + c), s2, m2), t, a2)  # (8,)
-                a3 = vfma(vfma(vload_u8(flat_codes, r3 * cols + c), s3, m3), t, a3)  # (8,)
-        out[k, r0], out[k, r1], out[k, r2], out[k, r3] = vsum(a0), vsum(a1), vsum(a2), vsum(a3)
-
-    @njit(inline="always")
-    def one_by_one(flat_codes, scale, offset, flat_x, cols, r, k, out):  # pragma: no cover (compiled)
-        """out[k, r]: one chain."""
-        x0 = k * cols
-        a0 = vzero()  # (8,)
-        for g in range(cols // group):
-            s = vbroadcast(scale[r, g])  # (8,)
-            m = vbroadcast(offset[r, g])  # (8,)
-            for v in range(vectors):
-                c = g * group + v * LANES
-                a0 = vfma(vfma(vload_u8(flat_codes, r * cols + c), s, m), vload(flat_x, x0 + c), a0)  # (8,)
-        out[k, r] = vsum(a0)
 
     @njit(parallel=True, cache=True)
     def block_matmul(codes, scale, offset, x, out):  # pragma: no cover (compiled)
@@ -204,7 +206,7 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
             for tile in prange((rows + ROW_TILE - 1) // ROW_TILE):  # ROW_TILE adjacent weight rows a task
                 for e in range(eights):
                     for r in range(tile * ROW_TILE, min(rows, (tile + 1) * ROW_TILE)):
-                        one_by_eight(flat_codes, scale, offset, flat_x, cols, r, 8 * e, out)
+                        _one_by_eight(group, flat_codes, scale, offset, flat_x, cols, r, 8 * e, out)
         if 8 * eights < n_rows:
             quarter = (rows + ROW_TILE - 1) // ROW_TILE
             for t in prange(quarter):  # weight rows t, t + Q, t + 2Q, t + 3Q: four sequential streams of codes
@@ -213,19 +215,19 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
                 if fours:
                     k = singles_from - 4
                     if count >= 2:
-                        two_by_four(flat_codes, scale, offset, flat_x, cols, r0, r1, k, out)
+                        _two_by_four(group, flat_codes, scale, offset, flat_x, cols, r0, r1, k, out)
                     else:
-                        one_by_four(flat_codes, scale, offset, flat_x, cols, r0, k, out)
+                        _one_by_four(group, flat_codes, scale, offset, flat_x, cols, r0, k, out)
                     if count == 4:
-                        two_by_four(flat_codes, scale, offset, flat_x, cols, r2, r3, k, out)
+                        _two_by_four(group, flat_codes, scale, offset, flat_x, cols, r2, r3, k, out)
                     elif count == 3:
-                        one_by_four(flat_codes, scale, offset, flat_x, cols, r2, k, out)
+                        _one_by_four(group, flat_codes, scale, offset, flat_x, cols, r2, k, out)
                 for k in range(singles_from, n_rows):
                     if count == 4:
-                        four_by_one(flat_codes, scale, offset, flat_x, cols, r0, r1, r2, r3, k, out)
+                        _four_by_one(group, flat_codes, scale, offset, flat_x, cols, r0, r1, r2, r3, k, out)
                     else:
                         for j in range(count):
-                            one_by_one(flat_codes, scale, offset, flat_x, cols, t + j * quarter, k, out)
+                            _one_by_one(group, flat_codes, scale, offset, flat_x, cols, t + j * quarter, k, out)
 
     return block_matmul
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from worker.engine.errors import ModelLoadError
-from worker.engine.k_blocks import K_KINDS, KBlocks, decode_k_blocks
-from worker.engine.quant_blocks import QK_K, BlockCodes, code_group, decode_block_codes
+from worker.engine.k_blocks import KBlocks, decode_k_blocks, has_k_form
+from worker.engine.quant_blocks import BlockCodes, code_group, decode_block_codes
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -49,7 +49,7 @@ class QuantizedTensor:
     def decode(self) -> BlockCodes | KBlocks:
         """The tensor in the engine's form: Q4_K and Q6_K as the file holds them (k_blocks.py), other types as
         8-bit codes and per-group tables (quant_blocks.py)."""
-        if self.kind in K_KINDS and self.shape[1] % QK_K == 0:
+        if has_k_form(self.kind, self.shape[1]):
             return decode_k_blocks(self.data, self.kind, self.shape)
         codes = decode_block_codes(self.data, self.kind, self.shape)
         assert codes is not None, "read_gguf keeps only tensors with a block form"

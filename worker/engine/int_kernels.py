@@ -51,11 +51,12 @@ _CACHE = int_path() == detected_path()
 log = logging.getLogger(__name__)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True, fastmath={"nnan", "ninf", "nsz"})
 def _quantize(x, q, dx, sums16, sums32):  # pragma: no cover (compiled)
-    """q, dx and the sums over 16 and 32 columns of every row of x (N, C), as the module docstring defines them."""
+    """q, dx and the sums over 16 and 32 columns of every row of x (N, C), as the module docstring defines them.
+    (The fastmath flags let LLVM vectorise the max; they change no rounding: no reassociation, no contraction.)"""
     n_rows, cols = x.shape
-    for k in prange(n_rows):
+    for k in range(n_rows):
         for s in range(cols // QK_K):
             amax = np.float32(0.0)
             for c in range(s * QK_K, (s + 1) * QK_K):
@@ -64,13 +65,13 @@ def _quantize(x, q, dx, sums16, sums32):  # pragma: no cover (compiled)
             dx[k, s] = amax / np.float32(127.0)
             for c in range(s * QK_K, (s + 1) * QK_K):
                 q[k, c] = np.int8(np.rint(x[k, c] * inverse))
-            for j in range(s * QK_K // 16, (s + 1) * QK_K // 16):
-                total = 0
-                for c in range(16 * j, 16 * j + 16):
-                    total += np.int32(q[k, c])
-                sums16[k, j] = total
-            for j in range(s * QK_K // 32, (s + 1) * QK_K // 32):
-                sums32[k, j] = sums16[k, 2 * j] + sums16[k, 2 * j + 1]
+        for j in range(cols // 16):
+            total = np.int32(0)
+            for c in range(16 * j, 16 * j + 16):
+                total += np.int32(q[k, c])
+            sums16[k, j] = total
+        for j in range(cols // 32):
+            sums32[k, j] = sums16[k, 2 * j] + sums16[k, 2 * j + 1]
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -121,6 +121,11 @@ class KBlocks:
         return replace(self, **joined)
 
 
+def has_k_form(kind: str, cols: int) -> bool:
+    """Whether a tensor of this type and row length is held in this form (else as 8-bit block codes)."""
+    return kind in K_KINDS and cols % QK_K == 0
+
+
 def decode_k_blocks(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> KBlocks:
     """A Q4_K or Q6_K tensor (raw bytes per row as GGUF stores them) in this form."""
     rows, cols = shape

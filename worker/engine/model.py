@@ -15,7 +15,7 @@ from worker.engine.config import ModelConfig
 from worker.engine.errors import ContextLengthError, EngineError, ModelLoadError, StepInterrupted
 from worker.engine.forward_batch import BatchEntry, ForwardBatch
 from worker.engine.gguf_file import read_gguf
-from worker.engine.k_blocks import K_KINDS
+from worker.engine.k_blocks import has_k_form
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
 from worker.engine.ops import Array
@@ -55,10 +55,11 @@ class Model:
         weights = materialize(architecture.load(tensors, config, str(path)),
                               lambda pendings: cached_blocks(path, pendings, directory))
         # compiled now, not in the first steps of each width (the float32 kernel serves float weights and LoRA)
-        block_kernels.warm({code_group(raw.kind, raw.shape[1]) or 32 for raw in contents.quantized.values()})
+        block_kernels.warm({code_group(raw.kind, raw.shape[1]) or 32 for raw in contents.quantized.values()
+                            if not has_k_form(raw.kind, raw.shape[1])})
         if contents.quantized:
             nibble_kernels.warm()
-        if any(raw.kind in K_KINDS for raw in contents.quantized.values()):
+        if any(has_k_form(raw.kind, raw.shape[1]) for raw in contents.quantized.values()):
             int_kernels.warm()
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: np.array(contents.tensors[name]) for name in keep if name in contents.tensors}

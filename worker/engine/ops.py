@@ -12,7 +12,7 @@ import numpy as np
 
 from worker.engine import block_kernels, int_kernels, kernels, nibble_kernels
 from worker.engine.k_blocks import KBlocks
-from worker.engine.quantized import PendingLinear, QuantizedLinear
+from worker.engine.quantized import Blocks, PendingLinear, QuantizedLinear, StackedBlocks
 
 xp: Any = np  # the array module of the forward path
 Array = Any  # an array of the backend in `xp`
@@ -54,9 +54,15 @@ def _block_linear(x: Array, weight: QuantizedLinear) -> Array:
     """x @ weight.T through the weight's quantized form (integer kernels for K-quants): (N, out), C-ordered."""
     if weight.column_scale is not None:
         x = x * weight.column_scale  # (N, in)
-    blocks = weight.blocks
+    return _quantized_matmul(x, weight.blocks)  # (N, out)
+
+
+def _quantized_matmul(x: Array, blocks: Blocks) -> Array:
+    """x (N, in) times a quantized matrix (out, in) transposed, by its form: (N, out), C-ordered."""
     if isinstance(blocks, KBlocks):
         return int_kernels.k_matmul(x, blocks)  # (N, out)
+    if isinstance(blocks, StackedBlocks):
+        return xp.concatenate([_quantized_matmul(x, part) for part in blocks.parts], axis=1)  # (N, out)
     if blocks.packed:
         return nibble_kernels.packed_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
     return block_kernels.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)

@@ -29,7 +29,34 @@ import numpy as np
 from worker.engine.k_blocks import KBlocks
 from worker.engine.quant_blocks import BlockCodes, pack_nibbles
 
-Blocks = BlockCodes | KBlocks  # a quantized matrix in one of the engine's two forms
+
+@dataclass(frozen=True)
+class StackedBlocks:
+    """Row blocks of different forms stacked into one (sum out, in) projection (a Q4_K query and key beside a Q6_K
+    value): each part keeps its own form and kernel, and the outputs are joined."""
+
+    parts: tuple[BlockCodes | KBlocks, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(sum out, in)."""
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every part."""
+        return sum(p.nbytes for p in self.parts)
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 matrix: (sum out, in)."""
+        return np.concatenate([p.dequantize() for p in self.parts], axis=0)  # (sum out, in)
+
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """Some rows dequantized to float32: (N, in)."""
+        return self.dequantize()[index]  # (N, in) (a projection: never an embedding table)
+
+
+Blocks = BlockCodes | KBlocks | StackedBlocks  # a quantized matrix in one of the engine's forms
 
 
 @dataclass(frozen=True)
@@ -117,6 +144,8 @@ def fuse_pending_rows(parts: tuple[PendingLinear, ...]) -> PendingLinear | None:
         first = built[0]
         if isinstance(first, KBlocks) and all(isinstance(b, KBlocks) and b.kind == first.kind for b in built):
             return first.stacked(built[1:])  # type: ignore[arg-type]
+        if any(isinstance(b, KBlocks) for b in built):  # kinds that have no common form: each keeps its own
+            return StackedBlocks(tuple(_merged_runs(built)))  # type: ignore[arg-type]
         regrouped = [_regroup(b.as_block_codes() if isinstance(b, KBlocks) else b, group) for b in built]
         return BlockCodes(
             codes=np.concatenate([b.codes for b in regrouped], axis=0),  # (sum out, in)
@@ -127,6 +156,18 @@ def fuse_pending_rows(parts: tuple[PendingLinear, ...]) -> PendingLinear | None:
     out_dim = sum(p.shape[0] for p in parts)
     key = "cat(" + ",".join(p.key for p in parts) + f")/{group}"
     return PendingLinear(key, (out_dim, parts[0].shape[1]), group, build, scales[0])
+
+
+def _merged_runs(parts: list[BlockCodes | KBlocks]) -> list[BlockCodes | KBlocks]:
+    """Adjacent K-quant parts of one kind stacked into one (q and k of Q4_K stay one matrix beside v)."""
+    runs: list[BlockCodes | KBlocks] = []
+    for part in parts:
+        last = runs[-1] if runs else None
+        if isinstance(last, KBlocks) and isinstance(part, KBlocks) and last.kind == part.kind:
+            runs[-1] = last.stacked([part])
+        else:
+            runs.append(part)
+    return runs
 
 
 BlockSource = Callable[[list[PendingLinear]], dict[str, Blocks]]  # codes by key (built or mapped)
@@ -171,9 +212,15 @@ def materialize(weights: Any, source: BlockSource) -> Any:
 def build_codes(pending: PendingLinear) -> Blocks:
     """A pending projection's arrays built in memory, row-major: K-quant form as built; block codes packed two a
     byte when every code fits in four bits (quant_blocks.pack_nibbles)."""
-    b = pending.build()
+    return _held(pending.build())
+
+
+def _held(b: Blocks) -> Blocks:
+    """A built matrix in the form the kernels take (block codes packed where they fit), part by part."""
     if isinstance(b, KBlocks):
         return b
+    if isinstance(b, StackedBlocks):
+        return StackedBlocks(tuple(_held(part) for part in b.parts))  # type: ignore[misc]
     codes = pack_nibbles(b.codes) if b.packable() else np.ascontiguousarray(b.codes, np.uint8)
     return BlockCodes(codes, np.ascontiguousarray(b.scale, np.float32), np.ascontiguousarray(b.offset, np.float32),
                       b.group, packed=b.packable())

@@ -26,13 +26,14 @@ import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from numba import njit, prange
 
 from worker.engine.k_blocks import ARRAYS, KBlocks
 from worker.engine.quant_blocks import BlockCodes
-from worker.engine.quantized import Blocks, PendingLinear, build_codes, build_in_memory
+from worker.engine.quantized import Blocks, PendingLinear, StackedBlocks, build_codes, build_in_memory
 
 LAYOUT_VERSION = 3  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte;
 # 3: Q4_K and Q6_K in their own super-block form, k_blocks.py)
@@ -91,20 +92,7 @@ def _write(path: Path, pendings: list[PendingLinear]) -> None:
         for pending in pendings:
             if pending.key in entries:
                 continue
-            blocks = build_codes(pending)
-            if isinstance(blocks, KBlocks):
-                entry: dict = {"kind": blocks.kind}
-                arrays = blocks.arrays()
-            else:
-                entry = {"group": blocks.group, "packed": blocks.packed}
-                arrays = {name: getattr(blocks, name) for name in ("codes", "scale", "offset")}
-            for name, array in arrays.items():
-                array = np.ascontiguousarray(array)
-                entry[name] = [offset, str(array.dtype), list(array.shape)]
-                fh.write(array.data)
-                padded = _pad(offset + array.nbytes)
-                fh.write(b"\0" * (padded - offset - array.nbytes))
-                offset = padded
+            entry, offset = _write_entry(fh, build_codes(pending), offset)
             entries[pending.key] = entry
     manifest = json.dumps({"layout": LAYOUT_VERSION, "entries": entries}).encode()
     _finish(tmp, manifest, offset)
@@ -114,6 +102,30 @@ def _write(path: Path, pendings: list[PendingLinear]) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _write_entry(fh: BinaryIO, blocks: Blocks, offset: int) -> tuple[dict, int]:
+    """Write one matrix's arrays at `offset` of the data, each aligned; its manifest entry and the next offset."""
+    if isinstance(blocks, StackedBlocks):
+        parts = []
+        for part in blocks.parts:
+            entry, offset = _write_entry(fh, part, offset)
+            parts.append(entry)
+        return {"parts": parts}, offset
+    if isinstance(blocks, KBlocks):
+        entry: dict = {"kind": blocks.kind}
+        arrays = blocks.arrays()
+    else:
+        entry = {"group": blocks.group, "packed": blocks.packed}
+        arrays = {name: getattr(blocks, name) for name in ("codes", "scale", "offset")}
+    for name, array in arrays.items():
+        array = np.ascontiguousarray(array)
+        entry[name] = [offset, str(array.dtype), list(array.shape)]
+        fh.write(array.data)
+        padded = _pad(offset + array.nbytes)
+        fh.write(b"\0" * (padded - offset - array.nbytes))
+        offset = padded
+    return entry, offset
 
 
 def _finish(tmp: Path, manifest: bytes, data_bytes: int) -> None:
@@ -163,6 +175,8 @@ def _open_valid(path: Path, keys: set[str]) -> dict[str, Blocks] | None:
 
 def _entry_codes(data: np.ndarray, entry: dict) -> Blocks:
     """One projection's arrays as views of the mapped data."""
+    if "parts" in entry:
+        return StackedBlocks(tuple(_entry_codes(data, part) for part in entry["parts"]))  # type: ignore[misc]
     names = ARRAYS if "kind" in entry else ("codes", "scale", "offset")
     arrays = {}
     for name in names:

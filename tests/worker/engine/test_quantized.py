@@ -4,14 +4,25 @@ same product through the block kernels, narrow steps and wide ones alike."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from worker.engine import nibble_kernels, ops
+from tests.support.quant_data import random_blocks
+from worker.engine import int_kernels, nibble_kernels, ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, scale_rows, unpermute_rope_rows
+from worker.engine.k_blocks import decode_k_blocks
 from worker.engine.quant_blocks import BlockCodes
-from worker.engine.quantized import PendingLinear, QuantizedLinear, build_codes, build_in_memory, materialize
+from worker.engine.quantized import (
+    PendingLinear,
+    QuantizedLinear,
+    StackedBlocks,
+    build_codes,
+    build_in_memory,
+    materialize,
+)
+from worker.engine.repack_cache import cached_blocks
 
 
 def random_pending(rng: np.random.Generator, name: str, out_dim: int, in_dim: int, group: int = 32,
@@ -109,3 +120,30 @@ def test_mixed_fusing_falls_back_to_float32() -> None:
     fused = fuse_rows(q, plain)
     assert isinstance(fused, np.ndarray)
     np.testing.assert_array_equal(fused, np.concatenate([q32, plain]))
+
+
+def k_pending(rng: np.random.Generator, name: str, kind: str, out_dim: int, in_dim: int) -> PendingLinear:
+    """A random Q4_K or Q6_K projection as the loader sees it."""
+    blocks = decode_k_blocks(random_blocks(kind, out_dim, in_dim, rng), kind, (out_dim, in_dim))
+    return PendingLinear(name, (out_dim, in_dim), blocks.group, lambda: blocks)
+
+
+@pytest.mark.parametrize("rows", [1, 20])
+def test_k_quant_parts_of_two_kinds_stack_each_in_its_own_form(rows: int, tmp_path: Path) -> None:
+    """A Q4_K query and key fused with a Q6_K value: q and k become one Q4_K matrix, v stays Q6_K, and the product
+    is the three products joined (through the repack cache too)."""
+    rng = np.random.default_rng(9)
+    q, k = k_pending(rng, "q", "Q4_K", 64, 512), k_pending(rng, "k", "Q4_K", 32, 512)
+    v = k_pending(rng, "v", "Q6_K", 32, 512)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"stand-in model file")
+    norm = rng.uniform(0.5, 1.5, 512).astype(np.float32)  # (in,)
+    pending = fold_norm(fuse_rows(scale_rows(q, np.float32(0.5)), k, v), norm)
+    x = rng.standard_normal((rows, 512)).astype(np.float32)  # (N, in)
+    parts = [scale_rows(q, np.float32(0.5)), k, v]
+    expected = np.concatenate([int_kernels.k_matmul(x * norm, p.build()) for p in parts], axis=1)  # (N, 128)
+    for weight in (built(pending), materialize((pending,), lambda ps: cached_blocks(model, ps, tmp_path))[0]):
+        assert isinstance(weight.blocks, StackedBlocks) and weight.shape == (128, 512)
+        assert [(p.kind, p.shape) for p in weight.blocks.parts] == [("Q4_K", (96, 512)), ("Q6_K", (32, 512))]
+        np.testing.assert_array_equal(ops.linear(x, weight), expected)
+        np.testing.assert_array_equal(weight.blocks.dequantize(), np.concatenate([p.dequantize() for p in parts]))
