@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from worker.models import model_id, resolve  # noqa: E402
 MIB = 1 << 20
 TICK = os.sysconf("SC_CLK_TCK")
 WORKER_OVERHEAD_MIB = 400  # the issue's allowance per worker beside its KV budget
-FIELDS = ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Shared_Clean", "Shared_Dirty")
+FIELDS = ("Rss", "Pss", "Anonymous", "Private_Clean", "Private_Dirty", "Shared_Clean", "Shared_Dirty")
 
 
 def boot_clock() -> float:
@@ -75,7 +76,7 @@ def worker_pids(serve_pid: int) -> list[int]:
 
 
 def memory(pid: int) -> dict[str, float]:
-    """A process's RSS, PSS, private and shared pages and peak RSS (VmHWM), MiB."""
+    """A process's RSS, PSS, anonymous, private and shared pages and peak RSS (VmHWM), MiB."""
     values: dict[str, float] = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         parts = line.split()
@@ -98,6 +99,7 @@ class Round:
     after_requests: list[dict[str, float]] = field(default_factory=list)
     replies: list[tuple[int, float, float]] = field(default_factory=list)  # (tokens, TTFT s, decode tok/s)
     repack_mib: float = 0.0
+    engine_load_s: list[float] = field(default_factory=list)  # each worker's own "loaded ... in X s" log line
 
     def total(self, key: str, when: str = "after_requests") -> float:
         """One field summed over the workers."""
@@ -105,18 +107,26 @@ class Round:
 
 
 def chat(base: str, model: str, index: int, max_tokens: int) -> tuple[int, float, float]:
-    """One streamed greedy chat request through the official client: (completion tokens, TTFT, decode tok/s)."""
+    """One streamed greedy chat request through the official client (a completion where the model has no chat
+    template): (completion tokens, TTFT, decode tok/s)."""
     import openai
 
     client = openai.OpenAI(base_url=base, api_key="unused", timeout=3600, max_retries=0)
     started = time.perf_counter()
     stamps: list[float] = []
     tokens = 0
-    stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": f"Request {index}: name three colours of the sea."}],
-        max_tokens=max_tokens, temperature=0, stream=True, stream_options={"include_usage": True})
+    prompt = f"Request {index}: name three colours of the sea."
+    try:
+        stream = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+            stream=True, stream_options={"include_usage": True})
+    except openai.BadRequestError as exc:  # a base model (Gemma 3 270M): no chat template, a completion instead
+        if "chat template" not in str(exc):
+            raise
+        stream = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                           stream=True, stream_options={"include_usage": True})
     for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
+        if chunk.choices and _text(chunk.choices[0]):
             stamps.append(time.perf_counter())
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
@@ -124,6 +134,12 @@ def chat(base: str, model: str, index: int, max_tokens: int) -> tuple[int, float
         raise RuntimeError(f"request {index}: no content came back")
     decode = (tokens - 1) / (stamps[-1] - stamps[0]) if tokens > 1 and stamps[-1] > stamps[0] else 0.0
     return tokens, stamps[0] - started, decode
+
+
+def _text(choice: object) -> str:
+    """A streamed choice's text: a chat delta's content or a completion's text."""
+    delta = getattr(choice, "delta", None)
+    return (delta.content or "") if delta is not None else (getattr(choice, "text", "") or "")
 
 
 def start_serve(path: Path, workers: int, port: int, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -181,6 +197,8 @@ def run_round(label: str, path: Path, args: argparse.Namespace, repack_dir: Path
         name = next((m["id"] for m in served if m["id"] == model_id(str(path))), served[0]["id"])
         result.replies = [chat(url + "/v1", name, i, args.max_tokens) for i in range(args.requests)]
         result.after_requests = [memory(pid) for pid in pids]
+        result.engine_load_s = [float(s) for s in re.findall(rf"loaded {re.escape(path.name)} in ([0-9.]+)s",
+                                                             log.read_text(errors="replace"))]
         result.repack_mib = sum(f.stat().st_size for f in repack_dir.glob("*.repack")) / MIB
     finally:
         stop_serve(proc)
@@ -202,11 +220,11 @@ def report(path: Path, args: argparse.Namespace, rounds: list[Round]) -> None:
           f"{args.kv_budget_mib or 'default'} MiB, {args.requests} chat requests of {args.max_tokens} tokens")
     for r in rounds:
         print(f"{r.label:5} serve->ready {r.serve_to_ready_s:6.1f} s  worker start->ready {r.worker_to_ready_s:6.1f} s  "
-              f"repack file {r.repack_mib:.0f} MiB")
+              f"(engine load {', '.join(f'{t:.1f}' for t in r.engine_load_s)} s)  repack file {r.repack_mib:.0f} MiB")
         for i, (load, served) in enumerate(zip(r.after_load, r.after_requests, strict=True)):
             print(f"      worker {i}: after load RSS {load['Rss']:6.0f} PSS {load['Pss']:6.0f}; after requests "
-                  f"RSS {served['Rss']:6.0f} PSS {served['Pss']:6.0f} (private {served['Private_Clean'] + served['Private_Dirty']:.0f}, "
-                  f"shared {served['Shared_Clean'] + served['Shared_Dirty']:.0f}) peak {served['Peak']:6.0f} MiB")
+                  f"RSS {served['Rss']:6.0f} PSS {served['Pss']:6.0f} (anonymous {served['Anonymous']:.0f}, file pages "
+                  f"{served['Rss'] - served['Anonymous']:.0f}) peak {served['Peak']:6.0f} MiB")
         for tokens, ttft, rate in r.replies:
             print(f"      reply: {tokens} tokens, TTFT {ttft:.2f} s, decode {rate:.2f} tok/s")
     aim = 1.2 * file_mib + args.workers * ((args.kv_budget_mib or 1024) + WORKER_OVERHEAD_MIB)
@@ -219,8 +237,8 @@ def report(path: Path, args: argparse.Namespace, rounds: list[Round]) -> None:
         if r.label == "cold":
             per_gb = r.worker_to_ready_s / (path.stat().st_size / 1e9)
             print(f"aim cold: {per_gb:.1f} s per GB of file vs <= 10: {'met' if per_gb <= 10 else 'MISSED'}")
-    print("(MiB; PSS splits pages shared by the workers (the repack file, the GGUF map) between them; "
-          "peak = VmHWM, which counts mapped file pages too)", flush=True)
+    print("(MiB; file pages: the mapped repack file, GGUF and libraries (page cache, reclaimable), which PSS splits "
+          "between the processes that map them; anonymous: heap, KV pool; peak = VmHWM, file pages included)", flush=True)
 
 
 def main() -> None:
