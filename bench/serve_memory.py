@@ -199,7 +199,7 @@ def run_round(label: str, path: Path, args: argparse.Namespace, repack_dir: Path
         result.after_requests = [memory(pid) for pid in pids]
         result.engine_load_s = [float(s) for s in re.findall(rf"loaded {re.escape(path.name)} in ([0-9.]+)s",
                                                              log.read_text(errors="replace"))]
-        result.repack_mib = sum(f.stat().st_size for f in repack_dir.glob("*.repack")) / MIB
+        result.repack_mib = sum(f.stat().st_size for f in repack_dir.glob(f"{path.name}.*.repack")) / MIB
     finally:
         stop_serve(proc)
     return result
