@@ -6,6 +6,7 @@ admin commands, the gateways' last-use and keep-alive marks) and then:
   that failed to load (the failure is remembered and every waiting request of the model gets the error);
   one that dies after it was ready is restarted with backoff, as `serve` restarts its children;
 - unloads idle workers whose keep-alive ran out (pinned ones never: `serve`'s eager models);
+- fails a load not ready within LLMFLEET_POOL_LOAD_TIMEOUT_S (a pinned one waits: it has no deadline);
 - places demand: a catalogued model with queued requests (or an admin load) and no live worker is loaded
   here if this node wins its claim (SET NX) and has room, evicting least-recently-used idle workers
   (never one with queued or in-flight work); a model whose queue stays deep gets a second replica.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -284,7 +286,10 @@ class Node:
         worker.child.argv = [sys.executable, "-m", "llmfleet.cli", "worker", "--model",
                              self.catalogue.get(worker.model, worker.model), "--served-as", worker.model,
                              "--worker-id", worker.worker_id]
-        worker.state, worker.load_deadline = LOADING, time.monotonic() + self.settings.pool_load_timeout_s
+        # serve's eager models wait for their load however long it takes (a first repack of an 8B file takes
+        # minutes on 2 cores; killing it would only start it over); an on-demand load has waiting requests
+        worker.state, worker.load_deadline = LOADING, (
+            math.inf if worker.pinned else time.monotonic() + self.settings.pool_load_timeout_s)
         worker.child.start()
 
     def _stop(self, worker: PoolWorker, why: str) -> None:
