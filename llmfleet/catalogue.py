@@ -83,9 +83,10 @@ def local_file(source: str) -> Path | None:
 
 
 def weights_bytes(path: Path) -> int:
-    """What the engine holds for a GGUF's weights: the quantized tensors it has block codes for as those codes
-    (quant_blocks.held_bytes: 0.75 bytes a weight for 4-bit types, up to 1.5 for others, in the repack cache every
-    worker of the host maps), every other tensor as float32; the file's size when its header cannot be read."""
+    """What the engine holds for a GGUF's weights: the quantized tensors it keeps quantized as that form
+    (quant_blocks.held_bytes: 0.59 bytes a weight for Q4_K, 0.75 for Q4_0/Q4_1, 0.83 for Q6_K, 1.25 for 8-bit codes,
+    in the repack cache every worker of the host maps), every other tensor as float32; the file's size when its
+    header cannot be read."""
     from worker.engine.errors import ModelLoadError
     from worker.engine.gguf_file import tensor_elements_by_type
     from worker.engine.quant_blocks import SUPPORTED, held_bytes

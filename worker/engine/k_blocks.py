@@ -148,10 +148,3 @@ def decode_k_blocks(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> KBloc
     return KBlocks(kind, pack_nibbles(codes), sc.astype(np.uint8).reshape(rows, -1),
                    f16_values(blocks[:, 0:2]).reshape(rows, -1), mins=mins.astype(np.uint8).reshape(rows, -1),
                    dmin=f16_values(blocks[:, 2:4]).reshape(rows, -1))
-
-
-def held_bytes(kind: str, count: int) -> int:
-    """Bytes held for `count` weights of a K_KINDS type."""
-    if kind == "Q4_K":
-        return count // 2 + count // 32 * 2 + count // QK_K * 8
-    return count // 2 + count // 4 + count // 16 + count // QK_K * 4

@@ -9,8 +9,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from tests.support.quant_data import random_blocks
-from worker.engine.k_blocks import K_KINDS, decode_k_blocks, held_bytes, pack_high_bits, unpack_high_bits
-from worker.engine.quant_blocks import decode_block_codes
+from worker.engine.k_blocks import K_KINDS, decode_k_blocks, pack_high_bits, unpack_high_bits
+from worker.engine.quant_blocks import decode_block_codes, held_bytes
 
 
 @pytest.mark.parametrize("kind", K_KINDS)
