@@ -46,6 +46,7 @@ from worker.engine.simd_int import (
 )
 
 ROW_CHUNK = 64  # x rows per pass over the weights (their int8 codes stay in L2 while every weight row meets them)
+ROWS_PER_TASK = 16  # weight rows a parallel task takes (one scratch allocation each)
 # numba's on-disk cache is keyed on the CPU, not on LLMFLEET_INT_KERNELS: a forced path compiles afresh each process
 _CACHE = int_path() == detected_path()
 log = logging.getLogger(__name__)
@@ -100,80 +101,95 @@ def _lanes(flat_q, qa, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s
     return iadd(lanes, dot_scaled(c7, flat_q, qa + 224, s7))
 
 
+@njit(cache=_CACHE, inline="always")
+def _q4k_row(flat_codes, scales, flat_mins, d, dmin, flat_q, dx, flat_sums, r, half, first, n, acc, macc, out):  # pragma: no cover
+    """out[first:first+n, r]: weight row r against n x rows (chains in the scratch acc, macc: (n*8,) each)."""
+    cols = 2 * half
+    acc[:] = 0
+    macc[:] = 0
+    for s in range(cols // QK_K):
+        g = 8 * s
+        at = r * half + s * (QK_K // 2)
+        c0, c1, c2, c3 = (nibbles32(flat_codes, at), nibbles32(flat_codes, at + 16),
+                          nibbles32(flat_codes, at + 32), nibbles32(flat_codes, at + 48))
+        c4, c5, c6, c7 = (nibbles32(flat_codes, at + 64), nibbles32(flat_codes, at + 80),
+                          nibbles32(flat_codes, at + 96), nibbles32(flat_codes, at + 112))
+        s0, s1 = isplat16(scales[r, g], scales[r, g]), isplat16(scales[r, g + 1], scales[r, g + 1])
+        s2, s3 = isplat16(scales[r, g + 2], scales[r, g + 2]), isplat16(scales[r, g + 3], scales[r, g + 3])
+        s4, s5 = isplat16(scales[r, g + 4], scales[r, g + 4]), isplat16(scales[r, g + 5], scales[r, g + 5])
+        s6, s7 = isplat16(scales[r, g + 6], scales[r, g + 6]), isplat16(scales[r, g + 7], scales[r, g + 7])
+        m = iwiden8(flat_mins, r * (cols // 32) + g)  # (8,) int32 mins of the super-block
+        for i in range(n):
+            k = first + i
+            lanes = _lanes(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
+            vstore(acc, i * LANES, vfma(ifloat(lanes), vbroadcast(d[r, s] * dx[k, s]), vload(acc, i * LANES)))
+            low = imul(m, iwiden8(flat_sums, k * (cols // 32) + g))  # (8,) m[j] * sum of q over group j
+            vstore(macc, i * LANES, vfma(ifloat(low), vbroadcast(dmin[r, s] * dx[k, s]), vload(macc, i * LANES)))
+    for i in range(n):
+        out[first + i, r] = vsum(vload(acc, i * LANES)) - vsum(vload(macc, i * LANES))
+
+
 @njit(parallel=True, cache=_CACHE)
 def _q4k(codes, scales, mins, d, dmin, q, dx, sums32, first, last, out):  # pragma: no cover (compiled)
     """out[k, r] for x rows first..last-1: the Q4_K reduction of the module docstring (a super-block's codes
-    unpacked once, then met by every x row)."""
+    unpacked once, then met by every x row; ROWS_PER_TASK weight rows a task, sharing its scratch)."""
     rows, half = codes.shape  # codes (R, C/2); scales/mins (R, C/32) uint8; d/dmin (R, C/256)
-    cols = 2 * half
     flat_codes = codes.reshape(-1)  # (R*C/2,)
     flat_q = q.reshape(-1)  # (N*C,)
     flat_sums = sums32.reshape(-1)  # (N*C/32,)
     flat_mins = mins.reshape(-1)  # (R*C/32,)
     n = last - first
-    for r in prange(rows):
-        acc = np.zeros(n * LANES, np.float32)  # (n*8,) one chain per x row
-        macc = np.zeros(n * LANES, np.float32)  # (n*8,)
-        for s in range(cols // QK_K):
-            g = 8 * s
-            at = r * half + s * (QK_K // 2)
-            c0, c1, c2, c3 = (nibbles32(flat_codes, at), nibbles32(flat_codes, at + 16),
-                              nibbles32(flat_codes, at + 32), nibbles32(flat_codes, at + 48))
-            c4, c5, c6, c7 = (nibbles32(flat_codes, at + 64), nibbles32(flat_codes, at + 80),
-                              nibbles32(flat_codes, at + 96), nibbles32(flat_codes, at + 112))
-            s0, s1 = isplat16(scales[r, g], scales[r, g]), isplat16(scales[r, g + 1], scales[r, g + 1])
-            s2, s3 = isplat16(scales[r, g + 2], scales[r, g + 2]), isplat16(scales[r, g + 3], scales[r, g + 3])
-            s4, s5 = isplat16(scales[r, g + 4], scales[r, g + 4]), isplat16(scales[r, g + 5], scales[r, g + 5])
-            s6, s7 = isplat16(scales[r, g + 6], scales[r, g + 6]), isplat16(scales[r, g + 7], scales[r, g + 7])
-            m = iwiden8(flat_mins, r * (cols // 32) + g)  # (8,) int32 mins of the super-block
-            for i in range(n):
-                k = first + i
-                lanes = _lanes(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7,
-                               s0, s1, s2, s3, s4, s5, s6, s7)
-                vstore(acc, i * LANES, vfma(ifloat(lanes), vbroadcast(d[r, s] * dx[k, s]), vload(acc, i * LANES)))
-                low = imul(m, iwiden8(flat_sums, k * (cols // 32) + g))  # (8,) m[j] * sum of q over group j
-                vstore(macc, i * LANES, vfma(ifloat(low), vbroadcast(dmin[r, s] * dx[k, s]), vload(macc, i * LANES)))
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        acc = np.empty(n * LANES, np.float32)  # (n*8,) one chain per x row
+        macc = np.empty(n * LANES, np.float32)  # (n*8,)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            _q4k_row(flat_codes, scales, flat_mins, d, dmin, flat_q, dx, flat_sums, r, half, first, n, acc, macc, out)
+
+
+@njit(cache=_CACHE, inline="always")
+def _q6k_row(flat_low, flat_high, scales, flat_scales, d, flat_q, dx, flat_sums, r, half, first, n, acc, out):  # pragma: no cover
+    """out[first:first+n, r]: weight row r against n x rows (chains in the scratch acc: (n*8,))."""
+    cols = 2 * half
+    acc[:] = 0
+    for s in range(cols // QK_K):
+        g = 16 * s
+        at = r * half + s * (QK_K // 2)
+        ha = r * (cols // 4) + s * (QK_K // 4)
+        c0, c1 = sixbits32(flat_low, at, flat_high, ha), sixbits32(flat_low, at + 16, flat_high, ha + 8)
+        c2, c3 = sixbits32(flat_low, at + 32, flat_high, ha + 16), sixbits32(flat_low, at + 48, flat_high, ha + 24)
+        c4, c5 = sixbits32(flat_low, at + 64, flat_high, ha + 32), sixbits32(flat_low, at + 80, flat_high, ha + 40)
+        c6, c7 = sixbits32(flat_low, at + 96, flat_high, ha + 48), sixbits32(flat_low, at + 112, flat_high, ha + 56)
+        s0, s1 = isplat16(scales[r, g], scales[r, g + 1]), isplat16(scales[r, g + 2], scales[r, g + 3])
+        s2, s3 = isplat16(scales[r, g + 4], scales[r, g + 5]), isplat16(scales[r, g + 6], scales[r, g + 7])
+        s4, s5 = isplat16(scales[r, g + 8], scales[r, g + 9]), isplat16(scales[r, g + 10], scales[r, g + 11])
+        s6, s7 = isplat16(scales[r, g + 12], scales[r, g + 13]), isplat16(scales[r, g + 14], scales[r, g + 15])
+        sc_low = iwiden8(flat_scales, r * (cols // 16) + g)  # (8,) sub-scales 0..7 of the super-block
+        sc_high = iwiden8(flat_scales, r * (cols // 16) + g + 8)  # (8,) 8..15
         for i in range(n):
-            out[first + i, r] = vsum(vload(acc, i * LANES)) - vsum(vload(macc, i * LANES))
+            k = first + i
+            lanes = _lanes(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
+            sa = k * (cols // 16) + g
+            offsets = iadd(imul(sc_low, iwiden8(flat_sums, sa)), imul(sc_high, iwiden8(flat_sums, sa + 8)))
+            lanes = isub(lanes, ishl(offsets, 5))  # the codes' -32
+            vstore(acc, i * LANES, vfma(ifloat(lanes), vbroadcast(d[r, s] * dx[k, s]), vload(acc, i * LANES)))
+    for i in range(n):
+        out[first + i, r] = vsum(vload(acc, i * LANES))
 
 
 @njit(parallel=True, cache=_CACHE)
 def _q6k(codes, high, scales, d, q, dx, sums16, first, last, out):  # pragma: no cover (compiled)
     """out[k, r] for x rows first..last-1: the Q6_K reduction of the module docstring."""
     rows, half = codes.shape  # codes (R, C/2); high (R, C/4); scales (R, C/16) int8; d (R, C/256)
-    cols = 2 * half
     flat_low = codes.reshape(-1)  # (R*C/2,)
     flat_high = high.reshape(-1)  # (R*C/4,)
     flat_scales = scales.reshape(-1)  # (R*C/16,)
     flat_q = q.reshape(-1)  # (N*C,)
     flat_sums = sums16.reshape(-1)  # (N*C/16,)
     n = last - first
-    for r in prange(rows):
-        acc = np.zeros(n * LANES, np.float32)  # (n*8,)
-        for s in range(cols // QK_K):
-            g = 16 * s
-            at = r * half + s * (QK_K // 2)
-            ha = r * (cols // 4) + s * (QK_K // 4)
-            c0, c1 = sixbits32(flat_low, at, flat_high, ha), sixbits32(flat_low, at + 16, flat_high, ha + 8)
-            c2, c3 = sixbits32(flat_low, at + 32, flat_high, ha + 16), sixbits32(flat_low, at + 48, flat_high, ha + 24)
-            c4, c5 = sixbits32(flat_low, at + 64, flat_high, ha + 32), sixbits32(flat_low, at + 80, flat_high, ha + 40)
-            c6, c7 = sixbits32(flat_low, at + 96, flat_high, ha + 48), sixbits32(flat_low, at + 112, flat_high, ha + 56)
-            s0, s1 = isplat16(scales[r, g], scales[r, g + 1]), isplat16(scales[r, g + 2], scales[r, g + 3])
-            s2, s3 = isplat16(scales[r, g + 4], scales[r, g + 5]), isplat16(scales[r, g + 6], scales[r, g + 7])
-            s4, s5 = isplat16(scales[r, g + 8], scales[r, g + 9]), isplat16(scales[r, g + 10], scales[r, g + 11])
-            s6, s7 = isplat16(scales[r, g + 12], scales[r, g + 13]), isplat16(scales[r, g + 14], scales[r, g + 15])
-            sc_low = iwiden8(flat_scales, r * (cols // 16) + g)  # (8,) sub-scales 0..7 of the super-block
-            sc_high = iwiden8(flat_scales, r * (cols // 16) + g + 8)  # (8,) 8..15
-            for i in range(n):
-                k = first + i
-                lanes = _lanes(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7,
-                               s0, s1, s2, s3, s4, s5, s6, s7)
-                sa = k * (cols // 16) + g
-                offsets = iadd(imul(sc_low, iwiden8(flat_sums, sa)), imul(sc_high, iwiden8(flat_sums, sa + 8)))
-                lanes = isub(lanes, ishl(offsets, 5))  # the codes' -32
-                vstore(acc, i * LANES, vfma(ifloat(lanes), vbroadcast(d[r, s] * dx[k, s]), vload(acc, i * LANES)))
-        for i in range(n):
-            out[first + i, r] = vsum(vload(acc, i * LANES))
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        acc = np.empty(n * LANES, np.float32)  # (n*8,)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            _q6k_row(flat_low, flat_high, scales, flat_scales, d, flat_q, dx, flat_sums, r, half, first, n, acc, out)
 
 
 def k_matmul(x: np.ndarray, blocks: KBlocks) -> np.ndarray:
