@@ -209,7 +209,12 @@ def warm_up() -> None:
         paged_attend_decode(np.zeros((1, 2, head_dim), np.float32), keys, keys, np.ones((1, 1), np.int64),
                             np.ones(1, np.int64), np.zeros(1, np.int64))
     swiglu(np.zeros((2, 2 * SWIGLU_CHUNK + 2 * LANES + 2), np.float32))
-    from worker.engine import block_kernels, nibble_kernels  # loaded only when an image build warms them
+    from worker.engine import (  # loaded only when an image build warms them
+        block_kernels,
+        int_kernels,
+        nibble_kernels,
+    )
 
     block_kernels.warm({16, 32})
     nibble_kernels.warm()
+    int_kernels.warm()
