@@ -23,6 +23,8 @@ from worker.engine.thinking import ThinkingGate, ThinkingVocabulary, has_thinkin
 from worker.engine.tokenizer import Tokenizer
 from worker.engine.tools import Tool, ToolTemplateSupport, prepare_messages, probe
 
+MEASURED_ROWS = 8  # sequences of the start-up decode step that estimates a full step's rate
+
 
 class Engine:
     """Everything needed to turn a prompt into tokens for one model file."""
@@ -165,12 +167,15 @@ class Engine:
         return np.stack([embed(self.model, ids, normalize=n) for ids, n in zip(inputs, flags, strict=True)])  # (B, D)
 
     def measure_decode_rate(self, rows: int) -> float:
-        """Tokens per second of one decode step over `rows` fresh sequences (short contexts: an upper bound).
+        """Tokens per second of one decode step over `rows` fresh sequences, estimated (admission's first guess).
 
-        Runs the step twice on a throw-away pool and times the second, so compiled kernels are loaded before
-        the first request as a side effect.
+        Runs a step of at most MEASURED_ROWS sequences twice on a throw-away pool and times the second (so
+        compiled kernels are loaded before the first request as a side effect), and scales its rate to `rows`
+        (contexts are short and a wide step costs more than a narrow one a row, so it errs high; admission takes
+        half of it until real rates arrive). Two full steps of a big model took seconds of every worker's start.
         """
-        rows = max(1, rows)
+        wanted = max(1, rows)
+        rows = min(wanted, MEASURED_ROWS)
         if self.embedding_only:  # tokens/s of one batch of 16-token texts (an encoder has no decode step)
             texts = [[self.tokenizer.bos_token_id or 0] * 16 for _ in range(rows)]
             self.embed_batch(texts)
@@ -185,4 +190,4 @@ class Engine:
         self.model.forward(entries, pool)
         started = time.perf_counter()
         self.model.forward(entries, pool)
-        return rows / max(time.perf_counter() - started, 1e-6)
+        return wanted / max(time.perf_counter() - started, 1e-6)
