@@ -7,6 +7,7 @@ mmap: the `gguf` package's reader builds a numpy view per metadata item, which t
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import struct
 from dataclasses import dataclass, field
@@ -36,6 +37,15 @@ class GGUFContents:
     metadata: dict[str, Any]
     tensors: dict[str, np.ndarray]  # name -> float32, shape in row-major order (GGUF's ne reversed)
     quantized: dict[str, QuantizedTensor] = field(default_factory=dict)  # 2-D quantized tensors, undecoded
+    mapping: mmap.mmap | None = None  # the read-only mapping the views above are of
+
+    def drop_resident_pages(self) -> None:
+        """Unmap the file's pages this process has touched (they stay in the page cache, and a view read again
+        faults them back): after the quantized tensors were built into the repack cache, the builder holds no
+        second copy of the model in its RSS and PSS."""
+        if self.mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+            with contextlib.suppress(OSError, ValueError):  # (where it fails the pages stay mapped, as before)
+                self.mapping.madvise(mmap.MADV_DONTNEED)
 
 
 @dataclass(frozen=True)
@@ -221,4 +231,4 @@ def read_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFContents:
         except (ValueError, IndexError, TypeError) as exc:
             raise ModelLoadError(path, f"tensor {name}: malformed data ({exc})") from None
         tensors[name] = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
-    return GGUFContents(path=str(path), metadata=metadata, tensors=tensors, quantized=quantized)
+    return GGUFContents(path=str(path), metadata=metadata, tensors=tensors, quantized=quantized, mapping=buffer)

@@ -54,6 +54,8 @@ class Model:
         directory = cache_dir() if repack_dir == "default" else None if repack_dir is None else Path(repack_dir)
         weights = materialize(architecture.load(tensors, config, str(path)),
                               lambda pendings: cached_blocks(path, pendings, directory))
+        if directory is not None:  # the weights are views of the repack file now: the GGUF pages read are not needed
+            contents.drop_resident_pages()
         # compiled now, not in the first steps of each width (the float32 kernel serves float weights and LoRA)
         block_kernels.warm({code_group(raw.kind, raw.shape[1]) or 32 for raw in contents.quantized.values()
                             if not has_k_form(raw.kind, raw.shape[1])})
