@@ -1,17 +1,19 @@
 """Integer matmuls over K-quant super-blocks (k_blocks.py): x (N, C) times a Q4_K or Q6_K matrix (R, C) transposed,
-with x quantized to int8 per 256 columns (llama.cpp's Q8_K) and every product of codes and activations summed in
-integers (simd_int.py: vpmaddubsw + vpmaddwd on AVX2). One kernel serves every width, decode and prefill alike.
+with x quantized to int8 per 128 columns (llama.cpp's Q8_K has one scale per 256: half as fine) and every product
+of codes and activations summed in integers (simd_int.py: vpmaddubsw + vpmaddwd on AVX2). One kernel serves every
+width, decode and prefill alike.
 
 THE REDUCTION (every tile computes exactly this, so a row's result never depends on the rest of its step):
 
-    activations, per row k and super-block s: dx = max|x| / 127, q = rint(x * (127 / max|x|)) (0 when max is 0),
-      sums[k, j] = the sum of q over column group j of 16;
-    per weight row r, x row k, super-block s, in order s = 0, 1, ..:
-      lanes[l] = sum over the s's eight 32-column blocks b of  sc[b-part] * (c q over columns 4l..4l+3 of b)
-                 (integers, exact: see simd_int.dot_scaled; Q6_K's codes are unsigned, its -32 is taken
-                 off as -32 * sum_j sc[j] * sums[k, j] folded into the lanes)
-      acc = fma(float(lanes), d[r, s] * dx[k, s], acc)                              (one float32x8 chain)
-      Q4_K: macc = fma(float(m[r, s, :] * (sums[k, 2j] + sums[k, 2j+1])), dmin[r, s] * dx[k, s], macc)
+    activations, per row k and half super-block h (128 columns): dx = max|x| / 127,
+      q = rint(x * (127 / max|x|)) (0 when max is 0), sums[k, j] = the sum of q over column group j of 16;
+    per weight row r, x row k, super-block s (halves h = 2s, 2s+1), in order s = 0, 1, ..:
+      lanes_h[l] = sum over h's four 32-column blocks b of  sc[b-part] * (c q over columns 4l..4l+3 of b)
+                   (integers, exact: see simd_int.dot_scaled; Q6_K's codes are unsigned, its -32 is taken
+                   off as -32 * sum_j sc[j] * sums[k, j] over h's groups, folded into lanes_h)
+      acc = fma(float(lanes_2s), d[r, s] * dx[k, 2s], acc);  acc = fma(float(lanes_2s+1), d[r, s] * dx[k, 2s+1], acc)
+      Q4_K: macc = fma(float(m[r, s, :] * (sums[k, 2j] + sums[k, 2j+1])),
+                       (dmin[r, s] * dx[k, 2s]) in lanes 0-3, (dmin[r, s] * dx[k, 2s+1]) in lanes 4-7, macc)
     out[k, r] = vsum(acc) - vsum(macc)   (Q6_K: vsum(acc))
 
 `reference_matmul` is the same arithmetic in numpy. Parallelism: weight rows across threads; every (r, k) pair is
@@ -37,16 +39,17 @@ from worker.engine.simd_int import (
     ifloat,
     imul,
     int_path,
-    ishl,
     isplat16,
-    isub,
     iwiden8,
     nibbles32,
     sixbits32,
+    vhalves,
+    vquarters,
 )
 
 ROW_CHUNK = 64  # x rows per pass over the weights (their int8 codes stay in L2 while every weight row meets them)
 ROWS_PER_TASK = 16  # weight rows a parallel task takes (one scratch allocation each)
+ACT_BLOCK = 64  # activation columns per int8 scale (four per super-block)
 # numba's on-disk cache is keyed on the CPU, not on LLMFLEET_INT_KERNELS: a forced path compiles afresh each process
 _CACHE = int_path() == detected_path()
 log = logging.getLogger(__name__)
@@ -58,13 +61,13 @@ def _quantize(x, q, dx, sums16, sums32):  # pragma: no cover (compiled)
     (The fastmath flags let LLVM vectorise the max; they change no rounding: no reassociation, no contraction.)"""
     n_rows, cols = x.shape
     for k in range(n_rows):
-        for s in range(cols // QK_K):
+        for h in range(cols // ACT_BLOCK):
             amax = np.float32(0.0)
-            for c in range(s * QK_K, (s + 1) * QK_K):
+            for c in range(h * ACT_BLOCK, (h + 1) * ACT_BLOCK):
                 amax = max(amax, abs(x[k, c]))
             inverse = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
-            dx[k, s] = amax / np.float32(127.0)
-            for c in range(s * QK_K, (s + 1) * QK_K):
+            dx[k, h] = amax / np.float32(127.0)
+            for c in range(h * ACT_BLOCK, (h + 1) * ACT_BLOCK):
                 q[k, c] = np.int8(np.rint(x[k, c] * inverse))
         for j in range(cols // 16):
             total = np.int32(0)
@@ -76,11 +79,11 @@ def _quantize(x, q, dx, sums16, sums32):  # pragma: no cover (compiled)
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """x (N, C) float32 as int8 codes q (N, C), a float32 scale per 256 columns dx (N, C/256) and int32 sums of q
+    """x (N, C) float32 as int8 codes q (N, C), a float32 scale per 128 columns dx (N, C/128) and int32 sums of q
     per 16 and per 32 columns (N, C/16), (N, C/32)."""
     n_rows, cols = x.shape
     q = np.empty((n_rows, cols), np.int8)  # (N, C)
-    dx = np.empty((n_rows, cols // QK_K), np.float32)  # (N, C/256)
+    dx = np.empty((n_rows, cols // ACT_BLOCK), np.float32)  # (N, C/128)
     sums16 = np.empty((n_rows, cols // 16), np.int32)  # (N, C/16)
     sums32 = np.empty((n_rows, cols // 32), np.int32)  # (N, C/32)
     _quantize(np.ascontiguousarray(x, dtype=np.float32), q, dx, sums16, sums32)
@@ -88,17 +91,20 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
 
 
 @njit(cache=_CACHE, inline="always")
-def _lanes(flat_q, qa, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7):  # pragma: no cover
-    """The int32x8 lanes of one super-block: its eight blocks' codes c0..c7 (int8x32) and sub-scales s0..s7
-    (int16x16) against the 256 activations at flat_q[qa]."""
-    lanes = dot_scaled(c0, flat_q, qa, s0)
-    lanes = iadd(lanes, dot_scaled(c1, flat_q, qa + 32, s1))
-    lanes = iadd(lanes, dot_scaled(c2, flat_q, qa + 64, s2))
-    lanes = iadd(lanes, dot_scaled(c3, flat_q, qa + 96, s3))
-    lanes = iadd(lanes, dot_scaled(c4, flat_q, qa + 128, s4))
-    lanes = iadd(lanes, dot_scaled(c5, flat_q, qa + 160, s5))
-    lanes = iadd(lanes, dot_scaled(c6, flat_q, qa + 192, s6))
-    return iadd(lanes, dot_scaled(c7, flat_q, qa + 224, s7))
+def _part_lanes(flat_q, qa, ca, cb, sa, sb):  # pragma: no cover (compiled)
+    """The int32x8 lanes of a quarter super-block: two blocks' codes ca, cb (int8x32) and sub-scales sa, sb
+    (int16x16) against the 64 activations at flat_q[qa]."""
+    return iadd(dot_scaled(ca, flat_q, qa, sa), dot_scaled(cb, flat_q, qa + 32, sb))
+
+
+@njit(cache=_CACHE, inline="always")
+def _four_parts(acc, at, flat_q, qa, f, dx, k, h, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7):  # pragma: no cover
+    """acc[at:at+8] carried over one super-block: its four quarters' lanes, each times f * dx[k, h + p]."""
+    chain = vload(acc, at)  # (8,)
+    chain = vfma(ifloat(_part_lanes(flat_q, qa, c0, c1, s0, s1)), vbroadcast(f * dx[k, h]), chain)
+    chain = vfma(ifloat(_part_lanes(flat_q, qa + 64, c2, c3, s2, s3)), vbroadcast(f * dx[k, h + 1]), chain)
+    chain = vfma(ifloat(_part_lanes(flat_q, qa + 128, c4, c5, s4, s5)), vbroadcast(f * dx[k, h + 2]), chain)
+    vstore(acc, at, vfma(ifloat(_part_lanes(flat_q, qa + 192, c6, c7, s6, s7)), vbroadcast(f * dx[k, h + 3]), chain))
 
 
 @njit(cache=_CACHE, inline="always")
@@ -121,10 +127,13 @@ def _q4k_row(flat_codes, scales, flat_mins, d, dmin, flat_q, dx, flat_sums, r, h
         m = iwiden8(flat_mins, r * (cols // 32) + g)  # (8,) int32 mins of the super-block
         for i in range(n):
             k = first + i
-            lanes = _lanes(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
-            vstore(acc, i * LANES, vfma(ifloat(lanes), vbroadcast(d[r, s] * dx[k, s]), vload(acc, i * LANES)))
+            h = 4 * s
+            _four_parts(acc, i * LANES, flat_q, k * cols + s * QK_K, d[r, s], dx, k, h,
+                        c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
             low = imul(m, iwiden8(flat_sums, k * (cols // 32) + g))  # (8,) m[j] * sum of q over group j
-            vstore(macc, i * LANES, vfma(ifloat(low), vbroadcast(dmin[r, s] * dx[k, s]), vload(macc, i * LANES)))
+            e = dmin[r, s]
+            factor = vquarters(e * dx[k, h], e * dx[k, h + 1], e * dx[k, h + 2], e * dx[k, h + 3])  # (8,)
+            vstore(macc, i * LANES, vfma(ifloat(low), factor, vload(macc, i * LANES)))
     for i in range(n):
         out[first + i, r] = vsum(vload(acc, i * LANES)) - vsum(vload(macc, i * LANES))
 
@@ -147,10 +156,11 @@ def _q4k(codes, scales, mins, d, dmin, q, dx, sums32, first, last, out):  # prag
 
 
 @njit(cache=_CACHE, inline="always")
-def _q6k_row(flat_low, flat_high, scales, flat_scales, d, flat_q, dx, flat_sums, r, half, first, n, acc, out):  # pragma: no cover
-    """out[first:first+n, r]: weight row r against n x rows (chains in the scratch acc: (n*8,))."""
+def _q6k_row(flat_low, flat_high, scales, flat_scales, d, flat_q, dx, flat_sums, r, half, first, n, acc, macc, out):  # pragma: no cover
+    """out[first:first+n, r]: weight row r against n x rows (chains in the scratch acc, macc: (n*8,) each)."""
     cols = 2 * half
     acc[:] = 0
+    macc[:] = 0
     for s in range(cols // QK_K):
         g = 16 * s
         at = r * half + s * (QK_K // 2)
@@ -167,13 +177,17 @@ def _q6k_row(flat_low, flat_high, scales, flat_scales, d, flat_q, dx, flat_sums,
         sc_high = iwiden8(flat_scales, r * (cols // 16) + g + 8)  # (8,) 8..15
         for i in range(n):
             k = first + i
-            lanes = _lanes(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
+            h = 4 * s
+            _four_parts(acc, i * LANES, flat_q, k * cols + s * QK_K, d[r, s], dx, k, h,
+                        c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
             sa = k * (cols // 16) + g
-            offsets = iadd(imul(sc_low, iwiden8(flat_sums, sa)), imul(sc_high, iwiden8(flat_sums, sa + 8)))
-            lanes = isub(lanes, ishl(offsets, 5))  # the codes' -32
-            vstore(acc, i * LANES, vfma(ifloat(lanes), vbroadcast(d[r, s] * dx[k, s]), vload(acc, i * LANES)))
+            f = d[r, s]
+            chain = vfma(ifloat(imul(sc_low, iwiden8(flat_sums, sa))), vhalves(f * dx[k, h], f * dx[k, h + 1]),
+                         vload(macc, i * LANES))  # groups 0..7: sub-scale times the sum of q, for the codes' -32
+            vstore(macc, i * LANES, vfma(ifloat(imul(sc_high, iwiden8(flat_sums, sa + 8))),
+                                         vhalves(f * dx[k, h + 2], f * dx[k, h + 3]), chain))
     for i in range(n):
-        out[first + i, r] = vsum(vload(acc, i * LANES))
+        out[first + i, r] = vsum(vload(acc, i * LANES)) - np.float32(32.0) * vsum(vload(macc, i * LANES))
 
 
 @njit(parallel=True, cache=_CACHE)
@@ -188,8 +202,10 @@ def _q6k(codes, high, scales, d, q, dx, sums16, first, last, out):  # pragma: no
     n = last - first
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         acc = np.empty(n * LANES, np.float32)  # (n*8,)
+        macc = np.empty(n * LANES, np.float32)  # (n*8,)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            _q6k_row(flat_low, flat_high, scales, flat_scales, d, flat_q, dx, flat_sums, r, half, first, n, acc, out)
+            _q6k_row(flat_low, flat_high, scales, flat_scales, d, flat_q, dx, flat_sums, r, half, first, n, acc, macc,
+                     out)
 
 
 def k_matmul(x: np.ndarray, blocks: KBlocks) -> np.ndarray:
@@ -213,11 +229,11 @@ def reference_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """quantize_rows in numpy."""
     x = np.asarray(x, np.float32)
     n_rows, cols = x.shape
-    blocks = x.reshape(n_rows, cols // QK_K, QK_K)  # (N, S, 256)
-    amax = np.abs(blocks).max(axis=2)  # (N, S)
+    blocks = x.reshape(n_rows, cols // ACT_BLOCK, ACT_BLOCK)  # (N, H, 128)
+    amax = np.abs(blocks).max(axis=2)  # (N, H)
     with np.errstate(divide="ignore"):
-        inverse = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)  # (N, S)
-    dx = (amax / np.float32(127.0)).astype(np.float32)  # (N, S)
+        inverse = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)  # (N, H)
+    dx = (amax / np.float32(127.0)).astype(np.float32)  # (N, H)
     q = np.rint((blocks * inverse[:, :, None]).astype(np.float32)).astype(np.int8).reshape(n_rows, cols)  # (N, C)
     sums16 = q.reshape(n_rows, cols // 16, 16).astype(np.int32).sum(axis=2, dtype=np.int32)  # (N, C/16)
     sums32 = sums16.reshape(n_rows, cols // 32, 2).sum(axis=2, dtype=np.int32)  # (N, C/32)
@@ -248,21 +264,26 @@ def reference_matmul(x: np.ndarray, blocks: KBlocks) -> np.ndarray:
         per_block = scales.reshape(rows, 1, supers, 8, 1)  # (R, 1, S, block, 1)
     else:  # a block's lanes 0..3 are its first group of 16, lanes 4..7 its second
         per_block = np.repeat(scales.reshape(rows, 1, supers, 8, 2), 4, axis=4)  # (R, 1, S, block, lane)
-    lanes = (products * per_block).sum(axis=3)  # (R, N, S, 8)
-    if blocks.kind == "Q6_K":
-        s16 = sums16.astype(np.int64).reshape(1, n_rows, supers, 2, 8)  # (1, N, S, half, lane)
-        lanes = lanes - 32 * (scales.reshape(rows, 1, supers, 2, 8) * s16).sum(axis=3)  # (R, N, S, 8)
-    factor = (blocks.d[:, None, :] * dx[None, :, :]).astype(np.float32)  # (R, N, S)
+    parts = 256 // ACT_BLOCK  # activation blocks per super-block
+    weighted = (products * per_block).reshape(rows, n_rows, supers, parts, 8 // parts, LANES)  # (R, N, S, P, b, 8)
+    lanes = weighted.sum(axis=4)  # (R, N, S, P, 8)
+    scaled_dx = dx.reshape(n_rows, supers, parts)  # (N, S, P)
+    factor = (blocks.d[:, None, :, None] * scaled_dx[None, :, :, :]).astype(np.float32)  # (R, N, S, P)
     acc = np.zeros((rows, n_rows, LANES), np.float32)  # (R, N, 8)
     macc = np.zeros((rows, n_rows, LANES), np.float32)  # (R, N, 8)
     for s in range(supers):
-        acc = _fma(lanes[:, :, s].astype(np.float32), factor[:, :, s, None], acc)
-        if blocks.kind == "Q4_K":
+        for p in range(parts):
+            acc = _fma(lanes[:, :, s, p].astype(np.float32), factor[:, :, s, p, None], acc)
+        if blocks.kind == "Q4_K":  # lane j: group j of 32, in quarter j // 2
             assert blocks.mins is not None and blocks.dmin is not None
             low = blocks.mins.astype(np.int64)[:, None, 8 * s : 8 * s + 8] * sums32[None, :, 8 * s : 8 * s + 8]
-            mfactor = (blocks.dmin[:, s, None] * dx[None, :, s]).astype(np.float32)  # (R, N)
-            macc = _fma(low.astype(np.float32), mfactor[:, :, None], macc)
-    out = _vsum(acc) - _vsum(macc) if blocks.kind == "Q4_K" else _vsum(acc)  # (R, N)
+            mfactor = (blocks.dmin[:, None, s, None] * scaled_dx[None, :, s, :]).astype(np.float32)  # (R, N, P)
+            macc = _fma(low.astype(np.float32), np.repeat(mfactor, 8 // parts, axis=2), macc)
+        else:  # lane l of each half: group of 16 l (or 8 + l), in quarter l // 4 (or 2 + l // 4)
+            for h in range(2):
+                sub = scales[:, None, s * 16 + 8 * h : s * 16 + 8 * h + 8] * sums16[None, :, s * 16 + 8 * h : s * 16 + 8 * h + 8]
+                macc = _fma(sub.astype(np.float32), np.repeat(factor[:, :, s, 2 * h : 2 * h + 2], 4, axis=2), macc)
+    out = _vsum(acc) - (_vsum(macc) if blocks.kind == "Q4_K" else np.float32(32.0) * _vsum(macc))  # (R, N)
     return np.ascontiguousarray(out.T)  # (N, R)
 
 

@@ -215,23 +215,26 @@ def imul(typingctx: Any, a: Any, b: Any) -> Any:
 
 
 @intrinsic
-def ishl(typingctx: Any, a: Any, bits: Any) -> Any:
-    """a shifted left by a constant number of bits, lane by lane (int32)."""
+def vhalves(typingctx: Any, first: Any, second: Any) -> Any:
+    """A float32x8 of `first` in lanes 0..3 and `second` in lanes 4..7."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        count = builder.trunc(args[1], _I32) if args[1].type != _I32 else args[1]
-        first = builder.insert_element(ir.Constant(_V8I32, ir.Undefined), count, ir.Constant(_I32, 0))
-        splat = builder.shuffle_vector(first, first, ir.Constant(ir.VectorType(_I32, 8), [0] * 8))
-        return builder.shl(args[0], splat)
+        vector = ir.Constant(_V8F, ir.Undefined)
+        for lane in range(8):
+            vector = builder.insert_element(vector, args[0] if lane < 4 else args[1], ir.Constant(_I32, lane))
+        return vector
 
-    return int32x8(int32x8, bits), codegen
+    return float32x8(types.float32, types.float32), codegen
 
 
 @intrinsic
-def isub(typingctx: Any, a: Any, b: Any) -> Any:
-    """a - b, lane by lane (int32)."""
+def vquarters(typingctx: Any, a: Any, b: Any, c: Any, d: Any) -> Any:
+    """A float32x8 of a, a, b, b, c, c, d, d."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.sub(args[0], args[1])
+        vector = ir.Constant(_V8F, ir.Undefined)
+        for lane in range(8):
+            vector = builder.insert_element(vector, args[lane // 2], ir.Constant(_I32, lane))
+        return vector
 
-    return int32x8(int32x8, int32x8), codegen
+    return float32x8(types.float32, types.float32, types.float32, types.float32), codegen
