@@ -51,12 +51,12 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
                worker_id: str | None = None) -> int:
     """Load the model and serve its job stream until SIGTERM/SIGINT, then drain and exit (a node agent names
     the model id it serves under and the worker's registry id)."""
-    import redis
     from threadpoolctl import threadpool_limits
 
     from worker.engine.engine import Engine
     from worker.engine.numba_runtime import set_threads
     from worker.models import model_id, resolve
+    from worker.serve.redis_client import connect
     from worker.serve.runner import WorkerRunner
 
     threads = settings.threads or os.cpu_count() or 1
@@ -66,7 +66,7 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
     started = time.monotonic()
     engine = Engine.load(path, chat_template=read_chat_template(settings.chat_template))
     log.info("loaded %s in %.1fs; %d BLAS threads", path.name, time.monotonic() - started, threads)
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, health_check_interval=30)
+    client = connect(settings.redis_url)  # bounded sockets: worker/serve/redis_client.py
     runner = WorkerRunner(engine, client, settings, model=served_as or model_id(model_name), worker_id=worker_id,
                           model_file=path)
 
