@@ -57,10 +57,10 @@ def _redis_client(settings: Settings) -> Redis:
         settings.redis_url,
         max_connections=settings.redis_max_connections,
         timeout=POOL_WAIT_S,
-        **socket_options(settings.redis_url),
+        **socket_options(settings.redis_url, keepalive=False),  # no keepalive here: shared/redis_sockets.py
         # a pooled connection that died (Redis restarted) is redialled on its next use instead of failing the
         # request; a timeout is not retried. No health_check_interval: its PING would race the shared pub/sub
-        # connection's reader (TCP keepalive finds idle dead connections instead)
+        # connection's reader
         retry=Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), RETRIES,
                     supported_errors=(RedisConnectionError,)),
         retry_on_error=[RedisConnectionError],

@@ -24,8 +24,8 @@ def connect(redis_url: str) -> redis.Redis:
         redis_url,
         **socket_options(redis_url),  # type: ignore[arg-type]
         health_check_interval=HEALTH_CHECK_S,
-        # a connection found dead at send (Redis restarted) is redialled; a timeout is not retried (redis-py
-        # 6 and later would otherwise retry it up to ten times, each waiting out the timeout again)
+        # a connection found dead at send (Redis restarted) is redialled; a timeout is not retried (redis-py's
+        # own default differs by version and constructor: none, or ten retries that each wait out the timeout)
         retry=Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), RETRIES,
                     supported_errors=(RedisConnectionError,)),
         retry_on_error=[RedisConnectionError],
