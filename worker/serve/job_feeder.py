@@ -21,7 +21,7 @@ from redis.exceptions import RedisError, ResponseError
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.messages import Job
-from shared.redis_commands import queue_job_done
+from shared.redis_commands import queue_job_done, run, streams_with_waiting
 from shared.settings import Settings
 from worker.failover.fencing import Grant, take_ownership
 from worker.failover.resume import JournalState, JournalUnusable, read_journal
@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jobs (failover: TTL + this)
 IDLE_BLOCK_MS = 200  # a read with nothing waiting anywhere blocks this long on this worker's streams
 FULL_WAIT_S = 0.05  # with no free slot, look again after this long (or when the loop frees one)
-BUSY_POLL_S = 0.03  # a busy worker with free slots looks for jobs this often (only an idle one blocks on the
-# streams, so Redis hands a new shared job to an idle worker first)
+BUSY_POLL_S = 0.01  # a busy worker with free slots looks for jobs this often, one round trip a look (only an
+# idle one blocks on the streams, so Redis hands a new shared job to an idle worker first)
 
 
 @dataclass
@@ -188,11 +188,20 @@ class JobFeeder:
         read anywhere, an idle worker waits briefly on all its streams at once; a busy one looks again soon."""
         free = self._free()
         others = self.stealer.plan(free) if free > 0 and self.stealer.due() else {}
+        busy = self._free_width() < self._slots
+        # busy: one round trip tells which streams hold a job, and only those are read (a read per stream, each
+        # waiting for the GIL behind the engine's step, made a new job wait tens of milliseconds)
+        waiting = run(self.redis, streams_with_waiting(self.read_order)) if busy and not others else None
+        if waiting is not None and not waiting:
+            with self._cond:
+                self._cond.wait(BUSY_POLL_S)
+            return
         replies = []
         for index, (priority, own, shared) in enumerate(zip(keys.PRIORITY_ORDER, self.own_streams, self.streams,
                                                             strict=True)):
             room = max(free, self._preemptible(index))  # full: a class that outranks running work still reads
-            for stream, count in [(own, room), (shared, room), *others.get(priority, [])] if room > 0 else []:
+            reads = [(own, room), (shared, room), *others.get(priority, [])] if room > 0 else []
+            for stream, count in [(s, c) for s, c in reads if waiting is None or s in waiting]:
                 reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=min(count, room))
                 got = sum(len(messages) for _stream, messages in reply or [])
                 if got and stream != own and stream != shared:
@@ -201,7 +210,7 @@ class JobFeeder:
                 replies += reply or []
                 if room <= 0:
                     break
-        if not replies and self._free_width() < self._slots:  # busy: poll again soon, leave blocking to idle
+        if not replies and busy:  # poll again soon, leave blocking to idle workers
             with self._cond:
                 self._cond.wait(BUSY_POLL_S)
             return
