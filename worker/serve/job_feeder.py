@@ -275,7 +275,22 @@ class JobFeeder:
 
     def _take(self, jobs: list[tuple[str, str, Job]], *, takeover: bool) -> None:
         """Own each (stream, entry id, job) with a new epoch (fencing off any earlier owner), read what its
-        start needs, and put it in the inbox."""
+        start needs, and put it in the inbox. When Redis fails meanwhile (a command timed out: it may have run),
+        the entries, pending for this worker now, are claimed back and taken again at the next reclaim, as an
+        earlier process's are (a new epoch fences an owning that did go through)."""
+        try:
+            taken = self._own(jobs, takeover=takeover)
+        except RedisError:
+            for stream, mid, _job in jobs:
+                self.orphans.setdefault(stream, []).append(mid)
+            raise
+        with self._cond:
+            self._inbox += taken
+            self._inbox_width += sum(_width(t.job) for t in taken)
+            self._cond.notify_all()
+
+    def _own(self, jobs: list[tuple[str, str, Job]], *, takeover: bool) -> list[TakenJob]:
+        """_take's Redis part: the owner epochs, the cancel markers, a takeover's journal."""
         taken: list[TakenJob] = []
         for stream in dict.fromkeys(s for s, _mid, _job in jobs):  # each stream once, in reading order
             mine = [(mid, job) for s, mid, job in jobs if s == stream]
@@ -289,7 +304,7 @@ class JobFeeder:
                 else:
                     taken.append(TakenJob(stream, mid, job, grant, takeover or bool(grant.previous)))
         if not taken:
-            return
+            return taken
         pipe = self.redis.pipeline(transaction=False)
         for item in taken:
             pipe.exists(keys.cancelled_marker(item.job.id))
@@ -297,10 +312,7 @@ class JobFeeder:
             item.cancelled = bool(cancelled)
             if item.takeover:
                 self._read_journal(item)
-        with self._cond:
-            self._inbox += taken
-            self._inbox_width += sum(_width(t.job) for t in taken)
-            self._cond.notify_all()
+        return taken
 
     def _read_journal(self, item: TakenJob) -> None:
         """A takeover's journal (read after the fence went up); a poison job is dead-lettered here."""

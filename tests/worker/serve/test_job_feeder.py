@@ -4,6 +4,7 @@ and reads only the streams that hold one, so a job that outranks the running wor
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -88,5 +89,36 @@ def test_an_idle_feeder_still_blocks_on_every_stream(client: redis.Redis, settin
             taken = [item.job.id for item in feeder.drain(wait_s=0.1)]
         assert taken == ["first"]
         assert set(keys.jobs_streams(MODEL)) <= set(counting.reads)  # it read every class, as before
+    finally:
+        feeder.stop()
+
+
+def test_a_job_whose_taking_timed_out_is_taken_again_at_the_next_reclaim(
+        client: redis.Redis, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from worker.serve import job_feeder
+
+    failures = [RedisTimeoutError("Timeout reading from socket")]  # the first owning's reply is lost
+    real = job_feeder.take_ownership
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        grants = real(*args, **kwargs)  # it ran in Redis
+        if failures:
+            raise failures.pop()
+        return grants
+
+    monkeypatch.setattr(job_feeder, "take_ownership", flaky)
+    # the default lease: an entry left pending would otherwise wait that long for XAUTOCLAIM
+    feeder = _feeder(_CountingRedis(client), dataclasses.replace(settings, lease_s=30.0), held=0)
+    feeder.start()
+    try:
+        _queue(client, "unlucky", "normal")
+        deadline = time.monotonic() + 5
+        taken: list[Any] = []
+        while not taken and time.monotonic() < deadline:
+            taken = feeder.drain(wait_s=0.1)
+        assert [item.job.id for item in taken] == ["unlucky"] and not failures
+        assert taken[0].grant.epoch == 2  # owned again: the epoch of the lost reply is fenced off
     finally:
         feeder.stop()
