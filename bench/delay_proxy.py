@@ -15,6 +15,7 @@ import threading
 import time
 
 CHUNK = 1 << 16
+HELD_S = 3600.0  # how long a held connection keeps what it reads: for good
 
 
 class DelayProxy:
@@ -26,6 +27,7 @@ class DelayProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
+        self._held: list[threading.Event] = []  # one per connection: set, it forwards nothing more
         self._closed = threading.Event()
 
     def start(self) -> DelayProxy:
@@ -36,6 +38,12 @@ class DelayProxy:
     def set_rtt(self, rtt_s: float) -> None:
         """Set the round trip this proxy adds (half of it each way)."""
         self.one_way_s = rtt_s / 2
+
+    def hold_open(self) -> None:
+        """Forward nothing more on the connections open now, and reset none of them (a partition that lost their
+        packets and healed: their peers wait on them until a timeout); connections opened later flow."""
+        for held in list(self._held):
+            held.set()
 
     def close(self) -> None:
         """Stop accepting and cut every open connection."""
@@ -54,11 +62,13 @@ class DelayProxy:
             for sock in (client, upstream):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._sockets.append(sock)
-            self._pipe(client, upstream)
-            self._pipe(upstream, client)
+            held = threading.Event()
+            self._held.append(held)
+            self._pipe(client, upstream, held)
+            self._pipe(upstream, client, held)
 
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
-        """Forward source -> sink, each chunk sent one_way_s after it was read."""
+    def _pipe(self, source: socket.socket, sink: socket.socket, held: threading.Event) -> None:
+        """Forward source -> sink, each chunk sent one_way_s after it was read (never, once `held` is set)."""
         chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
 
         def read() -> None:
@@ -67,7 +77,7 @@ class DelayProxy:
                     data = source.recv(CHUNK)
                 except OSError:
                     data = b""
-                chunks.put((time.perf_counter() + self.one_way_s, data))
+                chunks.put((time.perf_counter() + (HELD_S if held.is_set() else self.one_way_s), data))
                 if not data:
                     return
 

@@ -12,7 +12,6 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -34,6 +33,7 @@ from gateway.openai.batches import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.openai.router import ROUTES as OPENAI_ROUTES
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
 from shared.errors import LLMFleetError
+from shared.redis_sockets import RETRIES, RETRY_BASE_S, RETRY_CAP_S, socket_options
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,16 +50,20 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 
 
 def _redis_client(settings: Settings) -> Redis:
-    """A client whose pool makes requests wait for a free connection instead of failing when all are busy."""
+    """A client whose pool makes requests wait for a free connection instead of failing when all are busy, and
+    whose sockets are bounded (shared/redis_sockets.py): a command on a connection a partition cut fails in
+    COMMAND_TIMEOUT_S (a 503) instead of hanging until TCP gives up."""
     pool = BlockingConnectionPool.from_url(
         settings.redis_url,
         max_connections=settings.redis_max_connections,
         timeout=POOL_WAIT_S,
-        socket_connect_timeout=POOL_WAIT_S,
+        **socket_options(settings.redis_url, keepalive=False),  # no keepalive here: shared/redis_sockets.py
         # a pooled connection that died (Redis restarted) is redialled on its next use instead of failing the
-        # request; no health_check_interval: its PING would race the shared pub/sub connection's reader
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        # request; a timeout is not retried. No health_check_interval: its PING would race the shared pub/sub
+        # connection's reader
+        retry=Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), RETRIES,
+                    supported_errors=(RedisConnectionError,)),
+        retry_on_error=[RedisConnectionError],
     )
     return Redis(connection_pool=pool)
 

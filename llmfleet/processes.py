@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from llmfleet.node import Node
 
 log = logging.getLogger("llmfleet")
+WORKER_SWITCH_INTERVAL_S = 0.001  # a worker's other threads get the GIL within this much of the step's Python code
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -51,22 +52,25 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
                worker_id: str | None = None) -> int:
     """Load the model and serve its job stream until SIGTERM/SIGINT, then drain and exit (a node agent names
     the model id it serves under and the worker's registry id)."""
-    import redis
     from threadpoolctl import threadpool_limits
 
     from worker.engine.engine import Engine
     from worker.engine.numba_runtime import set_threads
     from worker.models import model_id, resolve
+    from worker.serve.redis_client import connect
     from worker.serve.runner import WorkerRunner
 
     threads = settings.threads or os.cpu_count() or 1
     blas_limits = threadpool_limits(limits=threads, user_api="blas")  # noqa: F841 (kept for the process's life)
     set_threads(threads)  # the compiled attention kernel's threads
+    # the step holds the GIL but between kernels; the job feeder, the publisher and the cancel listener each need it
+    # for every round trip, and at Python's default 5 ms a new job reached the loop several such waits late
+    sys.setswitchinterval(WORKER_SWITCH_INTERVAL_S)
     path = resolve(model_name, progress=sys.stderr.isatty())
     started = time.monotonic()
     engine = Engine.load(path, chat_template=read_chat_template(settings.chat_template))
     log.info("loaded %s in %.1fs; %d BLAS threads", path.name, time.monotonic() - started, threads)
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, health_check_interval=30)
+    client = connect(settings.redis_url)  # bounded sockets: worker/serve/redis_client.py
     runner = WorkerRunner(engine, client, settings, model=served_as or model_id(model_name), worker_id=worker_id,
                           model_file=path)
 

@@ -8,7 +8,8 @@ queue depth and the live workers, and create consumer groups, by the same code. 
 commands on a pipeline the caller executes (redis-py's sync and asyncio pipelines queue alike).
 
 Rules: `create_group` (BUSYGROUP, a group already there, is fine), `queue_states` (waiting / in flight /
-placed / held per model over every stream of it), `fresh_workers` (registry entries within the heartbeat
+placed / held per model over every stream of it), `streams_with_waiting` (which streams hold a job not yet
+taken), `fresh_workers` (registry entries within the heartbeat
 TTL), `queue_event` (journal first, then publish) and `queue_job_done` (XACK + XDEL). No redis import here:
 the clients are the caller's.
 """
@@ -112,16 +113,10 @@ def queue_states(models: list[str], *, create_missing_groups: bool = False) -> R
                                                                   replies[2::3], strict=True):
         if isinstance(length, Exception):
             raise length
-        group = None if isinstance(groups, Exception) else next(
-            (g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
-        waiting, in_flight = int(length), 0
-        if group is None:
-            if not owner:
-                ungrouped.append(stream)
-        else:
-            in_flight = int(group.get("pending") or 0)
-            lag = group.get("lag")  # None after deletions past the group's position
-            waiting = int(lag) if lag is not None else max(0, int(length) - in_flight)
+        group = _jobs_group(groups)
+        waiting, in_flight = _waiting_and_pending(group, int(length))
+        if group is None and not owner:
+            ungrouped.append(stream)
         state = states[model]
         states[model] = state._replace(waiting=state.waiting + waiting, in_flight=state.in_flight + in_flight)
         if owner:
@@ -130,6 +125,36 @@ def queue_states(models: list[str], *, create_missing_groups: bool = False) -> R
     for stream in ungrouped if create_missing_groups else []:
         yield from create_group(stream)
     return states
+
+
+def streams_with_waiting(streams: list[str]) -> Rule[set[str]]:
+    """Those of `streams` holding a job no consumer has taken yet, in one round (each stream's group and length,
+    as `queue_states` counts them); a stream whose group is missing or whose replies are errors counts as one
+    (the read that follows meets the error, as it would have without this look)."""
+    replies = yield [c for stream in streams for c in (call("xinfo_groups", stream), call("xlen", stream))]
+    found = set()
+    for stream, groups, length in zip(streams, replies[::2], replies[1::2], strict=True):
+        group = _jobs_group(groups)
+        if group is None or isinstance(length, Exception) or _waiting_and_pending(group, int(length))[0] > 0:
+            found.add(stream)
+    return found
+
+
+def _jobs_group(groups: object) -> dict[str, Any] | None:
+    """The job consumer group among a stream's XINFO GROUPS reply (None: missing, or the reply is an error)."""
+    if not isinstance(groups, list):
+        return None
+    return next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
+
+
+def _waiting_and_pending(group: dict[str, Any] | None, length: int) -> tuple[int, int]:
+    """(jobs not yet taken, jobs taken and not acked) of one stream. Acked jobs are deleted (`queue_job_done`),
+    so where Redis cannot tell the group's lag, waiting = length - pending; without a group every entry waits."""
+    if group is None:
+        return length, 0
+    pending = int(group.get("pending") or 0)
+    lag = group.get("lag")  # None after deletions past the group's position
+    return (int(lag) if lag is not None else max(0, length - pending)), pending
 
 
 def _add_held(held: dict[str, int], consumers: object) -> None:

@@ -117,6 +117,20 @@ def redis_server():
     server.stop()
 
 
+@pytest.fixture()
+def proxied_redis(redis_server):
+    """A real redis-server behind bench/delay_proxy.py; yields (the server's own URL, the proxy). Through the
+    proxy (`redis://127.0.0.1:{proxy.port}/0`) a test can delay every byte, hold everything from now on
+    (`set_rtt(HELD_S)`), or hold only the connections open now (`hold_open()`: a partition that healed)."""
+    from bench.delay_proxy import DelayProxy
+
+    proxy = DelayProxy("127.0.0.1", redis_server.port).start()
+    try:
+        yield redis_server.url, proxy
+    finally:
+        proxy.close()
+
+
 # Fixtures that load a real model or start a real server: a test that uses any of them (directly or through
 # another fixture) is `slow` whatever its module says, so `pytest -m "not slow"` stays the fast loop.
 SLOW_FIXTURES = frozenset({

@@ -223,7 +223,7 @@ class Broker:
             pipe.publish(keys.cancel_channel(model), notice)
             async with asyncio.timeout(CANCEL_WAIT_S):  # a connection a partition left silent: the reply ends late
                 await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisError, OSError, TimeoutError, RuntimeError) as exc:  # RuntimeError: uvloop, a closed transport
             log.warning("could not publish cancel of %s (%s)", request_id, type(exc).__name__)
             return
         log.info("cancelled %s (%s)", request_id, reason)

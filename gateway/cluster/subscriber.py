@@ -215,11 +215,14 @@ class Subscriber:
     async def _read(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            message = await self._pubsub.get_message(timeout=None)
+            # in slices: a blocking read (timeout None) falls back to the pool's socket timeout in redis-py 5/6,
+            # which would drop a quiet healthy connection; None back means nothing came in the slice
+            message = await self._pubsub.get_message(timeout=self._ping_every_s)
+            if message is None:
+                continue
             self._heard_at = loop.time()
             self._ping_deadline = None
-            if message is not None:
-                self._dispatch(message)
+            self._dispatch(message)
 
     async def _drop(self) -> None:
         """Close the connection's socket (a stale one would otherwise be read again); the next dial opens a new one."""

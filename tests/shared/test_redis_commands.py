@@ -20,6 +20,7 @@ from shared.redis_commands import (
     queue_states,
     run,
     run_async,
+    streams_with_waiting,
 )
 from shared.registry import RegistryEntry
 
@@ -78,6 +79,25 @@ def test_queue_states_create_a_missing_shared_group_only_when_asked(clients: tup
     assert not sync.exists(keys.jobs_stream("m"))
     run(sync, queue_states(["m"], create_missing_groups=True))
     assert all(sync.xinfo_groups(s) for s in keys.jobs_streams("m"))
+
+
+def test_streams_with_waiting_are_those_holding_a_job_not_yet_taken(clients: tuple[Any, Any]) -> None:
+    sync, _ = clients
+    taken, untaken, empty, ungrouped = "s:taken", "s:untaken", "s:empty", "s:ungrouped"
+    for stream in (taken, untaken, empty):
+        run(sync, create_group(stream))
+    sync.xadd(taken, {"job": b"1"})
+    sync.xreadgroup(keys.JOBS_GROUP, "w1", {taken: ">"})  # taken, not acked: not waiting
+    sync.xadd(untaken, {"job": b"2"})
+    done = sync.xadd(empty, {"job": b"3"})
+    sync.xreadgroup(keys.JOBS_GROUP, "w1", {empty: ">"})
+    pipe = sync.pipeline()
+    queue_job_done(pipe, empty, done)  # acked jobs are deleted: nothing left
+    pipe.execute()
+    sync.xadd(ungrouped, {"job": b"4"})  # no group: the read that follows meets NOGROUP, as before
+    missing = "s:missing"  # no stream at all: the same
+    assert both(clients, streams_with_waiting, [taken, untaken, empty, ungrouped, missing]) == {
+        untaken, ungrouped, missing}
 
 
 def test_fresh_workers_are_those_within_the_ttl_draining_ones_included(clients: tuple[Any, Any]) -> None:

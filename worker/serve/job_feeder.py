@@ -21,7 +21,7 @@ from redis.exceptions import RedisError, ResponseError
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.messages import Job
-from shared.redis_commands import queue_job_done
+from shared.redis_commands import queue_job_done, run, streams_with_waiting
 from shared.settings import Settings
 from worker.failover.fencing import Grant, take_ownership
 from worker.failover.resume import JournalState, JournalUnusable, read_journal
@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jobs (failover: TTL + this)
 IDLE_BLOCK_MS = 200  # a read with nothing waiting anywhere blocks this long on this worker's streams
 FULL_WAIT_S = 0.05  # with no free slot, look again after this long (or when the loop frees one)
-BUSY_POLL_S = 0.03  # a busy worker with free slots looks for jobs this often (only an idle one blocks on the
-# streams, so Redis hands a new shared job to an idle worker first)
+BUSY_POLL_S = 0.01  # a busy worker with free slots looks for jobs this often, one round trip a look (only an
+# idle one blocks on the streams, so Redis hands a new shared job to an idle worker first)
 
 
 @dataclass
@@ -188,11 +188,20 @@ class JobFeeder:
         read anywhere, an idle worker waits briefly on all its streams at once; a busy one looks again soon."""
         free = self._free()
         others = self.stealer.plan(free) if free > 0 and self.stealer.due() else {}
+        busy = self._free_width() < self._slots
+        # busy: one round trip tells which streams hold a job, and only those are read (a read per stream, each
+        # waiting for the GIL behind the engine's step, made a new job wait tens of milliseconds)
+        waiting = run(self.redis, streams_with_waiting(self.read_order)) if busy and not others else None
+        if waiting is not None and not waiting:
+            with self._cond:
+                self._cond.wait(BUSY_POLL_S)
+            return
         replies = []
         for index, (priority, own, shared) in enumerate(zip(keys.PRIORITY_ORDER, self.own_streams, self.streams,
                                                             strict=True)):
             room = max(free, self._preemptible(index))  # full: a class that outranks running work still reads
-            for stream, count in [(own, room), (shared, room), *others.get(priority, [])] if room > 0 else []:
+            reads = [(own, room), (shared, room), *others.get(priority, [])] if room > 0 else []
+            for stream, count in [(s, c) for s, c in reads if waiting is None or s in waiting]:
                 reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=min(count, room))
                 got = sum(len(messages) for _stream, messages in reply or [])
                 if got and stream != own and stream != shared:
@@ -201,7 +210,7 @@ class JobFeeder:
                 replies += reply or []
                 if room <= 0:
                     break
-        if not replies and self._free_width() < self._slots:  # busy: poll again soon, leave blocking to idle
+        if not replies and busy:  # poll again soon, leave blocking to idle workers
             with self._cond:
                 self._cond.wait(BUSY_POLL_S)
             return
@@ -266,7 +275,22 @@ class JobFeeder:
 
     def _take(self, jobs: list[tuple[str, str, Job]], *, takeover: bool) -> None:
         """Own each (stream, entry id, job) with a new epoch (fencing off any earlier owner), read what its
-        start needs, and put it in the inbox."""
+        start needs, and put it in the inbox. When Redis fails meanwhile (a command timed out: it may have run),
+        the entries, pending for this worker now, are claimed back and taken again at the next reclaim, as an
+        earlier process's are (a new epoch fences an owning that did go through)."""
+        try:
+            taken = self._own(jobs, takeover=takeover)
+        except RedisError:
+            for stream, mid, _job in jobs:
+                self.orphans.setdefault(stream, []).append(mid)
+            raise
+        with self._cond:
+            self._inbox += taken
+            self._inbox_width += sum(_width(t.job) for t in taken)
+            self._cond.notify_all()
+
+    def _own(self, jobs: list[tuple[str, str, Job]], *, takeover: bool) -> list[TakenJob]:
+        """_take's Redis part: the owner epochs, the cancel markers, a takeover's journal."""
         taken: list[TakenJob] = []
         for stream in dict.fromkeys(s for s, _mid, _job in jobs):  # each stream once, in reading order
             mine = [(mid, job) for s, mid, job in jobs if s == stream]
@@ -280,7 +304,7 @@ class JobFeeder:
                 else:
                     taken.append(TakenJob(stream, mid, job, grant, takeover or bool(grant.previous)))
         if not taken:
-            return
+            return taken
         pipe = self.redis.pipeline(transaction=False)
         for item in taken:
             pipe.exists(keys.cancelled_marker(item.job.id))
@@ -288,10 +312,7 @@ class JobFeeder:
             item.cancelled = bool(cancelled)
             if item.takeover:
                 self._read_journal(item)
-        with self._cond:
-            self._inbox += taken
-            self._inbox_width += sum(_width(t.job) for t in taken)
-            self._cond.notify_all()
+        return taken
 
     def _read_journal(self, item: TakenJob) -> None:
         """A takeover's journal (read after the fence went up); a poison job is dead-lettered here."""

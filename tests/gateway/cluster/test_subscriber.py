@@ -6,32 +6,14 @@ the subscription is live; messages flow again after."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from redis.asyncio import Redis
 
-from bench.delay_proxy import DelayProxy
+from bench.delay_proxy import HELD_S
 from gateway.cluster.subscriber import RESYNC, Subscriber
-from llmfleet.redis_server import BundledRedis
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
-FROZEN_RTT_S = 3600.0  # bytes read by the proxy from now on are held an hour: a connection that went silent
-
-
-@pytest.fixture()
-def proxied_redis() -> Iterator[tuple[str, DelayProxy]]:
-    """A real redis-server and a proxy in front of it; yields (the server's URL, the proxy)."""
-    try:
-        server = BundledRedis().start()
-    except (FileNotFoundError, RuntimeError) as exc:
-        pytest.skip(f"no redis-server: {exc}")
-    proxy = DelayProxy("127.0.0.1", server.port).start()
-    try:
-        yield server.url, proxy
-    finally:
-        proxy.close()
-        server.stop()
 
 
 async def _next(queue: asyncio.Queue, timeout_s: float = 10.0) -> object:
@@ -51,7 +33,7 @@ async def test_a_silent_connection_is_dialled_again_and_every_stream_resyncs(pro
         await direct.publish("events:a", b"before")
         assert await _next(queue) == b"before"
 
-        proxy.set_rtt(FROZEN_RTT_S)  # nothing more comes through this connection, and nothing resets it
+        proxy.set_rtt(HELD_S)  # nothing more comes through this connection, and nothing resets it
         await direct.publish("events:a", b"lost")
         for _ in range(100):  # found dead within ping_every_s + dead_after_s, plus a check's slice
             if errors:

@@ -1,0 +1,124 @@
+"""worker.serve.job_feeder on a real Redis: a busy worker (some slots held) looks for new jobs with one round trip
+and reads only the streams that hold one, so a job that outranks the running work reaches the loop's inbox (and
+`outranks`) without a read of every priority class's streams."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from shared import codec, keys
+from shared.messages import GenerateJob, Sampling
+from shared.redis_commands import create_group, run
+from worker.schedule.sequences import Priority
+from worker.serve.job_feeder import JobFeeder
+
+pytestmark = pytest.mark.integration
+MODEL = "tiny"
+SLOTS = 8
+
+
+class _CountingRedis:
+    """The client, counting the XREADGROUP calls the feeder makes (everything else passes through)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self.reads: list[str] = []
+
+    def xreadgroup(self, group: str, consumer: str, streams: dict[str, str], **kwargs: Any) -> Any:
+        self.reads += list(streams)
+        return self._client.xreadgroup(group, consumer, streams, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class _NoAdapters:
+    def sync(self, redis: Any, *, force: bool = False) -> None:
+        """No LoRA adapters to follow."""
+
+
+def _feeder(client: _CountingRedis, settings: Any, held: int) -> JobFeeder:
+    streams, own = keys.jobs_streams(MODEL), keys.worker_jobs_streams(MODEL, "w1")
+    for stream in [*streams, *own]:
+        run(client, create_group(stream))
+    return JobFeeder(client, settings, model=MODEL, worker_id="w1", streams=streams, own_streams=own,  # type: ignore
+                     adapters=_NoAdapters(), free_width=lambda: SLOTS - held, accepting=lambda: True,  # type: ignore
+                     holds=lambda _rid: False, ensure_group=lambda: None, journal_ttl_s=60, slots=SLOTS,
+                     outranked_width=lambda index: held if keys.PRIORITY_ORDER[index] != "low" else 0)
+
+
+def _queue(client: redis.Redis, rid: str, priority: str) -> None:
+    now = time.time()
+    job = GenerateJob(id=rid, model=MODEL, created=now, deadline=now + 60, prompt_token_ids=[5, 6, 7], max_tokens=4,
+                      sampling=Sampling(temperature=0.0), priority=priority)  # type: ignore[arg-type]
+    client.xadd(keys.jobs_stream(MODEL, priority), {keys.JOB_FIELD: codec.encode_job(job)})
+
+
+def test_a_busy_feeder_reads_only_the_stream_that_holds_a_new_job(client: redis.Redis, settings: Any) -> None:
+    counting = _CountingRedis(client)
+    feeder = _feeder(counting, settings, held=4)  # low-priority work holds 4 of 8 slots
+    feeder.start()
+    try:
+        time.sleep(0.3)  # busy: it looks every BUSY_POLL_S and reads nothing, for nothing is there
+        assert counting.reads == []
+        _queue(client, "urgent", "normal")
+        deadline = time.monotonic() + 5
+        while not feeder.outranks(int(Priority.LOW)) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert feeder.outranks(int(Priority.LOW))  # the running step would stop for it
+        assert counting.reads == [keys.jobs_stream(MODEL, "normal")]
+        assert [item.job.id for item in feeder.drain()] == ["urgent"]
+    finally:
+        feeder.stop()
+
+
+def test_an_idle_feeder_still_blocks_on_every_stream(client: redis.Redis, settings: Any) -> None:
+    counting = _CountingRedis(client)
+    feeder = _feeder(counting, settings, held=0)
+    feeder.start()
+    try:
+        _queue(client, "first", "low")
+        deadline = time.monotonic() + 5
+        taken: list[str] = []
+        while not taken and time.monotonic() < deadline:
+            taken = [item.job.id for item in feeder.drain(wait_s=0.1)]
+        assert taken == ["first"]
+        assert set(keys.jobs_streams(MODEL)) <= set(counting.reads)  # it read every class, as before
+    finally:
+        feeder.stop()
+
+
+def test_a_job_whose_taking_timed_out_is_taken_again_at_the_next_reclaim(
+        client: redis.Redis, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from worker.serve import job_feeder
+
+    failures = [RedisTimeoutError("Timeout reading from socket")]  # the first owning's reply is lost
+    real = job_feeder.take_ownership
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        grants = real(*args, **kwargs)  # it ran in Redis
+        if failures:
+            raise failures.pop()
+        return grants
+
+    monkeypatch.setattr(job_feeder, "take_ownership", flaky)
+    # the default lease: an entry left pending would otherwise wait that long for XAUTOCLAIM
+    feeder = _feeder(_CountingRedis(client), dataclasses.replace(settings, lease_s=30.0), held=0)
+    feeder.start()
+    try:
+        _queue(client, "unlucky", "normal")
+        deadline = time.monotonic() + 5
+        taken: list[Any] = []
+        while not taken and time.monotonic() < deadline:
+            taken = feeder.drain(wait_s=0.1)
+        assert [item.job.id for item in taken] == ["unlucky"] and not failures
+        assert taken[0].grant.epoch == 2  # owned again: the epoch of the lost reply is fenced off
+    finally:
+        feeder.stop()
