@@ -1,20 +1,21 @@
 """Integer matmuls over K-quant super-blocks (k_blocks.py): x (N, C) times a Q4_K or Q6_K matrix (R, C) transposed,
-with x quantized to int8 per 128 columns (llama.cpp's Q8_K has one scale per 256: half as fine) and every product
-of codes and activations summed in integers (simd_int.py: vpmaddubsw + vpmaddwd on AVX2). One kernel serves every
-width, decode and prefill alike.
+with x quantized to int8 per 64 columns (llama.cpp's Q8_K has one scale per 256; a finer one keeps our error well
+inside llama.cpp's at about the same speed) and every product of codes and activations summed in integers
+(simd_int.py: vpmaddubsw + vpmaddwd on AVX2). One kernel serves every width, decode and prefill alike.
 
 THE REDUCTION (every tile computes exactly this, so a row's result never depends on the rest of its step):
 
-    activations, per row k and half super-block h (128 columns): dx = max|x| / 127,
-      q = rint(x * (127 / max|x|)) (0 when max is 0), sums[k, j] = the sum of q over column group j of 16;
-    per weight row r, x row k, super-block s (halves h = 2s, 2s+1), in order s = 0, 1, ..:
-      lanes_h[l] = sum over h's four 32-column blocks b of  sc[b-part] * (c q over columns 4l..4l+3 of b)
-                   (integers, exact: see simd_int.dot_scaled; Q6_K's codes are unsigned, its -32 is taken
-                   off as -32 * sum_j sc[j] * sums[k, j] over h's groups, folded into lanes_h)
-      acc = fma(float(lanes_2s), d[r, s] * dx[k, 2s], acc);  acc = fma(float(lanes_2s+1), d[r, s] * dx[k, 2s+1], acc)
-      Q4_K: macc = fma(float(m[r, s, :] * (sums[k, 2j] + sums[k, 2j+1])),
-                       (dmin[r, s] * dx[k, 2s]) in lanes 0-3, (dmin[r, s] * dx[k, 2s+1]) in lanes 4-7, macc)
-    out[k, r] = vsum(acc) - vsum(macc)   (Q6_K: vsum(acc))
+    activations, per row k and quarter super-block h (64 columns): dx = max|x| / 127,
+      q = rint(x * (127 / max|x|)) (0 when max is 0), sums16/sums32[k, j] = the sum of q over column group j;
+    per weight row r, x row k, super-block s (quarters h = 4s .. 4s+3), in order s = 0, 1, ..:
+      lanes_h[l] = sum over h's two 32-column blocks b of  sc[b-part] * (c q over columns 4l..4l+3 of b)
+                   (integers, exact: see simd_int.dot_scaled)
+      acc = fma(float(lanes_h), d[r, s] * dx[k, h], acc)            for h = 4s .. 4s+3, in order
+      Q4_K: macc = fma(float(m[r, s, j] * sums32[k, 8s+j]), dmin[r, s] * dx[k, 4s + j//2] in lane j, macc)
+      Q6_K (codes are unsigned: the -32 comes off as 32 * sum_j sc[j] * sums16[k, j]):
+            macc = fma(float(sc[r, 16s+l] * sums16[k, 16s+l]), d[r, s] * dx[k, 4s + l//4] in lane l, macc);
+            macc = fma(float(sc[r, 16s+8+l] * sums16[k, 16s+8+l]), d[r, s] * dx[k, 4s + 2 + l//4], macc)
+    out[k, r] = vsum(acc) - vsum(macc)   (Q6_K: vsum(acc) - 32 * vsum(macc))
 
 `reference_matmul` is the same arithmetic in numpy. Parallelism: weight rows across threads; every (r, k) pair is
 one chain, computed by one thread in one order.

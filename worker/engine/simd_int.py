@@ -161,16 +161,6 @@ def isplat16(typingctx: Any, first: Any, second: Any) -> Any:
 
 
 @intrinsic
-def izero(typingctx: Any) -> Any:
-    """Eight int32 zeros."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return _splat(_V8I32, 0)
-
-    return int32x8(), codegen
-
-
-@intrinsic
 def iadd(typingctx: Any, a: Any, b: Any) -> Any:
     """a + b, lane by lane (int32, never near overflow here)."""
 
