@@ -44,7 +44,6 @@ from worker.engine.simd_int import (
     iwiden8,
     nibbles32,
     sixbits32,
-    vhalves,
     vquarters,
 )
 
@@ -183,10 +182,11 @@ def _q6k_row(flat_low, flat_high, scales, flat_scales, d, flat_q, dx, flat_sums,
                         c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
             sa = k * (cols // 16) + g
             f = d[r, s]
-            chain = vfma(ifloat(imul(sc_low, iwiden8(flat_sums, sa))), vhalves(f * dx[k, h], f * dx[k, h + 1]),
+            f0, f1, f2, f3 = f * dx[k, h], f * dx[k, h + 1], f * dx[k, h + 2], f * dx[k, h + 3]
+            chain = vfma(ifloat(imul(sc_low, iwiden8(flat_sums, sa))), vquarters(f0, f0, f1, f1),
                          vload(macc, i * LANES))  # groups 0..7: sub-scale times the sum of q, for the codes' -32
-            vstore(macc, i * LANES, vfma(ifloat(imul(sc_high, iwiden8(flat_sums, sa + 8))),
-                                         vhalves(f * dx[k, h + 2], f * dx[k, h + 3]), chain))
+            vstore(macc, i * LANES, vfma(ifloat(imul(sc_high, iwiden8(flat_sums, sa + 8))), vquarters(f2, f2, f3, f3),
+                                         chain))
     for i in range(n):
         out[first + i, r] = vsum(vload(acc, i * LANES)) - np.float32(32.0) * vsum(vload(macc, i * LANES))
 

@@ -205,19 +205,6 @@ def imul(typingctx: Any, a: Any, b: Any) -> Any:
 
 
 @intrinsic
-def vhalves(typingctx: Any, first: Any, second: Any) -> Any:
-    """A float32x8 of `first` in lanes 0..3 and `second` in lanes 4..7."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        vector = ir.Constant(_V8F, ir.Undefined)
-        for lane in range(8):
-            vector = builder.insert_element(vector, args[0] if lane < 4 else args[1], ir.Constant(_I32, lane))
-        return vector
-
-    return float32x8(types.float32, types.float32), codegen
-
-
-@intrinsic
 def vquarters(typingctx: Any, a: Any, b: Any, c: Any, d: Any) -> Any:
     """A float32x8 of a, a, b, b, c, c, d, d."""
 
