@@ -134,14 +134,11 @@ def dot_scaled(typingctx: Any, codes: Any, q: Any, q_index: Any, scales: Any) ->
         if int_path() == "avx2":
             pairs = builder.call(_function(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8]),
                                  [args[0], values])
-            return builder.call(_function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16]),
-                                [pairs, args[3]])
-        wide = ir.VectorType(_I16, 32)
-        products = builder.mul(builder.zext(args[0], wide), builder.sext(values, wide))  # (32,) exact in int16
-        pairs = _pairs(builder, products, 16)  # (16,) at most 16002 in magnitude: no saturation
-        wide32 = ir.VectorType(_I32, 16)
-        scaled = builder.mul(builder.sext(pairs, wide32), builder.sext(args[3], wide32))  # (16,)
-        return _pairs(builder, scaled, 8)  # (8,)
+        else:
+            wide = ir.VectorType(_I16, 32)
+            products = builder.mul(builder.zext(args[0], wide), builder.sext(values, wide))  # (32,) exact in int16
+            pairs = _pairs(builder, products, 16)  # (16,) at most 16002 in magnitude: no saturation
+        return _maddwd(builder, pairs, args[3])
 
     return int32x8(int8x32, q, q_index, int16x16), codegen
 
@@ -180,38 +177,95 @@ def ifloat(typingctx: Any, a: Any) -> Any:
     return float32x8(int32x8), codegen
 
 
+def _maddwd(builder: Any, a: Any, b: Any) -> Any:
+    """int16x16 a times b, adjacent products summed into int32x8 (vpmaddwd on AVX2; exact here: no input is -32768)."""
+    if int_path() == "avx2":
+        return builder.call(_function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16]), [a, b])
+    wide = ir.VectorType(_I32, 16)
+    return _pairs(builder, builder.mul(builder.sext(a, wide), builder.sext(b, wide)), 8)
+
+
+def _hadd(builder: Any, a: Any, b: Any) -> Any:
+    """vphaddd's lanes: per 128-bit half, a's adjacent pairs summed, then b's."""
+    if int_path() == "avx2":
+        return builder.call(_function(builder, "llvm.x86.avx2.phadd.d", _V8I32, [_V8I32, _V8I32]), [a, b])
+    even = builder.shuffle_vector(a, b, ir.Constant(_V8I32, [0, 2, 8, 10, 4, 6, 12, 14]))
+    odd = builder.shuffle_vector(a, b, ir.Constant(_V8I32, [1, 3, 9, 11, 5, 7, 13, 15]))
+    return builder.add(even, odd)
+
+
 @intrinsic
-def iwiden8(typingctx: Any, array: Any, index: Any) -> Any:
-    """Eight elements of a flat uint8, int8 or int32 array from `index` on, as int32 lanes (sign-extended for int8)."""
-    dtype = array.dtype
+def hsum_quarters(typingctx: Any, t0: Any, t1: Any, t2: Any, t3: Any) -> Any:
+    """Lane h (h < 4): the sum of t_h's lanes 0..3; lane 4 + h: of its lanes 4..7 (three vphaddd)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        if dtype == types.int32:
-            return builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V8I32), align=4)
+        return _hadd(builder, _hadd(builder, args[0], args[1]), _hadd(builder, args[2], args[3]))
+
+    return int32x8(int32x8, int32x8, int32x8, int32x8), codegen
+
+
+@intrinsic
+def mins_vector(typingctx: Any, array: Any, index: Any) -> Any:
+    """An int16x16 of the eight uint8 at `index` in lanes 0..7 and zeros in lanes 8..15 (Q4_K's mins)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         octets = builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V8I8), align=1)
-        return builder.sext(octets, _V8I32) if dtype == types.int8 else builder.zext(octets, _V8I32)
+        words = builder.zext(octets, ir.VectorType(_I16, 8))
+        zeros = ir.Constant(ir.VectorType(_I16, 8), [0] * 8)
+        return builder.shuffle_vector(words, zeros, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
 
-    return int32x8(array, index), codegen
+    return int16x16(array, index), codegen
 
 
 @intrinsic
-def imul(typingctx: Any, a: Any, b: Any) -> Any:
-    """a * b, lane by lane (int32)."""
+def mins_dot(typingctx: Any, mins: Any, sums: Any, index: Any) -> Any:
+    """Lane h (h < 4): m[2h] * sums[index + 2h] + m[2h+1] * sums[index + 2h + 1] of a mins_vector and eight int16
+    sums; lanes 4..7 are zero."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.mul(args[0], args[1])
+        pointer = _pointer(context, builder, signature.args[1], args[1], args[2], ir.VectorType(_I16, 8))
+        words = builder.load(pointer, align=2)
+        zeros = ir.Constant(ir.VectorType(_I16, 8), [0] * 8)
+        wide = builder.shuffle_vector(words, zeros, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+        return _maddwd(builder, args[0], wide)
+
+    return int32x8(int16x16, sums, index), codegen
+
+
+PAIRED_GROUPS = (0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15)  # a super-block's 16-column groups, as paired
+
+
+@intrinsic
+def paired_scales(typingctx: Any, array: Any, index: Any) -> Any:
+    """Q6_K's 16 int8 sub-scales at `index`, in PAIRED_GROUPS order, times 32, as an int16x16."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        octets = builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V16I8), align=1)
+        paired = builder.shuffle_vector(octets, octets, ir.Constant(ir.VectorType(_I32, 16), list(PAIRED_GROUPS)))
+        return builder.shl(builder.sext(paired, _V16I16), _splat(_V16I16, 5))
+
+    return int16x16(array, index), codegen
+
+
+@intrinsic
+def paired_dot(typingctx: Any, scales: Any, sums: Any, index: Any) -> Any:
+    """The paired_scales times 16 int16 sums at `index` (also in PAIRED_GROUPS order), as hsum_quarters lays its
+    lanes out: lane h the groups 4h and 4h+2, lane 4 + h the groups 4h+1 and 4h+3."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        words = builder.load(_pointer(context, builder, signature.args[1], args[1], args[2], _V16I16), align=2)
+        pairs = _maddwd(builder, args[0], words)  # (8,): groups (0,2), (1,3), (4,6), (5,7), ..
+        return builder.shuffle_vector(pairs, pairs, ir.Constant(_V8I32, [0, 2, 4, 6, 1, 3, 5, 7]))
+
+    return int32x8(int16x16, sums, index), codegen
+
+
+@intrinsic
+def isub(typingctx: Any, a: Any, b: Any) -> Any:
+    """a - b, lane by lane (int32)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.sub(args[0], args[1])
 
     return int32x8(int32x8, int32x8), codegen
 
-
-@intrinsic
-def vquarters(typingctx: Any, a: Any, b: Any, c: Any, d: Any) -> Any:
-    """A float32x8 of a, a, b, b, c, c, d, d."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        vector = ir.Constant(_V8F, ir.Undefined)
-        for lane in range(8):
-            vector = builder.insert_element(vector, args[lane // 2], ir.Constant(_I32, lane))
-        return vector
-
-    return float32x8(types.float32, types.float32, types.float32, types.float32), codegen

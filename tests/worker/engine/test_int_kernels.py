@@ -15,7 +15,7 @@ import pytest
 from tests.support.quant_data import random_blocks
 from worker.engine import int_kernels
 from worker.engine.k_blocks import K_KINDS, KBlocks, decode_k_blocks
-from worker.engine.simd_int import PATHS, int_path
+from worker.engine.simd_int import PAIRED_GROUPS, PATHS, int_path
 
 REPO = Path(__file__).resolve().parents[3]
 ROW_COUNTS = (1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 64, 65, 70)
@@ -38,13 +38,18 @@ def activations(rows: int, cols: int, seed: int) -> np.ndarray:
 
 def test_quantization_is_int8_per_64_columns_and_equals_its_reference() -> None:
     x = activations(5, 512, 1)
-    q, dx, sums16, sums32 = int_kernels.quantize_rows(x)
-    for got, expected in zip((q, dx, sums16, sums32), int_kernels.reference_quantize(x)):
+    rows = int_kernels.quantize_rows(x)
+    for got, expected in zip(rows, int_kernels.reference_quantize(x)):
         np.testing.assert_array_equal(got, expected)
-    assert dx.shape == (5, 8) and sums16.shape == (5, 32) and sums32.shape == (5, 16)
+    q, dx, dx8, sums16, sums32 = rows
+    assert dx.shape == (5, 8) and dx8.shape == (5, 2, 8) and sums16.shape == (5, 32) and sums32.shape == (5, 16)
+    assert sums16.dtype == sums32.dtype == np.int16
     assert q.dtype == np.int8 and np.abs(q).max() == 127 and not dx[-1, :4].any() and not q[-1, :256].any()
     np.testing.assert_allclose(q[2].reshape(8, 64) * dx[2][:, None], x[2].reshape(8, 64), atol=float(dx[2].max()))
-    np.testing.assert_array_equal(sums16[3], q[3].reshape(32, 16).sum(axis=1))
+    np.testing.assert_array_equal(dx8[2, 1], np.tile(dx[2, 4:], 2))
+    groups = q[3].reshape(32, 16).sum(axis=1)  # (32,) in column order
+    np.testing.assert_array_equal(sums16[3], groups.reshape(2, 16)[:, list(PAIRED_GROUPS)].reshape(32))
+    np.testing.assert_array_equal(sums32[3], q[3].reshape(16, 32).sum(axis=1))
 
 
 @pytest.mark.parametrize("kind", K_KINDS)
