@@ -1,5 +1,5 @@
-"""Integer matmuls over K-quant super-blocks (k_blocks.py): x (N, C) times a Q4_K or Q6_K matrix (R, C) transposed,
-with x quantized to int8 per 64 columns (llama.cpp's Q8_K has one scale per 256; a finer one keeps our error well
+"""Integer matmuls over K-quant super-blocks (k_blocks.py): x (N, C) times a Q4_K, Q5_K or Q6_K matrix (R, C)
+transposed, with x quantized to int8 per 64 columns (llama.cpp's Q8_K has one scale per 256; a finer one keeps our error well
 inside llama.cpp's at about the same speed) and every product of codes and activations summed in integers
 (simd_int.py: vpmaddubsw + vpmaddwd on AVX2). One kernel serves every width, decode and prefill alike.
 
@@ -15,9 +15,9 @@ THE REDUCTION (every tile computes exactly this, so a row's result never depends
       Q6_K (codes are unsigned: the -32 comes off here, in integers): w[h] -= 32 * (sc[4h] S16[4h] + sc[4h+2]
             S16[4h+2]), w[4+h] -= 32 * (sc[4h+1] S16[4h+1] + sc[4h+3] S16[4h+3])  (groups of 16 in the super-block)
       acc = fma(float(w), d[r, s] * dx8[k, s], acc)
-      Q4_K: macc = fma(float(mn), -dmin[r, s] * dx8[k, s], macc), mn[h] = m[2h] S32[2h] + m[2h+1] S32[2h+1] for
+      Q4_K, Q5_K: macc = fma(float(mn), -dmin[r, s] * dx8[k, s], macc), mn[h] = m[2h] S32[2h] + m[2h+1] S32[2h+1] for
             h < 4 (groups of 32 in the super-block), mn[4..7] = 0  (a chain of its own: the two overlap)
-    out[k, r] = vsum(acc)  (Q4_K: vsum(acc) + vsum(macc))
+    out[k, r] = vsum(acc)  (Q4_K, Q5_K: vsum(acc) + vsum(macc))
 
 `reference_matmul` is the same arithmetic in numpy. Parallelism: weight rows across threads; every (r, k) pair is
 one chain, computed by one thread in one order.
@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from worker.engine.k_blocks import KBlocks
+from worker.engine.k_blocks import K_KINDS, KBlocks
 from worker.engine.numba_runtime import launch_lock
 from worker.engine.quant_blocks import QK_K
 from worker.engine.simd import LANES, vbroadcast, vfma, vload, vmul, vstore, vsum
@@ -40,6 +40,7 @@ from worker.engine.simd_int import (
     PATHS,
     detected_path,
     dot_scaled,
+    fivebits32,
     hsum_quarters,
     iadd,
     ifloat,
@@ -57,6 +58,7 @@ from worker.engine.simd_int import (
 ROW_CHUNK = 64  # x rows per pass over the weights (their int8 codes stay in L2 while every weight row meets them)
 ROWS_PER_TASK = 16  # weight rows a parallel task takes (one scratch allocation each)
 ACT_BLOCK = 64  # activation columns per int8 scale (four per super-block)
+_NO_FIFTH_BITS = np.zeros((1, 0), np.uint8)  # Q4_K's stand-in for Q5_K's fifth bits (one compiled kernel serves both)
 # numba's on-disk cache is keyed on the CPU, not on LLMFLEET_INT_KERNELS: a forced path compiles afresh each process
 _CACHE = int_path() == detected_path()
 PAIRED_POSITION = np.argsort(np.array(PAIRED_GROUPS))  # where group j of a super-block's 16 sits in sums16
@@ -122,16 +124,25 @@ def _quarters(flat_q, qa, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5
 
 
 @njit(cache=_CACHE, inline="always")
-def _q4k_super(flat_codes, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n, acc, macc):  # pragma: no cover
-    """Super-block s of weight row r against n x rows: their chains in acc and macc (n*8,) carried over it."""
+def _q4k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n,
+               acc, macc):  # pragma: no cover
+    """Super-block s of weight row r (Q4_K, or Q5_K when flat_fifth holds its fifth bits) against n x rows: their
+    chains in acc and macc (n*8,) carried over it."""
     cols = 2 * half
     supers = cols // QK_K
     g = 8 * s
     at = r * half + s * (QK_K // 2)
-    c0, c1, c2, c3 = (nibbles32(flat_codes, at), nibbles32(flat_codes, at + 16),
-                      nibbles32(flat_codes, at + 32), nibbles32(flat_codes, at + 48))
-    c4, c5, c6, c7 = (nibbles32(flat_codes, at + 64), nibbles32(flat_codes, at + 80),
-                      nibbles32(flat_codes, at + 96), nibbles32(flat_codes, at + 112))
+    if flat_fifth.size:
+        fa = r * (cols // 8) + s * (QK_K // 8)
+        c0, c1 = fivebits32(flat_codes, at, flat_fifth, fa), fivebits32(flat_codes, at + 16, flat_fifth, fa + 4)
+        c2, c3 = fivebits32(flat_codes, at + 32, flat_fifth, fa + 8), fivebits32(flat_codes, at + 48, flat_fifth, fa + 12)
+        c4, c5 = fivebits32(flat_codes, at + 64, flat_fifth, fa + 16), fivebits32(flat_codes, at + 80, flat_fifth, fa + 20)
+        c6, c7 = fivebits32(flat_codes, at + 96, flat_fifth, fa + 24), fivebits32(flat_codes, at + 112, flat_fifth, fa + 28)
+    else:
+        c0, c1, c2, c3 = (nibbles32(flat_codes, at), nibbles32(flat_codes, at + 16),
+                          nibbles32(flat_codes, at + 32), nibbles32(flat_codes, at + 48))
+        c4, c5, c6, c7 = (nibbles32(flat_codes, at + 64), nibbles32(flat_codes, at + 80),
+                          nibbles32(flat_codes, at + 96), nibbles32(flat_codes, at + 112))
     s0, s1 = isplat16(scales[r, g], scales[r, g]), isplat16(scales[r, g + 1], scales[r, g + 1])
     s2, s3 = isplat16(scales[r, g + 2], scales[r, g + 2]), isplat16(scales[r, g + 3], scales[r, g + 3])
     s4, s5 = isplat16(scales[r, g + 4], scales[r, g + 4]), isplat16(scales[r, g + 5], scales[r, g + 5])
@@ -149,11 +160,12 @@ def _q4k_super(flat_codes, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_su
 
 
 @njit(parallel=True, cache=_CACHE)
-def _q4k(codes, scales, mins, d, dmin, q, dx8, sums32, first, last, out):  # pragma: no cover (compiled)
-    """out[k, r] for x rows first..last-1: the Q4_K reduction of the module docstring (a super-block's codes
-    unpacked once, then met by every x row; ROWS_PER_TASK weight rows a task, sharing its scratch)."""
-    rows, half = codes.shape  # codes (R, C/2); scales/mins (R, C/32) uint8; d/dmin (R, C/256)
+def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):  # pragma: no cover (compiled)
+    """out[k, r] for x rows first..last-1: the Q4_K (or Q5_K) reduction of the module docstring (a super-block's
+    codes unpacked once, then met by every x row; ROWS_PER_TASK weight rows a task, sharing its scratch)."""
+    rows, half = codes.shape  # codes (R, C/2); fifth (R, C/8) or empty; scales/mins (R, C/32) uint8; d/dmin (R, C/256)
     flat_codes = codes.reshape(-1)  # (R*C/2,)
+    flat_fifth = fifth.reshape(-1)  # (R*C/8,) or (0,)
     flat_q = q.reshape(-1)  # (N*C,)
     flat_dx8 = dx8.reshape(-1)  # (N*C/256*8,)
     flat_sums = sums32.reshape(-1)  # (N*C/32,)
@@ -167,8 +179,8 @@ def _q4k(codes, scales, mins, d, dmin, q, dx8, sums32, first, last, out):  # pra
             acc[:] = 0
             macc[:] = 0
             for s in range(half // (QK_K // 2)):
-                _q4k_super(flat_codes, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n,
-                           acc, macc)
+                _q4k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half,
+                           first, n, acc, macc)
             for i in range(n):
                 out[first + i, r] = vsum(vload(acc, i * LANES)) + vsum(vload(macc, i * LANES))
 
@@ -232,9 +244,10 @@ def k_matmul(x: np.ndarray, blocks: KBlocks) -> np.ndarray:
     with launch_lock:
         for first in range(0, n_rows, ROW_CHUNK):
             last = min(n_rows, first + ROW_CHUNK)
-            if blocks.kind == "Q4_K":
-                _q4k(blocks.codes, blocks.scales, blocks.mins, blocks.d, blocks.dmin, rows.q, rows.dx8, rows.sums32,
-                     first, last, out)
+            if blocks.kind != "Q6_K":
+                fifth = _NO_FIFTH_BITS if blocks.high is None else blocks.high
+                _q4k(blocks.codes, fifth, blocks.scales, blocks.mins, blocks.d, blocks.dmin, rows.q, rows.dx8,
+                     rows.sums32, first, last, out)
             else:
                 _q6k(blocks.codes, blocks.high, blocks.scales, blocks.d, rows.q, rows.dx8, rows.sums16, first, last,
                      out)
@@ -279,7 +292,7 @@ def reference_matmul(x: np.ndarray, blocks: KBlocks) -> np.ndarray:
     q = rows_q.q.astype(np.int64).reshape(1, n_rows, supers, 8, 2, 16)  # (1, N, S, block, half, 16)
     products = (codes * q).sum(axis=5)  # (R, N, S, block, half)
     scales = blocks.scales.astype(np.int64)
-    if blocks.kind == "Q4_K":
+    if blocks.kind != "Q6_K":
         per_block = scales.reshape(rows, 1, supers, 8, 1)  # (R, 1, S, block, 1)
     else:  # a block's first 16 columns are one group, its last 16 the next
         per_block = scales.reshape(rows, 1, supers, 8, 2)  # (R, 1, S, block, half)
@@ -294,7 +307,7 @@ def reference_matmul(x: np.ndarray, blocks: KBlocks) -> np.ndarray:
     macc = np.zeros((rows, n_rows, LANES), np.float32)  # (R, N, 8)
     for s in range(supers):
         acc = _fma(w[:, :, s].astype(np.float32), factor[:, :, s], acc)
-        if blocks.kind == "Q4_K":  # lane h < 4: the mins of quarter h's two groups of 32
+        if blocks.kind != "Q6_K":  # lane h < 4: the mins of quarter h's two groups of 32
             assert blocks.mins is not None and blocks.dmin is not None
             low = blocks.mins.astype(np.int64)[:, None, 8 * s : 8 * s + 8] * rows_q.sums32[None, :, 8 * s : 8 * s + 8]
             mn = np.concatenate([low.reshape(rows, n_rows, 4, 2).sum(axis=3), np.zeros((rows, n_rows, 4), np.int64)],
@@ -308,7 +321,7 @@ def warm() -> None:
     """Compile (or load from numba's cache) both kernels for writeable and for read-only (mapped) arrays, and log
     the instruction path once."""
     log.info("integer kernels: %s path (LLMFLEET_INT_KERNELS=%s forces one)", int_path(), "|".join(PATHS))
-    for kind in ("Q4_K", "Q6_K"):
+    for kind in K_KINDS:
         for writeable in (True, False):
             blocks = _zero_blocks(kind)
             for array in blocks.arrays().values():
@@ -319,9 +332,10 @@ def warm() -> None:
 def _zero_blocks(kind: str) -> KBlocks:
     """A one-row zero matrix of a kind (for warming the kernels)."""
     rows = 1
-    if kind == "Q4_K":
+    if kind != "Q6_K":
+        fifth = np.zeros((rows, QK_K // 8), np.uint8) if kind == "Q5_K" else None
         return KBlocks(kind, np.zeros((rows, QK_K // 2), np.uint8), np.zeros((rows, 8), np.uint8),
-                       np.zeros((rows, 1), np.float32), mins=np.zeros((rows, 8), np.uint8),
+                       np.zeros((rows, 1), np.float32), high=fifth, mins=np.zeros((rows, 8), np.uint8),
                        dmin=np.zeros((rows, 1), np.float32))
     return KBlocks(kind, np.zeros((rows, QK_K // 2), np.uint8), np.zeros((rows, 16), np.int8),
                    np.zeros((rows, 1), np.float32), high=np.zeros((rows, QK_K // 4), np.uint8))

@@ -1,12 +1,14 @@
-"""Q4_K and Q6_K tensors in the file's own form: 4-bit (or 6-bit) codes, integer sub-scales and a float scale per
-super-block of 256 columns, multiplied by int_kernels.py with int8 activations.
+"""Q4_K, Q5_K and Q6_K tensors in the file's own form: 4-, 5- or 6-bit codes, integer sub-scales and a float scale
+per super-block of 256 columns, multiplied by int_kernels.py with int8 activations.
 
-A Q4_K weight is d * sc[g] * code - dmin * m[g] (codes 0..15, sc and m 0..63 per group of 32 columns); a Q6_K
-weight is d * sc[g] * (code - 32) (codes 0..63, sc -128..127 per group of 16). Held here: codes two a byte in
-ggml's Q4 order per 32 columns (byte j of a block: column j low, column j + 16 high), Q6_K's two high bits four a
-byte (byte j of a block's 8: columns j, j+8, j+16, j+24 in bit pairs 0-1 .. 6-7), the sub-scales as bytes and d,
-dmin as float32 per row and super-block: 0.594 bytes a weight for Q4_K, 0.828 for Q6_K (the file's 0.5625 and
-0.8203 plus float32 instead of float16 scales), where 8-bit codes with float32 tables took 0.75 and 1.5.
+A Q4_K or Q5_K weight is d * sc[g] * code - dmin * m[g] (codes 0..15 or 0..31, sc and m 0..63 per group of 32
+columns); a Q6_K weight is d * sc[g] * (code - 32) (codes 0..63, sc -128..127 per group of 16). Held here: the low
+four bits of the codes two a byte in ggml's Q4 order per 32 columns (byte j of a block: column j low, column j + 16
+high); Q5_K's fifth bit eight a byte (byte j of a block's 4: columns j, j+4, .., j+28 in bits 0..7); Q6_K's two high
+bits four a byte (byte j of a block's 8: columns j, j+8, j+16, j+24 in bit pairs 0-1 .. 6-7); the sub-scales as
+bytes and d, dmin as float32 per row and super-block: 0.594 bytes a weight for Q4_K, 0.719 for Q5_K, 0.828 for
+Q6_K (the file's 0.5625, 0.6875 and 0.8203 plus float32 instead of float16 scales), where 8-bit codes with float32
+tables took 0.75, 1.25 and 1.5.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 from worker.engine.quant_blocks import QK_K, BlockCodes, f16_values, k_scales, pack_nibbles, unpack_nibbles
 
-K_KINDS = ("Q4_K", "Q6_K")  # held in this form
+K_KINDS = ("Q4_K", "Q5_K", "Q6_K")  # held in this form
 _BLOCK = 32  # columns of one packed block (and of one int8x32 in the kernels)
 ARRAYS = ("codes", "high", "scales", "mins", "d", "dmin")
 
@@ -29,6 +31,23 @@ def pack_high_bits(codes: np.ndarray) -> np.ndarray:
     high = ((codes >> 4) & 3).reshape(rows, cols // _BLOCK, 4, 8)  # (out, in/32, i, j)
     shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]  # (1, 1, 4, 1)
     return np.ascontiguousarray(np.bitwise_or.reduce(high << shifts, axis=2).reshape(rows, cols // 4), np.uint8)
+
+
+def pack_fifth_bits(codes: np.ndarray) -> np.ndarray:
+    """Bit 4 of 5-bit codes (out, in), eight a byte: (out, in/8) uint8, byte 4b + j holding column 32b + j + 4i in
+    bit i (i = 0..7)."""
+    rows, cols = codes.shape
+    bits = ((codes >> 4) & 1).reshape(rows, cols // _BLOCK, 8, 4)  # (out, in/32, i, j)
+    shifts = np.arange(8, dtype=np.uint8)[None, None, :, None]  # (1, 1, 8, 1)
+    return np.ascontiguousarray(np.bitwise_or.reduce(bits << shifts, axis=2).reshape(rows, cols // 8), np.uint8)
+
+
+def unpack_fifth_bits(high: np.ndarray) -> np.ndarray:
+    """The bit 4 (as values 0..1) that pack_fifth_bits packed: (out, in) uint8 from (out, in/8)."""
+    rows, eighth = high.shape
+    blocks = high.reshape(rows, eighth // 4, 1, 4)  # (out, in/32, 1, j)
+    shifts = np.arange(8, dtype=np.uint8)[None, None, :, None]  # (1, 1, 8, 1)
+    return ((blocks >> shifts) & 1).reshape(rows, 8 * eighth)  # (out, in)
 
 
 def unpack_high_bits(high: np.ndarray) -> np.ndarray:
@@ -47,14 +66,14 @@ class KBlocks:
     codes: np.ndarray  # (out, in/2) uint8: the low four bits of each code, two a byte
     scales: np.ndarray  # (out, in/32) uint8 for Q4_K, (out, in/16) int8 for Q6_K
     d: np.ndarray  # (out, in/256) float32
-    high: np.ndarray | None = None  # Q6_K: (out, in/4) uint8, bits 4-5 of each code
-    mins: np.ndarray | None = None  # Q4_K: (out, in/32) uint8
-    dmin: np.ndarray | None = None  # Q4_K: (out, in/256) float32
+    high: np.ndarray | None = None  # Q6_K: (out, in/4) uint8, bits 4-5 of each code; Q5_K: (out, in/8), bit 4
+    mins: np.ndarray | None = None  # Q4_K, Q5_K: (out, in/32) uint8
+    dmin: np.ndarray | None = None  # Q4_K, Q5_K: (out, in/256) float32
 
     @property
     def group(self) -> int:
         """Columns per sub-scale."""
-        return 32 if self.kind == "Q4_K" else 16
+        return 16 if self.kind == "Q6_K" else 32
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -71,9 +90,12 @@ class KBlocks:
         return {name: getattr(self, name) for name in ARRAYS if getattr(self, name) is not None}
 
     def code_rows(self, index: np.ndarray | slice = slice(None)) -> np.ndarray:
-        """Some rows' codes, one a byte: (N, in) uint8 (0..15 or 0..63)."""
+        """Some rows' codes, one a byte: (N, in) uint8 (0..15, 0..31 or 0..63)."""
         low = unpack_nibbles(self.codes[index])  # (N, in)
-        return low if self.high is None else low | (unpack_high_bits(self.high[index]) << 4)  # (N, in)
+        if self.high is None:
+            return low
+        unpack = unpack_fifth_bits if self.kind == "Q5_K" else unpack_high_bits
+        return low | (unpack(self.high[index]) << 4)  # (N, in)
 
     def tables(self, index: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """Per-group float32 scale and offset of some rows, w = code * scale + offset: (N, in/G) each."""
@@ -127,7 +149,7 @@ def has_k_form(kind: str, cols: int) -> bool:
 
 
 def decode_k_blocks(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> KBlocks:
-    """A Q4_K or Q6_K tensor (raw bytes per row as GGUF stores them) in this form."""
+    """A Q4_K, Q5_K or Q6_K tensor (raw bytes per row as GGUF stores them) in this form."""
     rows, cols = shape
     n = rows * (cols // QK_K)
     blocks = np.ascontiguousarray(raw).reshape(n, -1)  # (n, bytes per super-block)
@@ -140,11 +162,18 @@ def decode_k_blocks(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> KBloc
         scales = blocks[:, QK_K // 2 + QK_K // 4 : QK_K // 2 + QK_K // 4 + 16].view(np.int8)  # (n, 16)
         return KBlocks(kind, pack_nibbles(codes & 0x0F), np.ascontiguousarray(scales.reshape(rows, -1)),
                        f16_values(blocks[:, -2:]).reshape(rows, -1), high=pack_high_bits(codes))
-    if kind != "Q4_K":
+    if kind not in ("Q4_K", "Q5_K"):
         raise ValueError(f"{kind} has no super-block form here")
-    qs = blocks[:, 16:].reshape(n, 4, 32)  # (n, 4, 32)
-    codes = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(rows, cols)  # (out, in) in 0..15
+    fifth = 0 if kind == "Q4_K" else QK_K // 8  # Q5_K's 32 bytes of fifth bits before the nibbles
+    qs = blocks[:, 16 + fifth :].reshape(n, 4, 32)  # (n, 4, 32)
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32)  # (n, 8, 32) low four bits
+    high = None
+    if fifth:  # byte l of qh holds bit 4 of column l of each of the 8 blocks, block i in bit i
+        qh = blocks[:, 16 : 16 + fifth]  # (n, 32)
+        codes = codes | (((qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4)  # (n, 8, 32)
+        high = pack_fifth_bits(codes.reshape(rows, cols))
+    codes = codes.reshape(rows, cols)  # (out, in) in 0..15 or 0..31
     sc, mins = k_scales(blocks[:, 4:16])  # (n, 8) each, float32 of 0..63
-    return KBlocks(kind, pack_nibbles(codes), sc.astype(np.uint8).reshape(rows, -1),
-                   f16_values(blocks[:, 0:2]).reshape(rows, -1), mins=mins.astype(np.uint8).reshape(rows, -1),
-                   dmin=f16_values(blocks[:, 2:4]).reshape(rows, -1))
+    return KBlocks(kind, pack_nibbles(codes & 0x0F), sc.astype(np.uint8).reshape(rows, -1),
+                   f16_values(blocks[:, 0:2]).reshape(rows, -1), high=high,
+                   mins=mins.astype(np.uint8).reshape(rows, -1), dmin=f16_values(blocks[:, 2:4]).reshape(rows, -1))

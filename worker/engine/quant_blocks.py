@@ -168,11 +168,11 @@ NIBBLE_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # codes in 0..15, groups of 32: held pa
 
 
 def held_bytes(kind: str, count: int) -> int:
-    """Bytes the engine holds for `count` weights of a SUPPORTED type. Q4_K and Q6_K keep the file's form
-    (k_blocks.py: codes, byte sub-scales, float32 d per 256: 0.59 and 0.83 bytes a weight); the others are codes
-    (half a byte each for NIBBLE_TYPES, else one) with a float32 scale and offset per group (0.75 or 1.25)."""
-    if kind == "Q4_K":
-        return count // 2 + count // 32 * 2 + count // QK_K * 8
+    """Bytes the engine holds for `count` weights of a SUPPORTED type. Q4_K, Q5_K and Q6_K keep the file's form
+    (k_blocks.py: codes, byte sub-scales, float32 d per 256: 0.59, 0.72 and 0.83 bytes a weight); the others are
+    codes (half a byte each for NIBBLE_TYPES, else one) with a float32 scale and offset per group (0.75 or 1.25)."""
+    if kind in ("Q4_K", "Q5_K"):
+        return count // 2 + (count // 8 if kind == "Q5_K" else 0) + count // 32 * 2 + count // QK_K * 8
     if kind == "Q6_K":
         return count // 2 + count // 4 + count // 16 + count // QK_K * 4
     group = _K_QUANTS.get(kind, 32)

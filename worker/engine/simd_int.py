@@ -117,6 +117,23 @@ def sixbits32(typingctx: Any, low: Any, low_index: Any, high: Any, high_index: A
     return int8x32(low, low_index, high, high_index), codegen
 
 
+@intrinsic
+def fivebits32(typingctx: Any, low: Any, low_index: Any, high: Any, high_index: Any) -> Any:
+    """The 32 five-bit codes of one block: four low bits as nibbles32 reads them (16 bytes of `low`), the fifth from
+    4 bytes of `high`, byte j holding columns j, j+4, .., j+28 in bits 0..7."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        codes = _nibble_codes(context, builder, signature.args[0], args[0], args[1])
+        word = builder.load(_pointer(context, builder, signature.args[2], args[2], args[3], _I32), align=1)
+        words = builder.insert_element(ir.Constant(_V8I32, ir.Undefined), word, ir.Constant(_I32, 0))
+        spread = builder.shuffle_vector(words, words, ir.Constant(_V8I32, [0] * 8))  # lane l: columns 4l..4l+3
+        shifted = builder.lshr(spread, ir.Constant(_V8I32, list(range(8))))  # column e: bit e // 4 of byte e % 4
+        bits = builder.shl(builder.and_(shifted, _splat(_V8I32, 0x01010101)), _splat(_V8I32, 4))
+        return builder.or_(codes, builder.bitcast(bits, _V32I8))
+
+    return int8x32(low, low_index, high, high_index), codegen
+
+
 def _pairs(builder: Any, vector: Any, count: int) -> Any:
     """Adjacent lanes summed: (2n,) -> (n,) (0+1, 2+3, ..)."""
     even = builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_I32, count), list(range(0, 2 * count, 2))))

@@ -88,7 +88,7 @@ def test_generic_path_gives_the_same_bits_as_this_cpus(tmp_path: Path) -> None:
         "from worker.engine.simd_int import int_path\n"
         "assert int_path() == sys.argv[1], int_path()\n"
         "out = [int_kernels.k_matmul(activations(n, 512, n), matrix(kind, 9, 512, 7))\n"
-        "       for kind in ('Q4_K', 'Q6_K') for n in (1, 5, 17)]\n"
+        "       for kind in ('Q4_K', 'Q5_K', 'Q6_K') for n in (1, 5, 17)]\n"
         "np.savez(sys.argv[2], *out)\n"
     )
     results = {}
@@ -100,7 +100,7 @@ def test_generic_path_gives_the_same_bits_as_this_cpus(tmp_path: Path) -> None:
         subprocess.run([sys.executable, "-c", script, path, str(target)], cwd=REPO, env=env, check=True, timeout=600)
         results[path] = np.load(target)
     expected = [int_kernels.reference_matmul(activations(n, 512, n), matrix(kind, 9, 512, 7))
-                for kind in ("Q4_K", "Q6_K") for n in (1, 5, 17)]
+                for kind in K_KINDS for n in (1, 5, 17)]
     for path, arrays in results.items():
         for i, want in enumerate(expected):
             np.testing.assert_array_equal(arrays[f"arr_{i}"], want, err_msg=path)

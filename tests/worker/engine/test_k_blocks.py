@@ -1,4 +1,4 @@
-"""worker.engine.k_blocks: Q4_K and Q6_K kept in the file's super-block form dequantize exactly as gguf does, and
+"""worker.engine.k_blocks: Q4_K, Q5_K and Q6_K kept in the file's super-block form dequantize exactly as gguf does, and
 their row transforms, stacking and 8-bit conversion keep the same weights."""
 
 from __future__ import annotations
@@ -9,7 +9,14 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from tests.support.quant_data import random_blocks
-from worker.engine.k_blocks import K_KINDS, decode_k_blocks, pack_high_bits, unpack_high_bits
+from worker.engine.k_blocks import (
+    K_KINDS,
+    decode_k_blocks,
+    pack_fifth_bits,
+    pack_high_bits,
+    unpack_fifth_bits,
+    unpack_high_bits,
+)
 from worker.engine.quant_blocks import decode_block_codes, held_bytes
 
 
@@ -36,6 +43,19 @@ def test_high_bits_are_four_a_byte_in_block_order() -> None:
             for i in range(4):
                 assert (byte >> (2 * i)) & 3 == codes[1, 32 * block + j + 8 * i] >> 4
     np.testing.assert_array_equal(unpack_high_bits(high), codes >> 4)
+
+
+def test_fifth_bits_are_eight_a_byte_in_block_order() -> None:
+    """Byte j of a block's four holds columns j, j+4, .., j+28 in bits 0..7."""
+    codes = np.random.default_rng(6).integers(0, 32, (3, 64), dtype=np.uint8)  # (3, 64)
+    high = pack_fifth_bits(codes)  # (3, 8)
+    assert high.shape == (3, 8)
+    for block in range(2):
+        for j in range(4):
+            byte = int(high[2, 4 * block + j])
+            for i in range(8):
+                assert (byte >> i) & 1 == codes[2, 32 * block + j + 4 * i] >> 4
+    np.testing.assert_array_equal(unpack_fifth_bits(high), codes >> 4)
 
 
 @pytest.mark.parametrize("kind", K_KINDS)
