@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from worker.engine.quant_blocks import QK_K, BlockCodes, f16_values, k_scales, pack_nibbles, unpack_nibbles
+from worker.engine.quant_blocks import QK_K, BlockCodes, f16_values, k_scales, unpack_nibbles
 
 K_KINDS = ("Q4_K", "Q5_K", "Q6_K")  # held in this form
 _BLOCK = 32  # columns of one packed block (and of one int8x32 in the kernels)
@@ -148,32 +148,46 @@ def has_k_form(kind: str, cols: int) -> bool:
     return kind in K_KINDS and cols % QK_K == 0
 
 
+def _packed_blocks(nibbles: np.ndarray) -> np.ndarray:
+    """Blocks of 32 four-bit values (..., 32) packed as pack_nibbles packs them: (..., 16) uint8."""
+    return nibbles[..., :16] | (nibbles[..., 16:] << 4)
+
+
+def _or_planes(bits: np.ndarray, width: int) -> np.ndarray:
+    """bits (..., P, J) of `width` bits each ORed into one byte per J, plane p at bit width * p: (..., J) uint8."""
+    out = bits[..., 0, :].copy()
+    for plane in range(1, bits.shape[-2]):
+        out |= bits[..., plane, :] << (width * plane)
+    return out
+
+
 def decode_k_blocks(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> KBlocks:
-    """A Q4_K, Q5_K or Q6_K tensor (raw bytes per row as GGUF stores them) in this form."""
+    """A Q4_K, Q5_K or Q6_K tensor (raw bytes per row as GGUF stores them) in this form, built from the file's bytes
+    by whole-array shifts and masks (no per-weight code array: a cold repack is bound by this)."""
     rows, cols = shape
     n = rows * (cols // QK_K)
     blocks = np.ascontiguousarray(raw).reshape(n, -1)  # (n, bytes per super-block)
     if kind == "Q6_K":
-        ql = blocks[:, : QK_K // 2].reshape(n, 2, 64)  # (n, 2, 64): two halves of 128 weights
-        qh = blocks[:, QK_K // 2 : QK_K // 2 + QK_K // 4].reshape(n, 2, 32)  # (n, 2, 32)
-        low = np.concatenate([ql & 0x0F, ql >> 4], axis=-1).reshape(n, 2, 4, 32)  # (n, 2, 4, 32)
+        ql = blocks[:, : QK_K // 2].reshape(n, 2, 2, 32)  # (n, half, i % 2, 32): block i's low bits
+        qh = blocks[:, QK_K // 2 : QK_K // 2 + QK_K // 4].reshape(n, 2, 32)  # (n, half, 32)
+        nibbles = np.concatenate([ql & 0x0F, ql >> 4], axis=2)  # (n, half, block 0..3, 32)
         high = (qh[:, :, None, :] >> np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]) & 0x03  # (n, 2, 4, 32)
-        codes = (low | (high << 4)).reshape(rows, cols)  # (out, in) in 0..63
+        high_bytes = _or_planes(high.reshape(n, 2, 4, 4, 8), 2)  # (n, half, block, 8): columns j + 8i in bits 2i
         scales = blocks[:, QK_K // 2 + QK_K // 4 : QK_K // 2 + QK_K // 4 + 16].view(np.int8)  # (n, 16)
-        return KBlocks(kind, pack_nibbles(codes & 0x0F), np.ascontiguousarray(scales.reshape(rows, -1)),
-                       f16_values(blocks[:, -2:]).reshape(rows, -1), high=pack_high_bits(codes))
+        return KBlocks(kind, _packed_blocks(nibbles).reshape(rows, cols // 2),
+                       np.ascontiguousarray(scales.reshape(rows, -1)), f16_values(blocks[:, -2:]).reshape(rows, -1),
+                       high=high_bytes.reshape(rows, cols // 4))
     if kind not in ("Q4_K", "Q5_K"):
         raise ValueError(f"{kind} has no super-block form here")
     fifth = 0 if kind == "Q4_K" else QK_K // 8  # Q5_K's 32 bytes of fifth bits before the nibbles
-    qs = blocks[:, 16 + fifth :].reshape(n, 4, 32)  # (n, 4, 32)
-    codes = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32)  # (n, 8, 32) low four bits
+    qs = blocks[:, 16 + fifth :].reshape(n, 4, 1, 32)  # (n, 64-column part, 1, 32)
+    nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # (n, part, low/high: block 2p / 2p + 1, 32)
     high = None
     if fifth:  # byte l of qh holds bit 4 of column l of each of the 8 blocks, block i in bit i
         qh = blocks[:, 16 : 16 + fifth]  # (n, 32)
-        codes = codes | (((qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4)  # (n, 8, 32)
-        high = pack_fifth_bits(codes.reshape(rows, cols))
-    codes = codes.reshape(rows, cols)  # (out, in) in 0..15 or 0..31
+        bits = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1  # (n, block, 32)
+        high = _or_planes(bits.reshape(n, 8, 8, 4), 1).reshape(rows, cols // 8)  # columns j + 4i in bit i
     sc, mins = k_scales(blocks[:, 4:16])  # (n, 8) each, float32 of 0..63
-    return KBlocks(kind, pack_nibbles(codes & 0x0F), sc.astype(np.uint8).reshape(rows, -1),
+    return KBlocks(kind, _packed_blocks(nibbles).reshape(rows, cols // 2), sc.astype(np.uint8).reshape(rows, -1),
                    f16_values(blocks[:, 0:2]).reshape(rows, -1), high=high,
                    mins=mins.astype(np.uint8).reshape(rows, -1), dmin=f16_values(blocks[:, 2:4]).reshape(rows, -1))

@@ -17,7 +17,7 @@ from worker.engine.k_blocks import (
     unpack_fifth_bits,
     unpack_high_bits,
 )
-from worker.engine.quant_blocks import decode_block_codes, held_bytes
+from worker.engine.quant_blocks import decode_block_codes, held_bytes, pack_nibbles
 
 
 @pytest.mark.parametrize("kind", K_KINDS)
@@ -30,6 +30,11 @@ def test_decoded_form_dequantizes_exactly_as_gguf(kind: str) -> None:
     np.testing.assert_array_equal(blocks.dequantize(), decode_block_codes(raw, kind, (rows, cols)).dequantize())
     assert blocks.shape == (rows, cols) and blocks.nbytes == held_bytes(kind, rows * cols)
     np.testing.assert_array_equal(blocks.rows(np.array([4, 1])), expected[[4, 1]])
+    codes = blocks.code_rows()  # (rows, cols): the arrays are these codes packed as the module says
+    np.testing.assert_array_equal(blocks.codes, pack_nibbles(codes & 0x0F))
+    if kind != "Q4_K":
+        pack = pack_fifth_bits if kind == "Q5_K" else pack_high_bits
+        np.testing.assert_array_equal(blocks.high, pack(codes))
 
 
 def test_high_bits_are_four_a_byte_in_block_order() -> None:
