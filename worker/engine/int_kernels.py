@@ -124,25 +124,12 @@ def _quarters(flat_q, qa, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5
 
 
 @njit(cache=_CACHE, inline="always")
-def _q4k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n,
-               acc, macc):  # pragma: no cover
-    """Super-block s of weight row r (Q4_K, or Q5_K when flat_fifth holds its fifth bits) against n x rows: their
-    chains in acc and macc (n*8,) carried over it."""
-    cols = 2 * half
+def _with_mins(c0, c1, c2, c3, c4, c5, c6, c7, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, cols,
+               first, n, acc, macc):  # pragma: no cover
+    """Super-block s of a Q4_K or Q5_K weight row r, its codes c0..c7 unpacked, against n x rows: their chains in acc
+    and macc (n*8,) carried over it."""
     supers = cols // QK_K
     g = 8 * s
-    at = r * half + s * (QK_K // 2)
-    if flat_fifth.size:
-        fa = r * (cols // 8) + s * (QK_K // 8)
-        c0, c1 = fivebits32(flat_codes, at, flat_fifth, fa), fivebits32(flat_codes, at + 16, flat_fifth, fa + 4)
-        c2, c3 = fivebits32(flat_codes, at + 32, flat_fifth, fa + 8), fivebits32(flat_codes, at + 48, flat_fifth, fa + 12)
-        c4, c5 = fivebits32(flat_codes, at + 64, flat_fifth, fa + 16), fivebits32(flat_codes, at + 80, flat_fifth, fa + 20)
-        c6, c7 = fivebits32(flat_codes, at + 96, flat_fifth, fa + 24), fivebits32(flat_codes, at + 112, flat_fifth, fa + 28)
-    else:
-        c0, c1, c2, c3 = (nibbles32(flat_codes, at), nibbles32(flat_codes, at + 16),
-                          nibbles32(flat_codes, at + 32), nibbles32(flat_codes, at + 48))
-        c4, c5, c6, c7 = (nibbles32(flat_codes, at + 64), nibbles32(flat_codes, at + 80),
-                          nibbles32(flat_codes, at + 96), nibbles32(flat_codes, at + 112))
     s0, s1 = isplat16(scales[r, g], scales[r, g]), isplat16(scales[r, g + 1], scales[r, g + 1])
     s2, s3 = isplat16(scales[r, g + 2], scales[r, g + 2]), isplat16(scales[r, g + 3], scales[r, g + 3])
     s4, s5 = isplat16(scales[r, g + 4], scales[r, g + 4]), isplat16(scales[r, g + 5], scales[r, g + 5])
@@ -157,6 +144,30 @@ def _q4k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_
         vstore(acc, i * LANES, vfma(ifloat(w), vmul(scale, dxs), vload(acc, i * LANES)))
         mn = mins_dot(m, flat_sums, k * (cols // 32) + g)  # (8,) int32
         vstore(macc, i * LANES, vfma(ifloat(mn), vmul(negative_min, dxs), vload(macc, i * LANES)))
+
+
+@njit(cache=_CACHE, inline="always")
+def _q4k_super(flat_codes, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n, acc,
+               macc):  # pragma: no cover
+    """Super-block s of Q4_K weight row r against n x rows (_with_mins)."""
+    at = r * half + s * (QK_K // 2)
+    _with_mins(nibbles32(flat_codes, at), nibbles32(flat_codes, at + 16), nibbles32(flat_codes, at + 32),
+               nibbles32(flat_codes, at + 48), nibbles32(flat_codes, at + 64), nibbles32(flat_codes, at + 80),
+               nibbles32(flat_codes, at + 96), nibbles32(flat_codes, at + 112), scales, flat_mins, d, dmin, flat_q,
+               flat_dx8, flat_sums, r, s, 2 * half, first, n, acc, macc)
+
+
+@njit(cache=_CACHE, inline="always")
+def _q5k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n,
+               acc, macc):  # pragma: no cover
+    """Super-block s of Q5_K weight row r against n x rows (_with_mins)."""
+    at = r * half + s * (QK_K // 2)
+    fa = r * (half // 4) + s * (QK_K // 8)
+    _with_mins(fivebits32(flat_codes, at, flat_fifth, fa), fivebits32(flat_codes, at + 16, flat_fifth, fa + 4),
+               fivebits32(flat_codes, at + 32, flat_fifth, fa + 8), fivebits32(flat_codes, at + 48, flat_fifth, fa + 12),
+               fivebits32(flat_codes, at + 64, flat_fifth, fa + 16), fivebits32(flat_codes, at + 80, flat_fifth, fa + 20),
+               fivebits32(flat_codes, at + 96, flat_fifth, fa + 24), fivebits32(flat_codes, at + 112, flat_fifth, fa + 28),
+               scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, 2 * half, first, n, acc, macc)
 
 
 @njit(parallel=True, cache=_CACHE)
@@ -178,9 +189,14 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
         for r in range(low, high):
             acc[:] = 0
             macc[:] = 0
-            for s in range(half // (QK_K // 2)):
-                _q4k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half,
-                           first, n, acc, macc)
+            if flat_fifth.size:  # Q5_K (the branch outside the loops: each kind gets a loop nest of its own)
+                for s in range(half // (QK_K // 2)):
+                    _q5k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s,
+                               half, first, n, acc, macc)
+            else:
+                for s in range(half // (QK_K // 2)):
+                    _q4k_super(flat_codes, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n,
+                               acc, macc)
             for i in range(n):
                 out[first + i, r] = vsum(vload(acc, i * LANES)) + vsum(vload(macc, i * LANES))
 
