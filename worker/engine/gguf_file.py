@@ -57,7 +57,7 @@ class QuantizedTensor:
     data: np.ndarray  # (out, bytes per row) uint8, a view of the read-only mapping
 
     def decode(self) -> BlockCodes | KBlocks:
-        """The tensor in the engine's form: Q4_K and Q6_K as the file holds them (k_blocks.py), other types as
+        """The tensor in the engine's form: Q4_K, Q5_K and Q6_K as the file holds them (k_blocks.py), other types as
         8-bit codes and per-group tables (quant_blocks.py)."""
         if has_k_form(self.kind, self.shape[1]):
             return decode_k_blocks(self.data, self.kind, self.shape)

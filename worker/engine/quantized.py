@@ -2,8 +2,8 @@
 
 A step of a few sequences reads every weight once and does little arithmetic with it, so its speed is the bytes
 read. Two forms:
-- Q4_K and Q6_K (what Q4_K_M files are made of) stay in the file's own form (k_blocks.py: 0.59 and 0.83 bytes a
-  weight) and multiply through int_kernels.py, in integers against int8 activations;
+- Q4_K, Q5_K and Q6_K (what Q4_K_M and Q5_K_M files are made of) stay in the file's own form (k_blocks.py: 0.59,
+  0.72 and 0.83 bytes a weight) and multiply through int_kernels.py, in integers against int8 activations;
 - the other types become 8-bit block codes with float32 tables (quant_blocks.py; packed two a byte where codes
   fit in four bits: Q4_0, Q4_1), multiplied through block_kernels.py or nibble_kernels.py. So does a fused
   projection whose parts mix kinds (a Q4_K query with a Q6_K value).
