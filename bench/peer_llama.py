@@ -3,7 +3,8 @@
 Both serve the same GGUF file; the same streaming /v1/completions load (N concurrent streams, distinct short
 prompts, greedy, exactly --max-tokens tokens each) runs against one system, then the other, per round; each
 row reports aggregate tok/s (steady: while every stream decodes), median TTFT and inter-token latency, and
-the ratio llmfleet / llama-server. llama-server runs with -t <cores> -np <largest N> -c <N x 256>.
+the ratio llmfleet / llama-server; then one --long-prompt (1,000-token) prompt alone gives each one's TTFT.
+llama-server runs with -t <cores> -np <largest N> -c <N x max(256, long prompt + 64)>.
 Run: python bench/cluster.py --peer llama-server [--sizes 1,4,16,32,64] [--max-tokens 128] [--rounds 2]
      (or python bench/peer_llama.py ...; --llama-server PATH skips ../shared/peers/build-llama-server.sh)
 """
@@ -24,7 +25,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
 from cluster_processes import http_status, wait_until  # noqa: E402
-from stream_load import LevelResult, run_level  # noqa: E402
+from stream_load import LevelResult, long_prompt_ttft, run_level  # noqa: E402
 
 from llmfleet.redis_server import free_port  # noqa: E402
 from worker.models import model_id, resolve  # noqa: E402
@@ -79,6 +80,13 @@ def measure(system: System, model: str, sizes: list[int], max_tokens: int, tag: 
     return [asyncio.run(run_level(system.base, model, n, max_tokens, "none", True, 600, f"{tag} {n}")) for n in sizes]
 
 
+def measure_long_prompt(system: System, model: str, tokens: int, tag: str) -> tuple[float, int]:
+    """TTFT of one long prompt alone on an idle system, and its prompt tokens."""
+    ttft, counted = asyncio.run(long_prompt_ttft(system.base, model, tokens, "none", f"{system.name} {tag}"))
+    print(f"   {system.name} {tag}: TTFT {ttft:.2f}s for a {counted or '~' + str(tokens)}-token prompt", flush=True)
+    return ttft, counted
+
+
 def main(argv: list[str] | None = None) -> None:
     """Start each system in turn, run the load, print the side-by-side table with ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -88,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="each system measured this many times, alternating")
     parser.add_argument("--llama-server", default=None, help="path of a llama-server binary")
     parser.add_argument("--serve-args", default="", help="extra flags for `llmfleet serve` (default: none)")
+    parser.add_argument("--long-prompt", type=int, default=1000, help="tokens of the TTFT prompt (0: skip)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     path = resolve(args.model, progress=True)
@@ -96,28 +105,38 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="llmfleet-peer-") as tmp:
         logdir = Path(tmp)
         lport, fport = free_port(), free_port()
+        context = max(sizes) * max(256, args.long_prompt + 64)  # every slot fits the long prompt
         llama = System("llama-server", [binary, "-m", str(path), "-t", str(cores), "-np", str(max(sizes)),
-                                        "-c", str(max(sizes) * 256), "--port", str(lport), "--host", "127.0.0.1"],
+                                        "-c", str(context), "--port", str(lport), "--host", "127.0.0.1"],
                        lport, "/health", logdir)
         fleet = System("llmfleet", [sys.executable, "-m", "llmfleet.cli", "serve", "--model", args.model,
                                     "--port", str(fport), *args.serve_args.split()], fport, "/ready", logdir)
         env_note = f"load average {os.getloadavg()[0]:.2f} on {cores} cores"
         print(f"== {path.name}: streaming /v1/completions, {args.max_tokens} tokens, greedy; llama-server -t {cores} "
-              f"-np {max(sizes)} -c {max(sizes) * 256}; llmfleet serve {args.serve_args or '(defaults)'}; {env_note}",
+              f"-np {max(sizes)} -c {context}; llmfleet serve {args.serve_args or '(defaults)'}; {env_note}",
               flush=True)
         results: dict[str, list[list[LevelResult]]] = {"llama-server": [], "llmfleet": []}
+        long_ttft: dict[str, list[float]] = {"llama-server": [], "llmfleet": []}
         try:
             for round_ in range(args.rounds):
                 for system, model in ((llama, "model"), (fleet, model_id(args.model))):
                     started = time.monotonic()
                     system.start()
                     results[system.name].append(measure(system, model, sizes, args.max_tokens, f"r{round_}"))
+                    if args.long_prompt:
+                        ttft, _ = measure_long_prompt(system, model, args.long_prompt, f"r{round_}")
+                        long_ttft[system.name].append(ttft)
                     system.stop()
                     print(f"   round {round_ + 1} {system.name}: {time.monotonic() - started:.0f}s", flush=True)
         finally:
             llama.stop()
             fleet.stop()
     print_table(sizes, results)
+    if args.long_prompt:
+        best = {name: min(times) for name, times in long_ttft.items()}
+        print(f"TTFT of a ~{args.long_prompt}-token prompt, best of {args.rounds}: llama-server "
+              f"{best['llama-server']:.2f}s, llmfleet {best['llmfleet']:.2f}s "
+              f"(llmfleet / llama-server {best['llmfleet'] / best['llama-server']:.2f}x)")
 
 
 def _best(rounds: list[list[LevelResult]], i: int) -> LevelResult:

@@ -63,6 +63,28 @@ async def stream_one(client: httpx.AsyncClient, base: str, body: dict[str, objec
     return result
 
 
+async def long_prompt_ttft(base: str, model: str, tokens: int, api_key: str, tag: str) -> tuple[float, int]:
+    """Seconds to the first token of one streamed completion whose prompt is about `tokens` tokens of distinct
+    numbered sentences (distinct per tag: no prefix cache can serve it), and its prompt tokens as the server
+    counted them (0 when it reports no usage)."""
+    words = " ".join(f"{tag} sentence {i} says the river is {i * 7 % 13} metres deep." for i in range(tokens // 14))
+    body = {"model": model, "prompt": words, "max_tokens": 2, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10),
+                                 headers={"Authorization": f"Bearer {api_key}"}) as client:
+        sent = time.perf_counter()
+        first, prompt_tokens = float("nan"), 0
+        async with client.stream("POST", base + "/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line[6:].strip() == "[DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if first != first and any(c.get("text") for c in chunk.get("choices") or []):
+                    first = time.perf_counter() - sent
+                prompt_tokens = int((chunk.get("usage") or {}).get("prompt_tokens") or prompt_tokens)
+    return first, prompt_tokens
+
+
 def steady_rate(results: list[StreamResult]) -> float:
     """Tok/s while every stream was decoding: from the last first-chunk to the first last-chunk."""
     timed = [r for r in results if len(r.chunk_times) >= 2]
