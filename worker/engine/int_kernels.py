@@ -40,19 +40,19 @@ from worker.engine.simd_int import (
     PATHS,
     detected_path,
     dot_scaled,
-    fivebits32,
+    high_nibbles32,
     hsum_quarters,
     iadd,
     ifloat,
     int_path,
     isplat16,
     isub,
+    low_nibbles32,
     mins_dot,
     mins_vector,
-    nibbles32,
     paired_dot,
     paired_scales,
-    sixbits32,
+    with_high_bits,
 )
 
 ROW_CHUNK = 64  # x rows per pass over the weights (their int8 codes stay in L2 while every weight row meets them)
@@ -151,10 +151,11 @@ def _q4k_super(flat_codes, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_su
                macc):  # pragma: no cover
     """Super-block s of Q4_K weight row r against n x rows (_with_mins)."""
     at = r * half + s * (QK_K // 2)
-    _with_mins(nibbles32(flat_codes, at), nibbles32(flat_codes, at + 16), nibbles32(flat_codes, at + 32),
-               nibbles32(flat_codes, at + 48), nibbles32(flat_codes, at + 64), nibbles32(flat_codes, at + 80),
-               nibbles32(flat_codes, at + 96), nibbles32(flat_codes, at + 112), scales, flat_mins, d, dmin, flat_q,
-               flat_dx8, flat_sums, r, s, 2 * half, first, n, acc, macc)
+    _with_mins(low_nibbles32(flat_codes, at), high_nibbles32(flat_codes, at), low_nibbles32(flat_codes, at + 32),
+               high_nibbles32(flat_codes, at + 32), low_nibbles32(flat_codes, at + 64),
+               high_nibbles32(flat_codes, at + 64), low_nibbles32(flat_codes, at + 96),
+               high_nibbles32(flat_codes, at + 96), scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s,
+               2 * half, first, n, acc, macc)
 
 
 @njit(cache=_CACHE, inline="always")
@@ -162,11 +163,15 @@ def _q5k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_
                acc, macc):  # pragma: no cover
     """Super-block s of Q5_K weight row r against n x rows (_with_mins)."""
     at = r * half + s * (QK_K // 2)
-    fa = r * (half // 4) + s * (QK_K // 8)
-    _with_mins(fivebits32(flat_codes, at, flat_fifth, fa), fivebits32(flat_codes, at + 16, flat_fifth, fa + 4),
-               fivebits32(flat_codes, at + 32, flat_fifth, fa + 8), fivebits32(flat_codes, at + 48, flat_fifth, fa + 12),
-               fivebits32(flat_codes, at + 64, flat_fifth, fa + 16), fivebits32(flat_codes, at + 80, flat_fifth, fa + 20),
-               fivebits32(flat_codes, at + 96, flat_fifth, fa + 24), fivebits32(flat_codes, at + 112, flat_fifth, fa + 28),
+    fa = r * (half // 4) + s * (QK_K // 8)  # the super-block's 32 bytes of fifth bits
+    _with_mins(with_high_bits(low_nibbles32(flat_codes, at), flat_fifth, fa, 0, 1),
+               with_high_bits(high_nibbles32(flat_codes, at), flat_fifth, fa, 1, 1),
+               with_high_bits(low_nibbles32(flat_codes, at + 32), flat_fifth, fa, 2, 1),
+               with_high_bits(high_nibbles32(flat_codes, at + 32), flat_fifth, fa, 3, 1),
+               with_high_bits(low_nibbles32(flat_codes, at + 64), flat_fifth, fa, 4, 1),
+               with_high_bits(high_nibbles32(flat_codes, at + 64), flat_fifth, fa, 5, 1),
+               with_high_bits(low_nibbles32(flat_codes, at + 96), flat_fifth, fa, 6, 1),
+               with_high_bits(high_nibbles32(flat_codes, at + 96), flat_fifth, fa, 7, 1),
                scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, 2 * half, first, n, acc, macc)
 
 
@@ -208,11 +213,15 @@ def _q6k_super(flat_low, flat_high, scales, flat_scales, d, flat_q, flat_dx8, fl
     supers = cols // QK_K
     g = 16 * s
     at = r * half + s * (QK_K // 2)
-    ha = r * (cols // 4) + s * (QK_K // 4)
-    c0, c1 = sixbits32(flat_low, at, flat_high, ha), sixbits32(flat_low, at + 16, flat_high, ha + 8)
-    c2, c3 = sixbits32(flat_low, at + 32, flat_high, ha + 16), sixbits32(flat_low, at + 48, flat_high, ha + 24)
-    c4, c5 = sixbits32(flat_low, at + 64, flat_high, ha + 32), sixbits32(flat_low, at + 80, flat_high, ha + 40)
-    c6, c7 = sixbits32(flat_low, at + 96, flat_high, ha + 48), sixbits32(flat_low, at + 112, flat_high, ha + 56)
+    ha = r * (cols // 4) + s * (QK_K // 4)  # the super-block's 64 bytes of bits 4-5, 32 a half
+    c0 = with_high_bits(low_nibbles32(flat_low, at), flat_high, ha, 0, 3)
+    c1 = with_high_bits(low_nibbles32(flat_low, at + 32), flat_high, ha, 2, 3)
+    c2 = with_high_bits(high_nibbles32(flat_low, at), flat_high, ha, 4, 3)
+    c3 = with_high_bits(high_nibbles32(flat_low, at + 32), flat_high, ha, 6, 3)
+    c4 = with_high_bits(low_nibbles32(flat_low, at + 64), flat_high, ha + 32, 0, 3)
+    c5 = with_high_bits(low_nibbles32(flat_low, at + 96), flat_high, ha + 32, 2, 3)
+    c6 = with_high_bits(high_nibbles32(flat_low, at + 64), flat_high, ha + 32, 4, 3)
+    c7 = with_high_bits(high_nibbles32(flat_low, at + 96), flat_high, ha + 32, 6, 3)
     s0, s1 = isplat16(scales[r, g], scales[r, g + 1]), isplat16(scales[r, g + 2], scales[r, g + 3])
     s2, s3 = isplat16(scales[r, g + 4], scales[r, g + 5]), isplat16(scales[r, g + 6], scales[r, g + 7])
     s4, s5 = isplat16(scales[r, g + 8], scales[r, g + 9]), isplat16(scales[r, g + 10], scales[r, g + 11])

@@ -35,8 +35,8 @@ from worker.engine.k_blocks import ARRAYS, KBlocks
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import Blocks, PendingLinear, StackedBlocks, build_codes, build_in_memory
 
-LAYOUT_VERSION = 4  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte;
-# 3: Q4_K and Q6_K in their own super-block form, k_blocks.py; 4: Q5_K too)
+LAYOUT_VERSION = 5  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte;
+# 3: Q4_K and Q6_K in their own super-block form, k_blocks.py; 4: Q5_K too; 5: their code bytes as the file orders them)
 MAGIC = b"LLMFRPK1"
 _HEADER = struct.Struct("<8sIIQQQ")  # magic, layout version, reserved, manifest bytes, data bytes, checksum
 _ALIGN = 64

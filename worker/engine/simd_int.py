@@ -82,56 +82,48 @@ def _function(builder: Any, name: str, result: ir.Type, arguments: list[ir.Type]
     return module.globals.get(name) or ir.Function(module, ir.FunctionType(result, arguments), name=name)
 
 
-def _nibble_codes(context: Any, builder: Any, array_type: Any, array: Any, index: Any) -> Any:
-    """32 codes from 16 bytes at `index`: the low four bits of each byte, then the high four (ggml's Q4 order)."""
-    octets = builder.load(_pointer(context, builder, array_type, array, index, _V16I8), align=1)
-    low = builder.and_(octets, _splat(_V16I8, 0x0F))
-    high = builder.lshr(octets, _splat(_V16I8, 4))
-    return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+def _code_bytes(context: Any, builder: Any, array_type: Any, array: Any, index: Any) -> Any:
+    """32 bytes of a flat uint8 array from `index` on."""
+    return builder.load(_pointer(context, builder, array_type, array, index, _V32I8), align=1)
 
 
 @intrinsic
-def nibbles32(typingctx: Any, array: Any, index: Any) -> Any:
-    """The 32 four-bit codes of one packed block (16 bytes of a flat uint8 array from `index` on)."""
+def low_nibbles32(typingctx: Any, array: Any, index: Any) -> Any:
+    """The low four bits of 32 bytes from `index` on: one block's codes (k_blocks.py's layout)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return _nibble_codes(context, builder, signature.args[0], args[0], args[1])
+        return builder.and_(_code_bytes(context, builder, signature.args[0], args[0], args[1]), _splat(_V32I8, 0x0F))
 
     return int8x32(array, index), codegen
 
 
 @intrinsic
-def sixbits32(typingctx: Any, low: Any, low_index: Any, high: Any, high_index: Any) -> Any:
-    """The 32 six-bit codes of one block: four low bits as nibbles32 reads them (16 bytes of `low`), two high bits
-    from 8 bytes of `high`, byte j holding columns j, j+8, j+16, j+24 in bit pairs 0-1, 2-3, 4-5, 6-7."""
+def high_nibbles32(typingctx: Any, array: Any, index: Any) -> Any:
+    """The high four bits of 32 bytes from `index` on: the next block's codes."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        codes = _nibble_codes(context, builder, signature.args[0], args[0], args[1])
-        octets = builder.load(_pointer(context, builder, signature.args[2], args[2], args[3], _V8I8), align=1)
-        spread = builder.shuffle_vector(octets, octets, ir.Constant(ir.VectorType(_I32, 32), list(range(8)) * 4))
-        words = builder.bitcast(spread, _V8I32)  # lane l: columns 4l..4l+3 (mod 8) of the high bytes
-        shifted = builder.lshr(words, ir.Constant(_V8I32, [0, 0, 2, 2, 4, 4, 6, 6]))  # column e: 2 * (e // 8)
-        bits = builder.shl(builder.and_(shifted, _splat(_V8I32, 0x03030303)), _splat(_V8I32, 4))
-        return builder.or_(codes, builder.bitcast(bits, _V32I8))
+        return builder.lshr(_code_bytes(context, builder, signature.args[0], args[0], args[1]), _splat(_V32I8, 4))
 
-    return int8x32(low, low_index, high, high_index), codegen
+    return int8x32(array, index), codegen
+
+
+def _byte_splat(builder: Any, value: Any) -> Any:
+    """An int64 value's low byte in all 32 lanes (a constant once the kernel is inlined)."""
+    first = builder.insert_element(ir.Constant(_V32I8, ir.Undefined), builder.trunc(value, _I8), ir.Constant(_I32, 0))
+    return builder.shuffle_vector(first, ir.Constant(_V32I8, ir.Undefined), ir.Constant(ir.VectorType(_I32, 32), [0] * 32))
 
 
 @intrinsic
-def fivebits32(typingctx: Any, low: Any, low_index: Any, high: Any, high_index: Any) -> Any:
-    """The 32 five-bit codes of one block: four low bits as nibbles32 reads them (16 bytes of `low`), the fifth from
-    4 bytes of `high`, byte j holding columns j, j+4, .., j+28 in bits 0..7."""
+def with_high_bits(typingctx: Any, codes: Any, array: Any, index: Any, shift: Any, mask: Any) -> Any:
+    """codes | ((byte >> shift) & mask) << 4 for the 32 bytes of `array` from `index` on: Q5_K's fifth bit (mask 1,
+    shift the block's number) or Q6_K's bits 4-5 (mask 3, shift twice the block's number in its half)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        codes = _nibble_codes(context, builder, signature.args[0], args[0], args[1])
-        word = builder.load(_pointer(context, builder, signature.args[2], args[2], args[3], _I32), align=1)
-        words = builder.insert_element(ir.Constant(_V8I32, ir.Undefined), word, ir.Constant(_I32, 0))
-        spread = builder.shuffle_vector(words, words, ir.Constant(_V8I32, [0] * 8))  # lane l: columns 4l..4l+3
-        shifted = builder.lshr(spread, ir.Constant(_V8I32, list(range(8))))  # column e: bit e // 4 of byte e % 4
-        bits = builder.shl(builder.and_(shifted, _splat(_V8I32, 0x01010101)), _splat(_V8I32, 4))
-        return builder.or_(codes, builder.bitcast(bits, _V32I8))
+        octets = _code_bytes(context, builder, signature.args[1], args[1], args[2])
+        bits = builder.and_(builder.lshr(octets, _byte_splat(builder, args[3])), _byte_splat(builder, args[4]))
+        return builder.or_(args[0], builder.shl(bits, _splat(_V32I8, 4)))
 
-    return int8x32(low, low_index, high, high_index), codegen
+    return int8x32(int8x32, array, index, types.int64, types.int64), codegen
 
 
 def _pairs(builder: Any, vector: Any, count: int) -> Any:

@@ -9,15 +9,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from tests.support.quant_data import random_blocks
-from worker.engine.k_blocks import (
-    K_KINDS,
-    decode_k_blocks,
-    pack_fifth_bits,
-    pack_high_bits,
-    unpack_fifth_bits,
-    unpack_high_bits,
-)
-from worker.engine.quant_blocks import decode_block_codes, held_bytes, pack_nibbles
+from worker.engine.k_blocks import K_KINDS, code_bytes, decode_k_blocks
+from worker.engine.quant_blocks import decode_block_codes, held_bytes
 
 
 @pytest.mark.parametrize("kind", K_KINDS)
@@ -30,37 +23,30 @@ def test_decoded_form_dequantizes_exactly_as_gguf(kind: str) -> None:
     np.testing.assert_array_equal(blocks.dequantize(), decode_block_codes(raw, kind, (rows, cols)).dequantize())
     assert blocks.shape == (rows, cols) and blocks.nbytes == held_bytes(kind, rows * cols)
     np.testing.assert_array_equal(blocks.rows(np.array([4, 1])), expected[[4, 1]])
-    codes = blocks.code_rows()  # (rows, cols): the arrays are these codes packed as the module says
-    np.testing.assert_array_equal(blocks.codes, pack_nibbles(codes & 0x0F))
-    if kind != "Q4_K":
-        pack = pack_fifth_bits if kind == "Q5_K" else pack_high_bits
-        np.testing.assert_array_equal(blocks.high, pack(codes))
+    codes = blocks.code_rows()  # (rows, cols): the arrays are these codes laid out as the module says
+    packed, high = code_bytes(codes, kind)
+    np.testing.assert_array_equal(blocks.codes, packed)
+    assert (high is None) == (kind == "Q4_K") and (high is None or np.array_equal(blocks.high, high))
 
 
-def test_high_bits_are_four_a_byte_in_block_order() -> None:
-    """Byte j of a block's eight holds columns j, j+8, j+16, j+24 in bit pairs 0-1, 2-3, 4-5, 6-7."""
-    codes = np.random.default_rng(4).integers(0, 64, (3, 64), dtype=np.uint8)  # (3, 64)
-    high = pack_high_bits(codes)  # (3, 16)
-    assert high.shape == (3, 16)
-    for block in range(2):
-        for j in range(8):
-            byte = int(high[1, 8 * block + j])
-            for i in range(4):
-                assert (byte >> (2 * i)) & 3 == codes[1, 32 * block + j + 8 * i] >> 4
-    np.testing.assert_array_equal(unpack_high_bits(high), codes >> 4)
-
-
-def test_fifth_bits_are_eight_a_byte_in_block_order() -> None:
-    """Byte j of a block's four holds columns j, j+4, .., j+28 in bits 0..7."""
-    codes = np.random.default_rng(6).integers(0, 32, (3, 64), dtype=np.uint8)  # (3, 64)
-    high = pack_fifth_bits(codes)  # (3, 8)
-    assert high.shape == (3, 8)
-    for block in range(2):
-        for j in range(4):
-            byte = int(high[2, 4 * block + j])
-            for i in range(8):
-                assert (byte >> i) & 1 == codes[2, 32 * block + j + 4 * i] >> 4
-    np.testing.assert_array_equal(unpack_fifth_bits(high), codes >> 4)
+@pytest.mark.parametrize("kind", K_KINDS)
+def test_the_code_bytes_are_the_files(kind: str) -> None:
+    """The codes are copied from the file's super-blocks, not re-packed (a 32-byte load gives a block's codes)."""
+    raw = random_blocks(kind, 2, 512, np.random.default_rng(7))  # (2, bytes per row)
+    blocks = decode_k_blocks(raw, kind, (2, 512))
+    supers = raw.reshape(4, -1)  # (row * super-block, bytes)
+    if kind == "Q6_K":
+        np.testing.assert_array_equal(blocks.codes.reshape(4, 128), supers[:, :128])
+        np.testing.assert_array_equal(blocks.high.reshape(4, 64), supers[:, 128:192])
+    else:
+        fifth = 32 if kind == "Q5_K" else 0
+        np.testing.assert_array_equal(blocks.codes.reshape(4, 128), supers[:, 16 + fifth :])
+        if fifth:
+            np.testing.assert_array_equal(blocks.high.reshape(4, 32), supers[:, 16:48])
+    codes = blocks.code_rows()  # (2, 512)
+    assert codes.max() < {"Q4_K": 16, "Q5_K": 32, "Q6_K": 64}[kind]
+    high_nibbles = slice(64, 96) if kind == "Q6_K" else slice(32, 64)  # the columns of bytes 0..31's high nibbles
+    np.testing.assert_array_equal(codes[:, high_nibbles] & 0x0F, blocks.codes[:, 0:32] >> 4)
 
 
 @pytest.mark.parametrize("kind", K_KINDS)
