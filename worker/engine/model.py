@@ -18,7 +18,6 @@ from worker.engine.gguf_file import read_gguf
 from worker.engine.k_blocks import has_k_form
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
-from worker.engine.numba_runtime import threads_for_step
 from worker.engine.ops import Array
 from worker.engine.quant_blocks import code_group
 from worker.engine.quantized import PendingLinear, materialize
@@ -126,15 +125,14 @@ class Model:
                 return restored
         batch = ForwardBatch(entries, pool)
         arch, weights = self.architecture, self.weights
-        with threads_for_step(len(batch.tokens)):
-            x = arch.embed(weights, batch.tokens)  # (N, D)
-            for layer in range(self.config.n_layers):
-                if layer and interrupt is not None and interrupt():
-                    raise StepInterrupted(f"stopped before layer {layer}")
-                x = arch.block(weights, layer, x, batch)  # (N, D)
-            if interrupt is not None and interrupt():
-                raise StepInterrupted("stopped before the output projection")
-            return self._outputs(entries, x, batch.starts)
+        x = arch.embed(weights, batch.tokens)  # (N, D)
+        for layer in range(self.config.n_layers):
+            if layer and interrupt is not None and interrupt():
+                raise StepInterrupted(f"stopped before layer {layer}")
+            x = arch.block(weights, layer, x, batch)  # (N, D)
+        if interrupt is not None and interrupt():
+            raise StepInterrupted("stopped before the output projection")
+        return self._outputs(entries, x, batch.starts)
 
     def _outputs(self, entries: list[BatchEntry], x: Array, starts: np.ndarray) -> list[Array | None]:
         """Final norm and output projection, only for the rows each entry asked for."""
