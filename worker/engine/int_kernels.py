@@ -55,7 +55,9 @@ from worker.engine.simd_int import (
     with_high_bits,
 )
 
-ROW_CHUNK = 64  # x rows per pass over the weights (their int8 codes stay in L2 while every weight row meets them)
+ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
+X_TILE = 16  # x rows a task carries over a super-block at once in a wider step (their 16 * 256 int8 stay in L1
+# across the task's weight rows); a step of at most this many rows reads each weight row through in turn instead
 ROWS_PER_TASK = 16  # weight rows a parallel task takes (one scratch allocation each)
 ACT_BLOCK = 64  # activation columns per int8 scale (four per super-block)
 _NO_FIFTH_BITS = np.zeros((1, 0), np.uint8)  # Q4_K's stand-in for Q5_K's fifth bits (one compiled kernel serves both)
@@ -125,7 +127,7 @@ def _quarters(flat_q, qa, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5
 
 @njit(cache=_CACHE, inline="always")
 def _with_mins(c0, c1, c2, c3, c4, c5, c6, c7, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, cols,
-               first, n, acc, macc):  # pragma: no cover
+               first, n, acc, macc, base):  # pragma: no cover
     """Super-block s of a Q4_K or Q5_K weight row r, its codes c0..c7 unpacked, against n x rows: their chains in acc
     and macc (n*8,) carried over it."""
     supers = cols // QK_K
@@ -141,26 +143,27 @@ def _with_mins(c0, c1, c2, c3, c4, c5, c6, c7, scales, flat_mins, d, dmin, flat_
         k = first + i
         w = _quarters(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
         dxs = vload(flat_dx8, (k * supers + s) * LANES)  # (8,)
-        vstore(acc, i * LANES, vfma(ifloat(w), vmul(scale, dxs), vload(acc, i * LANES)))
+        at = base + i * LANES
+        vstore(acc, at, vfma(ifloat(w), vmul(scale, dxs), vload(acc, at)))
         mn = mins_dot(m, flat_sums, k * (cols // 32) + g)  # (8,) int32
-        vstore(macc, i * LANES, vfma(ifloat(mn), vmul(negative_min, dxs), vload(macc, i * LANES)))
+        vstore(macc, at, vfma(ifloat(mn), vmul(negative_min, dxs), vload(macc, at)))
 
 
 @njit(cache=_CACHE, inline="always")
 def _q4k_super(flat_codes, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n, acc,
-               macc):  # pragma: no cover
+               macc, base):  # pragma: no cover
     """Super-block s of Q4_K weight row r against n x rows (_with_mins)."""
     at = r * half + s * (QK_K // 2)
     _with_mins(low_nibbles32(flat_codes, at), high_nibbles32(flat_codes, at), low_nibbles32(flat_codes, at + 32),
                high_nibbles32(flat_codes, at + 32), low_nibbles32(flat_codes, at + 64),
                high_nibbles32(flat_codes, at + 64), low_nibbles32(flat_codes, at + 96),
                high_nibbles32(flat_codes, at + 96), scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s,
-               2 * half, first, n, acc, macc)
+               2 * half, first, n, acc, macc, base)
 
 
 @njit(cache=_CACHE, inline="always")
 def _q5k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n,
-               acc, macc):  # pragma: no cover
+               acc, macc, base):  # pragma: no cover
     """Super-block s of Q5_K weight row r against n x rows (_with_mins)."""
     at = r * half + s * (QK_K // 2)
     fa = r * (half // 4) + s * (QK_K // 8)  # the super-block's 32 bytes of fifth bits
@@ -172,7 +175,19 @@ def _q5k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_
                with_high_bits(high_nibbles32(flat_codes, at + 64), flat_fifth, fa, 5, 1),
                with_high_bits(low_nibbles32(flat_codes, at + 96), flat_fifth, fa, 6, 1),
                with_high_bits(high_nibbles32(flat_codes, at + 96), flat_fifth, fa, 7, 1),
-               scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, 2 * half, first, n, acc, macc)
+               scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, 2 * half, first, n, acc, macc, base)
+
+
+@njit(cache=_CACHE, inline="always")
+def _q45k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n,
+                acc, macc, base):  # pragma: no cover
+    """Super-block s of Q4_K or (when flat_fifth holds fifth bits) Q5_K weight row r against n x rows."""
+    if flat_fifth.size:
+        _q5k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first,
+                   n, acc, macc, base)
+    else:
+        _q4k_super(flat_codes, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n, acc,
+                   macc, base)
 
 
 @njit(parallel=True, cache=_CACHE)
@@ -186,28 +201,35 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
     flat_dx8 = dx8.reshape(-1)  # (N*C/256*8,)
     flat_sums = sums32.reshape(-1)  # (N*C/32,)
     flat_mins = mins.reshape(-1)  # (R*C/32,)
-    n = last - first
+    supers = half // (QK_K // 2)
+    rows_outer = last - first <= X_TILE  # a decode step: each weight row read through in turn, which streams best
+    supers = half // (QK_K // 2)
+    rows_outer = last - first <= X_TILE  # as in _q4k
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         low, high = task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)
-        acc = np.empty(n * LANES, np.float32)  # (n*8,) one chain per x row
-        macc = np.empty(n * LANES, np.float32)  # (n*8,) the mins' chain per x row
-        for r in range(low, high):
+        acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) a chain per weight row and x row
+        macc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) the mins' chains
+        for x0 in range(first, last, X_TILE):
+            n = min(X_TILE, last - x0)
             acc[:] = 0
             macc[:] = 0
-            if flat_fifth.size:  # Q5_K (the branch outside the loops: each kind gets a loop nest of its own)
-                for s in range(half // (QK_K // 2)):
-                    _q5k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s,
-                               half, first, n, acc, macc)
-            else:
-                for s in range(half // (QK_K // 2)):
-                    _q4k_super(flat_codes, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n,
-                               acc, macc)
-            for i in range(n):
-                out[first + i, r] = vsum(vload(acc, i * LANES)) + vsum(vload(macc, i * LANES))
+            for a in range(high - low if rows_outer else supers):  # the loop order only: each chain is the same
+                for b in range(supers if rows_outer else high - low):
+                    if rows_outer:
+                        _q45k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums,
+                                    low + a, b, half, x0, n, acc, macc, a * n * LANES)
+                    else:
+                        _q45k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums,
+                                    low + b, a, half, x0, n, acc, macc, b * n * LANES)
+            for r in range(low, high):
+                for i in range(n):
+                    at = ((r - low) * n + i) * LANES
+                    out[x0 + i, r] = vsum(vload(acc, at)) + vsum(vload(macc, at))
 
 
 @njit(cache=_CACHE, inline="always")
-def _q6k_super(flat_low, flat_high, scales, flat_scales, d, flat_q, flat_dx8, flat_sums, r, s, half, first, n, acc):  # pragma: no cover
+def _q6k_super(flat_low, flat_high, scales, flat_scales, d, flat_q, flat_dx8, flat_sums, r, s, half, first, n, acc,
+               base):  # pragma: no cover
     """Super-block s of weight row r against n x rows: their chains in acc (n*8,) carried over it."""
     cols = 2 * half
     supers = cols // QK_K
@@ -233,7 +255,7 @@ def _q6k_super(flat_low, flat_high, scales, flat_scales, d, flat_q, flat_dx8, fl
         w = _quarters(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
         w = isub(w, paired_dot(offsets, flat_sums, k * (cols // 16) + g))  # (8,) int32: the codes' -32
         dxs = vload(flat_dx8, (k * supers + s) * LANES)  # (8,)
-        vstore(acc, i * LANES, vfma(ifloat(w), vmul(scale, dxs), vload(acc, i * LANES)))
+        vstore(acc, base + i * LANES, vfma(ifloat(w), vmul(scale, dxs), vload(acc, base + i * LANES)))
 
 
 @njit(parallel=True, cache=_CACHE)
@@ -246,17 +268,25 @@ def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: n
     flat_q = q.reshape(-1)  # (N*C,)
     flat_dx8 = dx8.reshape(-1)  # (N*C/256*8,)
     flat_sums = sums16.reshape(-1)  # (N*C/16,)
-    n = last - first
+    supers = half // (QK_K // 2)
+    rows_outer = last - first <= X_TILE  # as in _q4k
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         low, high = task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)
-        acc = np.empty(n * LANES, np.float32)  # (n*8,) one chain per x row
-        for r in range(low, high):
+        acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,)
+        for x0 in range(first, last, X_TILE):
+            n = min(X_TILE, last - x0)
             acc[:] = 0
-            for s in range(half // (QK_K // 2)):
-                _q6k_super(flat_low, flat_high, scales, flat_scales, d, flat_q, flat_dx8, flat_sums, r, s, half, first,
-                           n, acc)
-            for i in range(n):
-                out[first + i, r] = vsum(vload(acc, i * LANES))
+            for a in range(high - low if rows_outer else supers):  # the loop order only: each chain is the same
+                for b in range(supers if rows_outer else high - low):
+                    if rows_outer:
+                        _q6k_super(flat_low, flat_high, scales, flat_scales, d, flat_q, flat_dx8, flat_sums, low + a, b,
+                                   half, x0, n, acc, a * n * LANES)
+                    else:
+                        _q6k_super(flat_low, flat_high, scales, flat_scales, d, flat_q, flat_dx8, flat_sums, low + b, a,
+                                   half, x0, n, acc, b * n * LANES)
+            for r in range(low, high):
+                for i in range(n):
+                    out[x0 + i, r] = vsum(vload(acc, ((r - low) * n + i) * LANES))
 
 
 def k_matmul(x: np.ndarray, blocks: KBlocks) -> np.ndarray:
