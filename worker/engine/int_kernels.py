@@ -1,6 +1,6 @@
 """Integer matmuls over K-quant super-blocks (k_blocks.py): x (N, C) times a Q4_K, Q5_K or Q6_K matrix (R, C)
-transposed, with x quantized to int8 per 64 columns (llama.cpp's Q8_K has one scale per 256; a finer one keeps our error well
-inside llama.cpp's at about the same speed) and every product of codes and activations summed in integers
+transposed, with x quantized to int8 per 64 columns (llama.cpp's Q8_K has one scale per 256; a finer one keeps our
+error well inside llama.cpp's at about the same speed) and every product of codes and activations summed in integers
 (simd_int.py: vpmaddubsw + vpmaddwd on AVX2). One kernel serves every width, decode and prefill alike.
 
 THE REDUCTION (every tile computes exactly this, so a row's result never depends on the rest of its step):
@@ -19,8 +19,11 @@ THE REDUCTION (every tile computes exactly this, so a row's result never depends
             h < 4 (groups of 32 in the super-block), mn[4..7] = 0  (a chain of its own: the two overlap)
     out[k, r] = vsum(acc)  (Q4_K, Q5_K: vsum(acc) + vsum(macc))
 
-`reference_matmul` is the same arithmetic in numpy. Parallelism: weight rows across threads; every (r, k) pair is
-one chain, computed by one thread in one order.
+`reference_matmul` is the same arithmetic in numpy. Parallelism: ROWS_PER_TASK weight rows a task, tasks across
+threads; every (r, k) pair is one chain, computed by one thread in one order. Only the loop order depends on the
+step's width: up to X_TILE rows, a task reads each weight row through (decode: the weights stream once); wider,
+it carries tiles of X_TILE x rows over one super-block of all its weight rows at a time (prefill: the tile's int8
+activations stay in L1).
 """
 
 from __future__ import annotations
