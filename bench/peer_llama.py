@@ -4,7 +4,7 @@ Both serve the same GGUF file; the same streaming /v1/completions load (N concur
 prompts, greedy, exactly --max-tokens tokens each) runs against one system, then the other, per round; each
 row reports aggregate tok/s (steady: while every stream decodes), median TTFT and inter-token latency, and
 the ratio llmfleet / llama-server; then one --long-prompt (1,000-token) prompt alone gives each one's TTFT.
-llama-server runs with -t <cores> -np <largest N> -c <N x max(256, long prompt + 64)>.
+llama-server runs with -t <cores> -np <largest N> -c <N x max(256, 2 x long prompt)>.
 Run: python bench/cluster.py --peer llama-server [--sizes 1,4,16,32,64] [--max-tokens 128] [--rounds 2]
      (or python bench/peer_llama.py ...; --llama-server PATH skips ../shared/peers/build-llama-server.sh)
 """
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="llmfleet-peer-") as tmp:
         logdir = Path(tmp)
         lport, fport = free_port(), free_port()
-        context = max(sizes) * max(256, args.long_prompt + 64)  # every slot fits the long prompt
+        context = max(sizes) * max(256, 2 * args.long_prompt)  # every slot fits the long prompt (tokens vary by model)
         llama = System("llama-server", [binary, "-m", str(path), "-t", str(cores), "-np", str(max(sizes)),
                                         "-c", str(context), "--port", str(lport), "--host", "127.0.0.1"],
                        lport, "/health", logdir)

@@ -75,6 +75,8 @@ async def long_prompt_ttft(base: str, model: str, tokens: int, api_key: str, tag
         sent = time.perf_counter()
         first, prompt_tokens = float("nan"), 0
         async with client.stream("POST", base + "/completions", json=body) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"long prompt: HTTP {response.status_code} {(await response.aread())[:300]!r}")
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line[6:].strip() == "[DONE]":
                     continue

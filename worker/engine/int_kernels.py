@@ -214,8 +214,8 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
         macc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) the mins' chains
         for x0 in range(first, last, X_TILE):
             n = min(X_TILE, last - x0)
-            acc[:] = 0
-            macc[:] = 0
+            acc[: (high - low) * n * LANES] = 0  # only the chains this tile uses (a decode step: n = 1)
+            macc[: (high - low) * n * LANES] = 0
             for a in range(high - low if rows_outer else supers):  # the loop order only: each chain is the same
                 for b in range(supers if rows_outer else high - low):
                     if rows_outer:
@@ -278,7 +278,7 @@ def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: n
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,)
         for x0 in range(first, last, X_TILE):
             n = min(X_TILE, last - x0)
-            acc[:] = 0
+            acc[: (high - low) * n * LANES] = 0
             for a in range(high - low if rows_outer else supers):  # the loop order only: each chain is the same
                 for b in range(supers if rows_outer else high - low):
                     if rows_outer:
