@@ -226,7 +226,8 @@ class JobFeeder:
         self._take(jobs, takeover=False)
 
     def _reclaim(self) -> None:
-        """Take over jobs of dead workers (registry entry expired) or silent ones (lease passed)."""
+        """Take over jobs of dead workers (registry entry expired), stalled readers, silent ones (lease passed), and
+        this worker's own entries whose read lost its reply (idle past takeover.LOST_READ_AFTER_S, never taken)."""
         self.stealer.forget_dead()
         free = self._free()
         jobs = self._claim_orphans(free)
@@ -237,9 +238,11 @@ class JobFeeder:
             if free <= 0:
                 break
             try:
+                # this worker's own entries whose read lost its reply come back here too (takeover.py); those an
+                # earlier process or a failed taking left are _claim_orphans' (skipped)
                 claimed = claim_stalled(self.redis, stream, self.worker_id, count=free,
                                         ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s,
-                                        request_id_of=request_id_of)
+                                        request_id_of=request_id_of, skip=frozenset(self.orphans.get(stream, ())))
             except ResponseError as exc:
                 if stream in self.streams or stream in self.own_streams:
                     raise  # NOGROUP on a stream of this worker: recreated

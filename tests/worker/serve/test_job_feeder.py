@@ -122,3 +122,43 @@ def test_a_job_whose_taking_timed_out_is_taken_again_at_the_next_reclaim(
         assert taken[0].grant.epoch == 2  # owned again: the epoch of the lost reply is fenced off
     finally:
         feeder.stop()
+
+
+class _LosingRedis(_CountingRedis):
+    """The client, but the first XREADGROUP that gets entries loses its reply (it ran in Redis: the entries are
+    pending for this consumer now) as a read that timed out across a Redis pause does."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        super().__init__(client)
+        self.lost: list[str] = []
+
+    def xreadgroup(self, group: str, consumer: str, streams: dict[str, str], **kwargs: Any) -> Any:
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        reply = super().xreadgroup(group, consumer, streams, **kwargs)
+        if reply and not self.lost:
+            self.lost = [mid.decode() for _stream, messages in reply for mid, _fields in messages]
+            raise RedisTimeoutError("Timeout reading from socket")
+        return reply
+
+
+def test_a_job_whose_read_lost_its_reply_is_taken_well_before_the_lease(
+        client: redis.Redis, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.failover import takeover
+
+    monkeypatch.setattr(takeover, "LOST_READ_AFTER_S", 1.0)  # the real bound: the socket timeout + 1 s
+    losing = _LosingRedis(client)
+    # the only worker of its model, the default lease: before, the entry waited that long for XAUTOCLAIM
+    feeder = _feeder(losing, dataclasses.replace(settings, lease_s=30.0), held=0)
+    feeder.start()
+    try:
+        _queue(client, "unlucky", "normal")
+        started, taken = time.monotonic(), []
+        while not taken and time.monotonic() - started < 6:
+            taken = feeder.drain(wait_s=0.1)
+        waited = time.monotonic() - started
+        assert [item.job.id for item in taken] == ["unlucky"] and losing.lost == [taken[0].message_id]
+        assert 1.0 <= waited < 6  # not before the bound (a reply might still come), not after the lease
+        assert taken[0].grant.epoch == 1 and taken[0].grant.deliveries == 2  # first owned now; read twice
+    finally:
+        feeder.stop()
