@@ -162,3 +162,19 @@ def test_a_job_whose_read_lost_its_reply_is_taken_well_before_the_lease(
         assert taken[0].grant.epoch == 1 and taken[0].grant.deliveries == 2  # first owned now; read twice
     finally:
         feeder.stop()
+
+
+def test_another_workers_stream_gone_since_the_plan_reads_as_empty_and_an_own_one_is_recreated(
+        client: redis.Redis, settings: Any) -> None:
+    from redis.exceptions import ResponseError
+
+    feeder = _feeder(_CountingRedis(client), settings, held=0)
+    gone = keys.worker_jobs_stream(MODEL, "forgotten", "normal")  # a live worker forgot its dead owner's streams
+    feeder.stealer.plan = lambda free: {"normal": [(gone, free)]}  # type: ignore[method-assign]
+    feeder.stealer.due = lambda: True  # type: ignore[method-assign]
+    _queue(client, "placed", "normal")
+    feeder._intake()  # no NOGROUP: the job in the shared stream is taken, the vanished stream skipped
+    assert [item.job.id for item in feeder.drain()] == ["placed"]
+    client.delete(feeder.own_streams[0])
+    with pytest.raises(ResponseError, match="NOGROUP"):  # its own: the run loop recreates it
+        feeder._read(feeder.own_streams[0], 1, elsewhere=False)
