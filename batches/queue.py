@@ -6,9 +6,9 @@
 - BatchWorker is an rq SimpleWorker (no fork: a batch is one long asyncio run); it hands its job the settings,
   its heartbeat and its stop event. SIGTERM sets the event: the batch it runs stops at its next check and
   `run_batch_job` puts it back in the queue, then the worker exits.
-- Every sync client of the batch runner (`connect`) has the main pools' socket bounds (shared/redis_sockets.py):
-  a command on a connection a partition cut fails in COMMAND_TIMEOUT_S instead of waiting until TCP gives up.
-  The rq worker's BLPOP blocks MAX_BLOCK_S at a time (rq's own default, worker_ttl - 15 s, would have it raise
+- Every client of the batch runner has the main pools' socket bounds (batches/redis_clients.py): a command on
+  a connection a partition cut fails in COMMAND_TIMEOUT_S instead of waiting until TCP gives up. The rq
+  worker's BLPOP blocks MAX_BLOCK_S at a time (rq's own default, worker_ttl - 15 s, would have it raise
   the socket timeout to 25 s); rq retries a dequeue that failed on its own.
 - recover_orphans, run by every batch runner every second, finds batches whose runner died (kill -9,
   host lost): not finished, nobody holds their lease, their rq job not waiting in the queue, for longer than
@@ -32,10 +32,10 @@ from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
 
 from batches import objects, runner
+from batches.redis_clients import sync_client
 from shared import keys
 from shared.redis_sockets import COMMAND_TIMEOUT_S, MAX_BLOCK_S
 from shared.settings import Settings
-from worker.serve.redis_client import connect as bounded_client
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +113,6 @@ class BatchWorker(SimpleWorker):
         super().request_stop(signum, frame)
 
 
-def connect(redis_url: str) -> redis.Redis:
-    """A sync client of the batch runner, its sockets bounded as the workers' are (shared/redis_sockets.py)."""
-    return bounded_client(redis_url)
-
-
 def batch_queue(connection: redis.Redis) -> Queue:
     """The rq queue of batches, JSON-serialized, with allow-listed jobs."""
     return Queue(keys.BATCH_QUEUE, connection=connection, serializer=JSONSerializer, job_class=AllowListedJob)
@@ -145,7 +140,7 @@ def enqueue_batch(connection: redis.Redis, batch_id: str, attempt: int = 0) -> s
 
 def requeue_batch(settings: Settings, batch_id: str) -> None:
     """Put a batch this runner stopped (SIGTERM) back in the queue; it is not counted as an attempt."""
-    connection = connect(settings.redis_url)
+    connection = sync_client(settings.redis_url)
     try:
         enqueue_batch(connection, batch_id)
         log.info("batch %s stopped and requeued", batch_id)

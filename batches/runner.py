@@ -25,20 +25,17 @@ import time
 from collections.abc import Callable
 
 from redis.asyncio import Redis
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.retry import Retry
 
 from batches import objects
 from batches.execute import run_line
 from batches.files import FileStore
 from batches.input import BatchLine, parse_input
+from batches.redis_clients import async_client
 from batches.store import BatchStore
 from gateway.cluster.broker import Broker
 from shared import keys
 from shared.errors import InvalidRequest, NotFound
-from shared.redis_sockets import RETRIES, RETRY_BASE_S, RETRY_CAP_S, socket_options
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -61,19 +58,6 @@ def run_batch(batch_id: str, settings: Settings, *, heartbeat: Callable[[], None
     return asyncio.run(BatchRun(batch_id, settings, heartbeat=heartbeat, stop=stop).run())
 
 
-def batch_redis(redis_url: str) -> Redis:
-    """A batch run's client, bounded as the gateway's pool is (shared/redis_sockets.py; the same Broker runs on
-    it): a command on a connection a partition cut fails in COMMAND_TIMEOUT_S, and the run's Redis-away handling
-    (retry while the lease holds) takes over; a connection found dead at send is redialled."""
-    return Redis.from_url(
-        redis_url,
-        **socket_options(redis_url, keepalive=False),  # type: ignore[arg-type]  # no keepalive: as the gateway's
-        retry=Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), RETRIES,
-                    supported_errors=(RedisConnectionError,)),
-        retry_on_error=[RedisConnectionError],
-    )
-
-
 class BatchRun:
     """One runner's execution of one batch, under its lease."""
 
@@ -89,7 +73,7 @@ class BatchRun:
 
     async def run(self) -> str:
         """Run the batch to its end, or until it is stopped; returns the outcome."""
-        redis = batch_redis(self.settings.redis_url)
+        redis = async_client(self.settings.redis_url)  # bounded sockets (batches/redis_clients.py)
         try:
             if not await redis.set(keys.batch_lease(self.batch_id), self.runner_id, nx=True, px=self.lease_ms):
                 log.info("batch %s is held by another runner", self.batch_id)

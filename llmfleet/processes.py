@@ -119,15 +119,16 @@ def run_batch_runner(settings: Settings) -> int:
     import redis
 
     from batches import queue
+    from batches.redis_clients import sync_client
 
-    connection = queue.connect(settings.redis_url)  # sockets bounded; rq's BLPOP blocks less than they wait
+    connection = sync_client(settings.redis_url)  # sockets bounded; rq's BLPOP blocks less than they wait
     # a running batch sends rq heartbeats every third of its lease: the registration must outlive that
     worker = queue.batch_worker(connection, ttl_s=max(queue.WORKER_TTL_S, math.ceil(settings.batch_lease_s)),
                                 settings=settings)
 
     def recover() -> None:
         """Every second: enqueue again the batches whose runner died."""
-        scan = queue.connect(settings.redis_url)
+        scan = sync_client(settings.redis_url)
         suspects: dict[str, float] = {}
         while not worker.stopping.wait(1.0):
             try:

@@ -17,6 +17,7 @@ from rq.job import JobStatus
 
 from batches import queue as batch_queue_module
 from batches.queue import AllowListedJob, batch_queue, batch_worker, enqueue_batch, recover_orphans
+from batches.redis_clients import sync_client
 from shared import keys
 from shared.redis_sockets import COMMAND_TIMEOUT_S
 from shared.settings import Settings
@@ -107,7 +108,7 @@ def test_a_running_batch_gets_the_workers_heartbeat_settings_and_stop_event(
 def test_the_runners_client_fails_a_held_command_within_the_timeout_and_its_wait_for_a_batch_is_not_cut(
         proxied_redis: Any) -> None:
     _url, proxy = proxied_redis
-    connection = batch_queue_module.connect(f"redis://127.0.0.1:{proxy.port}/0")
+    connection = sync_client(f"redis://127.0.0.1:{proxy.port}/0")
     worker = batch_worker(connection)
     assert connection.connection_pool.connection_kwargs["socket_timeout"] == COMMAND_TIMEOUT_S  # rq kept ours
     proxy.set_rtt(0.05)  # a Redis in another zone: the BLPOP blocks its whole time and ends normally

@@ -12,7 +12,8 @@ from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from batches.files import FileStore
-from batches.runner import BatchRun, batch_redis
+from batches.redis_clients import async_client
+from batches.runner import BatchRun
 from batches.store import BatchStore
 from shared import keys
 from shared.redis_sockets import COMMAND_TIMEOUT_S
@@ -92,7 +93,7 @@ async def test_lines_not_run_by_the_end_of_the_window_expire(aredis: Redis, sett
 
 async def test_a_runs_command_on_a_held_connection_fails_within_the_timeout(proxied_redis: Any) -> None:
     _url, proxy = proxied_redis
-    client = batch_redis(f"redis://127.0.0.1:{proxy.port}/0")
+    client = async_client(f"redis://127.0.0.1:{proxy.port}/0")
     try:
         await client.set("k", b"v")
         proxy.hold_open()  # a partition that lost the open connection's packets
