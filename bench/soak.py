@@ -216,8 +216,9 @@ def leftover_work(phase: Phase) -> tuple[int, int]:
 
 def run_phase(name: str, rtt_ms: float, args: argparse.Namespace, logdir: Path) -> Phase:
     """One phase, start to stop; prints its ledger summary."""
-    phase = Phase(name, rtt_ms, args.workers, logdir).start()
+    phase = Phase(name, rtt_ms, args.workers, logdir)
     try:
+        phase.start()  # inside: workers that never get ready must not leave Redis and the gateway running
         until = time.time() + args.duration
         threads = [threading.Thread(target=client_loop, args=(phase, until, args.seed + i)) for i in range(args.clients)]
         threads.append(threading.Thread(target=fault_loop, args=(phase, until, args.pause_s, args.seed)))
