@@ -6,6 +6,10 @@
 - BatchWorker is an rq SimpleWorker (no fork: a batch is one long asyncio run); it hands its job the settings,
   its heartbeat and its stop event. SIGTERM sets the event: the batch it runs stops at its next check and
   `run_batch_job` puts it back in the queue, then the worker exits.
+- Every client of the batch runner has the main pools' socket bounds (batches/redis_clients.py): a command on
+  a connection a partition cut fails in COMMAND_TIMEOUT_S instead of waiting until TCP gives up. The rq
+  worker's BLPOP blocks MAX_BLOCK_S at a time (rq's own default, worker_ttl - 15 s, would have it raise
+  the socket timeout to 25 s); rq retries a dequeue that failed on its own.
 - recover_orphans, run by every batch runner every second, finds batches whose runner died (kill -9,
   host lost): not finished, nobody holds their lease, their rq job not waiting in the queue, for longer than
   LLMFLEET_BATCH_LEASE_S. It counts an attempt and enqueues the batch again; the next run continues with
@@ -28,7 +32,9 @@ from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
 
 from batches import objects, runner
+from batches.redis_clients import sync_client
 from shared import keys
+from shared.redis_sockets import COMMAND_TIMEOUT_S, MAX_BLOCK_S
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -77,6 +83,16 @@ class BatchWorker(SimpleWorker):
     settings: Settings | None = None  # what batches run with (None: read from the environment)
     stopping: threading.Event  # set on SIGTERM (warm shutdown): the running batch stops at its next check
 
+    @property
+    def dequeue_timeout(self) -> float:  # type: ignore[override]
+        """How long one BLPOP for the next batch blocks: well under the socket timeout, which must not cut it."""
+        return MAX_BLOCK_S
+
+    @property
+    def connection_timeout(self) -> float:  # type: ignore[override]
+        """The socket timeout rq gives its connection when it has a shorter one: the main pools' own."""
+        return COMMAND_TIMEOUT_S
+
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Run the job here (no fork), letting the batch keep rq's worker and job heartbeats fresh meanwhile
         (a SimpleWorker sends none while a job runs, and a batch runs for minutes or hours)."""
@@ -124,7 +140,7 @@ def enqueue_batch(connection: redis.Redis, batch_id: str, attempt: int = 0) -> s
 
 def requeue_batch(settings: Settings, batch_id: str) -> None:
     """Put a batch this runner stopped (SIGTERM) back in the queue; it is not counted as an attempt."""
-    connection = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+    connection = sync_client(settings.redis_url)
     try:
         enqueue_batch(connection, batch_id)
         log.info("batch %s stopped and requeued", batch_id)

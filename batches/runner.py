@@ -31,6 +31,7 @@ from batches import objects
 from batches.execute import run_line
 from batches.files import FileStore
 from batches.input import BatchLine, parse_input
+from batches.redis_clients import async_client
 from batches.store import BatchStore
 from gateway.cluster.broker import Broker
 from shared import keys
@@ -72,7 +73,7 @@ class BatchRun:
 
     async def run(self) -> str:
         """Run the batch to its end, or until it is stopped; returns the outcome."""
-        redis = Redis.from_url(self.settings.redis_url, socket_connect_timeout=5)
+        redis = async_client(self.settings.redis_url)  # bounded sockets (batches/redis_clients.py)
         try:
             if not await redis.set(keys.batch_lease(self.batch_id), self.runner_id, nx=True, px=self.lease_ms):
                 log.info("batch %s is held by another runner", self.batch_id)

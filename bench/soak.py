@@ -216,8 +216,9 @@ def leftover_work(phase: Phase) -> tuple[int, int]:
 
 def run_phase(name: str, rtt_ms: float, args: argparse.Namespace, logdir: Path) -> Phase:
     """One phase, start to stop; prints its ledger summary."""
-    phase = Phase(name, rtt_ms, args.workers, logdir).start()
+    phase = Phase(name, rtt_ms, args.workers, logdir)
     try:
+        phase.start()  # inside: workers that never get ready must not leave Redis and the gateway running
         until = time.time() + args.duration
         threads = [threading.Thread(target=client_loop, args=(phase, until, args.seed + i)) for i in range(args.clients)]
         threads.append(threading.Thread(target=fault_loop, args=(phase, until, args.pause_s, args.seed)))
@@ -250,19 +251,21 @@ def p99(values: list[float]) -> float:
 def summarize(phase: Phase, hung: int, leftover: tuple[int, int]) -> None:
     """Print the phase's ledger numbers and exactly-once checks."""
     entries = phase.entries
-    ids = collections.Counter(e.client_id for e in entries)
+    server_ids = collections.Counter(e.server_id for e in entries if e.server_id)  # two answers under one id
     outcomes = collections.Counter(e.outcome for e in entries)
     reasons = collections.Counter(e.reason for e in entries if e.outcome == "failed")
     bad_finishes = [e for e in entries if e.kind == "chat-stream" and e.outcome == "completed"
                     and e.finishes != {0: 1}]
     unended = [e for e in entries if e.outcome not in ("completed", "cancelled", "failed")]
     clear = [e.ended - e.started for e in entries if e.outcome == "completed" and not in_fault_window(e, phase.faults)]
+    failed_clear = [e for e in entries if e.outcome == "failed" and not in_fault_window(e, phase.faults)]
     phase.p99 = p99(clear)
     print(f"[{phase.name}] {len(entries)} requests: {dict(outcomes)}; failures by reason {dict(reasons)}")
     print(f"[{phase.name}] faults: {len(phase.faults) - 1} worker kills + 1 Redis pause; exactly once: "
-          f"{sum(n > 1 for n in ids.values())} duplicate ids, {len(unended)} without an outcome, "
+          f"{sum(n > 1 for n in server_ids.values())} duplicate server ids, {len(unended)} without an outcome, "
           f"{len(bad_finishes)} streams with a choice finished != 1 time, {hung} clients hung; "
-          f"left after the phase: {leftover[0]} jobs queued/held, {leftover[1]} sequences running")
+          f"left after the phase: {leftover[0]} jobs queued/held, {leftover[1]} sequences running; "
+          f"{len(failed_clear)} failed outside the fault windows")
     if clear:
         print(f"[{phase.name}] completed outside fault windows: {len(clear)}, latency p50 "
               f"{statistics.median(clear) * 1000:.0f} ms, p99 {phase.p99 * 1000:.0f} ms")
@@ -275,17 +278,18 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rtt-ms", type=float, default=1.0)
-    parser.add_argument("--pause-s", type=float, default=5.0)
+    parser.add_argument("--pause-s", type=float, default=10.0)  # the fault suite's SIGSTOP
     parser.add_argument("--seed", type=int, default=25)
     parser.add_argument("--ledger", type=Path, default=Path(tempfile.gettempdir()) / "llmfleet-soak.jsonl")
     args = parser.parse_args()
     logdir = Path(tempfile.mkdtemp(prefix="llmfleet-soak-"))
     print(f"soak: {args.clients} clients, {args.workers} workers, {args.duration:.0f} s per phase (logs: {logdir})")
-    phases = [run_phase("0ms", 0.0, args, logdir), run_phase(f"{args.rtt_ms:g}ms", args.rtt_ms, args, logdir)]
-    with args.ledger.open("w") as out:
-        for phase in phases:
-            for entry in phase.entries:
-                out.write(json.dumps(asdict(entry)) + "\n")
+    args.ledger.write_text("")
+    phases = []
+    for name, rtt_ms in (("0ms", 0.0), (f"{args.rtt_ms:g}ms", args.rtt_ms)):
+        phases.append(run_phase(name, rtt_ms, args, logdir))
+        with args.ledger.open("a") as out:  # each phase's entries as soon as it ends
+            out.writelines(json.dumps(asdict(entry)) + "\n" for entry in phases[-1].entries)
     base, delayed = phases[0].p99, phases[1].p99
     print(f"p99 outside fault windows: {delayed * 1000:.0f} ms at {args.rtt_ms:g} ms RTT vs {base * 1000:.0f} ms at "
           f"0 ms: {delayed / base:.2f}x (target <= 1.3x); ledger {args.ledger}")

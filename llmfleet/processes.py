@@ -119,15 +119,16 @@ def run_batch_runner(settings: Settings) -> int:
     import redis
 
     from batches import queue
+    from batches.redis_clients import sync_client
 
-    connection = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+    connection = sync_client(settings.redis_url)  # sockets bounded; rq's BLPOP blocks less than they wait
     # a running batch sends rq heartbeats every third of its lease: the registration must outlive that
     worker = queue.batch_worker(connection, ttl_s=max(queue.WORKER_TTL_S, math.ceil(settings.batch_lease_s)),
                                 settings=settings)
 
     def recover() -> None:
         """Every second: enqueue again the batches whose runner died."""
-        scan = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+        scan = sync_client(settings.redis_url)
         suspects: dict[str, float] = {}
         while not worker.stopping.wait(1.0):
             try:
@@ -220,13 +221,12 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
 def _node(settings: Settings, entries: dict[str, str], env: dict[str, str], *, pinned: dict[str, int],
           max_loaded: int | None) -> Node:
     """A node agent over `entries` with the configured capacity and memory budget."""
-    import redis
-
     from llmfleet.catalogue import host_memory_bytes
     from llmfleet.node import Node
+    from worker.serve.redis_client import connect
 
     budget = int(settings.pool_memory_mib * 1024 * 1024) if settings.pool_memory_mib else int(host_memory_bytes() * 0.8)
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=10)
+    client = connect(settings.redis_url)  # the workers' bounds (shared/redis_sockets.py); no blocking command
     return Node(client, settings, entries, env=env, pinned=pinned, memory_budget=budget,
                 max_loaded=settings.pool_max_loaded if max_loaded is None else max_loaded)
 

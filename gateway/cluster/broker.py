@@ -79,7 +79,8 @@ class Broker:
         self.pool = WarmPool(redis, settings, self.registry, clock=clock)
         self.metrics = GatewayMetrics()
         self.limiter = RateLimiter(redis)
-        self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s, on_error=self.health.note_error)
+        self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s, on_error=self.health.note_error,
+                                     on_answer=self.health.note_answer)  # Redis answers: no "down" 503s after a pause
         self.health.on_recovered = self.subscriber.check_now  # a pub/sub connection that lived through it is suspect
         self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
         self._admitting: dict[str, int] = {}  # model -> requests admitted by this gateway, not yet in its stream

@@ -9,7 +9,10 @@ The connection is watched: a PING goes out whenever it was quiet for PING_EVERY_
 DEAD_AFTER_S (a partition drops packets without a reset, so the socket itself never fails; a Redis restarted
 behind a NAT or a proxy may not reset it either) makes the dispatcher drop the connection and dial again. The
 health probe (redis_health.py) calls `check_now` when Redis answers again after an outage: a wait between
-dials ends at once and an outstanding PING gets RECOVERY_GRACE_S more. After every re-dial each channel is
+dials ends at once and an outstanding PING gets RECOVERY_GRACE_S more. The other way round, the connection tells
+`on_answer` whenever Redis delivered on it (a dial, a message, a PONG): Redis answers now, although the probe,
+one PING timeout behind after a pause, may not have seen it yet (requests arriving then are admitted, not
+refused with "Redis does not answer"). After every re-dial each channel is
 subscribed again, and once Redis confirms it its queue receives RESYNC: events published while it was not
 subscribed are lost from pub/sub and must be read back from the request's journal (read after the
 confirmation, the journal and the channel together miss nothing).
@@ -48,9 +51,10 @@ class Subscriber:
 
     def __init__(self, redis: Redis, *, confirm_timeout_s: float = 5.0, retry_after_s: float = 2.0,
                  on_error: Callable[[], None] | None = None, ping_every_s: float = PING_EVERY_S,
-                 dead_after_s: float = DEAD_AFTER_S) -> None:
+                 dead_after_s: float = DEAD_AFTER_S, on_answer: Callable[[], None] | None = None) -> None:
         self._redis = redis
         self._on_error = on_error or (lambda: None)  # told of every failure of the connection
+        self._on_answer = on_answer or (lambda: None)  # told whenever Redis delivered on it (it answers now)
         self._confirm_timeout_s = confirm_timeout_s
         self._retry_after_s = retry_after_s
         self._ping_every_s = ping_every_s
@@ -188,6 +192,7 @@ class Subscriber:
         self._heard_at = asyncio.get_running_loop().time()
         self._ping_deadline = None
         self._connected.set()
+        self._on_answer()
 
     async def _watch(self) -> None:
         """Read the connection until it fails or a PING goes unanswered; PING it whenever it is quiet."""
@@ -222,6 +227,7 @@ class Subscriber:
                 continue
             self._heard_at = loop.time()
             self._ping_deadline = None
+            self._on_answer()
             self._dispatch(message)
 
     async def _drop(self) -> None:

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import time
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
+from rq.exceptions import DequeueTimeout
 from rq.job import JobStatus
 
 from batches import queue as batch_queue_module
 from batches.queue import AllowListedJob, batch_queue, batch_worker, enqueue_batch, recover_orphans
+from batches.redis_clients import sync_client
 from shared import keys
+from shared.redis_sockets import COMMAND_TIMEOUT_S
 from shared.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -98,3 +103,25 @@ def test_a_running_batch_gets_the_workers_heartbeat_settings_and_stop_event(
     worker.work(burst=True)
     assert seen == [{"settings": SETTINGS, "stop": worker.stopping}]
     assert batch_queue(sredis).fetch_job(job.id).get_status() == JobStatus.FINISHED
+
+
+def test_the_runners_client_fails_a_held_command_within_the_timeout_and_its_wait_for_a_batch_is_not_cut(
+        proxied_redis: Any) -> None:
+    _url, proxy = proxied_redis
+    connection = sync_client(f"redis://127.0.0.1:{proxy.port}/0")
+    worker = batch_worker(connection)
+    assert connection.connection_pool.connection_kwargs["socket_timeout"] == COMMAND_TIMEOUT_S  # rq kept ours
+    proxy.set_rtt(0.05)  # a Redis in another zone: the BLPOP blocks its whole time and ends normally
+    started = time.monotonic()
+    with pytest.raises(DequeueTimeout):
+        Queue.dequeue_any([batch_queue(connection)], worker.dequeue_timeout, connection=connection)
+    assert worker.dequeue_timeout <= time.monotonic() - started < COMMAND_TIMEOUT_S
+    proxy.set_rtt(0.0)
+    connection.set("k", b"v")
+    proxy.hold_open()  # a partition that lost the open connections' packets
+    started = time.monotonic()
+    with pytest.raises(RedisTimeoutError):
+        connection.get("k")
+    assert time.monotonic() - started < COMMAND_TIMEOUT_S + 1.5  # one timeout (not retried), not TCP's minutes
+    assert connection.get("k") == b"v"  # the next command dials afresh
+    connection.close()

@@ -9,11 +9,14 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from batches.files import FileStore
+from batches.redis_clients import async_client
 from batches.runner import BatchRun
 from batches.store import BatchStore
 from shared import keys
+from shared.redis_sockets import COMMAND_TIMEOUT_S
 from shared.settings import Settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -86,3 +89,18 @@ async def test_lines_not_run_by_the_end_of_the_window_expire(aredis: Redis, sett
     errors = [json.loads(line) for line in (await files.content(batch["error_file_id"])).decode().splitlines()]
     assert [e["custom_id"] for e in errors] == ["c0", "c1", "c2"]
     assert all(e["response"] is None and e["error"]["code"] == "batch_expired" for e in errors)
+
+
+async def test_a_runs_command_on_a_held_connection_fails_within_the_timeout(proxied_redis: Any) -> None:
+    _url, proxy = proxied_redis
+    client = async_client(f"redis://127.0.0.1:{proxy.port}/0")
+    try:
+        await client.set("k", b"v")
+        proxy.hold_open()  # a partition that lost the open connection's packets
+        started = time.monotonic()
+        with pytest.raises(RedisTimeoutError):
+            await client.get("k")
+        assert time.monotonic() - started < COMMAND_TIMEOUT_S + 1.5  # the run's Redis-away handling takes over
+        assert await client.get("k") == b"v"
+    finally:
+        await client.aclose()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from llmfleet.processes import read_chat_template, settings_env
+from llmfleet.processes import _node, read_chat_template, settings_env
+from shared.redis_sockets import COMMAND_TIMEOUT_S
 from shared.settings import Settings, SettingsError
 
 
@@ -56,3 +60,16 @@ def test_healthcheck_sees_a_running_batch_runner_and_not_a_stopped_one(redis_ser
         runner.terminate()
         assert runner.wait(timeout=30) == 0
     assert healthcheck("batch-runner", settings) == 1  # it deregistered on SIGTERM
+
+
+def test_the_node_agents_command_on_a_held_connection_fails_within_the_timeout(proxied_redis: Any) -> None:
+    _url, proxy = proxied_redis
+    node = _node(Settings(redis_url=f"redis://127.0.0.1:{proxy.port}/0"), {}, {}, pinned={}, max_loaded=1)
+    node.redis.set("k", b"v")
+    proxy.hold_open()  # a partition that lost the open connection's packets
+    started = time.monotonic()
+    with pytest.raises(RedisTimeoutError):
+        node.redis.get("k")  # a pool turn fails and the next one tries again (run_node, Supervisor)
+    assert time.monotonic() - started < COMMAND_TIMEOUT_S + 1.5
+    assert node.redis.get("k") == b"v"
+    node.redis.close()

@@ -13,6 +13,13 @@ and would otherwise wait for its lease. Claiming it is safe: the stalled worker'
 entry has moved ("lost"), and should it have taken the job in the instant between the check and the claim, the
 claimer's take starts a new epoch and fences it off.
 
+Read by this very worker and never taken: the reply of its XREADGROUP was lost (Redis paused past the socket
+timeout: the read failed and its connection closed, but Redis delivered the entries to this consumer when it
+resumed). Nobody else moves them before the lease (they are the live reader's own), so the worker claims them
+back itself once they are idle past LOST_READ_AFTER_S, longer than a reply can still arrive (the socket
+timeout), and takes them with a new epoch. Entries it did take (its owner value names it: running, or ended with
+the final publish still on its way) are never claimed, nor those the caller names in `skip`.
+
 A worker restarted under its own id (`--worker-id`, a StatefulSet pod name) finds the entries its dead
 predecessor held pending for its own consumer name, and under a live registry entry: nobody else would move
 them before the lease ran out. At start it lists them (own_pending) and takes them back at once (claim_own),
@@ -28,19 +35,24 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from shared import keys
+from shared.redis_sockets import COMMAND_TIMEOUT_S
 
 DEAD_LETTER_MAXLEN = 10_000  # dead-lettered jobs kept per model (approximate trim)
 UNTAKEN_AFTER_S = 3.0  # an entry read this long ago and never taken: its reader stalled as it read it
+LOST_READ_AFTER_S = COMMAND_TIMEOUT_S + 1.0  # own entries idle this long and never taken: the read's reply was lost
 OWN_PENDING_MAX = 10_000  # entries an earlier process under the same id may have left, per stream
 
 
 def claim_stalled(redis: Any, stream: str, worker_id: str, *, count: int, ttl_s: float, lease_s: float,
-                  request_id_of: Callable[[dict], str | None] | None = None) -> list[Any]:
-    """Claim up to `count` entries of dead consumers (at once), of stalled readers that never took them (with
-    `request_id_of`, which names an entry's request), and of silent ones (after the lease)."""
+                  request_id_of: Callable[[dict], str | None] | None = None,
+                  skip: frozenset[str] = frozenset()) -> list[Any]:
+    """Claim up to `count` entries of dead consumers (at once), of stalled readers or lost reads that were never
+    taken (with `request_id_of`, which names an entry's request; not the own entries in `skip`), and of silent
+    ones (after the lease)."""
     claimed = claim_from_dead_workers(redis, stream, worker_id, count=count, ttl_s=ttl_s, lease_s=lease_s)
     if len(claimed) < count and request_id_of is not None and lease_s > UNTAKEN_AFTER_S:
-        claimed += claim_untaken(redis, stream, worker_id, count=count - len(claimed), request_id_of=request_id_of)
+        claimed += claim_untaken(redis, stream, worker_id, count=count - len(claimed), request_id_of=request_id_of,
+                                 skip=skip)
     if len(claimed) < count:
         reply = redis.xautoclaim(stream, keys.JOBS_GROUP, worker_id, start_id="0-0",
                                  min_idle_time=int(lease_s * 1000), count=count - len(claimed))
@@ -71,25 +83,29 @@ def claim_from_dead_workers(redis: Any, stream: str, worker_id: str, *, count: i
 
 
 def claim_untaken(redis: Any, stream: str, worker_id: str, *, count: int,
-                  request_id_of: Callable[[dict], str | None]) -> list[Any]:
-    """Entries other consumers read over UNTAKEN_AFTER_S ago and never took (no owner names them)."""
-    idle_ms = int(UNTAKEN_AFTER_S * 1000)
+                  request_id_of: Callable[[dict], str | None], skip: frozenset[str] = frozenset()) -> list[Any]:
+    """Entries read and never taken (no owner names their reader): by other consumers over UNTAKEN_AFTER_S ago,
+    by this one over LOST_READ_AFTER_S ago (its read's reply was lost), except the entry ids in `skip`."""
+    idle_ms, own_idle_ms = int(UNTAKEN_AFTER_S * 1000), int(LOST_READ_AFTER_S * 1000)
     # a wider window than `count`: entries a stalled owner took (skipped below) must not hide untaken ones
-    pending = redis.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=4 * count + 16, idle=idle_ms)
+    pending = redis.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=4 * count + 16,
+                                   idle=min(idle_ms, own_idle_ms))
     claimed: list[Any] = []
     for entry in pending:
         if len(claimed) >= count:
             break
         holder, entry_id = _text(entry["consumer"]), _text(entry["message_id"])
-        if holder == worker_id:
+        own = holder == worker_id
+        if entry_id in skip or int(entry["time_since_delivered"]) < (own_idle_ms if own else idle_ms):
             continue
         found = redis.xrange(stream, min=entry_id, max=entry_id, count=1)
         request_id = request_id_of(found[0][1]) if found else None
         owner = redis.get(keys.owner_key(request_id)) if request_id else None
         if owner is not None and (_text(owner) == "done" or _text(owner).split(":", 1)[-1] == holder):
             continue  # taken by its reader (only the lease may move it), or ended and about to be acked
-        claimed += [e for e in redis.xclaim(stream, keys.JOBS_GROUP, worker_id, idle_ms, [entry_id])
-                    if e and e[1] is not None]
+        # the min idle time: an entry delivered or renewed meanwhile (its reader took it after all) stays
+        claimed += [e for e in redis.xclaim(stream, keys.JOBS_GROUP, worker_id, own_idle_ms if own else idle_ms,
+                                            [entry_id]) if e and e[1] is not None]
     return claimed
 
 

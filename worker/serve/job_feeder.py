@@ -159,7 +159,7 @@ class JobFeeder:
                 self._failures = 0
             except ResponseError as exc:
                 if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
-                    log.warning("the job stream or its group is gone (Redis restarted?); recreating it")
+                    log.warning("the job stream or its group is gone (Redis restarted?); recreating it: %s", exc)
                     self._retry(self._ensure_group)
                 else:
                     self._back_off(f"Redis error while taking jobs: {exc}")
@@ -202,12 +202,13 @@ class JobFeeder:
             room = max(free, self._preemptible(index))  # full: a class that outranks running work still reads
             reads = [(own, room), (shared, room), *others.get(priority, [])] if room > 0 else []
             for stream, count in [(s, c) for s, c in reads if waiting is None or s in waiting]:
-                reply = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=min(count, room))
-                got = sum(len(messages) for _stream, messages in reply or [])
-                if got and stream != own and stream != shared:
+                elsewhere = stream != own and stream != shared  # placed on another worker
+                reply = self._read(stream, min(count, room), elsewhere=elsewhere)
+                got = sum(len(messages) for _stream, messages in reply)
+                if got and elsewhere:
                     log.info("took %d job(s) placed on another worker from %s", got, stream)
                 free, room = free - got, room - got
-                replies += reply or []
+                replies += reply
                 if room <= 0:
                     break
         if not replies and busy:  # poll again soon, leave blocking to idle workers
@@ -225,8 +226,21 @@ class JobFeeder:
                     jobs.append((_text(stream), _text(message_id), job))
         self._take(jobs, takeover=False)
 
+    def _read(self, stream: str, count: int, *, elsewhere: bool) -> list:
+        """XREADGROUP up to `count` new entries of one stream. Another worker's stream that is gone (a live worker
+        forgot its dead owner's empty streams since the plan) reads as empty; this worker's own raise NOGROUP,
+        and the run loop recreates them."""
+        try:
+            return self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=count) or []
+        except ResponseError as exc:
+            if not elsewhere or "NOGROUP" not in str(exc):
+                raise
+            log.debug("skipping %s: %s", stream, exc)
+            return []
+
     def _reclaim(self) -> None:
-        """Take over jobs of dead workers (registry entry expired) or silent ones (lease passed)."""
+        """Take over jobs of dead workers (registry entry expired), stalled readers, silent ones (lease passed), and
+        this worker's own entries whose read lost its reply (idle past takeover.LOST_READ_AFTER_S, never taken)."""
         self.stealer.forget_dead()
         free = self._free()
         jobs = self._claim_orphans(free)
@@ -237,9 +251,11 @@ class JobFeeder:
             if free <= 0:
                 break
             try:
+                # this worker's own entries whose read lost its reply come back here too (takeover.py); those an
+                # earlier process or a failed taking left are _claim_orphans' (skipped)
                 claimed = claim_stalled(self.redis, stream, self.worker_id, count=free,
                                         ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s,
-                                        request_id_of=request_id_of)
+                                        request_id_of=request_id_of, skip=frozenset(self.orphans.get(stream, ())))
             except ResponseError as exc:
                 if stream in self.streams or stream in self.own_streams:
                     raise  # NOGROUP on a stream of this worker: recreated

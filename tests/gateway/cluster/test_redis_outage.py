@@ -30,8 +30,11 @@ class _Redis:
 
 
 async def _probed(broker) -> _Redis:
+    """The broker's health probe on a scripted Redis; its pub/sub connection (to the real one) tells of answers
+    only while the scripted one answers, as a paused Redis delivers nothing on it."""
     redis = _Redis()
     broker.health._ping = redis.ping
+    broker.subscriber._on_answer = lambda: redis.answering and broker.health.note_answer()
     await broker.health.start()
     return redis
 

@@ -25,8 +25,9 @@ async def test_a_silent_connection_is_dialled_again_and_every_stream_resyncs(pro
     direct = Redis.from_url(url)
     through_proxy = Redis.from_url(f"redis://127.0.0.1:{proxy.port}/0")
     errors: list[int] = []
+    answers: list[int] = []
     subscriber = Subscriber(through_proxy, ping_every_s=0.2, dead_after_s=0.6, confirm_timeout_s=2.0,
-                            on_error=lambda: errors.append(1))
+                            on_error=lambda: errors.append(1), on_answer=lambda: answers.append(1))
     await subscriber.start()
     try:
         queue = await subscriber.subscribe("events:a")
@@ -41,9 +42,11 @@ async def test_a_silent_connection_is_dialled_again_and_every_stream_resyncs(pro
             await asyncio.sleep(0.05)
         assert errors, "the watchdog did not notice the silent connection"
         assert queue.empty()
+        answers.clear()
 
         proxy.set_rtt(0.0)  # new connections through the proxy flow again
         assert await _next(queue) is RESYNC  # after the channel was subscribed again: read the journal now
+        assert answers  # the health probe is told Redis answers (admission stops refusing) without its next PING
         assert subscriber.reconnects >= 1
         await direct.publish("events:a", b"after")
         assert await _next(queue) == b"after"

@@ -72,3 +72,19 @@ def test_without_a_way_to_name_requests_only_the_lease_applies(client: redis.Red
     time.sleep(0.3)
     assert claim_stalled(client, STREAM, "thief", count=5, ttl_s=60, lease_s=60) == []
     assert claim_untaken(client, STREAM, "stalled", count=5, request_id_of=_request_id) == []  # its own entry
+
+
+def test_an_own_entry_whose_read_lost_its_reply_is_claimed_back_past_the_bound(
+        client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(takeover, "LOST_READ_AFTER_S", 0.5)
+    lost = _read(client, "w1", "r5")  # delivered to w1, but the reply never reached it
+    taken = _read(client, "w1", "r6")
+    take_ownership(client, STREAM, "w1", [("r6", taken)], ttl_s=60)  # running (or ended, the final ack on its way)
+    skipped = _read(client, "w1", "r7")  # one the caller takes back on its own (an orphan)
+    time.sleep(0.3)  # past UNTAKEN_AFTER_S, within the bound: a reply could still be arriving
+    assert claim_untaken(client, STREAM, "w1", count=5, request_id_of=_request_id, skip=frozenset({skipped})) == []
+    time.sleep(0.3)
+    claimed = claim_stalled(client, STREAM, "w1", count=5, ttl_s=60, lease_s=60, request_id_of=_request_id,
+                            skip=frozenset({skipped}))
+    assert [e[0].decode() for e in claimed] == [lost]  # not the taken one, not the skipped one
+    assert take_ownership(client, STREAM, "w1", [("r5", lost)], ttl_s=60)[0].owner == "1:w1"

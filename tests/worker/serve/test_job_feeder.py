@@ -122,3 +122,59 @@ def test_a_job_whose_taking_timed_out_is_taken_again_at_the_next_reclaim(
         assert taken[0].grant.epoch == 2  # owned again: the epoch of the lost reply is fenced off
     finally:
         feeder.stop()
+
+
+class _LosingRedis(_CountingRedis):
+    """The client, but the first XREADGROUP that gets entries loses its reply (it ran in Redis: the entries are
+    pending for this consumer now) as a read that timed out across a Redis pause does."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        super().__init__(client)
+        self.lost: list[str] = []
+
+    def xreadgroup(self, group: str, consumer: str, streams: dict[str, str], **kwargs: Any) -> Any:
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        reply = super().xreadgroup(group, consumer, streams, **kwargs)
+        if reply and not self.lost:
+            self.lost = [mid.decode() for _stream, messages in reply for mid, _fields in messages]
+            raise RedisTimeoutError("Timeout reading from socket")
+        return reply
+
+
+def test_a_job_whose_read_lost_its_reply_is_taken_well_before_the_lease(
+        client: redis.Redis, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.failover import takeover
+
+    monkeypatch.setattr(takeover, "LOST_READ_AFTER_S", 1.0)  # the real bound: the socket timeout + 1 s
+    losing = _LosingRedis(client)
+    # the only worker of its model, the default lease: before, the entry waited that long for XAUTOCLAIM
+    feeder = _feeder(losing, dataclasses.replace(settings, lease_s=30.0), held=0)
+    feeder.start()
+    try:
+        _queue(client, "unlucky", "normal")
+        started, taken = time.monotonic(), []
+        while not taken and time.monotonic() - started < 6:
+            taken = feeder.drain(wait_s=0.1)
+        waited = time.monotonic() - started
+        assert [item.job.id for item in taken] == ["unlucky"] and losing.lost == [taken[0].message_id]
+        assert 1.0 <= waited < 6  # not before the bound (a reply might still come), not after the lease
+        assert taken[0].grant.epoch == 1 and taken[0].grant.deliveries == 2  # first owned now; read twice
+    finally:
+        feeder.stop()
+
+
+def test_another_workers_stream_gone_since_the_plan_reads_as_empty_and_an_own_one_is_recreated(
+        client: redis.Redis, settings: Any) -> None:
+    from redis.exceptions import ResponseError
+
+    feeder = _feeder(_CountingRedis(client), settings, held=0)
+    gone = keys.worker_jobs_stream(MODEL, "forgotten", "normal")  # a live worker forgot its dead owner's streams
+    feeder.stealer.plan = lambda free: {"normal": [(gone, free)]}  # type: ignore[method-assign]
+    feeder.stealer.due = lambda: True  # type: ignore[method-assign]
+    _queue(client, "placed", "normal")
+    feeder._intake()  # no NOGROUP: the job in the shared stream is taken, the vanished stream skipped
+    assert [item.job.id for item in feeder.drain()] == ["placed"]
+    client.delete(feeder.own_streams[0])
+    with pytest.raises(ResponseError, match="NOGROUP"):  # its own: the run loop recreates it
+        feeder._read(feeder.own_streams[0], 1, elsewhere=False)
