@@ -67,7 +67,7 @@ async def long_prompt_ttft(base: str, model: str, tokens: int, api_key: str, tag
     """Seconds to the first token of one streamed completion whose prompt is about `tokens` tokens of distinct
     numbered sentences (distinct per tag: no prefix cache can serve it), and its prompt tokens as the server
     counted them (0 when it reports no usage)."""
-    words = " ".join(f"{tag} sentence {i} says the river is {i * 7 % 13} metres deep." for i in range(tokens // 14))
+    words = " ".join(f"{tag} sentence {i} says the river is {i * 7 % 13} metres deep." for i in range(tokens // 19))
     body = {"model": model, "prompt": words, "max_tokens": 2, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10),
