@@ -196,7 +196,8 @@ def _q45k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat
 @njit(parallel=True, cache=_CACHE)
 def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):  # pragma: no cover (compiled)
     """out[k, r] for x rows first..last-1: the Q4_K (or Q5_K) reduction of the module docstring (a super-block's
-    codes unpacked once, then met by every x row; ROWS_PER_TASK weight rows a task, sharing its scratch)."""
+    codes unpacked once per tile of x rows, then met by each of them; ROWS_PER_TASK weight rows a task, sharing its
+    scratch)."""
     rows, half = codes.shape  # codes (R, C/2); fifth (R, C/8) or empty; scales/mins (R, C/32) uint8; d/dmin (R, C/256)
     flat_codes = codes.reshape(-1)  # (R*C/2,)
     flat_fifth = fifth.reshape(-1)  # (R*C/8,) or (0,)
@@ -206,8 +207,6 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
     flat_mins = mins.reshape(-1)  # (R*C/32,)
     supers = half // (QK_K // 2)
     rows_outer = last - first <= X_TILE  # a decode step: each weight row read through in turn, which streams best
-    supers = half // (QK_K // 2)
-    rows_outer = last - first <= X_TILE  # as in _q4k
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         low, high = task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) a chain per weight row and x row
