@@ -77,6 +77,7 @@ def test_a_stalled_worker_is_fenced_off_and_the_stream_resumes(start_cluster) ->
         assert not thread.is_alive(), "the stream hung"
     finally:
         tap.stop()
+        tap.join(timeout=5)  # its last read ends before the cluster's teardown closes the connection under it
     assert "error" not in disturbed, disturbed["error"]
     assert disturbed["text"] == undisturbed["text"], "the resumed text differs from the undisturbed run"
     assert disturbed["finish"] == "length"

@@ -52,11 +52,12 @@ def code_bytes(codes: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray | N
 
 @dataclass(frozen=True)
 class KBlocks:
-    """An (out, in) Q4_K or Q6_K matrix in the file's form (arrays named as in ARRAYS; None where the kind has none)."""
+    """An (out, in) Q4_K, Q5_K or Q6_K matrix in the file's form (arrays named as in ARRAYS; None where the kind has
+    none)."""
 
-    kind: str  # "Q4_K" or "Q6_K"
+    kind: str  # "Q4_K", "Q5_K" or "Q6_K"
     codes: np.ndarray  # (out, in/2) uint8: the low four bits of each code, two a byte, as the file orders them
-    scales: np.ndarray  # (out, in/32) uint8 for Q4_K, (out, in/16) int8 for Q6_K
+    scales: np.ndarray  # (out, in/32) uint8 for Q4_K and Q5_K, (out, in/16) int8 for Q6_K
     d: np.ndarray  # (out, in/256) float32
     high: np.ndarray | None = None  # Q6_K: (out, in/4) uint8, bits 4-5 of each code; Q5_K: (out, in/8), bit 4
     mins: np.ndarray | None = None  # Q4_K, Q5_K: (out, in/32) uint8
