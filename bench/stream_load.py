@@ -17,6 +17,7 @@ class StreamResult:
     sent: float
     chunk_times: list[float] = field(default_factory=list)
     tokens: int = 0  # usage.completion_tokens when the server reports it, else chunks with text
+    prompt_tokens: int = 0  # usage.prompt_tokens (0 when the server reports no usage)
     error: str | None = None
 
 
@@ -58,6 +59,7 @@ async def stream_one(client: httpx.AsyncClient, base: str, body: dict[str, objec
                     result.chunk_times.append(time.perf_counter())
                 usage = chunk.get("usage") or usage
             result.tokens = int(usage["completion_tokens"]) if usage else len(result.chunk_times)
+            result.prompt_tokens = int(usage.get("prompt_tokens") or 0) if usage else 0
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         result.error = type(exc).__name__
     return result
@@ -72,19 +74,10 @@ async def long_prompt_ttft(base: str, model: str, tokens: int, api_key: str, tag
             "stream_options": {"include_usage": True}}
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10),
                                  headers={"Authorization": f"Bearer {api_key}"}) as client:
-        sent = time.perf_counter()
-        first, prompt_tokens = float("nan"), 0
-        async with client.stream("POST", base + "/completions", json=body) as response:
-            if response.status_code != 200:
-                raise RuntimeError(f"long prompt: HTTP {response.status_code} {(await response.aread())[:300]!r}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line[6:].strip() == "[DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if first != first and any(c.get("text") for c in chunk.get("choices") or []):
-                    first = time.perf_counter() - sent
-                prompt_tokens = int((chunk.get("usage") or {}).get("prompt_tokens") or prompt_tokens)
-    return first, prompt_tokens
+        result = await stream_one(client, base, body)
+    if result.error is not None or not result.chunk_times:
+        raise RuntimeError(f"long prompt: {result.error or 'no text'}")
+    return result.chunk_times[0] - result.sent, result.prompt_tokens
 
 
 def steady_rate(results: list[StreamResult]) -> float:
