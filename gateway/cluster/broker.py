@@ -23,7 +23,6 @@ import math
 import time
 from collections.abc import Callable
 
-import anyio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -83,6 +82,7 @@ class Broker:
                                      on_answer=self.health.note_answer)  # Redis answers: no "down" 503s after a pause
         self.health.on_recovered = self.subscriber.check_now  # a pub/sub connection that lived through it is suspect
         self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
+        self._cancels: set[asyncio.Task[None]] = set()  # cancels of jobs whose write failed, under way
         self._admitting: dict[str, int] = {}  # model -> requests admitted by this gateway, not yet in its stream
         self.queue_view = QueueView(lambda model: self.queue_state(model),  # admission's shared, briefly reused read
                                     max_age_s=min(READ_EVERY_S, settings.registry_cache_s))
@@ -96,6 +96,8 @@ class Broker:
     async def close(self) -> None:
         """Stop the pub/sub dispatcher (after the error entries under way are written)."""
         await self.errors.flush()
+        if self._cancels:  # each gives up by CANCEL_WAIT_S
+            await asyncio.gather(*self._cancels, return_exceptions=True)
         await self.health.close()
         await self.subscriber.close()
 
@@ -208,8 +210,7 @@ class Broker:
         except BaseException as exc:
             if sent:  # cancelled (the client went away) or no reply: the job may be in its stream; it must not run
                 reason = "client_disconnected" if isinstance(exc, asyncio.CancelledError) else "not_queued"
-                with anyio.CancelScope(shield=True):
-                    await self.cancel(job.id, job.model, reason, job.deadline)
+                self._cancel_behind(job, reason)  # the 503 does not wait on it: its connection may be held too
             await self.subscriber.unsubscribe(channel)
             raise
         return queue
@@ -228,6 +229,13 @@ class Broker:
             log.warning("could not publish cancel of %s (%s)", request_id, type(exc).__name__)
             return
         log.info("cancelled %s (%s)", request_id, reason)
+
+    def _cancel_behind(self, job: Job, reason: str) -> None:
+        """Cancel `job` in a task of its own (kept until done; close() waits for it), so the client's answer
+        does not wait out a second command timeout."""
+        task = asyncio.get_running_loop().create_task(self.cancel(job.id, job.model, reason, job.deadline))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
 
     async def _place(self, job: Job, workers: list[RegistryEntry]) -> tuple[list[str], Choice]:
         """Where the job goes (see gateway/cluster/placement.py), and the prefix chain to record for it; a choice of a

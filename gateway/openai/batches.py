@@ -20,6 +20,7 @@ from batches import objects
 from batches.files import FileStore, file_not_found
 from batches.input import URLS, parse_input
 from batches.queue import enqueue_batch
+from batches.redis_clients import sync_client
 from batches.store import BatchStore
 from gateway.cluster.redis_errors import redis_unavailable
 from gateway.http.api_keys import current_key
@@ -56,10 +57,10 @@ def _owner(*, creating: bool = False) -> str | None:
 
 
 def _rq_connection(request: Request) -> redis.Redis:
-    """The synchronous Redis client rq enqueues with (made on first use)."""
+    """The synchronous Redis client rq enqueues with (made on first use; bounded sockets, as the runners')."""
     state = request.app.state
     if getattr(state, "rq_redis", None) is None:
-        state.rq_redis = redis.Redis.from_url(_settings(request).redis_url, socket_connect_timeout=5)
+        state.rq_redis = sync_client(_settings(request).redis_url)
     return state.rq_redis
 
 

@@ -174,6 +174,7 @@ class WorkerRunner:
             threading.Thread(target=self._read_facts, args=(self.model_file,), name="model-facts", daemon=True).start()
         self.cancels.start()
         self.heartbeat.start()
+        self._safe(self.ensure_group)  # again: a peer forgets the streams of a member it finds unregistered
         self.publisher.start()
         self.feeder.start()
         self.ready.set()
