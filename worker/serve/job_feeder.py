@@ -36,6 +36,8 @@ IDLE_BLOCK_MS = 200  # a read with nothing waiting anywhere blocks this long on 
 FULL_WAIT_S = 0.05  # with no free slot, look again after this long (or when the loop frees one)
 BUSY_POLL_S = 0.01  # a busy worker with free slots looks for jobs this often, one round trip a look (only an
 # idle one blocks on the streams, so Redis hands a new shared job to an idle worker first)
+OUTRANKING_BLOCK_MS = 50  # a worker running lower-class work blocks this long on the streams of the classes that
+# outrank it (their job preempts it at once: a poll's wait would come before its first token)
 
 
 @dataclass
@@ -185,7 +187,8 @@ class JobFeeder:
     def _intake(self) -> None:
         """Read as many new jobs as there are free slots, highest priority class first (in a class: the jobs
         placed on this worker, then the shared ones), then other workers' overdue placed jobs. With nothing to
-        read anywhere, an idle worker waits briefly on all its streams at once; a busy one looks again soon."""
+        read anywhere, an idle worker waits briefly on all its streams at once; a busy one looks again soon, or,
+        when it runs work that a class outranks, waits briefly on that class's streams (a job of it starts at once)."""
         free = self._free()
         others = self.stealer.plan(free) if free > 0 and self.stealer.due() else {}
         busy = self._free_width() < self._slots
@@ -193,8 +196,13 @@ class JobFeeder:
         # waiting for the GIL behind the engine's step, made a new job wait tens of milliseconds)
         waiting = run(self.redis, streams_with_waiting(self.read_order)) if busy and not others else None
         if waiting is not None and not waiting:
-            with self._cond:
-                self._cond.wait(BUSY_POLL_S)
+            if not (outranking := self._outranking_streams()):
+                with self._cond:
+                    self._cond.wait(BUSY_POLL_S)
+                return
+            replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(outranking, ">"),
+                                            count=1, block=OUTRANKING_BLOCK_MS) or []
+            self._take(self._jobs(replies), takeover=False)
             return
         replies = []
         for index, (priority, own, shared) in enumerate(zip(keys.PRIORITY_ORDER, self.own_streams, self.streams,
@@ -218,13 +226,23 @@ class JobFeeder:
         if not replies:
             replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(self.read_order, ">"),
                                             count=1, block=IDLE_BLOCK_MS) or []
+        self._take(self._jobs(replies), takeover=False)
+
+    def _outranking_streams(self) -> list[str]:
+        """This worker's own and the shared streams of every class that outranks running work here (a job of
+        one preempts it), highest class first; empty when nothing running can be preempted."""
+        return [s for index, pair in enumerate(zip(self.own_streams, self.streams, strict=True))
+                if self._preemptible(index) > 0 for s in pair]
+
+    def _jobs(self, replies: list) -> list[tuple[str, str, Job]]:
+        """(stream, entry id, job) of every readable entry of XREADGROUP replies (a poison one is set aside)."""
         jobs = []
         for stream, messages in replies:
             for message_id, fields in messages:
                 job = self._decode(_text(stream), _text(message_id), fields)
                 if job is not None:
                     jobs.append((_text(stream), _text(message_id), job))
-        self._take(jobs, takeover=False)
+        return jobs
 
     def _read(self, stream: str, count: int, *, elsewhere: bool) -> list:
         """XREADGROUP up to `count` new entries of one stream. Another worker's stream that is gone (a live worker

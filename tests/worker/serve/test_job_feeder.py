@@ -1,6 +1,7 @@
 """worker.serve.job_feeder on a real Redis: a busy worker (some slots held) looks for new jobs with one round trip
-and reads only the streams that hold one, so a job that outranks the running work reaches the loop's inbox (and
-`outranks`) without a read of every priority class's streams."""
+and reads only the streams that hold one; while it runs work that a class outranks, it blocks on that class's
+streams only, so a job that outranks the running work reaches the loop's inbox (and `outranks`) at once, without
+a read of every priority class's streams."""
 
 from __future__ import annotations
 
@@ -42,14 +43,15 @@ class _NoAdapters:
         """No LoRA adapters to follow."""
 
 
-def _feeder(client: _CountingRedis, settings: Any, held: int) -> JobFeeder:
+def _feeder(client: _CountingRedis, settings: Any, held: int, *, outranked: bool = True) -> JobFeeder:
+    """A feeder whose loop holds `held` slots, of low-priority work (`outranked`) or of the top class."""
     streams, own = keys.jobs_streams(MODEL), keys.worker_jobs_streams(MODEL, "w1")
     for stream in [*streams, *own]:
         run(client, create_group(stream))
     return JobFeeder(client, settings, model=MODEL, worker_id="w1", streams=streams, own_streams=own,  # type: ignore
                      adapters=_NoAdapters(), free_width=lambda: SLOTS - held, accepting=lambda: True,  # type: ignore
                      holds=lambda _rid: False, ensure_group=lambda: None, journal_ttl_s=60, slots=SLOTS,
-                     outranked_width=lambda index: held if keys.PRIORITY_ORDER[index] != "low" else 0)
+                     outranked_width=lambda index: held if outranked and keys.PRIORITY_ORDER[index] != "low" else 0)
 
 
 def _queue(client: redis.Redis, rid: str, priority: str) -> None:
@@ -59,20 +61,40 @@ def _queue(client: redis.Redis, rid: str, priority: str) -> None:
     client.xadd(keys.jobs_stream(MODEL, priority), {keys.JOB_FIELD: codec.encode_job(job)})
 
 
-def test_a_busy_feeder_reads_only_the_stream_that_holds_a_new_job(client: redis.Redis, settings: Any) -> None:
+def test_a_busy_feeder_running_low_work_blocks_only_on_the_classes_that_outrank_it(
+        client: redis.Redis, settings: Any) -> None:
     counting = _CountingRedis(client)
     feeder = _feeder(counting, settings, held=4)  # low-priority work holds 4 of 8 slots
+    outranking = {s for s in [*keys.jobs_streams(MODEL), *keys.worker_jobs_streams(MODEL, "w1")] if "@low" not in s}
     feeder.start()
     try:
-        time.sleep(0.3)  # busy: it looks every BUSY_POLL_S and reads nothing, for nothing is there
-        assert counting.reads == []
+        time.sleep(0.3)  # busy, nothing there: it waits on the high and normal streams, never reads the low ones
+        assert counting.reads and set(counting.reads) <= outranking
         _queue(client, "urgent", "normal")
         deadline = time.monotonic() + 5
         while not feeder.outranks(int(Priority.LOW)) and time.monotonic() < deadline:
             time.sleep(0.005)
         assert feeder.outranks(int(Priority.LOW))  # the running step would stop for it
-        assert counting.reads == [keys.jobs_stream(MODEL, "normal")]
         assert [item.job.id for item in feeder.drain()] == ["urgent"]
+    finally:
+        feeder.stop()
+
+
+def test_a_busy_feeder_nothing_outranks_reads_only_the_stream_that_holds_a_new_job(
+        client: redis.Redis, settings: Any) -> None:
+    counting = _CountingRedis(client)
+    feeder = _feeder(counting, settings, held=4, outranked=False)  # top-class work holds 4 of 8 slots
+    feeder.start()
+    try:
+        time.sleep(0.3)  # busy: it looks every BUSY_POLL_S and reads nothing, for nothing is there
+        assert counting.reads == []
+        _queue(client, "next", "low")
+        deadline = time.monotonic() + 5
+        taken: list[str] = []
+        while not taken and time.monotonic() < deadline:
+            taken = [item.job.id for item in feeder.drain(wait_s=0.05)]
+        assert taken == ["next"]
+        assert counting.reads == [keys.jobs_stream(MODEL, "low")]
     finally:
         feeder.stop()
 
