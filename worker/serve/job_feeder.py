@@ -34,10 +34,11 @@ log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jobs (failover: TTL + this)
 IDLE_BLOCK_MS = 200  # a read with nothing waiting anywhere blocks this long on this worker's streams
 FULL_WAIT_S = 0.05  # with no free slot, look again after this long (or when the loop frees one)
-BUSY_POLL_S = 0.01  # a busy worker with free slots looks for jobs this often, one round trip a look (only an
-# idle one blocks on the streams, so Redis hands a new shared job to an idle worker first)
-OUTRANKING_BLOCK_MS = 50  # a worker running lower-class work blocks this long on the streams of the classes that
-# outrank it (their job preempts it at once: a poll's wait would come before its first token)
+BUSY_POLL_S = 0.01  # a busy worker looks for jobs this often: one round trip tells whether any stream holds one
+BUSY_BLOCK_MS = 10  # with none waiting, a busy worker blocks this long on the streams it has room for, so a new
+# job (one that outranks running work included) is taken the moment it is written, not at the next look; an idle
+# worker blocks IDLE_BLOCK_MS at a time, so it is ahead of a busy one in Redis's queue of blocked readers almost
+# always, and a new shared job goes to it
 
 
 @dataclass
@@ -187,8 +188,8 @@ class JobFeeder:
     def _intake(self) -> None:
         """Read as many new jobs as there are free slots, highest priority class first (in a class: the jobs
         placed on this worker, then the shared ones), then other workers' overdue placed jobs. With nothing to
-        read anywhere, an idle worker waits briefly on all its streams at once; a busy one looks again soon, or,
-        when it runs work that a class outranks, waits briefly on that class's streams (a job of it starts at once)."""
+        read anywhere, an idle worker waits briefly on all its streams at once, a busy one more briefly on the streams
+        it has room for (a job that outranks its running work is taken the moment it is written)."""
         free = self._free()
         others = self.stealer.plan(free) if free > 0 and self.stealer.due() else {}
         busy = self._free_width() < self._slots
@@ -196,12 +197,12 @@ class JobFeeder:
         # waiting for the GIL behind the engine's step, made a new job wait tens of milliseconds)
         waiting = run(self.redis, streams_with_waiting(self.read_order)) if busy and not others else None
         if waiting is not None and not waiting:
-            if not (outranking := self._outranking_streams()):
+            if not (readable := self._streams_with_room(free)):
                 with self._cond:
                     self._cond.wait(BUSY_POLL_S)
                 return
-            replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(outranking, ">"),
-                                            count=1, block=OUTRANKING_BLOCK_MS) or []
+            replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(readable, ">"),
+                                            count=1, block=BUSY_BLOCK_MS) or []
             self._take(self._jobs(replies), takeover=False)
             return
         replies = []
@@ -228,11 +229,11 @@ class JobFeeder:
                                             count=1, block=IDLE_BLOCK_MS) or []
         self._take(self._jobs(replies), takeover=False)
 
-    def _outranking_streams(self) -> list[str]:
-        """This worker's own and the shared streams of every class that outranks running work here (a job of
-        one preempts it), highest class first; empty when nothing running can be preempted."""
+    def _streams_with_room(self, free: int) -> list[str]:
+        """This worker's own and the shared streams of every class a job of which it could start now (a free slot,
+        or running work the class outranks), highest class first."""
         return [s for index, pair in enumerate(zip(self.own_streams, self.streams, strict=True))
-                if self._preemptible(index) > 0 for s in pair]
+                if max(free, self._preemptible(index)) > 0 for s in pair]
 
     def _jobs(self, replies: list) -> list[tuple[str, str, Job]]:
         """(stream, entry id, job) of every readable entry of XREADGROUP replies (a poison one is set aside)."""

@@ -1,7 +1,7 @@
 """worker.serve.job_feeder on a real Redis: a busy worker (some slots held) looks for new jobs with one round trip
-and reads only the streams that hold one; while it runs work that a class outranks, it blocks on that class's
-streams only, so a job that outranks the running work reaches the loop's inbox (and `outranks`) at once, without
-a read of every priority class's streams."""
+and reads only the streams that hold one; with none waiting, it blocks briefly on the streams it has room for
+(only those of the classes that outrank its running work when it is full), so a job that outranks the running
+work reaches the loop's inbox (and `outranks`) the moment it is written."""
 
 from __future__ import annotations
 
@@ -61,40 +61,41 @@ def _queue(client: redis.Redis, rid: str, priority: str) -> None:
     client.xadd(keys.jobs_stream(MODEL, priority), {keys.JOB_FIELD: codec.encode_job(job)})
 
 
-def test_a_busy_feeder_running_low_work_blocks_only_on_the_classes_that_outrank_it(
+def test_a_full_feeder_running_low_work_waits_only_on_the_classes_that_outrank_it(
         client: redis.Redis, settings: Any) -> None:
     counting = _CountingRedis(client)
-    feeder = _feeder(counting, settings, held=4)  # low-priority work holds 4 of 8 slots
+    feeder = _feeder(counting, settings, held=SLOTS)  # low-priority work holds every slot
     outranking = {s for s in [*keys.jobs_streams(MODEL), *keys.worker_jobs_streams(MODEL, "w1")] if "@low" not in s}
     feeder.start()
     try:
-        time.sleep(0.3)  # busy, nothing there: it waits on the high and normal streams, never reads the low ones
+        time.sleep(0.3)  # nothing there: it waits on the streams of the classes above low, never reads a low one
         assert counting.reads and set(counting.reads) <= outranking
+        _queue(client, "waits", "low")  # no slot for it
         _queue(client, "urgent", "normal")
         deadline = time.monotonic() + 5
         while not feeder.outranks(int(Priority.LOW)) and time.monotonic() < deadline:
             time.sleep(0.005)
         assert feeder.outranks(int(Priority.LOW))  # the running step would stop for it
         assert [item.job.id for item in feeder.drain()] == ["urgent"]
+        assert set(counting.reads) <= outranking
     finally:
         feeder.stop()
 
 
-def test_a_busy_feeder_nothing_outranks_reads_only_the_stream_that_holds_a_new_job(
+def test_a_busy_feeder_with_free_slots_waits_on_every_stream_and_takes_a_new_job(
         client: redis.Redis, settings: Any) -> None:
     counting = _CountingRedis(client)
     feeder = _feeder(counting, settings, held=4, outranked=False)  # top-class work holds 4 of 8 slots
     feeder.start()
     try:
-        time.sleep(0.3)  # busy: it looks every BUSY_POLL_S and reads nothing, for nothing is there
-        assert counting.reads == []
+        time.sleep(0.3)  # busy, nothing there: it waits on all its streams (one blocking read at a time)
+        assert set(counting.reads) == {*keys.jobs_streams(MODEL), *keys.worker_jobs_streams(MODEL, "w1")}
         _queue(client, "next", "low")
         deadline = time.monotonic() + 5
         taken: list[str] = []
         while not taken and time.monotonic() < deadline:
             taken = [item.job.id for item in feeder.drain(wait_s=0.05)]
         assert taken == ["next"]
-        assert counting.reads == [keys.jobs_stream(MODEL, "low")]
     finally:
         feeder.stop()
 
