@@ -63,8 +63,9 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
     threads = settings.threads or os.cpu_count() or 1
     blas_limits = threadpool_limits(limits=threads, user_api="blas")  # noqa: F841 (kept for the process's life)
     set_threads(threads)  # the compiled attention kernel's threads
-    # the step holds the GIL but between kernels; the job feeder, the publisher and the cancel listener each need it
-    # for every round trip, and at Python's default 5 ms a new job reached the loop several such waits late
+    # the kernels release the GIL (numba_runtime.py), the step's Python between them holds it; the job feeder, the
+    # publisher and the cancel listener each need it for every round trip, and at Python's default 5 ms a new job
+    # reached the loop several such waits late
     sys.setswitchinterval(WORKER_SWITCH_INTERVAL_S)
     path = resolve(model_name, progress=sys.stderr.isatty())
     started = time.monotonic()

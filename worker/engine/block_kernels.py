@@ -192,7 +192,7 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
     numba cache key in every process (closures over jitted functions did not, and recompiled at every load).
     """
 
-    @njit(parallel=True, cache=True)
+    @njit(parallel=True, nogil=True, cache=True)
     def block_matmul(codes, scale, offset, x, out):  # pragma: no cover (compiled)
         """out[k, r] = the canonical reduction of weight row r (decoded codes) and x row k."""
         rows, cols = codes.shape  # codes (R, C) uint8; scale/offset (R, C/G); x (K, C)
@@ -232,7 +232,7 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
     return block_matmul
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def _wide(codes, scale, offset, x, out):  # pragma: no cover (compiled)
     """out[k, r] = the canonical reduction of weight row r (decoded codes) and x row k, a tile of weight rows per
     task, decoded once into scratch."""
@@ -257,7 +257,7 @@ def _wide(codes, scale, offset, x, out):  # pragma: no cover (compiled)
         tile_products(w, 0, count, first, flat_x, cols, n_rows, out)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def _float_wide(weight, x, out):  # pragma: no cover (compiled)
     """out[k, r] = the canonical reduction of float32 weight row r and x row k, DECODED_TILE weight rows a task."""
     rows, cols = weight.shape  # weight (R, C) float32; x (K, C)

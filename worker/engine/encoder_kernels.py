@@ -31,7 +31,7 @@ SQRT_2_OVER_PI = 0.7978845608028654
 GELU_CUBIC = 0.044715
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _attend_texts(qkv_t, bias, starts, n_heads, head_dim, out):  # pragma: no cover (compiled)
     """out[r, h*Dh:(h+1)*Dh] = softmax(q_r · K_text^T) V_text for every row r of every text, per head h."""
     n_texts = starts.shape[0] - 1
@@ -84,7 +84,7 @@ def attend_texts(qkv_t: np.ndarray, bias: np.ndarray, starts: np.ndarray, n_head
     return out
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _add_layer_norm(x, y, bias, weight, norm_bias, eps):  # pragma: no cover (compiled)
     """x[n] = LayerNorm(x[n] + y[n] + bias) * weight + norm_bias, ROW_BLOCK rows a task."""
     n_rows, dim = x.shape
@@ -119,7 +119,7 @@ def add_layer_norm(x: np.ndarray, y: np.ndarray, bias: np.ndarray, weight: np.nd
     return x  # (N, D)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _bias_gelu(h, bias):  # pragma: no cover (compiled)
     """h[f, n] = GELU(h[f, n] + bias[f]) (tanh form), GELU_CHUNK columns a task, eight lanes at a time."""
     n_rows, n_cols = h.shape

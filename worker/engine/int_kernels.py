@@ -70,7 +70,7 @@ PAIRED_POSITION = np.argsort(np.array(PAIRED_GROUPS))  # where group j of a supe
 log = logging.getLogger(__name__)
 
 
-@njit(cache=True, fastmath={"nnan", "ninf", "nsz"})
+@njit(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz"})
 def _quantize(x, q, dx, dx8, sums16, sums32):  # pragma: no cover (compiled)
     """q, dx, dx8 and the sums over 16 and 32 columns of every row of x (N, C), as the module docstring defines them.
     (The fastmath flags let LLVM vectorise the max; they change no rounding: no reassociation, no contraction.)"""
@@ -193,7 +193,7 @@ def _q45k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat
                    macc, base)
 
 
-@njit(parallel=True, cache=_CACHE)
+@njit(parallel=True, nogil=True, cache=_CACHE)
 def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):  # pragma: no cover (compiled)
     """out[k, r] for x rows first..last-1: the Q4_K (or Q5_K) reduction of the module docstring (a super-block's
     codes unpacked once per tile of x rows, then met by each of them; ROWS_PER_TASK weight rows a task, sharing its
@@ -260,7 +260,7 @@ def _q6k_super(flat_low, flat_high, scales, flat_scales, d, flat_q, flat_dx8, fl
         vstore(acc, base + i * LANES, vfma(ifloat(w), vmul(scale, dxs), vload(acc, base + i * LANES)))
 
 
-@njit(parallel=True, cache=_CACHE)
+@njit(parallel=True, nogil=True, cache=_CACHE)
 def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: no cover (compiled)
     """out[k, r] for x rows first..last-1: the Q6_K reduction of the module docstring."""
     rows, half = codes.shape  # codes (R, C/2); high (R, C/4); scales (R, C/16) int8; d (R, C/256)

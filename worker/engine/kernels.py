@@ -45,7 +45,7 @@ from worker.engine.simd import (
 )
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _paged_decode(q, keys, values, tables, lengths, first_pos, out):  # pragma: no cover (compiled)
     """One query per sequence over its positions [first_pos, length), read from blocks through its table (keys and
     values float32, or float16 bits as uint16)."""
@@ -85,7 +85,7 @@ def _paged_decode(q, keys, values, tables, lengths, first_pos, out):  # pragma: 
                     o[d] += w * widen(v_row[d])
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, out):  # pragma: no cover (compiled)
     """_paged_decode for head_dim % 32 == 0 and contiguous arenas, in float32x8 vectors (simd.py)."""
     n_seqs, n_heads, head_dim = q.shape  # q (B, H, Dh), pre-scaled
@@ -171,7 +171,7 @@ def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tab
 SWIGLU_CHUNK = 256  # columns per task of the SwiGLU kernel
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _swiglu(gate_up, out):  # pragma: no cover (compiled)
     """out[k, c] = SiLU(gate_up[k, c]) * gate_up[k, F + c], in chunks of SWIGLU_CHUNK columns across threads."""
     n_rows, two_f = gate_up.shape  # gate_up (N, 2F); out (N, F)

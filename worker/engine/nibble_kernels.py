@@ -156,7 +156,7 @@ def _coded_one_by_one(flat, scale, offset, r, half, x, k, cols):  # pragma: no c
     return vsum(a0)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def _narrow(packed, scale, offset, x, out):  # pragma: no cover (compiled)
     """out[k, r] = w[r] . x[k] for a few rows of x, codes decoded in registers, a pair of weight rows per task."""
     rows, half = packed.shape  # packed (R, C/2) uint8; scale/offset (R, C/32); x (K, C)
@@ -304,7 +304,7 @@ def _one_row(w, wa, x, x0, c0, c1, acc, ia):  # pragma: no cover (compiled)
     vstore(acc, ia, a0)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def _wide(packed, scale, offset, x, out):  # pragma: no cover (compiled)
     """out[k, r] = w[r] . x[k] for many rows of x: DECODED_TILE weight rows decoded per task, register tiles over
     spans of COLUMN_SPAN columns (the chains wait in `acc` between spans, so x's span stays in L1)."""

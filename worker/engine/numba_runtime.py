@@ -1,7 +1,9 @@
 """The compiled kernels' threading set-up, shared by kernels.py and block_kernels.py (a leaf: it imports no kernel).
 
 Parallel kernels prefer numba's OpenMP layer (kernels.py says why); launches go through one process-wide lock,
-because numba's `workqueue` layer must not be entered by two threads at once. The environment and the layer's
+because numba's `workqueue` layer must not be entered by two threads at once. Every compiled entry point is
+`nogil`: while a step's kernels run, the worker's other threads (job feeder, publisher, cancel listener,
+heartbeat) run too, instead of waiting for the kernel to return the GIL. The environment and the layer's
 priority are set on import, before the first parallel call.
 """
 

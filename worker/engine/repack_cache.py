@@ -63,7 +63,7 @@ def model_key(path: str | Path) -> str:
     return digest.hexdigest()[:32]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def _checksum(words):  # pragma: no cover (compiled)
     """A position-weighted sum of 64-bit words (wrapping): any changed, lost or moved word changes it."""
     total = np.uint64(0)
