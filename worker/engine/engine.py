@@ -17,6 +17,7 @@ from worker.engine.errors import ContextLengthError, NoChatTemplateError, Templa
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams, GenerationState
 from worker.engine.gguf_tokenizer import tokenizer_from_gguf
+from worker.engine.measured_rate import rate_file, remember, remembered
 from worker.engine.model import Model
 from worker.engine.stopping import THINK_CLOSE, THINK_OPEN
 from worker.engine.thinking import ThinkingGate, ThinkingVocabulary, has_thinking_tokens
@@ -29,8 +30,10 @@ MEASURED_ROWS = 8  # sequences of the start-up decode step that estimates a full
 class Engine:
     """Everything needed to turn a prompt into tokens for one model file."""
 
-    def __init__(self, model: Model, tokenizer: Tokenizer, chat_template: ChatTemplate | None) -> None:
+    def __init__(self, model: Model, tokenizer: Tokenizer, chat_template: ChatTemplate | None,
+                 source: Path | None = None) -> None:
         self.model = model
+        self.source = source  # the GGUF file loaded (None: built in memory)
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)  # one llguidance tokenizer per engine
@@ -47,7 +50,7 @@ class Engine:
         source = chat_template if chat_template is not None else model.metadata.get("tokenizer.chat_template")
         template = (ChatTemplate.from_source(source, tokenizer)
                     if isinstance(source, str) and source.strip() else None)
-        return cls(model, tokenizer, template)
+        return cls(model, tokenizer, template, Path(path))
 
     @property
     def embedding_only(self) -> bool:
@@ -169,25 +172,41 @@ class Engine:
     def measure_decode_rate(self, rows: int) -> float:
         """Tokens per second of one decode step over `rows` fresh sequences, estimated (admission's first guess).
 
-        Runs a step of at most MEASURED_ROWS sequences twice on a throw-away pool and times the second (so
-        compiled kernels are loaded before the first request as a side effect), and scales its rate to `rows`
-        (contexts are short and a wide step costs more than a narrow one a row, so it errs high; admission takes
-        half of it until real rates arrive). Two full steps of a big model took seconds of every worker's start.
+        Runs a step of at most MEASURED_ROWS sequences twice on a throw-away pool and times the second, and
+        scales its rate to `rows` (contexts are short and a wide step costs more than a narrow one a row, so it
+        errs high; admission takes half of it until real rates arrive). Two full steps of a big model took seconds
+        of every worker's start, so the first measurement of a model file on a machine is remembered beside its
+        repack cache and later starts read it (worker/engine/measured_rate.py).
         """
         wanted = max(1, rows)
         rows = min(wanted, MEASURED_ROWS)
+        kept = rate_file(self.source, rows) if self.source is not None else None
+        rate = remembered(kept)
+        if rate is None:
+            rate = self._measure_step_rate(rows)
+            remember(kept, rate)
+        elif not self.embedding_only:
+            self._decode_step(1)  # one narrow step: the compiled kernels are loaded before the first request
+        return rate if self.embedding_only else rate * wanted / rows
+
+    def _measure_step_rate(self, rows: int) -> float:
+        """Tokens per second of a `rows`-wide decode step (an embedding model: of a batch of `rows` texts)."""
         if self.embedding_only:  # tokens/s of one batch of 16-token texts (an encoder has no decode step)
             texts = [[self.tokenizer.bos_token_id or 0] * 16 for _ in range(rows)]
             self.embed_batch(texts)
             started = time.perf_counter()
             self.embed_batch(texts)
             return 16 * rows / max(time.perf_counter() - started, 1e-6)
+        self._decode_step(rows)  # compiled kernels not yet used are loaded here
+        return rows / self._decode_step(rows)
+
+    def _decode_step(self, rows: int) -> float:
+        """Seconds of one decode step over `rows` one-token sequences on a throw-away pool."""
         pool = self.model.new_pool((rows + 2) * self.model.config.kv_bytes_per_token, block_size=1,
                                    enable_prefix_caching=False)
         for seq_id in range(rows):
             pool.ensure(seq_id, 1)
         entries = [BatchEntry(seq_id, np.array([self.tokenizer.bos_token_id or 0]), 0) for seq_id in range(rows)]
-        self.model.forward(entries, pool)
         started = time.perf_counter()
         self.model.forward(entries, pool)
-        return wanted / max(time.perf_counter() - started, 1e-6)
+        return max(time.perf_counter() - started, 1e-6)
