@@ -174,6 +174,32 @@ def test_tiny_spm_incremental_detokenizer_strips_prefix_at_text_start() -> None:
     assert "".join(pieces) + detok.flush() == tok.decode(ids) == "hello é world"
 
 
+def test_spm_merges_derived_once_are_kept_for_the_next_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The merges derived from a file's scores are kept beside its repack cache; the next load reads them and
+    tokenizes the same; without a cache directory they are derived each time."""
+    from worker.engine import gguf_tokenizer
+    from worker.engine.derived_cache import derived_path
+
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF" + bytes(64))
+    monkeypatch.setenv("LLMFLEET_REPACK_DIR", str(tmp_path / "repack"))
+    first = tokenizer_from_gguf(tiny_spm_metadata(), source=str(source))
+    kept = derived_path(source, "spm-merges")
+    assert kept is not None and kept.is_file()
+
+    def deriving(*_args: Any) -> list[tuple[str, str]]:
+        raise AssertionError("kept merges are not derived again")
+
+    monkeypatch.setattr(gguf_tokenizer, "spm_merges_from_scores", deriving)
+    second = tokenizer_from_gguf(tiny_spm_metadata(), source=str(source))
+    assert second.encode("hello world") == first.encode("hello world")
+    kept.write_text("[[1, 2, 3]]")  # not merges: derived again (and the derivation is what is refused here)
+    with pytest.raises(AssertionError, match="not derived again"):
+        tokenizer_from_gguf(tiny_spm_metadata(), source=str(source))
+    monkeypatch.setenv("LLMFLEET_REPACK_DIR", "")
+    assert derived_path(source, "spm-merges") is None
+
+
 # ---------------------------------------------------------------- the real SmolLM2 vocabulary (llama.cpp's ids)
 
 

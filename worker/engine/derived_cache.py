@@ -1,0 +1,64 @@
+"""Small things derived from a model file, kept as JSON beside its repack file so a warm start skips deriving them.
+
+Each lives at `<repack dir>/<model file name>.<model key>.<what>.json` (repack_cache.model_key: the file's size,
+mtime, first and last MiB and the layout version), written whole or not at all (a temporary file renamed into
+place); an unreadable one counts as missing and is derived again. No repack directory (LLMFLEET_REPACK_DIR set
+empty) or no model file (metadata built in memory) means deriving every time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from worker.engine.repack_cache import cache_dir, model_key
+
+log = logging.getLogger(__name__)
+
+
+def derived_path(model_path: str | Path | None, what: str) -> Path | None:
+    """Where `what`, derived from the model file, is kept (None: no cache directory or no such file)."""
+    directory = cache_dir()
+    if directory is None or model_path is None or not Path(model_path).is_file():
+        return None
+    return directory / f"{Path(model_path).name}.{model_key(model_path)}.{what}.json"
+
+
+def load_json(path: Path | None) -> Any:
+    """What `path` holds, or None when there is none (or it is unreadable)."""
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def keep_json(path: Path | None, value: Any) -> None:
+    """Keep `value` in `path` atomically; a failure is logged and only means deriving it again next time."""
+    if path is None:
+        return
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(value), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not keep %s (%s)", path, exc)
+        tmp.unlink(missing_ok=True)
+
+
+def derived(model_path: str | Path | None, what: str, derive: Callable[[], Any],
+            valid: Callable[[Any], bool] = lambda value: value is not None) -> Any:
+    """The kept `what` of the model file when there is a valid one, else `derive()` (then kept)."""
+    path = derived_path(model_path, what)
+    value = load_json(path)
+    if valid(value):
+        return value
+    value = derive()
+    keep_json(path, value)
+    return value
