@@ -1,8 +1,9 @@
-"""Small things derived from a model file, kept as JSON beside its repack file so a warm start skips deriving them.
+"""Things derived from a model file, kept beside its repack file so a warm start skips deriving them.
 
-Each lives at `<repack dir>/<model file name>.<model key>.<what>.json` (repack_cache.model_key: the file's size,
-mtime, first and last MiB and the layout version), written whole or not at all (a temporary file renamed into
-place); an unreadable one counts as missing and is derived again. No repack directory (LLMFLEET_REPACK_DIR set
+Each lives at `<repack dir>/<model file name>.<model key>.<what>.json` (or `.npy` for an integer array, read
+without pickle; repack_cache.model_key: the file's size, mtime, first and last MiB and the layout version),
+written whole or not at all (a temporary file renamed into place); an unreadable one counts as missing and is
+derived again. No repack directory (LLMFLEET_REPACK_DIR set
 empty) or no model file (metadata built in memory) means deriving every time.
 """
 
@@ -15,17 +16,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from worker.engine.repack_cache import cache_dir, model_key
 
 log = logging.getLogger(__name__)
 
 
-def derived_path(model_path: str | Path | None, what: str) -> Path | None:
+def derived_path(model_path: str | Path | None, what: str, suffix: str = ".json") -> Path | None:
     """Where `what`, derived from the model file, is kept (None: no cache directory or no such file)."""
     directory = cache_dir()
     if directory is None or model_path is None or not Path(model_path).is_file():
         return None
-    return directory / f"{Path(model_path).name}.{model_key(model_path)}.{what}.json"
+    return directory / f"{Path(model_path).name}.{model_key(model_path)}.{what}{suffix}"
 
 
 def load_json(path: Path | None) -> Any:
@@ -52,13 +55,25 @@ def keep_json(path: Path | None, value: Any) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def derived(model_path: str | Path | None, what: str, derive: Callable[[], Any],
-            valid: Callable[[Any], bool] = lambda value: value is not None) -> Any:
-    """The kept `what` of the model file when there is a valid one, else `derive()` (then kept)."""
-    path = derived_path(model_path, what)
-    value = load_json(path)
-    if valid(value):
-        return value
+def derived_array(model_path: str | Path | None, what: str, derive: Callable[[], np.ndarray],
+                  valid: Callable[[np.ndarray], bool]) -> np.ndarray:
+    """The kept array `what` of the model file when there is a valid one, else `derive()` (then kept)."""
+    path = derived_path(model_path, what, ".npy")
+    if path is not None:
+        try:
+            value = np.load(path, allow_pickle=False)
+            if valid(value):
+                return value
+        except (OSError, ValueError):
+            pass
     value = derive()
-    keep_json(path, value)
+    if path is not None:
+        tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.npy")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.save(tmp, value, allow_pickle=False)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("could not keep %s (%s)", path, exc)
+            tmp.unlink(missing_ok=True)
     return value

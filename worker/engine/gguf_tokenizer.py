@@ -8,10 +8,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import tokenizers
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 
-from worker.engine.derived_cache import derived
+from worker.engine.derived_cache import derived_array
 from worker.engine.errors import ModelLoadError
 from worker.engine.pretokenizers import FALLBACK_PRE_TOKENIZER, PRE_TOKENIZERS, byte_level_pre_tokenizer
 from worker.engine.tokenizer import (
@@ -26,7 +27,7 @@ from worker.engine.tokenizer import (
     _byte_level_bytes,
     _spm_bytes,
     _verbatim_bytes,
-    spm_merges_from_scores,
+    spm_merge_ids,
 )
 from worker.engine.wordpiece import wordpiece_from_metadata
 
@@ -106,11 +107,13 @@ def _llama_parts(
         merges = _split_merges(raw_merges, source)
     else:
         scores = metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
-        derived_merges = derived(  # seconds for a 262k vocabulary (Gemma 3): kept for the next start
+        merge_ids = derived_array(  # seconds for a 262k vocabulary (Gemma 3): kept for the next start
             source, "spm-merges",
-            lambda: spm_merges_from_scores(tokens, scores, [kind == TOKEN_NORMAL for kind in types]),
-            valid=lambda value: isinstance(value, list) and all(isinstance(m, list) and len(m) == 2 for m in value))
-        merges = [(left, right) for left, right in derived_merges]
+            lambda: np.asarray(spm_merge_ids(tokens, scores, [kind == TOKEN_NORMAL for kind in types]),
+                               np.int32).reshape(-1, 2),  # (M, 2) left and right token ids
+            valid=lambda ids: ids.dtype == np.int32 and ids.ndim == 2 and ids.shape[1] == 2
+            and (ids.size == 0 or (int(ids.min()) >= 0 and int(ids.max()) < len(tokens))))
+        merges = [(tokens[left], tokens[right]) for left, right in merge_ids.tolist()]
     unk_id = _optional_id(metadata, "tokenizer.ggml.unknown_token_id", len(tokens))
     if unk_id is None and TOKEN_UNKNOWN in types:
         unk_id = types.index(TOKEN_UNKNOWN)

@@ -71,22 +71,27 @@ def _spm_bytes(text: str, token_type: int) -> bytes:
     return text.replace(SPM_SPACE, " ").encode("utf-8")
 
 
-def spm_merges_from_scores(
-    tokens: Sequence[str], scores: Sequence[float], mergeable: Sequence[bool]
-) -> list[tuple[str, str]]:
-    """Derive BPE merges from a scored vocabulary, as HF's SentencePieceExtractor does."""
+def spm_merge_ids(tokens: Sequence[str], scores: Sequence[float], mergeable: Sequence[bool]) -> list[tuple[int, int]]:
+    """BPE merges derived from a scored vocabulary, as HF's SentencePieceExtractor does: (left id, right id) pairs,
+    best-scored merge first (ties by the halves' ids)."""
     token_id = {text: i for i, text in reversed(list(enumerate(tokens))) if mergeable[i]}
-    ranked: list[tuple[float, int, int, str, str]] = []
+    ranked: list[tuple[float, int, int]] = []
     for merged_id, merged in enumerate(tokens):
         if not mergeable[merged_id] or len(merged) < 2:
             continue
         for cut in range(1, len(merged)):
             left_id = token_id.get(merged[:cut])
-            right_id = token_id.get(merged[cut:])
-            if left_id is not None and right_id is not None:
-                ranked.append((-float(scores[merged_id]), left_id, right_id, merged[:cut], merged[cut:]))
-    ranked.sort(key=lambda item: item[:3])  # best score first; ties by the halves' ids
-    return [(left, right) for _, _, _, left, right in ranked]
+            if left_id is not None and (right_id := token_id.get(merged[cut:])) is not None:
+                ranked.append((-float(scores[merged_id]), left_id, right_id))
+    ranked.sort()
+    return [(left, right) for _, left, right in ranked]
+
+
+def spm_merges_from_scores(
+    tokens: Sequence[str], scores: Sequence[float], mergeable: Sequence[bool]
+) -> list[tuple[str, str]]:
+    """Derive BPE merges from a scored vocabulary, as HF's SentencePieceExtractor does (the pieces' texts)."""
+    return [(tokens[left], tokens[right]) for left, right in spm_merge_ids(tokens, scores, mergeable)]
 
 
 class Tokenizer:

@@ -184,16 +184,16 @@ def test_spm_merges_derived_once_are_kept_for_the_next_load(tmp_path: Path, monk
     source.write_bytes(b"GGUF" + bytes(64))
     monkeypatch.setenv("LLMFLEET_REPACK_DIR", str(tmp_path / "repack"))
     first = tokenizer_from_gguf(tiny_spm_metadata(), source=str(source))
-    kept = derived_path(source, "spm-merges")
+    kept = derived_path(source, "spm-merges", ".npy")
     assert kept is not None and kept.is_file()
 
-    def deriving(*_args: Any) -> list[tuple[str, str]]:
+    def deriving(*_args: Any) -> list[tuple[int, int]]:
         raise AssertionError("kept merges are not derived again")
 
-    monkeypatch.setattr(gguf_tokenizer, "spm_merges_from_scores", deriving)
+    monkeypatch.setattr(gguf_tokenizer, "spm_merge_ids", deriving)
     second = tokenizer_from_gguf(tiny_spm_metadata(), source=str(source))
     assert second.encode("hello world") == first.encode("hello world")
-    kept.write_text("[[1, 2, 3]]")  # not merges: derived again (and the derivation is what is refused here)
+    kept.write_bytes(b"not an array")  # unreadable: derived again (and the derivation is what is refused here)
     with pytest.raises(AssertionError, match="not derived again"):
         tokenizer_from_gguf(tiny_spm_metadata(), source=str(source))
     monkeypatch.setenv("LLMFLEET_REPACK_DIR", "")
