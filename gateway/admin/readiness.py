@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import RECHECK_S
 from shared.errors import LLMFleetError
 from shared.settings import Settings
 from shared.warm_pool import LOADING
@@ -65,7 +66,7 @@ async def assess(broker: Broker) -> Readiness:
     if not await broker.ping():
         return Readiness(redis=False)
     try:
-        live = await broker.registry.live_models()
+        live = await broker.registry.live_models(RECHECK_S)  # a worker that just registered counts at once
         nodes = await broker.pool.nodes()
         required = required_models(broker.settings, {m for node in nodes for m in node.pinned})
         states: dict[str, str] = {}

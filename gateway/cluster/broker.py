@@ -42,7 +42,7 @@ from gateway.cluster.placement import (
 from gateway.cluster.queue_view import READ_EVERY_S, QueueState, QueueView, read_queue_state
 from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.redis_health import RedisHealth
-from gateway.cluster.registry import Registry
+from gateway.cluster.registry import RECHECK_S, Registry
 from gateway.cluster.subscriber import QueueItem, Subscriber
 from gateway.cluster.warm_pool import WarmPool
 from gateway.http.error_log import ErrorLog
@@ -259,6 +259,8 @@ class Broker:
         model's live workers."""
         model = job.model
         live = await self.registry.live_workers()
+        if not any(w.model == model for w in live):  # none in the cached read: one that just registered counts
+            live = await self.registry.live_workers(RECHECK_S)
         catalogued = model in await self.pool.catalogue()
         if catalogued:
             await self.pool.note_use(model, keep_alive)

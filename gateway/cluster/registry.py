@@ -24,6 +24,8 @@ from shared.registry import RegistryEntry
 from shared.settings import Settings
 
 WorkerInfo = RegistryEntry  # one live worker's registry entry
+RECHECK_S = 0.1  # a cached read this old is read again where a model has no live worker in it (admission) and for
+# /ready: a worker that just registered is seen within this, not within the whole LLMFLEET_REGISTRY_CACHE_S
 
 
 class Registry:
@@ -37,11 +39,14 @@ class Registry:
         self._cached_at: float | None = None
         self._refreshing = asyncio.Lock()
 
-    async def live_workers(self) -> list[WorkerInfo]:
-        """Every live worker (see the module docstring for what counts as live)."""
+    async def live_workers(self, max_age_s: float | None = None) -> list[WorkerInfo]:
+        """Every live worker (see the module docstring for what counts as live), from a read at most `max_age_s`
+        old (and never older than LLMFLEET_REGISTRY_CACHE_S)."""
+        cache_s = self._settings.registry_cache_s
+        max_age_s = cache_s if max_age_s is None else min(max_age_s, cache_s)
         async with self._refreshing:  # one refresh at a time; the others reuse its result
             now = self._clock()
-            if self._cached_at is not None and now - self._cached_at < self._settings.registry_cache_s:
+            if self._cached_at is not None and now - self._cached_at < max_age_s:
                 return self._cached
             self._cached, self._cached_at = await self._read(now), now
             return self._cached
@@ -56,10 +61,10 @@ class Registry:
             fresh = await run_async(self._redis, fresh_workers(now, ttl))
         return [info for info in fresh if info.is_live(now, ttl) or not live_only]
 
-    async def live_models(self) -> dict[str, list[WorkerInfo]]:
-        """Models with at least one live worker, each with its workers."""
+    async def live_models(self, max_age_s: float | None = None) -> dict[str, list[WorkerInfo]]:
+        """Models with at least one live worker, each with its workers (from a read at most `max_age_s` old)."""
         models: dict[str, list[WorkerInfo]] = {}
-        for worker in await self.live_workers():
+        for worker in await self.live_workers(max_age_s):
             models.setdefault(worker.model, []).append(worker)
         return models
 
