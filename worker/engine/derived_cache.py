@@ -3,8 +3,8 @@
 Each lives at `<repack dir>/<model file name>.<model key>.<what>.json` (or `.npy` for an integer array, read
 without pickle; repack_cache.model_key: the file's size, mtime, first and last MiB and the layout version),
 written whole or not at all (a temporary file renamed into place); an unreadable one counts as missing and is
-derived again. No repack directory (LLMFLEET_REPACK_DIR set
-empty) or no model file (metadata built in memory) means deriving every time.
+derived again. No repack directory (LLMFLEET_REPACK_DIR set empty) or no model file (metadata built in memory)
+means deriving every time.
 """
 
 from __future__ import annotations
