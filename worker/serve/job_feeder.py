@@ -231,9 +231,12 @@ class JobFeeder:
 
     def _streams_with_room(self, free: int) -> list[str]:
         """This worker's own and the shared streams of every class a job of which it could start now (a free slot,
-        or running work the class outranks), highest class first."""
-        return [s for index, pair in enumerate(zip(self.own_streams, self.streams, strict=True))
-                if max(free, self._preemptible(index)) > 0 for s in pair]
+        or running work the class outranks), highest class first, no more streams than it has room for jobs (a
+        blocking read returns up to one entry a stream)."""
+        rooms = [max(free, self._preemptible(index)) for index in range(len(self.streams))]
+        streams = [s for room, pair in zip(rooms, zip(self.own_streams, self.streams, strict=True), strict=True)
+                   if room > 0 for s in pair]
+        return streams[: max(rooms, default=0)]
 
     def _jobs(self, replies: list) -> list[tuple[str, str, Job]]:
         """(stream, entry id, job) of every readable entry of XREADGROUP replies (a poison one is set aside)."""
