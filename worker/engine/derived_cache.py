@@ -43,12 +43,17 @@ def load_json(path: Path | None) -> Any:
 
 def keep_json(path: Path | None, value: Any) -> None:
     """Keep `value` in `path` atomically; a failure is logged and only means deriving it again next time."""
+    _keep(path, lambda tmp: tmp.write_text(json.dumps(value), encoding="utf-8"))
+
+
+def _keep(path: Path | None, write: Callable[[Path], None]) -> None:
+    """Write `path` through a temporary file renamed into place (whole or not at all); failures are logged."""
     if path is None:
         return
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}{path.suffix}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(value), encoding="utf-8")
+        write(tmp)
         os.replace(tmp, path)
     except OSError as exc:
         log.warning("could not keep %s (%s)", path, exc)
@@ -67,13 +72,5 @@ def derived_array(model_path: str | Path | None, what: str, derive: Callable[[],
         except (OSError, ValueError):
             pass
     value = derive()
-    if path is not None:
-        tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.npy")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            np.save(tmp, value, allow_pickle=False)
-            os.replace(tmp, path)
-        except OSError as exc:
-            log.warning("could not keep %s (%s)", path, exc)
-            tmp.unlink(missing_ok=True)
+    _keep(path, lambda tmp: np.save(tmp, value, allow_pickle=False))
     return value

@@ -180,7 +180,7 @@ class Engine:
         """
         wanted = max(1, rows)
         rows = min(wanted, MEASURED_ROWS)
-        kept = rate_file(self.source, rows) if self.source is not None else None
+        kept = rate_file(self.source, rows)
         rate = remembered(kept)
         if rate is None:
             rate = self._measure_step_rate(rows)

@@ -17,8 +17,9 @@ from worker.engine.derived_cache import derived_path, keep_json, load_json
 from worker.engine.simd_int import int_path
 
 
-def rate_file(model_path: str | Path, rows: int) -> Path | None:
-    """Where the rate of `rows`-wide steps of this model file on this machine is kept (None: not kept)."""
+def rate_file(model_path: str | Path | None, rows: int) -> Path | None:
+    """Where the rate of `rows`-wide steps of this model file on this machine is kept (None: not kept, or no
+    model file)."""
     return derived_path(model_path, f"rate-{int_path()}-{numba.get_num_threads()}t-{rows}r")
 
 

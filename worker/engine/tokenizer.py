@@ -87,13 +87,6 @@ def spm_merge_ids(tokens: Sequence[str], scores: Sequence[float], mergeable: Seq
     return [(left, right) for _, left, right in ranked]
 
 
-def spm_merges_from_scores(
-    tokens: Sequence[str], scores: Sequence[float], mergeable: Sequence[bool]
-) -> list[tuple[str, str]]:
-    """Derive BPE merges from a scored vocabulary, as HF's SentencePieceExtractor does (the pieces' texts)."""
-    return [(tokens[left], tokens[right]) for left, right in spm_merge_ids(tokens, scores, mergeable)]
-
-
 class Tokenizer:
     """Text <-> token ids for one model, matching llama.cpp's tokenizer for the same GGUF."""
 
