@@ -67,7 +67,7 @@ class Settings:
     max_batch_tokens: int = 2048  # tokens (decodes + prefill chunks) in one forward step
     max_prefill_tokens: int = 512  # the largest prefill chunk of one sequence in one step
     model_memory_s: float = 86_400.0  # a model stays 'known' (503, not 404) this long after its last worker
-    registry_cache_s: float = 1.0  # the gateway re-reads the worker registry at most this often
+    registry_cache_s: float = 1.0  # the gateway reuses a worker-registry read this long (0.1 s for /ready and a model it lacks)
     drain_timeout_s: float = 60.0  # on SIGTERM/SIGINT: how long open streams may take to finish
     supervisor_key: str | None = None  # set by `serve`: the Redis hash /ready reads the supervisor's state from
     chat_template: str | None = None  # a jinja2 chat template file workers use instead of the model's own
