@@ -37,7 +37,7 @@ from numba import njit, prange
 from worker.engine.k_blocks import K_KINDS, KBlocks
 from worker.engine.numba_runtime import launch_lock
 from worker.engine.quant_blocks import QK_K
-from worker.engine.simd import LANES, vbroadcast, vfma, vload, vmul, vstore, vsum
+from worker.engine.simd import LANES, vbroadcast, vfma, vload, vmul, vstore, vsum, vzero
 from worker.engine.simd_int import (
     PAIRED_GROUPS,
     PATHS,
@@ -53,6 +53,7 @@ from worker.engine.simd_int import (
     low_nibbles32,
     mins_dot,
     mins_vector,
+    pair_splats16,
     paired_dot,
     paired_scales,
     with_high_bits,
@@ -129,68 +130,76 @@ def _quarters(flat_q, qa, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5
 
 
 @njit(cache=_CACHE, inline="always")
-def _with_mins(c0, c1, c2, c3, c4, c5, c6, c7, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, cols,
-               first, n, acc, macc, base):  # pragma: no cover
-    """Super-block s of a Q4_K or Q5_K weight row r, its codes c0..c7 unpacked, against n x rows: their chains in acc
-    and macc (n*8,) carried over it."""
-    supers = cols // QK_K
-    g = 8 * s
-    s0, s1 = isplat16(scales[r, g], scales[r, g]), isplat16(scales[r, g + 1], scales[r, g + 1])
-    s2, s3 = isplat16(scales[r, g + 2], scales[r, g + 2]), isplat16(scales[r, g + 3], scales[r, g + 3])
-    s4, s5 = isplat16(scales[r, g + 4], scales[r, g + 4]), isplat16(scales[r, g + 5], scales[r, g + 5])
-    s6, s7 = isplat16(scales[r, g + 6], scales[r, g + 6]), isplat16(scales[r, g + 7], scales[r, g + 7])
-    m = mins_vector(flat_mins, r * (cols // 32) + g)  # (16,) int16: the super-block's mins, then zeros
-    scale = vbroadcast(d[r, s])  # (8,)
-    negative_min = vbroadcast(-dmin[r, s])  # (8,)
-    for i in range(n):
-        k = first + i
-        w = _quarters(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
-        dxs = vload(flat_dx8, (k * supers + s) * LANES)  # (8,)
-        at = base + i * LANES
-        vstore(acc, at, vfma(ifloat(w), vmul(scale, dxs), vload(acc, at)))
-        mn = mins_dot(m, flat_sums, k * (cols // 32) + g)  # (8,) int32
-        vstore(macc, at, vfma(ifloat(mn), vmul(negative_min, dxs), vload(macc, at)))
+def _q45k_codes(flat_codes, flat_fifth, at, fa):  # pragma: no cover (compiled)
+    """The eight blocks' codes (int8x32 each) of a Q4_K super-block at flat_codes[at], or of a Q5_K one when
+    flat_fifth holds its fifth bits (from fa on)."""
+    c0, c1 = low_nibbles32(flat_codes, at), high_nibbles32(flat_codes, at)
+    c2, c3 = low_nibbles32(flat_codes, at + 32), high_nibbles32(flat_codes, at + 32)
+    c4, c5 = low_nibbles32(flat_codes, at + 64), high_nibbles32(flat_codes, at + 64)
+    c6, c7 = low_nibbles32(flat_codes, at + 96), high_nibbles32(flat_codes, at + 96)
+    if flat_fifth.size:
+        c0, c1 = with_high_bits(c0, flat_fifth, fa, 0, 1), with_high_bits(c1, flat_fifth, fa, 1, 1)
+        c2, c3 = with_high_bits(c2, flat_fifth, fa, 2, 1), with_high_bits(c3, flat_fifth, fa, 3, 1)
+        c4, c5 = with_high_bits(c4, flat_fifth, fa, 4, 1), with_high_bits(c5, flat_fifth, fa, 5, 1)
+        c6, c7 = with_high_bits(c6, flat_fifth, fa, 6, 1), with_high_bits(c7, flat_fifth, fa, 7, 1)
+    return c0, c1, c2, c3, c4, c5, c6, c7
 
 
 @njit(cache=_CACHE, inline="always")
-def _q4k_super(flat_codes, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n, acc,
-               macc, base):  # pragma: no cover
-    """Super-block s of Q4_K weight row r against n x rows (_with_mins)."""
-    at = r * half + s * (QK_K // 2)
-    _with_mins(low_nibbles32(flat_codes, at), high_nibbles32(flat_codes, at), low_nibbles32(flat_codes, at + 32),
-               high_nibbles32(flat_codes, at + 32), low_nibbles32(flat_codes, at + 64),
-               high_nibbles32(flat_codes, at + 64), low_nibbles32(flat_codes, at + 96),
-               high_nibbles32(flat_codes, at + 96), scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s,
-               2 * half, first, n, acc, macc, base)
+def _q45k_scales(scales, r, g):  # pragma: no cover (compiled)
+    """The sub-scales of a Q4_K or Q5_K super-block's eight blocks, scales[r, g..g+7], each as an int16x16."""
+    return (isplat16(scales[r, g], scales[r, g]), isplat16(scales[r, g + 1], scales[r, g + 1]),
+            isplat16(scales[r, g + 2], scales[r, g + 2]), isplat16(scales[r, g + 3], scales[r, g + 3]),
+            isplat16(scales[r, g + 4], scales[r, g + 4]), isplat16(scales[r, g + 5], scales[r, g + 5]),
+            isplat16(scales[r, g + 6], scales[r, g + 6]), isplat16(scales[r, g + 7], scales[r, g + 7]))
 
 
 @njit(cache=_CACHE, inline="always")
-def _q5k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n,
-               acc, macc, base):  # pragma: no cover
-    """Super-block s of Q5_K weight row r against n x rows (_with_mins)."""
-    at = r * half + s * (QK_K // 2)
-    fa = r * (half // 4) + s * (QK_K // 8)  # the super-block's 32 bytes of fifth bits
-    _with_mins(with_high_bits(low_nibbles32(flat_codes, at), flat_fifth, fa, 0, 1),
-               with_high_bits(high_nibbles32(flat_codes, at), flat_fifth, fa, 1, 1),
-               with_high_bits(low_nibbles32(flat_codes, at + 32), flat_fifth, fa, 2, 1),
-               with_high_bits(high_nibbles32(flat_codes, at + 32), flat_fifth, fa, 3, 1),
-               with_high_bits(low_nibbles32(flat_codes, at + 64), flat_fifth, fa, 4, 1),
-               with_high_bits(high_nibbles32(flat_codes, at + 64), flat_fifth, fa, 5, 1),
-               with_high_bits(low_nibbles32(flat_codes, at + 96), flat_fifth, fa, 6, 1),
-               with_high_bits(high_nibbles32(flat_codes, at + 96), flat_fifth, fa, 7, 1),
-               scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, 2 * half, first, n, acc, macc, base)
+def _with_mins(codes, subs, m, scale, negative_min, flat_q, flat_dx8, flat_sums, k, s, cols, acc,
+               macc):  # pragma: no cover (compiled)
+    """acc and macc (float32x8 each) of x row k carried over super-block s of a Q4_K or Q5_K weight row: its codes and
+    sub-scales (eight each), its mins (mins_vector), d and -dmin broadcast."""
+    c0, c1, c2, c3, c4, c5, c6, c7 = codes
+    s0, s1, s2, s3, s4, s5, s6, s7 = subs
+    w = _quarters(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
+    dxs = vload(flat_dx8, (k * (cols // QK_K) + s) * LANES)  # (8,)
+    mn = mins_dot(m, flat_sums, k * (cols // 32) + 8 * s)  # (8,) int32
+    return vfma(ifloat(w), vmul(scale, dxs), acc), vfma(ifloat(mn), vmul(negative_min, dxs), macc)
 
 
 @njit(cache=_CACHE, inline="always")
 def _q45k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n,
                 acc, macc, base):  # pragma: no cover
-    """Super-block s of Q4_K or (when flat_fifth holds fifth bits) Q5_K weight row r against n x rows."""
-    if flat_fifth.size:
-        _q5k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first,
-                   n, acc, macc, base)
-    else:
-        _q4k_super(flat_codes, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n, acc,
-                   macc, base)
+    """Super-block s of Q4_K or (when flat_fifth holds fifth bits) Q5_K weight row r against n x rows: their chains
+    in acc and macc (n*8,) from `base` on, carried over it (its codes unpacked once for all n)."""
+    cols = 2 * half
+    codes = _q45k_codes(flat_codes, flat_fifth, r * half + s * (QK_K // 2), r * (half // 4) + s * (QK_K // 8))
+    subs = _q45k_scales(scales, r, 8 * s)
+    m = mins_vector(flat_mins, r * (cols // 32) + 8 * s)  # (16,) int16: the super-block's mins, then zeros
+    scale = vbroadcast(d[r, s])  # (8,)
+    negative_min = vbroadcast(-dmin[r, s])  # (8,)
+    for i in range(n):
+        at = base + i * LANES
+        a, b = _with_mins(codes, subs, m, scale, negative_min, flat_q, flat_dx8, flat_sums, first + i, s, cols,
+                          vload(acc, at), vload(macc, at))
+        vstore(acc, at, a)
+        vstore(macc, at, b)
+
+
+@njit(cache=_CACHE, inline="always")
+def _q45k_row(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, half,
+              k):  # pragma: no cover (compiled)
+    """out[k, r] for one x row k and Q4_K or Q5_K weight row r, its two chains in registers (a one-row step: the
+    same arithmetic as _q45k_super's, with nothing stored between super-blocks)."""
+    cols = 2 * half
+    acc = vzero()  # (8,)
+    macc = vzero()  # (8,)
+    for s in range(cols // QK_K):
+        codes = _q45k_codes(flat_codes, flat_fifth, r * half + s * (QK_K // 2), r * (half // 4) + s * (QK_K // 8))
+        m = mins_vector(flat_mins, r * (cols // 32) + 8 * s)  # (16,) int16
+        acc, macc = _with_mins(codes, _q45k_scales(scales, r, 8 * s), m, vbroadcast(d[r, s]), vbroadcast(-dmin[r, s]),
+                               flat_q, flat_dx8, flat_sums, k, s, cols, acc, macc)
+    return vsum(acc) + vsum(macc)
 
 
 @njit(parallel=True, nogil=True, cache=_CACHE)
@@ -209,11 +218,16 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
     rows_outer = last - first <= X_TILE  # a decode step: each weight row read through in turn, which streams best
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         low, high = task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)
+        if last - first == 1:  # a one-row step: each row's chains stay in registers
+            for r in range(low, high):
+                out[first, r] = _q45k_row(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8,
+                                          flat_sums, r, half, first)
+            continue
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) a chain per weight row and x row
         macc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) the mins' chains
         for x0 in range(first, last, X_TILE):
             n = min(X_TILE, last - x0)
-            acc[: (high - low) * n * LANES] = 0  # only the chains this tile uses (a decode step: n = 1)
+            acc[: (high - low) * n * LANES] = 0  # only the chains this tile uses
             macc[: (high - low) * n * LANES] = 0
             for a in range(high - low if rows_outer else supers):  # the loop order only: each chain is the same
                 for b in range(supers if rows_outer else high - low):
@@ -230,34 +244,58 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
 
 
 @njit(cache=_CACHE, inline="always")
-def _q6k_super(flat_low, flat_high, scales, flat_scales, d, flat_q, flat_dx8, flat_sums, r, s, half, first, n, acc,
+def _q6k_codes(flat_low, flat_high, at, ha):  # pragma: no cover (compiled)
+    """The eight blocks' codes (int8x32 each, 0..63) of a Q6_K super-block: low four bits from flat_low[at], bits
+    4-5 from flat_high[ha] (32 bytes a half)."""
+    return (with_high_bits(low_nibbles32(flat_low, at), flat_high, ha, 0, 3),
+            with_high_bits(low_nibbles32(flat_low, at + 32), flat_high, ha, 2, 3),
+            with_high_bits(high_nibbles32(flat_low, at), flat_high, ha, 4, 3),
+            with_high_bits(high_nibbles32(flat_low, at + 32), flat_high, ha, 6, 3),
+            with_high_bits(low_nibbles32(flat_low, at + 64), flat_high, ha + 32, 0, 3),
+            with_high_bits(low_nibbles32(flat_low, at + 96), flat_high, ha + 32, 2, 3),
+            with_high_bits(high_nibbles32(flat_low, at + 64), flat_high, ha + 32, 4, 3),
+            with_high_bits(high_nibbles32(flat_low, at + 96), flat_high, ha + 32, 6, 3))
+
+
+@njit(cache=_CACHE, inline="always")
+def _q6k_step(codes, subs, offsets, scale, flat_q, flat_dx8, flat_sums, k, s, cols, acc):  # pragma: no cover
+    """acc (float32x8) of x row k carried over super-block s of a Q6_K weight row: its codes and sub-scales (eight
+    each), its paired_scales and d broadcast."""
+    c0, c1, c2, c3, c4, c5, c6, c7 = codes
+    s0, s1, s2, s3, s4, s5, s6, s7 = subs
+    w = _quarters(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
+    w = isub(w, paired_dot(offsets, flat_sums, k * (cols // 16) + 16 * s))  # (8,) int32: the codes' -32
+    dxs = vload(flat_dx8, (k * (cols // QK_K) + s) * LANES)  # (8,)
+    return vfma(ifloat(w), vmul(scale, dxs), acc)
+
+
+@njit(cache=_CACHE, inline="always")
+def _q6k_super(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, r, s, half, first, n, acc,
                base):  # pragma: no cover
-    """Super-block s of weight row r against n x rows: their chains in acc (n*8,) carried over it."""
+    """Super-block s of weight row r against n x rows: their chains in acc (n*8,) from `base` on, carried over it."""
     cols = 2 * half
-    supers = cols // QK_K
-    g = 16 * s
-    at = r * half + s * (QK_K // 2)
-    ha = r * (cols // 4) + s * (QK_K // 4)  # the super-block's 64 bytes of bits 4-5, 32 a half
-    c0 = with_high_bits(low_nibbles32(flat_low, at), flat_high, ha, 0, 3)
-    c1 = with_high_bits(low_nibbles32(flat_low, at + 32), flat_high, ha, 2, 3)
-    c2 = with_high_bits(high_nibbles32(flat_low, at), flat_high, ha, 4, 3)
-    c3 = with_high_bits(high_nibbles32(flat_low, at + 32), flat_high, ha, 6, 3)
-    c4 = with_high_bits(low_nibbles32(flat_low, at + 64), flat_high, ha + 32, 0, 3)
-    c5 = with_high_bits(low_nibbles32(flat_low, at + 96), flat_high, ha + 32, 2, 3)
-    c6 = with_high_bits(high_nibbles32(flat_low, at + 64), flat_high, ha + 32, 4, 3)
-    c7 = with_high_bits(high_nibbles32(flat_low, at + 96), flat_high, ha + 32, 6, 3)
-    s0, s1 = isplat16(scales[r, g], scales[r, g + 1]), isplat16(scales[r, g + 2], scales[r, g + 3])
-    s2, s3 = isplat16(scales[r, g + 4], scales[r, g + 5]), isplat16(scales[r, g + 6], scales[r, g + 7])
-    s4, s5 = isplat16(scales[r, g + 8], scales[r, g + 9]), isplat16(scales[r, g + 10], scales[r, g + 11])
-    s6, s7 = isplat16(scales[r, g + 12], scales[r, g + 13]), isplat16(scales[r, g + 14], scales[r, g + 15])
-    offsets = paired_scales(flat_scales, r * (cols // 16) + g)  # (16,) int16: 32 * sub-scales, paired
+    codes = _q6k_codes(flat_low, flat_high, r * half + s * (QK_K // 2), r * (cols // 4) + s * (QK_K // 4))
+    subs = pair_splats16(flat_scales, r * (cols // 16) + 16 * s)
+    offsets = paired_scales(flat_scales, r * (cols // 16) + 16 * s)  # (16,) int16: 32 * sub-scales, paired
     scale = vbroadcast(d[r, s])  # (8,)
     for i in range(n):
-        k = first + i
-        w = _quarters(flat_q, k * cols + s * QK_K, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7)
-        w = isub(w, paired_dot(offsets, flat_sums, k * (cols // 16) + g))  # (8,) int32: the codes' -32
-        dxs = vload(flat_dx8, (k * supers + s) * LANES)  # (8,)
-        vstore(acc, base + i * LANES, vfma(ifloat(w), vmul(scale, dxs), vload(acc, base + i * LANES)))
+        at = base + i * LANES
+        vstore(acc, at, _q6k_step(codes, subs, offsets, scale, flat_q, flat_dx8, flat_sums, first + i, s, cols,
+                                  vload(acc, at)))
+
+
+@njit(cache=_CACHE, inline="always")
+def _q6k_row(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, r, half,
+             k):  # pragma: no cover (compiled)
+    """out[k, r] for one x row k and Q6_K weight row r, its chain in registers (as _q45k_row)."""
+    cols = 2 * half
+    acc = vzero()  # (8,)
+    for s in range(cols // QK_K):
+        codes = _q6k_codes(flat_low, flat_high, r * half + s * (QK_K // 2), r * (cols // 4) + s * (QK_K // 4))
+        g = r * (cols // 16) + 16 * s  # the super-block's first sub-scale
+        acc = _q6k_step(codes, pair_splats16(flat_scales, g), paired_scales(flat_scales, g), vbroadcast(d[r, s]),
+                        flat_q, flat_dx8, flat_sums, k, s, cols, acc)
+    return vsum(acc)
 
 
 @njit(parallel=True, nogil=True, cache=_CACHE)
@@ -274,6 +312,11 @@ def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: n
     rows_outer = last - first <= X_TILE  # as in _q4k
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         low, high = task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)
+        if last - first == 1:  # as in _q4k
+            for r in range(low, high):
+                out[first, r] = _q6k_row(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, r,
+                                         half, first)
+            continue
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,)
         for x0 in range(first, last, X_TILE):
             n = min(X_TILE, last - x0)
@@ -281,10 +324,10 @@ def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: n
             for a in range(high - low if rows_outer else supers):  # the loop order only: each chain is the same
                 for b in range(supers if rows_outer else high - low):
                     if rows_outer:
-                        _q6k_super(flat_low, flat_high, scales, flat_scales, d, flat_q, flat_dx8, flat_sums, low + a, b,
+                        _q6k_super(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, low + a, b,
                                    half, x0, n, acc, a * n * LANES)
                     else:
-                        _q6k_super(flat_low, flat_high, scales, flat_scales, d, flat_q, flat_dx8, flat_sums, low + b, a,
+                        _q6k_super(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, low + b, a,
                                    half, x0, n, acc, b * n * LANES)
             for r in range(low, high):
                 for i in range(n):

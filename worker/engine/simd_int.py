@@ -167,6 +167,21 @@ def isplat16(typingctx: Any, first: Any, second: Any) -> Any:
 
 
 @intrinsic
+def pair_splats16(typingctx: Any, array: Any, index: Any) -> Any:
+    """Eight int16x16 from the 16 int8 at `index`: vector j holds int8 2j in lanes 0..7 and 2j+1 in lanes 8..15 (Q6_K's
+    sub-scales: isplat16 of each pair, from one load)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        octets = builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V16I8), align=1)
+        words = builder.sext(octets, _V16I16)
+        masks = [[2 * j] * 8 + [2 * j + 1] * 8 for j in range(8)]
+        splats = [builder.shuffle_vector(words, words, ir.Constant(ir.VectorType(_I32, 16), mask)) for mask in masks]
+        return context.make_tuple(builder, signature.return_type, splats)
+
+    return types.UniTuple(int16x16, 8)(array, index), codegen
+
+
+@intrinsic
 def iadd(typingctx: Any, a: Any, b: Any) -> Any:
     """a + b, lane by lane (int32, never near overflow here)."""
 
