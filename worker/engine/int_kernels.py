@@ -50,12 +50,14 @@ from worker.engine.simd_int import (
     int_path,
     isplat16,
     isub,
+    load_splats,
     low_nibbles32,
     mins_dot,
     mins_vector,
     pair_splats16,
     paired_dot,
     paired_scales,
+    store_splats,
     with_high_bits,
 )
 
@@ -169,19 +171,20 @@ def _with_mins(codes, subs, m, scale, negative_min, flat_q, flat_dx8, flat_sums,
 
 @njit(cache=_CACHE, inline="always")
 def _q45k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, r, s, half, first, n,
-                acc, macc, base):  # pragma: no cover
+                acc, macc, base, splat_scratch):  # pragma: no cover
     """Super-block s of Q4_K or (when flat_fifth holds fifth bits) Q5_K weight row r against n x rows: their chains
-    in acc and macc (n*8,) from `base` on, carried over it (its codes unpacked once for all n)."""
+    in acc and macc (n*8,) from `base` on, carried over it (its codes unpacked once for all n; its sub-scales splatted
+    once into splat_scratch (128,), which each row's products read from L1)."""
     cols = 2 * half
     codes = _q45k_codes(flat_codes, flat_fifth, r * half + s * (QK_K // 2), r * (half // 4) + s * (QK_K // 8))
-    subs = _q45k_scales(scales, r, 8 * s)
+    store_splats(splat_scratch, _q45k_scales(scales, r, 8 * s))
     m = mins_vector(flat_mins, r * (cols // 32) + 8 * s)  # (16,) int16: the super-block's mins, then zeros
     scale = vbroadcast(d[r, s])  # (8,)
     negative_min = vbroadcast(-dmin[r, s])  # (8,)
     for i in range(n):
         at = base + i * LANES
-        a, b = _with_mins(codes, subs, m, scale, negative_min, flat_q, flat_dx8, flat_sums, first + i, s, cols,
-                          vload(acc, at), vload(macc, at))
+        a, b = _with_mins(codes, load_splats(splat_scratch), m, scale, negative_min, flat_q, flat_dx8, flat_sums,
+                          first + i, s, cols, vload(acc, at), vload(macc, at))
         vstore(acc, at, a)
         vstore(macc, at, b)
 
@@ -225,6 +228,7 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
             continue
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) a chain per weight row and x row
         macc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) the mins' chains
+        splat_scratch = np.empty(8 * 16, np.int16)  # (128,) a super-block's sub-scales, splatted
         for x0 in range(first, last, X_TILE):
             n = min(X_TILE, last - x0)
             acc[: (high - low) * n * LANES] = 0  # only the chains this tile uses
@@ -233,10 +237,10 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
                 for b in range(supers if rows_outer else high - low):
                     if rows_outer:
                         _q45k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums,
-                                    low + a, b, half, x0, n, acc, macc, a * n * LANES)
+                                    low + a, b, half, x0, n, acc, macc, a * n * LANES, splat_scratch)
                     else:
                         _q45k_super(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums,
-                                    low + b, a, half, x0, n, acc, macc, b * n * LANES)
+                                    low + b, a, half, x0, n, acc, macc, b * n * LANES, splat_scratch)
             for r in range(low, high):
                 for i in range(n):
                     at = ((r - low) * n + i) * LANES
@@ -271,17 +275,18 @@ def _q6k_step(codes, subs, offsets, scale, flat_q, flat_dx8, flat_sums, k, s, co
 
 @njit(cache=_CACHE, inline="always")
 def _q6k_super(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, r, s, half, first, n, acc,
-               base):  # pragma: no cover
-    """Super-block s of weight row r against n x rows: their chains in acc (n*8,) from `base` on, carried over it."""
+               base, splat_scratch):  # pragma: no cover
+    """Super-block s of weight row r against n x rows: their chains in acc (n*8,) from `base` on, carried over it
+    (sub-scales through splat_scratch, as in _q45k_super)."""
     cols = 2 * half
     codes = _q6k_codes(flat_low, flat_high, r * half + s * (QK_K // 2), r * (cols // 4) + s * (QK_K // 4))
-    subs = pair_splats16(flat_scales, r * (cols // 16) + 16 * s)
+    store_splats(splat_scratch, pair_splats16(flat_scales, r * (cols // 16) + 16 * s))
     offsets = paired_scales(flat_scales, r * (cols // 16) + 16 * s)  # (16,) int16: 32 * sub-scales, paired
     scale = vbroadcast(d[r, s])  # (8,)
     for i in range(n):
         at = base + i * LANES
-        vstore(acc, at, _q6k_step(codes, subs, offsets, scale, flat_q, flat_dx8, flat_sums, first + i, s, cols,
-                                  vload(acc, at)))
+        vstore(acc, at, _q6k_step(codes, load_splats(splat_scratch), offsets, scale, flat_q, flat_dx8, flat_sums,
+                                  first + i, s, cols, vload(acc, at)))
 
 
 @njit(cache=_CACHE, inline="always")
@@ -318,6 +323,7 @@ def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: n
                                          half, first)
             continue
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,)
+        splat_scratch = np.empty(8 * 16, np.int16)  # (128,) as in _q4k
         for x0 in range(first, last, X_TILE):
             n = min(X_TILE, last - x0)
             acc[: (high - low) * n * LANES] = 0
@@ -325,10 +331,10 @@ def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: n
                 for b in range(supers if rows_outer else high - low):
                     if rows_outer:
                         _q6k_super(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, low + a, b,
-                                   half, x0, n, acc, a * n * LANES)
+                                   half, x0, n, acc, a * n * LANES, splat_scratch)
                     else:
                         _q6k_super(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, low + b, a,
-                                   half, x0, n, acc, b * n * LANES)
+                                   half, x0, n, acc, b * n * LANES, splat_scratch)
             for r in range(low, high):
                 for i in range(n):
                     out[x0 + i, r] = vsum(vload(acc, ((r - low) * n + i) * LANES))

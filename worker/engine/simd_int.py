@@ -182,6 +182,36 @@ def pair_splats16(typingctx: Any, array: Any, index: Any) -> Any:
 
 
 @intrinsic
+def store_splats(typingctx: Any, array: Any, splats: Any) -> Any:
+    """Write eight int16x16 to a flat int16 array of at least 128 (a super-block's sub-scales kept in L1 for the x
+    rows after it: eight codes and eight scale vectors would need more than AVX2's sixteen registers)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        for j in range(8):
+            pointer = builder.bitcast(builder.gep(data, [ir.Constant(ir.IntType(64), 16 * j)]), _V16I16.as_pointer())
+            builder.store(builder.extract_value(args[1], j), pointer, align=2)
+        return context.get_dummy_value()
+
+    return types.none(array, splats), codegen
+
+
+@intrinsic
+def load_splats(typingctx: Any, array: Any) -> Any:
+    """The eight int16x16 store_splats wrote."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        splats = []
+        for j in range(8):
+            pointer = builder.bitcast(builder.gep(data, [ir.Constant(ir.IntType(64), 16 * j)]), _V16I16.as_pointer())
+            splats.append(builder.load(pointer, align=2))
+        return context.make_tuple(builder, signature.return_type, splats)
+
+    return types.UniTuple(int16x16, 8)(array), codegen
+
+
+@intrinsic
 def iadd(typingctx: Any, a: Any, b: Any) -> Any:
     """a + b, lane by lane (int32, never near overflow here)."""
 
