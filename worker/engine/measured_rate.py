@@ -2,8 +2,8 @@
 
 A worker publishes a full decode step's rate for admission's first guess before real rates arrive; measuring
 it runs two decode steps, which took 1-3 s of every start of a 1B-8B model. The first measurement on a machine
-is kept (worker/engine/derived_cache.py) per model file, kernel instruction path, kernel threads and step width,
-and read back by every later start. A remembered guess from a busy moment errs low, the safe side: admission
+is kept (worker/engine/derived_cache.py) per model file, kernel revision, kernel instruction path, kernel threads
+and step width, and read back by every later start. A remembered guess from a busy moment errs low, the safe side: admission
 queues less until the worker's real rates replace it.
 """
 
@@ -16,11 +16,13 @@ import numba
 from worker.engine.derived_cache import derived_path, keep_json, load_json
 from worker.engine.simd_int import int_path
 
+KERNEL_REVISION = 2  # raised when a kernel change moves the decode rate: a kept rate from an older one is not read
+
 
 def rate_file(model_path: str | Path | None, rows: int) -> Path | None:
     """Where the rate of `rows`-wide steps of this model file on this machine is kept (None: not kept, or no
     model file)."""
-    return derived_path(model_path, f"rate-{int_path()}-{numba.get_num_threads()}t-{rows}r")
+    return derived_path(model_path, f"rate-k{KERNEL_REVISION}-{int_path()}-{numba.get_num_threads()}t-{rows}r")
 
 
 def remembered(path: Path | None) -> float | None:
