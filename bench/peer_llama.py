@@ -4,6 +4,9 @@ Both serve the same GGUF file; the same streaming /v1/completions load (N concur
 prompts, greedy, exactly --max-tokens tokens each) runs against one system, then the other, per round; each
 row reports aggregate tok/s (steady: while every stream decodes), median TTFT and inter-token latency, and
 the ratio llmfleet / llama-server; then one --long-prompt (1,000-token) prompt alone gives each one's TTFT.
+The machine's memory read bandwidth is measured first (bench/memory_bandwidth.py), and the single-stream rate is
+put beside it: a decode step reads about the whole file (every weight once), so file bytes x tok/s is the rate at
+which a step reads memory.
 llama-server runs with -t <cores> -np <largest N> -c <N x max(256, 2 x long prompt)>.
 Run: python bench/cluster.py --peer llama-server [--sizes 1,4,16,32,64] [--max-tokens 128] [--rounds 2]
      (or python bench/peer_llama.py ...; --llama-server PATH skips ../shared/peers/build-llama-server.sh)
@@ -25,6 +28,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
 from cluster_processes import http_status, wait_until  # noqa: E402
+from memory_bandwidth import read_bandwidth_gbs  # noqa: E402
 from stream_load import LevelResult, long_prompt_ttft, run_level  # noqa: E402
 
 from llmfleet.redis_server import free_port  # noqa: E402
@@ -111,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
                        lport, "/health", logdir)
         fleet = System("llmfleet", [sys.executable, "-m", "llmfleet.cli", "serve", "--model", args.model,
                                     "--port", str(fport), *args.serve_args.split()], fport, "/ready", logdir)
-        env_note = f"load average {os.getloadavg()[0]:.2f} on {cores} cores"
+        bandwidth = max(read_bandwidth_gbs().values())
+        env_note = f"load average {os.getloadavg()[0]:.2f} on {cores} cores; memory read bandwidth {bandwidth:.1f} GB/s"
         print(f"== {path.name}: streaming /v1/completions, {args.max_tokens} tokens, greedy; llama-server -t {cores} "
               f"-np {max(sizes)} -c {context}; llmfleet serve {args.serve_args or '(defaults)'}; {env_note}",
               flush=True)
@@ -132,11 +137,23 @@ def main(argv: list[str] | None = None) -> None:
             llama.stop()
             fleet.stop()
     print_table(sizes, results)
+    if 1 in sizes:
+        print_bandwidth_share(path.stat().st_size, bandwidth, {name: _best(rounds, sizes.index(1)).steady_rate
+                                                               for name, rounds in results.items()})
     if args.long_prompt:
         best = {name: min(times) for name, times in long_ttft.items()}
         print(f"TTFT of a ~{args.long_prompt}-token prompt, best of {args.rounds}: llama-server "
               f"{best['llama-server']:.2f}s, llmfleet {best['llmfleet']:.2f}s "
               f"(llmfleet / llama-server {best['llmfleet'] / best['llama-server']:.2f}x)")
+
+
+def print_bandwidth_share(file_bytes: int, bandwidth_gbs: float, single_stream: dict[str, float]) -> None:
+    """Each system's single-stream decode as the memory rate it implies (file bytes x tok/s) and its share of the
+    measured bandwidth."""
+    for name, rate in single_stream.items():
+        reads = file_bytes * rate / 1e9
+        print(f"single stream, {name}: {rate:.1f} tok/s x {file_bytes / 1e9:.2f} GB = {reads:.1f} GB/s, "
+              f"{reads / bandwidth_gbs:.0%} of the measured {bandwidth_gbs:.1f} GB/s")
 
 
 def _best(rounds: list[list[LevelResult]], i: int) -> LevelResult:
