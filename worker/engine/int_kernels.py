@@ -21,9 +21,12 @@ THE REDUCTION (every tile computes exactly this, so a row's result never depends
 
 `reference_matmul` is the same arithmetic in numpy. Parallelism: ROWS_PER_TASK weight rows a task, tasks across
 threads; every (r, k) pair is one chain, computed by one thread in one order. Only the loop order depends on the
-step's width: up to X_TILE rows, a task reads each weight row through (decode: the weights stream once); wider,
-it carries tiles of X_TILE x rows over one super-block of all its weight rows at a time (prefill: the tile's int8
-activations stay in L1).
+step's width: one row, each weight row's two chains stay in registers over its super-blocks (single-stream decode
+is then bound by memory bandwidth); up to X_TILE rows, a task reads each weight row through, its chains in a scratch
+(decode: the weights stream once); wider, it carries tiles of X_TILE x rows over one super-block of all its weight
+rows at a time (prefill: the tile's int8 activations stay in L1). With more than one row, a super-block's eight
+sub-scale vectors are splatted once into an L1 scratch that every row's products read (AVX2's sixteen registers
+hold its eight code vectors, not both).
 """
 
 from __future__ import annotations

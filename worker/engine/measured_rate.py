@@ -3,8 +3,8 @@
 A worker publishes a full decode step's rate for admission's first guess before real rates arrive; measuring
 it runs two decode steps, which took 1-3 s of every start of a 1B-8B model. The first measurement on a machine
 is kept (worker/engine/derived_cache.py) per model file, kernel revision, kernel instruction path, kernel threads
-and step width, and read back by every later start. A remembered guess from a busy moment errs low, the safe side: admission
-queues less until the worker's real rates replace it.
+and step width, and read back by every later start. A remembered guess from a busy moment errs low, the safe side:
+admission queues less until the worker's real rates replace it.
 """
 
 from __future__ import annotations
