@@ -26,7 +26,8 @@ is then bound by memory bandwidth); up to X_TILE rows, a task reads each weight 
 (decode: the weights stream once); wider, it carries tiles of X_TILE x rows over one super-block of all its weight
 rows at a time (prefill: the tile's int8 activations stay in L1). With more than one row, a super-block's eight
 sub-scale vectors are splatted once into an L1 scratch that every row's products read (AVX2's sixteen registers
-hold its eight code vectors, not both).
+hold its eight code vectors, not both). From TILE_MIN rows on, a task's sixteen weight rows go through int_tiles.py's
+interleaved tiles instead: the same arithmetic with eight rows side by side in each vector (fewer multiplies).
 """
 
 from __future__ import annotations
@@ -37,14 +38,24 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
+from worker.engine.int_tiles import (
+    CHAINS,
+    CODES_BYTES,
+    RAW_BYTES,
+    TILE_ROWS,
+    WORDS,
+    finish_tile,
+    q45k_tiles,
+    unpack_q45k,
+)
 from worker.engine.k_blocks import K_KINDS, KBlocks
 from worker.engine.numba_runtime import launch_lock
 from worker.engine.quant_blocks import QK_K
 from worker.engine.simd import LANES, vbroadcast, vfma, vload, vmul, vstore, vsum, vzero
 from worker.engine.simd_int import (
+    KERNEL_CACHE,
     PAIRED_GROUPS,
     PATHS,
-    detected_path,
     dot_scaled,
     high_nibbles32,
     hsum_quarters,
@@ -63,15 +74,17 @@ from worker.engine.simd_int import (
     store_splats,
     with_high_bits,
 )
+from worker.engine.simd_rows import prefetch_rows
 
 ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
 X_TILE = 16  # x rows a task carries over a super-block at once in a wider step (their 16 * 256 int8 stay in L1
 # across the task's weight rows); a step of at most this many rows reads each weight row through in turn instead
 ROWS_PER_TASK = 16  # weight rows a parallel task takes (one scratch allocation each)
+PREFETCH_AHEAD = 4  # super-blocks ahead whose codes the interleaved tiles ask for
+TILE_MIN = 16  # steps of this many rows or more take int_tiles.py's interleaved tiles
 ACT_BLOCK = 64  # activation columns per int8 scale (four per super-block)
 _NO_FIFTH_BITS = np.zeros((1, 0), np.uint8)  # Q4_K's stand-in for Q5_K's fifth bits (one compiled kernel serves both)
-# numba's on-disk cache is keyed on the CPU, not on LLMFLEET_INT_KERNELS: a forced path compiles afresh each process
-_CACHE = int_path() == detected_path()
+_CACHE = KERNEL_CACHE
 PAIRED_POSITION = np.argsort(np.array(PAIRED_GROUPS))  # where group j of a super-block's 16 sits in sums16
 log = logging.getLogger(__name__)
 
@@ -220,6 +233,7 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
     flat_dx8 = dx8.reshape(-1)  # (N*C/256*8,)
     flat_sums = sums32.reshape(-1)  # (N*C/32,)
     flat_mins = mins.reshape(-1)  # (R*C/32,)
+    flat_out = out.reshape(-1)  # (N*R,)
     supers = half // (QK_K // 2)
     rows_outer = last - first <= X_TILE  # a decode step: each weight row read through in turn, which streams best
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -228,6 +242,26 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
             for r in range(low, high):
                 out[first, r] = _q45k_row(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8,
                                           flat_sums, r, half, first)
+            continue
+        if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS:  # two tiles of eight rows (int_tiles.py)
+            tile_codes = np.empty(2 * CODES_BYTES, np.uint8)  # (4096,) a super-block of sixteen rows, unpacked
+            tile_words = np.empty(2 * WORDS, np.int16)  # (384,) their sub-scales and mins
+            tile_raw = np.empty(RAW_BYTES, np.uint8)  # (1280,) packed bytes, transposed
+            stride = (X_TILE + 1) * CHAINS * LANES  # a tile's chains (and a spare x row's)
+            chains = np.empty(2 * stride, np.float32)  # (2*tile*12*8,)
+            for x0 in range(first, last, X_TILE):
+                n = min(X_TILE, last - x0)
+                chains[:] = 0
+                for s in range(supers):
+                    if s + PREFETCH_AHEAD < supers:
+                        prefetch_rows(flat_codes, low * half + (s + PREFETCH_AHEAD) * (QK_K // 2), half, 2 * TILE_ROWS)
+                    for t in range(2):
+                        unpack_q45k(flat_codes, flat_fifth, scales, flat_mins, low + TILE_ROWS * t, s, half, tile_raw,
+                                    tile_codes[t * CODES_BYTES:], tile_words[t * WORDS:])
+                    q45k_tiles(tile_codes, tile_words, d, dmin, low, s, flat_q, flat_dx8, flat_sums, 2 * half, x0, n,
+                               chains, stride)
+                for t in range(2):
+                    finish_tile(chains, t * stride, n, flat_out, x0, rows, low + TILE_ROWS * t)
             continue
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) a chain per weight row and x row
         macc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) the mins' chains

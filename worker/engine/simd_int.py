@@ -44,6 +44,10 @@ def int_path() -> str:
     return detected_path()
 
 
+KERNEL_CACHE = int_path() == detected_path()  # numba's on-disk cache is keyed on the CPU, not on
+# LLMFLEET_INT_KERNELS: a kernel built for a forced path compiles afresh in each process
+
+
 def _vector_type(name: str, llvm_type: ir.Type) -> types.Type:
     """A numba type held as one LLVM vector (a type class of its own, with its data model)."""
 

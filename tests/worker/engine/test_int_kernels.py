@@ -70,6 +70,21 @@ def test_a_rows_result_is_the_same_alone_and_among_others(kind: str) -> None:
         np.testing.assert_array_equal(int_kernels.k_matmul(x[k : k + 1], blocks)[0], together[k])
 
 
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_the_largest_codes_and_activations_stay_exact(kind: str, sign: float) -> None:
+    """Every code at its largest and every activation at +-127: the interleaved tiles' int16 sums of four pairs of
+    products (4 * 2 * 31 * 127 for Q5_K) stay below 32768, so wide steps equal the reference too."""
+    rows, cols = 32, 512
+    supers = cols // 256
+    fifth = np.full((rows, cols // 8), 0xFF, np.uint8) if kind == "Q5_K" else None
+    blocks = KBlocks(kind, np.full((rows, cols // 2), 0xFF, np.uint8), np.full((rows, cols // 32), 63, np.uint8),
+                     np.full((rows, supers), 0.01, np.float32), high=fifth, mins=np.full((rows, cols // 32), 63, np.uint8),
+                     dmin=np.full((rows, supers), 0.02, np.float32))
+    x = np.full((20, cols), sign, np.float32)  # (20, cols): every activation quantizes to +-127
+    np.testing.assert_array_equal(int_kernels.k_matmul(x, blocks), int_kernels.reference_matmul(x, blocks))
+
+
 @pytest.mark.parametrize("kind", K_KINDS)
 def test_close_to_float_arithmetic(kind: str) -> None:
     blocks = matrix(kind, 64, 1024, 5)
@@ -87,7 +102,7 @@ def test_generic_path_gives_the_same_bits_as_this_cpus(tmp_path: Path) -> None:
         "from worker.engine import int_kernels\n"
         "from worker.engine.simd_int import int_path\n"
         "assert int_path() == sys.argv[1], int_path()\n"
-        "out = [int_kernels.k_matmul(activations(n, 512, n), matrix(kind, 9, 512, 7))\n"
+        "out = [int_kernels.k_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))\n"
         "       for kind in ('Q4_K', 'Q5_K', 'Q6_K') for n in (1, 5, 17)]\n"
         "np.savez(sys.argv[2], *out)\n"
     )
@@ -99,7 +114,7 @@ def test_generic_path_gives_the_same_bits_as_this_cpus(tmp_path: Path) -> None:
         env = {**os.environ, "LLMFLEET_INT_KERNELS": path, "PYTHONPATH": str(REPO)}
         subprocess.run([sys.executable, "-c", script, path, str(target)], cwd=REPO, env=env, check=True, timeout=600)
         results[path] = np.load(target)
-    expected = [int_kernels.reference_matmul(activations(n, 512, n), matrix(kind, 9, 512, 7))
+    expected = [int_kernels.reference_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))
                 for kind in K_KINDS for n in (1, 5, 17)]
     for path, arrays in results.items():
         for i, want in enumerate(expected):
