@@ -253,8 +253,11 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
                 n = min(X_TILE, last - x0)
                 chains[:] = 0
                 for s in range(supers):
-                    if s + PREFETCH_AHEAD < supers:
-                        prefetch_rows(flat_codes, low * half + (s + PREFETCH_AHEAD) * (QK_K // 2), half, 2 * TILE_ROWS)
+                    ahead = s + PREFETCH_AHEAD  # then the next task's (most often this thread's next) first ones
+                    ahead_row = low if ahead < supers else low + 2 * TILE_ROWS
+                    if x0 == first and ahead_row + 2 * TILE_ROWS <= rows:
+                        prefetch_rows(flat_codes, ahead_row * half + (ahead % supers) * (QK_K // 2), half,
+                                      2 * TILE_ROWS)
                     for t in range(2):
                         unpack_q45k(flat_codes, flat_fifth, scales, flat_mins, low + TILE_ROWS * t, s, half, tile_raw,
                                     tile_codes[t * CODES_BYTES:], tile_words[t * WORDS:])

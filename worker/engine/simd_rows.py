@@ -147,7 +147,7 @@ def prefetch_rows(typingctx: Any, array: Any, index: Any, stride: Any, count: An
         for offset in (0, 64):
             pointer = builder.gep(data, [builder.add(at, ir.Constant(_I64, offset))])
             builder.call(function, [builder.bitcast(pointer, ir.IntType(8).as_pointer()), ir.Constant(_I32, 0),
-                                    ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                                    ir.Constant(_I32, 1), ir.Constant(_I32, 1)])
         following = builder.add(row, ir.Constant(_I64, 1))
         row.add_incoming(following, builder.block)
         builder.cbranch(builder.icmp_signed("<", following, args[3]), loop, done)
