@@ -46,8 +46,12 @@ def _client(pool: PoolCluster) -> openai.OpenAI:
 
 
 def _complete(pool: PoolCluster, model: str, **extra: object) -> str:
-    reply = _client(pool).completions.create(model=model, prompt="The capital of France is", max_tokens=4,
-                                             temperature=0, **extra)
+    """A short greedy completion of `model`; a failure (a request that never ended among them) shows the logs."""
+    try:
+        reply = _client(pool).completions.create(model=model, prompt="The capital of France is", max_tokens=4,
+                                                 temperature=0, **extra)
+    except openai.APIError as exc:
+        raise AssertionError(f"{model}: {exc!r}\n{pool.log_tails()}") from exc
     return reply.choices[0].text
 
 

@@ -37,6 +37,15 @@ class PoolCluster(LocalCluster):
         data = httpx.get((base or self.gateways[0]) + "/admin/models", timeout=10).json()["data"]
         return next(m for m in data if m["id"] == model)
 
+    def log_tails(self, lines: int = 60) -> str:
+        """The last `lines` lines of every log in the cluster's folder (nodes, their workers, gateways): what a
+        failed test shows."""
+        parts = []
+        for log in sorted(self.logdir.glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"---- {log.name} ----\n" + "\n".join(tail))
+        return "\n".join(parts)
+
     def close(self, grace_s: float = 45.0) -> None:
         """SIGTERM everything (nodes drain their workers), SIGKILL what is left after grace_s, stop Redis."""
         super().close(grace_s)
