@@ -27,7 +27,8 @@ is then bound by memory bandwidth); up to X_TILE rows, a task reads each weight 
 rows at a time (prefill: the tile's int8 activations stay in L1). With more than one row, a super-block's eight
 sub-scale vectors are splatted once into an L1 scratch that every row's products read (AVX2's sixteen registers
 hold its eight code vectors, not both). From TILE_MIN rows on, a task's sixteen weight rows go through int_tiles.py's
-interleaved tiles instead: the same arithmetic with eight rows side by side in each vector (fewer multiplies).
+interleaved tiles instead: the same arithmetic with eight rows side by side in each vector (fewer multiplies; every
+kind).
 """
 
 from __future__ import annotations
@@ -40,12 +41,17 @@ from numba import njit, prange
 
 from worker.engine.int_tiles import (
     CHAINS,
+    CHAINS6,
     CODES_BYTES,
+    RAW6_BYTES,
     RAW_BYTES,
     TILE_ROWS,
     WORDS,
+    WORDS6,
     finish_tile,
+    q6k_tiles,
     q45k_tiles,
+    unpack_q6k,
     unpack_q45k,
 )
 from worker.engine.k_blocks import K_KINDS, KBlocks
@@ -264,7 +270,7 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
                     q45k_tiles(tile_codes, tile_words, d, dmin, low, s, flat_q, flat_dx8, flat_sums, 2 * half, x0, n,
                                chains, stride)
                 for t in range(2):
-                    finish_tile(chains, t * stride, n, flat_out, x0, rows, low + TILE_ROWS * t)
+                    finish_tile(chains, t * stride, n, flat_out, x0, rows, low + TILE_ROWS * t, CHAINS, True)
             continue
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) a chain per weight row and x row
         macc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) the mins' chains
@@ -353,6 +359,7 @@ def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: n
     flat_q = q.reshape(-1)  # (N*C,)
     flat_dx8 = dx8.reshape(-1)  # (N*C/256*8,)
     flat_sums = sums16.reshape(-1)  # (N*C/16,)
+    flat_out = out.reshape(-1)  # (N*R,)
     supers = half // (QK_K // 2)
     rows_outer = last - first <= X_TILE  # as in _q4k
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -361,6 +368,29 @@ def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: n
             for r in range(low, high):
                 out[first, r] = _q6k_row(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, r,
                                          half, first)
+            continue
+        if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS:  # as in _q4k
+            tile_codes = np.empty(2 * CODES_BYTES, np.uint8)  # (4096,) a super-block of sixteen rows, unpacked
+            tile_words = np.empty(2 * WORDS6, np.int16)  # (768,) their sub-scales and paired offsets
+            tile_raw = np.empty(RAW6_BYTES, np.uint8)  # (1536,) packed bytes, transposed
+            stride = (X_TILE + 1) * CHAINS6 * LANES  # a tile's chains (and a spare x row's)
+            chains = np.empty(2 * stride, np.float32)  # (2*tile*8*8,)
+            for x0 in range(first, last, X_TILE):
+                n = min(X_TILE, last - x0)
+                chains[:] = 0
+                for s in range(supers):
+                    ahead = s + PREFETCH_AHEAD  # as in _q4k
+                    ahead_row = low if ahead < supers else low + 2 * TILE_ROWS
+                    if x0 == first and ahead_row + 2 * TILE_ROWS <= rows:
+                        prefetch_rows(flat_low, ahead_row * half + (ahead % supers) * (QK_K // 2), half,
+                                      2 * TILE_ROWS)
+                    for t in range(2):
+                        unpack_q6k(flat_low, flat_high, flat_scales, low + TILE_ROWS * t, s, half, tile_raw,
+                                   tile_codes[t * CODES_BYTES:], tile_words[t * WORDS6:])
+                    q6k_tiles(tile_codes, tile_words, d, low, s, flat_q, flat_dx8, flat_sums, 2 * half, x0, n, chains,
+                              stride)
+                for t in range(2):
+                    finish_tile(chains, t * stride, n, flat_out, x0, rows, low + TILE_ROWS * t, CHAINS6, False)
             continue
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,)
         splat_scratch = np.empty(8 * 16, np.int16)  # (128,) as in _q4k

@@ -5,12 +5,13 @@ The arithmetic is int_kernels.py's REDUCTION, term for term: the same integer su
 row, x row and super-block (integers are exact in any order), the same float32 products d * dx, the same fused
 multiply-adds in the same order per chain, and the same final sums. So a result is bit-identical to the row-major
 loops', and a step may take either path. What changes is the work per super-block and x row: the four columns of a
-vpmaddubsw now belong to one row, so up to four of them are summed in int16 before a single vpmaddwd applies their
-block's sub-scale, and nothing is summed across lanes (no vphaddd). Per row and super-block that is 8 + 2.5
-multiplies instead of 17.
+vpmaddubsw now belong to one row, so several of them are summed in int16 before one vpmaddwd applies their
+sub-scale (four for Q4_K and Q5_K, whose codes are below 32; two for Q6_K's, below 64), and nothing is summed
+across lanes (no vphaddd). Per row and super-block that is 10.5 multiplies instead of 17 for Q4_K (13 for Q6_K).
 
-A super-block of the tile's eight rows is unpacked once (2 KiB of codes in L1, interleaved as rows r, columns
-4c..4c+3) and met by every x row of the step's tile.
+A super-block of two tiles (sixteen rows) is unpacked once per tile of x rows (its packed bytes transposed eight
+rows at a time with vector shuffles, then split into codes: 2 KiB a tile in L1) and met by the x rows two at a time,
+so each code vector loaded serves two x rows and each activation splat serves two tiles.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from numba import njit
 
 from worker.engine.quant_blocks import QK_K
 from worker.engine.simd import LANES, vadd, vbroadcast, vfma, vload, vmul, vstore, vzero
-from worker.engine.simd_int import KERNEL_CACHE, iadd, ifloat
+from worker.engine.simd_int import KERNEL_CACHE, iadd, ifloat, isub
 from worker.engine.simd_rows import (
     add16,
     high4,
@@ -36,9 +37,10 @@ from worker.engine.simd_rows import (
     scaled_pairs,
     store_octets,
     transpose_mins,
+    transpose_offsets,
     transpose_rows,
     transpose_scales,
-    with_bit,
+    with_bits,
     words_zero,
 )
 
@@ -47,6 +49,9 @@ RAW_BYTES = 5 * 256  # the packed bytes of a tile's super-block, transposed (cod
 CODES_BYTES = 8 * 8 * 32  # a tile's unpacked super-block: block j, column group c -> 32 bytes (8 rows x 4 codes)
 WORDS = 12 * 16  # its eight sub-scale vectors, then its four mins vectors (int16x16 each)
 CHAINS = 12  # float32x8 chains per tile and x row: eight for w (lane 4 * half + h), four for the mins (quarter h)
+RAW6_BYTES = 6 * 256  # Q6_K's packed bytes of a tile's super-block, transposed (low four bits, then bits 4-5)
+WORDS6 = 24 * 16  # Q6_K: sixteen group sub-scale vectors, then eight paired offset vectors (int16x16 each)
+CHAINS6 = 8  # Q6_K: float32x8 chains per tile and x row (no mins)
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
@@ -66,7 +71,7 @@ def unpack_q45k(flat_codes, flat_fifth, scales, flat_mins, r0, s, half, raw, cod
             packed = load_octets(raw, 256 * t + 32 * c)  # (32,) 8 rows x 4 bytes
             low, high = low4(packed), high4(packed)
             if flat_fifth.size:
-                low, high = with_bit(low, fifth, 2 * t), with_bit(high, fifth, 2 * t + 1)
+                low, high = with_bits(low, fifth, 2 * t, 1), with_bits(high, fifth, 2 * t + 1, 1)
             store_octets(codes_out, (8 * (2 * t) + c) * 32, low)
             store_octets(codes_out, (8 * (2 * t + 1) + c) * 32, high)
     transpose_scales(scales.reshape(-1), r0 * sub + 8 * s, sub, words_out, 0)
@@ -139,16 +144,92 @@ def q45k_tiles(codes, words, d, dmin, r0, s, flat_q, flat_dx8, flat_sums, cols, 
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
-def finish_tile(chains, base, n, out_flat, first, rows_total, r0):  # pragma: no cover (compiled)
-    """out[k, r0..r0+7] for x rows first..first+n-1: vsum of each w chain plus vsum of each mins chain, in
-    simd.vsum's order (lanes 4..7 of a mins chain are zeros there)."""
+def finish_tile(chains, base, n, out_flat, first, rows_total, r0, per_row, mins):  # pragma: no cover (compiled)
+    """out[k, r0..r0+7] for x rows first..first+n-1 from chains of `per_row` vectors a row: vsum of the eight w
+    chains, plus (mins) vsum of the four mins chains, in simd.vsum's order (lanes 4..7 of a mins chain are zeros
+    there)."""
     zero = vzero()
     for i in range(n):
-        at = base + i * CHAINS * LANES
+        at = base + i * per_row * LANES
         a0, a1, a2, a3 = vload(chains, at), vload(chains, at + 8), vload(chains, at + 16), vload(chains, at + 24)
         a4, a5, a6, a7 = vload(chains, at + 32), vload(chains, at + 40), vload(chains, at + 48), vload(chains, at + 56)
-        m0, m1 = vload(chains, at + 64), vload(chains, at + 72)
-        m2, m3 = vload(chains, at + 80), vload(chains, at + 88)
-        w = vadd(vadd(vadd(a0, a4), vadd(a2, a6)), vadd(vadd(a1, a5), vadd(a3, a7)))
-        m = vadd(vadd(vadd(m0, zero), vadd(m2, zero)), vadd(vadd(m1, zero), vadd(m3, zero)))
-        vstore(out_flat, (first + i) * rows_total + r0, vadd(w, m))
+        total = vadd(vadd(vadd(a0, a4), vadd(a2, a6)), vadd(vadd(a1, a5), vadd(a3, a7)))
+        if mins:
+            m0, m1 = vload(chains, at + 64), vload(chains, at + 72)
+            m2, m3 = vload(chains, at + 80), vload(chains, at + 88)
+            total = vadd(total, vadd(vadd(vadd(m0, zero), vadd(m2, zero)), vadd(vadd(m1, zero), vadd(m3, zero))))
+        vstore(out_flat, (first + i) * rows_total + r0, total)
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def unpack_q6k(flat_low, flat_high, flat_scales, r0, s, half, raw, codes_out, words_out):  # pragma: no cover
+    """Super-block s of Q6_K rows r0..r0+7, interleaved as unpack_q45k's (codes 0..63); words_out holds group g's
+    sub-scale of each row (vector g < 16) and the paired offsets (transpose_offsets: vector 16 + p)."""
+    cols = 2 * half
+    groups = cols // 16  # sub-scales per row
+    for t in range(4):  # low four bits: chunk t holds blocks 2(t//2)+t%2 (low nibbles) and that + 2 (high)
+        transpose_rows(flat_low, r0 * half + s * (QK_K // 2) + 32 * t, half, raw, 256 * t)
+    for u in range(2):  # bits 4-5: chunk u holds blocks 4u..4u+3, two bits each
+        transpose_rows(flat_high, r0 * (cols // 4) + s * (QK_K // 4) + 32 * u, cols // 4, raw, 1024 + 256 * u)
+    for c in range(8):
+        for j in range(8):  # as int_kernels._q6k_codes orders them
+            packed = load_octets(raw, 256 * (2 * (j // 4) + j % 2) + 32 * c)  # (32,) 8 rows x 4 bytes
+            low = high4(packed) if (j // 2) % 2 else low4(packed)
+            store_octets(codes_out, (8 * j + c) * 32,
+                         with_bits(low, load_octets(raw, 1024 + 256 * (j // 4) + 32 * c), 2 * (j % 4), 3))
+    transpose_scales(flat_scales, r0 * groups + 16 * s, groups, words_out, 0)  # groups 0..7
+    transpose_scales(flat_scales, r0 * groups + 16 * s + 8, groups, words_out, 128)  # groups 8..15
+    transpose_offsets(flat_scales, r0 * groups + 16 * s, groups, words_out, 256)
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def _half_sums6(codes, words, flat_q, qa0, qa1, h, half):  # pragma: no cover (compiled)
+    """Q6_K's w[4 * half + h] before the -32 (as _half_sums; codes up to 63, so two pairs of products at most are
+    summed in int16: 2 * 2 * 63 * 127 < 32768): groups 4h + half and 4h + 2 + half."""
+    t00, t01, t10, t11 = izero(), izero(), izero(), izero()  # (tile, x row)
+    for b in range(2):
+        j = 2 * h + b
+        g = 2 * j + half  # the group of block j's half
+        s0, s1 = load_words(words, 16 * g), load_words(words, WORDS6 + 16 * g)
+        for p in range(2):
+            at = (8 * j + 4 * half + 2 * p) * 32
+            x0, x1 = qa0 + 32 * j + 16 * half + 8 * p, qa1 + 32 * j + 16 * half + 8 * p
+            c0, c0n = load_octets(codes, at), load_octets(codes, at + 32)
+            c1, c1n = load_octets(codes, CODES_BYTES + at), load_octets(codes, CODES_BYTES + at + 32)
+            q0, q0n, q1, q1n = (quad_splat(flat_q, x0), quad_splat(flat_q, x0 + 4), quad_splat(flat_q, x1),
+                                quad_splat(flat_q, x1 + 4))
+            t00 = iadd(t00, scaled_pairs(add16(pair_sums(c0, q0), pair_sums(c0n, q0n)), s0))
+            t01 = iadd(t01, scaled_pairs(add16(pair_sums(c0, q1), pair_sums(c0n, q1n)), s0))
+            t10 = iadd(t10, scaled_pairs(add16(pair_sums(c1, q0), pair_sums(c1n, q0n)), s1))
+            t11 = iadd(t11, scaled_pairs(add16(pair_sums(c1, q1), pair_sums(c1n, q1n)), s1))
+    return t00, t01, t10, t11
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def q6k_tiles(codes, words, d, r0, s, flat_q, flat_dx8, flat_sums, cols, first, n, chains,
+              tile_stride):  # pragma: no cover (compiled)
+    """Carry the Q6_K chains of two tiles (rows r0..r0+15, unpacked by unpack_q6k) and x rows first..first+n-1 over
+    super-block s, as q45k_tiles (CHAINS6 a row, slot n spare)."""
+    supers = cols // QK_K
+    flat_d = d.reshape(-1)
+    scale0 = row_floats(flat_d, r0 * supers + s, supers)  # (8,) d of each row
+    scale1 = row_floats(flat_d, (r0 + TILE_ROWS) * supers + s, supers)  # (8,)
+    for i in range(0, n, 2):
+        k0, k1 = first + i, first + min(i + 1, n - 1)
+        at0, at1 = i * CHAINS6 * LANES, (i + 1) * CHAINS6 * LANES
+        for h in range(4):
+            dx0 = vbroadcast(flat_dx8[(k0 * supers + s) * LANES + h])  # (8,)
+            dx1 = vbroadcast(flat_dx8[(k1 * supers + s) * LANES + h])  # (8,)
+            for half in range(2):
+                w00, w01, w10, w11 = _half_sums6(codes, words, flat_q, k0 * cols + s * QK_K, k1 * cols + s * QK_K,
+                                                 h, half)
+                sums = k0 * (cols // 16) + 16 * s + 4 * h + 2 * half  # groups 4h + half and 4h + 2 + half, paired
+                offsets0 = load_words(words, 16 * (16 + 2 * h + half))  # (16,)
+                offsets1 = load_words(words, WORDS6 + 16 * (16 + 2 * h + half))  # (16,)
+                sums0 = pair_splat(flat_sums, sums)  # (16,)
+                sums1 = pair_splat(flat_sums, sums + (k1 - k0) * (cols // 16))  # (16,)
+                lane = (4 * half + h) * LANES
+                _carry(chains, at0 + lane, isub(w00, scaled_pairs(offsets0, sums0)), vmul(scale0, dx0))
+                _carry(chains, tile_stride + at0 + lane, isub(w10, scaled_pairs(offsets1, sums0)), vmul(scale1, dx0))
+                _carry(chains, at1 + lane, isub(w01, scaled_pairs(offsets0, sums1)), vmul(scale0, dx1))
+                _carry(chains, tile_stride + at1 + lane, isub(w11, scaled_pairs(offsets1, sums1)), vmul(scale1, dx1))

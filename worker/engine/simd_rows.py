@@ -18,8 +18,10 @@ from worker.engine.simd_int import (
     _I16,
     _I32,
     _V8I32,
+    _V16I8,
     _V16I16,
     _V32I8,
+    PAIRED_GROUPS,
     _function,
     _maddwd,
     _pairs,
@@ -89,18 +91,41 @@ def transpose_rows(typingctx: Any, array: Any, index: Any, stride: Any, out: Any
 
 @intrinsic
 def transpose_scales(typingctx: Any, array: Any, index: Any, stride: Any, out: Any, out_index: Any) -> Any:
-    """The eight uint8 at index + r * stride (r < 8) as eight int16x16 from out_index of a flat int16 array:
-    vector j holds row r's byte j in lanes 2r and 2r+1 (a block's sub-scale of each row)."""
+    """The eight uint8 (or int8) at index + r * stride (r < 8) as eight int16x16 from out_index of a flat int16
+    array: vector j holds row r's byte j in lanes 2r and 2r+1 (a block's or a group's sub-scale of each row)."""
+    signed = array.dtype.signed
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         rows = []
         for row in range(8):
             pointer = _pointer(context, builder, signature.args[0], args[0], _offset(builder, args[1], args[2], row),
                                ir.VectorType(ir.IntType(8), 8))
-            words = builder.zext(builder.load(pointer, align=1), ir.VectorType(_I16, 8))
+            octets = builder.load(pointer, align=1)
+            words = (builder.sext if signed else builder.zext)(octets, ir.VectorType(_I16, 8))
             doubled = builder.shuffle_vector(words, words, ir.Constant(ir.VectorType(_I32, 16),
                                                                        [lane // 2 for lane in range(16)]))
             rows.append(builder.bitcast(doubled, _V8I32))
+        _store_vectors(context, builder, signature.args[3], args[3], args[4], _transpose8(builder, rows), 16)
+        return context.get_dummy_value()
+
+    return types.none(array, types.int64, types.int64, out, types.int64), codegen
+
+
+@intrinsic
+def transpose_offsets(typingctx: Any, array: Any, index: Any, stride: Any, out: Any, out_index: Any) -> Any:
+    """Q6_K's sixteen int8 sub-scales at index + r * stride (r < 8), in PAIRED_GROUPS order and times 32, as eight
+    int16x16 from out_index of a flat int16 array: vector p holds row r's paired scales 2p and 2p+1 in lanes 2r and
+    2r+1 (the codes' -32, taken off per quarter and half with the group sums in the same order)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        rows = []
+        for row in range(8):
+            pointer = _pointer(context, builder, signature.args[0], args[0], _offset(builder, args[1], args[2], row),
+                               _V16I8)
+            octets = builder.load(pointer, align=1)
+            paired = builder.shuffle_vector(octets, octets, ir.Constant(ir.VectorType(_I32, 16), list(PAIRED_GROUPS)))
+            words = builder.shl(builder.sext(paired, _V16I16), _splat(_V16I16, 5))
+            rows.append(builder.bitcast(words, _V8I32))
         _store_vectors(context, builder, signature.args[3], args[3], args[4], _transpose8(builder, rows), 16)
         return context.get_dummy_value()
 
@@ -194,18 +219,21 @@ def high4(typingctx: Any, octets: Any) -> Any:
 
 
 @intrinsic
-def with_bit(typingctx: Any, codes: Any, octets: Any, shift: Any) -> Any:
-    """codes | ((octets >> shift) & 1) << 4: Q5_K's fifth bit of block `shift` (a constant once inlined)."""
+def with_bits(typingctx: Any, codes: Any, octets: Any, shift: Any, mask: Any) -> Any:
+    """codes | ((octets >> shift) & mask) << 4: Q5_K's fifth bit of block `shift` (mask 1) or Q6_K's bits 4-5 (mask
+    3; shift and mask are constants once inlined)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        amount = builder.trunc(args[2], ir.IntType(8))
-        splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_V32I8, ir.Undefined), amount,
-                                                              ir.Constant(_I32, 0)),
-                                       ir.Constant(_V32I8, ir.Undefined), ir.Constant(ir.VectorType(_I32, 32), [0] * 32))
-        bits = builder.and_(builder.lshr(args[1], splat), _splat(_V32I8, 1))
+        def splat(value: Any) -> Any:
+            first = builder.insert_element(ir.Constant(_V32I8, ir.Undefined), builder.trunc(value, ir.IntType(8)),
+                                           ir.Constant(_I32, 0))
+            return builder.shuffle_vector(first, ir.Constant(_V32I8, ir.Undefined),
+                                          ir.Constant(ir.VectorType(_I32, 32), [0] * 32))
+
+        bits = builder.and_(builder.lshr(args[1], splat(args[2])), splat(args[3]))
         return builder.or_(args[0], builder.shl(bits, _splat(_V32I8, 4)))
 
-    return int8x32(int8x32, int8x32, types.int64), codegen
+    return int8x32(int8x32, int8x32, types.int64, types.int64), codegen
 
 
 @intrinsic

@@ -1,6 +1,7 @@
-"""worker.engine.int_kernels: the integer matmuls over Q4_K and Q6_K equal their numpy reference bit for bit at
-every row count, on both instruction paths; a row's result does not depend on the rest of its step; the
-activations are int8 per 64 columns and the result stays close to float arithmetic."""
+"""worker.engine.int_kernels: the integer matmuls over Q4_K, Q5_K and Q6_K equal their numpy reference bit for bit
+at every row count (the row-major loops and int_tiles.py's interleaved tiles alike), on both instruction paths; a
+row's result does not depend on the rest of its step; the activations are int8 per 64 columns and the result stays
+close to float arithmetic."""
 
 from __future__ import annotations
 
@@ -70,17 +71,22 @@ def test_a_rows_result_is_the_same_alone_and_among_others(kind: str) -> None:
         np.testing.assert_array_equal(int_kernels.k_matmul(x[k : k + 1], blocks)[0], together[k])
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("kind", K_KINDS)
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_the_largest_codes_and_activations_stay_exact(kind: str, sign: float) -> None:
-    """Every code at its largest and every activation at +-127: the interleaved tiles' int16 sums of four pairs of
-    products (4 * 2 * 31 * 127 for Q5_K) stay below 32768, so wide steps equal the reference too."""
+    """Every code and sub-scale at its largest (Q6_K's int8 sub-scales at -128) and every activation at +-127: the
+    interleaved tiles' int16 sums of products (four pairs for Q4_K/Q5_K: 4 * 2 * 31 * 127; two for Q6_K: 2 * 2 * 63
+    * 127) stay below 32768, so wide steps equal the reference too."""
     rows, cols = 32, 512
     supers = cols // 256
-    fifth = np.full((rows, cols // 8), 0xFF, np.uint8) if kind == "Q5_K" else None
-    blocks = KBlocks(kind, np.full((rows, cols // 2), 0xFF, np.uint8), np.full((rows, cols // 32), 63, np.uint8),
-                     np.full((rows, supers), 0.01, np.float32), high=fifth, mins=np.full((rows, cols // 32), 63, np.uint8),
-                     dmin=np.full((rows, supers), 0.02, np.float32))
+    codes, d = np.full((rows, cols // 2), 0xFF, np.uint8), np.full((rows, supers), 0.01, np.float32)
+    if kind == "Q6_K":
+        blocks = KBlocks(kind, codes, np.full((rows, cols // 16), -128, np.int8), d,
+                         high=np.full((rows, cols // 4), 0xFF, np.uint8))
+    else:
+        fifth = np.full((rows, cols // 8), 0xFF, np.uint8) if kind == "Q5_K" else None
+        blocks = KBlocks(kind, codes, np.full((rows, cols // 32), 63, np.uint8), d, high=fifth,
+                         mins=np.full((rows, cols // 32), 63, np.uint8), dmin=np.full((rows, supers), 0.02, np.float32))
     x = np.full((20, cols), sign, np.float32)  # (20, cols): every activation quantizes to +-127
     np.testing.assert_array_equal(int_kernels.k_matmul(x, blocks), int_kernels.reference_matmul(x, blocks))
 
