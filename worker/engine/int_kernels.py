@@ -39,21 +39,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from worker.engine.int_tiles import (
-    CHAINS,
-    CHAINS6,
-    CODES_BYTES,
-    RAW6_BYTES,
-    RAW_BYTES,
-    TILE_ROWS,
-    WORDS,
-    WORDS6,
-    finish_tile,
-    q6k_tiles,
-    q45k_tiles,
-    unpack_q6k,
-    unpack_q45k,
-)
+from worker.engine.int_tiles import TILE_ROWS, q6k_task, q45k_task
 from worker.engine.k_blocks import K_KINDS, KBlocks
 from worker.engine.numba_runtime import launch_lock
 from worker.engine.quant_blocks import QK_K
@@ -80,13 +66,11 @@ from worker.engine.simd_int import (
     store_splats,
     with_high_bits,
 )
-from worker.engine.simd_rows import prefetch_rows
 
 ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
 X_TILE = 16  # x rows a task carries over a super-block at once in a wider step (their 16 * 256 int8 stay in L1
 # across the task's weight rows); a step of at most this many rows reads each weight row through in turn instead
 ROWS_PER_TASK = 16  # weight rows a parallel task takes (one scratch allocation each)
-PREFETCH_AHEAD = 4  # super-blocks ahead whose codes the interleaved tiles ask for
 TILE_MIN = 16  # steps of this many rows or more take int_tiles.py's interleaved tiles
 ACT_BLOCK = 64  # activation columns per int8 scale (four per super-block)
 _NO_FIFTH_BITS = np.zeros((1, 0), np.uint8)  # Q4_K's stand-in for Q5_K's fifth bits (one compiled kernel serves both)
@@ -250,27 +234,8 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
                                           flat_sums, r, half, first)
             continue
         if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS:  # two tiles of eight rows (int_tiles.py)
-            tile_codes = np.empty(2 * CODES_BYTES, np.uint8)  # (4096,) a super-block of sixteen rows, unpacked
-            tile_words = np.empty(2 * WORDS, np.int16)  # (384,) their sub-scales and mins
-            tile_raw = np.empty(RAW_BYTES, np.uint8)  # (1280,) packed bytes, transposed
-            stride = (X_TILE + 1) * CHAINS * LANES  # a tile's chains (and a spare x row's)
-            chains = np.empty(2 * stride, np.float32)  # (2*tile*12*8,)
-            for x0 in range(first, last, X_TILE):
-                n = min(X_TILE, last - x0)
-                chains[:] = 0
-                for s in range(supers):
-                    ahead = s + PREFETCH_AHEAD  # then the next task's (most often this thread's next) first ones
-                    ahead_row = low if ahead < supers else low + 2 * TILE_ROWS
-                    if x0 == first and ahead_row + 2 * TILE_ROWS <= rows:
-                        prefetch_rows(flat_codes, ahead_row * half + (ahead % supers) * (QK_K // 2), half,
-                                      2 * TILE_ROWS)
-                    for t in range(2):
-                        unpack_q45k(flat_codes, flat_fifth, scales, flat_mins, low + TILE_ROWS * t, s, half, tile_raw,
-                                    tile_codes[t * CODES_BYTES:], tile_words[t * WORDS:])
-                    q45k_tiles(tile_codes, tile_words, d, dmin, low, s, flat_q, flat_dx8, flat_sums, 2 * half, x0, n,
-                               chains, stride)
-                for t in range(2):
-                    finish_tile(chains, t * stride, n, flat_out, x0, rows, low + TILE_ROWS * t, CHAINS, True)
+            q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, flat_out, half,
+                      low, first, last)
             continue
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) a chain per weight row and x row
         macc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) the mins' chains
@@ -370,27 +335,7 @@ def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: n
                                          half, first)
             continue
         if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS:  # as in _q4k
-            tile_codes = np.empty(2 * CODES_BYTES, np.uint8)  # (4096,) a super-block of sixteen rows, unpacked
-            tile_words = np.empty(2 * WORDS6, np.int16)  # (768,) their sub-scales and paired offsets
-            tile_raw = np.empty(RAW6_BYTES, np.uint8)  # (1536,) packed bytes, transposed
-            stride = (X_TILE + 1) * CHAINS6 * LANES  # a tile's chains (and a spare x row's)
-            chains = np.empty(2 * stride, np.float32)  # (2*tile*8*8,)
-            for x0 in range(first, last, X_TILE):
-                n = min(X_TILE, last - x0)
-                chains[:] = 0
-                for s in range(supers):
-                    ahead = s + PREFETCH_AHEAD  # as in _q4k
-                    ahead_row = low if ahead < supers else low + 2 * TILE_ROWS
-                    if x0 == first and ahead_row + 2 * TILE_ROWS <= rows:
-                        prefetch_rows(flat_low, ahead_row * half + (ahead % supers) * (QK_K // 2), half,
-                                      2 * TILE_ROWS)
-                    for t in range(2):
-                        unpack_q6k(flat_low, flat_high, flat_scales, low + TILE_ROWS * t, s, half, tile_raw,
-                                   tile_codes[t * CODES_BYTES:], tile_words[t * WORDS6:])
-                    q6k_tiles(tile_codes, tile_words, d, low, s, flat_q, flat_dx8, flat_sums, 2 * half, x0, n, chains,
-                              stride)
-                for t in range(2):
-                    finish_tile(chains, t * stride, n, flat_out, x0, rows, low + TILE_ROWS * t, CHAINS6, False)
+            q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, flat_out, half, low, first, last)
             continue
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,)
         splat_scratch = np.empty(8 * 16, np.int16)  # (128,) as in _q4k

@@ -32,6 +32,7 @@ from worker.engine.simd_rows import (
     octets_zero,
     pair_splat,
     pair_sums,
+    prefetch_rows,
     quad_splat,
     row_floats,
     scaled_pairs,
@@ -52,6 +53,8 @@ CHAINS = 12  # float32x8 chains per tile and x row: eight for w (lane 4 * half +
 RAW6_BYTES = 6 * 256  # Q6_K's packed bytes of a tile's super-block, transposed (low four bits, then bits 4-5)
 WORDS6 = 24 * 16  # Q6_K: sixteen group sub-scale vectors, then eight paired offset vectors (int16x16 each)
 CHAINS6 = 8  # Q6_K: float32x8 chains per tile and x row (no mins)
+X_ROWS = 16  # x rows a task carries over a super-block (their chains, 2 * 17 * 12 * 8 float32, stay in L1)
+PREFETCH_AHEAD = 4  # super-blocks ahead whose codes a task asks for
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
@@ -233,3 +236,61 @@ def q6k_tiles(codes, words, d, r0, s, flat_q, flat_dx8, flat_sums, cols, first, 
                 _carry(chains, tile_stride + at0 + lane, isub(w10, scaled_pairs(offsets1, sums0)), vmul(scale1, dx0))
                 _carry(chains, at1 + lane, isub(w01, scaled_pairs(offsets0, sums1)), vmul(scale0, dx1))
                 _carry(chains, tile_stride + at1 + lane, isub(w11, scaled_pairs(offsets1, sums1)), vmul(scale1, dx1))
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def _prefetch(flat_codes, low, s, supers, half, rows):  # pragma: no cover (compiled)
+    """Ask for the codes of super-block s + PREFETCH_AHEAD of rows low..low+15, or past the row's end, of the next
+    task's rows (most often this thread's next task)."""
+    ahead = s + PREFETCH_AHEAD
+    ahead_row = low if ahead < supers else low + 2 * TILE_ROWS
+    if ahead_row + 2 * TILE_ROWS <= rows:
+        prefetch_rows(flat_codes, ahead_row * half + (ahead % supers) * (QK_K // 2), half, 2 * TILE_ROWS)
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, flat_out, half, low,
+              first, last):  # pragma: no cover (compiled)
+    """out[k, low..low+15] for x rows first..last-1 of a Q4_K (or Q5_K) matrix: int_kernels._q4k's task, in tiles."""
+    rows, supers = d.shape
+    codes = np.empty(2 * CODES_BYTES, np.uint8)  # (4096,) a super-block of sixteen rows, unpacked
+    words = np.empty(2 * WORDS, np.int16)  # (384,) their sub-scales and mins
+    raw = np.empty(RAW_BYTES, np.uint8)  # (1280,) packed bytes, transposed
+    stride = (X_ROWS + 1) * CHAINS * LANES  # a tile's chains (and a spare x row's)
+    chains = np.empty(2 * stride, np.float32)  # (2*17*12*8,)
+    for x0 in range(first, last, X_ROWS):
+        n = min(X_ROWS, last - x0)
+        chains[:] = 0
+        for s in range(supers):
+            if x0 == first:  # later passes find the codes in L2
+                _prefetch(flat_codes, low, s, supers, half, rows)
+            for t in range(2):
+                unpack_q45k(flat_codes, flat_fifth, scales, flat_mins, low + TILE_ROWS * t, s, half, raw,
+                            codes[t * CODES_BYTES:], words[t * WORDS:])
+            q45k_tiles(codes, words, d, dmin, low, s, flat_q, flat_dx8, flat_sums, 2 * half, x0, n, chains, stride)
+        for t in range(2):
+            finish_tile(chains, t * stride, n, flat_out, x0, rows, low + TILE_ROWS * t, CHAINS, True)
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, flat_out, half, low, first,
+             last):  # pragma: no cover (compiled)
+    """out[k, low..low+15] for x rows first..last-1 of a Q6_K matrix: int_kernels._q6k's task, in tiles."""
+    rows, supers = d.shape
+    codes = np.empty(2 * CODES_BYTES, np.uint8)  # (4096,) a super-block of sixteen rows, unpacked
+    words = np.empty(2 * WORDS6, np.int16)  # (768,) their sub-scales and paired offsets
+    raw = np.empty(RAW6_BYTES, np.uint8)  # (1536,) packed bytes, transposed
+    stride = (X_ROWS + 1) * CHAINS6 * LANES  # a tile's chains (and a spare x row's)
+    chains = np.empty(2 * stride, np.float32)  # (2*17*8*8,)
+    for x0 in range(first, last, X_ROWS):
+        n = min(X_ROWS, last - x0)
+        chains[:] = 0
+        for s in range(supers):
+            if x0 == first:
+                _prefetch(flat_low, low, s, supers, half, rows)
+            for t in range(2):
+                unpack_q6k(flat_low, flat_high, flat_scales, low + TILE_ROWS * t, s, half, raw,
+                           codes[t * CODES_BYTES:], words[t * WORDS6:])
+            q6k_tiles(codes, words, d, low, s, flat_q, flat_dx8, flat_sums, 2 * half, x0, n, chains, stride)
+        for t in range(2):
+            finish_tile(chains, t * stride, n, flat_out, x0, rows, low + TILE_ROWS * t, CHAINS6, False)

@@ -183,22 +183,6 @@ def prefetch_rows(typingctx: Any, array: Any, index: Any, stride: Any, count: An
 
 
 @intrinsic
-def gather_rows(typingctx: Any, array: Any, index: Any, stride: Any) -> Any:
-    """An int8x32 whose bytes 4r..4r+3 are the four bytes of a flat uint8 array at index + r * stride (r < 8): four
-    columns of each of eight rows, side by side."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        vector = ir.Constant(_V8I32, ir.Undefined)
-        for row in range(8):
-            pointer = _pointer(context, builder, signature.args[0], args[0], _offset(builder, args[1], args[2], row),
-                               _I32)
-            vector = builder.insert_element(vector, builder.load(pointer, align=1), ir.Constant(_I32, row))
-        return builder.bitcast(vector, _V32I8)
-
-    return int8x32(array, types.int64, types.int64), codegen
-
-
-@intrinsic
 def low4(typingctx: Any, octets: Any) -> Any:
     """The low four bits of each byte."""
 
@@ -304,38 +288,6 @@ def scaled_pairs(typingctx: Any, a: Any, scales: Any) -> Any:
         return _maddwd(builder, args[0], args[1])
 
     return int32x8(int16x16, int16x16), codegen
-
-
-@intrinsic
-def row_words(typingctx: Any, array: Any, index: Any, stride: Any, second: Any) -> Any:
-    """An int16x16 with array[index + r * stride] in lane 2r and array[index + r * stride + second] in lane 2r+1
-    (r < 8; a flat int8 or uint8 array, sign- or zero-extended): a block's sub-scale of each row (second 0) or two
-    neighbouring mins of each row (second 1)."""
-    signed = array.dtype.signed
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        vector = ir.Constant(_V16I16, ir.Undefined)
-        for row in range(8):
-            at = _offset(builder, args[1], args[2], row)
-            for lane, where in ((2 * row, at), (2 * row + 1, builder.add(at, args[3]))):
-                octet = builder.load(builder.gep(data, [where]))
-                word = builder.sext(octet, _I16) if signed else builder.zext(octet, _I16)
-                vector = builder.insert_element(vector, word, ir.Constant(_I32, lane))
-        return vector
-
-    return int16x16(array, types.int64, types.int64, types.int64), codegen
-
-
-@intrinsic
-def store_words(typingctx: Any, array: Any, index: Any, words: Any) -> Any:
-    """Write an int16x16 to a flat int16 array from `index` on."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        builder.store(args[2], _pointer(context, builder, signature.args[0], args[0], args[1], _V16I16), align=2)
-        return context.get_dummy_value()
-
-    return types.none(array, types.int64, int16x16), codegen
 
 
 @intrinsic
