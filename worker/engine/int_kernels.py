@@ -71,7 +71,7 @@ ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
 X_TILE = 16  # x rows a task carries over a super-block at once in a wider step (their 16 * 256 int8 stay in L1
 # across the task's weight rows); a step of at most this many rows reads each weight row through in turn instead
 ROWS_PER_TASK = 16  # weight rows a parallel task takes (one scratch allocation each)
-TILE_MIN = 16  # steps of this many rows or more take int_tiles.py's interleaved tiles
+TILE_MIN = 12  # steps of this many rows or more take int_tiles.py's interleaved tiles
 ACT_BLOCK = 64  # activation columns per int8 scale (four per super-block)
 _NO_FIFTH_BITS = np.zeros((1, 0), np.uint8)  # Q4_K's stand-in for Q5_K's fifth bits (one compiled kernel serves both)
 _CACHE = KERNEL_CACHE
