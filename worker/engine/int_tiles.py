@@ -93,11 +93,11 @@ def _half_sums(codes, words, flat_q, qa0, qa1, h, half):  # pragma: no cover (co
         x0, x1 = qa0 + 32 * j + 16 * half, qa1 + 32 * j + 16 * half
         a00, a01, a10, a11 = words_zero(), words_zero(), words_zero(), words_zero()  # int16: at most 4 * 7874
         for c in range(4):
-            c0, c1 = load_octets(codes, at + 32 * c), load_octets(codes, CODES_BYTES + at + 32 * c)
-            q0, q1 = quad_splat(flat_q, x0 + 4 * c), quad_splat(flat_q, x1 + 4 * c)
+            c0, c1 = load_octets(codes, at + 32 * c), load_octets(codes, CODES_BYTES + at + 32 * c)  # (32,) each
+            q0, q1 = quad_splat(flat_q, x0 + 4 * c), quad_splat(flat_q, x1 + 4 * c)  # (32,) each
             a00, a01 = add16(a00, pair_sums(c0, q0)), add16(a01, pair_sums(c0, q1))
             a10, a11 = add16(a10, pair_sums(c1, q0)), add16(a11, pair_sums(c1, q1))
-        s0, s1 = load_words(words, 16 * j), load_words(words, WORDS + 16 * j)
+        s0, s1 = load_words(words, 16 * j), load_words(words, WORDS + 16 * j)  # (16,) each
         t00, t01 = iadd(t00, scaled_pairs(a00, s0)), iadd(t01, scaled_pairs(a01, s0))
         t10, t11 = iadd(t10, scaled_pairs(a10, s1)), iadd(t11, scaled_pairs(a11, s1))
     return t00, t01, t10, t11
@@ -130,7 +130,7 @@ def q45k_tiles(codes, words, d, dmin, r0, s, flat_q, flat_dx8, flat_sums, cols, 
             dx1 = vbroadcast(flat_dx8[(k1 * supers + s) * LANES + h])  # (8,)
             for half in range(2):
                 w00, w01, w10, w11 = _half_sums(codes, words, flat_q, k0 * cols + s * QK_K, k1 * cols + s * QK_K, h,
-                                                half)
+                                                half)  # (8,) int32 each
                 lane = (4 * half + h) * LANES
                 _carry(chains, at0 + lane, w00, vmul(scale0, dx0))  # d * dx, as the row-major loops round it
                 _carry(chains, tile_stride + at0 + lane, w10, vmul(scale1, dx0))
@@ -138,7 +138,7 @@ def q45k_tiles(codes, words, d, dmin, r0, s, flat_q, flat_dx8, flat_sums, cols, 
                 _carry(chains, tile_stride + at1 + lane, w11, vmul(scale1, dx1))
             sums0 = pair_splat(flat_sums, k0 * (cols // 32) + 8 * s + 2 * h)  # (16,) int16
             sums1 = pair_splat(flat_sums, k1 * (cols // 32) + 8 * s + 2 * h)  # (16,)
-            mins0, mins1 = load_words(words, 16 * (8 + h)), load_words(words, WORDS + 16 * (8 + h))
+            mins0, mins1 = load_words(words, 16 * (8 + h)), load_words(words, WORDS + 16 * (8 + h))  # (16,) each
             lane = (8 + h) * LANES
             _carry(chains, at0 + lane, scaled_pairs(mins0, sums0), vmul(negative0, dx0))
             _carry(chains, tile_stride + at0 + lane, scaled_pairs(mins1, sums0), vmul(negative1, dx0))
@@ -193,14 +193,14 @@ def _half_sums6(codes, words, flat_q, qa0, qa1, h, half):  # pragma: no cover (c
     for b in range(2):
         j = 2 * h + b
         g = 2 * j + half  # the group of block j's half
-        s0, s1 = load_words(words, 16 * g), load_words(words, WORDS6 + 16 * g)
+        s0, s1 = load_words(words, 16 * g), load_words(words, WORDS6 + 16 * g)  # (16,) each
         for p in range(2):
             at = (8 * j + 4 * half + 2 * p) * 32
             x0, x1 = qa0 + 32 * j + 16 * half + 8 * p, qa1 + 32 * j + 16 * half + 8 * p
-            c0, c0n = load_octets(codes, at), load_octets(codes, at + 32)
-            c1, c1n = load_octets(codes, CODES_BYTES + at), load_octets(codes, CODES_BYTES + at + 32)
+            c0, c0n = load_octets(codes, at), load_octets(codes, at + 32)  # (32,) each
+            c1, c1n = load_octets(codes, CODES_BYTES + at), load_octets(codes, CODES_BYTES + at + 32)  # (32,) each
             q0, q0n, q1, q1n = (quad_splat(flat_q, x0), quad_splat(flat_q, x0 + 4), quad_splat(flat_q, x1),
-                                quad_splat(flat_q, x1 + 4))
+                                quad_splat(flat_q, x1 + 4))  # (32,) each
             t00 = iadd(t00, scaled_pairs(add16(pair_sums(c0, q0), pair_sums(c0n, q0n)), s0))
             t01 = iadd(t01, scaled_pairs(add16(pair_sums(c0, q1), pair_sums(c0n, q1n)), s0))
             t10 = iadd(t10, scaled_pairs(add16(pair_sums(c1, q0), pair_sums(c1n, q0n)), s1))
@@ -225,7 +225,7 @@ def q6k_tiles(codes, words, d, r0, s, flat_q, flat_dx8, flat_sums, cols, first, 
             dx1 = vbroadcast(flat_dx8[(k1 * supers + s) * LANES + h])  # (8,)
             for half in range(2):
                 w00, w01, w10, w11 = _half_sums6(codes, words, flat_q, k0 * cols + s * QK_K, k1 * cols + s * QK_K,
-                                                 h, half)
+                                                 h, half)  # (8,) int32 each
                 sums = k0 * (cols // 16) + 16 * s + 4 * h + 2 * half  # groups 4h + half and 4h + 2 + half, paired
                 offsets0 = load_words(words, 16 * (16 + 2 * h + half))  # (16,)
                 offsets1 = load_words(words, WORDS6 + 16 * (16 + 2 * h + half))  # (16,)
