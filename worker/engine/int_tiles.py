@@ -26,8 +26,7 @@ from worker.engine.simd_rows import (
     add16,
     high4,
     izero,
-    load_octets,
-    load_words,
+    load_ints,
     low4,
     octets_zero,
     pair_splat,
@@ -69,9 +68,9 @@ def unpack_q45k(flat_codes, flat_fifth, scales, flat_mins, r0, s, half, raw, cod
     if flat_fifth.size:
         transpose_rows(flat_fifth, r0 * (half // 4) + s * (QK_K // 8), half // 4, raw, 1024)
     for c in range(8):
-        fifth = load_octets(raw, 1024 + 32 * c) if flat_fifth.size else octets_zero()  # (32,)
+        fifth = load_ints(raw, 1024 + 32 * c) if flat_fifth.size else octets_zero()  # (32,)
         for t in range(4):
-            packed = load_octets(raw, 256 * t + 32 * c)  # (32,) 8 rows x 4 bytes
+            packed = load_ints(raw, 256 * t + 32 * c)  # (32,) 8 rows x 4 bytes
             low, high = low4(packed), high4(packed)
             if flat_fifth.size:
                 low, high = with_bits(low, fifth, 2 * t, 1), with_bits(high, fifth, 2 * t + 1, 1)
@@ -93,11 +92,11 @@ def _half_sums(codes, words, flat_q, qa0, qa1, h, half):  # pragma: no cover (co
         x0, x1 = qa0 + 32 * j + 16 * half, qa1 + 32 * j + 16 * half
         a00, a01, a10, a11 = words_zero(), words_zero(), words_zero(), words_zero()  # int16: at most 4 * 7874
         for c in range(4):
-            c0, c1 = load_octets(codes, at + 32 * c), load_octets(codes, CODES_BYTES + at + 32 * c)  # (32,) each
+            c0, c1 = load_ints(codes, at + 32 * c), load_ints(codes, CODES_BYTES + at + 32 * c)  # (32,) each
             q0, q1 = quad_splat(flat_q, x0 + 4 * c), quad_splat(flat_q, x1 + 4 * c)  # (32,) each
             a00, a01 = add16(a00, pair_sums(c0, q0)), add16(a01, pair_sums(c0, q1))
             a10, a11 = add16(a10, pair_sums(c1, q0)), add16(a11, pair_sums(c1, q1))
-        s0, s1 = load_words(words, 16 * j), load_words(words, WORDS + 16 * j)  # (16,) each
+        s0, s1 = load_ints(words, 16 * j), load_ints(words, WORDS + 16 * j)  # (16,) each
         t00, t01 = iadd(t00, scaled_pairs(a00, s0)), iadd(t01, scaled_pairs(a01, s0))
         t10, t11 = iadd(t10, scaled_pairs(a10, s1)), iadd(t11, scaled_pairs(a11, s1))
     return t00, t01, t10, t11
@@ -138,7 +137,7 @@ def q45k_tiles(codes, words, d, dmin, r0, s, flat_q, flat_dx8, flat_sums, cols, 
                 _carry(chains, tile_stride + at1 + lane, w11, vmul(scale1, dx1))
             sums0 = pair_splat(flat_sums, k0 * (cols // 32) + 8 * s + 2 * h)  # (16,) int16
             sums1 = pair_splat(flat_sums, k1 * (cols // 32) + 8 * s + 2 * h)  # (16,)
-            mins0, mins1 = load_words(words, 16 * (8 + h)), load_words(words, WORDS + 16 * (8 + h))  # (16,) each
+            mins0, mins1 = load_ints(words, 16 * (8 + h)), load_ints(words, WORDS + 16 * (8 + h))  # (16,) each
             lane = (8 + h) * LANES
             _carry(chains, at0 + lane, scaled_pairs(mins0, sums0), vmul(negative0, dx0))
             _carry(chains, tile_stride + at0 + lane, scaled_pairs(mins1, sums0), vmul(negative1, dx0))
@@ -176,10 +175,10 @@ def unpack_q6k(flat_low, flat_high, flat_scales, r0, s, half, raw, codes_out, wo
         transpose_rows(flat_high, r0 * (cols // 4) + s * (QK_K // 4) + 32 * u, cols // 4, raw, 1024 + 256 * u)
     for c in range(8):
         for j in range(8):  # as int_kernels._q6k_codes orders them
-            packed = load_octets(raw, 256 * (2 * (j // 4) + j % 2) + 32 * c)  # (32,) 8 rows x 4 bytes
+            packed = load_ints(raw, 256 * (2 * (j // 4) + j % 2) + 32 * c)  # (32,) 8 rows x 4 bytes
             low = high4(packed) if (j // 2) % 2 else low4(packed)
             store_octets(codes_out, (8 * j + c) * 32,
-                         with_bits(low, load_octets(raw, 1024 + 256 * (j // 4) + 32 * c), 2 * (j % 4), 3))
+                         with_bits(low, load_ints(raw, 1024 + 256 * (j // 4) + 32 * c), 2 * (j % 4), 3))
     transpose_scales(flat_scales, r0 * groups + 16 * s, groups, words_out, 0)  # groups 0..7
     transpose_scales(flat_scales, r0 * groups + 16 * s + 8, groups, words_out, 128)  # groups 8..15
     transpose_offsets(flat_scales, r0 * groups + 16 * s, groups, words_out, 256)
@@ -193,12 +192,12 @@ def _half_sums6(codes, words, flat_q, qa0, qa1, h, half):  # pragma: no cover (c
     for b in range(2):
         j = 2 * h + b
         g = 2 * j + half  # the group of block j's half
-        s0, s1 = load_words(words, 16 * g), load_words(words, WORDS6 + 16 * g)  # (16,) each
+        s0, s1 = load_ints(words, 16 * g), load_ints(words, WORDS6 + 16 * g)  # (16,) each
         for p in range(2):
             at = (8 * j + 4 * half + 2 * p) * 32
             x0, x1 = qa0 + 32 * j + 16 * half + 8 * p, qa1 + 32 * j + 16 * half + 8 * p
-            c0, c0n = load_octets(codes, at), load_octets(codes, at + 32)  # (32,) each
-            c1, c1n = load_octets(codes, CODES_BYTES + at), load_octets(codes, CODES_BYTES + at + 32)  # (32,) each
+            c0, c0n = load_ints(codes, at), load_ints(codes, at + 32)  # (32,) each
+            c1, c1n = load_ints(codes, CODES_BYTES + at), load_ints(codes, CODES_BYTES + at + 32)  # (32,) each
             q0, q0n, q1, q1n = (quad_splat(flat_q, x0), quad_splat(flat_q, x0 + 4), quad_splat(flat_q, x1),
                                 quad_splat(flat_q, x1 + 4))  # (32,) each
             t00 = iadd(t00, scaled_pairs(add16(pair_sums(c0, q0), pair_sums(c0n, q0n)), s0))
@@ -227,8 +226,8 @@ def q6k_tiles(codes, words, d, r0, s, flat_q, flat_dx8, flat_sums, cols, first, 
                 w00, w01, w10, w11 = _half_sums6(codes, words, flat_q, k0 * cols + s * QK_K, k1 * cols + s * QK_K,
                                                  h, half)  # (8,) int32 each
                 sums = k0 * (cols // 16) + 16 * s + 4 * h + 2 * half  # groups 4h + half and 4h + 2 + half, paired
-                offsets0 = load_words(words, 16 * (16 + 2 * h + half))  # (16,)
-                offsets1 = load_words(words, WORDS6 + 16 * (16 + 2 * h + half))  # (16,)
+                offsets0 = load_ints(words, 16 * (16 + 2 * h + half))  # (16,)
+                offsets1 = load_ints(words, WORDS6 + 16 * (16 + 2 * h + half))  # (16,)
                 sums0 = pair_splat(flat_sums, sums)  # (16,)
                 sums1 = pair_splat(flat_sums, sums + (k1 - k0) * (cols // 16))  # (16,)
                 lane = (4 * half + h) * LANES

@@ -232,13 +232,16 @@ def store_octets(typingctx: Any, array: Any, index: Any, octets: Any) -> Any:
 
 
 @intrinsic
-def load_octets(typingctx: Any, array: Any, index: Any) -> Any:
-    """The int8x32 at a flat uint8 array's `index`."""
+def load_ints(typingctx: Any, array: Any, index: Any) -> Any:
+    """The vector at a flat integer array's `index`: an int8x32 from a uint8 array, an int16x16 from an int16 one."""
+    octets = array.dtype.bitwidth == 8
+    vector, numba_type = (_V32I8, int8x32) if octets else (_V16I16, int16x16)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V32I8), align=1)
+        pointer = _pointer(context, builder, signature.args[0], args[0], args[1], vector)
+        return builder.load(pointer, align=1 if octets else 2)
 
-    return int8x32(array, types.int64), codegen
+    return numba_type(array, types.int64), codegen
 
 
 @intrinsic
@@ -288,16 +291,6 @@ def scaled_pairs(typingctx: Any, a: Any, scales: Any) -> Any:
         return _maddwd(builder, args[0], args[1])
 
     return int32x8(int16x16, int16x16), codegen
-
-
-@intrinsic
-def load_words(typingctx: Any, array: Any, index: Any) -> Any:
-    """The int16x16 at a flat int16 array's `index`."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V16I16), align=2)
-
-    return int16x16(array, types.int64), codegen
 
 
 @intrinsic
