@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 from worker.engine.int_tiles import TILE_ROWS, q6k_task, q45k_task
+from worker.engine.wide_tiles import wide_q6k_task, wide_q45k_task
 from worker.engine.k_blocks import K_KINDS, KBlocks
 from worker.engine.numba_runtime import launch_lock
 from worker.engine.quant_blocks import QK_K
@@ -75,6 +76,7 @@ TILE_MIN = 12  # steps of this many rows or more take int_tiles.py's interleaved
 ACT_BLOCK = 64  # activation columns per int8 scale (four per super-block)
 _NO_FIFTH_BITS = np.zeros((1, 0), np.uint8)  # Q4_K's stand-in for Q5_K's fifth bits (one compiled kernel serves both)
 _CACHE = KERNEL_CACHE
+WIDE = int_path() == "avx512vnni"  # the tiles take wide_tiles.py's 512-bit VNNI form (a constant of the kernels)
 PAIRED_POSITION = np.argsort(np.array(PAIRED_GROUPS))  # where group j of a super-block's 16 sits in sums16
 log = logging.getLogger(__name__)
 
@@ -233,6 +235,10 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
                 out[first, r] = _q45k_row(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8,
                                           flat_sums, r, half, first)
             continue
+        if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS and WIDE:  # sixteen rows a vector (wide_tiles.py)
+            wide_q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, flat_out,
+                           half, low, first, last)
+            continue
         if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS:  # two tiles of eight rows (int_tiles.py)
             q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, flat_out, half,
                       low, first, last)
@@ -333,6 +339,10 @@ def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: n
             for r in range(low, high):
                 out[first, r] = _q6k_row(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, r,
                                          half, first)
+            continue
+        if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS and WIDE:  # as in _q4k
+            wide_q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, flat_out, half, low, first,
+                          last)
             continue
         if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS:  # as in _q4k
             q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, flat_out, half, low, first, last)

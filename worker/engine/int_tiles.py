@@ -57,12 +57,10 @@ PREFETCH_AHEAD = 4  # super-blocks ahead whose codes a task asks for
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
-def unpack_q45k(flat_codes, flat_fifth, scales, flat_mins, r0, s, half, raw, codes_out, words_out):  # pragma: no cover
-    """Super-block s of Q4_K (or, with fifth bits, Q5_K) rows r0..r0+7, interleaved: codes_out[(8j + c) * 32 + 4r + e]
-    is the code of row r0+r, block j, column 4c+e; words_out holds block j's sub-scale of each row (vector j) and
-    quarter h's two mins of each row (vector 8 + h). raw (1280,) is scratch for the packed bytes."""
-    cols = 2 * half
-    sub = cols // 32  # sub-scales (and mins) per row
+def unpack_codes45(flat_codes, flat_fifth, r0, s, half, raw, codes_out, spacing):  # pragma: no cover (compiled)
+    """Super-block s's codes of Q4_K (or, with fifth bits, Q5_K) rows r0..r0+7, interleaved: codes_out[(8j + c) *
+    spacing + 4r + e] is the code of row r0+r, block j, column 4c+e (spacing 32, or 64 where two tiles' vectors lie
+    side by side). raw (1280,) is scratch for the packed bytes."""
     for t in range(4):  # packed bytes 32t..32t+31: blocks 2t (low nibbles) and 2t+1 (high)
         transpose_rows(flat_codes, r0 * half + s * (QK_K // 2) + 32 * t, half, raw, 256 * t)
     if flat_fifth.size:
@@ -74,10 +72,18 @@ def unpack_q45k(flat_codes, flat_fifth, scales, flat_mins, r0, s, half, raw, cod
             low, high = low4(packed), high4(packed)
             if flat_fifth.size:
                 low, high = with_bits(low, fifth, 2 * t, 1), with_bits(high, fifth, 2 * t + 1, 1)
-            store_octets(codes_out, (8 * (2 * t) + c) * 32, low)
-            store_octets(codes_out, (8 * (2 * t + 1) + c) * 32, high)
+            store_octets(codes_out, (8 * (2 * t) + c) * spacing, low)
+            store_octets(codes_out, (8 * (2 * t + 1) + c) * spacing, high)
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def unpack_q45k(flat_codes, flat_fifth, scales, flat_mins, r0, s, half, raw, codes_out, words_out):  # pragma: no cover
+    """Super-block s of Q4_K (or, with fifth bits, Q5_K) rows r0..r0+7: its codes as unpack_codes45 (spacing 32);
+    words_out holds block j's sub-scale of each row (vector j) and quarter h's two mins of each row (vector 8 + h)."""
+    sub = half // 16  # sub-scales (and mins) per row
+    unpack_codes45(flat_codes, flat_fifth, r0, s, half, raw, codes_out, 32)
     transpose_scales(scales.reshape(-1), r0 * sub + 8 * s, sub, words_out, 0)
-    transpose_mins(flat_mins, r0 * sub + 8 * s, sub, words_out, 128)
+    transpose_mins(flat_mins, r0 * sub + 8 * s, sub, words_out, 128, 16)
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
@@ -164,11 +170,10 @@ def finish_tile(chains, base, n, out_flat, first, rows_total, r0, per_row, mins)
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
-def unpack_q6k(flat_low, flat_high, flat_scales, r0, s, half, raw, codes_out, words_out):  # pragma: no cover
-    """Super-block s of Q6_K rows r0..r0+7, interleaved as unpack_q45k's (codes 0..63); words_out holds group g's
-    sub-scale of each row (vector g < 16) and the paired offsets (transpose_offsets: vector 16 + p)."""
+def unpack_codes6(flat_low, flat_high, r0, s, half, raw, codes_out, spacing):  # pragma: no cover (compiled)
+    """Super-block s's codes (0..63) of Q6_K rows r0..r0+7, interleaved as unpack_codes45's. raw (1536,) is
+    scratch."""
     cols = 2 * half
-    groups = cols // 16  # sub-scales per row
     for t in range(4):  # low four bits: chunk t holds blocks 2(t//2)+t%2 (low nibbles) and that + 2 (high)
         transpose_rows(flat_low, r0 * half + s * (QK_K // 2) + 32 * t, half, raw, 256 * t)
     for u in range(2):  # bits 4-5: chunk u holds blocks 4u..4u+3, two bits each
@@ -177,11 +182,19 @@ def unpack_q6k(flat_low, flat_high, flat_scales, r0, s, half, raw, codes_out, wo
         for j in range(8):  # as int_kernels._q6k_codes orders them
             packed = load_ints(raw, 256 * (2 * (j // 4) + j % 2) + 32 * c)  # (32,) 8 rows x 4 bytes
             low = high4(packed) if (j // 2) % 2 else low4(packed)
-            store_octets(codes_out, (8 * j + c) * 32,
+            store_octets(codes_out, (8 * j + c) * spacing,
                          with_bits(low, load_ints(raw, 1024 + 256 * (j // 4) + 32 * c), 2 * (j % 4), 3))
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def unpack_q6k(flat_low, flat_high, flat_scales, r0, s, half, raw, codes_out, words_out):  # pragma: no cover
+    """Super-block s of Q6_K rows r0..r0+7: its codes as unpack_codes6 (spacing 32); words_out holds group g's
+    sub-scale of each row (vector g < 16) and the paired offsets (transpose_offsets: vector 16 + p)."""
+    groups = half // 8  # sub-scales per row
+    unpack_codes6(flat_low, flat_high, r0, s, half, raw, codes_out, 32)
     transpose_scales(flat_scales, r0 * groups + 16 * s, groups, words_out, 0)  # groups 0..7
     transpose_scales(flat_scales, r0 * groups + 16 * s + 8, groups, words_out, 128)  # groups 8..15
-    transpose_offsets(flat_scales, r0 * groups + 16 * s, groups, words_out, 256)
+    transpose_offsets(flat_scales, r0 * groups + 16 * s, groups, words_out, 256, 16)
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
@@ -238,7 +251,7 @@ def q6k_tiles(codes, words, d, r0, s, flat_q, flat_dx8, flat_sums, cols, first, 
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
-def _prefetch(flat_codes, low, s, supers, half, rows):  # pragma: no cover (compiled)
+def prefetch_task(flat_codes, low, s, supers, half, rows):  # pragma: no cover (compiled)
     """Ask for the codes of super-block s + PREFETCH_AHEAD of rows low..low+15, or past the row's end, of the next
     task's rows (most often this thread's next task)."""
     ahead = s + PREFETCH_AHEAD
@@ -262,7 +275,7 @@ def q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_d
         chains[:] = 0
         for s in range(supers):
             if x0 == first:  # later passes find the codes in L2
-                _prefetch(flat_codes, low, s, supers, half, rows)
+                prefetch_task(flat_codes, low, s, supers, half, rows)
             for t in range(2):
                 unpack_q45k(flat_codes, flat_fifth, scales, flat_mins, low + TILE_ROWS * t, s, half, raw,
                             codes[t * CODES_BYTES:], words[t * WORDS:])
@@ -286,7 +299,7 @@ def q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, f
         chains[:] = 0
         for s in range(supers):
             if x0 == first:
-                _prefetch(flat_low, low, s, supers, half, rows)
+                prefetch_task(flat_low, low, s, supers, half, rows)
             for t in range(2):
                 unpack_q6k(flat_low, flat_high, flat_scales, low + TILE_ROWS * t, s, half, raw,
                            codes[t * CODES_BYTES:], words[t * WORDS6:])

@@ -1,9 +1,12 @@
 """Integer vectors for the int8 kernels (int_kernels.py): 32 codes in one AVX register, multiplied into 32 int8
-activations with AVX2's `vpmaddubsw` / `vpmaddwd`, or with portable LLVM vector code that gives the same integers.
+activations with AVX2's `vpmaddubsw` / `vpmaddwd`, or with portable LLVM vector code that gives the same integers
+(the 512-bit VNNI vectors of the wide tiles are simd_wide.py's).
 
 An int8x32 holds 32 unsigned codes (0..63); an int16x16 holds sub-scales; an int32x8 holds partial sums (lane l of
-a 32-column product is the sum of columns 4l..4l+3). The path is chosen once per process (`int_path`): "avx2"
-where the CPU has AVX2, else "generic"; LLMFLEET_INT_KERNELS=avx2|generic forces one (the tests run both). No sum
+a 32-column product is the sum of columns 4l..4l+3). The path is chosen once per process (`int_path`):
+"avx512vnni" where the CPU has AVX-512 (F, BW, VL) with VNNI (AVX2 here, and wide_tiles.py's 512-bit tiles for the
+wider steps), else "avx2" where it has AVX2, else "generic"; LLMFLEET_INT_KERNELS=avx512vnni|avx2|generic forces
+one this CPU has (the tests run each). No sum
 here can saturate: a code is at most 63 and an activation at most 127 in magnitude, so a pair of products is at
 most 16002 (< 32767) and vpmaddubsw's saturation never applies; the generic path therefore equals it exactly.
 """
@@ -25,23 +28,35 @@ _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V32I8, _V16I16, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
 _V16I8, _V8I8 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 8)
 _V8F = ir.VectorType(ir.FloatType(), 8)
-PATHS = ("avx2", "generic")
+PATHS = ("avx512vnni", "avx2", "generic")
+_NEEDS = {"avx512vnni": ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512vnni"), "avx2": ("avx2",), "generic": ()}
+
+
+def supported_paths() -> tuple[str, ...]:
+    """The paths this CPU can run, fastest first."""
+    features = llvm_binding.get_host_cpu_features()
+    return tuple(path for path in PATHS if all(features.get(flag) for flag in _NEEDS[path]))
 
 
 def detected_path() -> str:
-    """The path this CPU takes unless forced: avx2 where it has AVX2, else generic."""
-    return "avx2" if llvm_binding.get_host_cpu_features().get("avx2") else "generic"
+    """The path this CPU takes unless forced: the fastest it supports."""
+    return supported_paths()[0]
 
 
 @cache
 def int_path() -> str:
     """The integer instruction path of this process: LLMFLEET_INT_KERNELS when set, else detected_path()."""
     forced = os.environ.get("LLMFLEET_INT_KERNELS", "").strip().lower()
-    if forced in PATHS:
-        return forced
-    if forced:
-        raise ValueError(f"LLMFLEET_INT_KERNELS={forced!r}: expected one of {', '.join(PATHS)}")
-    return detected_path()
+    if not forced:
+        return detected_path()
+    if forced not in supported_paths():
+        raise ValueError(f"LLMFLEET_INT_KERNELS={forced!r}: this CPU runs {', '.join(supported_paths())}")
+    return forced
+
+
+def avx2_instructions() -> bool:
+    """Whether this process emits AVX2's integer instructions (the avx512vnni path does too)."""
+    return int_path() != "generic"
 
 
 KERNEL_CACHE = int_path() == detected_path()  # numba's on-disk cache is keyed on the CPU, not on
@@ -144,7 +159,7 @@ def dot_scaled(typingctx: Any, codes: Any, q: Any, q_index: Any, scales: Any) ->
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         values = builder.load(_pointer(context, builder, signature.args[1], args[1], args[2], _V32I8), align=1)
-        if int_path() == "avx2":
+        if avx2_instructions():
             pairs = builder.call(_function(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8]),
                                  [args[0], values])
         else:
@@ -237,7 +252,7 @@ def ifloat(typingctx: Any, a: Any) -> Any:
 
 def _maddwd(builder: Any, a: Any, b: Any) -> Any:
     """int16x16 a times b, adjacent products summed into int32x8 (vpmaddwd on AVX2; exact here: no input is -32768)."""
-    if int_path() == "avx2":
+    if avx2_instructions():
         return builder.call(_function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16]), [a, b])
     wide = ir.VectorType(_I32, 16)
     return _pairs(builder, builder.mul(builder.sext(a, wide), builder.sext(b, wide)), 8)
@@ -245,7 +260,7 @@ def _maddwd(builder: Any, a: Any, b: Any) -> Any:
 
 def _hadd(builder: Any, a: Any, b: Any) -> Any:
     """vphaddd's lanes: per 128-bit half, a's adjacent pairs summed, then b's."""
-    if int_path() == "avx2":
+    if avx2_instructions():
         return builder.call(_function(builder, "llvm.x86.avx2.phadd.d", _V8I32, [_V8I32, _V8I32]), [a, b])
     even = builder.shuffle_vector(a, b, ir.Constant(_V8I32, [0, 2, 8, 10, 4, 6, 12, 14]))
     odd = builder.shuffle_vector(a, b, ir.Constant(_V8I32, [1, 3, 9, 11, 5, 7, 13, 15]))

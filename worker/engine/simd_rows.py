@@ -27,10 +27,10 @@ from worker.engine.simd_int import (
     _pairs,
     _pointer,
     _splat,
+    avx2_instructions,
     int8x32,
     int16x16,
     int32x8,
-    int_path,
 )
 
 _I64 = ir.IntType(64)
@@ -68,10 +68,11 @@ def _transpose8(builder: Any, rows: list[Any]) -> list[Any]:
 
 
 def _store_vectors(context: Any, builder: Any, array_type: Any, array: Any, index: Any, vectors: list[Any],
-                   step: int) -> None:
-    """Store <8 x i32> vectors into a flat array from `index` on, `step` elements apart."""
+                   step: Any) -> None:
+    """Store <8 x i32> vectors into a flat array from `index` on, `step` elements apart (an int, or an int64 value)."""
     for number, vector in enumerate(vectors):
-        at = builder.add(index, ir.Constant(_I64, step * number))
+        distance = ir.Constant(_I64, step * number) if isinstance(step, int) else builder.mul(step, ir.Constant(_I64, number))
+        at = builder.add(index, distance)
         builder.store(vector, _pointer(context, builder, array_type, array, at, _V8I32), align=1)
 
 
@@ -112,10 +113,11 @@ def transpose_scales(typingctx: Any, array: Any, index: Any, stride: Any, out: A
 
 
 @intrinsic
-def transpose_offsets(typingctx: Any, array: Any, index: Any, stride: Any, out: Any, out_index: Any) -> Any:
+def transpose_offsets(typingctx: Any, array: Any, index: Any, stride: Any, out: Any, out_index: Any, step: Any) -> Any:
     """Q6_K's sixteen int8 sub-scales at index + r * stride (r < 8), in PAIRED_GROUPS order and times 32, as eight
-    int16x16 from out_index of a flat int16 array: vector p holds row r's paired scales 2p and 2p+1 in lanes 2r and
-    2r+1 (the codes' -32, taken off per quarter and half with the group sums in the same order)."""
+    int16x16 from out_index of a flat int16 array, `step` elements apart: vector p holds row r's paired scales 2p and
+    2p+1 in lanes 2r and 2r+1 (the codes' -32, taken off per quarter and half with the group sums in the same
+    order)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         rows = []
@@ -126,16 +128,17 @@ def transpose_offsets(typingctx: Any, array: Any, index: Any, stride: Any, out: 
             paired = builder.shuffle_vector(octets, octets, ir.Constant(ir.VectorType(_I32, 16), list(PAIRED_GROUPS)))
             words = builder.shl(builder.sext(paired, _V16I16), _splat(_V16I16, 5))
             rows.append(builder.bitcast(words, _V8I32))
-        _store_vectors(context, builder, signature.args[3], args[3], args[4], _transpose8(builder, rows), 16)
+        _store_vectors(context, builder, signature.args[3], args[3], args[4], _transpose8(builder, rows), args[5])
         return context.get_dummy_value()
 
-    return types.none(array, types.int64, types.int64, out, types.int64), codegen
+    return types.none(array, types.int64, types.int64, out, types.int64, types.int64), codegen
 
 
 @intrinsic
-def transpose_mins(typingctx: Any, array: Any, index: Any, stride: Any, out: Any, out_index: Any) -> Any:
-    """The eight uint8 at index + r * stride (r < 8) as four int16x16 from out_index of a flat int16 array: vector h
-    holds row r's bytes 2h and 2h+1 in lanes 2r and 2r+1 (a quarter's two mins of each row)."""
+def transpose_mins(typingctx: Any, array: Any, index: Any, stride: Any, out: Any, out_index: Any, step: Any) -> Any:
+    """The eight uint8 at index + r * stride (r < 8) as four int16x16 from out_index of a flat int16 array, `step`
+    elements apart: vector h holds row r's bytes 2h and 2h+1 in lanes 2r and 2r+1 (a quarter's two mins of each
+    row)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         rows = []
@@ -145,10 +148,10 @@ def transpose_mins(typingctx: Any, array: Any, index: Any, stride: Any, out: Any
             words = builder.zext(builder.load(pointer, align=1), ir.VectorType(_I16, 8))
             pairs = builder.bitcast(words, ir.VectorType(_I32, 4))
             rows.append(builder.shuffle_vector(pairs, pairs, ir.Constant(_V8I32, [0, 1, 2, 3, 0, 1, 2, 3])))
-        _store_vectors(context, builder, signature.args[3], args[3], args[4], _transpose8(builder, rows)[:4], 16)
+        _store_vectors(context, builder, signature.args[3], args[3], args[4], _transpose8(builder, rows)[:4], args[5])
         return context.get_dummy_value()
 
-    return types.none(array, types.int64, types.int64, out, types.int64), codegen
+    return types.none(array, types.int64, types.int64, out, types.int64, types.int64), codegen
 
 
 @intrinsic
@@ -264,7 +267,7 @@ def pair_sums(typingctx: Any, codes: Any, values: Any) -> Any:
     sum here comes near saturation)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        if int_path() == "avx2":
+        if avx2_instructions():
             return builder.call(_function(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8]),
                                 [args[0], args[1]])
         wide = ir.VectorType(_I16, 32)

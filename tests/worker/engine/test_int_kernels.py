@@ -1,5 +1,6 @@
 """worker.engine.int_kernels: the integer matmuls over Q4_K, Q5_K and Q6_K equal their numpy reference bit for bit
-at every row count (the row-major loops and int_tiles.py's interleaved tiles alike), on both instruction paths; a
+at every row count (the row-major loops, int_tiles.py's interleaved tiles and wide_tiles.py's 512-bit ones alike), on
+every instruction path this CPU has; a
 row's result does not depend on the rest of its step; the activations are int8 per 64 columns and the result stays
 close to float arithmetic."""
 
@@ -16,7 +17,8 @@ import pytest
 from tests.support.quant_data import random_blocks
 from worker.engine import int_kernels
 from worker.engine.k_blocks import K_KINDS, KBlocks, decode_k_blocks
-from worker.engine.simd_int import PAIRED_GROUPS, PATHS, int_path
+from worker.engine import simd_int
+from worker.engine.simd_int import PAIRED_GROUPS, PATHS, int_path, supported_paths
 
 REPO = Path(__file__).resolve().parents[3]
 ROW_COUNTS = (1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 64, 65, 70)
@@ -101,7 +103,8 @@ def test_close_to_float_arithmetic(kind: str) -> None:
 
 
 def test_generic_path_gives_the_same_bits_as_this_cpus(tmp_path: Path) -> None:
-    """LLMFLEET_INT_KERNELS forces each path; every path this CPU has gives the reference's bits."""
+    """LLMFLEET_INT_KERNELS forces each path; every path this CPU has gives the reference's bits (25 weight rows: a
+    full task of sixteen takes the tiles, eight-row or wide, at 17 x rows)."""
     script = (
         "import sys, numpy as np\n"
         "from tests.worker.engine.test_int_kernels import matrix, activations\n"
@@ -113,9 +116,8 @@ def test_generic_path_gives_the_same_bits_as_this_cpus(tmp_path: Path) -> None:
         "np.savez(sys.argv[2], *out)\n"
     )
     results = {}
-    for path in PATHS:
-        if path == "avx2" and int_path() != "avx2":
-            continue  # (this CPU has no AVX2: only the generic path exists here)
+    skipped = [path for path in PATHS if path not in supported_paths()]
+    for path in supported_paths():
         target = tmp_path / f"{path}.npz"
         env = {**os.environ, "LLMFLEET_INT_KERNELS": path, "PYTHONPATH": str(REPO)}
         subprocess.run([sys.executable, "-c", script, path, str(target)], cwd=REPO, env=env, check=True, timeout=600)
@@ -125,6 +127,22 @@ def test_generic_path_gives_the_same_bits_as_this_cpus(tmp_path: Path) -> None:
     for path, arrays in results.items():
         for i, want in enumerate(expected):
             np.testing.assert_array_equal(arrays[f"arr_{i}"], want, err_msg=path)
+    if skipped:
+        pytest.skip(f"this CPU lacks the {', '.join(skipped)} path: checked only {', '.join(supported_paths())}")
+
+
+def test_a_path_this_cpu_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forcing AVX2 or AVX-512 VNNI on a CPU without them is refused at start, never an illegal instruction."""
+    monkeypatch.setattr(simd_int.llvm_binding, "get_host_cpu_features", lambda: {"avx2": True})
+    assert supported_paths() == ("avx2", "generic")
+    monkeypatch.setenv("LLMFLEET_INT_KERNELS", "avx512vnni")
+    int_path.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="this CPU runs avx2, generic"):
+            int_path()
+    finally:
+        monkeypatch.delenv("LLMFLEET_INT_KERNELS")
+        int_path.cache_clear()
 
 
 def test_a_bad_path_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,290 @@
+"""512-bit vectors across sixteen weight rows, for wide_tiles.py: lane group r of an int8x64 (bytes 4r..4r+3), lane
+r of an int32x16 or a float32x16 belongs to weight row r, as in simd_rows.py's eight-row vectors. On the
+"avx512vnni" path (simd_int.int_path) a product of codes and one x row's four activations is one `vpdpbusd` and a
+sub-scale is applied by `vpdpwssd` or `vpmulld`; elsewhere the same integers come from portable LLVM vector code
+(compiled, never run: wide tiles are taken only on that path).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from worker.engine.simd_int import _I16, _I32, _V8I32, _function, _pointer, _vector_type, int_path
+from worker.engine.simd_rows import _offset, _transpose8
+
+WIDE_ROWS = 16  # weight rows side by side in a wide vector
+_I8, _F32, _I64 = ir.IntType(8), ir.FloatType(), ir.IntType(64)
+_V64I8, _V32I16, _V16I32 = ir.VectorType(_I8, 64), ir.VectorType(_I16, 32), ir.VectorType(_I32, 16)
+_V16F = ir.VectorType(_F32, 16)
+_STRICT = ("nsz",)  # as simd.py's: no reassociation, no contraction
+
+int8x64 = _vector_type("int8x64", _V64I8)  # sixteen rows' four codes each
+int32x16 = _vector_type("int32x16", _V16I32)  # one int32 (or two int16) per row
+float32x16 = _vector_type("float32x16", _V16F)  # one float32 per row
+
+
+def _vnni() -> bool:
+    """Whether this process emits AVX-512 VNNI instructions."""
+    return int_path() == "avx512vnni"
+
+
+def _broadcast_dword(builder: Any, value: Any) -> Any:
+    """An i32 in all sixteen lanes."""
+    first = builder.insert_element(ir.Constant(_V16I32, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(first, ir.Constant(_V16I32, ir.Undefined), ir.Constant(_V16I32, [0] * 16))
+
+
+def _sum_groups(builder: Any, vector: Any, size: int) -> Any:
+    """Lane l: the sum of lanes size*l .. size*l + size - 1 (portable code)."""
+    count = vector.type.count // size
+    total = None
+    for offset in range(size):
+        part = builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_I32, count),
+                                                                  list(range(offset, vector.type.count, size))))
+        total = part if total is None else builder.add(total, part)
+    return total
+
+
+@intrinsic
+def wload_codes(typingctx: Any, array: Any, index: Any) -> Any:
+    """The 64 bytes of a flat uint8 array from `index` on."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V64I8), align=1)
+
+    return int8x64(array, types.int64), codegen
+
+
+@intrinsic
+def wquad_splat(typingctx: Any, q: Any, index: Any) -> Any:
+    """The four int8 of a flat array from `index` on, repeated for all sixteen rows."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        value = builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _I32), align=1)
+        return builder.bitcast(_broadcast_dword(builder, value), _V64I8)
+
+    return int8x64(q, types.int64), codegen
+
+
+@intrinsic
+def wdot4(typingctx: Any, acc: Any, codes: Any, values: Any) -> Any:
+    """acc + (lane r: the four products of codes (unsigned) and values (signed) in bytes 4r..4r+3), exact (vpdpbusd)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        if _vnni():
+            function = _function(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [_V16I32, _V16I32, _V16I32])
+            return builder.call(function, [args[0], builder.bitcast(args[1], _V16I32),
+                                           builder.bitcast(args[2], _V16I32)])
+        wide = ir.VectorType(_I32, 64)
+        products = builder.mul(builder.zext(args[1], wide), builder.sext(args[2], wide))  # (64,)
+        return builder.add(args[0], _sum_groups(builder, products, 4))
+
+    return int32x16(int32x16, int8x64, int8x64), codegen
+
+
+def _word_products(builder: Any, a: Any, b: Any) -> Any:
+    """Lane r: a's int16 2r * b's 2r + a's 2r+1 * b's 2r+1 (vpmaddwd's sums, portable code)."""
+    wide = ir.VectorType(_I32, 32)
+    words_a, words_b = builder.bitcast(a, _V32I16), builder.bitcast(b, _V32I16)
+    return _sum_groups(builder, builder.mul(builder.sext(words_a, wide), builder.sext(words_b, wide)), 2)
+
+
+@intrinsic
+def wdot_words(typingctx: Any, acc: Any, a: Any, b: Any) -> Any:
+    """acc + (lane r: a's int16 pair times b's, summed) (vpdpwssd). With b's high words zero and a's lanes within
+    int16, that is acc + a * b exactly."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        if _vnni():
+            function = _function(builder, "llvm.x86.avx512.vpdpwssd.512", _V16I32, [_V16I32, _V16I32, _V16I32])
+            return builder.call(function, [args[0], args[1], args[2]])
+        return builder.add(args[0], _word_products(builder, args[1], args[2]))
+
+    return int32x16(int32x16, int32x16, int32x16), codegen
+
+
+@intrinsic
+def wmadd_words(typingctx: Any, a: Any, b: Any) -> Any:
+    """Lane r: a's int16 pair times b's, summed (vpmaddwd; exact here: no input is -32768)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        if _vnni():
+            function = _function(builder, "llvm.x86.avx512.pmaddw.d.512", _V16I32, [_V32I16, _V32I16])
+            return builder.call(function, [builder.bitcast(args[0], _V32I16), builder.bitcast(args[1], _V32I16)])
+        return _word_products(builder, args[0], args[1])
+
+    return int32x16(int32x16, int32x16), codegen
+
+
+def _int_operation(name: str, instruction: str, doc: str) -> Any:
+    """A two-vector int32x16 intrinsic applying one LLVM integer instruction lane by lane."""
+
+    def operation(typingctx: Any, a: Any, b: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return getattr(builder, instruction)(args[0], args[1])
+
+        return int32x16(int32x16, int32x16), codegen
+
+    operation.__name__ = operation.__qualname__ = name
+    operation.__doc__ = doc
+    return intrinsic(operation)
+
+
+wadd = _int_operation("wadd", "add", "a + b, lane by lane (int32).")
+wsub = _int_operation("wsub", "sub", "a - b, lane by lane (int32).")
+wmul = _int_operation("wmul", "mul", "a * b, lane by lane (int32, vpmulld; exact while it fits).")
+
+
+@intrinsic
+def wzero(typingctx: Any) -> Any:
+    """Sixteen int32 zeros."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return ir.Constant(_V16I32, [0] * 16)
+
+    return int32x16(), codegen
+
+
+@intrinsic
+def wload_ints(typingctx: Any, array: Any, index: Any) -> Any:
+    """The 64 bytes of a flat int32 (sixteen lanes) or int16 (sixteen pairs) array from `index` on."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V16I32), align=2)
+
+    return int32x16(array, types.int64), codegen
+
+
+@intrinsic
+def wpair_splat(typingctx: Any, sums: Any, index: Any) -> Any:
+    """The two int16 of a flat array at `index` and `index + 1`, repeated in all sixteen lane pairs."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        value = builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _I32), align=2)
+        return _broadcast_dword(builder, value)
+
+    return int32x16(sums, types.int64), codegen
+
+
+@intrinsic
+def transpose_scales32(typingctx: Any, array: Any, index: Any, stride: Any, out: Any, out_index: Any,
+                       step: Any) -> Any:
+    """The eight uint8 (or int8) at index + r * stride (r < 8) as int32 (zero- or sign-extended), side by side: out
+    (a flat int32 array) gets vector j, row r's byte j in lane r, at out_index + j * step."""
+    signed = array.dtype.signed
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        rows = []
+        for row in range(8):
+            pointer = _pointer(context, builder, signature.args[0], args[0], _offset(builder, args[1], args[2], row),
+                               ir.VectorType(_I8, 8))
+            rows.append((builder.sext if signed else builder.zext)(builder.load(pointer, align=1), _V8I32))
+        vectors = _transpose8(builder, rows)
+        for number, vector in enumerate(vectors):
+            at = builder.add(args[4], builder.mul(args[5], ir.Constant(_I64, number)))
+            builder.store(vector, _pointer(context, builder, signature.args[3], args[3], at, _V8I32), align=4)
+        return context.get_dummy_value()
+
+    return types.none(array, types.int64, types.int64, out, types.int64, types.int64), codegen
+
+
+def _float_operation(name: str, instruction: str, doc: str) -> Any:
+    """A two-vector float32x16 intrinsic applying one strict LLVM float instruction lane by lane."""
+
+    def operation(typingctx: Any, a: Any, b: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return getattr(builder, instruction)(args[0], args[1], flags=_STRICT)
+
+        return float32x16(float32x16, float32x16), codegen
+
+    operation.__name__ = operation.__qualname__ = name
+    operation.__doc__ = doc
+    return intrinsic(operation)
+
+
+wfadd = _float_operation("wfadd", "fadd", "a + b, lane by lane (float32).")
+wfmul = _float_operation("wfmul", "fmul", "a * b, lane by lane (float32).")
+
+
+@intrinsic
+def wfma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+    """a * b + c, lane by lane, rounded once (llvm.fma, as simd.vfma)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        function = _function(builder, "llvm.fma.v16f32", _V16F, [_V16F, _V16F, _V16F])
+        return builder.call(function, [args[0], args[1], args[2]])
+
+    return float32x16(float32x16, float32x16, float32x16), codegen
+
+
+@intrinsic
+def wfloat(typingctx: Any, a: Any) -> Any:
+    """The sixteen int32 lanes as float32 (rounded to nearest even, as numpy's conversion)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.sitofp(args[0], _V16F)
+
+    return float32x16(int32x16), codegen
+
+
+@intrinsic
+def wfzero(typingctx: Any) -> Any:
+    """Sixteen float32 zeros."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return ir.Constant(_V16F, [0.0] * 16)
+
+    return float32x16(), codegen
+
+
+@intrinsic
+def wfbroadcast(typingctx: Any, value: Any) -> Any:
+    """A float32 in all sixteen lanes."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        value = context.cast(builder, args[0], signature.args[0], types.float32)
+        first = builder.insert_element(ir.Constant(_V16F, ir.Undefined), value, ir.Constant(_I32, 0))
+        return builder.shuffle_vector(first, ir.Constant(_V16F, ir.Undefined), ir.Constant(_V16I32, [0] * 16))
+
+    return float32x16(value), codegen
+
+
+@intrinsic
+def wfload(typingctx: Any, array: Any, index: Any) -> Any:
+    """The sixteen float32 of a flat array from `index` on."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V16F), align=4)
+
+    return float32x16(array, types.int64), codegen
+
+
+@intrinsic
+def wfstore(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
+    """Write sixteen float32 to a flat array from `index` on."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        builder.store(args[2], _pointer(context, builder, signature.args[0], args[0], args[1], _V16F), align=4)
+        return context.get_dummy_value()
+
+    return types.none(array, types.int64, float32x16), codegen
+
+
+@intrinsic
+def wrow_floats(typingctx: Any, array: Any, index: Any, stride: Any) -> Any:
+    """A float32x16 of a flat float32 array's elements index + r * stride (r < 16)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        vector = ir.Constant(_V16F, ir.Undefined)
+        for row in range(WIDE_ROWS):
+            value = builder.load(builder.gep(data, [_offset(builder, args[1], args[2], row)]))
+            vector = builder.insert_element(vector, value, ir.Constant(_I32, row))
+        return vector
+
+    return float32x16(array, types.int64, types.int64), codegen
+
