@@ -40,7 +40,6 @@ import numpy as np
 from numba import njit, prange
 
 from worker.engine.int_tiles import TILE_ROWS, q6k_task, q45k_task
-from worker.engine.wide_tiles import wide_q6k_task, wide_q45k_task
 from worker.engine.k_blocks import K_KINDS, KBlocks
 from worker.engine.numba_runtime import launch_lock
 from worker.engine.quant_blocks import QK_K
@@ -67,6 +66,7 @@ from worker.engine.simd_int import (
     store_splats,
     with_high_bits,
 )
+from worker.engine.wide_tiles import wide_q6k_task, wide_q45k_task
 
 ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
 X_TILE = 16  # x rows a task carries over a super-block at once in a wider step (their 16 * 256 int8 stay in L1

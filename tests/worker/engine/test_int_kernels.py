@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 from tests.support.quant_data import random_blocks
-from worker.engine import int_kernels
+from worker.engine import int_kernels, simd_int
 from worker.engine.k_blocks import K_KINDS, KBlocks, decode_k_blocks
-from worker.engine import simd_int
 from worker.engine.simd_int import PAIRED_GROUPS, PATHS, int_path, supported_paths
 
 REPO = Path(__file__).resolve().parents[3]
