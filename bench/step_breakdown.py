@@ -7,7 +7,7 @@ subprocess with that tree first on sys.path), alternating, so background load hi
 - attention: the share of profiled step time spent in the attention functions (KV writes, gathers,
   scores, softmax, values), applied to the unprofiled step time;
 - other: the rest (norms, RoPE, activations, embedding, sampling, detokenizing, scheduling).
-Run: python bench/step_breakdown.py [--streams 32] [--prompt-tokens 16] [--ref fb9a5c4] [--rounds 3]
+Run: python bench/step_breakdown.py [--streams 32] [--prompt-tokens 16] [--ref fb9a5c4] [--rounds 3] [--model smollm2-135m]
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _scheduler(engine: Any, streams: int) -> Any:
     return Scheduler(engine, config)
 
 
-def measure(streams: int, steps: int, prompt_tokens: int = 16) -> dict[str, float]:
+def measure(streams: int, steps: int, prompt_tokens: int = 16, model: str = "smollm2-135m") -> dict[str, float]:
     """Seconds per decode step: total, matmul, attention, other (this process's tree)."""
     sys.path.insert(0, str(Path.cwd() / "bench"))  # the measured tree's own bench/engine.py
     from engine import matmul_chain_rate
@@ -55,7 +55,7 @@ def measure(streams: int, steps: int, prompt_tokens: int = 16) -> dict[str, floa
     from worker.engine.sampling import SamplingParams
     from worker.models import resolve
     from worker.schedule.sequences import GenerationRequest
-    engine = Engine.load(resolve("smollm2-135m"))
+    engine = Engine.load(resolve(model))
     rng = np.random.default_rng(streams)
     warmup = -(-streams * prompt_tokens // 512) + 2  # steps until every prompt is prefilled (512-token prefill budget)
     params = GenerationParams(max_tokens=2 * steps + warmup + 4, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
@@ -82,11 +82,11 @@ def measure(streams: int, steps: int, prompt_tokens: int = 16) -> dict[str, floa
             "other": step_s - matmul_s - attention_s, "tok_s": streams / step_s}
 
 
-def _run_in(tree: Path, streams: int, steps: int, prompt_tokens: int) -> dict[str, float]:
+def _run_in(tree: Path, streams: int, steps: int, prompt_tokens: int, model: str) -> dict[str, float]:
     """measure() in a subprocess whose imports come from `tree`."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     out = subprocess.run([sys.executable, __file__, "--child", "--streams", str(streams), "--steps", str(steps),
-                          "--prompt-tokens", str(prompt_tokens)],
+                          "--prompt-tokens", str(prompt_tokens), "--model", model],
                          cwd=tree, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -99,10 +99,11 @@ def main() -> None:
     parser.add_argument("--ref", default="fb9a5c4", help="git revision to compare with ('' = none)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length: the context the steps attend to")
+    parser.add_argument("--model", default="smollm2-135m", help="a model name or GGUF path (worker.models.resolve)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.streams, args.steps, args.prompt_tokens)))
+        print(json.dumps(measure(args.streams, args.steps, args.prompt_tokens, args.model)))
         return
     here = Path(__file__).resolve().parent.parent
     trees = {"this tree": here}
@@ -115,7 +116,7 @@ def main() -> None:
             results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
             for _ in range(args.rounds):
                 for name, tree in trees.items():
-                    results[name].append(_run_in(tree, args.streams, args.steps, args.prompt_tokens))
+                    results[name].append(_run_in(tree, args.streams, args.steps, args.prompt_tokens, args.model))
         finally:
             if args.ref:
                 subprocess.run(["git", "worktree", "remove", "--force", str(ref_tree)], cwd=here, check=False)

@@ -26,7 +26,6 @@ from worker.engine.int_tiles import (
     RAW6_BYTES,
     RAW_BYTES,
     TILE_ROWS,
-    X_ROWS,
     prefetch_task,
     unpack_codes6,
     unpack_codes45,
@@ -60,6 +59,7 @@ from worker.engine.simd_wide import (
 )
 
 SPACING = 2 * 32  # bytes between a wide tile's code vectors (two eight-row tiles' side by side)
+X_ROWS = 32  # x rows a task carries over a super-block (their chains, 33 * 12 * 16 float32, stay in L1)
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
@@ -148,7 +148,7 @@ def wide_q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, f
     scales32 = np.empty(8 * WIDE_ROWS, np.int32)  # (128,) its sub-scales
     mins_words = np.empty(4 * 2 * WIDE_ROWS, np.int16)  # (128,) its mins, in pairs
     raw = np.empty(RAW_BYTES, np.uint8)  # (1280,) packed bytes, transposed
-    chains = np.empty((X_ROWS + 1) * CHAINS * WIDE_ROWS, np.float32)  # (17*12*16,)
+    chains = np.empty((X_ROWS + 1) * CHAINS * WIDE_ROWS, np.float32)  # (33*12*16,)
     for x0 in range(first, last, X_ROWS):
         n = min(X_ROWS, last - x0)
         chains[:] = 0
@@ -221,7 +221,7 @@ def wide_q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_su
     scales32 = np.empty(16 * WIDE_ROWS, np.int32)  # (256,) sixteen groups' sub-scales
     offsets = np.empty(8 * 2 * WIDE_ROWS, np.int16)  # (256,) the paired offsets
     raw = np.empty(RAW6_BYTES, np.uint8)  # (1536,)
-    chains = np.empty((X_ROWS + 1) * CHAINS6 * WIDE_ROWS, np.float32)  # (17*8*16,)
+    chains = np.empty((X_ROWS + 1) * CHAINS6 * WIDE_ROWS, np.float32)  # (33*8*16,)
     for x0 in range(first, last, X_ROWS):
         n = min(X_ROWS, last - x0)
         chains[:] = 0
