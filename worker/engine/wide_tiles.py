@@ -11,7 +11,9 @@ Per x row and 16 columns of a block: four `vpdpbusd` sum 16 products per row, th
 in integers. Q4_K: one `vpdpwssd` (the sum is below 16 * 15 * 127 < 32768, so its low int16 times the sub-scale is
 exact); Q5_K: one `vpdpwssd` per two `vpdpbusd` (8 * 31 * 127 < 32768); Q6_K: one `vpmulld` (its int8 sub-scales
 are signed and its sums up to 16 * 63 * 127). The unpacking is int_tiles.py's, with the two tiles' vectors laid side
-by side (codes 64 bytes apart; sub-scales as int32 lanes).
+by side (codes 64 bytes apart; sub-scales as int32 lanes); Q4_K's and Q6_K's codes are transposed for all sixteen
+rows at once with 512-bit shuffles (simd_wide.unpack_nibbles16, unpack_q6_16: 7-19% faster at 4 to 64 rows than
+two eight-row passes).
 """
 
 from __future__ import annotations
@@ -23,11 +25,9 @@ from worker.engine.int_tiles import (
     CHAINS,
     CHAINS6,
     CODES_BYTES,
-    RAW6_BYTES,
     RAW_BYTES,
     TILE_ROWS,
     prefetch_task,
-    unpack_codes6,
     unpack_codes45,
 )
 from worker.engine.quant_blocks import QK_K
@@ -36,6 +36,8 @@ from worker.engine.simd_rows import transpose_mins, transpose_offsets
 from worker.engine.simd_wide import (
     WIDE_ROWS,
     transpose_scales32,
+    unpack_nibbles16,
+    unpack_q6_16,
     wadd,
     wdot4,
     wdot_words,
@@ -155,9 +157,12 @@ def wide_q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, f
         for s in range(supers):
             if x0 == first:  # later passes find the codes in L2
                 prefetch_task(flat_codes, low, s, supers, half, rows)
+            if not flat_fifth.size:  # Q4_K: all sixteen rows' codes in one pass of 512-bit shuffles
+                unpack_nibbles16(flat_codes, low * half + s * (QK_K // 2), half, codes, 0)
             for t in range(2):
                 r = low + TILE_ROWS * t
-                unpack_codes45(flat_codes, flat_fifth, r, s, half, raw, codes[32 * t:], SPACING)
+                if flat_fifth.size:
+                    unpack_codes45(flat_codes, flat_fifth, r, s, half, raw, codes[32 * t:], SPACING)
                 transpose_scales32(flat_scales, r * sub + 8 * s, sub, scales32, TILE_ROWS * t, WIDE_ROWS)
                 transpose_mins(flat_mins, r * sub + 8 * s, sub, mins_words, 16 * t, 2 * WIDE_ROWS)
             if flat_fifth.size:
@@ -220,7 +225,6 @@ def wide_q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_su
     codes = np.empty(2 * CODES_BYTES, np.uint8)  # (4096,)
     scales32 = np.empty(16 * WIDE_ROWS, np.int32)  # (256,) sixteen groups' sub-scales
     offsets = np.empty(8 * 2 * WIDE_ROWS, np.int16)  # (256,) the paired offsets
-    raw = np.empty(RAW6_BYTES, np.uint8)  # (1536,)
     chains = np.empty((X_ROWS + 1) * CHAINS6 * WIDE_ROWS, np.float32)  # (33*8*16,)
     for x0 in range(first, last, X_ROWS):
         n = min(X_ROWS, last - x0)
@@ -228,9 +232,10 @@ def wide_q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_su
         for s in range(supers):
             if x0 == first:
                 prefetch_task(flat_low, low, s, supers, half, rows)
+            unpack_q6_16(flat_low, low * half + s * (QK_K // 2), half, flat_high, low * (half // 2) + s * (QK_K // 4),
+                         half // 2, codes, 0)
             for t in range(2):
                 r = low + TILE_ROWS * t
-                unpack_codes6(flat_low, flat_high, r, s, half, raw, codes[32 * t:], SPACING)
                 at = r * groups + 16 * s
                 transpose_scales32(flat_scales, at, groups, scales32, TILE_ROWS * t, WIDE_ROWS)  # groups 0..7
                 transpose_scales32(flat_scales, at + 8, groups, scales32, 8 * WIDE_ROWS + TILE_ROWS * t, WIDE_ROWS)
