@@ -6,9 +6,9 @@ An int8x32 holds 32 unsigned codes (0..63); an int16x16 holds sub-scales; an int
 a 32-column product is the sum of columns 4l..4l+3). The path is chosen once per process (`int_path`):
 "avx512vnni" where the CPU has AVX-512 (F, BW, VL) with VNNI (AVX2 here, and wide_tiles.py's 512-bit tiles for the
 wider steps), else "avx2" where it has AVX2, else "generic"; LLMFLEET_INT_KERNELS=avx512vnni|avx2|generic forces
-one this CPU has (the tests run each). No sum
-here can saturate: a code is at most 63 and an activation at most 127 in magnitude, so a pair of products is at
-most 16002 (< 32767) and vpmaddubsw's saturation never applies; the generic path therefore equals it exactly.
+one this CPU has (the tests run each). No sum here can saturate: a code is at most 63 and an activation at most 127
+in magnitude, so a pair of products is at most 16002 (< 32767) and vpmaddubsw's saturation never applies; the
+generic path therefore equals it exactly.
 """
 
 from __future__ import annotations

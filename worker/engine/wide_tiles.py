@@ -69,20 +69,20 @@ def _sums45(codes, scales32, flat_q, qa0, qa1, h, half, fifth):  # pragma: no co
     """w[4 * half + h] (int32x16 over the rows) for two x rows (activations from qa0 and qa1): blocks 2h and 2h+1,
     columns 16*half..16*half+15 of each, times their sub-scales. `fifth` (a constant): Q5_K's codes, below 32, take
     one vpdpwssd per two vpdpbusd; Q4_K's, below 16, one per four."""
-    t0, t1 = wzero(), wzero()
+    t0, t1 = wzero(), wzero()  # (16,) int32 each: the two x rows' sums
     for b in range(2):
         j = 2 * h + b
         at = (8 * j + 4 * half) * SPACING
         x0, x1 = qa0 + 32 * j + 16 * half, qa1 + 32 * j + 16 * half
         sub = wload_ints(scales32, WIDE_ROWS * j)  # (16,) block j's sub-scale of each row
-        v0, v1 = wzero(), wzero()
+        v0, v1 = wzero(), wzero()  # (16,) int32 each: products not yet scaled
         for c in range(4):
             code = wload_codes(codes, at + SPACING * c)  # (64,) 16 rows x 4 codes
             v0 = wdot4(v0, code, wquad_splat(flat_q, x0 + 4 * c))  # (16,)
             v1 = wdot4(v1, code, wquad_splat(flat_q, x1 + 4 * c))  # (16,)
             if fifth and c % 2 == 1 or c == 3:
-                t0, t1 = wdot_words(t0, v0, sub), wdot_words(t1, v1, sub)
-                v0, v1 = wzero(), wzero()
+                t0, t1 = wdot_words(t0, v0, sub), wdot_words(t1, v1, sub)  # (16,) each
+                v0, v1 = wzero(), wzero()  # (16,) each
     return t0, t1
 
 
@@ -178,18 +178,18 @@ def wide_q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, f
 def _sums6(codes, scales32, flat_q, qa0, qa1, h, half):  # pragma: no cover (compiled)
     """Q6_K's w[4 * half + h] before the -32, for two x rows: groups 4h + half and 4h + 2 + half (one vpmulld each:
     16 products of codes up to 63 exceed int16)."""
-    t0, t1 = wzero(), wzero()
+    t0, t1 = wzero(), wzero()  # (16,) int32 each
     for b in range(2):
         j = 2 * h + b
         at = (8 * j + 4 * half) * SPACING
         x0, x1 = qa0 + 32 * j + 16 * half, qa1 + 32 * j + 16 * half
         sub = wload_ints(scales32, WIDE_ROWS * (2 * j + half))  # (16,) the group's signed sub-scale of each row
-        v0, v1 = wzero(), wzero()
+        v0, v1 = wzero(), wzero()  # (16,) int32 each
         for c in range(4):
             code = wload_codes(codes, at + SPACING * c)  # (64,)
             v0 = wdot4(v0, code, wquad_splat(flat_q, x0 + 4 * c))  # (16,)
             v1 = wdot4(v1, code, wquad_splat(flat_q, x1 + 4 * c))  # (16,)
-        t0, t1 = wadd(t0, wmul(v0, sub)), wadd(t1, wmul(v1, sub))
+        t0, t1 = wadd(t0, wmul(v0, sub)), wadd(t1, wmul(v1, sub))  # (16,) each
     return t0, t1
 
 
@@ -206,7 +206,8 @@ def _q6k_pass(codes, scales32, offsets, d, r0, s, flat_q, flat_dx8, flat_sums, c
             dx0 = wfbroadcast(flat_dx8[(k0 * supers + s) * 8 + h])  # (16,)
             dx1 = wfbroadcast(flat_dx8[(k1 * supers + s) * 8 + h])  # (16,)
             for half in range(2):
-                w0, w1 = _sums6(codes, scales32, flat_q, k0 * cols + s * QK_K, k1 * cols + s * QK_K, h, half)
+                w0, w1 = _sums6(codes, scales32, flat_q, k0 * cols + s * QK_K, k1 * cols + s * QK_K, h,
+                                half)  # (16,) int32 each
                 sums = k0 * (cols // 16) + 16 * s + 4 * h + 2 * half  # groups 4h + half and 4h + 2 + half, paired
                 paired = wload_ints(offsets, 2 * WIDE_ROWS * (2 * h + half))  # (16,) 32 * the two sub-scales
                 sums0 = wpair_splat(flat_sums, sums)  # (16,)
