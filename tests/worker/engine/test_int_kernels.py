@@ -1,8 +1,7 @@
 """worker.engine.int_kernels: the integer matmuls over Q4_K, Q5_K and Q6_K equal their numpy reference bit for bit
 at every row count (the row-major loops, int_tiles.py's interleaved tiles and wide_tiles.py's 512-bit ones alike), on
-every instruction path this CPU has; a
-row's result does not depend on the rest of its step; the activations are int8 per 64 columns and the result stays
-close to float arithmetic."""
+every instruction path this CPU has; a row's result does not depend on the rest of its step; the activations are
+int8 per 64 columns and the result stays close to float arithmetic."""
 
 from __future__ import annotations
 
