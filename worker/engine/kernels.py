@@ -85,9 +85,30 @@ def _paged_decode(q, keys, values, tables, lengths, first_pos, out):  # pragma: 
                     o[d] += w * widen(v_row[d])
 
 
+@njit(inline="always")
+def _softmax_in_place(weights, at, n, top):  # pragma: no cover (compiled)
+    """exp(weights[at:at+n] - top) in place, and 1 / their sum broadcast (float32x8)."""
+    sums = vzero()  # (8,)
+    tops = vbroadcast(top)  # (8,)
+    whole = n - n % LANES
+    for i in range(0, whole, LANES):
+        e = vexp(vsub(vload(weights, at + i), tops))  # (8,)
+        vstore(weights, at + i, e)
+        sums = vadd(sums, e)  # (8,)
+    total = vsum(sums)
+    for i in range(whole, n):
+        e = np.float32(math.exp(weights[at + i] - top))
+        weights[at + i] = e
+        total += e
+    return vbroadcast(np.float32(1.0) / total)  # (8,)
+
+
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, out):  # pragma: no cover (compiled)
-    """_paged_decode for head_dim % 32 == 0 and contiguous arenas, in float32x8 vectors (simd.py)."""
+    """_paged_decode for head_dim % 32 == 0 and contiguous arenas, in float32x8 vectors (simd.py). The query heads
+    of a key/value head go two at a time: each key and value row loaded serves both, and their sums are independent
+    chains (a score's own two chains and a value sum's own order are as for one head: a head's result does not
+    depend on its pair; an odd last head is computed twice)."""
     n_seqs, n_heads, head_dim = q.shape  # q (B, H, Dh), pre-scaled
     n_kv, n_blocks, block_size = keys.shape[0], keys.shape[1], keys.shape[2]  # keys/values (Hkv, NB, BS, Dh)
     group = n_heads // n_kv
@@ -104,48 +125,60 @@ def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, out):  # 
         for i in range(n):
             p = first + i
             rows[i] = ((h * n_blocks + tables[b, p // block_size]) * block_size + p % block_size) * head_dim
-        weights = np.empty(n, np.float32)  # (L,)
-        for g in range(group):
-            q_row = (b * n_heads + h * group + g) * head_dim  # also the output row's offset
-            top = np.float32(-np.inf)
+        weights = np.empty(2 * n, np.float32)  # (2*L,) the pair's scores, then their softmax weights
+        for g0 in range(0, group, 2):
+            g1 = min(g0 + 1, group - 1)
+            q0 = (b * n_heads + h * group + g0) * head_dim  # also the output row's offset
+            q1 = (b * n_heads + h * group + g1) * head_dim
+            top0 = np.float32(-np.inf)
+            top1 = np.float32(-np.inf)
             for i in range(n):
-                a0 = vzero()  # (8,)
+                a0 = vzero()  # (8,) head g0
                 a1 = vzero()
+                c0 = vzero()  # (8,) head g1
+                c1 = vzero()
                 for d in range(0, head_dim, 2 * LANES):
-                    a0 = vfma(vload(flat_q, q_row + d), vload_wide(flat_keys, rows[i] + d), a0)  # (8,)
-                    a1 = vfma(vload(flat_q, q_row + d + LANES), vload_wide(flat_keys, rows[i] + d + LANES), a1)  # (8,)
-                score = vsum(vadd(a0, a1))
-                weights[i] = score
-                top = max(top, score)
-            sums = vzero()  # (8,)
-            tops = vbroadcast(top)  # (8,)
-            whole = n - n % LANES
-            for i in range(0, whole, LANES):
-                e = vexp(vsub(vload(weights, i), tops))  # (8,)
-                vstore(weights, i, e)
-                sums = vadd(sums, e)  # (8,)
-            total = vsum(sums)
-            for i in range(whole, n):
-                e = np.float32(math.exp(weights[i] - top))
-                weights[i] = e
-                total += e
-            inv = vbroadcast(np.float32(1.0) / total)  # (8,)
+                    k0 = vload_wide(flat_keys, rows[i] + d)  # (8,)
+                    k1 = vload_wide(flat_keys, rows[i] + d + LANES)  # (8,)
+                    a0 = vfma(vload(flat_q, q0 + d), k0, a0)  # (8,)
+                    a1 = vfma(vload(flat_q, q0 + d + LANES), k1, a1)  # (8,)
+                    c0 = vfma(vload(flat_q, q1 + d), k0, c0)  # (8,)
+                    c1 = vfma(vload(flat_q, q1 + d + LANES), k1, c1)  # (8,)
+                score0 = vsum(vadd(a0, a1))
+                score1 = vsum(vadd(c0, c1))
+                weights[i] = score0
+                weights[n + i] = score1
+                top0 = max(top0, score0)
+                top1 = max(top1, score1)
+            inv0 = _softmax_in_place(weights, 0, n, top0)  # (8,)
+            inv1 = _softmax_in_place(weights, n, n, top1)  # (8,)
             for d in range(0, head_dim, 4 * LANES):  # 32 dims a pass: few passes over the value rows
-                a0 = vzero()  # (8,) dims d:d+8
+                a0 = vzero()  # (8,) head g0, dims d:d+8
                 a1 = vzero()
                 a2 = vzero()
                 a3 = vzero()
+                c0 = vzero()  # (8,) head g1
+                c1 = vzero()
+                c2 = vzero()
+                c3 = vzero()
                 for i in range(n):
-                    w = vbroadcast(weights[i])  # (8,)
+                    w0 = vbroadcast(weights[i])  # (8,)
+                    w1 = vbroadcast(weights[n + i])  # (8,)
                     row = rows[i] + d
-                    a0 = vfma(w, vload_wide(flat_values, row), a0)  # (8,)
-                    a1 = vfma(w, vload_wide(flat_values, row + LANES), a1)  # (8,)
-                    a2 = vfma(w, vload_wide(flat_values, row + 2 * LANES), a2)  # (8,)
-                    a3 = vfma(w, vload_wide(flat_values, row + 3 * LANES), a3)  # (8,)
-                vstore(flat_out, q_row + d, vmul(a0, inv))
-                vstore(flat_out, q_row + d + LANES, vmul(a1, inv))
-                vstore(flat_out, q_row + d + 2 * LANES, vmul(a2, inv))
-                vstore(flat_out, q_row + d + 3 * LANES, vmul(a3, inv))
+                    v0 = vload_wide(flat_values, row)  # (8,)
+                    v1 = vload_wide(flat_values, row + LANES)  # (8,)
+                    v2 = vload_wide(flat_values, row + 2 * LANES)  # (8,)
+                    v3 = vload_wide(flat_values, row + 3 * LANES)  # (8,)
+                    a0, a1, a2, a3 = vfma(w0, v0, a0), vfma(w0, v1, a1), vfma(w0, v2, a2), vfma(w0, v3, a3)  # (8,) x4
+                    c0, c1, c2, c3 = vfma(w1, v0, c0), vfma(w1, v1, c1), vfma(w1, v2, c2), vfma(w1, v3, c3)  # (8,) x4
+                vstore(flat_out, q0 + d, vmul(a0, inv0))
+                vstore(flat_out, q0 + d + LANES, vmul(a1, inv0))
+                vstore(flat_out, q0 + d + 2 * LANES, vmul(a2, inv0))
+                vstore(flat_out, q0 + d + 3 * LANES, vmul(a3, inv0))
+                vstore(flat_out, q1 + d, vmul(c0, inv1))
+                vstore(flat_out, q1 + d + LANES, vmul(c1, inv1))
+                vstore(flat_out, q1 + d + 2 * LANES, vmul(c2, inv1))
+                vstore(flat_out, q1 + d + 3 * LANES, vmul(c3, inv1))
 
 
 def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tables: np.ndarray,
