@@ -236,13 +236,13 @@ def _q4k(codes, fifth, scales, mins, d, dmin, q, dx8, sums32, first, last, out):
                 out[first, r] = _q45k_row(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8,
                                           flat_sums, r, half, first)
             continue
-        if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS and WIDE:  # sixteen rows a vector (wide_tiles.py)
-            wide_q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, flat_out,
-                           half, low, first, last)
-            continue
-        if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS:  # two tiles of eight rows (int_tiles.py)
-            q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, flat_out, half,
-                      low, first, last)
+        if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS:  # sixteen rows: tiles
+            if WIDE:  # one 512-bit tile (wide_tiles.py)
+                wide_q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums,
+                               flat_out, half, low, first, last)
+            else:  # two tiles of eight rows (int_tiles.py)
+                q45k_task(flat_codes, flat_fifth, scales, flat_mins, d, dmin, flat_q, flat_dx8, flat_sums, flat_out,
+                          half, low, first, last)
             continue
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) a chain per weight row and x row
         macc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,) the mins' chains
@@ -341,12 +341,13 @@ def _q6k(codes, high, scales, d, q, dx8, sums16, first, last, out):  # pragma: n
                 out[first, r] = _q6k_row(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, r,
                                          half, first)
             continue
-        if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS and WIDE:  # as in _q4k
-            wide_q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, flat_out, half, low, first,
-                          last)
-            continue
         if last - first >= TILE_MIN and high - low == 2 * TILE_ROWS:  # as in _q4k
-            q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, flat_out, half, low, first, last)
+            if WIDE:
+                wide_q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, flat_out, half, low,
+                              first, last)
+            else:
+                q6k_task(flat_low, flat_high, flat_scales, d, flat_q, flat_dx8, flat_sums, flat_out, half, low, first,
+                         last)
             continue
         acc = np.empty((high - low) * X_TILE * LANES, np.float32)  # (rows*tile*8,)
         splat_scratch = np.empty(8 * 16, np.int16)  # (128,) as in _q4k

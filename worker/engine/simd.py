@@ -133,14 +133,16 @@ def vstore(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
     return types.none(array, index, float32x8), codegen
 
 
-def _lane_operation(name: str, instruction: str, doc: str) -> Any:
-    """A two-vector intrinsic applying one LLVM float instruction (fadd, fsub, fmul, fdiv) lane by lane."""
+def _lane_operation(name: str, instruction: str, doc: str, vector: types.Type | None = None) -> Any:
+    """A two-vector intrinsic applying one LLVM float instruction (fadd, fsub, fmul, fdiv) lane by lane, on
+    float32x8 or another float vector type (simd_wide.py's float32x16)."""
+    vector = vector or float32x8
 
     def operation(typingctx: Any, a: Any, b: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             return getattr(builder, instruction)(args[0], args[1], flags=_STRICT)
 
-        return float32x8(float32x8, float32x8), codegen
+        return vector(vector, vector), codegen
 
     operation.__name__ = operation.__qualname__ = name
     operation.__doc__ = doc

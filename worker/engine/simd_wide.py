@@ -13,8 +13,9 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
+from worker.engine.simd import _lane_operation
 from worker.engine.simd_int import _I16, _I32, _V8I32, _function, _pointer, _vector_type, int_path
-from worker.engine.simd_rows import _offset, _transpose8
+from worker.engine.simd_rows import _offset, _store_vectors, _transpose8
 
 WIDE_ROWS = 16  # weight rows side by side in a wide vector
 _I8, _F32, _I64 = ir.IntType(8), ir.FloatType(), ir.IntType(64)
@@ -49,14 +50,25 @@ def _sum_groups(builder: Any, vector: Any, size: int) -> Any:
     return total
 
 
-@intrinsic
-def wload_codes(typingctx: Any, array: Any, index: Any) -> Any:
-    """The 64 bytes of a flat uint8 array from `index` on."""
+def _vector_load(name: str, llvm_type: ir.VectorType, vector: Any, align: int, doc: str) -> Any:
+    """An intrinsic loading one 512-bit vector of a flat array from `index` on (unaligned, unchecked)."""
 
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V64I8), align=1)
+    def load(typingctx: Any, array: Any, index: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            pointer = _pointer(context, builder, signature.args[0], args[0], args[1], llvm_type)
+            return builder.load(pointer, align=align)
 
-    return int8x64(array, types.int64), codegen
+        return vector(array, types.int64), codegen
+
+    load.__name__ = load.__qualname__ = name
+    load.__doc__ = doc
+    return intrinsic(load)
+
+
+wload_codes = _vector_load("wload_codes", _V64I8, int8x64, 1, "The 64 bytes of a flat uint8 array from `index` on.")
+wload_ints = _vector_load("wload_ints", _V16I32, int32x16, 2, "The 64 bytes of a flat int32 (sixteen lanes) or int16 "
+                          "(sixteen pairs) array from `index` on.")
+wfload = _vector_load("wfload", _V16F, float32x16, 4, "The sixteen float32 of a flat array from `index` on.")
 
 
 @intrinsic
@@ -149,14 +161,6 @@ def wzero(typingctx: Any) -> Any:
     return int32x16(), codegen
 
 
-@intrinsic
-def wload_ints(typingctx: Any, array: Any, index: Any) -> Any:
-    """The 64 bytes of a flat int32 (sixteen lanes) or int16 (sixteen pairs) array from `index` on."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V16I32), align=2)
-
-    return int32x16(array, types.int64), codegen
 
 
 @intrinsic
@@ -183,31 +187,14 @@ def transpose_scales32(typingctx: Any, array: Any, index: Any, stride: Any, out:
             pointer = _pointer(context, builder, signature.args[0], args[0], _offset(builder, args[1], args[2], row),
                                ir.VectorType(_I8, 8))
             rows.append((builder.sext if signed else builder.zext)(builder.load(pointer, align=1), _V8I32))
-        vectors = _transpose8(builder, rows)
-        for number, vector in enumerate(vectors):
-            at = builder.add(args[4], builder.mul(args[5], ir.Constant(_I64, number)))
-            builder.store(vector, _pointer(context, builder, signature.args[3], args[3], at, _V8I32), align=4)
+        _store_vectors(context, builder, signature.args[3], args[3], args[4], _transpose8(builder, rows), args[5])
         return context.get_dummy_value()
 
     return types.none(array, types.int64, types.int64, out, types.int64, types.int64), codegen
 
 
-def _float_operation(name: str, instruction: str, doc: str) -> Any:
-    """A two-vector float32x16 intrinsic applying one strict LLVM float instruction lane by lane."""
-
-    def operation(typingctx: Any, a: Any, b: Any) -> Any:
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            return getattr(builder, instruction)(args[0], args[1], flags=_STRICT)
-
-        return float32x16(float32x16, float32x16), codegen
-
-    operation.__name__ = operation.__qualname__ = name
-    operation.__doc__ = doc
-    return intrinsic(operation)
-
-
-wfadd = _float_operation("wfadd", "fadd", "a + b, lane by lane (float32).")
-wfmul = _float_operation("wfmul", "fmul", "a * b, lane by lane (float32).")
+wfadd = _lane_operation("wfadd", "fadd", "a + b, lane by lane (float32).", float32x16)
+wfmul = _lane_operation("wfmul", "fmul", "a * b, lane by lane (float32).", float32x16)
 
 
 @intrinsic
@@ -253,14 +240,6 @@ def wfbroadcast(typingctx: Any, value: Any) -> Any:
     return float32x16(value), codegen
 
 
-@intrinsic
-def wfload(typingctx: Any, array: Any, index: Any) -> Any:
-    """The sixteen float32 of a flat array from `index` on."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V16F), align=4)
-
-    return float32x16(array, types.int64), codegen
 
 
 @intrinsic

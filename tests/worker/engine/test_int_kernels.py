@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -129,26 +130,25 @@ def test_generic_path_gives_the_same_bits_as_this_cpus(tmp_path: Path) -> None:
         pytest.skip(f"this CPU lacks the {', '.join(skipped)} path: checked only {', '.join(supported_paths())}")
 
 
-def test_a_path_this_cpu_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def fresh_path_choice(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """A monkeypatch under which int_path() chooses afresh (its cached choice is dropped before and after)."""
+    int_path.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    int_path.cache_clear()
+
+
+def test_a_path_this_cpu_lacks_is_refused(fresh_path_choice: pytest.MonkeyPatch) -> None:
     """Forcing AVX2 or AVX-512 VNNI on a CPU without them is refused at start, never an illegal instruction."""
-    monkeypatch.setattr(simd_int.llvm_binding, "get_host_cpu_features", lambda: {"avx2": True})
+    fresh_path_choice.setattr(simd_int.llvm_binding, "get_host_cpu_features", lambda: {"avx2": True})
     assert supported_paths() == ("avx2", "generic")
-    monkeypatch.setenv("LLMFLEET_INT_KERNELS", "avx512vnni")
-    int_path.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="this CPU runs avx2, generic"):
-            int_path()
-    finally:
-        monkeypatch.delenv("LLMFLEET_INT_KERNELS")
-        int_path.cache_clear()
+    fresh_path_choice.setenv("LLMFLEET_INT_KERNELS", "avx512vnni")
+    with pytest.raises(ValueError, match="this CPU runs avx2, generic"):
+        int_path()
 
 
-def test_a_bad_path_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLMFLEET_INT_KERNELS", "avx9")
-    int_path.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="LLMFLEET_INT_KERNELS"):
-            int_path()
-    finally:
-        monkeypatch.delenv("LLMFLEET_INT_KERNELS")
-        int_path.cache_clear()
+def test_a_bad_path_setting_is_refused(fresh_path_choice: pytest.MonkeyPatch) -> None:
+    fresh_path_choice.setenv("LLMFLEET_INT_KERNELS", "avx9")
+    with pytest.raises(ValueError, match="LLMFLEET_INT_KERNELS"):
+        int_path()
