@@ -39,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
+from worker.engine.int8_spans import fma32, quantize_span, reference_spans
 from worker.engine.int_tiles import TILE_ROWS, q6k_task, q45k_task
 from worker.engine.k_blocks import K_KINDS, KBlocks
 from worker.engine.numba_runtime import launch_lock
@@ -82,21 +83,14 @@ PAIRED_POSITION = np.argsort(np.array(PAIRED_GROUPS))  # where group j of a supe
 log = logging.getLogger(__name__)
 
 
-@njit(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz"})
+@njit(nogil=True, cache=True)
 def _quantize(x, q, dx, dx8, sums16, sums32):  # pragma: no cover (compiled)
-    """q, dx, dx8 and the sums over 16 and 32 columns of every row of x (N, C), as the module docstring defines them.
-    (The fastmath flags let LLVM vectorise the max; they change no rounding: no reassociation, no contraction.)"""
+    """q, dx, dx8 and the sums over 16 and 32 columns of every row of x (N, C), as the module docstring defines them."""
     n_rows, cols = x.shape
     for k in range(n_rows):
         for h in range(cols // ACT_BLOCK):
-            amax = np.float32(0.0)
-            for c in range(h * ACT_BLOCK, (h + 1) * ACT_BLOCK):
-                amax = max(amax, abs(x[k, c]))
-            inverse = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
-            dx[k, h] = amax / np.float32(127.0)
+            dx[k, h] = quantize_span(x, k, h * ACT_BLOCK, (h + 1) * ACT_BLOCK, q)
             dx8[k, h // 4, h % 4] = dx8[k, h // 4, 4 + h % 4] = dx[k, h]
-            for c in range(h * ACT_BLOCK, (h + 1) * ACT_BLOCK):
-                q[k, c] = np.int8(np.rint(x[k, c] * inverse))
         for j in range(cols // 16):
             total = np.int16(0)
             for c in range(16 * j, 16 * j + 16):
@@ -389,24 +383,13 @@ def k_matmul(x: np.ndarray, blocks: KBlocks) -> np.ndarray:
 
 def reference_quantize(x: np.ndarray) -> Int8Rows:
     """quantize_rows in numpy."""
-    x = np.asarray(x, np.float32)
-    n_rows, cols = x.shape
-    blocks = x.reshape(n_rows, cols // ACT_BLOCK, ACT_BLOCK)  # (N, H, 64)
-    amax = np.abs(blocks).max(axis=2)  # (N, H)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)  # (N, H)
-    dx = (amax / np.float32(127.0)).astype(np.float32)  # (N, H)
+    q, dx = reference_spans(x, ACT_BLOCK)  # (N, C), (N, H)
+    n_rows, cols = q.shape
     dx8 = np.tile(dx.reshape(n_rows, cols // QK_K, 4), (1, 1, 2))  # (N, S, 8)
-    q = np.rint((blocks * inverse[:, :, None]).astype(np.float32)).astype(np.int8).reshape(n_rows, cols)  # (N, C)
     sums16 = q.reshape(n_rows, cols // 16, 16).astype(np.int16).sum(axis=2, dtype=np.int16)  # (N, C/16)
     paired = sums16.reshape(n_rows, cols // QK_K, 16)[:, :, list(PAIRED_GROUPS)].reshape(n_rows, cols // 16)
     sums32 = q.reshape(n_rows, cols // 32, 32).astype(np.int16).sum(axis=2, dtype=np.int16)  # (N, C/32)
     return Int8Rows(q, dx, dx8, paired, sums32)
-
-
-def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """float32 a * b + c rounded once (the float64 product of two float32 is exact)."""
-    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
 
 
 def _vsum(acc: np.ndarray) -> np.ndarray:
@@ -439,14 +422,14 @@ def reference_matmul(x: np.ndarray, blocks: KBlocks) -> np.ndarray:
     acc = np.zeros((rows, n_rows, LANES), np.float32)  # (R, N, 8)
     macc = np.zeros((rows, n_rows, LANES), np.float32)  # (R, N, 8)
     for s in range(supers):
-        acc = _fma(w[:, :, s].astype(np.float32), factor[:, :, s], acc)
+        acc = fma32(w[:, :, s].astype(np.float32), factor[:, :, s], acc)
         if blocks.kind != "Q6_K":  # lane h < 4: the mins of quarter h's two groups of 32
             assert blocks.mins is not None and blocks.dmin is not None
             low = blocks.mins.astype(np.int64)[:, None, 8 * s : 8 * s + 8] * rows_q.sums32[None, :, 8 * s : 8 * s + 8]
             mn = np.concatenate([low.reshape(rows, n_rows, 4, 2).sum(axis=3), np.zeros((rows, n_rows, 4), np.int64)],
                                 axis=2)  # (R, N, 8)
             negative = (-blocks.dmin[:, None, s, None] * rows_q.dx8[None, :, s, :]).astype(np.float32)  # (R, N, 8)
-            macc = _fma(mn.astype(np.float32), negative, macc)
+            macc = fma32(mn.astype(np.float32), negative, macc)
     return np.ascontiguousarray((_vsum(acc) + _vsum(macc)).T)  # (N, R)
 
 

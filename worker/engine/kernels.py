@@ -5,7 +5,7 @@ path first gathers all blocks into a padded (Hkv, B, L, Dh) batch per layer, whi
 than the attention itself. Every row of a step is one query of it, a decode token or a prompt row alike
 (forward_batch.py), so a row's attention never depends on the step around it (batch invariance). The vector
 kernel holds its running sums in eight-lane vectors (simd.py), which numba's own vectorisation of the same loops
-did not keep in registers. The block-code matmuls are in block_kernels.py and nibble_kernels.py; the threading
+did not keep in registers. The matmuls are in block_kernels.py, int_kernels.py and interleaved_kernels.py; the threading
 set-up and launch lock all use are in numba_runtime.py. SwiGLU runs here as well, across the kernel threads:
 numpy's four single-threaded passes left the second core idle.
 
@@ -245,9 +245,9 @@ def warm_up() -> None:
     from worker.engine import (  # loaded only when an image build warms them
         block_kernels,
         int_kernels,
-        nibble_kernels,
+        interleaved_kernels,
     )
 
     block_kernels.warm({16, 32})
-    nibble_kernels.warm()
+    interleaved_kernels.warm()
     int_kernels.warm()

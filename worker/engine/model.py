@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, int_kernels, nibble_kernels, ops
+from worker.engine import block_kernels, int_kernels, interleaved_kernels, ops
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.config import ModelConfig
@@ -38,7 +38,7 @@ class Model:
     @classmethod
     def from_file(cls, path: str | Path, *, block_codes: bool = True,
                   repack_dir: Path | None | str = "default") -> Model:
-        """Load a GGUF file: its quantized projections, embedding and output as 8-bit block codes only
+        """Load a GGUF file: its quantized projections, embedding and output in a quantized form only
         (quantized.py; no float32 copy), mapped from the repack cache in `repack_dir` (repack_cache.py; default
         LLMFLEET_REPACK_DIR or ~/.cache/llmfleet/repack; None: built in memory), float tensors as arrays.
         block_codes=False dequantizes every tensor to float32 instead (the tests' float32 reference)."""
@@ -57,10 +57,9 @@ class Model:
         if directory is not None:  # the weights are views of the repack file now: the GGUF pages read are not needed
             contents.drop_resident_pages()
         # compiled now, not in the first steps of each width (the float32 kernel serves float weights and LoRA)
-        block_kernels.warm({code_group(raw.kind, raw.shape[1]) or 32 for raw in contents.quantized.values()
-                            if not has_k_form(raw.kind, raw.shape[1])})
-        if contents.quantized:
-            nibble_kernels.warm()
+        block_kernels.warm(set())
+        if any(not has_k_form(raw.kind, raw.shape[1]) for raw in contents.quantized.values()):
+            interleaved_kernels.warm()
         if any(has_k_form(raw.kind, raw.shape[1]) for raw in contents.quantized.values()):
             int_kernels.warm()
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, int_kernels, kernels, nibble_kernels
+from worker.engine import block_kernels, int_kernels, interleaved_kernels, kernels
+from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.k_blocks import KBlocks
 from worker.engine.quantized import Blocks, PendingLinear, QuantizedLinear, StackedBlocks
 
@@ -51,7 +52,7 @@ def embedding_rows(table: Weight, tokens: Array) -> Array:
 
 
 def _block_linear(x: Array, weight: QuantizedLinear) -> Array:
-    """x @ weight.T through the weight's quantized form (integer kernels for K-quants): (N, out), C-ordered."""
+    """x @ weight.T through the weight's quantized form (integer kernels): (N, out), C-ordered."""
     if weight.column_scale is not None:
         x = x * weight.column_scale  # (N, in)
     return _quantized_matmul(x, weight.blocks)  # (N, out)
@@ -63,8 +64,8 @@ def _quantized_matmul(x: Array, blocks: Blocks) -> Array:
         return int_kernels.k_matmul(x, blocks)  # (N, out)
     if isinstance(blocks, StackedBlocks):
         return xp.concatenate([_quantized_matmul(x, part) for part in blocks.parts], axis=1)  # (N, out)
-    if blocks.packed:
-        return nibble_kernels.packed_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
+    if isinstance(blocks, InterleavedBlocks):
+        return interleaved_kernels.interleaved_matmul(x, blocks)  # (N, out)
     return block_kernels.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
 
 

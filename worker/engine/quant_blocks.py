@@ -3,8 +3,9 @@
 Every llama.cpp format below stores, per group of 16 or 32 weights, small unsigned integers and an affine map
 (Q8_0's signed codes are shifted by 128 and the shift moved into the offset). Keeping that form (1 byte per
 weight instead of 4) lets decode read a quarter of the memory float32 weights need. Formats not listed (Q2_K,
-Q3_K, the IQ types) return None and stay float32 only. Codes that fit in four bits (Q4_0, Q4_1, Q4_K: 0..15) are
-held packed two to a byte (`pack_nibbles`; nibble_kernels.py multiplies with them): half a byte a weight.
+Q3_K, the IQ types) return None and stay float32 only. This is the decoded form a recipe transforms (row order,
+row scales, fusing); the kernels take K-quants in their own form (k_blocks.py) and the 32-weight formats
+interleaved (interleaved_blocks.py).
 """
 
 from __future__ import annotations
@@ -16,40 +17,23 @@ import numpy as np
 QK_K = 256  # weights per K-quant super-block
 
 
-NIBBLE_BLOCK = 32  # columns per block of packed codes: byte j of a block holds column j low, column j + 16 high
-
-
-def pack_nibbles(codes: np.ndarray) -> np.ndarray:
-    """Codes (out, in) in 0..15, in % 32 == 0, packed two a byte: (out, in/2) uint8, byte 16b + j of a row holding
-    column 32b + j in its low four bits and column 32b + 16 + j in its high four (ggml's Q4_0 order)."""
-    rows, cols = codes.shape
-    halves = codes.reshape(rows, cols // NIBBLE_BLOCK, 2, NIBBLE_BLOCK // 2)  # (out, in/32, 2, 16)
-    return np.ascontiguousarray((halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, cols // 2), np.uint8)
-
-
-def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
-    """The codes (out, in) uint8 that pack_nibbles packed into `packed` (out, in/2)."""
-    rows, half = packed.shape
-    blocks = packed.reshape(rows, half // (NIBBLE_BLOCK // 2), 1, NIBBLE_BLOCK // 2)  # (out, in/32, 1, 16)
-    return np.concatenate([blocks & 0x0F, blocks >> 4], axis=2).reshape(rows, 2 * half)  # (out, in)
+LEGACY_BLOCK = 32  # weights per block of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
 
 
 @dataclass(frozen=True)
 class BlockCodes:
-    """A (out, in) matrix as codes (out, in) uint8, or packed two a byte (out, in/2) when `packed`, and per-group
-    scale/offset (out, in/group) float32."""
+    """A (out, in) matrix as codes (out, in) uint8 and per-group scale/offset (out, in/group) float32."""
 
-    codes: np.ndarray  # (out, in) uint8, or (out, in/2) packed nibbles
+    codes: np.ndarray  # (out, in) uint8
     scale: np.ndarray  # (out, in/G) float32
     offset: np.ndarray  # (out, in/G) float32
     group: int
-    packed: bool = False  # codes are pack_nibbles' form
 
     @property
     def shape(self) -> tuple[int, int]:
         """(out, in) of the matrix the codes stand for."""
         rows, width = self.codes.shape
-        return rows, 2 * width if self.packed else width
+        return rows, width
 
     @property
     def nbytes(self) -> int:
@@ -57,8 +41,8 @@ class BlockCodes:
         return self.codes.nbytes + self.scale.nbytes + self.offset.nbytes
 
     def code_rows(self, index: np.ndarray | slice = slice(None)) -> np.ndarray:
-        """Some rows' codes one a byte: (N, in) uint8."""
-        return unpack_nibbles(self.codes[index]) if self.packed else self.codes[index]
+        """Some rows' codes: (N, in) uint8."""
+        return self.codes[index]
 
     def dequantize(self) -> np.ndarray:
         """The float32 matrix the codes stand for: (out, in)."""
@@ -83,11 +67,6 @@ class BlockCodes:
     def scaled(self, factor: np.float32) -> BlockCodes:
         """Every row multiplied by one factor (scale and offset scaled)."""
         return replace(self, scale=self.scale * np.float32(factor), offset=self.offset * np.float32(factor))
-
-    def packable(self) -> bool:
-        """Whether these unpacked codes fit pack_nibbles' form: every code in 0..15, groups of 32 columns."""
-        return (not self.packed and self.group == NIBBLE_BLOCK and self.codes.shape[1] % NIBBLE_BLOCK == 0
-                and self.codes.size > 0 and int(self.codes.max()) < 16)
 
 
 def f16_values(column: np.ndarray) -> np.ndarray:
@@ -164,19 +143,19 @@ def _k_quant(blocks: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.
 _LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 _K_QUANTS = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
 SUPPORTED = _LEGACY + tuple(_K_QUANTS)
-NIBBLE_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # codes in 0..15, groups of 32: held packed
 
 
 def held_bytes(kind: str, count: int) -> int:
     """Bytes the engine holds for `count` weights of a SUPPORTED type. Q4_K, Q5_K and Q6_K keep the file's form
-    (k_blocks.py: codes, byte sub-scales, float32 d per 256: 0.59, 0.72 and 0.83 bytes a weight); the others are
-    codes (half a byte each for NIBBLE_TYPES, else one) with a float32 scale and offset per group (0.75 or 1.25)."""
+    (k_blocks.py: codes, byte sub-scales, float32 d per 256: 0.59, 0.72 and 0.83 bytes a weight); the 32-weight
+    formats are interleaved codes (interleaved_blocks.py: half a byte each for Q4_0 and Q4_1, else one) with a
+    float32 scale per block, and an offset for Q4_1 and Q5_1 (0.625, 0.75, 1.125, 1.25 and Q8_0's 1.125)."""
     if kind in ("Q4_K", "Q5_K"):
         return count // 2 + (count // 8 if kind == "Q5_K" else 0) + count // 32 * 2 + count // QK_K * 8
     if kind == "Q6_K":
         return count // 2 + count // 4 + count // 16 + count // QK_K * 4
-    group = _K_QUANTS.get(kind, 32)
-    return (count // 2 if kind in NIBBLE_TYPES else count) + count // group * 8
+    tables = 8 if kind in ("Q4_1", "Q5_1") else 4
+    return (count // 2 if kind.startswith("Q4") else count) + count // LEGACY_BLOCK * tables
 
 
 def code_group(kind: str, cols: int) -> int | None:

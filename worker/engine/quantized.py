@@ -4,9 +4,10 @@ A step of a few sequences reads every weight once and does little arithmetic wit
 read. Two forms:
 - Q4_K, Q5_K and Q6_K (what Q4_K_M and Q5_K_M files are made of) stay in the file's own form (k_blocks.py: 0.59,
   0.72 and 0.83 bytes a weight) and multiply through int_kernels.py, in integers against int8 activations;
-- the other types become 8-bit block codes with float32 tables (quant_blocks.py; packed two a byte where codes
-  fit in four bits: Q4_0, Q4_1), multiplied through block_kernels.py or nibble_kernels.py. So does a fused
-  projection whose parts mix kinds (a Q4_K query with a Q6_K value).
+- Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (blocks of 32 weights) become codes with float32 tables, sixteen rows
+  interleaved (interleaved_blocks.py: half a byte a code where they fit in four bits), multiplied through
+  interleaved_kernels.py, also in integers against int8 activations;
+- a fused projection whose parts mix K-quant kinds (a Q4_K query with a Q6_K value) keeps each part's form.
 Every kernel sums in one fixed order, so that a row's result never depends on the rest of its step.
 
 Loading is two-phase. The architecture's loader gets each quantized tensor as a `PendingLinear`: a recipe (the
@@ -26,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from worker.engine.interleaved_blocks import InterleavedBlocks, interleave
 from worker.engine.k_blocks import KBlocks
-from worker.engine.quant_blocks import BlockCodes, pack_nibbles
+from worker.engine.quant_blocks import LEGACY_BLOCK, BlockCodes
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class StackedBlocks:
     """Row blocks of different forms stacked into one (sum out, in) projection (a Q4_K query and key beside a Q6_K
     value): each part keeps its own form and kernel, and the outputs are joined."""
 
-    parts: tuple[BlockCodes | KBlocks, ...]
+    parts: tuple[BlockCodes | KBlocks | InterleavedBlocks, ...]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -56,14 +58,14 @@ class StackedBlocks:
         return self.dequantize()[index]  # (N, in) (a projection: never an embedding table)
 
 
-Blocks = BlockCodes | KBlocks | StackedBlocks  # a quantized matrix in one of the engine's forms
+Blocks = BlockCodes | KBlocks | InterleavedBlocks | StackedBlocks  # a quantized matrix in one of the engine's forms
 
 
 @dataclass(frozen=True)
 class QuantizedLinear:
     """An (out, in) projection as block codes, whose input is x * column_scale (a folded norm weight) when set."""
 
-    blocks: Blocks  # block codes (out, in) or packed (out, in/2) with (out, in/G) tables; or K-quant form
+    blocks: Blocks  # K-quant form, interleaved 32-weight blocks, block codes (out, in) with tables, or parts
     column_scale: np.ndarray | None = None  # (in,) folded norm weight the codes' input is scaled by
 
     @property
@@ -210,20 +212,21 @@ def materialize(weights: Any, source: BlockSource) -> Any:
 
 
 def build_codes(pending: PendingLinear) -> Blocks:
-    """A pending projection's arrays built in memory, row-major: K-quant form as built; block codes packed two a
-    byte when every code fits in four bits (quant_blocks.pack_nibbles)."""
+    """A pending projection's arrays built in memory: K-quant form as built; block codes of 32 columns interleaved
+    sixteen rows at a time (interleaved_blocks.py)."""
     return _held(pending.build())
 
 
 def _held(b: Blocks) -> Blocks:
-    """A built matrix in the form the kernels take (block codes packed where they fit), part by part."""
-    if isinstance(b, KBlocks):
+    """A built matrix in the form the kernels take, part by part."""
+    if isinstance(b, (KBlocks, InterleavedBlocks)):
         return b
     if isinstance(b, StackedBlocks):
         return StackedBlocks(tuple(_held(part) for part in b.parts))  # type: ignore[misc]
-    codes = pack_nibbles(b.codes) if b.packable() else np.ascontiguousarray(b.codes, np.uint8)
-    return BlockCodes(codes, np.ascontiguousarray(b.scale, np.float32), np.ascontiguousarray(b.offset, np.float32),
-                      b.group, packed=b.packable())
+    if b.group == LEGACY_BLOCK:
+        return interleave(b)
+    return BlockCodes(np.ascontiguousarray(b.codes, np.uint8), np.ascontiguousarray(b.scale, np.float32),
+                      np.ascontiguousarray(b.offset, np.float32), b.group)
 
 
 def build_in_memory(pendings: list[PendingLinear]) -> dict[str, Blocks]:

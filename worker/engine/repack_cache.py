@@ -5,7 +5,8 @@ A file is named by the model file's key and LAYOUT_VERSION. The key is sha256 ov
 mtime (ns) and its first and last MiB: a full sha256 of an 8B file (4.6 GB) would take longer than the warm load
 it serves, and a changed file (re-pulled, re-quantized) changes its mtime and size or its header. Layout: a header
 (magic, version, manifest and data lengths, a checksum of the data), a JSON manifest (the recipe key of every
-projection, where its arrays lie, and its form: a K-quant kind, or a group and whether its codes are packed) and the arrays, each 64-byte aligned. Before mapping, the size and the
+projection, where its arrays lie, and its form: a K-quant kind, an interleaved matrix's zero point and rows, or a
+group) and the arrays, each 64-byte aligned. Before mapping, the size and the
 checksum are verified: a truncated or corrupt file is rebuilt, never mapped. A builder holds an exclusive lock
 (flock on a side file) and writes a temporary file, fsyncs it and renames it into place: a second worker starting
 on a cold cache waits for the lock and then maps the first one's file; a builder killed mid-write leaves only a
@@ -31,12 +32,14 @@ from typing import BinaryIO
 import numpy as np
 from numba import njit, prange
 
+from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.k_blocks import ARRAYS, KBlocks
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import Blocks, PendingLinear, StackedBlocks, build_codes, build_in_memory
 
-LAYOUT_VERSION = 5  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte;
-# 3: Q4_K and Q6_K in their own super-block form, k_blocks.py; 4: Q5_K too; 5: their code bytes as the file orders them)
+LAYOUT_VERSION = 6  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte;
+# 3: Q4_K and Q6_K in their own super-block form, k_blocks.py; 4: Q5_K too; 5: their code bytes as the file orders
+# them; 6: blocks of 32 weights interleaved sixteen rows at a time, interleaved_blocks.py)
 MAGIC = b"LLMFRPK1"
 _HEADER = struct.Struct("<8sIIQQQ")  # magic, layout version, reserved, manifest bytes, data bytes, checksum
 _ALIGN = 64
@@ -112,11 +115,11 @@ def _write_entry(fh: BinaryIO, blocks: Blocks, offset: int) -> tuple[dict, int]:
             entry, offset = _write_entry(fh, part, offset)
             parts.append(entry)
         return {"parts": parts}, offset
-    if isinstance(blocks, KBlocks):
-        entry: dict = {"kind": blocks.kind}
+    if isinstance(blocks, (KBlocks, InterleavedBlocks)):
+        entry: dict = {"kind": blocks.kind} if isinstance(blocks, KBlocks) else {"zero": blocks.zero, "out": blocks.out}
         arrays = blocks.arrays()
     else:
-        entry = {"group": blocks.group, "packed": blocks.packed}
+        entry = {"group": blocks.group}
         arrays = {name: getattr(blocks, name) for name in ("codes", "scale", "offset")}
     for name, array in arrays.items():
         array = np.ascontiguousarray(array)
@@ -178,7 +181,7 @@ def _entry_codes(data: np.ndarray, entry: dict) -> Blocks:
     if "parts" in entry:
         return StackedBlocks(tuple(_entry_codes(data, part) for part in entry["parts"]))  # type: ignore[misc]
     names = ARRAYS if "kind" in entry else ("codes", "scale", "offset")
-    arrays = {}
+    arrays: dict[str, np.ndarray] = {}
     for name in names:
         if name in entry:
             offset, dtype, shape = entry[name]
@@ -186,7 +189,10 @@ def _entry_codes(data: np.ndarray, entry: dict) -> Blocks:
             arrays[name] = np.frombuffer(data, np.dtype(dtype), count, offset).reshape(shape)  # a view, no copy
     if "kind" in entry:
         return KBlocks(kind=str(entry["kind"]), **arrays)
-    return BlockCodes(arrays["codes"], arrays["scale"], arrays["offset"], int(entry["group"]), bool(entry["packed"]))
+    if "zero" in entry:
+        return InterleavedBlocks(arrays["codes"], arrays["scale"], arrays.get("offset"), int(entry["zero"]),
+                                 int(entry["out"]))
+    return BlockCodes(arrays["codes"], arrays["scale"], arrays["offset"], int(entry["group"]))
 
 
 @contextmanager

@@ -223,39 +223,3 @@ def vexp(typingctx: Any, a: Any) -> Any:
         return builder.fmul(y, two_to_n)
 
     return float32x8(float32x8), codegen
-
-
-# Packed 4-bit codes, for nibble_kernels.py (whose sums use vfma and vsum above: the same canonical order).
-_V8I8 = ir.VectorType(ir.IntType(8), LANES)
-_V8I32 = ir.VectorType(_I32, LANES)
-
-
-def _nibbles(context: Any, builder: Any, signature: Any, args: Any, high: bool) -> Any:
-    """Eight bytes from args[1] on, their low (or high) four bits widened to float32 lanes."""
-    pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
-    octets = builder.zext(builder.load(builder.bitcast(pointer, _V8I8.as_pointer()), align=1), _V8I32)
-    if high:
-        values = builder.lshr(octets, ir.Constant(_V8I32, [4] * LANES))
-    else:
-        values = builder.and_(octets, ir.Constant(_V8I32, [15] * LANES))
-    return builder.sitofp(values, _V8F)  # (0..15: the signed conversion is exact and one instruction on AVX2)
-
-
-@intrinsic
-def vload_low_nibbles(typingctx: Any, array: Any, index: Any) -> Any:
-    """The low four bits of the eight uint8 of a flat array from `index` on, as float32."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return _nibbles(context, builder, signature, args, high=False)
-
-    return float32x8(array, index), codegen
-
-
-@intrinsic
-def vload_high_nibbles(typingctx: Any, array: Any, index: Any) -> Any:
-    """The high four bits of the eight uint8 of a flat array from `index` on, as float32."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return _nibbles(context, builder, signature, args, high=True)
-
-    return float32x8(array, index), codegen

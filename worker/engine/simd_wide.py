@@ -149,6 +149,7 @@ def _int_operation(name: str, instruction: str, doc: str) -> Any:
 wadd = _int_operation("wadd", "add", "a + b, lane by lane (int32).")
 wsub = _int_operation("wsub", "sub", "a - b, lane by lane (int32).")
 wmul = _int_operation("wmul", "mul", "a * b, lane by lane (int32, vpmulld; exact while it fits).")
+wshl = _int_operation("wshl", "shl", "a << b, lane by lane (int32; a constant b is one vpslld).")
 
 
 @intrinsic
@@ -161,6 +162,36 @@ def wzero(typingctx: Any) -> Any:
     return int32x16(), codegen
 
 
+@intrinsic
+def wsplat(typingctx: Any, value: Any) -> Any:
+    """An integer (int32 range) in all sixteen lanes."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return _broadcast_dword(builder, builder.trunc(context.cast(builder, args[0], signature.args[0], types.int64),
+                                                       _I32))
+
+    return int32x16(value), codegen
+
+
+def _nibble_operation(name: str, shift: int, doc: str) -> Any:
+    """An int8x64 intrinsic keeping four bits of every byte (from bit `shift` on)."""
+
+    def operation(typingctx: Any, codes: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            value = args[0]
+            if shift:
+                value = builder.lshr(value, ir.Constant(_V64I8, [shift] * 64))
+            return builder.and_(value, ir.Constant(_V64I8, [0x0F] * 64))
+
+        return int8x64(int8x64), codegen
+
+    operation.__name__ = operation.__qualname__ = name
+    operation.__doc__ = doc
+    return intrinsic(operation)
+
+
+wlow4 = _nibble_operation("wlow4", 0, "The low four bits of every byte.")
+whigh4 = _nibble_operation("whigh4", 4, "The high four bits of every byte.")
 
 
 @intrinsic
@@ -240,8 +271,6 @@ def wfbroadcast(typingctx: Any, value: Any) -> Any:
     return float32x16(value), codegen
 
 
-
-
 @intrinsic
 def wfstore(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
     """Write sixteen float32 to a flat array from `index` on."""
@@ -266,7 +295,6 @@ def wrow_floats(typingctx: Any, array: Any, index: Any, stride: Any) -> Any:
         return vector
 
     return float32x16(array, types.int64, types.int64), codegen
-
 
 
 def _transpose_pairs(builder: Any, rows: list[Any]) -> list[Any]:

@@ -1,5 +1,5 @@
-"""The served path (Q4_K and Q6_K: integer kernels against int8 activations; other types: block codes, packed
-4-bit codes where they fit, with float32 activations) against the float32 references, teacher-forced, within
+"""The served path (every quantized type: integer kernels against int8 activations; K-quants in their own form,
+Q4_0..Q8_0 interleaved) against the float32 references, teacher-forced, within
 llama.cpp's own error on the same files, as ../shared/fixtures/quantized/README.md says; the loaded model holds
 no float32 copy of a quantized tensor."""
 
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from worker.engine.forward_batch import BatchEntry
+from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.model import Model
 from worker.engine.quantized import QuantizedLinear
 
@@ -108,7 +109,7 @@ def test_no_float32_copy_of_a_quantized_tensor(smollm2_gguf_path: Path, tmp_path
         for matrix in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
             assert isinstance(matrix, QuantizedLinear) and matrix.blocks.codes.dtype == np.uint8
             assert not matrix.blocks.codes.flags.writeable  # a view of the read-only repack mapping
-            assert matrix.blocks.packed  # Q4_1: 4-bit codes, two a byte
+            assert isinstance(matrix.blocks, InterleavedBlocks) and matrix.blocks.nibbles  # Q4_1: two codes a byte
     assert float32_bytes(w, set()) < 64 * cfg.d_model * (cfg.n_layers + 2)  # norms, scales: no matrix
     codes = sum(m.blocks.codes.nbytes for layer in w.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up,
                                                                      layer.w_down))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.support.quant_data import random_blocks
+from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.k_blocks import K_KINDS, KBlocks, decode_k_blocks
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import Blocks, PendingLinear
@@ -23,17 +24,18 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def pendings(builds: list[str], delay: float = 0.0) -> list[PendingLinear]:
-    """Three deterministic projections (one with Q6_K-like groups of 16, one of 4-bit codes, held packed) counting
-    their builds in `builds`."""
+    """Three deterministic projections (bytes codes with offsets, interleaved; groups of 16, kept as block codes;
+    4-bit codes with Q4_0's zero point, interleaved half a byte a code) and the K-quant kinds, counting their builds
+    in `builds`."""
     out = []
     for i, (rows, cols, group) in enumerate([(8, 64, 32), (16, 32, 16), (4, 256, 32)]):
         def build(i: int = i, rows: int = rows, cols: int = cols, group: int = group) -> BlockCodes:
             builds.append(f"w{i}")
             time.sleep(delay)
             rng = np.random.default_rng(i)
-            return BlockCodes(rng.integers(0, 16 if i == 2 else 64, (rows, cols), dtype=np.uint8),
-                              rng.random((rows, cols // group), dtype=np.float32),
-                              rng.random((rows, cols // group), dtype=np.float32), group)
+            scale = rng.random((rows, cols // group), dtype=np.float32)
+            offset = -8 * scale if i == 2 else rng.random((rows, cols // group), dtype=np.float32)
+            return BlockCodes(rng.integers(0, 16 if i == 2 else 64, (rows, cols), dtype=np.uint8), scale, offset, group)
         out.append(PendingLinear(f"w{i}", (rows, cols), group, build))
     for i, kind in enumerate(K_KINDS, start=3):  # the K-quant super-block form
         def build_k(i: int = i, kind: str = kind) -> KBlocks:
@@ -63,23 +65,24 @@ def assert_same(found: dict[str, Blocks], expected: dict[str, Blocks]) -> None:
     """Every key's arrays equal."""
     assert found.keys() == expected.keys()
     for key, blocks in expected.items():
-        if isinstance(blocks, KBlocks):
-            assert isinstance(found[key], KBlocks) and found[key].kind == blocks.kind
-            assert found[key].arrays().keys() == blocks.arrays().keys()
+        got = found[key]
+        if isinstance(blocks, (KBlocks, InterleavedBlocks)):
+            assert type(got) is type(blocks) and got.arrays().keys() == blocks.arrays().keys()
+            assert (got.kind == blocks.kind if isinstance(blocks, KBlocks)
+                    else (got.zero, got.out) == (blocks.zero, blocks.out))  # type: ignore[union-attr]
             for name, array in blocks.arrays().items():
-                np.testing.assert_array_equal(found[key].arrays()[name], array)
+                np.testing.assert_array_equal(got.arrays()[name], array)
             continue
+        assert isinstance(got, BlockCodes) and got.group == blocks.group
         for name in ("codes", "scale", "offset"):
-            np.testing.assert_array_equal(getattr(found[key], name), getattr(blocks, name))
-        assert found[key].group == blocks.group and found[key].packed == blocks.packed
+            np.testing.assert_array_equal(getattr(got, name), getattr(blocks, name))
 
 
 def copied(blocks: Blocks) -> Blocks:
     """The same matrix in memory of its own (not a view of a mapping)."""
-    if isinstance(blocks, KBlocks):
-        return replace(blocks, **{name: np.array(array) for name, array in blocks.arrays().items()})
-    return BlockCodes(np.array(blocks.codes), np.array(blocks.scale), np.array(blocks.offset), blocks.group,
-                      blocks.packed)
+    if isinstance(blocks, (KBlocks, InterleavedBlocks)):
+        return replace(blocks, **{name: np.array(array) for name, array in blocks.arrays().items()})  # type: ignore
+    return BlockCodes(np.array(blocks.codes), np.array(blocks.scale), np.array(blocks.offset), blocks.group)
 
 
 def test_built_once_then_mapped_read_only(model_file: Path, tmp_path: Path) -> None:
@@ -87,7 +90,10 @@ def test_built_once_then_mapped_read_only(model_file: Path, tmp_path: Path) -> N
     cache = tmp_path / "cache"
     first = cached_blocks(model_file, pendings(builds), cache)
     assert sorted(builds) == [f"w{i}" for i in range(3 + len(K_KINDS))]
-    assert first["w2"].packed and first["w2"].codes.shape == (4, 128) and not first["w0"].packed
+    w0, w2 = first["w0"], first["w2"]
+    assert isinstance(w0, InterleavedBlocks) and not w0.nibbles and w0.offset is not None and w0.zero == 0
+    assert isinstance(w2, InterleavedBlocks) and w2.nibbles and w2.offset is None and w2.zero == 8
+    assert w2.codes.shape == (1, 8, 4, 64) and w2.shape == (4, 256)
     second = cached_blocks(model_file, pendings(builds), cache)
     assert len(builds) == 3 + len(K_KINDS)  # the warm load decoded nothing
     assert_same(second, first)

@@ -12,8 +12,6 @@ from worker.engine.simd import (
     vexp,
     vfma,
     vload,
-    vload_high_nibbles,
-    vload_low_nibbles,
     vload_u8,
     vload_wide,
     vmul,
@@ -100,25 +98,21 @@ def test_fma_rounds_once_and_sums_are_not_reassociated_in_fastmath_kernels() -> 
 
 
 @njit(cache=False)
-def _nibbles_and_strict(packed, a, b, c, low, high, fused, sums):  # type: ignore[no-untyped-def]
-    """Each eight bytes' low and high nibbles as float32, the strict fma of a, b, c and the strict lane sum of a."""
-    for i in range(0, packed.shape[0], LANES):
-        vstore(low, i, vload_low_nibbles(packed, i))
-        vstore(high, i, vload_high_nibbles(packed, i))
+def _strict(a, b, c, fused, sums):  # type: ignore[no-untyped-def]
+    """The strict fma of a, b, c and the strict lane sum of a."""
+    for i in range(0, a.shape[0], LANES):
         vstore(fused, i, vfma(vload(a, i), vload(b, i), vload(c, i)))
         sums[i // LANES] = vsum(vload(a, i))
 
 
-def test_nibble_loads_and_strict_arithmetic_agree_with_numpy() -> None:
-    """Nibbles exactly; the fma rounded once (a float64 product plus c, rounded to float32); the lane sum in its
+def test_strict_arithmetic_agrees_with_numpy() -> None:
+    """The fma rounded once (a float64 product plus c, rounded to float32); the lane sum in its
     documented order ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), bit for bit."""
     rng = np.random.default_rng(5)
-    packed = rng.integers(0, 256, 64, dtype=np.uint8)
     a, b, c = (rng.standard_normal(64).astype(np.float32) for _ in range(3))
-    low, high, fused = (np.empty(64, np.float32) for _ in range(3))
+    fused = np.empty(64, np.float32)
     sums = np.empty(8, np.float32)
-    _nibbles_and_strict(packed, a, b, c, low, high, fused, sums)
-    assert np.array_equal(low, packed & 15) and np.array_equal(high, packed >> 4)
+    _strict(a, b, c, fused, sums)
     expected = (a.astype(np.float64) * b.astype(np.float64) + c).astype(np.float32)
     assert np.array_equal(fused, expected)
     lanes = a.reshape(8, 8)
