@@ -37,9 +37,10 @@ def test_the_estimate_is_block_codes_and_float_tensors_plus_the_kv_pool(smollm2_
                                                                          tmp_path: Path) -> None:
     kv = 32 * 2**20
     estimate = catalogue.estimate_bytes(str(smollm2_gguf_path), 32)
-    # SmolLM2-135M Q4_1: 106,168,320 Q4_1 weights held as packed 4-bit codes (half a byte) and 28,311,552 Q8_0 as
-    # 8-bit ones, each with a float32 scale and offset per 32 (0.25 bytes a weight), 35,136 F32 norm weights
-    assert estimate - kv == 106_168_320 * 3 // 4 + 28_311_552 * 5 // 4 + 35_136 * 4
+    # SmolLM2-135M Q4_1: 106,168,320 Q4_1 weights held as 4-bit codes (half a byte) with a float32 scale and offset
+    # per 32 (0.25 bytes a weight), 28,311,552 Q8_0 as 8-bit ones with a float32 scale per 32 (its zero point is an
+    # integer: 0.125), 35,136 F32 norm weights
+    assert estimate - kv == 106_168_320 * 3 // 4 + 28_311_552 * 9 // 8 + 35_136 * 4
     assert catalogue.estimate_bytes("smollm2-135m", 32) == estimate  # a pulled alias: its cached file
     corrupt = tmp_path / "corrupt.gguf"
     corrupt.write_bytes(smollm2_gguf_path.read_bytes()[:4096])

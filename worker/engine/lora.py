@@ -235,7 +235,9 @@ class LoraBatch:
         if not by_adapter:
             return None
         groups: list[tuple[LoraAdapter, Array | slice, Array]] = []
-        for adapter, rows_list, scales_list in by_adapter.values():
+        # adapters in one fixed order (by content, then name), not the step's: a row using two adds their deltas
+        # in the same order whatever else is in its step (float addition is not associative)
+        for adapter, rows_list, scales_list in sorted(by_adapter.values(), key=lambda e: (e[0].cache_key, e[0].name)):
             rows = np.concatenate(rows_list)  # (G,) ascending: entries come in step order
             scales = np.concatenate(scales_list)[:, None]  # (G, 1)
             contiguous = int(rows[-1]) - int(rows[0]) + 1 == len(rows)
