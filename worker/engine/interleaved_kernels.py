@@ -59,21 +59,34 @@ from worker.engine.simd_wide import (
 
 X_ROWS = 32  # x rows a task carries over a block (their chains, 2 * 32 * 16 float32, stay in L1)
 ACT_SPAN = 16  # activation columns per int8 scale (two per block)
+PARALLEL_QUANTIZE = 16384  # activations from which quantizing splits rows across threads (a launch costs ~10 us)
 MAX_TASKS = 64  # parallel tasks a launch splits its row groups into at most (one scratch allocation each)
 _NO_OFFSET = np.zeros((0, 0, TILE_ROWS), np.float32)  # the offset table of a matrix without one
 
 
+@njit(inline="always", cache=KERNEL_CACHE)
+def _quantize_row(x, q, low, dx, sums, k):  # pragma: no cover (compiled)
+    """q, low, dx and S (the module docstring's) of row k of x (N, C)."""
+    for j in range(x.shape[1] // ACT_SPAN):
+        dx[k, j] = quantize_span_fine(x, k, j * ACT_SPAN, (j + 1) * ACT_SPAN, q, low)
+        total = np.int32(0)
+        for c in range(j * ACT_SPAN, (j + 1) * ACT_SPAN):
+            total += np.int32(256) * np.int32(q[k, c]) + np.int32(low[k, c])
+        sums[k, j] = total
+
+
 @njit(nogil=True, cache=True)
 def _quantize(x, q, low, dx, sums):  # pragma: no cover (compiled)
-    """q, low, dx and S (the module docstring's) of every row of x (N, C)."""
-    n_rows, cols = x.shape
-    for k in range(n_rows):
-        for j in range(cols // ACT_SPAN):
-            dx[k, j] = quantize_span_fine(x, k, j * ACT_SPAN, (j + 1) * ACT_SPAN, q, low)
-            total = np.int32(0)
-            for c in range(j * ACT_SPAN, (j + 1) * ACT_SPAN):
-                total += np.int32(256) * np.int32(q[k, c]) + np.int32(low[k, c])
-            sums[k, j] = total
+    """_quantize_row for every row of x, in this thread."""
+    for k in range(x.shape[0]):
+        _quantize_row(x, q, low, dx, sums, k)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _quantize_parallel(x, q, low, dx, sums):  # pragma: no cover (compiled)
+    """_quantize_row for every row of x, rows across the kernel threads."""
+    for k in prange(x.shape[0]):
+        _quantize_row(x, q, low, dx, sums, k)
 
 
 class FineRows(NamedTuple):
@@ -90,7 +103,12 @@ def quantize_halves(x: np.ndarray) -> FineRows:
     n_rows, cols = x.shape
     rows = FineRows(np.empty((n_rows, cols), np.int8), np.empty((n_rows, cols), np.int8),
                     np.empty((n_rows, cols // ACT_SPAN), np.float32), np.empty((n_rows, cols // ACT_SPAN), np.int32))
-    _quantize(np.ascontiguousarray(x, dtype=np.float32), *rows)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if n_rows * cols < PARALLEL_QUANTIZE:
+        _quantize(x, *rows)
+    else:
+        with launch_lock:
+            _quantize_parallel(x, *rows)
     return rows
 
 
