@@ -64,7 +64,15 @@ class System:
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=BENCH_DIR.parent,
                                      start_new_session=True)
         url = f"http://127.0.0.1:{self.port}{self.ready_path}"
-        wait_until(lambda: self.proc.poll() is None and http_status(url) == 200, 600, f"{self.name} ready")
+        wait_until(lambda: self._alive() and http_status(url) == 200, 600, f"{self.name} ready")
+
+    def _alive(self) -> bool:
+        """True while the process runs; a process that exited raises, with the end of its log."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            return True
+        tail = (self.logdir / f"{self.name}.log").read_bytes()[-3000:].decode(errors="replace")
+        raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready:\n{tail}")
 
     def stop(self) -> None:
         """SIGINT (llmfleet serve drains), then SIGKILL the whole group after a grace period."""
