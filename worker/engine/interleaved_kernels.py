@@ -39,6 +39,7 @@ from worker.engine.simd_int import KERNEL_CACHE
 from worker.engine.simd_wide import (
         wadd,
     wdot4,
+    wdot4_bytes,
     wfadd,
     wfbroadcast,
     wfload,
@@ -113,17 +114,27 @@ def quantize_halves(x: np.ndarray) -> FineRows:
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
-def _half_sum(c0, c1, c2, c3, flat_q, flat_low, qa):  # pragma: no cover (compiled)
+def _half_sum(c0, c1, c2, c3, flat_q, flat_low, qa, full_bytes):  # pragma: no cover (compiled)
     """Lane r: the sum of 16 products of row r's codes (c_i: columns 4i..4i+3 of the half) and the activations
-    256 q + low at qa..qa+15 (four vpdpbusd for each byte)."""
-    high = wdot4(wzero(), c0, wquad_splat(flat_q, qa))  # (16,) int32
-    low = wdot4(wzero(), c0, wquad_splat(flat_low, qa))  # (16,) int32
-    high = wdot4(high, c1, wquad_splat(flat_q, qa + 4))
-    low = wdot4(low, c1, wquad_splat(flat_low, qa + 4))
-    high = wdot4(high, c2, wquad_splat(flat_q, qa + 8))
-    low = wdot4(low, c2, wquad_splat(flat_low, qa + 8))
-    high = wdot4(high, c3, wquad_splat(flat_q, qa + 12))
-    low = wdot4(low, c3, wquad_splat(flat_low, qa + 12))
+    256 q + low at qa..qa+15 (four vpdpbusd for each byte). `full_bytes`: codes may pass 127 (simd_wide.wdot4_bytes)."""
+    if full_bytes:
+        high = wdot4_bytes(wzero(), c0, wquad_splat(flat_q, qa))  # (16,) int32
+        low = wdot4_bytes(wzero(), c0, wquad_splat(flat_low, qa))  # (16,) int32
+        high = wdot4_bytes(high, c1, wquad_splat(flat_q, qa + 4))
+        low = wdot4_bytes(low, c1, wquad_splat(flat_low, qa + 4))
+        high = wdot4_bytes(high, c2, wquad_splat(flat_q, qa + 8))
+        low = wdot4_bytes(low, c2, wquad_splat(flat_low, qa + 8))
+        high = wdot4_bytes(high, c3, wquad_splat(flat_q, qa + 12))
+        low = wdot4_bytes(low, c3, wquad_splat(flat_low, qa + 12))
+    else:
+        high = wdot4(wzero(), c0, wquad_splat(flat_q, qa))  # (16,) int32
+        low = wdot4(wzero(), c0, wquad_splat(flat_low, qa))  # (16,) int32
+        high = wdot4(high, c1, wquad_splat(flat_q, qa + 4))
+        low = wdot4(low, c1, wquad_splat(flat_low, qa + 4))
+        high = wdot4(high, c2, wquad_splat(flat_q, qa + 8))
+        low = wdot4(low, c2, wquad_splat(flat_low, qa + 8))
+        high = wdot4(high, c3, wquad_splat(flat_q, qa + 12))
+        low = wdot4(low, c3, wquad_splat(flat_low, qa + 12))
     return wadd(wshl(high, wsplat(8)), low)
 
 
@@ -131,6 +142,7 @@ def _half_sum(c0, c1, c2, c3, flat_q, flat_low, qa):  # pragma: no cover (compil
 def _group(flat_codes, flat_scale, flat_offset, has_offset, zero, blocks, vectors, g, flat_q, flat_low, dx, sums,
            n_rows, cols, acc, macc, flat_out, width):  # pragma: no cover (compiled)
     """Weight row group g's outputs for every x row, X_ROWS at a time (acc, macc: the chains' scratch)."""
+    full_bytes = vectors == 8  # one byte a code: Q8_0's reach 255
     for x0 in range(0, n_rows, X_ROWS):
         n = min(X_ROWS, n_rows - x0)
         for i in range(n):
@@ -153,8 +165,8 @@ def _group(flat_codes, flat_scale, flat_offset, has_offset, zero, blocks, vector
             for i in range(n):
                 k = x0 + i
                 qa = k * cols + b * LEGACY_BLOCK
-                low = _half_sum(c0, c1, c2, c3, flat_q, flat_low, qa)  # (16,) int32: columns 0..15
-                high = _half_sum(c4, c5, c6, c7, flat_q, flat_low, qa + ACT_SPAN)  # (16,) int32: columns 16..31
+                low = _half_sum(c0, c1, c2, c3, flat_q, flat_low, qa, full_bytes)  # (16,) int32: columns 0..15
+                high = _half_sum(c4, c5, c6, c7, flat_q, flat_low, qa + ACT_SPAN, full_bytes)  # (16,): 16..31
                 if zero != 0:
                     low = wsub(low, wsplat(zero * sums[k, 2 * b]))
                     high = wsub(high, wsplat(zero * sums[k, 2 * b + 1]))

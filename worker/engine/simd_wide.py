@@ -1,8 +1,10 @@
-"""512-bit vectors across sixteen weight rows, for wide_tiles.py: lane group r of an int8x64 (bytes 4r..4r+3), lane
-r of an int32x16 or a float32x16 belongs to weight row r, as in simd_rows.py's eight-row vectors. On the
-"avx512vnni" path (simd_int.int_path) a product of codes and one x row's four activations is one `vpdpbusd` and a
-sub-scale is applied by `vpdpwssd` or `vpmulld`; elsewhere the same integers come from portable LLVM vector code
-(compiled, never run: wide tiles are taken only on that path).
+"""512-bit vectors across sixteen weight rows, for wide_tiles.py and interleaved_kernels.py: lane group r of an
+int8x64 (bytes 4r..4r+3), lane r of an int32x16 or a float32x16 belongs to weight row r, as in simd_rows.py's
+eight-row vectors. On the "avx512vnni" path (simd_int.int_path) a product of codes and one x row's four activations
+is one `vpdpbusd` and a sub-scale is applied by `vpdpwssd` or `vpmulld`. On the "avx2" path `wdot4` and
+`wdot4_bytes` take `vpmaddubsw` and `vpmaddwd` on each 256-bit half (the interleaved kernels run there); the rest,
+and the "generic" path, is portable LLVM vector code giving the same integers (wide tiles are taken only on the
+avx512vnni path).
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from worker.engine.simd import _lane_operation
-from worker.engine.simd_int import _I16, _I32, _V8I32, _function, _pointer, _vector_type, int_path
+from worker.engine.simd_int import (
+    _I16,
+    _I32,
+    _V8I32,
+    _function,
+    _pointer,
+    _vector_type,
+    avx2_instructions,
+    int_path,
+)
 from worker.engine.simd_rows import _offset, _store_vectors, _transpose8
 
 WIDE_ROWS = 16  # weight rows side by side in a wide vector
@@ -82,18 +93,66 @@ def wquad_splat(typingctx: Any, q: Any, index: Any) -> Any:
     return int8x64(q, types.int64), codegen
 
 
+def _halves(builder: Any, vector: Any) -> tuple[Any, Any]:
+    """A <64 x i8> as its two <32 x i8> halves."""
+    mask = [ir.Constant(ir.VectorType(_I32, 32), list(range(h * 32, h * 32 + 32))) for h in range(2)]
+    return builder.shuffle_vector(vector, vector, mask[0]), builder.shuffle_vector(vector, vector, mask[1])
+
+
+def _avx2_dot4(builder: Any, codes: Any, values: Any, weight: int) -> Any:
+    """Lane r: weight * (the four products of codes and values in bytes 4r..4r+3), by vpmaddubsw then vpmaddwd on
+    each 256-bit half; exact while no pair of products passes 32767 (codes below 128 against int8 values)."""
+    v32i8 = ir.VectorType(_I8, 32)
+    madd_ub = _function(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(_I16, 16), [v32i8, v32i8])
+    madd_wd = _function(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [ir.VectorType(_I16, 16)] * 2)
+    weights = ir.Constant(ir.VectorType(_I16, 16), [weight] * 16)
+    sums = [builder.call(madd_wd, [builder.call(madd_ub, [c, v]), weights])
+            for c, v in zip(_halves(builder, codes), _halves(builder, values))]  # two (8,) int32
+    return builder.shuffle_vector(sums[0], sums[1], ir.Constant(_V16I32, list(range(16))))
+
+
+def _portable_dot4(builder: Any, codes: Any, values: Any) -> Any:
+    """Lane r: the four products of codes (unsigned) and values (signed) in bytes 4r..4r+3 (portable code)."""
+    wide = ir.VectorType(_I32, 64)
+    products = builder.mul(builder.zext(codes, wide), builder.sext(values, wide))  # (64,)
+    return _sum_groups(builder, products, 4)
+
+
+def _dpbusd(builder: Any, acc: Any, codes: Any, values: Any) -> Any:
+    """acc + the four products per lane, one vpdpbusd."""
+    function = _function(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [_V16I32, _V16I32, _V16I32])
+    return builder.call(function, [acc, builder.bitcast(codes, _V16I32), builder.bitcast(values, _V16I32)])
+
+
 @intrinsic
 def wdot4(typingctx: Any, acc: Any, codes: Any, values: Any) -> Any:
-    """acc + (lane r: the four products of codes (unsigned) and values (signed) in bytes 4r..4r+3), exact (vpdpbusd)."""
+    """acc + (lane r: the four products of codes (unsigned, below 128) and values (signed) in bytes 4r..4r+3),
+    exact: vpdpbusd on the avx512vnni path, vpmaddubsw and vpmaddwd on avx2 (pairs of products stay below 32768)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         if _vnni():
-            function = _function(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I32, [_V16I32, _V16I32, _V16I32])
-            return builder.call(function, [args[0], builder.bitcast(args[1], _V16I32),
-                                           builder.bitcast(args[2], _V16I32)])
-        wide = ir.VectorType(_I32, 64)
-        products = builder.mul(builder.zext(args[1], wide), builder.sext(args[2], wide))  # (64,)
-        return builder.add(args[0], _sum_groups(builder, products, 4))
+            return _dpbusd(builder, args[0], args[1], args[2])
+        if avx2_instructions():
+            return builder.add(args[0], _avx2_dot4(builder, args[1], args[2], 1))
+        return builder.add(args[0], _portable_dot4(builder, args[1], args[2]))
+
+    return int32x16(int32x16, int8x64, int8x64), codegen
+
+
+@intrinsic
+def wdot4_bytes(typingctx: Any, acc: Any, codes: Any, values: Any) -> Any:
+    """wdot4 for codes up to 255 (Q8_0's): one vpdpbusd on the avx512vnni path; on avx2 the codes' low and high
+    nibbles each through vpmaddubsw (a full byte could saturate its int16 pairs), joined as 16 * high + low."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        if _vnni():
+            return _dpbusd(builder, args[0], args[1], args[2])
+        if avx2_instructions():
+            low = builder.and_(args[1], ir.Constant(_V64I8, [0x0F] * 64))
+            high = builder.lshr(args[1], ir.Constant(_V64I8, [4] * 64))
+            total = builder.add(_avx2_dot4(builder, high, args[2], 16), _avx2_dot4(builder, low, args[2], 1))
+            return builder.add(args[0], total)
+        return builder.add(args[0], _portable_dot4(builder, args[1], args[2]))
 
     return int32x16(int32x16, int8x64, int8x64), codegen
 

@@ -94,17 +94,22 @@ def test_a_rows_result_is_the_same_alone_and_among_others(kind: str) -> None:
         np.testing.assert_array_equal(interleaved_kernels.interleaved_matmul(x[k : k + 1], blocks)[0], together[k])
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_the_largest_codes_and_activations_stay_exact(kind: str, sign: float) -> None:
-    """Every code at its largest (Q8_0: +127, and -128 in odd rows) against activations all +-1 (high bytes +-127):
-    the int32 sums (16 * 255 * 256 * 127 before Q8_0's zero point comes off) are exact."""
+def largest(kind: str) -> InterleavedBlocks:
+    """A (32, 128) matrix of the kind with every code at its largest (Q8_0: +127, and -128 in odd rows)."""
     plain = decoded(kind, 32, 128, 5)
     top = 15 if kind.startswith("Q4") else 31 if kind.startswith("Q5") else 255
     codes = np.full(plain.codes.shape, top, np.uint8)
     if kind == "Q8_0":
         codes[1::2] = 0
-    blocks = interleave(BlockCodes(codes, plain.scale, plain.offset, plain.group))
+    return interleave(BlockCodes(codes, plain.scale, plain.offset, plain.group))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_the_largest_codes_and_activations_stay_exact(kind: str, sign: float) -> None:
+    """Every code at its largest against activations all +-1 (high bytes +-127): the int32 sums (16 * 255 * 256 *
+    127 before Q8_0's zero point comes off) are exact."""
+    blocks = largest(kind)
     x = np.full((20, 128), sign, np.float32)  # (20, 128)
     np.testing.assert_array_equal(interleaved_kernels.interleaved_matmul(x, blocks),
                                   interleaved_kernels.reference_matmul(x, blocks))
@@ -125,16 +130,19 @@ def test_a_matrix_that_does_not_fit_x_is_refused() -> None:
 
 
 def test_every_path_gives_the_same_bits(tmp_path: Path) -> None:
-    """LLMFLEET_INT_KERNELS forces each path (vpdpbusd on avx512vnni, portable vector code elsewhere); every path
-    this CPU has gives the reference's bits."""
+    """LLMFLEET_INT_KERNELS forces each path (vpdpbusd on avx512vnni, vpmaddubsw on avx2, portable vector code on
+    generic); every path this CPU has gives the reference's bits, the largest codes and activations included (on
+    avx2 a pair of products near 32767 would saturate)."""
     script = (
         "import sys, numpy as np\n"
-        "from tests.worker.engine.test_interleaved_kernels import KINDS, matrix, activations\n"
+        "from tests.worker.engine.test_interleaved_kernels import KINDS, matrix, activations, largest\n"
         "from worker.engine import interleaved_kernels\n"
         "from worker.engine.simd_int import int_path\n"
         "assert int_path() == sys.argv[1], int_path()\n"
         "out = [interleaved_kernels.interleaved_matmul(activations(n, 128, n), matrix(kind, 25, 128, 7))\n"
         "       for kind in KINDS for n in (1, 5, 33)]\n"
+        "out += [interleaved_kernels.interleaved_matmul(np.full((3, 128), sign, np.float32), largest(kind))\n"
+        "        for kind in KINDS for sign in (1.0, -1.0)]\n"
         "np.savez(sys.argv[2], *out)\n"
     )
     results = {}
@@ -146,6 +154,8 @@ def test_every_path_gives_the_same_bits(tmp_path: Path) -> None:
         results[path] = np.load(target)
     expected = [interleaved_kernels.reference_matmul(activations(n, 128, n), matrix(kind, 25, 128, 7))
                 for kind in KINDS for n in (1, 5, 33)]
+    expected += [interleaved_kernels.reference_matmul(np.full((3, 128), sign, np.float32), largest(kind))
+                 for kind in KINDS for sign in (1.0, -1.0)]
     for path, arrays in results.items():
         for i, want in enumerate(expected):
             np.testing.assert_array_equal(arrays[f"arr_{i}"], want, err_msg=path)
