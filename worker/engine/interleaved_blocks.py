@@ -57,14 +57,17 @@ class InterleavedBlocks:
             arrays["offset"] = self.offset
         return arrays
 
-    def row_table(self, table: np.ndarray) -> np.ndarray:
-        """A (G, B, 16) table in row order: (out, B)."""
-        groups, blocks, _ = table.shape
-        return table.transpose(0, 2, 1).reshape(groups * TILE_ROWS, blocks)[: self.out]  # (out, B)
+    def row_table(self, table: np.ndarray, index: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Some rows of a (G, B, 16) table, in row order: (N, B) (every row's when index is the whole slice)."""
+        if isinstance(index, slice):
+            groups, blocks, _ = table.shape
+            return table.transpose(0, 2, 1).reshape(groups * TILE_ROWS, blocks)[: self.out][index]  # (N, B)
+        rows = np.asarray(index)  # (N,)
+        return table[rows // TILE_ROWS, :, rows % TILE_ROWS]  # (N, B): only those rows are read
 
     def code_rows(self, index: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Some rows' codes, one a byte: (N, in) uint8."""
-        rows = np.arange(self.out)[index]  # (N,)
+        rows = np.arange(self.out)[index] if isinstance(index, slice) else np.asarray(index)  # (N,)
         groups, blocks, vectors, _ = self.codes.shape
         lanes = self.codes.reshape(groups, blocks, vectors, TILE_ROWS, 4)  # (G, B, V, 16, 4)
         picked = lanes[rows // TILE_ROWS, :, :, rows % TILE_ROWS]  # (N, B, V, 4)
@@ -72,21 +75,21 @@ class InterleavedBlocks:
             picked = np.stack([picked & 0x0F, picked >> 4], axis=3)  # (N, B, 4, 2, 4): columns 8v + 4h + j
         return np.ascontiguousarray(picked.reshape(len(rows), blocks * LEGACY_BLOCK))  # (N, in)
 
-    def rows(self, index: np.ndarray) -> np.ndarray:
-        """Some rows dequantized to float32 (an embedding lookup): (N, in)."""
+    def rows(self, index: np.ndarray | slice) -> np.ndarray:
+        """Some rows dequantized to float32 (an embedding lookup reads only those rows): (N, in)."""
         codes = self.code_rows(index)  # (N, in) uint8
         n, cols = codes.shape
         grouped = codes.reshape(n, cols // LEGACY_BLOCK, LEGACY_BLOCK).astype(np.float32)  # (N, B, 32)
         if self.zero:
             grouped -= np.float32(self.zero)
-        grouped *= self.row_table(self.scale)[index][:, :, None]
+        grouped *= self.row_table(self.scale, index)[:, :, None]
         if self.offset is not None:
-            grouped += self.row_table(self.offset)[index][:, :, None]
+            grouped += self.row_table(self.offset, index)[:, :, None]
         return grouped.reshape(n, cols)  # (N, in)
 
     def dequantize(self) -> np.ndarray:
         """The float32 matrix: (out, in)."""
-        return self.rows(np.arange(self.out))  # (out, in)
+        return self.rows(slice(None))  # (out, in)
 
 
 def integer_zero(blocks: BlockCodes) -> int | None:
