@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.repack_dir import SESSION_REPACK_DIR
 
 pytest_plugins = ["tests.support.fixtures"]  # the fixtures of tests/support (process clusters, batch clients)
 
@@ -18,6 +21,12 @@ FIXTURES_DIR = SHARED_DIR / "fixtures" / "smollm2"
 GEMMA3_FIXTURES_DIR = SHARED_DIR / "fixtures" / "gemma3"
 LORA_FIXTURES_DIR = SHARED_DIR / "fixtures" / "smollm2-lora"
 MINILM_FIXTURES_DIR = SHARED_DIR / "fixtures" / "minilm"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the session's repack cache (tests/support/repack_dir.py)."""
+    if SESSION_REPACK_DIR is not None:
+        shutil.rmtree(SESSION_REPACK_DIR, ignore_errors=True)
 
 
 def _pull_or_skip(alias: str) -> Path:

@@ -1,7 +1,8 @@
 """`llmfleet serve` on the synthetic Llama-3.1-8B-shaped Q4_K_M file (../shared/peers/make-synthetic-model.sh 8b,
 4.6 GB) becomes ready and answers a chat request from the unmodified openai client: the 8B fits a 24 GiB host.
 Skipped where the file is absent (it is made, not pulled: CI has none). The repack cache is serve's own
-(~/.cache/llmfleet/repack), so only a first run pays the repack (minutes on 2 cores)."""
+(~/.cache/llmfleet/repack, not the session's: tests/support/repack_dir.py), so only a first run pays the repack
+(minutes on 2 cores)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from llmfleet.catalogue import host_memory_bytes
 from llmfleet.redis_server import free_port
 from tests.support.processes import stop_serve
+from tests.support.repack_dir import USER_REPACK_DIR
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 openai = pytest.importorskip("openai")
@@ -33,6 +35,8 @@ def test_serve_answers_a_chat_request_on_the_8b(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "LLMFLEET_SLOTS": "2", "LLMFLEET_KV_BUDGET_MIB": "256", "LLMFLEET_LOG_LEVEL": "INFO"}
     env.pop("REDIS_URL", None)
+    if USER_REPACK_DIR is None:  # serve's own cache, kept between sessions (not the session's throwaway one)
+        env.pop("LLMFLEET_REPACK_DIR", None)
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen([sys.executable, "-m", "llmfleet.cli", "serve", "--port", str(port), "--model",

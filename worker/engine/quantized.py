@@ -1,12 +1,12 @@
 """Quantized projections kept only in a quantized form: no float32 copy of a quantized tensor.
 
 A step of a few sequences reads every weight once and does little arithmetic with it, so its speed is the bytes
-read. Two forms:
+read. The forms:
 - Q4_K, Q5_K and Q6_K (what Q4_K_M and Q5_K_M files are made of) stay in the file's own form (k_blocks.py: 0.59,
   0.72 and 0.83 bytes a weight) and multiply through int_kernels.py, in integers against int8 activations;
 - Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (blocks of 32 weights) become codes with float32 tables, sixteen rows
   interleaved (interleaved_blocks.py: half a byte a code where they fit in four bits), multiplied through
-  interleaved_kernels.py, also in integers against int8 activations;
+  interleaved_kernels.py, also in integers (against activations carried as two int8 bytes);
 - a fused projection whose parts mix K-quant kinds (a Q4_K query with a Q6_K value) keeps each part's form.
 Every kernel sums in one fixed order, so that a row's result never depends on the rest of its step.
 
