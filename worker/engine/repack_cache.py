@@ -10,7 +10,8 @@ group) and the arrays, each 64-byte aligned. Before mapping, the size and the
 checksum are verified: a truncated or corrupt file is rebuilt, never mapped. A builder holds an exclusive lock
 (flock on a side file) and writes a temporary file, fsyncs it and renames it into place: a second worker starting
 on a cold cache waits for the lock and then maps the first one's file; a builder killed mid-write leaves only a
-temporary file, which the next builder (holding the lock, so no one else is writing) deletes.
+temporary file, which the next builder (holding the lock, so no one else is writing) deletes. A builder also deletes
+the same model file's repack files of other layout versions (an upgrade's leftovers, unreadable to it).
 LLMFLEET_REPACK_DIR moves the cache (default ~/.cache/llmfleet/repack); set it empty to build in memory only.
 """
 
@@ -206,6 +207,26 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
+def _remove_other_layouts(path: Path) -> None:
+    """Delete the same model file's repack files of another layout version (what an upgrade leaves: no process of
+    this version can read them; one still mapped stays readable to its process until it unmaps it)."""
+    model_name = path.name[: -len(".repack")].rsplit(".", 1)[0]
+    for other in path.parent.iterdir():
+        same_model = other.name.startswith(model_name + ".") and other.name.endswith(".repack")
+        if other == path or not same_model or other.name.count(".") != path.name.count("."):  # ("m.gguf.bak")
+            continue
+        try:
+            with open(other, "rb") as fh:
+                header = fh.read(_HEADER.size)
+            if len(header) == _HEADER.size:
+                magic, layout, *_ = _HEADER.unpack(header)
+                if magic == MAGIC and layout != LAYOUT_VERSION:
+                    other.unlink()
+                    log.info("removed %s (repack layout %d; this one is %d)", other.name, layout, LAYOUT_VERSION)
+        except OSError:
+            continue
+
+
 def cached_blocks(model_path: str | Path, pendings: list[PendingLinear],
                   directory: Path | None) -> dict[str, Blocks]:
     """Every pending projection's codes: mapped from the repack cache, built into it first when missing or
@@ -227,6 +248,7 @@ def cached_blocks(model_path: str | Path, pendings: list[PendingLinear],
                 log.info("repacking %s into %s", Path(model_path).name, path)
                 _write(path, pendings)
                 found = _open_valid(path, keys)
+                _remove_other_layouts(path)
     except OSError as exc:
         log.warning("repack cache %s unusable (%s): building in memory", directory, exc)
         return build_in_memory(pendings)

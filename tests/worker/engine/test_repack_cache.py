@@ -18,7 +18,7 @@ from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.k_blocks import K_KINDS, KBlocks, decode_k_blocks
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import Blocks, PendingLinear
-from worker.engine.repack_cache import cached_blocks, model_key
+from worker.engine.repack_cache import _HEADER, LAYOUT_VERSION, MAGIC, cached_blocks, model_key
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -167,3 +167,20 @@ def test_two_processes_on_a_cold_cache_end_with_one_valid_file(model_file: Path,
     cached_blocks(model_file, pendings(builds), cache)
     assert builds == []  # the file left behind is valid
     the_cache_file(cache)
+
+
+def test_a_build_removes_the_same_models_files_of_other_layouts(model_file: Path, tmp_path: Path) -> None:
+    """An upgrade's leftovers (this model file's repack files of another layout version) go when a builder writes
+    the new one; another model's files, and this model's of the same layout under another key, stay."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old_header = _HEADER.pack(MAGIC, LAYOUT_VERSION - 1, 0, 0, 0, 0)
+    leftover = cache / "m.gguf.0123abcd.repack"
+    leftover.write_bytes(old_header)
+    kept = [cache / "m.gguf.bak.0123abcd.repack", cache / "other.gguf.0123abcd.repack",
+            cache / "m.gguf.4567ef.repack"]
+    kept[0].write_bytes(old_header)
+    kept[1].write_bytes(old_header)
+    kept[2].write_bytes(_HEADER.pack(MAGIC, LAYOUT_VERSION, 0, 0, 0, 0))
+    cached_blocks(model_file, pendings([]), cache)
+    assert not leftover.exists() and all(path.exists() for path in kept)
