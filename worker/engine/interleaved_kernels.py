@@ -4,7 +4,8 @@ in 256ths (int8_spans.quantize_span_fine; llama.cpp's Q8_0 and Q8_1 take one byt
 left SmolLM2 Q4_1's largest logit error at 1.35, one byte per 16 at 1.37, against llama.cpp's 0.96), and every
 product of codes and activations summed in integers. One `vpdpbusd` (simd_wide.wdot4) multiplies four codes of
 each of sixteen weight rows into one x row's four activations; four sum half a block's products with one byte, and
-256 * high + low joins the two. Off AVX-512 VNNI the same integers come from portable LLVM vector code.
+256 * high + low joins the two. On the avx2 path the same integers come from `vpmaddubsw` and `vpmaddwd`, on the
+generic path from portable LLVM vector code (simd_wide.py).
 
 THE REDUCTION (every step width computes exactly this, so a row's result never depends on the rest of its step):
 
@@ -18,10 +19,10 @@ THE REDUCTION (every step width computes exactly this, so a row's result never d
             (only where the matrix has offsets)
     out[k, r] = acc + macc  (macc = 0 without offsets)
 
-`reference_matmul` is the same arithmetic in numpy. A parallel task takes one group of sixteen weight rows and
-carries up to X_ROWS x rows over each block in turn, the block's codes held in registers for all of them; the same
-loop serves one row (decode: each weight byte is read once) and hundreds (prefill). Launches hold
-numba_runtime.launch_lock.
+`reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (at most MAX_TASKS
+tasks a launch) and, group by group, carries up to X_ROWS x rows over each block in turn, the block's codes held
+in registers for all of them; the same loop serves one row (decode: each weight byte is read once) and hundreds
+(prefill). Launches hold numba_runtime.launch_lock.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from worker.engine.numba_runtime import launch_lock
 from worker.engine.quant_blocks import LEGACY_BLOCK
 from worker.engine.simd_int import KERNEL_CACHE
 from worker.engine.simd_wide import (
-        wadd,
+    wadd,
     wdot4,
     wdot4_bytes,
     wfadd,
