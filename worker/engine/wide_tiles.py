@@ -12,7 +12,7 @@ in integers. Q4_K: one `vpdpwssd` (the sum is below 16 * 15 * 127 < 32768, so it
 exact); Q5_K: one `vpdpwssd` per two `vpdpbusd` (8 * 31 * 127 < 32768); Q6_K: one `vpmulld` (its int8 sub-scales
 are signed and its sums up to 16 * 63 * 127). The unpacking is int_tiles.py's, with the two tiles' vectors laid side
 by side (codes 64 bytes apart; sub-scales as int32 lanes); Q4_K's and Q6_K's codes are transposed for all sixteen
-rows at once with 512-bit shuffles (simd_wide.unpack_nibbles16, unpack_q6_16: 7-19% faster at 4 to 64 rows than
+rows at once with 512-bit shuffles (wide_unpack.unpack_nibbles16, unpack_q6_16: 7-19% faster at 4 to 64 rows than
 two eight-row passes).
 """
 
@@ -35,9 +35,6 @@ from worker.engine.simd_int import KERNEL_CACHE
 from worker.engine.simd_rows import transpose_mins, transpose_offsets
 from worker.engine.simd_wide import (
     WIDE_ROWS,
-    transpose_scales32,
-    unpack_nibbles16,
-    unpack_q6_16,
     wadd,
     wdot4,
     wdot_words,
@@ -59,6 +56,7 @@ from worker.engine.simd_wide import (
     wsub,
     wzero,
 )
+from worker.engine.wide_unpack import transpose_scales32, unpack_nibbles16, unpack_q6_16
 
 SPACING = 2 * 32  # bytes between a wide tile's code vectors (two eight-row tiles' side by side)
 X_ROWS = 32  # x rows a task carries over a super-block (their chains, 33 * 12 * 16 float32, stay in L1)
