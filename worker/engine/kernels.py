@@ -245,9 +245,11 @@ def warm_up() -> None:
     from worker.engine import (  # loaded only when an image build warms them
         block_kernels,
         int_kernels,
+        interleaved_k_kernels,
         interleaved_kernels,
     )
 
     block_kernels.warm({16, 32})
     interleaved_kernels.warm()
     int_kernels.warm()
+    interleaved_k_kernels.warm()

@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, int_kernels, interleaved_kernels, kernels
+from worker.engine import block_kernels, int_kernels, interleaved_k_kernels, interleaved_kernels, kernels
 from worker.engine.interleaved_blocks import InterleavedBlocks
+from worker.engine.interleaved_k_blocks import InterleavedK
 from worker.engine.k_blocks import KBlocks
 from worker.engine.quantized import Blocks, PendingLinear, QuantizedLinear, StackedBlocks
 
@@ -66,6 +67,8 @@ def _quantized_matmul(x: Array, blocks: Blocks) -> Array:
         return xp.concatenate([_quantized_matmul(x, part) for part in blocks.parts], axis=1)  # (N, out)
     if isinstance(blocks, InterleavedBlocks):
         return interleaved_kernels.interleaved_matmul(x, blocks)  # (N, out)
+    if isinstance(blocks, InterleavedK):
+        return interleaved_k_kernels.interleaved_k_matmul(x, blocks)  # (N, out)
     return block_kernels.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from worker.engine.interleaved_blocks import InterleavedBlocks, interleave
+from worker.engine.interleaved_k_blocks import INTERLEAVED_K_KINDS, InterleavedK, interleave_k
 from worker.engine.k_blocks import KBlocks
 from worker.engine.quant_blocks import LEGACY_BLOCK, BlockCodes
 
@@ -37,7 +38,7 @@ class StackedBlocks:
     """Row blocks of different forms stacked into one (sum out, in) projection (a Q4_K query and key beside a Q6_K
     value): each part keeps its own form and kernel, and the outputs are joined."""
 
-    parts: tuple[BlockCodes | KBlocks | InterleavedBlocks, ...]
+    parts: tuple[BlockCodes | KBlocks | InterleavedBlocks | InterleavedK, ...]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -58,7 +59,8 @@ class StackedBlocks:
         return self.dequantize()[index]  # (N, in) (a projection: never an embedding table)
 
 
-Blocks = BlockCodes | KBlocks | InterleavedBlocks | StackedBlocks  # a quantized matrix in one of the engine's forms
+Blocks = BlockCodes | KBlocks | InterleavedBlocks | InterleavedK | StackedBlocks  # a quantized matrix in one of the
+# engine's forms
 
 
 @dataclass(frozen=True)
@@ -212,14 +214,17 @@ def materialize(weights: Any, source: BlockSource) -> Any:
 
 
 def build_codes(pending: PendingLinear) -> Blocks:
-    """A pending projection's arrays built in memory: K-quant form as built; block codes of 32 columns interleaved
-    sixteen rows at a time (interleaved_blocks.py)."""
+    """A pending projection's arrays built in memory: Q4_K and Q6_K interleaved sixteen rows at a time
+    (interleaved_k_blocks.py), Q5_K in its super-block form as built; block codes of 32 columns interleaved sixteen
+    rows at a time (interleaved_blocks.py)."""
     return _held(pending.build())
 
 
 def _held(b: Blocks) -> Blocks:
     """A built matrix in the form the kernels take, part by part."""
-    if isinstance(b, (KBlocks, InterleavedBlocks)):
+    if isinstance(b, KBlocks):
+        return interleave_k(b) if b.kind in INTERLEAVED_K_KINDS else b
+    if isinstance(b, (InterleavedBlocks, InterleavedK)):
         return b
     if isinstance(b, StackedBlocks):
         return StackedBlocks(tuple(_held(part) for part in b.parts))  # type: ignore[misc]

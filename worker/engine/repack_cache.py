@@ -5,8 +5,8 @@ A file is named by the model file's key and LAYOUT_VERSION. The key is sha256 ov
 mtime (ns) and its first and last MiB: a full sha256 of an 8B file (4.6 GB) would take longer than the warm load
 it serves, and a changed file (re-pulled, re-quantized) changes its mtime and size or its header. Layout: a header
 (magic, version, manifest and data lengths, a checksum of the data), a JSON manifest (the recipe key of every
-projection, where its arrays lie, and its form: a K-quant kind, an interleaved matrix's zero point and rows, or a
-group) and the arrays, each 64-byte aligned. Before mapping, the size and the
+projection, where its arrays lie, and its form: a K-quant kind, an interleaved super-block matrix's kind and rows,
+an interleaved matrix's zero point and rows, or a group) and the arrays, each 64-byte aligned. Before mapping, the size and the
 checksum are verified: a truncated or corrupt file is rebuilt, never mapped. A builder holds an exclusive lock
 (flock on a side file) and writes a temporary file, fsyncs it and renames it into place: a second worker starting
 on a cold cache waits for the lock and then maps the first one's file; a builder killed mid-write leaves only a
@@ -34,13 +34,15 @@ import numpy as np
 from numba import njit, prange
 
 from worker.engine.interleaved_blocks import InterleavedBlocks
-from worker.engine.k_blocks import ARRAYS, KBlocks
+from worker.engine.interleaved_k_blocks import InterleavedK
+from worker.engine.k_blocks import KBlocks
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import Blocks, PendingLinear, StackedBlocks, build_codes, build_in_memory
 
-LAYOUT_VERSION = 6  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte;
+LAYOUT_VERSION = 7  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte;
 # 3: Q4_K and Q6_K in their own super-block form, k_blocks.py; 4: Q5_K too; 5: their code bytes as the file orders
-# them; 6: blocks of 32 weights interleaved sixteen rows at a time, interleaved_blocks.py)
+# them; 6: blocks of 32 weights interleaved sixteen rows at a time, interleaved_blocks.py; 7: Q4_K and Q6_K too,
+# interleaved_k_blocks.py)
 MAGIC = b"LLMFRPK1"
 _HEADER = struct.Struct("<8sIIQQQ")  # magic, layout version, reserved, manifest bytes, data bytes, checksum
 _ALIGN = 64
@@ -116,9 +118,13 @@ def _write_entry(fh: BinaryIO, blocks: Blocks, offset: int) -> tuple[dict, int]:
             entry, offset = _write_entry(fh, part, offset)
             parts.append(entry)
         return {"parts": parts}, offset
-    if isinstance(blocks, (KBlocks, InterleavedBlocks)):
-        entry: dict = {"kind": blocks.kind} if isinstance(blocks, KBlocks) else {"zero": blocks.zero, "out": blocks.out}
+    if isinstance(blocks, KBlocks):
+        entry: dict = {"kind": blocks.kind}
         arrays = blocks.arrays()
+    elif isinstance(blocks, InterleavedK):
+        entry, arrays = {"interleaved_kind": blocks.kind, "out": blocks.out}, blocks.arrays()
+    elif isinstance(blocks, InterleavedBlocks):
+        entry, arrays = {"zero": blocks.zero, "out": blocks.out}, blocks.arrays()
     else:
         entry = {"group": blocks.group}
         arrays = {name: getattr(blocks, name) for name in ("codes", "scale", "offset")}
@@ -181,15 +187,16 @@ def _entry_codes(data: np.ndarray, entry: dict) -> Blocks:
     """One projection's arrays as views of the mapped data."""
     if "parts" in entry:
         return StackedBlocks(tuple(_entry_codes(data, part) for part in entry["parts"]))  # type: ignore[misc]
-    names = ARRAYS if "kind" in entry else ("codes", "scale", "offset")
     arrays: dict[str, np.ndarray] = {}
-    for name in names:
-        if name in entry:
+    for name in entry:
+        if isinstance(entry[name], list):
             offset, dtype, shape = entry[name]
             count = int(np.prod(shape))
             arrays[name] = np.frombuffer(data, np.dtype(dtype), count, offset).reshape(shape)  # a view, no copy
     if "kind" in entry:
         return KBlocks(kind=str(entry["kind"]), **arrays)
+    if "interleaved_kind" in entry:
+        return InterleavedK(str(entry["interleaved_kind"]), out=int(entry["out"]), **arrays)
     if "zero" in entry:
         return InterleavedBlocks(arrays["codes"], arrays["scale"], arrays.get("offset"), int(entry["zero"]),
                                  int(entry["out"]))

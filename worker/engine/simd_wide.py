@@ -83,6 +83,55 @@ wfload = _vector_load("wfload", _V16F, float32x16, 4, "The sixteen float32 of a 
 
 
 @intrinsic
+def wload_widened(typingctx: Any, array: Any, index: Any) -> Any:
+    """The sixteen bytes of a flat uint8 (zero-extended) or int8 (sign-extended) array from `index` on, as int32
+    lanes (one vpmovzxbd or vpmovsxbd)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = _pointer(context, builder, signature.args[0], args[0], args[1], ir.VectorType(_I8, 16))
+        value = builder.load(pointer, align=1)
+        return (builder.sext if signature.args[0].dtype.signed else builder.zext)(value, _V16I32)
+
+    return int32x16(array, types.int64), codegen
+
+
+@intrinsic
+def wload_word_pairs(typingctx: Any, array: Any, index: Any) -> Any:
+    """The 32 bytes of a flat uint8 array from `index` on, zero-extended to sixteen int16 pairs (vpmovzxbw)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = _pointer(context, builder, signature.args[0], args[0], args[1], ir.VectorType(_I8, 32))
+        return builder.bitcast(builder.zext(builder.load(pointer, align=1), _V32I16), _V16I32)
+
+    return int32x16(array, types.int64), codegen
+
+
+@intrinsic
+def wstore_codes(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
+    """Write 64 bytes to a flat uint8 array from `index` on."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        builder.store(args[2], _pointer(context, builder, signature.args[0], args[0], args[1], _V64I8), align=1)
+        return context.get_dummy_value()
+
+    return types.none(array, types.int64, int8x64), codegen
+
+
+@intrinsic
+def wsix_bits(typingctx: Any, nibbles: Any, high: Any, shift: Any) -> Any:
+    """Six-bit codes: nibbles | (((high >> shift) & 3) << 4), byte by byte (Q6_K's bits 4-5 at bit `shift`)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        amount = builder.trunc(context.cast(builder, args[2], signature.args[2], types.int64), _I8)
+        first = builder.insert_element(ir.Constant(_V64I8, ir.Undefined), amount, ir.Constant(_I32, 0))
+        shifts = builder.shuffle_vector(first, ir.Constant(_V64I8, ir.Undefined), ir.Constant(ir.VectorType(_I32, 64), [0] * 64))
+        top = builder.and_(builder.lshr(args[1], shifts), ir.Constant(_V64I8, [3] * 64))
+        return builder.or_(args[0], builder.shl(top, ir.Constant(_V64I8, [4] * 64)))
+
+    return int8x64(int8x64, int8x64, shift), codegen
+
+
+@intrinsic
 def wquad_splat(typingctx: Any, q: Any, index: Any) -> Any:
     """The four int8 of a flat array from `index` on, repeated for all sixteen rows."""
 

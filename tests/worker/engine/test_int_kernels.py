@@ -5,21 +5,18 @@ int8 per 64 columns and the result stays close to float arithmetic."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support.kernel_paths import assert_every_path_gives, outputs_on_every_path
 from tests.support.quant_data import random_blocks
 from worker.engine import int_kernels, simd_int
 from worker.engine.k_blocks import K_KINDS, KBlocks, decode_k_blocks
-from worker.engine.simd_int import PAIRED_GROUPS, PATHS, int_path, supported_paths
+from worker.engine.simd_int import PAIRED_GROUPS, int_path, supported_paths
 
-REPO = Path(__file__).resolve().parents[3]
 ROW_COUNTS = (1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 64, 65, 70)
 
 
@@ -104,30 +101,15 @@ def test_close_to_float_arithmetic(kind: str) -> None:
 def test_generic_path_gives_the_same_bits_as_this_cpus(tmp_path: Path) -> None:
     """LLMFLEET_INT_KERNELS forces each path; every path this CPU has gives the reference's bits (25 weight rows: a
     full task of sixteen takes the tiles, eight-row or wide, at 17 x rows)."""
-    script = (
-        "import sys, numpy as np\n"
+    body = (
         "from tests.worker.engine.test_int_kernels import matrix, activations\n"
         "from worker.engine import int_kernels\n"
-        "from worker.engine.simd_int import int_path\n"
-        "assert int_path() == sys.argv[1], int_path()\n"
-        "out = [int_kernels.k_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))\n"
-        "       for kind in ('Q4_K', 'Q5_K', 'Q6_K') for n in (1, 5, 17)]\n"
-        "np.savez(sys.argv[2], *out)\n"
+        "outputs = [int_kernels.k_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))\n"
+        "           for kind in ('Q4_K', 'Q5_K', 'Q6_K') for n in (1, 5, 17)]\n"
     )
-    results = {}
-    skipped = [path for path in PATHS if path not in supported_paths()]
-    for path in supported_paths():
-        target = tmp_path / f"{path}.npz"
-        env = {**os.environ, "LLMFLEET_INT_KERNELS": path, "PYTHONPATH": str(REPO)}
-        subprocess.run([sys.executable, "-c", script, path, str(target)], cwd=REPO, env=env, check=True, timeout=600)
-        results[path] = np.load(target)
     expected = [int_kernels.reference_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))
                 for kind in K_KINDS for n in (1, 5, 17)]
-    for path, arrays in results.items():
-        for i, want in enumerate(expected):
-            np.testing.assert_array_equal(arrays[f"arr_{i}"], want, err_msg=path)
-    if skipped:
-        pytest.skip(f"this CPU lacks the {', '.join(skipped)} path: checked only {', '.join(supported_paths())}")
+    assert_every_path_gives(outputs_on_every_path(tmp_path, body), expected)
 
 
 @pytest.fixture

@@ -5,22 +5,18 @@ the activations are two int8 bytes per 16 columns and the result stays close to 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support.kernel_paths import assert_every_path_gives, outputs_on_every_path
 from tests.support.quant_data import random_blocks
 from worker.engine import interleaved_kernels
 from worker.engine.int8_spans import reference_spans_fine
 from worker.engine.interleaved_blocks import InterleavedBlocks, interleave
 from worker.engine.quant_blocks import BlockCodes, decode_block_codes
-from worker.engine.simd_int import PATHS, supported_paths
 
-REPO = Path(__file__).resolve().parents[3]
 KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 ZERO = {"Q4_0": 8, "Q4_1": 0, "Q5_0": 16, "Q5_1": 0, "Q8_0": 128}
 ROW_COUNTS = (1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33, 64, 70)
@@ -133,31 +129,16 @@ def test_every_path_gives_the_same_bits(tmp_path: Path) -> None:
     """LLMFLEET_INT_KERNELS forces each path (vpdpbusd on avx512vnni, vpmaddubsw on avx2, portable vector code on
     generic); every path this CPU has gives the reference's bits, the largest codes and activations included (on
     avx2 a pair of products near 32767 would saturate)."""
-    script = (
-        "import sys, numpy as np\n"
+    body = (
         "from tests.worker.engine.test_interleaved_kernels import KINDS, matrix, activations, largest\n"
         "from worker.engine import interleaved_kernels\n"
-        "from worker.engine.simd_int import int_path\n"
-        "assert int_path() == sys.argv[1], int_path()\n"
-        "out = [interleaved_kernels.interleaved_matmul(activations(n, 128, n), matrix(kind, 25, 128, 7))\n"
-        "       for kind in KINDS for n in (1, 5, 33)]\n"
-        "out += [interleaved_kernels.interleaved_matmul(np.full((3, 128), sign, np.float32), largest(kind))\n"
-        "        for kind in KINDS for sign in (1.0, -1.0)]\n"
-        "np.savez(sys.argv[2], *out)\n"
+        "outputs = [interleaved_kernels.interleaved_matmul(activations(n, 128, n), matrix(kind, 25, 128, 7))\n"
+        "           for kind in KINDS for n in (1, 5, 33)]\n"
+        "outputs += [interleaved_kernels.interleaved_matmul(np.full((3, 128), sign, np.float32), largest(kind))\n"
+        "            for kind in KINDS for sign in (1.0, -1.0)]\n"
     )
-    results = {}
-    skipped = [path for path in PATHS if path not in supported_paths()]
-    for path in supported_paths():
-        target = tmp_path / f"{path}.npz"
-        env = {**os.environ, "LLMFLEET_INT_KERNELS": path, "PYTHONPATH": str(REPO)}
-        subprocess.run([sys.executable, "-c", script, path, str(target)], cwd=REPO, env=env, check=True, timeout=600)
-        results[path] = np.load(target)
     expected = [interleaved_kernels.reference_matmul(activations(n, 128, n), matrix(kind, 25, 128, 7))
                 for kind in KINDS for n in (1, 5, 33)]
     expected += [interleaved_kernels.reference_matmul(np.full((3, 128), sign, np.float32), largest(kind))
                  for kind in KINDS for sign in (1.0, -1.0)]
-    for path, arrays in results.items():
-        for i, want in enumerate(expected):
-            np.testing.assert_array_equal(arrays[f"arr_{i}"], want, err_msg=path)
-    if skipped:
-        pytest.skip(f"this CPU lacks the {', '.join(skipped)} path: checked only {', '.join(supported_paths())}")
+    assert_every_path_gives(outputs_on_every_path(tmp_path, body), expected)

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from tests.support.quant_data import random_blocks
-from worker.engine import int_kernels, interleaved_kernels, ops
+from worker.engine import interleaved_k_kernels, interleaved_kernels, ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, scale_rows, unpermute_rope_rows
 from worker.engine.interleaved_blocks import InterleavedBlocks
+from worker.engine.interleaved_k_blocks import InterleavedK, interleave_k
 from worker.engine.k_blocks import decode_k_blocks
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import (
@@ -135,9 +136,11 @@ def test_k_quant_parts_of_two_kinds_stack_each_in_its_own_form(rows: int, tmp_pa
     pending = fold_norm(fuse_rows(scale_rows(q, np.float32(0.5)), k, v), norm)
     x = rng.standard_normal((rows, 512)).astype(np.float32)  # (N, in)
     parts = [scale_rows(q, np.float32(0.5)), k, v]
-    expected = np.concatenate([int_kernels.k_matmul(x * norm, p.build()) for p in parts], axis=1)  # (N, 128)
+    expected = np.concatenate([interleaved_k_kernels.interleaved_k_matmul(x * norm, interleave_k(p.build()))
+                               for p in parts], axis=1)  # (N, 128)
     for weight in (built(pending), materialize((pending,), lambda ps: cached_blocks(model, ps, tmp_path))[0]):
         assert isinstance(weight.blocks, StackedBlocks) and weight.shape == (128, 512)
         assert [(p.kind, p.shape) for p in weight.blocks.parts] == [("Q4_K", (96, 512)), ("Q6_K", (32, 512))]
+        assert all(isinstance(p, InterleavedK) for p in weight.blocks.parts)
         np.testing.assert_array_equal(ops.linear(x, weight), expected)
         np.testing.assert_array_equal(weight.blocks.dequantize(), np.concatenate([p.dequantize() for p in parts]))

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.quant_data import random_blocks
 from worker.engine.interleaved_blocks import InterleavedBlocks
+from worker.engine.interleaved_k_blocks import InterleavedK
 from worker.engine.k_blocks import K_KINDS, KBlocks, decode_k_blocks
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import Blocks, PendingLinear
@@ -66,10 +67,14 @@ def assert_same(found: dict[str, Blocks], expected: dict[str, Blocks]) -> None:
     assert found.keys() == expected.keys()
     for key, blocks in expected.items():
         got = found[key]
-        if isinstance(blocks, (KBlocks, InterleavedBlocks)):
+        if isinstance(blocks, (KBlocks, InterleavedBlocks, InterleavedK)):
             assert type(got) is type(blocks) and got.arrays().keys() == blocks.arrays().keys()
-            assert (got.kind == blocks.kind if isinstance(blocks, KBlocks)
-                    else (got.zero, got.out) == (blocks.zero, blocks.out))  # type: ignore[union-attr]
+            if isinstance(blocks, InterleavedBlocks):
+                assert (got.zero, got.out) == (blocks.zero, blocks.out)  # type: ignore[union-attr]
+            else:
+                assert got.kind == blocks.kind  # type: ignore[union-attr]
+            if isinstance(blocks, InterleavedK):
+                assert got.out == blocks.out  # type: ignore[union-attr]
             for name, array in blocks.arrays().items():
                 np.testing.assert_array_equal(got.arrays()[name], array)
             continue
@@ -78,9 +83,16 @@ def assert_same(found: dict[str, Blocks], expected: dict[str, Blocks]) -> None:
             np.testing.assert_array_equal(getattr(got, name), getattr(blocks, name))
 
 
+def arrays(blocks: Blocks) -> list[np.ndarray]:
+    """Every array of a matrix in any form."""
+    if isinstance(blocks, BlockCodes):
+        return [blocks.codes, blocks.scale, blocks.offset]
+    return list(blocks.arrays().values())  # type: ignore[union-attr]
+
+
 def copied(blocks: Blocks) -> Blocks:
     """The same matrix in memory of its own (not a view of a mapping)."""
-    if isinstance(blocks, (KBlocks, InterleavedBlocks)):
+    if isinstance(blocks, (KBlocks, InterleavedBlocks, InterleavedK)):
         return replace(blocks, **{name: np.array(array) for name, array in blocks.arrays().items()})  # type: ignore
     return BlockCodes(np.array(blocks.codes), np.array(blocks.scale), np.array(blocks.offset), blocks.group)
 
@@ -94,6 +106,8 @@ def test_built_once_then_mapped_read_only(model_file: Path, tmp_path: Path) -> N
     assert isinstance(w0, InterleavedBlocks) and not w0.nibbles and w0.offset is not None and w0.zero == 0
     assert isinstance(w2, InterleavedBlocks) and w2.nibbles and w2.offset is None and w2.zero == 8
     assert w2.codes.shape == (1, 8, 4, 64) and w2.shape == (4, 256)
+    kinds = [(type(first[f"w{i}"]).__name__, first[f"w{i}"].kind) for i in range(3, 3 + len(K_KINDS))]  # type: ignore
+    assert kinds == [("InterleavedK", "Q4_K"), ("KBlocks", "Q5_K"), ("InterleavedK", "Q6_K")]  # Q5_K: its own form
     second = cached_blocks(model_file, pendings(builds), cache)
     assert len(builds) == 3 + len(K_KINDS)  # the warm load decoded nothing
     assert_same(second, first)
@@ -142,11 +156,11 @@ CHILD = """
 import sys, json
 from pathlib import Path
 sys.path.insert(0, {tests!r})
-from test_repack_cache import pendings
+from test_repack_cache import arrays, pendings
 from worker.engine.repack_cache import cached_blocks
 builds = []
 found = cached_blocks(Path(sys.argv[1]), pendings(builds, delay=0.3), Path(sys.argv[2]))
-print(json.dumps({{"builds": len(builds), "sum": int(sum(int(b.codes.sum()) for b in found.values()))}}))
+print(json.dumps({{"builds": len(builds), "sum": sum(int(a.sum()) for b in found.values() for a in arrays(b))}}))
 """
 
 
