@@ -1,7 +1,7 @@
 """Activations quantized to int8 a span of columns at a time, the one rule every integer kernel's x goes through:
 over a span, dx = max|x| / 127 and q = rint(x * (127 / max|x|)) (q = 0 and dx = 0 when the span is all zeros), so
-|q| <= 127 and x ~ q * dx. int_kernels.py takes spans of 64 columns. interleaved_kernels.py takes spans of 16 and
-a second byte: the remainder in 256ths of dx, rint((x / dx - q) * 256) clipped to 127, so that
+|q| <= 127 and x ~ q * dx. interleaved_k_kernels.py takes spans of 64 columns. interleaved_kernels.py takes spans
+of 16 and a second byte: the remainder in 256ths of dx, rint((x / dx - q) * 256) clipped to 127, so that
 x ~ (256 q + low) * dx / 256, sixteen bits of activation carried by two int8 products.
 """
 

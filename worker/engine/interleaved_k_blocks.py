@@ -1,4 +1,4 @@
-"""Q4_K and Q6_K matrices (super-blocks of 256 weights) with sixteen rows interleaved, the form
+"""Q4_K, Q5_K and Q6_K matrices (super-blocks of 256 weights) with sixteen rows interleaved, the form
 interleaved_k_kernels.py multiplies with: built once at load (and kept in the repack cache) from the file's
 super-blocks, so that no step transposes anything and one 512-bit load holds eight columns of sixteen rows.
 
@@ -7,13 +7,15 @@ Layout, for row group g (rows 16g .. 16g + 15; the last group padded with zero r
 bytes 4r .. 4r + 3:
 - low[g, s, 4j + c]: byte 4r + e holds the low four bits of the code of column 32j + 4c + e in its low nibble and of
   column 32j + 16 + 4c + e in its high nibble (half a byte a weight, as the file);
+- Q5_K's high[g, s, j]: byte 4r + e holds bit 4 of the code of column 32j + 16t + 4c + e in bit 4t + c (an eighth
+  of a byte a weight, as the file);
 - Q6_K's high[g, s, 2j + t]: byte 4r + e holds bits 4-5 of the code of column 32j + 16t + 4c + e in bits 2c, 2c + 1
   (c < 4; a quarter byte a weight, as the file);
-- scales[g, s, j, r] (Q4_K, uint8) or scales[g, s, 2j + t, r] (Q6_K's sixteen groups of 16 columns, int8): the
-  sub-scales; Q4_K's mins[g, s, h, 2r + b] (uint8): the min of block 2h + b;
-- d[g, s, r] and Q4_K's dmin[g, s, r]: float32.
-A Q4_K weight is d * sc * code - dmin * m, a Q6_K one d * sc * (code - 32): 0.594 and 0.828 bytes a weight (the
-file's 0.5625 and 0.8203, plus float32 instead of float16 scales).
+- scales[g, s, j, r] (Q4_K, Q5_K: uint8) or scales[g, s, 2j + t, r] (Q6_K's sixteen groups of 16 columns, int8):
+  the sub-scales; Q4_K's and Q5_K's mins[g, s, h, 2r + b] (uint8): the min of block 2h + b;
+- d[g, s, r] and Q4_K's and Q5_K's dmin[g, s, r]: float32.
+A Q4_K or Q5_K weight is d * sc * code - dmin * m, a Q6_K one d * sc * (code - 32): 0.594, 0.719 and 0.828 bytes a
+weight (the file's 0.5625, 0.6875 and 0.8203, plus float32 instead of float16 scales).
 """
 
 from __future__ import annotations
@@ -27,21 +29,21 @@ from worker.engine.quant_blocks import QK_K
 
 TILE_ROWS = 16  # weight rows interleaved in a group
 VECTOR_BYTES = 64  # bytes of one vector: sixteen rows' four bytes
-INTERLEAVED_K_KINDS = ("Q4_K", "Q6_K")  # held in this form (Q5_K keeps k_blocks.py's)
+INTERLEAVED_K_KINDS = ("Q4_K", "Q5_K", "Q6_K")  # held in this form
 
 
 @dataclass(frozen=True)
 class InterleavedK:
-    """An (out, in) Q4_K or Q6_K matrix in the module docstring's layout (None where the kind has none)."""
+    """An (out, in) Q4_K, Q5_K or Q6_K matrix in the module docstring's layout (None where the kind has none)."""
 
-    kind: str  # "Q4_K" or "Q6_K"
+    kind: str  # "Q4_K", "Q5_K" or "Q6_K"
     low: np.ndarray  # (G, S, 32, 64) uint8
-    scales: np.ndarray  # (G, S, 8, 16) uint8 (Q4_K) or (G, S, 16, 16) int8 (Q6_K)
+    scales: np.ndarray  # (G, S, 8, 16) uint8 (Q4_K, Q5_K) or (G, S, 16, 16) int8 (Q6_K)
     d: np.ndarray  # (G, S, 16) float32
     out: int  # rows of the matrix (16 G, less the last group's padding)
-    high: np.ndarray | None = None  # Q6_K: (G, S, 16, 64) uint8
-    mins: np.ndarray | None = None  # Q4_K: (G, S, 4, 32) uint8
-    dmin: np.ndarray | None = None  # Q4_K: (G, S, 16) float32
+    high: np.ndarray | None = None  # Q5_K: (G, S, 8, 64), Q6_K: (G, S, 16, 64) uint8
+    mins: np.ndarray | None = None  # Q4_K, Q5_K: (G, S, 4, 32) uint8
+    dmin: np.ndarray | None = None  # Q4_K, Q5_K: (G, S, 16) float32
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -66,12 +68,17 @@ class InterleavedK:
         return lanes[rows // TILE_ROWS, :, :, rows % TILE_ROWS]  # (N, S, V, w)
 
     def code_rows(self, index: np.ndarray | slice = slice(None)) -> np.ndarray:
-        """Some rows' codes, one a byte: (N, in) uint8 (0..15 or 0..63)."""
+        """Some rows' codes, one a byte: (N, in) uint8 (0..15, 0..31 or 0..63)."""
         rows = np.arange(self.out)[index] if isinstance(index, slice) else np.asarray(index)  # (N,)
         n, supers = len(rows), self.low.shape[1]
         low = self.row_lanes(self.low, rows).reshape(n, supers, 8, 4, 4)  # (N, S, j, c, e)
         codes = np.stack([low & 0x0F, low >> 4], axis=3)  # (N, S, j, t, c, e)
-        if self.high is not None:
+        if self.kind == "Q5_K":
+            assert self.high is not None
+            fifth = self.row_lanes(self.high, rows).reshape(n, supers, 8, 1, 1, 4)  # (N, S, j, 1, 1, e)
+            shifts = np.arange(8, dtype=np.uint8).reshape(2, 4, 1)  # (t, c, 1): bit 4t + c
+            codes = codes | (((fifth >> shifts) & 1) << 4)
+        elif self.high is not None:
             high = self.row_lanes(self.high, rows).reshape(n, supers, 8, 2, 1, 4)  # (N, S, j, t, 1, e)
             shifts = (2 * np.arange(4, dtype=np.uint8))[:, None]  # (c, 1)
             codes = codes | (((high >> shifts) & 3) << 4)
@@ -79,7 +86,7 @@ class InterleavedK:
 
     def tables(self, index: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """Per-group float32 scale and offset of some rows, w = code * scale + offset: (N, in/G) each (G: 32 for
-        Q4_K, 16 for Q6_K)."""
+        Q4_K and Q5_K, 16 for Q6_K)."""
         rows = np.arange(self.out)[index] if isinstance(index, slice) else np.asarray(index)  # (N,)
         n = len(rows)
         d = self.row_lanes(self.d[:, :, None], rows).reshape(n, -1, 1)  # (N, S, 1)
@@ -106,7 +113,7 @@ class InterleavedK:
 
 
 def interleave_k(blocks: KBlocks) -> InterleavedK:
-    """A Q4_K or Q6_K matrix in the interleaved form."""
+    """A Q4_K, Q5_K or Q6_K matrix in the interleaved form."""
     if blocks.kind not in INTERLEAVED_K_KINDS:
         raise ValueError(f"{blocks.kind} has no interleaved super-block form")
     rows, cols = blocks.shape
@@ -133,5 +140,10 @@ def interleave_k(blocks: KBlocks) -> InterleavedK:
     assert blocks.mins is not None and blocks.dmin is not None
     mins = table(blocks.mins, np.uint8)  # (G, S, 8, 16): j, r
     paired = mins.reshape(groups, supers, 4, 2, TILE_ROWS).transpose(0, 1, 2, 4, 3).reshape(groups, supers, 4, 32)
-    return InterleavedK("Q4_K", np.ascontiguousarray(low), table(blocks.scales, np.uint8), d, rows,
+    fifth = None
+    if blocks.kind == "Q5_K":
+        bits = (split >> 4) << np.arange(8, dtype=np.uint8).reshape(2, 4, 1)  # (G, r, S, j, t, c, e): bit 4t + c
+        planes = np.bitwise_or.reduce(bits.reshape(groups, TILE_ROWS, supers, 8, 8, 4), axis=4)  # (G, r, S, j, e)
+        fifth = np.ascontiguousarray(planes.transpose(0, 2, 3, 1, 4).reshape(groups, supers, 8, VECTOR_BYTES))
+    return InterleavedK(blocks.kind, np.ascontiguousarray(low), table(blocks.scales, np.uint8), d, rows, high=fifth,
                         mins=np.ascontiguousarray(paired), dmin=table(blocks.dmin, np.float32)[:, :, 0])

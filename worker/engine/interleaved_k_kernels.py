@@ -1,16 +1,18 @@
-"""Integer matmuls over interleaved Q4_K and Q6_K super-blocks (interleaved_k_blocks.py): x (N, C) times the matrix
-(R, C) transposed, with x quantized to int8 per 64 columns (int_kernels.quantize_rows: llama.cpp's Q8_K has one
-scale per 256; the finer one keeps our error inside llama.cpp's) and every product of codes and activations summed
-in integers. One `vpdpbusd` (simd_wide.wdot4) multiplies four codes of each of sixteen weight rows into one x row's
-four activations; a sub-scale is applied to 16 columns' sums in integers (Q4_K: `vpdpwssd`, the sum below
-16 * 15 * 127 < 32768; Q6_K: `vpmulld`, its sums reach 16 * 63 * 127).
+"""Integer matmuls over interleaved Q4_K, Q5_K and Q6_K super-blocks (interleaved_k_blocks.py): x (N, C) times the
+matrix (R, C) transposed, with x quantized to int8 per 64 columns (int8_spans.quantize_span; llama.cpp's Q8_K has
+one scale per 256: the finer one keeps our error inside llama.cpp's) and every product of codes and activations
+summed in integers. One `vpdpbusd` (simd_wide.wdot4) multiplies four codes of each of sixteen weight rows into one x
+row's four activations; a sub-scale is applied to a few columns' sums in integers (Q4_K: `vpdpwssd` every 16
+columns, the sum below 16 * 15 * 127 < 32768; Q5_K: every 8, 8 * 31 * 127 < 32768; Q6_K: `vpmulld` every 16, its
+sums reach 16 * 63 * 127). On the avx2 path the same integers come from `vpmaddubsw` and `vpmaddwd`, on the generic
+path from portable LLVM vector code (simd_wide.py).
 
 THE REDUCTION (every step width computes exactly this, so a row's result never depends on the rest of its step):
 
     activations, per x row k: q, dx[k, 4s + h] per 64 columns (quarter h of super-block s); S32[k, j] and S16[k, j]:
       the sums of q over columns 32j.. 32j + 31 and 16j .. 16j + 15;
     per weight row r and x row k, over super-blocks s in order and their quarters h = 0..3 in order:
-      Q4_K: I = sum over blocks j = 2h, 2h + 1 of sc[j] * (sum over block j's columns of code * q)
+      Q4_K, Q5_K: I = sum over blocks j = 2h, 2h + 1 of sc[j] * (sum over block j's columns of code * q)
             M = m[2h] * S32[k, 8s + 2h] + m[2h + 1] * S32[k, 8s + 2h + 1]
             t = fma(float(M), -dmin[r, s], float32(float(I) * d[r, s]))
       Q6_K: I = sum over groups i = 4h .. 4h + 3 of sc[i] * (sum over group i's columns of code * q - 32 S16[k, 16s + i])
@@ -20,18 +22,19 @@ THE REDUCTION (every step width computes exactly this, so a row's result never d
 
 `reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (at most MAX_TASKS
 tasks a launch). For each group it carries up to X_PASS x rows over the super-blocks in turn: a super-block's codes
-are unpacked once (nibbles split, Q6_K's high bits joined) into an L1 scratch, then met by the pass's x rows four at a
+are unpacked once (nibbles split, Q5_K's and Q6_K's high bits joined) into an L1 scratch, then met by the pass's x rows four at a
 time (each code vector loaded once for four rows). The same loop serves one row (decode: each weight byte is read
 once) and hundreds (prefill). Launches hold numba_runtime.launch_lock.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 
-from worker.engine.int8_spans import fma32
-from worker.engine.int_kernels import ROW_CHUNK, quantize_rows, reference_quantize
+from worker.engine.int8_spans import fma32, quantize_span, reference_spans
 from worker.engine.interleaved_k_blocks import (
     INTERLEAVED_K_KINDS,
     TILE_ROWS,
@@ -63,38 +66,90 @@ from worker.engine.simd_wide import (
     wmul,
     wpair_splat,
     wquad_splat,
-    wsix_bits,
     wsplat,
     wstore_codes,
+    wtop_bits,
     wzero,
 )
 
+ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
+ACT_BLOCK = 64  # activation columns per int8 scale (four per super-block)
 X_PASS = 32  # x rows a pass carries over a group's super-blocks (their chains, 36 * 16 float32, stay in L1)
 X_TILE = 4  # x rows met by each code vector load
 MAX_TASKS = 64  # parallel tasks a launch splits its row groups into at most (one scratch allocation each)
 UNPACKED = 64 * VECTOR_BYTES  # bytes of one super-block's codes of sixteen rows, one a byte
 
 
+@njit(nogil=True, cache=True)
+def _quantize(x, q, dx, sums32, offsets):  # pragma: no cover (compiled)
+    """q, dx, S32 and -32 S16 (the module docstring's) of every row of x (N, C)."""
+    n_rows, cols = x.shape
+    for k in range(n_rows):
+        for h in range(cols // ACT_BLOCK):
+            dx[k, h] = quantize_span(x, k, h * ACT_BLOCK, (h + 1) * ACT_BLOCK, q)
+        previous = np.int32(0)  # S16 of the group before
+        for j in range(cols // 16):
+            total = np.int32(0)
+            for c in range(16 * j, 16 * j + 16):
+                total += np.int32(q[k, c])
+            offsets[k, j] = np.int32(-32) * total
+            if j % 2:
+                sums32[k, j // 2] = np.int16(previous + total)
+            previous = total
+
+
+class Int8Rows(NamedTuple):
+    """x quantized for the kernel (the module docstring's names)."""
+
+    q: np.ndarray  # (N, C) int8
+    dx: np.ndarray  # (N, C/64) float32
+    sums32: np.ndarray  # (N, C/32) int16: S32
+    offsets: np.ndarray  # (N, C/16) int32: -32 S16
+
+
+def quantize_rows(x: np.ndarray) -> Int8Rows:
+    """x (N, C) float32 as int8 codes with their scales and group sums (Int8Rows)."""
+    n_rows, cols = x.shape
+    rows = Int8Rows(np.empty((n_rows, cols), np.int8), np.empty((n_rows, cols // ACT_BLOCK), np.float32),
+                    np.empty((n_rows, cols // 32), np.int16), np.empty((n_rows, cols // 16), np.int32))
+    _quantize(np.ascontiguousarray(x, dtype=np.float32), *rows)
+    return rows
+
+
+def reference_quantize(x: np.ndarray) -> Int8Rows:
+    """quantize_rows in numpy."""
+    q, dx = reference_spans(x, ACT_BLOCK)  # (N, C), (N, C/64)
+    n_rows, cols = q.shape
+    sums16 = q.reshape(n_rows, cols // 16, 16).sum(axis=2, dtype=np.int32)  # (N, C/16)
+    sums32 = q.reshape(n_rows, cols // 32, 32).sum(axis=2, dtype=np.int32).astype(np.int16)  # (N, C/32)
+    return Int8Rows(q, dx, sums32, -32 * sums16)
+
+
 @njit(inline="always", cache=KERNEL_CACHE)
-def _unpack(flat_low, flat_high, at, high_at, scratch):  # pragma: no cover (compiled)
-    """A super-block's codes, one a byte, into scratch: vector 8j + 4t + c holds columns 32j + 16t + 4c .. + 3 (the
-    low nibbles from flat_low[at..], Q6_K's bits 4-5 from flat_high[high_at..] when flat_high is not empty)."""
+def _unpack(flat_low, flat_high, table, scratch, bits):  # pragma: no cover (compiled)
+    """Super-block `table`'s codes, one a byte, into scratch: vector 8j + 4t + c holds columns 32j + 16t + 4c .. + 3
+    (the low nibbles from flat_low; Q5_K's fifth bits or Q6_K's bits 4-5 from flat_high; `bits`, a constant: 4, 5
+    or 6)."""
+    at = table * 32 * VECTOR_BYTES
     for j in range(8):
         for c in range(4):
             packed = wload_codes(flat_low, at + (4 * j + c) * VECTOR_BYTES)  # (64,)
             low, high = wlow4(packed), whigh4(packed)  # (64,) each
-            if flat_high.size:
-                low = wsix_bits(low, wload_codes(flat_high, high_at + 2 * j * VECTOR_BYTES), 2 * c)
-                high = wsix_bits(high, wload_codes(flat_high, high_at + (2 * j + 1) * VECTOR_BYTES), 2 * c)
+            if bits == 5:
+                fifth = wload_codes(flat_high, (table * 8 + j) * VECTOR_BYTES)  # (64,)
+                low, high = wtop_bits(low, fifth, c, 1), wtop_bits(high, fifth, 4 + c, 1)
+            elif bits == 6:
+                low = wtop_bits(low, wload_codes(flat_high, (table * 16 + 2 * j) * VECTOR_BYTES), 2 * c, 3)
+                high = wtop_bits(high, wload_codes(flat_high, (table * 16 + 2 * j + 1) * VECTOR_BYTES), 2 * c, 3)
             wstore_codes(scratch, (8 * j + c) * VECTOR_BYTES, low)
             wstore_codes(scratch, (8 * j + 4 + c) * VECTOR_BYTES, high)
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
-def _sixteen(scratch, at, flat_q, a0, a1, a2, a3, v0, v1, v2, v3):  # pragma: no cover (compiled)
-    """v_i + (lane r: the 16 products of row r's codes in scratch vectors at, at + 64 .. (four columns each) and x
-    row i's activations from flat_q[a_i]) for four x rows."""
-    for c in range(4):
+def _products(scratch, at, flat_q, a0, a1, a2, a3, v0, v1, v2, v3, first, count):  # pragma: no cover (compiled)
+    """v_i + (lane r: the products of row r's codes in scratch vectors first .. first + count - 1 from `at` (four
+    columns each) and x row i's activations from flat_q[a_i]) for four x rows."""
+    for c in range(first, first + count):
         code = wload_codes(scratch, at + c * VECTOR_BYTES)  # (64,)
         v0 = wdot4(v0, code, wquad_splat(flat_q, a0 + 4 * c))  # (16,)
         v1 = wdot4(v1, code, wquad_splat(flat_q, a1 + 4 * c))  # (16,)
@@ -104,20 +159,23 @@ def _sixteen(scratch, at, flat_q, a0, a1, a2, a3, v0, v1, v2, v3):  # pragma: no
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
-def _q4k_quarter(scratch, flat_scales, flat_mins, table, h, flat_q, flat_sums, a0, a1, a2, a3, m0, m1, m2,
-                 m3):  # pragma: no cover (compiled)
-    """I and M of quarter h (the module docstring's) for four x rows (activations from a_i, S32 pairs at m_i)."""
+def _q45k_quarter(scratch, flat_scales, flat_mins, table, h, flat_q, flat_sums, a0, a1, a2, a3, m0, m1, m2, m3,
+                  fifth):  # pragma: no cover (compiled)
+    """I and M of quarter h (the module docstring's) for four x rows (activations from a_i, S32 pairs at m_i).
+    `fifth` (a constant): Q5_K's codes, below 32, take the sub-scale every 8 columns (8 * 31 * 127 < 32768), Q4_K's
+    every 16."""
     i0, i1, i2, i3 = wzero(), wzero(), wzero(), wzero()  # (16,) int32 each
     for b in range(2):
         j = 2 * h + b
         sub = wload_widened(flat_scales, (table * 8 + j) * TILE_ROWS)  # (16,) block j's sub-scale of each row
         for t in range(2):
             at, col = (8 * j + 4 * t) * VECTOR_BYTES, 32 * j + 16 * t
-            zero = wzero()
-            v0, v1, v2, v3 = _sixteen(scratch, at, flat_q, a0 + col, a1 + col, a2 + col, a3 + col, zero, zero, zero,
-                                      zero)  # (16,) int32 each
-            i0, i1 = wdot_words(i0, v0, sub), wdot_words(i1, v1, sub)
-            i2, i3 = wdot_words(i2, v2, sub), wdot_words(i3, v3, sub)
+            for first in range(0, 4, 2 if fifth else 4):
+                zero = wzero()
+                v0, v1, v2, v3 = _products(scratch, at, flat_q, a0 + col, a1 + col, a2 + col, a3 + col, zero, zero,
+                                           zero, zero, first, 2 if fifth else 4)  # (16,) int32 each
+                i0, i1 = wdot_words(i0, v0, sub), wdot_words(i1, v1, sub)
+                i2, i3 = wdot_words(i2, v2, sub), wdot_words(i3, v3, sub)
     mins = wload_word_pairs(flat_mins, (table * 4 + h) * 2 * TILE_ROWS)  # (16,) the quarter's two mins of each row
     return (i0, i1, i2, i3, wmadd_words(mins, wpair_splat(flat_sums, m0 + 2 * h)),
             wmadd_words(mins, wpair_splat(flat_sums, m1 + 2 * h)), wmadd_words(mins, wpair_splat(flat_sums, m2 + 2 * h)),
@@ -132,9 +190,9 @@ def _q6k_quarter(scratch, flat_scales, table, h, flat_q, flat_offsets, a0, a1, a
     for g in range(4 * h, 4 * h + 4):
         sub = wload_widened(flat_scales, (table * 16 + g) * TILE_ROWS)  # (16,) group g's signed sub-scale
         at, col = 4 * g * VECTOR_BYTES, 16 * g
-        v0, v1, v2, v3 = _sixteen(scratch, at, flat_q, a0 + col, a1 + col, a2 + col, a3 + col,
-                                  wsplat(flat_offsets[o0 + g]), wsplat(flat_offsets[o1 + g]),
-                                  wsplat(flat_offsets[o2 + g]), wsplat(flat_offsets[o3 + g]))  # (16,) each
+        v0, v1, v2, v3 = _products(scratch, at, flat_q, a0 + col, a1 + col, a2 + col, a3 + col,
+                                   wsplat(flat_offsets[o0 + g]), wsplat(flat_offsets[o1 + g]),
+                                   wsplat(flat_offsets[o2 + g]), wsplat(flat_offsets[o3 + g]), 0, 4)  # (16,) each
         i0, i1 = wadd(i0, wmul(v0, sub)), wadd(i1, wmul(v1, sub))
         i2, i3 = wadd(i2, wmul(v2, sub)), wadd(i3, wmul(v3, sub))
     return i0, i1, i2, i3
@@ -148,10 +206,11 @@ def _carry(chains, slot, t, dx):  # pragma: no cover (compiled)
 
 @njit(inline="always", cache=KERNEL_CACHE)
 def _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s, cols,
-           x0, n, chains, six, single):  # pragma: no cover (compiled)
+           x0, n, chains, bits, single):  # pragma: no cover (compiled)
     """Carry the chains of x rows x0 .. x0 + n - 1 over super-block s (its codes unpacked in scratch; its tables at
-    `table`), four x rows at a time (a short last tile repeats its last row into spare chains; `single`, a constant:
-    n is 1)."""
+    `table`), four x rows at a time (a short last tile repeats its last row into spare chains). Constants: `bits`,
+    the codes' (4, 5 or 6: Q4_K, Q5_K, Q6_K); `single`, n is 1."""
+    six = bits == 6
     d = wfload(flat_d, table * TILE_ROWS)  # (16,)
     negative = wfzero() if six else wfmul(wfload(flat_dmin, table * TILE_ROWS), wfbroadcast(np.float32(-1.0)))
     for i in range(0, n, X_TILE):
@@ -167,9 +226,9 @@ def _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, fl
                 t0, t1, t2, t3 = wfmul(wfloat(i0), d), wfmul(wfloat(i1), d), wfmul(wfloat(i2), d), wfmul(wfloat(i3), d)
             else:
                 m = cols // 32
-                i0, i1, i2, i3, n0, n1, n2, n3 = _q4k_quarter(scratch, flat_scales, flat_mins, table, h, flat_q,
-                                                              flat_sums, a0, a1, a2, a3, k0 * m + 8 * s, k1 * m + 8 * s,
-                                                              k2 * m + 8 * s, k3 * m + 8 * s)
+                i0, i1, i2, i3, n0, n1, n2, n3 = _q45k_quarter(scratch, flat_scales, flat_mins, table, h, flat_q,
+                                                               flat_sums, a0, a1, a2, a3, k0 * m + 8 * s,
+                                                               k1 * m + 8 * s, k2 * m + 8 * s, k3 * m + 8 * s, bits == 5)
                 t0 = wfma(wfloat(n0), negative, wfmul(wfloat(i0), d))  # (16,)
                 t1 = wfma(wfloat(n1), negative, wfmul(wfloat(i1), d))
                 t2 = wfma(wfloat(n2), negative, wfmul(wfloat(i2), d))
@@ -181,13 +240,30 @@ def _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, fl
                 _carry(chains, i + 3, t3, dx[k3, column])
 
 
+@njit(inline="always", cache=KERNEL_CACHE)
+def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits, single):  # pragma: no cover (compiled)
+    """Carry the chains of x rows x0 .. x0 + n - 1 over row group g's super-blocks in turn, each unpacked once
+    (matrix: the flat low, high, scales, mins, d and dmin; xs: the flat q, S32, -32 S16 and dx (N, C/64))."""
+    flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin = matrix
+    flat_q, flat_sums, flat_offsets, dx = xs
+    for s in range(supers):
+        table = g * supers + s
+        _unpack(flat_low, flat_high, table, scratch, bits)
+        if single:
+            _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s,
+                   cols, x0, n, chains, bits, True)
+        else:
+            _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s,
+                   cols, x0, n, chains, bits, False)
+
+
 @njit(parallel=True, nogil=True, cache=KERNEL_CACHE)
 def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, first, last, out):  # pragma: no cover
     """out[k, :16 G] for x rows first..last-1: the module docstring's reduction against the interleaved matrix."""
     groups, supers = low.shape[0], low.shape[1]
     cols = q.shape[1]
     width = out.shape[1]
-    six = high.size > 0
+    bits = 4 if high.size == 0 else 5 if high.shape[2] == 8 else 6  # Q4_K, Q5_K (8 bit planes) or Q6_K (16)
     flat_low, flat_high, flat_scales = low.reshape(-1), high.reshape(-1), scales.reshape(-1)
     flat_mins, flat_d, flat_dmin = mins.reshape(-1), d.reshape(-1), dmin.reshape(-1)
     flat_q, flat_sums, flat_offsets, flat_out = q.reshape(-1), sums32.reshape(-1), offsets.reshape(-1), out.reshape(-1)
@@ -199,21 +275,14 @@ def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, first, las
             for x0 in range(first, last, X_PASS):
                 n = min(X_PASS, last - x0)
                 chains[:] = 0
-                for s in range(supers):
-                    table = g * supers + s
-                    _unpack(flat_low, flat_high, table * 32 * VECTOR_BYTES, table * 16 * VECTOR_BYTES, scratch)
-                    if six and n == 1:
-                        _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s, cols, x0, n,
-                               chains, True, True)
-                    elif six:
-                        _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s, cols, x0, n,
-                               chains, True, False)
-                    elif n == 1:
-                        _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s, cols, x0, n,
-                               chains, False, True)
-                    else:
-                        _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s, cols, x0, n,
-                               chains, False, False)
+                matrix = (flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin)
+                xs = (flat_q, flat_sums, flat_offsets, dx)
+                if bits == 4:  # (each call compiles its own constants)
+                    _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 4, n == 1)
+                elif bits == 5:
+                    _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 5, n == 1)
+                else:
+                    _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 6, n == 1)
                 for i in range(n):
                     wfstore(flat_out, (x0 + i) * width + g * TILE_ROWS, wfload(chains, i * TILE_ROWS))
 
@@ -222,20 +291,12 @@ _EMPTY_BYTES = np.zeros((0, 0, 0, 0), np.uint8)
 _EMPTY_FLOATS = np.zeros((0, 0, 0), np.float32)
 
 
-def _offsets(q: np.ndarray) -> np.ndarray:
-    """-32 S16 of the module docstring: (N, C/16) int32."""
-    n_rows, cols = q.shape
-    return -32 * q.reshape(n_rows, cols // 16, 16).sum(axis=2, dtype=np.int32)
-
-
 def interleaved_k_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
-    """x (N, C) times the interleaved Q4_K or Q6_K matrix (R, C) transposed: (N, R), row-major."""
+    """x (N, C) times the interleaved Q4_K, Q5_K or Q6_K matrix (R, C) transposed: (N, R), row-major."""
     n_rows, cols = x.shape
     if blocks.shape[1] != cols:
         raise ValueError(f"{blocks.kind} matrix {blocks.shape} does not fit x {x.shape}")
     rows = quantize_rows(x)
-    six = blocks.kind == "Q6_K"
-    offsets = _offsets(rows.q) if six else np.zeros((n_rows, 0), np.int32)
     groups = blocks.low.shape[0]
     out = np.empty((n_rows, groups * TILE_ROWS), np.float32)  # (N, 16 G)
     high = blocks.high if blocks.high is not None else _EMPTY_BYTES
@@ -243,7 +304,7 @@ def interleaved_k_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
     dmin = blocks.dmin if blocks.dmin is not None else _EMPTY_FLOATS
     with launch_lock:
         for first in range(0, n_rows, ROW_CHUNK):
-            _matmul(blocks.low, high, blocks.scales, mins, blocks.d, dmin, rows.q, rows.dx, rows.sums32, offsets,
+            _matmul(blocks.low, high, blocks.scales, mins, blocks.d, dmin, rows.q, rows.dx, rows.sums32, rows.offsets,
                     first, min(n_rows, first + ROW_CHUNK), out)
     return out if groups * TILE_ROWS == blocks.out else np.ascontiguousarray(out[:, : blocks.out])  # (N, R)
 
@@ -256,14 +317,14 @@ def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
     supers = cols // QK_K
     codes = blocks.code_rows().astype(np.int64)  # (R, C)
     scales = blocks.row_lanes(blocks.scales, np.arange(blocks.out)).reshape(blocks.out, -1)  # (R, S * V)
-    group = 32 if blocks.kind == "Q4_K" else 16
+    group = 16 if blocks.kind == "Q6_K" else 32
     sums = np.einsum("rgc,kgc->rkg", codes.reshape(blocks.out, -1, group), q.reshape(n_rows, -1, group))  # (R, N, g)
     if blocks.kind == "Q6_K":
-        sums = sums - 32 * q.reshape(n_rows, -1, 16).sum(axis=2)[None]
+        sums = sums + rows_q.offsets.astype(np.int64)[None]
     weighted = (sums * scales.astype(np.int64)[:, None, :]).reshape(blocks.out, n_rows, supers, 4, -1).sum(axis=4)
     d = blocks.row_lanes(blocks.d[:, :, None], np.arange(blocks.out)).reshape(blocks.out, supers)  # (R, S)
     t = (weighted.astype(np.float32) * d[:, None, :, None]).astype(np.float32)  # (R, N, S, 4)
-    if blocks.kind == "Q4_K":
+    if blocks.kind != "Q6_K":
         assert blocks.mins is not None and blocks.dmin is not None
         m = blocks.row_lanes(blocks.mins, np.arange(blocks.out)).reshape(blocks.out, supers, 4, 2).astype(np.int64)
         s32 = rows_q.sums32.astype(np.int64).reshape(n_rows, supers, 4, 2)  # (N, S, h, b)
@@ -279,18 +340,17 @@ def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
 
 
 def warm() -> None:
-    """Compile (or load from numba's cache) the kernel for both kinds, for writeable and for read-only (mapped)
+    """Compile (or load from numba's cache) the kernel for every kind, for writeable and for read-only (mapped)
     arrays, at one row and at several."""
     rng = np.random.default_rng(0)
     for kind in INTERLEAVED_K_KINDS:
-        codes = np.zeros((TILE_ROWS, QK_K), np.uint8)  # (16, 256)
-        low, high = code_bytes(codes, kind)
+        low, high = code_bytes(np.zeros((TILE_ROWS, QK_K), np.uint8), kind)  # (16, 128), high bits or None
         supers = np.zeros((TILE_ROWS, 1), np.float32)  # (16, 1)
-        if kind == "Q4_K":
-            blocks = KBlocks(kind, low, np.zeros((TILE_ROWS, 8), np.uint8), supers, mins=np.zeros((TILE_ROWS, 8), np.uint8),
-                             dmin=supers)
-        else:
+        if kind == "Q6_K":
             blocks = KBlocks(kind, low, np.zeros((TILE_ROWS, 16), np.int8), supers, high=high)
+        else:
+            blocks = KBlocks(kind, low, np.zeros((TILE_ROWS, 8), np.uint8), supers, high=high,
+                             mins=np.zeros((TILE_ROWS, 8), np.uint8), dmin=supers)
         matrix = interleave_k(blocks)
         for writeable in (True, False):
             for array in matrix.arrays().values():

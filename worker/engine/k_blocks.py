@@ -1,5 +1,5 @@
 """Q4_K, Q5_K and Q6_K tensors in the file's own form: 4-, 5- or 6-bit codes, integer sub-scales and a float scale
-per super-block of 256 columns, multiplied by int_kernels.py with int8 activations.
+per super-block of 256 columns, as decoded from the file (interleaved_k_blocks.py builds the form the kernels take).
 
 A Q4_K or Q5_K weight is d * sc[g] * code - dmin * m[g] (codes 0..15 or 0..31, sc and m 0..63 per group of 32
 columns); a Q6_K weight is d * sc[g] * (code - 32) (codes 0..63, sc -128..127 per group of 16). The codes are held
@@ -9,10 +9,7 @@ as the file's own bytes, per row and super-block:
 - Q6_K `codes` (128 bytes): half t (64 bytes) holds columns 128t + j (j < 32) and 128t + 32 + j in the low four bits
   of bytes j and 32 + j, columns 128t + 64 + j and 128t + 96 + j in their high four; `high` (64 bytes): byte 32t + j
   holds bits 4-5 of column 128t + 32i + j in bits 2i, 2i + 1.
-So a 32-byte load and one mask or shift give a 32-column block's codes in column order. The sub-scales are bytes and
-d, dmin float32 per row and super-block: 0.594 bytes a weight for Q4_K, 0.719 for Q5_K, 0.828 for Q6_K (the
-file's 0.5625, 0.6875 and 0.8203 plus float32 instead of float16 scales), where 8-bit codes with float32 tables
-took 0.75, 1.25 and 1.5.
+The sub-scales are held as bytes, d and dmin as float32 per row and super-block.
 """
 
 from __future__ import annotations
@@ -21,9 +18,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from worker.engine.quant_blocks import QK_K, BlockCodes, f16_values, k_scales
+from worker.engine.quant_blocks import QK_K, f16_values, k_scales
 
-K_KINDS = ("Q4_K", "Q5_K", "Q6_K")  # held in this form
+K_KINDS = ("Q4_K", "Q5_K", "Q6_K")  # decoded into this form
 ARRAYS = ("codes", "high", "scales", "mins", "d", "dmin")
 
 
@@ -123,12 +120,6 @@ class KBlocks:
     def dequantize(self) -> np.ndarray:
         """The float32 matrix: (out, in)."""
         return self.rows(np.arange(self.shape[0]))  # (out, in)
-
-    def as_block_codes(self) -> BlockCodes:
-        """The same weights as 8-bit codes with float32 tables (for fusing with another kind)."""
-        scale, offset = self.tables()
-        return BlockCodes(np.ascontiguousarray(self.code_rows()), np.ascontiguousarray(scale),
-                          np.ascontiguousarray(offset), self.group)
 
     def take_rows(self, order: np.ndarray) -> KBlocks:
         """Rows reordered by the index array `order` (out,)."""

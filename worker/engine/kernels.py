@@ -5,7 +5,7 @@ path first gathers all blocks into a padded (Hkv, B, L, Dh) batch per layer, whi
 than the attention itself. Every row of a step is one query of it, a decode token or a prompt row alike
 (forward_batch.py), so a row's attention never depends on the step around it (batch invariance). The vector
 kernel holds its running sums in eight-lane vectors (simd.py), which numba's own vectorisation of the same loops
-did not keep in registers. The matmuls are in block_kernels.py, int_kernels.py and interleaved_kernels.py; the threading
+did not keep in registers. The matmuls are in block_kernels.py, interleaved_k_kernels.py and interleaved_kernels.py; the threading
 set-up and launch lock all use are in numba_runtime.py. SwiGLU runs here as well, across the kernel threads:
 numpy's four single-threaded passes left the second core idle.
 
@@ -244,12 +244,10 @@ def warm_up() -> None:
     swiglu(np.zeros((2, 2 * SWIGLU_CHUNK + 2 * LANES + 2), np.float32))
     from worker.engine import (  # loaded only when an image build warms them
         block_kernels,
-        int_kernels,
         interleaved_k_kernels,
         interleaved_kernels,
     )
 
     block_kernels.warm({16, 32})
     interleaved_kernels.warm()
-    int_kernels.warm()
     interleaved_k_kernels.warm()

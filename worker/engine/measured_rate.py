@@ -16,7 +16,7 @@ import numba
 from worker.engine.derived_cache import derived_path, keep_json, load_json
 from worker.engine.simd_int import int_path
 
-KERNEL_REVISION = 5  # raised when a kernel change moves the decode rate: a kept rate from an older one is not read
+KERNEL_REVISION = 6  # raised when a kernel change moves the decode rate: a kept rate from an older one is not read
 
 
 def rate_file(model_path: str | Path | None, rows: int) -> Path | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, int_kernels, interleaved_k_kernels, interleaved_kernels, ops
+from worker.engine import block_kernels, interleaved_k_kernels, interleaved_kernels, ops
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.config import ModelConfig
@@ -62,8 +62,6 @@ class Model:
             interleaved_kernels.warm()
         if any(has_k_form(raw.kind, raw.shape[1]) for raw in contents.quantized.values()):
             interleaved_k_kernels.warm()
-        if any(raw.kind == "Q5_K" and has_k_form(raw.kind, raw.shape[1]) for raw in contents.quantized.values()):
-            int_kernels.warm()
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: np.array(contents.tensors[name]) for name in keep if name in contents.tensors}
         return cls(config, architecture, weights, contents.metadata, lora_base)

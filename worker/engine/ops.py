@@ -10,10 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, int_kernels, interleaved_k_kernels, interleaved_kernels, kernels
+from worker.engine import block_kernels, interleaved_k_kernels, interleaved_kernels, kernels
 from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.interleaved_k_blocks import InterleavedK
-from worker.engine.k_blocks import KBlocks
 from worker.engine.quantized import Blocks, PendingLinear, QuantizedLinear, StackedBlocks
 
 xp: Any = np  # the array module of the forward path
@@ -61,8 +60,6 @@ def _block_linear(x: Array, weight: QuantizedLinear) -> Array:
 
 def _quantized_matmul(x: Array, blocks: Blocks) -> Array:
     """x (N, in) times a quantized matrix (out, in) transposed, by its form: (N, out), C-ordered."""
-    if isinstance(blocks, KBlocks):
-        return int_kernels.k_matmul(x, blocks)  # (N, out)
     if isinstance(blocks, StackedBlocks):
         return xp.concatenate([_quantized_matmul(x, part) for part in blocks.parts], axis=1)  # (N, out)
     if isinstance(blocks, InterleavedBlocks):

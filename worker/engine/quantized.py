@@ -2,8 +2,9 @@
 
 A step of a few sequences reads every weight once and does little arithmetic with it, so its speed is the bytes
 read. The forms:
-- Q4_K, Q5_K and Q6_K (what Q4_K_M and Q5_K_M files are made of) stay in the file's own form (k_blocks.py: 0.59,
-  0.72 and 0.83 bytes a weight) and multiply through int_kernels.py, in integers against int8 activations;
+- Q4_K, Q5_K and Q6_K (what Q4_K_M and Q5_K_M files are made of) keep the file's bits with sixteen rows
+  interleaved (interleaved_k_blocks.py: 0.59, 0.72 and 0.83 bytes a weight), multiplied through
+  interleaved_k_kernels.py, in integers against int8 activations;
 - Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (blocks of 32 weights) become codes with float32 tables, sixteen rows
   interleaved (interleaved_blocks.py: half a byte a code where they fit in four bits), multiplied through
   interleaved_kernels.py, also in integers (against activations carried as two int8 bytes);
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from worker.engine.interleaved_blocks import InterleavedBlocks, interleave
-from worker.engine.interleaved_k_blocks import INTERLEAVED_K_KINDS, InterleavedK, interleave_k
+from worker.engine.interleaved_k_blocks import InterleavedK, interleave_k
 from worker.engine.k_blocks import KBlocks
 from worker.engine.quant_blocks import LEGACY_BLOCK, BlockCodes
 
@@ -150,7 +151,7 @@ def fuse_pending_rows(parts: tuple[PendingLinear, ...]) -> PendingLinear | None:
             return first.stacked(built[1:])  # type: ignore[arg-type]
         if any(isinstance(b, KBlocks) for b in built):  # kinds that have no common form: each keeps its own
             return StackedBlocks(tuple(_merged_runs(built)))  # type: ignore[arg-type]
-        regrouped = [_regroup(b.as_block_codes() if isinstance(b, KBlocks) else b, group) for b in built]
+        regrouped = [_regroup(b, group) for b in built]  # type: ignore[arg-type]
         return BlockCodes(
             codes=np.concatenate([b.codes for b in regrouped], axis=0),  # (sum out, in)
             scale=np.concatenate([b.scale for b in regrouped], axis=0),  # (sum out, in/G)
@@ -214,16 +215,15 @@ def materialize(weights: Any, source: BlockSource) -> Any:
 
 
 def build_codes(pending: PendingLinear) -> Blocks:
-    """A pending projection's arrays built in memory: Q4_K and Q6_K interleaved sixteen rows at a time
-    (interleaved_k_blocks.py), Q5_K in its super-block form as built; block codes of 32 columns interleaved sixteen
-    rows at a time (interleaved_blocks.py)."""
+    """A pending projection's arrays built in memory: K-quant super-blocks and block codes of 32 columns interleaved
+    sixteen rows at a time (interleaved_k_blocks.py, interleaved_blocks.py)."""
     return _held(pending.build())
 
 
 def _held(b: Blocks) -> Blocks:
     """A built matrix in the form the kernels take, part by part."""
     if isinstance(b, KBlocks):
-        return interleave_k(b) if b.kind in INTERLEAVED_K_KINDS else b
+        return interleave_k(b)
     if isinstance(b, (InterleavedBlocks, InterleavedK)):
         return b
     if isinstance(b, StackedBlocks):

@@ -1,10 +1,10 @@
-"""512-bit vectors across sixteen weight rows, for wide_tiles.py and interleaved_kernels.py: lane group r of an
-int8x64 (bytes 4r..4r+3), lane r of an int32x16 or a float32x16 belongs to weight row r, as in simd_rows.py's
-eight-row vectors. On the "avx512vnni" path (simd_int.int_path) a product of codes and one x row's four activations
-is one `vpdpbusd` and a sub-scale is applied by `vpdpwssd` or `vpmulld`. On the "avx2" path `wdot4` and
-`wdot4_bytes` take `vpmaddubsw` and `vpmaddwd` on each 256-bit half (the interleaved kernels run there); the rest,
-and the "generic" path, is portable LLVM vector code giving the same integers (wide tiles are taken only on the
-avx512vnni path). The transposes of K-quant super-blocks into this layout are in wide_unpack.py.
+"""512-bit vectors across sixteen weight rows, for the interleaved kernels (interleaved_kernels.py,
+interleaved_k_kernels.py): lane group r of an int8x64 (bytes 4r..4r+3), lane r of an int32x16 or a float32x16
+belongs to weight row r. On the "avx512vnni" path (simd_int.int_path) a product of codes and one x row's four
+activations is one `vpdpbusd` and a sub-scale is applied by `vpdpwssd` or `vpmulld`. On the "avx2" path `wdot4`
+and `wdot4_bytes` take `vpmaddubsw` and `vpmaddwd` on each 256-bit half: exact while a pair of products stays below
+32768 (codes below 128 against int8 activations; `wdot4_bytes` splits full bytes into nibbles); the rest, and the
+"generic" path, is portable LLVM vector code giving the same integers.
 """
 
 from __future__ import annotations
@@ -26,13 +26,10 @@ from worker.engine.simd_int import (
     avx2_instructions,
     int_path,
 )
-from worker.engine.simd_rows import _offset
 
-WIDE_ROWS = 16  # weight rows side by side in a wide vector
-_I8, _F32, _I64 = ir.IntType(8), ir.FloatType(), ir.IntType(64)
+_I8, _F32 = ir.IntType(8), ir.FloatType()
 _V64I8, _V32I16, _V16I32 = ir.VectorType(_I8, 64), ir.VectorType(_I16, 32), ir.VectorType(_I32, 16)
 _V16F = ir.VectorType(_F32, 16)
-_STRICT = ("nsz",)  # as simd.py's: no reassociation, no contraction
 
 int8x64 = _vector_type("int8x64", _V64I8)  # sixteen rows' four codes each
 int32x16 = _vector_type("int32x16", _V16I32)  # one int32 (or two int16) per row
@@ -77,8 +74,6 @@ def _vector_load(name: str, llvm_type: ir.VectorType, vector: Any, align: int, d
 
 
 wload_codes = _vector_load("wload_codes", _V64I8, int8x64, 1, "The 64 bytes of a flat uint8 array from `index` on.")
-wload_ints = _vector_load("wload_ints", _V16I32, int32x16, 2, "The 64 bytes of a flat int32 (sixteen lanes) or int16 "
-                          "(sixteen pairs) array from `index` on.")
 wfload = _vector_load("wfload", _V16F, float32x16, 4, "The sixteen float32 of a flat array from `index` on.")
 
 
@@ -118,17 +113,21 @@ def wstore_codes(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
 
 
 @intrinsic
-def wsix_bits(typingctx: Any, nibbles: Any, high: Any, shift: Any) -> Any:
-    """Six-bit codes: nibbles | (((high >> shift) & 3) << 4), byte by byte (Q6_K's bits 4-5 at bit `shift`)."""
+def wtop_bits(typingctx: Any, nibbles: Any, high: Any, shift: Any, mask: Any) -> Any:
+    """Five- or six-bit codes: nibbles | (((high >> shift) & mask) << 4), byte by byte (Q5_K's fifth bit, mask 1, or
+    Q6_K's bits 4-5, mask 3, at bit `shift` of a plane; shift and mask are constants where it is inlined)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        amount = builder.trunc(context.cast(builder, args[2], signature.args[2], types.int64), _I8)
-        first = builder.insert_element(ir.Constant(_V64I8, ir.Undefined), amount, ir.Constant(_I32, 0))
-        shifts = builder.shuffle_vector(first, ir.Constant(_V64I8, ir.Undefined), ir.Constant(ir.VectorType(_I32, 64), [0] * 64))
-        top = builder.and_(builder.lshr(args[1], shifts), ir.Constant(_V64I8, [3] * 64))
+        def splat(index: int) -> Any:
+            value = builder.trunc(context.cast(builder, args[index], signature.args[index], types.int64), _I8)
+            first = builder.insert_element(ir.Constant(_V64I8, ir.Undefined), value, ir.Constant(_I32, 0))
+            return builder.shuffle_vector(first, ir.Constant(_V64I8, ir.Undefined),
+                                          ir.Constant(ir.VectorType(_I32, 64), [0] * 64))
+
+        top = builder.and_(builder.lshr(args[1], splat(2)), splat(3))
         return builder.or_(args[0], builder.shl(top, ir.Constant(_V64I8, [4] * 64)))
 
-    return int8x64(int8x64, int8x64, shift), codegen
+    return int8x64(int8x64, int8x64, shift, mask), codegen
 
 
 @intrinsic
@@ -369,18 +368,3 @@ def wfstore(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
         return context.get_dummy_value()
 
     return types.none(array, types.int64, float32x16), codegen
-
-
-@intrinsic
-def wrow_floats(typingctx: Any, array: Any, index: Any, stride: Any) -> Any:
-    """A float32x16 of a flat float32 array's elements index + r * stride (r < 16)."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        vector = ir.Constant(_V16F, ir.Undefined)
-        for row in range(WIDE_ROWS):
-            value = builder.load(builder.gep(data, [_offset(builder, args[1], args[2], row)]))
-            vector = builder.insert_element(vector, value, ir.Constant(_I32, row))
-        return vector
-
-    return float32x16(array, types.int64, types.int64), codegen

@@ -1,4 +1,4 @@
-"""worker.engine.interleaved_k_kernels and interleaved_k_blocks: Q4_K and Q6_K interleaved sixteen rows at a time hold
+"""worker.engine.interleaved_k_kernels and interleaved_k_blocks: Q4_K, Q5_K and Q6_K interleaved sixteen rows at a time hold
 the file's codes and tables exactly, and their integer matmuls equal the numpy reference bit for bit at every row
 count, on every instruction path this CPU has; a row's result does not depend on the rest of its step; the result
 stays close to float arithmetic."""
@@ -39,6 +39,20 @@ def activations(rows: int, cols: int, seed: int) -> np.ndarray:
     return x
 
 
+def test_quantization_is_int8_per_64_columns_and_equals_its_reference() -> None:
+    x = activations(5, 512, 1)
+    rows = interleaved_k_kernels.quantize_rows(x)
+    for got, expected in zip(rows, interleaved_k_kernels.reference_quantize(x)):
+        np.testing.assert_array_equal(got, expected)
+    q, dx, sums32, offsets = rows
+    assert dx.shape == (5, 8) and sums32.shape == (5, 16) and offsets.shape == (5, 32)
+    assert sums32.dtype == np.int16 and offsets.dtype == np.int32
+    assert q.dtype == np.int8 and np.abs(q).max() == 127 and not dx[-1, :4].any() and not q[-1, :256].any()
+    np.testing.assert_allclose(q[2].reshape(8, 64) * dx[2][:, None], x[2].reshape(8, 64), atol=float(dx[2].max()))
+    np.testing.assert_array_equal(sums32[3], q[3].reshape(16, 32).sum(axis=1))
+    np.testing.assert_array_equal(offsets[3], -32 * q[3].reshape(32, 16).sum(axis=1))
+
+
 @pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
 def test_interleaving_keeps_codes_tables_and_weights(kind: str) -> None:
     """37 rows (a padded last group): the codes and float32 weights come back exactly, in the file's bytes a weight
@@ -47,6 +61,8 @@ def test_interleaving_keeps_codes_tables_and_weights(kind: str) -> None:
     blocks = interleave_k(plain)
     assert blocks.shape == (37, 512) and blocks.low.shape == (3, 2, 32, 64) and blocks.kind == kind
     assert (blocks.high is None) == (kind == "Q4_K") and (blocks.mins is None) == (kind == "Q6_K")
+    if blocks.high is not None:
+        assert blocks.high.shape == (3, 2, 8 if kind == "Q5_K" else 16, 64)
     np.testing.assert_array_equal(blocks.code_rows(), plain.code_rows())
     np.testing.assert_array_equal(blocks.dequantize(), plain.dequantize())
     index = np.array([36, 0, 17, 17])
@@ -82,7 +98,8 @@ def largest(kind: str) -> InterleavedK:
         plain = KBlocks(kind, codes, np.full((rows, cols // 16), -128, np.int8), d,
                         high=np.full((rows, cols // 4), 0xFF, np.uint8))
     else:
-        plain = KBlocks(kind, codes, np.full((rows, cols // 32), 63, np.uint8), d,
+        fifth = np.full((rows, cols // 8), 0xFF, np.uint8) if kind == "Q5_K" else None
+        plain = KBlocks(kind, codes, np.full((rows, cols // 32), 63, np.uint8), d, high=fifth,
                         mins=np.full((rows, cols // 32), 63, np.uint8), dmin=np.full((rows, supers), 0.02, np.float32))
     return interleave_k(plain)
 
@@ -91,7 +108,7 @@ def largest(kind: str) -> InterleavedK:
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_the_largest_codes_and_activations_stay_exact(kind: str, sign: float) -> None:
     """Every code and sub-scale at its largest and every activation at +-127: Q4_K's sums of 16 products (16 * 15 *
-    127) stay within vpdpwssd's int16, and every quarter's integer sum within int32."""
+    127) and Q5_K's of 8 (8 * 31 * 127) stay within vpdpwssd's int16, and every quarter's integer sum within int32."""
     blocks = largest(kind)
     x = np.full((20, 512), sign, np.float32)  # (20, 512)
     np.testing.assert_array_equal(interleaved_k_kernels.interleaved_k_matmul(x, blocks),
@@ -112,21 +129,17 @@ def test_a_matrix_that_does_not_fit_x_is_refused() -> None:
         interleaved_k_kernels.interleaved_k_matmul(np.ones((2, 256), np.float32), matrix("Q4_K", 16, 512, 1))
 
 
-def test_q5k_has_no_interleaved_form() -> None:
-    with pytest.raises(ValueError, match="Q5_K"):
-        interleave_k(decoded("Q5_K", 16, 256, 1))
-
-
 def test_every_path_gives_the_same_bits(tmp_path: Path) -> None:
     """LLMFLEET_INT_KERNELS forces each path (vpdpbusd on avx512vnni, vpmaddubsw on avx2, portable vector code on
     generic); every path this CPU has gives the reference's bits, the largest codes and activations included."""
     body = (
         "from tests.worker.engine.test_interleaved_k_kernels import matrix, activations, largest\n"
         "from worker.engine import interleaved_k_kernels\n"
+        "from worker.engine.interleaved_k_blocks import INTERLEAVED_K_KINDS\n"
         "outputs = [interleaved_k_kernels.interleaved_k_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))\n"
-        "           for kind in ('Q4_K', 'Q6_K') for n in (1, 5, 33)]\n"
+        "           for kind in INTERLEAVED_K_KINDS for n in (1, 5, 33)]\n"
         "outputs += [interleaved_k_kernels.interleaved_k_matmul(np.full((3, 512), sign, np.float32), largest(kind))\n"
-        "            for kind in ('Q4_K', 'Q6_K') for sign in (1.0, -1.0)]\n"
+        "            for kind in INTERLEAVED_K_KINDS for sign in (1.0, -1.0)]\n"
     )
     expected = [interleaved_k_kernels.reference_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))
                 for kind in INTERLEAVED_K_KINDS for n in (1, 5, 33)]
