@@ -2,15 +2,15 @@
 matrix (R, C) transposed, with x quantized to int8 per 64 columns (int8_spans.quantize_span; llama.cpp's Q8_K has
 one scale per 256: the finer one keeps our error inside llama.cpp's) and every product of codes and activations
 summed in integers. One `vpdpbusd` (simd_wide.wdot4) multiplies four codes of each of sixteen weight rows into one x
-row's four activations; a sub-scale is applied to a few columns' sums in integers (Q4_K: `vpdpwssd` every 16
-columns, the sum below 16 * 15 * 127 < 32768; Q5_K: every 8, 8 * 31 * 127 < 32768; Q6_K: `vpmulld` every 16, its
-sums reach 16 * 63 * 127). On the avx2 path the same integers come from `vpmaddubsw` and `vpmaddwd`, on the generic
+row's four activations; a sub-scale is applied to a few columns' sums in integers by `vpdpwssd`, which needs them
+within int16 (Q4_K: every 16 columns, 16 * 15 * 127 < 32768; Q5_K: every 8, 8 * 31 * 127; Q6_K: every 8 from
+-32 S8, so the sum is of (code - 32) * q, 8 * 32 * 127). On the avx2 path the same integers come from `vpmaddubsw` and `vpmaddwd`, on the generic
 path from portable LLVM vector code (simd_wide.py).
 
 THE REDUCTION (every step width computes exactly this, so a row's result never depends on the rest of its step):
 
-    activations, per x row k: q, dx[k, 4s + h] per 64 columns (quarter h of super-block s); S32[k, j] and S16[k, j]:
-      the sums of q over columns 32j.. 32j + 31 and 16j .. 16j + 15;
+    activations, per x row k: q, dx[k, 4s + h] per 64 columns (quarter h of super-block s); S32[k, j], S16[k, j] and
+      S8[k, j]: the sums of q over columns 32j .. 32j + 31, 16j .. 16j + 15 and 8j .. 8j + 7;
     per weight row r and x row k, over super-blocks s in order and their quarters h = 0..3 in order:
       Q4_K, Q5_K: I = sum over blocks j = 2h, 2h + 1 of sc[j] * (sum over block j's columns of code * q)
             M = m[2h] * S32[k, 8s + 2h] + m[2h + 1] * S32[k, 8s + 2h + 1]
@@ -47,7 +47,6 @@ from worker.engine.numba_runtime import launch_lock
 from worker.engine.quant_blocks import QK_K
 from worker.engine.simd_int import KERNEL_CACHE
 from worker.engine.simd_wide import (
-    wadd,
     wdot4,
     wdot_words,
     wfbroadcast,
@@ -62,8 +61,8 @@ from worker.engine.simd_wide import (
     wload_widened,
     wload_word_pairs,
     wlow4,
+    wlow_words,
     wmadd_words,
-    wmul,
     wpair_splat,
     wquad_splat,
     wsplat,
@@ -76,26 +75,39 @@ ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
 ACT_BLOCK = 64  # activation columns per int8 scale (four per super-block)
 X_PASS = 32  # x rows a pass carries over a group's super-blocks (their chains, 36 * 16 float32, stay in L1)
 X_TILE = 4  # x rows met by each code vector load
+PARALLEL_QUANTIZE = 16384  # activations from which quantizing splits rows across threads (a launch costs ~10 us)
 MAX_TASKS = 64  # parallel tasks a launch splits its row groups into at most (one scratch allocation each)
 UNPACKED = 64 * VECTOR_BYTES  # bytes of one super-block's codes of sixteen rows, one a byte
 
 
+@njit(inline="always", cache=KERNEL_CACHE)
+def _quantize_row(x, q, dx, sums32, offsets, k):  # pragma: no cover (compiled)
+    """q, dx, S32 and -32 S8 (the module docstring's) of row k of x (N, C)."""
+    for h in range(x.shape[1] // ACT_BLOCK):
+        dx[k, h] = quantize_span(x, k, h * ACT_BLOCK, (h + 1) * ACT_BLOCK, q)
+    for j in range(x.shape[1] // 32):
+        block = np.int32(0)
+        for e in range(4):
+            total = np.int32(0)
+            for c in range(32 * j + 8 * e, 32 * j + 8 * e + 8):
+                total += np.int32(q[k, c])
+            offsets[k, 4 * j + e] = np.int32(-32) * total
+            block += total
+        sums32[k, j] = np.int16(block)
+
+
 @njit(nogil=True, cache=True)
 def _quantize(x, q, dx, sums32, offsets):  # pragma: no cover (compiled)
-    """q, dx, S32 and -32 S16 (the module docstring's) of every row of x (N, C)."""
-    n_rows, cols = x.shape
-    for k in range(n_rows):
-        for h in range(cols // ACT_BLOCK):
-            dx[k, h] = quantize_span(x, k, h * ACT_BLOCK, (h + 1) * ACT_BLOCK, q)
-        previous = np.int32(0)  # S16 of the group before
-        for j in range(cols // 16):
-            total = np.int32(0)
-            for c in range(16 * j, 16 * j + 16):
-                total += np.int32(q[k, c])
-            offsets[k, j] = np.int32(-32) * total
-            if j % 2:
-                sums32[k, j // 2] = np.int16(previous + total)
-            previous = total
+    """_quantize_row for every row of x, in this thread."""
+    for k in range(x.shape[0]):
+        _quantize_row(x, q, dx, sums32, offsets, k)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _quantize_parallel(x, q, dx, sums32, offsets):  # pragma: no cover (compiled)
+    """_quantize_row for every row of x, rows across the kernel threads."""
+    for k in prange(x.shape[0]):
+        _quantize_row(x, q, dx, sums32, offsets, k)
 
 
 class Int8Rows(NamedTuple):
@@ -104,15 +116,20 @@ class Int8Rows(NamedTuple):
     q: np.ndarray  # (N, C) int8
     dx: np.ndarray  # (N, C/64) float32
     sums32: np.ndarray  # (N, C/32) int16: S32
-    offsets: np.ndarray  # (N, C/16) int32: -32 S16
+    offsets: np.ndarray  # (N, C/8) int32: -32 S8
 
 
 def quantize_rows(x: np.ndarray) -> Int8Rows:
     """x (N, C) float32 as int8 codes with their scales and group sums (Int8Rows)."""
     n_rows, cols = x.shape
     rows = Int8Rows(np.empty((n_rows, cols), np.int8), np.empty((n_rows, cols // ACT_BLOCK), np.float32),
-                    np.empty((n_rows, cols // 32), np.int16), np.empty((n_rows, cols // 16), np.int32))
-    _quantize(np.ascontiguousarray(x, dtype=np.float32), *rows)
+                    np.empty((n_rows, cols // 32), np.int16), np.empty((n_rows, cols // 8), np.int32))
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if n_rows * cols < PARALLEL_QUANTIZE:
+        _quantize(x, *rows)
+    else:
+        with launch_lock:
+            _quantize_parallel(x, *rows)
     return rows
 
 
@@ -120,9 +137,9 @@ def reference_quantize(x: np.ndarray) -> Int8Rows:
     """quantize_rows in numpy."""
     q, dx = reference_spans(x, ACT_BLOCK)  # (N, C), (N, C/64)
     n_rows, cols = q.shape
-    sums16 = q.reshape(n_rows, cols // 16, 16).sum(axis=2, dtype=np.int32)  # (N, C/16)
+    sums8 = q.reshape(n_rows, cols // 8, 8).sum(axis=2, dtype=np.int32)  # (N, C/8)
     sums32 = q.reshape(n_rows, cols // 32, 32).sum(axis=2, dtype=np.int32).astype(np.int16)  # (N, C/32)
-    return Int8Rows(q, dx, sums32, -32 * sums16)
+    return Int8Rows(q, dx, sums32, -32 * sums8)
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
@@ -185,16 +202,21 @@ def _q45k_quarter(scratch, flat_scales, flat_mins, table, h, flat_q, flat_sums, 
 @njit(inline="always", cache=KERNEL_CACHE)
 def _q6k_quarter(scratch, flat_scales, table, h, flat_q, flat_offsets, a0, a1, a2, a3, o0, o1, o2,
                  o3):  # pragma: no cover (compiled)
-    """I of quarter h (the module docstring's) for four x rows (activations from a_i, -32 S16 from o_i)."""
+    """I of quarter h (the module docstring's) for four x rows (activations from a_i, -32 S8 from o_i): each group's
+    two runs of 8 columns start from -32 S8, so their sums of (code - 32) * q stay within 8 * 32 * 127 < 32768 and
+    vpdpwssd applies the signed sub-scale (its high word cleared)."""
     i0, i1, i2, i3 = wzero(), wzero(), wzero(), wzero()  # (16,) int32 each
     for g in range(4 * h, 4 * h + 4):
-        sub = wload_widened(flat_scales, (table * 16 + g) * TILE_ROWS)  # (16,) group g's signed sub-scale
+        sub = wlow_words(wload_widened(flat_scales, (table * 16 + g) * TILE_ROWS))  # (16,) group g's sub-scale
         at, col = 4 * g * VECTOR_BYTES, 16 * g
-        v0, v1, v2, v3 = _products(scratch, at, flat_q, a0 + col, a1 + col, a2 + col, a3 + col,
-                                   wsplat(flat_offsets[o0 + g]), wsplat(flat_offsets[o1 + g]),
-                                   wsplat(flat_offsets[o2 + g]), wsplat(flat_offsets[o3 + g]), 0, 4)  # (16,) each
-        i0, i1 = wadd(i0, wmul(v0, sub)), wadd(i1, wmul(v1, sub))
-        i2, i3 = wadd(i2, wmul(v2, sub)), wadd(i3, wmul(v3, sub))
+        for e in range(2):
+            run = 2 * g + e
+            v0, v1, v2, v3 = _products(scratch, at, flat_q, a0 + col, a1 + col, a2 + col, a3 + col,
+                                       wsplat(flat_offsets[o0 + run]), wsplat(flat_offsets[o1 + run]),
+                                       wsplat(flat_offsets[o2 + run]), wsplat(flat_offsets[o3 + run]), 2 * e,
+                                       2)  # (16,) int32 each
+            i0, i1 = wdot_words(i0, v0, sub), wdot_words(i1, v1, sub)
+            i2, i3 = wdot_words(i2, v2, sub), wdot_words(i3, v3, sub)
     return i0, i1, i2, i3
 
 
@@ -220,9 +242,9 @@ def _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, fl
         for h in range(4):
             column = 4 * s + h
             if six:
-                o = cols // 16
+                o = cols // 8
                 i0, i1, i2, i3 = _q6k_quarter(scratch, flat_scales, table, h, flat_q, flat_offsets, a0, a1, a2, a3,
-                                              k0 * o + 16 * s, k1 * o + 16 * s, k2 * o + 16 * s, k3 * o + 16 * s)
+                                              k0 * o + 32 * s, k1 * o + 32 * s, k2 * o + 32 * s, k3 * o + 32 * s)
                 t0, t1, t2, t3 = wfmul(wfloat(i0), d), wfmul(wfloat(i1), d), wfmul(wfloat(i2), d), wfmul(wfloat(i3), d)
             else:
                 m = cols // 32
@@ -320,7 +342,7 @@ def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
     group = 16 if blocks.kind == "Q6_K" else 32
     sums = np.einsum("rgc,kgc->rkg", codes.reshape(blocks.out, -1, group), q.reshape(n_rows, -1, group))  # (R, N, g)
     if blocks.kind == "Q6_K":
-        sums = sums + rows_q.offsets.astype(np.int64)[None]
+        sums = sums + rows_q.offsets.astype(np.int64).reshape(n_rows, -1, 2).sum(axis=2)[None]  # -32 S16
     weighted = (sums * scales.astype(np.int64)[:, None, :]).reshape(blocks.out, n_rows, supers, 4, -1).sum(axis=4)
     d = blocks.row_lanes(blocks.d[:, :, None], np.arange(blocks.out)).reshape(blocks.out, supers)  # (R, S)
     t = (weighted.astype(np.float32) * d[:, None, :, None]).astype(np.float32)  # (R, N, S, 4)

@@ -1,7 +1,7 @@
 """512-bit vectors across sixteen weight rows, for the interleaved kernels (interleaved_kernels.py,
 interleaved_k_kernels.py): lane group r of an int8x64 (bytes 4r..4r+3), lane r of an int32x16 or a float32x16
 belongs to weight row r. On the "avx512vnni" path (simd_int.int_path) a product of codes and one x row's four
-activations is one `vpdpbusd` and a sub-scale is applied by `vpdpwssd` or `vpmulld`. On the "avx2" path `wdot4`
+activations is one `vpdpbusd` and a sub-scale is applied by `vpdpwssd`. On the "avx2" path `wdot4`
 and `wdot4_bytes` take `vpmaddubsw` and `vpmaddwd` on each 256-bit half: exact while a pair of products stays below
 32768 (codes below 128 against int8 activations; `wdot4_bytes` splits full bytes into nibbles); the rest, and the
 "generic" path, is portable LLVM vector code giving the same integers.
@@ -255,8 +255,17 @@ def _int_operation(name: str, instruction: str, doc: str) -> Any:
 
 wadd = _int_operation("wadd", "add", "a + b, lane by lane (int32).")
 wsub = _int_operation("wsub", "sub", "a - b, lane by lane (int32).")
-wmul = _int_operation("wmul", "mul", "a * b, lane by lane (int32, vpmulld; exact while it fits).")
 wshl = _int_operation("wshl", "shl", "a << b, lane by lane (int32; a constant b is one vpslld).")
+
+
+@intrinsic
+def wlow_words(typingctx: Any, a: Any) -> Any:
+    """The low int16 of each int32 lane, the high one cleared (a & 0xFFFF: a signed sub-scale for wdot_words)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.and_(args[0], ir.Constant(_V16I32, [0xFFFF] * 16))
+
+    return int32x16(int32x16), codegen
 
 
 @intrinsic

@@ -45,12 +45,12 @@ def test_quantization_is_int8_per_64_columns_and_equals_its_reference() -> None:
     for got, expected in zip(rows, interleaved_k_kernels.reference_quantize(x)):
         np.testing.assert_array_equal(got, expected)
     q, dx, sums32, offsets = rows
-    assert dx.shape == (5, 8) and sums32.shape == (5, 16) and offsets.shape == (5, 32)
+    assert dx.shape == (5, 8) and sums32.shape == (5, 16) and offsets.shape == (5, 64)
     assert sums32.dtype == np.int16 and offsets.dtype == np.int32
     assert q.dtype == np.int8 and np.abs(q).max() == 127 and not dx[-1, :4].any() and not q[-1, :256].any()
     np.testing.assert_allclose(q[2].reshape(8, 64) * dx[2][:, None], x[2].reshape(8, 64), atol=float(dx[2].max()))
     np.testing.assert_array_equal(sums32[3], q[3].reshape(16, 32).sum(axis=1))
-    np.testing.assert_array_equal(offsets[3], -32 * q[3].reshape(32, 16).sum(axis=1))
+    np.testing.assert_array_equal(offsets[3], -32 * q[3].reshape(64, 8).sum(axis=1))
 
 
 @pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)

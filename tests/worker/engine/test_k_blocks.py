@@ -59,4 +59,3 @@ def test_transforms_keep_the_weights(kind: str) -> None:
     np.testing.assert_array_equal(a.take_rows(order).dequantize(), dense[order])
     np.testing.assert_allclose(a.scaled(np.float32(0.5)).dequantize(), dense * 0.5, rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal(a.stacked([b]).dequantize(), np.concatenate([dense, b.dequantize()]))
-    np.testing.assert_array_equal(a.as_block_codes().dequantize(), dense)
