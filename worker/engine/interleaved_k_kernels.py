@@ -47,6 +47,8 @@ from worker.engine.numba_runtime import launch_lock
 from worker.engine.quant_blocks import QK_K
 from worker.engine.simd_int import KERNEL_CACHE
 from worker.engine.simd_wide import (
+    aligned_bytes,
+    aligned_floats,
     wdot4,
     wdot_words,
     wfbroadcast,
@@ -291,8 +293,8 @@ def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, first, las
     flat_q, flat_sums, flat_offsets, flat_out = q.reshape(-1), sums32.reshape(-1), offsets.reshape(-1), out.reshape(-1)
     tasks = min(groups, MAX_TASKS)
     for task in prange(tasks):
-        scratch = np.empty(UNPACKED, np.uint8)  # (4096,) a super-block's codes, one a byte
-        chains = np.empty((X_PASS + X_TILE) * TILE_ROWS, np.float32)  # (36 * 16,) slots past n are spares
+        scratch = aligned_bytes(UNPACKED)  # (4096,) a super-block's codes, one a byte
+        chains = aligned_floats((X_PASS + X_TILE) * TILE_ROWS)  # (36 * 16,) slots past n are spares
         for g in range(task * groups // tasks, (task + 1) * groups // tasks):
             for x0 in range(first, last, X_PASS):
                 n = min(X_PASS, last - x0)

@@ -38,6 +38,7 @@ from worker.engine.numba_runtime import launch_lock
 from worker.engine.quant_blocks import LEGACY_BLOCK
 from worker.engine.simd_int import KERNEL_CACHE
 from worker.engine.simd_wide import (
+    aligned_floats,
     wadd,
     wdot4,
     wdot4_bytes,
@@ -196,8 +197,8 @@ def _matmul(codes, scale, offset, zero, q, low, dx, sums, out):  # pragma: no co
     has_offset = offset.shape[0] > 0
     tasks = min(groups, MAX_TASKS)
     for task in prange(tasks):
-        acc = np.empty(X_ROWS * TILE_ROWS, np.float32)  # (X_ROWS, 16) chains
-        macc = np.empty(X_ROWS * TILE_ROWS, np.float32)  # (X_ROWS, 16) chains of the offsets
+        acc = aligned_floats(X_ROWS * TILE_ROWS)  # (X_ROWS, 16) chains
+        macc = aligned_floats(X_ROWS * TILE_ROWS)  # (X_ROWS, 16) chains of the offsets
         for g in range(task * groups // tasks, (task + 1) * groups // tasks):
             _group(flat_codes, flat_scale, flat_offset, has_offset, zero, blocks, vectors, g, flat_q, flat_low, dx,
                    sums, n_rows, cols, acc, macc, flat_out, width)

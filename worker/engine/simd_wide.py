@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
+from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
@@ -20,6 +23,7 @@ from worker.engine.simd_int import (
     _I16,
     _I32,
     _V8I32,
+    KERNEL_CACHE,
     _function,
     _pointer,
     _vector_type,
@@ -27,6 +31,7 @@ from worker.engine.simd_int import (
     int_path,
 )
 
+llvm_binding.initialize_native_asmparser()  # wdot_words' inline assembly is parsed when a kernel is built
 _I8, _F32 = ir.IntType(8), ir.FloatType()
 _V64I8, _V32I16, _V16I32 = ir.VectorType(_I8, 64), ir.VectorType(_I16, 32), ir.VectorType(_I32, 16)
 _V16F = ir.VectorType(_F32, 16)
@@ -218,9 +223,9 @@ def wdot_words(typingctx: Any, acc: Any, a: Any, b: Any) -> Any:
     int16, that is acc + a * b exactly."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        if _vnni():
-            function = _function(builder, "llvm.x86.avx512.vpdpwssd.512", _V16I32, [_V16I32, _V16I32, _V16I32])
-            return builder.call(function, [args[0], args[1], args[2]])
+        if _vnni():  # as inline assembly: LLVM splits the intrinsic into vpmaddwd + vpaddd (two uops for one)
+            asm = ir.InlineAsm(ir.FunctionType(_V16I32, [_V16I32] * 3), "vpdpwssd $3, $2, $0", "=v,0,v,v")
+            return builder.call(asm, [args[0], args[1], args[2]])
         return builder.add(args[0], _word_products(builder, args[1], args[2]))
 
     return int32x16(int32x16, int32x16, int32x16), codegen
@@ -377,3 +382,20 @@ def wfstore(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
         return context.get_dummy_value()
 
     return types.none(array, types.int64, float32x16), codegen
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def aligned_bytes(count):  # pragma: no cover (compiled)
+    """An uninitialised uint8 scratch of `count` bytes from a 64-byte boundary (numba aligns arrays to 32 bytes; a
+    512-bit load across two cache lines costs two)."""
+    raw = np.empty(count + 64, np.uint8)
+    skip = (64 - raw.ctypes.data % 64) % 64
+    return raw[skip : skip + count]
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def aligned_floats(count):  # pragma: no cover (compiled)
+    """An uninitialised float32 scratch of `count` values from a 64-byte boundary (as aligned_bytes)."""
+    raw = np.empty(count + 16, np.float32)
+    skip = ((64 - raw.ctypes.data % 64) % 64) // 4
+    return raw[skip : skip + count]
