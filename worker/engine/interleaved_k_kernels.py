@@ -4,8 +4,8 @@ one scale per 256: the finer one keeps our error inside llama.cpp's) and every p
 summed in integers. One `vpdpbusd` (simd_wide.wdot4) multiplies four codes of each of sixteen weight rows into one x
 row's four activations; a sub-scale is applied to a few columns' sums in integers by `vpdpwssd`, which needs them
 within int16 (Q4_K: every 16 columns, 16 * 15 * 127 < 32768; Q5_K: every 8, 8 * 31 * 127; Q6_K: every 8 from
--32 S8, so the sum is of (code - 32) * q, 8 * 32 * 127). On the avx2 path the same integers come from `vpmaddubsw` and `vpmaddwd`, on the generic
-path from portable LLVM vector code (simd_wide.py).
+-32 S8, so the sum is of (code - 32) * q, 8 * 32 * 127). On the avx2 path the same integers come from `vpmaddubsw`
+and `vpmaddwd`, on the generic path from portable LLVM vector code (simd_wide.py).
 
 THE REDUCTION (every step width computes exactly this, so a row's result never depends on the rest of its step):
 
@@ -15,16 +15,17 @@ THE REDUCTION (every step width computes exactly this, so a row's result never d
       Q4_K, Q5_K: I = sum over blocks j = 2h, 2h + 1 of sc[j] * (sum over block j's columns of code * q)
             M = m[2h] * S32[k, 8s + 2h] + m[2h + 1] * S32[k, 8s + 2h + 1]
             t = fma(float(M), -dmin[r, s], float32(float(I) * d[r, s]))
-      Q6_K: I = sum over groups i = 4h .. 4h + 3 of sc[i] * (sum over group i's columns of code * q - 32 S16[k, 16s + i])
+      Q6_K: I = sum over groups i = 4h .. 4h + 3 of sc[i] * (sum over group i's columns of code * q
+                                                              - 32 S16[k, 16s + i])
             t = float32(float(I) * d[r, s])
       acc = fma(t, dx[k, 4s + h], acc)       (integers exact in any order: |I| < 2**31)
     out[k, r] = acc
 
 `reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (at most MAX_TASKS
 tasks a launch). For each group it carries up to X_PASS x rows over the super-blocks in turn: a super-block's codes
-are unpacked once (nibbles split, Q5_K's and Q6_K's high bits joined) into an L1 scratch, then met by the pass's x rows four at a
-time (each code vector loaded once for four rows). The same loop serves one row (decode: each weight byte is read
-once) and hundreds (prefill). Launches hold numba_runtime.launch_lock.
+are unpacked once (nibbles split, Q5_K's and Q6_K's high bits joined) into an L1 scratch, then met by the pass's x
+rows four at a time (each code vector loaded once for four rows). The same loop serves one row (decode: each weight
+byte is read once) and hundreds (prefill). Launches hold numba_runtime.launch_lock.
 """
 
 from __future__ import annotations
@@ -43,12 +44,10 @@ from worker.engine.interleaved_k_blocks import (
     interleave_k,
 )
 from worker.engine.k_blocks import KBlocks, code_bytes
-from worker.engine.numba_runtime import launch_lock
+from worker.engine.numba_runtime import aligned_bytes, aligned_floats, launch_lock
 from worker.engine.quant_blocks import QK_K
 from worker.engine.simd_int import KERNEL_CACHE
 from worker.engine.simd_wide import (
-    aligned_bytes,
-    aligned_floats,
     wdot4,
     wdot_words,
     wfbroadcast,
@@ -196,9 +195,11 @@ def _q45k_quarter(scratch, flat_scales, flat_mins, table, h, flat_q, flat_sums, 
                 i0, i1 = wdot_words(i0, v0, sub), wdot_words(i1, v1, sub)
                 i2, i3 = wdot_words(i2, v2, sub), wdot_words(i3, v3, sub)
     mins = wload_word_pairs(flat_mins, (table * 4 + h) * 2 * TILE_ROWS)  # (16,) the quarter's two mins of each row
-    return (i0, i1, i2, i3, wmadd_words(mins, wpair_splat(flat_sums, m0 + 2 * h)),
-            wmadd_words(mins, wpair_splat(flat_sums, m1 + 2 * h)), wmadd_words(mins, wpair_splat(flat_sums, m2 + 2 * h)),
-            wmadd_words(mins, wpair_splat(flat_sums, m3 + 2 * h)))
+    n0 = wmadd_words(mins, wpair_splat(flat_sums, m0 + 2 * h))  # (16,) int32: M of x row 0
+    n1 = wmadd_words(mins, wpair_splat(flat_sums, m1 + 2 * h))
+    n2 = wmadd_words(mins, wpair_splat(flat_sums, m2 + 2 * h))
+    n3 = wmadd_words(mins, wpair_splat(flat_sums, m3 + 2 * h))
+    return i0, i1, i2, i3, n0, n1, n2, n3  # (16,) int32 each
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
@@ -250,9 +251,9 @@ def _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, fl
                 t0, t1, t2, t3 = wfmul(wfloat(i0), d), wfmul(wfloat(i1), d), wfmul(wfloat(i2), d), wfmul(wfloat(i3), d)
             else:
                 m = cols // 32
-                i0, i1, i2, i3, n0, n1, n2, n3 = _q45k_quarter(scratch, flat_scales, flat_mins, table, h, flat_q,
-                                                               flat_sums, a0, a1, a2, a3, k0 * m + 8 * s,
-                                                               k1 * m + 8 * s, k2 * m + 8 * s, k3 * m + 8 * s, bits == 5)
+                i0, i1, i2, i3, n0, n1, n2, n3 = _q45k_quarter(
+                    scratch, flat_scales, flat_mins, table, h, flat_q, flat_sums, a0, a1, a2, a3, k0 * m + 8 * s,
+                    k1 * m + 8 * s, k2 * m + 8 * s, k3 * m + 8 * s, bits == 5)
                 t0 = wfma(wfloat(n0), negative, wfmul(wfloat(i0), d))  # (16,)
                 t1 = wfma(wfloat(n1), negative, wfmul(wfloat(i1), d))
                 t2 = wfma(wfloat(n2), negative, wfmul(wfloat(i2), d))
@@ -267,7 +268,7 @@ def _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, fl
 @njit(inline="always", cache=KERNEL_CACHE)
 def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits, single):  # pragma: no cover (compiled)
     """Carry the chains of x rows x0 .. x0 + n - 1 over row group g's super-blocks in turn, each unpacked once
-    (matrix: the flat low, high, scales, mins, d and dmin; xs: the flat q, S32, -32 S16 and dx (N, C/64))."""
+    (matrix: the flat low, high, scales, mins, d and dmin; xs: the flat q, S32, -32 S8 and dx (N, C/64))."""
     flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin = matrix
     flat_q, flat_sums, flat_offsets, dx = xs
     for s in range(supers):
@@ -345,7 +346,7 @@ def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
     sums = np.einsum("rgc,kgc->rkg", codes.reshape(blocks.out, -1, group), q.reshape(n_rows, -1, group))  # (R, N, g)
     if blocks.kind == "Q6_K":
         sums = sums + rows_q.offsets.astype(np.int64).reshape(n_rows, -1, 2).sum(axis=2)[None]  # -32 S16
-    weighted = (sums * scales.astype(np.int64)[:, None, :]).reshape(blocks.out, n_rows, supers, 4, -1).sum(axis=4)
+    weighted = (sums * scales.astype(np.int64)[:, None, :]).reshape(blocks.out, n_rows, supers, 4, -1).sum(axis=4)  # I
     d = blocks.row_lanes(blocks.d[:, :, None], np.arange(blocks.out)).reshape(blocks.out, supers)  # (R, S)
     t = (weighted.astype(np.float32) * d[:, None, :, None]).astype(np.float32)  # (R, N, S, 4)
     if blocks.kind != "Q6_K":

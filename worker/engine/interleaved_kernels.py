@@ -34,11 +34,10 @@ from numba import njit, prange
 
 from worker.engine.int8_spans import fma32, quantize_span_fine, reference_spans_fine
 from worker.engine.interleaved_blocks import TILE_ROWS, VECTOR_BYTES, InterleavedBlocks
-from worker.engine.numba_runtime import launch_lock
+from worker.engine.numba_runtime import aligned_floats, launch_lock
 from worker.engine.quant_blocks import LEGACY_BLOCK
 from worker.engine.simd_int import KERNEL_CACHE
 from worker.engine.simd_wide import (
-    aligned_floats,
     wadd,
     wdot4,
     wdot4_bytes,

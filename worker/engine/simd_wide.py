@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
-from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
@@ -23,7 +21,6 @@ from worker.engine.simd_int import (
     _I16,
     _I32,
     _V8I32,
-    KERNEL_CACHE,
     _function,
     _pointer,
     _vector_type,
@@ -383,19 +380,3 @@ def wfstore(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
 
     return types.none(array, types.int64, float32x16), codegen
 
-
-@njit(inline="always", cache=KERNEL_CACHE)
-def aligned_bytes(count):  # pragma: no cover (compiled)
-    """An uninitialised uint8 scratch of `count` bytes from a 64-byte boundary (numba aligns arrays to 32 bytes; a
-    512-bit load across two cache lines costs two)."""
-    raw = np.empty(count + 64, np.uint8)
-    skip = (64 - raw.ctypes.data % 64) % 64
-    return raw[skip : skip + count]
-
-
-@njit(inline="always", cache=KERNEL_CACHE)
-def aligned_floats(count):  # pragma: no cover (compiled)
-    """An uninitialised float32 scratch of `count` values from a 64-byte boundary (as aligned_bytes)."""
-    raw = np.empty(count + 16, np.float32)
-    skip = ((64 - raw.ctypes.data % 64) % 64) // 4
-    return raw[skip : skip + count]
