@@ -74,7 +74,7 @@ from worker.engine.simd_wide import (
 
 ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
 ACT_BLOCK = 64  # activation columns per int8 scale (four per super-block)
-X_PASS = 32  # x rows a pass carries over a group's super-blocks (their chains, 36 * 16 float32, stay in L1)
+X_PASS = 64  # x rows a pass carries over a group's super-blocks (their chains, 68 * 16 float32, stay in L1)
 X_TILE = 4  # x rows met by each code vector load
 PARALLEL_QUANTIZE = 16384  # activations from which quantizing splits rows across threads (a launch costs ~10 us)
 MAX_TASKS = 64  # parallel tasks a launch splits its row groups into at most (one scratch allocation each)
@@ -295,7 +295,7 @@ def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, first, las
     tasks = min(groups, MAX_TASKS)
     for task in prange(tasks):
         scratch = aligned_bytes(UNPACKED)  # (4096,) a super-block's codes, one a byte
-        chains = aligned_floats((X_PASS + X_TILE) * TILE_ROWS)  # (36 * 16,) slots past n are spares
+        chains = aligned_floats((X_PASS + X_TILE) * TILE_ROWS)  # (68 * 16,) slots past n are spares
         for g in range(task * groups // tasks, (task + 1) * groups // tasks):
             for x0 in range(first, last, X_PASS):
                 n = min(X_PASS, last - x0)
