@@ -1,21 +1,19 @@
 """Q4_K, Q5_K and Q6_K matrices (super-blocks of 256 weights) with sixteen rows interleaved, the form
 interleaved_k_kernels.py multiplies with: built once at load (and kept in the repack cache) from the file's
-super-blocks, so that no step transposes anything and one 512-bit load holds eight columns of sixteen rows.
+super-blocks, so that no step transposes anything and one 512-bit load holds four code bytes of sixteen rows.
 
-Layout, for row group g (rows 16g .. 16g + 15; the last group padded with zero rows) and super-block s (columns
-256s .. 256s + 255), whose block j (j < 8) is columns 32j .. 32j + 31 of it; every 64-byte vector has row 16g + r in
-bytes 4r .. 4r + 3:
-- low[g, s, 4j + c]: byte 4r + e holds the low four bits of the code of column 32j + 4c + e in its low nibble and of
-  column 32j + 16 + 4c + e in its high nibble (half a byte a weight, as the file);
-- Q5_K's high[g, s, j]: byte 4r + e holds bit 4 of the code of column 32j + 16t + 4c + e in bit 4t + c (an eighth
-  of a byte a weight, as the file);
-- Q6_K's high[g, s, 2j + t]: byte 4r + e holds bits 4-5 of the code of column 32j + 16t + 4c + e in bits 2c, 2c + 1
-  (c < 4; a quarter byte a weight, as the file);
-- scales[g, s, j, r] (Q4_K, Q5_K: uint8) or scales[g, s, 2j + t, r] (Q6_K's sixteen groups of 16 columns, int8):
+The codes keep the file's own bytes (k_blocks.py's layout), only interleaved: for row group g (rows 16g .. 16g + 15;
+the last group padded with zero rows) and super-block s, every 64-byte vector has row 16g + r in bytes 4r .. 4r + 3,
+- low[g, s, v]: bytes 4v .. 4v + 3 of each row's 128 code bytes of the super-block (the low four bits of two codes
+  a byte: k_blocks.py says which);
+- high[g, s, v]: bytes 4v .. 4v + 3 of each row's Q5_K fifth bits (32 bytes, v < 8) or Q6_K bits 4-5 (64 bytes,
+  v < 16);
+- scales[g, s, j, r] (Q4_K, Q5_K: uint8, j < 8) or scales[g, s, i, r] (Q6_K's sixteen groups of 16 columns, int8):
   the sub-scales; Q4_K's and Q5_K's mins[g, s, h, 2r + b] (uint8): the min of block 2h + b;
 - d[g, s, r] and Q4_K's and Q5_K's dmin[g, s, r]: float32.
-A Q4_K or Q5_K weight is d * sc * code - dmin * m, a Q6_K one d * sc * (code - 32): 0.594, 0.719 and 0.828 bytes a
-weight (the file's 0.5625, 0.6875 and 0.8203, plus float32 instead of float16 scales).
+Building it is a transpose of the file's bytes. A Q4_K or Q5_K weight is d * sc * code - dmin * m, a Q6_K one
+d * sc * (code - 32): 0.594, 0.719 and 0.828 bytes a weight (the file's 0.5625, 0.6875 and 0.8203, plus float32
+instead of float16 scales).
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worker.engine.k_blocks import KBlocks
+from worker.engine.k_blocks import KBlocks, file_codes
 from worker.engine.quant_blocks import QK_K
 
 TILE_ROWS = 16  # weight rows interleaved in a group
@@ -70,19 +68,9 @@ class InterleavedK:
     def code_rows(self, index: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Some rows' codes, one a byte: (N, in) uint8 (0..15, 0..31 or 0..63)."""
         rows = np.arange(self.out)[index] if isinstance(index, slice) else np.asarray(index)  # (N,)
-        n, supers = len(rows), self.low.shape[1]
-        low = self.row_lanes(self.low, rows).reshape(n, supers, 8, 4, 4)  # (N, S, j, c, e)
-        codes = np.stack([low & 0x0F, low >> 4], axis=3)  # (N, S, j, t, c, e)
-        if self.kind == "Q5_K":
-            assert self.high is not None
-            fifth = self.row_lanes(self.high, rows).reshape(n, supers, 8, 1, 1, 4)  # (N, S, j, 1, 1, e)
-            shifts = np.arange(8, dtype=np.uint8).reshape(2, 4, 1)  # (t, c, 1): bit 4t + c
-            codes = codes | (((fifth >> shifts) & 1) << 4)
-        elif self.high is not None:
-            high = self.row_lanes(self.high, rows).reshape(n, supers, 8, 2, 1, 4)  # (N, S, j, t, 1, e)
-            shifts = (2 * np.arange(4, dtype=np.uint8))[:, None]  # (c, 1)
-            codes = codes | (((high >> shifts) & 3) << 4)
-        return np.ascontiguousarray(codes.reshape(n, supers * QK_K))  # (N, in)
+        low = self.row_lanes(self.low, rows).reshape(len(rows), -1)  # (N, in/2): the file's code bytes
+        high = None if self.high is None else self.row_lanes(self.high, rows).reshape(len(rows), -1)  # (N, in/8|4)
+        return file_codes(self.kind, low, high)  # (N, in)
 
     def tables(self, index: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """Per-group float32 scale and offset of some rows, w = code * scale + offset: (N, in/G) each (G: 32 for
@@ -119,31 +107,20 @@ def interleave_k(blocks: KBlocks) -> InterleavedK:
     rows, cols = blocks.shape
     groups, supers = -(-rows // TILE_ROWS), cols // QK_K
     padding = groups * TILE_ROWS - rows
-    codes = np.pad(blocks.code_rows(), ((0, padding), (0, 0)))  # (16 G, C)
-    split = codes.reshape(groups, TILE_ROWS, supers, 8, 2, 4, 4)  # (G, r, S, j, t, c, e)
-    nibbles = split & 0x0F
-    low = nibbles[:, :, :, :, 0] | (nibbles[:, :, :, :, 1] << 4)  # (G, r, S, j, c, e)
-    low = low.transpose(0, 2, 3, 4, 1, 5).reshape(groups, supers, 32, VECTOR_BYTES)  # (G, S, 4j + c, 64)
 
-    def table(values: np.ndarray, dtype: type) -> np.ndarray:
-        """A per-row table (R, S * V) as (G, S, V, 16)."""
-        padded = np.pad(values, ((0, padding), (0, 0))).astype(dtype)  # (16 G, S * V)
-        return np.ascontiguousarray(padded.reshape(groups, TILE_ROWS, supers, -1).transpose(0, 2, 3, 1))
+    def table(values: np.ndarray, dtype: type, width: int = 1) -> np.ndarray:
+        """A per-row array (R, S * V * width) as (G, S, V, 16 * width): sixteen rows side by side."""
+        padded = np.pad(values, ((0, padding), (0, 0))).astype(dtype, copy=False)  # (16 G, S * V * width)
+        split = padded.reshape(groups, TILE_ROWS, supers, -1, width)  # (G, 16, S, V, width)
+        return np.ascontiguousarray(split.transpose(0, 2, 3, 1, 4)).reshape(groups, supers, -1, TILE_ROWS * width)
 
     d = table(blocks.d, np.float32)[:, :, 0]  # (G, S, 16)
+    low = table(blocks.codes, np.uint8, 4)  # (G, S, 32, 64)
+    high = None if blocks.high is None else table(blocks.high, np.uint8, 4)  # (G, S, 8 or 16, 64)
     if blocks.kind == "Q6_K":
-        bits = (split >> 4) << (2 * np.arange(4, dtype=np.uint8))[:, None]  # (G, r, S, j, t, c, e)
-        high = np.bitwise_or.reduce(bits, axis=5)  # (G, r, S, j, t, e)
-        high = high.transpose(0, 2, 3, 4, 1, 5).reshape(groups, supers, 16, VECTOR_BYTES)  # (G, S, 2j + t, 64)
-        return InterleavedK("Q6_K", np.ascontiguousarray(low), table(blocks.scales, np.int8), d, rows,
-                            high=np.ascontiguousarray(high))
+        return InterleavedK("Q6_K", low, table(blocks.scales, np.int8), d, rows, high=high)
     assert blocks.mins is not None and blocks.dmin is not None
     mins = table(blocks.mins, np.uint8)  # (G, S, 8, 16): j, r
     paired = mins.reshape(groups, supers, 4, 2, TILE_ROWS).transpose(0, 1, 2, 4, 3).reshape(groups, supers, 4, 32)
-    fifth = None
-    if blocks.kind == "Q5_K":
-        bits = (split >> 4) << np.arange(8, dtype=np.uint8).reshape(2, 4, 1)  # (G, r, S, j, t, c, e): bit 4t + c
-        planes = np.bitwise_or.reduce(bits.reshape(groups, TILE_ROWS, supers, 8, 8, 4), axis=4)  # (G, r, S, j, e)
-        fifth = np.ascontiguousarray(planes.transpose(0, 2, 3, 1, 4).reshape(groups, supers, 8, VECTOR_BYTES))
-    return InterleavedK(blocks.kind, np.ascontiguousarray(low), table(blocks.scales, np.uint8), d, rows, high=fifth,
+    return InterleavedK(blocks.kind, low, table(blocks.scales, np.uint8), d, rows, high=high,
                         mins=np.ascontiguousarray(paired), dmin=table(blocks.dmin, np.float32)[:, :, 0])

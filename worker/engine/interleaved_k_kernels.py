@@ -145,22 +145,25 @@ def reference_quantize(x: np.ndarray) -> Int8Rows:
 
 @njit(inline="always", cache=KERNEL_CACHE)
 def _unpack(flat_low, flat_high, table, scratch, bits):  # pragma: no cover (compiled)
-    """Super-block `table`'s codes, one a byte, into scratch: vector 8j + 4t + c holds columns 32j + 16t + 4c .. + 3
-    (the low nibbles from flat_low; Q5_K's fifth bits or Q6_K's bits 4-5 from flat_high; `bits`, a constant: 4, 5
-    or 6)."""
-    at = table * 32 * VECTOR_BYTES
-    for j in range(8):
-        for c in range(4):
-            packed = wload_codes(flat_low, at + (4 * j + c) * VECTOR_BYTES)  # (64,)
-            low, high = wlow4(packed), whigh4(packed)  # (64,) each
-            if bits == 5:
-                fifth = wload_codes(flat_high, (table * 8 + j) * VECTOR_BYTES)  # (64,)
-                low, high = wtop_bits(low, fifth, c, 1), wtop_bits(high, fifth, 4 + c, 1)
-            elif bits == 6:
-                low = wtop_bits(low, wload_codes(flat_high, (table * 16 + 2 * j) * VECTOR_BYTES), 2 * c, 3)
-                high = wtop_bits(high, wload_codes(flat_high, (table * 16 + 2 * j + 1) * VECTOR_BYTES), 2 * c, 3)
-            wstore_codes(scratch, (8 * j + c) * VECTOR_BYTES, low)
-            wstore_codes(scratch, (8 * j + 4 + c) * VECTOR_BYTES, high)
+    """Super-block `table`'s codes, one a byte, into scratch: vector 8j + c holds columns 32j + 4c .. 32j + 4c + 3
+    (c < 8) of each row, from the file's bytes (k_blocks.py): byte i of a Q4_K or Q5_K part p holds columns 64p + i
+    and 64p + 32 + i, of a Q6_K quarter q = 2t + m columns 128t + 32m + i and 128t + 64 + 32m + i, in its low and
+    high nibbles; Q5_K's fifth-bit byte i holds column 32j + i in bit j, Q6_K's byte 32t + i columns 128t + 32k + i
+    in bits 2k, 2k + 1. `bits` (a constant): 4, 5 or 6."""
+    for v in range(32):
+        packed = wload_codes(flat_low, (table * 32 + v) * VECTOR_BYTES)  # (64,) code bytes 4v .. 4v + 3
+        low, high = wlow4(packed), whigh4(packed)  # (64,) each
+        quarter, c = v // 8, v % 8
+        first = 4 * (quarter // 2) + quarter % 2 if bits == 6 else 2 * quarter  # the low nibbles' block
+        second = first + 2 if bits == 6 else first + 1  # the high nibbles' block
+        if bits == 5:
+            fifth = wload_codes(flat_high, (table * 8 + c) * VECTOR_BYTES)  # (64,)
+            low, high = wtop_bits(low, fifth, first, 1), wtop_bits(high, fifth, second, 1)
+        elif bits == 6:
+            top = wload_codes(flat_high, (table * 16 + 8 * (first // 4) + c) * VECTOR_BYTES)  # (64,)
+            low, high = wtop_bits(low, top, 2 * (first % 4), 3), wtop_bits(high, top, 2 * (second % 4), 3)
+        wstore_codes(scratch, (8 * first + c) * VECTOR_BYTES, low)
+        wstore_codes(scratch, (8 * second + c) * VECTOR_BYTES, high)
 
 
 @njit(inline="always", cache=KERNEL_CACHE)

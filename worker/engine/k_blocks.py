@@ -47,6 +47,26 @@ def code_bytes(codes: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray | N
     return low.reshape(rows, cols // 2), fifth.reshape(rows, cols // 8)
 
 
+def file_codes(kind: str, codes: np.ndarray, high: np.ndarray | None) -> np.ndarray:
+    """Codes one a byte, (N, in) uint8, from the file's bytes of N rows: `codes` (N, in/2) and `high` (N, in/8 for
+    Q5_K, in/4 for Q6_K; None for Q4_K), as the module docstring lays them out (the inverse of code_bytes)."""
+    n, half = codes.shape
+    if kind == "Q6_K":
+        low = codes.reshape(n, -1, 2, 1, 2, 32)  # (N, S, t, 1, 2, 32)
+        nibbles = np.concatenate([low & 0x0F, low >> 4], axis=3).reshape(n, -1, 2, 4, 32)  # (N, S, t, block, 32)
+        assert high is not None
+        bits = high.reshape(n, -1, 2, 1, 32)  # (N, S, t, 1, 32)
+        shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, None, :, None]  # (1, 1, 1, 4, 1)
+        return (nibbles | (((bits >> shifts) & 3) << 4)).reshape(n, 2 * half)  # (N, in)
+    parts = codes.reshape(n, -1, 4, 1, 32)  # (N, S, part, 1, 32)
+    nibbles = np.concatenate([parts & 0x0F, parts >> 4], axis=3).reshape(n, -1, 8, 32)  # (N, S, block, 32)
+    if high is None:
+        return nibbles.reshape(n, 2 * half)  # (N, in)
+    fifth = high.reshape(n, -1, 1, 32)  # (N, S, 1, 32)
+    shifts = np.arange(8, dtype=np.uint8)[None, None, :, None]  # (1, 1, 8, 1)
+    return (nibbles | (((fifth >> shifts) & 1) << 4)).reshape(n, 2 * half)  # (N, in)
+
+
 @dataclass(frozen=True)
 class KBlocks:
     """An (out, in) Q4_K, Q5_K or Q6_K matrix in the file's form (arrays named as in ARRAYS; None where the kind has
@@ -81,22 +101,7 @@ class KBlocks:
 
     def code_rows(self, index: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Some rows' codes, one a byte: (N, in) uint8 (0..15, 0..31 or 0..63)."""
-        codes = self.codes[index]  # (N, in/2)
-        n, half = codes.shape
-        if self.kind == "Q6_K":
-            low = codes.reshape(n, -1, 2, 1, 2, 32)  # (N, S, t, 1, 2, 32)
-            nibbles = np.concatenate([low & 0x0F, low >> 4], axis=3).reshape(n, -1, 2, 4, 32)  # (N, S, t, block, 32)
-            assert self.high is not None
-            high = self.high[index].reshape(n, -1, 2, 1, 32)  # (N, S, t, 1, 32)
-            shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, None, :, None]  # (1, 1, 1, 4, 1)
-            return (nibbles | (((high >> shifts) & 3) << 4)).reshape(n, 2 * half)  # (N, in)
-        parts = codes.reshape(n, -1, 4, 1, 32)  # (N, S, part, 1, 32)
-        nibbles = np.concatenate([parts & 0x0F, parts >> 4], axis=3).reshape(n, -1, 8, 32)  # (N, S, block, 32)
-        if self.high is None:
-            return nibbles.reshape(n, 2 * half)  # (N, in)
-        fifth = self.high[index].reshape(n, -1, 1, 32)  # (N, S, 1, 32)
-        shifts = np.arange(8, dtype=np.uint8)[None, None, :, None]  # (1, 1, 8, 1)
-        return (nibbles | (((fifth >> shifts) & 1) << 4)).reshape(n, 2 * half)  # (N, in)
+        return file_codes(self.kind, self.codes[index], None if self.high is None else self.high[index])
 
     def tables(self, index: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """Per-group float32 scale and offset of some rows, w = code * scale + offset: (N, in/G) each."""
