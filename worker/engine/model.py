@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ from worker.engine.ops import Array
 from worker.engine.quant_blocks import code_group
 from worker.engine.quantized import PendingLinear, materialize
 from worker.engine.repack_cache import cache_dir, cached_blocks
+from worker.engine.simd_int import PATHS, int_path
+
+log = logging.getLogger(__name__)
 
 
 class Model:
@@ -62,6 +66,7 @@ class Model:
             interleaved_kernels.warm()
         if any(has_k_form(raw.kind, raw.shape[1]) for raw in contents.quantized.values()):
             interleaved_k_kernels.warm()
+        log.info("integer kernels: %s path (LLMFLEET_INT_KERNELS=%s forces one)", int_path(), "|".join(PATHS))
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: np.array(contents.tensors[name]) for name in keep if name in contents.tensors}
         return cls(config, architecture, weights, contents.metadata, lora_base)

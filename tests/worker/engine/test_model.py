@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,6 +13,7 @@ from worker.engine.errors import ContextLengthError
 from worker.engine.forward_batch import BatchEntry, OutputKind
 from worker.engine.kv_pool import KVPool
 from worker.engine.model import Model
+from worker.engine.simd_int import int_path
 
 
 def _tokens(model: Model, n: int, seed: int) -> np.ndarray:
@@ -113,3 +116,9 @@ def test_a_float32_pool_takes_twice_the_bytes_per_block_and_gives_the_same_logit
     np.testing.assert_allclose(outputs[0], outputs[1], atol=0.05)
     with pytest.raises(ValueError, match="float16, float32"):
         model.new_pool(8 << 20, dtype="int8")
+
+
+def test_the_integer_path_is_logged_at_load(tiny_gguf_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="worker.engine.model"):
+        Model.from_file(tiny_gguf_path)
+    assert f"integer kernels: {int_path()} path" in caplog.text
