@@ -60,8 +60,8 @@ class StackedBlocks:
         return self.dequantize()[index]  # (N, in) (a projection: never an embedding table)
 
 
-Blocks = BlockCodes | KBlocks | InterleavedBlocks | InterleavedK | StackedBlocks  # a quantized matrix in one of the
-# engine's forms
+# a quantized matrix in one of the engine's forms (KBlocks only until it is held: quantized._held interleaves it)
+Blocks = BlockCodes | KBlocks | InterleavedBlocks | InterleavedK | StackedBlocks
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ mtime (ns) and its first and last MiB: a full sha256 of an 8B file (4.6 GB) woul
 it serves, and a changed file (re-pulled, re-quantized) changes its mtime and size or its header. Layout: a header
 (magic, version, manifest and data lengths, a checksum of the data), a JSON manifest (the recipe key of every
 projection, where its arrays lie, and its form: a K-quant kind, an interleaved super-block matrix's kind and rows,
-an interleaved matrix's zero point and rows, or a group) and the arrays, each 64-byte aligned. Before mapping, the size and the
-checksum are verified: a truncated or corrupt file is rebuilt, never mapped. A builder holds an exclusive lock
+an interleaved matrix's zero point and rows, or a group) and the arrays, each 64-byte aligned. Before mapping, the
+size and the checksum are verified: a truncated or corrupt file is rebuilt, never mapped. A builder holds an exclusive lock
 (flock on a side file) and writes a temporary file, fsyncs it and renames it into place: a second worker starting
 on a cold cache waits for the lock and then maps the first one's file; a builder killed mid-write leaves only a
 temporary file, which the next builder (holding the lock, so no one else is writing) deletes. A builder also deletes
@@ -41,8 +41,8 @@ from worker.engine.quantized import Blocks, PendingLinear, StackedBlocks, build_
 
 LAYOUT_VERSION = 7  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte;
 # 3: Q4_K and Q6_K in their own super-block form, k_blocks.py; 4: Q5_K too; 5: their code bytes as the file orders
-# them; 6: blocks of 32 weights interleaved sixteen rows at a time, interleaved_blocks.py; 7: Q4_K and Q6_K too,
-# interleaved_k_blocks.py)
+# them; 6: blocks of 32 weights interleaved sixteen rows at a time, interleaved_blocks.py; 7: the K-quants' file
+# bytes interleaved the same way, interleaved_k_blocks.py)
 MAGIC = b"LLMFRPK1"
 _HEADER = struct.Struct("<8sIIQQQ")  # magic, layout version, reserved, manifest bytes, data bytes, checksum
 _ALIGN = 64
