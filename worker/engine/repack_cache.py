@@ -1,18 +1,18 @@
-"""The repack cache: a model's built block codes in one file, memory-mapped read-only, so that every worker of a
-host shares one physical copy through the page cache and a warm load decodes nothing.
+"""The repack cache: a model's built block codes in one file, memory-mapped read-only, so that every worker of a host
+shares one physical copy through the page cache and a warm load decodes nothing.
 
-A file is named by the model file's key and LAYOUT_VERSION. The key is sha256 over the model file's size, its
-mtime (ns) and its first and last MiB: a full sha256 of an 8B file (4.6 GB) would take longer than the warm load
-it serves, and a changed file (re-pulled, re-quantized) changes its mtime and size or its header. Layout: a header
-(magic, version, manifest and data lengths, a checksum of the data), a JSON manifest (the recipe key of every
-projection, where its arrays lie, and its form: a K-quant kind, an interleaved super-block matrix's kind and rows,
-an interleaved matrix's zero point and rows, or a group) and the arrays, each 64-byte aligned. Before mapping, the
-size and the checksum are verified: a truncated or corrupt file is rebuilt, never mapped. A builder holds an exclusive lock
-(flock on a side file) and writes a temporary file, fsyncs it and renames it into place: a second worker starting
-on a cold cache waits for the lock and then maps the first one's file; a builder killed mid-write leaves only a
-temporary file, which the next builder (holding the lock, so no one else is writing) deletes. A builder also deletes
-the same model file's repack files of other layout versions (an upgrade's leftovers, unreadable to it).
-LLMFLEET_REPACK_DIR moves the cache (default ~/.cache/llmfleet/repack); set it empty to build in memory only.
+A file is named by the model file's key and LAYOUT_VERSION. The key is sha256 over the model file's size, its mtime
+(ns) and its first and last MiB: a full sha256 of an 8B file (4.6 GB) would take longer than the warm load it serves,
+and a changed file (re-pulled, re-quantized) changes its mtime and size or its header. Layout: a header (magic,
+version, manifest and data lengths, a checksum of the data), a JSON manifest (the recipe key of every projection,
+where its arrays lie, and its form: a K-quant kind, an interleaved super-block matrix's kind and rows, an interleaved
+matrix's zero point and rows, or a group) and the arrays, each 64-byte aligned. Before mapping, the size and the
+checksum are verified: a truncated or corrupt file is rebuilt, never mapped. A builder holds an exclusive lock (flock
+on a side file) and writes a temporary file, fsyncs it and renames it into place: a second worker starting on a cold
+cache waits for the lock and then maps the first one's file; a builder killed mid-write leaves only a temporary file,
+which the next builder (holding the lock, so no one else is writing) deletes. A builder also deletes the same model
+file's repack files of other layout versions (an upgrade's leftovers, unreadable to it). LLMFLEET_REPACK_DIR moves
+the cache (default ~/.cache/llmfleet/repack); set it empty to build in memory only.
 """
 
 from __future__ import annotations
