@@ -33,7 +33,7 @@ def test_a_command_on_a_held_connection_fails_within_the_timeout_then_the_next_d
     started = time.monotonic()
     with pytest.raises(RedisTimeoutError):
         client.get("k")
-    assert time.monotonic() - started < COMMAND_TIMEOUT_S + SLACK_S  # one timeout: a timeout is not retried
+    assert time.monotonic() - started < 2 * COMMAND_TIMEOUT_S  # one timeout: a retried command would take two
     assert client.get("k") == b"v"
     client.close()
 
