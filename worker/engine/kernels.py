@@ -13,9 +13,8 @@ Parallel kernels prefer numba's OpenMP layer: on the 2-core machine the `workque
 matmul at half the speed (15-24 ms against 10 ms for SmolLM2's matrices). Where OpenMP is missing numba falls
 back to workqueue. Launches go through a process-wide lock, because workqueue must not be entered by two threads
 at once. OpenMP is not fork-safe: the engine runs in processes started by exec, never forked after a launch.
-OpenMP's idle threads spin before they sleep; with libgomp's default spin they took the cores from OpenBLAS's
-threads in the steps that use both (a 4-stream step: 278 ms against 72), so the spin is cut to 10,000 rounds,
-which still bridges the gaps between one layer's kernels (1-stream step 14.0 ms, as with the default spin).
+OpenMP's idle threads spin before they sleep: numba_runtime.set_spin keeps libgomp's default for a decoder and cuts
+it to 10,000 rounds where OpenBLAS's threads share the step (an encoder), whose cores the spin would take.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from worker.engine.gguf_file import read_gguf
 from worker.engine.k_blocks import has_k_form
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
+from worker.engine.numba_runtime import set_spin
 from worker.engine.ops import Array
 from worker.engine.quant_blocks import code_group
 from worker.engine.quantized import PendingLinear, materialize
@@ -51,6 +52,7 @@ class Model:
             raise ModelLoadError(path, "the file is a LoRA adapter, not a model: load it with POST /admin/loras")
         config = ModelConfig.from_metadata(contents.metadata, str(path))
         architecture = architecture_for(config, str(path))
+        set_spin(with_blas=bool(getattr(architecture, "encoder", False)))  # before the first parallel launch
         tensors: dict[str, Any] = dict(contents.tensors)
         for name, raw in contents.quantized.items():
             group = code_group(raw.kind, raw.shape[1])

@@ -3,9 +3,9 @@
 Parallel kernels prefer numba's OpenMP layer (kernels.py says why); launches go through one process-wide lock,
 because numba's `workqueue` layer must not be entered by two threads at once. Every compiled entry point is
 `nogil`: while a step's kernels run, the worker's other threads (job feeder, publisher, cancel listener,
-heartbeat) run too, instead of waiting for the kernel to return the GIL. The environment and the layer's
-priority are set on import, before the first parallel call. Kernels take their vector scratch from a 64-byte
-boundary here (`aligned_bytes`, `aligned_floats`).
+heartbeat) run too, instead of waiting for the kernel to return the GIL. The layer's priority is set on import
+and the threads' spin by a model load (`set_spin`), both before the first parallel call. Kernels take their vector
+scratch from a 64-byte boundary here (`aligned_bytes`, `aligned_floats`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,21 @@ import numba
 import numpy as np
 from numba import njit
 
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # read when numba first loads libgomp (at the first launch)
+SPIN_WITH_BLAS = 10000  # OpenMP spin rounds when BLAS threads share the step (an encoder's matmuls)
+SPIN_ALONE = 300000  # libgomp's own default: bridges the Python between a decoder step's launches
+_SPIN_GIVEN = "GOMP_SPINCOUNT" in os.environ  # an operator's value is kept
 numba.config.THREADING_LAYER_PRIORITY = ["omp", "workqueue", "tbb"]  # before the first parallel call
 launch_lock = threading.Lock()  # workqueue is not re-entrant across threads: every parallel launch holds it
+
+
+def set_spin(with_blas: bool) -> None:
+    """How long idle OpenMP threads spin before they sleep, unless GOMP_SPINCOUNT was given; libgomp reads it once,
+    at numba's first parallel launch, so a model load sets it before then. A decoder's steps are launches with a
+    little Python between them: a helper thread asleep at each launch is woken late when the gateway, Redis or
+    the publisher hold its core (a served 1B stream took 10-20% longer). An encoder's BLAS threads alternate with
+    the kernels': spinning helpers would take their cores (a step 278 ms against 72), so it spins briefly."""
+    if not _SPIN_GIVEN:
+        os.environ["GOMP_SPINCOUNT"] = str(SPIN_WITH_BLAS if with_blas else SPIN_ALONE)
 
 
 def set_threads(count: int) -> None:
