@@ -29,7 +29,7 @@ def _span_amax(x, k, first, last):  # pragma: no cover (compiled)
 @njit(inline="always", cache=KERNEL_CACHE, fastmath={"nnan", "ninf", "nsz"})
 def quantize_span(x, k, first, last, q):  # pragma: no cover (compiled)
     """q[k, first:last] from x[k, first:last] (the module docstring's rule); returns the span's dx. (The fastmath
-    flags let LLVM vectorise the max; they change no rounding: no reassociation, no contraction.)"""
+    flags let LLVM use vector maxima and conversions; they change no rounding: no reassociation, no contraction.)"""
     amax = _span_amax(x, k, first, last)
     inverse = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
     for c in range(first, last):

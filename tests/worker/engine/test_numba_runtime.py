@@ -3,6 +3,8 @@ the OpenMP spin a model load chooses (long for a decoder, short beside an encode
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from numba import njit
 
@@ -28,10 +30,10 @@ def test_the_spin_is_long_for_a_decoder_short_beside_blas_and_an_operators_value
     monkeypatch.setattr(numba_runtime, "_SPIN_GIVEN", False)
     monkeypatch.setenv("GOMP_SPINCOUNT", "1")
     set_spin(with_blas=False)
-    assert int(numba_runtime.os.environ["GOMP_SPINCOUNT"]) == SPIN_ALONE
+    assert int(os.environ["GOMP_SPINCOUNT"]) == SPIN_ALONE
     set_spin(with_blas=True)
-    assert int(numba_runtime.os.environ["GOMP_SPINCOUNT"]) == SPIN_WITH_BLAS < SPIN_ALONE
+    assert int(os.environ["GOMP_SPINCOUNT"]) == SPIN_WITH_BLAS < SPIN_ALONE
     monkeypatch.setattr(numba_runtime, "_SPIN_GIVEN", True)
     monkeypatch.setenv("GOMP_SPINCOUNT", "7")
     set_spin(with_blas=False)
-    assert numba_runtime.os.environ["GOMP_SPINCOUNT"] == "7"
+    assert os.environ["GOMP_SPINCOUNT"] == "7"
