@@ -1,9 +1,12 @@
 """llmfleet (`llmfleet serve` with its defaults) against llama.cpp's llama-server on the same box, one run.
 
-Both serve the same GGUF file; the same streaming /v1/completions load (N concurrent streams, distinct short
-prompts, greedy, exactly --max-tokens tokens each) runs against one system, then the other, per round; each
-row reports aggregate tok/s (steady: while every stream decodes), median TTFT and inter-token latency, and
-the ratio llmfleet / llama-server; then one --long-prompt (1,000-token) prompt alone gives each one's TTFT.
+Both serve the same GGUF file and run side by side for the whole run (the one not measured waits idle). The
+same streaming /v1/completions load (N concurrent streams, distinct short prompts, greedy, exactly --max-tokens
+tokens each) runs per size against one system, then at once against the other, so that both meet the same
+phase of a shared machine's load (which can move rates 20-40% for minutes); the first of the pair alternates
+per round. Each row reports aggregate tok/s (steady: while every stream decodes), median TTFT and
+inter-token latency, and the ratio llmfleet / llama-server; then one --long-prompt (1,000-token) prompt
+alone gives each one's TTFT (prompts are distinct per round and system: no prefix cache serves them).
 The machine's memory read bandwidth is measured first (bench/memory_bandwidth.py), and the single-stream rate is
 put beside it: a decode step reads about the whole file (every weight once), so file bytes x tok/s is the rate at
 which a step reads memory.
@@ -86,10 +89,16 @@ class System:
             self.proc.wait()
 
 
-def measure(system: System, model: str, sizes: list[int], max_tokens: int, tag: str) -> list[LevelResult]:
-    """A warm-up, then every size in turn against one system."""
-    asyncio.run(run_level(system.base, model, 1, 4, "none", True, 120, f"warm-up {tag}"))
-    return [asyncio.run(run_level(system.base, model, n, max_tokens, "none", True, 600, f"{tag} {n}")) for n in sizes]
+def warm_up(system: System, model: str) -> None:
+    """One short request, so that a first request's one-time costs stay out of the measurements."""
+    asyncio.run(run_level(system.base, model, 1, 4, "none", True, 120, f"warm-up {system.name}"))
+
+
+def measure_level(system: System, model: str, size: int, max_tokens: int, tag: str) -> LevelResult:
+    """One size against one system (its steady rate printed as it ends)."""
+    level = asyncio.run(run_level(system.base, model, size, max_tokens, "none", True, 600, f"{tag} {size}"))
+    print(f"   {system.name} {tag}, {size} streams: {level.steady_rate:.1f} tok/s", flush=True)
+    return level
 
 
 def measure_long_prompt(system: System, model: str, tokens: int, tag: str) -> tuple[float, int]:
@@ -100,12 +109,12 @@ def measure_long_prompt(system: System, model: str, tokens: int, tag: str) -> tu
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Start each system in turn, run the load, print the side-by-side table with ratios."""
+    """Start both systems, measure each size on the two in turn every round, print the table with ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--sizes", default="1,4,16,32,64")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=2, help="each system measured this many times, alternating")
+    parser.add_argument("--rounds", type=int, default=2, help="each size measured this many times on each system")
     parser.add_argument("--llama-server", default=None, help="path of a llama-server binary")
     parser.add_argument("--serve-args", default="", help="extra flags for `llmfleet serve` (default: none)")
     parser.add_argument("--long-prompt", type=int, default=1000, help="tokens of the TTFT prompt (0: skip)")
@@ -130,17 +139,27 @@ def main(argv: list[str] | None = None) -> None:
               flush=True)
         results: dict[str, list[list[LevelResult]]] = {"llama-server": [], "llmfleet": []}
         long_ttft: dict[str, list[float]] = {"llama-server": [], "llmfleet": []}
+        models = {llama.name: "model", fleet.name: model_id(args.model)}
         try:
+            for system in (llama, fleet):
+                started = time.monotonic()
+                system.start()
+                warm_up(system, models[system.name])
+                print(f"   {system.name} ready and warm in {time.monotonic() - started:.0f}s", flush=True)
             for round_ in range(args.rounds):
-                for system, model in ((llama, "model"), (fleet, model_id(args.model))):
-                    started = time.monotonic()
-                    system.start()
-                    results[system.name].append(measure(system, model, sizes, args.max_tokens, f"r{round_}"))
-                    if args.long_prompt:
-                        ttft, _ = measure_long_prompt(system, model, args.long_prompt, f"r{round_}")
+                started = time.monotonic()
+                pair = (llama, fleet) if round_ % 2 == 0 else (fleet, llama)
+                for system in pair:
+                    results[system.name].append([])
+                for size in sizes:
+                    for system in pair:
+                        results[system.name][-1].append(measure_level(system, models[system.name], size,
+                                                                      args.max_tokens, f"r{round_}"))
+                if args.long_prompt:
+                    for system in pair:
+                        ttft, _ = measure_long_prompt(system, models[system.name], args.long_prompt, f"r{round_}")
                         long_ttft[system.name].append(ttft)
-                    system.stop()
-                    print(f"   round {round_ + 1} {system.name}: {time.monotonic() - started:.0f}s", flush=True)
+                print(f"   round {round_ + 1}: {time.monotonic() - started:.0f}s", flush=True)
         finally:
             llama.stop()
             fleet.stop()
