@@ -66,7 +66,7 @@ from worker.engine.simd_wide import (
     wmadd_words,
     wpair_splat,
     wquad_splat,
-    wsplat,
+    wsplat_at,
     wstore_codes,
     wtop_bits,
     wzero,
@@ -218,8 +218,8 @@ def _q6k_quarter(scratch, flat_scales, table, h, flat_q, flat_offsets, a0, a1, a
         for e in range(2):
             run = 2 * g + e
             v0, v1, v2, v3 = _products(scratch, at, flat_q, a0 + col, a1 + col, a2 + col, a3 + col,
-                                       wsplat(flat_offsets[o0 + run]), wsplat(flat_offsets[o1 + run]),
-                                       wsplat(flat_offsets[o2 + run]), wsplat(flat_offsets[o3 + run]), 2 * e,
+                                       wsplat_at(flat_offsets, o0 + run), wsplat_at(flat_offsets, o1 + run),
+                                       wsplat_at(flat_offsets, o2 + run), wsplat_at(flat_offsets, o3 + run), 2 * e,
                                        2)  # (16,) int32 each
             i0, i1 = wdot_words(i0, v0, sub), wdot_words(i1, v1, sub)
             i2, i3 = wdot_words(i2, v2, sub), wdot_words(i3, v3, sub)
