@@ -159,6 +159,9 @@ class RotaryTable:
 
     def apply(self, x: Array, cos: Array, sin: Array) -> None:
         """Rotate the first rope_dim features of every head of x (N, H, Dh) in place."""
+        if xp is np and x.dtype == np.float32 and cos.dtype == np.float32:
+            kernels.rotate(x, cos, sin, self.rope_dim)  # the same arithmetic, compiled
+            return
         half = self.rope_dim // 2
         x1 = x[:, :, :half]  # (N, H, R/2) view
         x2 = x[:, :, half : self.rope_dim]  # (N, H, R/2) view

@@ -110,6 +110,16 @@ def widen(typingctx: Any, value: Any) -> Any:
 
 
 @intrinsic
+def narrow(typingctx: Any, value: Any) -> Any:
+    """A float32 as float16 bits (uint16), rounded to nearest even as numpy's astype(np.float16) rounds."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
 def vbroadcast(typingctx: Any, value: Any) -> Any:
     """One float32 in all eight lanes."""
 

@@ -1,4 +1,5 @@
-"""The compiled paged decode attention (float16 and float32 arenas) against the numpy reference on gathered, masked arrays."""
+"""The compiled paged decode attention (float16 and float32 arenas) against the numpy reference on gathered, masked
+arrays; SwiGLU, the KV row store and the rotary embedding against numpy, bit for bit."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from worker.engine import ops
+from worker.engine import kernels, ops
 
 
 def _reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tables: np.ndarray, lengths: np.ndarray,
@@ -86,3 +87,42 @@ def test_swiglu_kernel_matches_the_formula(rows: int, width: int) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     with np.errstate(over="ignore"):  # numpy's exp(100) is inf, and gate / inf the right 0
         np.testing.assert_allclose(ops.swiglu(np.asfortranarray(gate_up)), want, rtol=1e-5, atol=1e-5)  # numpy path
+
+
+@pytest.mark.parametrize("rows", [1, 16, 300])
+def test_row_store_rounds_as_numpy(rows: int) -> None:
+    """float32 rows (a strided view, as the step's k and v are) into a float16 arena give numpy's float16 bits,
+    overflow, underflow, signed zero and ties included; a float32 arena takes them as they are."""
+    rng = np.random.default_rng(rows)
+    qkv = rng.standard_normal((rows, 3, 4, 16)).astype(np.float32) * 4  # (N, q|k|v, Hkv, Dh)
+    qkv[0, 1, 0] = [7e4, -7e4, 1e-8, -1e-8, 6e-5, 65504, 65520, 0.0, -0.0, 2.9802322e-08, 5.96e-08, 1e-6,
+                    1.00048828125, 1.00146484375, 3.0e38, -3.0e-39]  # ties to even, subnormals, beyond float16
+    k = qkv[:, 1]  # (N, Hkv, Dh), not contiguous
+    slots = rng.choice(50 * 8, rows, replace=False)
+    blocks, offsets = slots // 8, slots % 8  # (N,) each, distinct positions
+    for dtype in (np.float16, np.float32):
+        arena, expected = np.zeros((4, 50, 8, 16), dtype), np.zeros((4, 50, 8, 16), dtype)  # (Hkv, NB, BS, Dh)
+        with np.errstate(over="ignore"):
+            expected[:, blocks, offsets] = k.transpose(1, 0, 2)  # (Hkv, N, Dh)
+        kernels.store_rows(arena, blocks, offsets, k)
+        np.testing.assert_array_equal(arena.view(np.uint8), expected.view(np.uint8))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_rotary_kernel_is_the_numpy_passes_bit_for_bit(rows: int) -> None:
+    """RotaryTable.apply's compiled loop on a strided (N, H, Dh) view equals its four numpy passes exactly."""
+    rng = np.random.default_rng(rows)
+    table = ops.RotaryTable(48, 10000.0, 4096)  # rope_dim below head_dim: the rest stays as it was
+    qkv = (rng.standard_normal((rows, 7 * 64 + 64)) * 5).astype(np.float32)  # (N, (H + Hkv) * Dh + more)
+    x = qkv[:, : 7 * 64].reshape(rows, 7, 64)  # (N, H, Dh) view
+    cos, sin = table.angles(rng.integers(0, 4096, rows))  # (N, 1, 24) each
+    expected = x.copy()  # (N, H, Dh)
+    half = 24
+    first, second = expected[:, :, :half], expected[:, :, half:48]
+    old = first.copy()
+    first *= cos
+    first -= second * sin
+    second *= cos
+    second += old * sin
+    table.apply(x, cos, sin)
+    np.testing.assert_array_equal(x, expected)
