@@ -243,6 +243,41 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope_dim: int) -> No
     _rotate(x, cos, sin, rope_dim // 2)
 
 
+@njit(nogil=True, cache=True)
+def _rms_rows(x, eps, out):  # pragma: no cover (compiled)
+    """out[n] = x[n] / sqrt(mean of x[n]'s squares + eps) for x, out (N, D) row-major float32: the squares summed in
+    two eight-lane chains (fused multiply-adds, lane i of chain j taking columns 16c + 8j + i in order), the chains
+    and lanes added in one fixed order, the tail in order after them; whatever the rows around it."""
+    n_rows, width = x.shape
+    whole = width // (2 * LANES) * (2 * LANES)
+    flat, flat_out = x.reshape(-1), out.reshape(-1)  # (N*D,) each
+    inverse_width = np.float32(1.0 / width)
+    for n in range(n_rows):
+        at = n * width
+        first, second = vzero(), vzero()  # (8,) each
+        for c in range(at, at + whole, 2 * LANES):
+            a, b = vload(flat, c), vload(flat, c + LANES)  # (8,) each
+            first, second = vfma(a, a, first), vfma(b, b, second)  # (8,) each
+        total = vsum(vadd(first, second))
+        for c in range(at + whole, at + width):
+            total += flat[c] * flat[c]
+        scale = np.float32(math.sqrt(total * inverse_width + eps))
+        divisor = vbroadcast(scale)  # (8,)
+        for c in range(at, at + width - width % LANES, LANES):
+            vstore(flat_out, c, vdiv(vload(flat, c), divisor))  # (8,): each quotient rounded once, as a scalar's
+        for c in range(at + width - width % LANES, at + width):
+            flat_out[c] = flat[c] / scale
+
+
+def rms_rows(x: np.ndarray, eps: float) -> np.ndarray:
+    """Every row of x (N, D) float32 divided by its root mean square (+ eps), each row in one fixed order whatever
+    the step holds (batch invariance): (N, D), a new array."""
+    x = np.ascontiguousarray(x)
+    out = np.empty_like(x)  # (N, D)
+    _rms_rows(x, np.float32(eps), out)
+    return out
+
+
 SWIGLU_CHUNK = 256  # columns per task of the SwiGLU kernel
 
 
@@ -284,6 +319,7 @@ def warm_up() -> None:
         paged_attend_decode(np.zeros((1, 2, head_dim), np.float32), keys, keys, np.ones((1, 1), np.int64),
                             np.ones(1, np.int64), np.zeros(1, np.int64))
     swiglu(np.zeros((2, 2 * SWIGLU_CHUNK + 2 * LANES + 2), np.float32))
+    rms_rows(np.ones((1, 3 * LANES), np.float32), 1e-6)
     rows = np.zeros((1, 2, 1, 8), np.float32)[:, 1]  # (N, Hkv, Dh), strided as a step's k and v
     store_rows(np.zeros((1, 2, 4, 8), np.float16), np.zeros(1, np.int64), np.zeros(1, np.int64), rows)
     angles = np.zeros((1, 1, 4), np.float32)  # (N, 1, R/2)

@@ -126,3 +126,21 @@ def test_rotary_kernel_is_the_numpy_passes_bit_for_bit(rows: int) -> None:
     second += old * sin
     table.apply(x, cos, sin)
     np.testing.assert_array_equal(x, expected)
+
+
+@pytest.mark.parametrize("width", [5, 17, 50, 640, 2048])
+def test_rms_rows_is_the_formula_and_the_same_row_alone(width: int) -> None:
+    """Each row over its root mean square, within float32 rounding of the float64 formula, and bit for bit the same
+    alone, among 40 others and as a strided view (ops.rms_normalize's and rms_normalize_heads' compiled path)."""
+    rng = np.random.default_rng(width)
+    x = (rng.standard_normal((40, width)) * rng.uniform(0.01, 30, (40, 1))).astype(np.float32)  # (40, D)
+    together = ops.rms_normalize(x, 1e-5)  # (40, D)
+    wide = x.astype(np.float64)
+    expected = wide / np.sqrt((wide * wide).mean(axis=1, keepdims=True) + 1e-5)  # (40, D)
+    np.testing.assert_allclose(together, expected, rtol=2e-6, atol=1e-7)
+    for k in (0, 7, 39):
+        np.testing.assert_array_equal(ops.rms_normalize(x[k : k + 1], 1e-5)[0], together[k])
+    strided = np.repeat(x, 2, axis=0)[::2]  # (40, D), every other row of a larger array
+    np.testing.assert_array_equal(ops.rms_normalize(strided, 1e-5), together)
+    heads = ops.rms_normalize_heads(x.reshape(8, 5, width), 1e-5)  # (8, 5, D): rows as heads
+    np.testing.assert_array_equal(heads.reshape(40, width), together)
