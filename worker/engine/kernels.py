@@ -7,7 +7,9 @@ than the attention itself. Every row of a step is one query of it, a decode toke
 kernel holds its running sums in eight-lane vectors (simd.py), which numba's own vectorisation of the same loops
 did not keep in registers. The matmuls are in block_kernels.py, interleaved_k_kernels.py and interleaved_kernels.py; the threading
 set-up and launch lock all use are in numba_runtime.py. SwiGLU runs here as well, across the kernel threads:
-numpy's four single-threaded passes left the second core idle.
+numpy's four single-threaded passes left the second core idle. So do the small per-row steps whose numpy passes
+cost more than their arithmetic (each in one thread, no launch): the KV row store, RoPE (both bit for bit numpy's)
+and RMS normalisation (one fixed order per row).
 
 Parallel kernels prefer numba's OpenMP layer: on the 2-core machine the `workqueue` layer launched the block
 matmul at half the speed (15-24 ms against 10 ms for SmolLM2's matrices). Where OpenMP is missing numba falls
