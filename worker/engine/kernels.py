@@ -217,7 +217,7 @@ def _store_halves(rows, arena, blocks, offsets):  # pragma: no cover (compiled)
 def store_rows(arena: np.ndarray, blocks: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> None:
     """Keys or values rows (N, Hkv, Dh) into one layer's arena (Hkv, NB, BS, Dh) at (blocks, offsets) (N,) each:
     float32 rows into a float16 arena by a compiled loop (numpy's rounding, without its scatter's transposed copy:
-    4x faster at 16 rows), anything else by numpy."""
+    about 3x faster at 16 rows), anything else by numpy."""
     if arena.dtype == np.float16 and rows.dtype == np.float32:
         _store_halves(rows, arena.view(np.uint16), blocks, offsets)
     else:
@@ -240,8 +240,8 @@ def _rotate(x, cos, sin, half):  # pragma: no cover (compiled)
 
 def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope_dim: int) -> None:
     """Rotary embedding of the first rope_dim features of every head of x (N, H, Dh) float32, in place, in half-
-    rotation (NEOX) form; cos, sin (N, 1, rope_dim / 2) float32. Bit for bit RotaryTable's numpy passes, 10x faster
-    at 16 rows."""
+    rotation (NEOX) form; cos, sin (N, 1, rope_dim / 2) float32. Bit for bit RotaryTable's numpy passes, about 3x
+    faster at 16 rows."""
     _rotate(x, cos, sin, rope_dim // 2)
 
 
