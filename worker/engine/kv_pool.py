@@ -98,9 +98,5 @@ class KVPool:
 
     def write(self, layer: int, blocks: Array, offsets: Array, k: Array, v: Array) -> None:
         """Store new keys/values k, v (N, Hkv, Dh) at (blocks, offsets) (N,) of one layer."""
-        if ops.xp is np:
-            kernels.store_rows(self.keys[layer], blocks, offsets, k)  # (Hkv, NB, BS, Dh) <- (N, Hkv, Dh)
-            kernels.store_rows(self.values[layer], blocks, offsets, v)
-            return
-        self.keys[layer][:, blocks, offsets] = k.transpose(1, 0, 2)  # (Hkv, N, Dh)
-        self.values[layer][:, blocks, offsets] = v.transpose(1, 0, 2)  # (Hkv, N, Dh)
+        kernels.store_rows(self.keys[layer], blocks, offsets, k)  # (Hkv, NB, BS, Dh) <- (N, Hkv, Dh)
+        kernels.store_rows(self.values[layer], blocks, offsets, v)
