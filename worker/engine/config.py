@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.engine.errors import ModelLoadError
+from worker.engine.rope_scaling import RopeScaling, rope_scaling_from_metadata
 
 KV_ELEMENT_BYTES = 2  # the KV pool keeps keys and values as float16 by default (kv_pool.KV_DTYPE), as llama.cpp does
 
@@ -27,9 +28,12 @@ class ModelConfig:
     rope_base: float
     rope_dim: int
     sliding_window: int = 0  # keys a sliding-window layer sees (itself included); 0: the architecture has none
+    sliding_window_pattern: int = 0  # one global layer in every this many (0: the architecture's own default)
+    rope_base_swa: float = 10000.0  # RoPE base of sliding-window layers (llama.cpp's default when the file has none)
     final_logit_softcap: float = 0.0  # logits -> cap * tanh(logits / cap) when > 0
     layer_norm_eps: float = 1e-12  # LayerNorm epsilon of encoder (BERT-family) models
     pooling_type: int = 0  # what an embedding model's file declares: 1 mean, 2 CLS, 3 last token (0 none)
+    rope_scaling: RopeScaling = RopeScaling()  # linear or YaRN context scaling of the rotary frequencies
 
     @property
     def group_size(self) -> int:
@@ -67,6 +71,11 @@ class ModelConfig:
         vocab = int(metadata.get(f"{arch}.vocab_size", len(tokens) if isinstance(tokens, list) else 0))
         if n_kv_heads <= 0 or n_heads % n_kv_heads:
             raise ModelLoadError(path, f"head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")
+        value_dim = int(metadata.get(f"{arch}.attention.value_length", head_dim))
+        if value_dim != head_dim:
+            raise ModelLoadError(path, f"metadata {arch}.attention.value_length = {value_dim} differs from key_length "
+                                       f"{head_dim}: the engine's KV pool holds keys and values of one width")
+        context_length = int(metadata.get(f"{arch}.context_length", 2048))
         return cls(
             architecture=arch,
             vocab_size=vocab,
@@ -76,12 +85,23 @@ class ModelConfig:
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
             d_ff=int(need("feed_forward_length")),
-            context_length=int(metadata.get(f"{arch}.context_length", 2048)),
+            context_length=context_length,
             rms_eps=float(metadata.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             rope_base=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
             rope_dim=int(metadata.get(f"{arch}.rope.dimension_count", head_dim)),
             sliding_window=int(metadata.get(f"{arch}.attention.sliding_window", 0) or 0),
+            sliding_window_pattern=_int_key(metadata, f"{arch}.attention.sliding_window_pattern", path),
+            rope_base_swa=float(metadata.get(f"{arch}.rope.freq_base_swa", 10000.0)),
             final_logit_softcap=float(metadata.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
             layer_norm_eps=float(metadata.get(f"{arch}.attention.layer_norm_epsilon", 1e-12)),
             pooling_type=int(metadata.get(f"{arch}.pooling_type", 0) or 0),
+            rope_scaling=rope_scaling_from_metadata(metadata, arch, context_length, path),
         )
+
+
+def _int_key(metadata: dict[str, Any], key: str, path: str) -> int:
+    """An integer key (0 when absent); a per-layer array where the engine takes one number is refused by name."""
+    value = metadata.get(key, 0)
+    if isinstance(value, list):
+        raise ModelLoadError(path, f"metadata {key} is a per-layer array: the engine reads one number there")
+    return int(value or 0)

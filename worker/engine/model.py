@@ -14,6 +14,7 @@ from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.config import ModelConfig
 from worker.engine.errors import ContextLengthError, EngineError, ModelLoadError, StepInterrupted
+from worker.engine.file_fields import TensorReads, refuse_unread_keys
 from worker.engine.forward_batch import BatchEntry, ForwardBatch
 from worker.engine.gguf_file import read_gguf
 from worker.engine.k_blocks import has_k_form
@@ -52,14 +53,16 @@ class Model:
             raise ModelLoadError(path, "the file is a LoRA adapter, not a model: load it with POST /admin/loras")
         config = ModelConfig.from_metadata(contents.metadata, str(path))
         architecture = architecture_for(config, str(path))
+        refuse_unread_keys(contents.metadata, config.architecture, architecture.metadata_keys, str(path))
         set_spin(with_blas=bool(getattr(architecture, "encoder", False)))  # before the first parallel launch
-        tensors: dict[str, Any] = dict(contents.tensors)
+        tensors = TensorReads(contents.tensors)
         for name, raw in contents.quantized.items():
             group = code_group(raw.kind, raw.shape[1])
             tensors[name] = PendingLinear(name, raw.shape, group, raw.decode)  # type: ignore[arg-type]
         directory = cache_dir() if repack_dir == "default" else None if repack_dir is None else Path(repack_dir)
-        weights = materialize(architecture.load(tensors, config, str(path)),
-                              lambda pendings: cached_blocks(path, pendings, directory))
+        loaded = architecture.load(tensors, config, str(path))
+        tensors.refuse_unread(config.architecture, str(path))  # before any repack work
+        weights = materialize(loaded, lambda pendings: cached_blocks(path, pendings, directory))
         if directory is not None:  # the weights are views of the repack file now: the GGUF pages read are not needed
             contents.drop_resident_pages()
         # compiled now, not in the first steps of each width (the float32 kernel serves float weights and LoRA)

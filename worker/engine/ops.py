@@ -14,6 +14,7 @@ from worker.engine import block_kernels, interleaved_k_kernels, interleaved_kern
 from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.interleaved_k_blocks import InterleavedK
 from worker.engine.quantized import Blocks, PendingLinear, QuantizedLinear, StackedBlocks
+from worker.engine.rope_scaling import RopeScaling, rotary_cos_sin
 
 xp: Any = np  # the array module of the forward path
 Array = Any  # an array of the backend in `xp`
@@ -148,14 +149,15 @@ def rms_norm(x: Array, weight: Array, eps: float) -> Array:
 
 
 class RotaryTable:
-    """Cosine/sine tables for rotary position embeddings in half-rotation (NEOX) form."""
+    """Cosine/sine tables for rotary position embeddings in half-rotation (NEOX) form, scaled as the file says
+    (rope_scaling.py)."""
 
-    def __init__(self, rope_dim: int, base: float, max_positions: int) -> None:
+    def __init__(self, rope_dim: int, base: float, max_positions: int, scaling: RopeScaling | None = None,
+                 freq_factors: np.ndarray | None = None) -> None:
         self.rope_dim = rope_dim
-        inv_freq = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)  # (R/2,)
-        angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (P, R/2)
-        self.cos = xp.asarray(np.cos(angles).astype(np.float32))  # (P, R/2)
-        self.sin = xp.asarray(np.sin(angles).astype(np.float32))  # (P, R/2)
+        cos, sin = rotary_cos_sin(rope_dim, base, max_positions, scaling, freq_factors)  # (P, R/2) x2
+        self.cos = xp.asarray(cos)  # (P, R/2)
+        self.sin = xp.asarray(sin)  # (P, R/2)
 
     def angles(self, positions: Array) -> tuple[Array, Array]:
         """Cosines and sines for the given positions, shaped to broadcast over heads."""

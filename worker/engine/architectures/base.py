@@ -16,6 +16,7 @@ class Architecture(Protocol):
     """One model family. Everything numeric goes through worker.engine.ops; weights come from `load`."""
 
     name: str
+    metadata_keys: frozenset[str]  # the `{name}.*` GGUF keys it honours (file_fields.py refuses the others)
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> Any:
         """Map GGUF tensors to this architecture's weights (folding and fusing passes included)."""
@@ -41,6 +42,7 @@ class Encoder(Protocol):
 
     name: str
     encoder: bool  # True
+    metadata_keys: frozenset[str]  # the `{name}.*` GGUF keys it honours
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> Any:
         """Map GGUF tensors to this architecture's weights."""

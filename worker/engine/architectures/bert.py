@@ -68,6 +68,10 @@ class Bert:
     """x = LN(tok + pos + type0); per layer x = LN(x + Wo·attn(Wqkv·x)); x = LN(x + Wdown·GELU(Wup·x))."""
 
     name = "bert"
+    metadata_keys = frozenset({"block_count", "context_length", "embedding_length", "feed_forward_length",
+                               "attention.head_count", "attention.head_count_kv", "attention.key_length",
+                               "attention.value_length", "attention.layer_norm_epsilon", "attention.causal",
+                               "pooling_type", "vocab_size"})  # an encoder: bidirectional attention by nature
     encoder = True  # embedding-only: Model.encode, never Model.forward or a KV pool
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> BertWeights:

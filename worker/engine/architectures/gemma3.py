@@ -1,9 +1,10 @@
 """The `gemma3` architecture: QK-norm, norms before and after attention and MLP, GeGLU, √D-scaled embeddings,
 sliding-window attention (window from metadata) on five of every six layers, a separate RoPE base for those.
 
-What the GGUF metadata does not say is taken from llama.cpp's gemma3 graph: layer i is global when
-i % 6 == 5, local layers use RoPE base 10000 (global ones the file's freq_base), the query scale is
-1/sqrt(head_dim) applied after QK-norm, and the converter already added Gemma's +1 to every norm weight.
+As llama.cpp's gemma3 loader and graph: layer i is global when i % P == P - 1 (P the file's
+attention.sliding_window_pattern, 6 when it names none), local layers use rope.freq_base_swa (10000 when absent) and
+no context scaling, global ones the file's freq_base and scaling; the query scale is 1/sqrt(head_dim) applied after
+QK-norm, and the converter already added Gemma's +1 to every norm weight.
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ import numpy as np
 from worker.engine import ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, take
 from worker.engine.config import ModelConfig
+from worker.engine.file_fields import DECODER_KEYS
 from worker.engine.forward_batch import ForwardBatch
 from worker.engine.lora_targets import LoraPart, LoraTarget
 from worker.engine.ops import Array, RotaryTable
 
-SLIDING_WINDOW_PATTERN = 6  # every 6th layer (i % 6 == 5) attends globally
-LOCAL_ROPE_BASE = 10000.0
+SLIDING_WINDOW_PATTERN = 6  # every 6th layer (i % 6 == 5) attends globally, unless the file names another pattern
 
 
-def is_global_layer(layer: int) -> bool:
+def is_global_layer(layer: int, pattern: int = SLIDING_WINDOW_PATTERN) -> bool:
     """Whether a layer attends over the whole sequence (the others use the sliding window)."""
-    return layer % SLIDING_WINDOW_PATTERN == SLIDING_WINDOW_PATTERN - 1
+    return layer % pattern == pattern - 1
 
 
 @dataclass(frozen=True)
@@ -73,19 +74,22 @@ class Gemma3:
     """x += post_norm(Wo·attn(RoPE(QKnorm(Wqkv·norm(x))))); x += post_norm(Wdown·GeGLU(Wgate_up·norm(x)))."""
 
     name = "gemma3"
+    metadata_keys = DECODER_KEYS | {"attention.sliding_window", "attention.sliding_window_pattern",
+                                    "rope.freq_base_swa", "final_logit_softcapping"}
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> Gemma3Weights:
         """Map GGUF tensors to fused, matmul-ready weights (Q/K rows are already in half-rotation order)."""
         d, f, v, dh = config.d_model, config.d_ff, config.vocab_size, config.head_dim
         q_dim, kv_dim = config.n_heads * dh, config.n_kv_heads * dh
         query_scale = np.float32(1.0 / np.sqrt(dh))
-        global_rotary = RotaryTable(config.rope_dim, config.rope_base, config.context_length)
-        local_rotary = (RotaryTable(config.rope_dim, LOCAL_ROPE_BASE, config.context_length)
+        global_rotary = RotaryTable(config.rope_dim, config.rope_base, config.context_length, config.rope_scaling)
+        local_rotary = (RotaryTable(config.rope_dim, config.rope_base_swa, config.context_length)
                         if config.sliding_window > 0 else global_rotary)
+        pattern = config.sliding_window_pattern or SLIDING_WINDOW_PATTERN
         layers = []
         for i in range(config.n_layers):
             p = f"blk.{i}."
-            local = config.sliding_window > 0 and not is_global_layer(i)
+            local = config.sliding_window > 0 and not is_global_layer(i, pattern)
             attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
             ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
             layers.append(Gemma3Layer(

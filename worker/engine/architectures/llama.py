@@ -9,6 +9,7 @@ import numpy as np
 from worker.engine import ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, scale_rows, take, unpermute_rope_rows
 from worker.engine.config import ModelConfig
+from worker.engine.file_fields import DECODER_KEYS
 from worker.engine.forward_batch import ForwardBatch
 from worker.engine.lora_targets import LoraPart, LoraTarget
 from worker.engine.ops import Array, RotaryTable
@@ -23,12 +24,15 @@ class LlamaLayer:
     wo: Array  # (D, H*Dh)
     w_gate_up: Array  # (2F, D) fused gate/up projection, ffn_norm folded in
     w_down: Array  # (D, F)
+    q_norm: Array | None = None  # (Dh,) QK-norm weight of queries, 1/sqrt(Dh) folded in (Qwen3), or None
+    k_norm: Array | None = None  # (Dh,) QK-norm weight of keys, or None
 
     @property
     def nbytes(self) -> int:
         """Bytes of all arrays in the block."""
         arrays = [self.wqkv, self.wo, self.w_gate_up, self.w_down]
-        return sum(a.nbytes for a in arrays) + (0 if self.bqkv is None else self.bqkv.nbytes)
+        optional = [a for a in (self.bqkv, self.q_norm, self.k_norm) if a is not None]
+        return sum(a.nbytes for a in arrays + optional)
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,9 @@ class Llama:
 
     name = "llama"
     rope_rows_permuted = True  # llama.cpp's converter permutes Q/K rows for adjacent-pair RoPE
+    reads_rope_freqs = True  # Llama 3's per-dimension frequency factors (`rope_freqs.weight`), when the file has them
+    qk_norm = False  # per-head RMS norm of queries and keys before RoPE (Qwen3), the query scale after it
+    metadata_keys = DECODER_KEYS
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> LlamaWeights:
         """Map GGUF tensor names to fused, matmul-ready weights (Q/K rows restored to half-rotation order)."""
@@ -69,11 +76,13 @@ class Llama:
             if self.rope_rows_permuted:
                 wq = unpermute_rope_rows(wq, config.n_heads)  # (H*Dh, D)
                 wk = unpermute_rope_rows(wk, config.n_kv_heads)  # (Hkv*Dh, D)
-            wq = scale_rows(wq, query_scale)  # (H*Dh, D)
+            row_scale = np.float32(1.0) if self.qk_norm else query_scale  # QK-norm: the scale goes after the norm
+            if not self.qk_norm:
+                wq = scale_rows(wq, query_scale)  # (H*Dh, D)
             bqkv = None
             if p + "attn_q.bias" in tensors:
                 bqkv = np.concatenate([
-                    take(tensors, p + "attn_q.bias", (q_dim,), path) * query_scale,
+                    take(tensors, p + "attn_q.bias", (q_dim,), path) * row_scale,
                     take(tensors, p + "attn_k.bias", (kv_dim,), path),
                     take(tensors, p + "attn_v.bias", (kv_dim,), path),
                 ]).astype(np.float32)  # (H*Dh + 2*Hkv*Dh,)
@@ -88,6 +97,10 @@ class Llama:
                     take(tensors, p + "ffn_up.weight", (f, d), path),
                 ), ffn_norm)),  # (2F, D)
                 w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
+                q_norm=ops.asarray(take(tensors, p + "attn_q_norm.weight", (config.head_dim,), path)
+                                   * query_scale) if self.qk_norm else None,  # (Dh,)
+                k_norm=ops.asarray(take(tensors, p + "attn_k_norm.weight", (config.head_dim,), path))
+                if self.qk_norm else None,  # (Dh,)
             ))
         embedding = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D) rows looked up
         output = (ops.weight(take(tensors, "output.weight", (v, d), path))
@@ -98,8 +111,15 @@ class Llama:
             layers=tuple(layers),
             output_norm=ops.asarray(take(tensors, "output_norm.weight", (d,), path)),
             output=output,
-            rotary=RotaryTable(config.rope_dim, config.rope_base, config.context_length),
+            rotary=RotaryTable(config.rope_dim, config.rope_base, config.context_length, config.rope_scaling,
+                               self.rope_freq_factors(tensors, config, path)),
         )
+
+    def rope_freq_factors(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> np.ndarray | None:
+        """Llama 3's `rope_freqs.weight` (R/2,) dividing each pair's frequency, or None (absent, or not read here)."""
+        if not self.reads_rope_freqs or "rope_freqs.weight" not in tensors:
+            return None
+        return np.asarray(take(tensors, "rope_freqs.weight", (config.rope_dim // 2,), path), np.float64)  # (R/2,)
 
     def lora_targets(self, config: ModelConfig) -> tuple[LoraTarget, ...]:
         """The projections adapters may target, with the transforms `load` gives their base weights."""
@@ -108,7 +128,8 @@ class Llama:
         permuted = self.rope_rows_permuted
         return (
             LoraTarget("qkv", (
-                LoraPart("attn_q", q_dim, d, config.n_heads if permuted else 0, float(np.float32(1.0 / np.sqrt(config.head_dim)))),
+                LoraPart("attn_q", q_dim, d, config.n_heads if permuted else 0,
+                         1.0 if self.qk_norm else float(np.float32(1.0 / np.sqrt(config.head_dim)))),
                 LoraPart("attn_k", kv_dim, d, config.n_kv_heads if permuted else 0),
                 LoraPart("attn_v", kv_dim, d)), "attn_norm"),
             LoraTarget("o", (LoraPart("attn_output", d, q_dim),)),
@@ -130,6 +151,10 @@ class Llama:
         if w.bqkv is not None:
             qkv += w.bqkv
         qk = qkv[:, : q_dim + kv_dim].reshape(-1, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)  # (N, H+Hkv, Dh)
+        if w.q_norm is not None:
+            qk = ops.rms_normalize_heads(qk, cfg.rms_eps)  # (N, H+Hkv, Dh)
+            qk[:, : cfg.n_heads] *= w.q_norm  # (N, H, Dh)
+            qk[:, cfg.n_heads :] *= w.k_norm  # (N, Hkv, Dh)
         cos, sin = batch.rope_angles(weights.rotary)  # (N, 1, R/2) x2
         weights.rotary.apply(qk, cos, sin)
         q = qk[:, : cfg.n_heads]  # (N, H, Dh)

@@ -10,3 +10,4 @@ class Qwen2(Llama):
 
     name = "qwen2"
     rope_rows_permuted = False
+    reads_rope_freqs = False  # llama.cpp's qwen2 graph has no frequency factors
