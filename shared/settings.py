@@ -134,7 +134,7 @@ class Settings:
     pool_keep_alive_s: float = _setting(300.0, "An idle pool model unloads after this; a request's keep_alive "
                                         "overrides it (there 0 = once idle, negative = never).")
     pool_load_timeout_s: float = _setting(180.0, "An on-demand load not ready by then fails (its waiting requests get "
-                                          "the error).")
+                                          "the error); `serve`'s eager models wait for theirs.")
     pool_failure_ttl_s: float = _setting(30.0, "A failed load is remembered (refused at once) this long.")
     responses_ttl_s: float = _setting(30 * 86400.0, "How long a stored Responses API response lives (30 days, as "
                                       "OpenAI's).")
@@ -144,7 +144,7 @@ class Settings:
                                      "`none` (left in the content); a request's reasoning_format overrides.")
     causal_embeddings: int = _setting(0, "1: a worker of a generative (causal) model serves embeddings by pooling "
                                       "its hidden states (llama-server's --embeddings); 0: such requests are a 400 "
-                                      "naming the model.")
+                                      "naming the model. Embedding models such as all-minilm-l6-v2 always embed.")
     log_level: str = _setting("INFO", "The log level; logs carry ids and lengths, never prompt or completion text.")
 
     def __post_init__(self) -> None:
