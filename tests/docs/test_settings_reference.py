@@ -12,7 +12,7 @@ import pytest
 
 from llmfleet.cli import build_parser
 from shared.settings import ENV, Settings, SettingsError, allowed, doc
-from shared.settings_reference import COMMAND, OTHERS, REFERENCE_PATH, render
+from shared.settings_reference import COMMAND, OTHERS, REFERENCE_PATH, Other, render
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIABLE = re.compile(r"\b(?:LLMFLEET_[A-Z0-9_]*[A-Z0-9]|REDIS_URL)\b")
@@ -54,9 +54,8 @@ def test_every_variable_the_product_reads_is_documented() -> None:
 
 
 @pytest.mark.parametrize("other", OTHERS, ids=lambda o: o.variable)
-def test_each_variable_outside_settings_is_read_where_the_reference_says(other: object) -> None:
-    variable, read_by = other.variable, other.read_by  # type: ignore[attr-defined]
-    assert variable in (ROOT / read_by).read_text()
+def test_each_variable_outside_settings_is_read_where_the_reference_says(other: Other) -> None:
+    assert other.variable in (ROOT / other.read_by).read_text()
 
 
 def test_the_docs_name_only_variables_that_exist() -> None:
