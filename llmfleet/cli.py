@@ -16,6 +16,7 @@ from pathlib import Path
 
 from llmfleet.catalogue import CatalogueError
 from shared.settings import Settings, SettingsError
+from shared.settings_reference import help_text
 from worker.engine.errors import EngineError
 from worker.models import ModelResolveError, pull, resolve
 
@@ -200,12 +201,11 @@ def _add_pool_flags(parser: argparse.ArgumentParser) -> None:
     """The node agent's catalogue file and capacity."""
     parser.add_argument("--catalogue", default=None, metavar="FILE", help='models this node may load: JSON '
                         '{"models": {"id": "alias, .gguf path or hf:owner/repo/file.gguf"}}')
-    parser.add_argument("--max-loaded", type=int, default=None, help="workers loaded at once at most "
-                        "(LLMFLEET_POOL_MAX_LOADED; 0 = as many as the memory budget allows)")
-    parser.add_argument("--memory-mib", dest="pool_memory_mib", type=float, default=None, help="memory budget "
-                        "of the loaded workers, weights + KV pool each (LLMFLEET_POOL_MEMORY_MIB; 0 = 80%% of RAM)")
+    parser.add_argument("--max-loaded", type=int, default=None, help=help_text("pool_max_loaded"))
+    parser.add_argument("--memory-mib", dest="pool_memory_mib", type=float, default=None,
+                        help=help_text("pool_memory_mib"))
     parser.add_argument("--keep-alive", dest="pool_keep_alive_s", type=float, default=None, metavar="S",
-                        help="an idle model unloads after this (LLMFLEET_POOL_KEEP_ALIVE_S, 300; -1 = never)")
+                        help=help_text("pool_keep_alive_s"))
 
 
 def _slots_flag(raw: str) -> int:
@@ -216,26 +216,21 @@ def _slots_flag(raw: str) -> int:
 def _add_server_flags(parser: argparse.ArgumentParser, *, gateway: bool, worker: bool) -> None:
     """Flags of the long-running commands; each defaults to its environment variable."""
     if gateway:
-        parser.add_argument("--host", default=None, help="listen address (LLMFLEET_HOST, default 127.0.0.1)")
-        parser.add_argument("--port", type=int, default=None, help="listen port (LLMFLEET_PORT, default 8000)")
+        parser.add_argument("--host", default=None, help=help_text("host"))
+        parser.add_argument("--port", type=int, default=None, help=help_text("port"))
         parser.add_argument("--allow-open", dest="allow_open", action="store_const", const=1, default=None,
-                            help="serve a non-loopback address with no API key (LLMFLEET_ALLOW_OPEN=1); without a "
-                            "key or this, such a gateway refuses to start")
-        parser.add_argument("--queue-limit", type=int, default=None, help="waiting jobs per model before 429 "
-                            "(LLMFLEET_QUEUE_LIMIT)")
-        parser.add_argument("--max-body-bytes", type=int, default=None, help="LLMFLEET_MAX_BODY_BYTES")
+                            help=help_text("allow_open", sets="1"))
+        parser.add_argument("--queue-limit", type=int, default=None, help=help_text("queue_limit"))
+        parser.add_argument("--max-body-bytes", type=int, default=None, help=help_text("max_body_bytes"))
     if worker:
-        parser.add_argument("--slots", type=_slots_flag, default=None, help="sequences per worker, or auto "
-                            "(LLMFLEET_SLOTS; auto = derived from the KV budget, up to 64)")
-        parser.add_argument("--threads", type=int, default=None, help="BLAS threads per worker (LLMFLEET_THREADS; "
-                            "0 = every core, split among serve's workers)")
-        parser.add_argument("--kv-budget-mib", type=float, default=None, help="the KV pool (LLMFLEET_KV_BUDGET_MIB, 1024)")
+        parser.add_argument("--slots", type=_slots_flag, default=None, help=help_text("slots"))
+        parser.add_argument("--threads", type=int, default=None, help=help_text("threads"))
+        parser.add_argument("--kv-budget-mib", type=float, default=None, help=help_text("kv_budget_mib"))
         parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_const", const=0, default=None,
-                            help="do not reuse the KV of shared prompt prefixes (LLMFLEET_PREFIX_CACHE=0)")
-        parser.add_argument("--max-batch-tokens", type=int, default=None, help="LLMFLEET_MAX_BATCH_TOKENS (2048)")
-        parser.add_argument("--max-prefill-tokens", type=int, default=None, help="LLMFLEET_MAX_PREFILL_TOKENS (512)")
-        parser.add_argument("--chat-template", default=None, metavar="FILE", help="a jinja2 chat template used "
-                            "instead of the model's own; base models need one for chat (LLMFLEET_CHAT_TEMPLATE)")
+                            help=help_text("prefix_cache", sets="0"))
+        parser.add_argument("--max-batch-tokens", type=int, default=None, help=help_text("max_batch_tokens"))
+        parser.add_argument("--max-prefill-tokens", type=int, default=None, help=help_text("max_prefill_tokens"))
+        parser.add_argument("--chat-template", default=None, metavar="FILE", help=help_text("chat_template"))
 
 
 def cmd_healthcheck(args: argparse.Namespace) -> int:

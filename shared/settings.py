@@ -23,6 +23,18 @@ _POSITIVE_FLOATS = (
     "batch_lease_s", "lora_memory_mib", "prefix_ttl_s", "steal_after_s", "pool_load_timeout_s",
     "pool_failure_ttl_s", "responses_ttl_s",
 )
+_NON_NEGATIVE = (
+    "deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
+    "public_metrics", "any_model_name", "prefix_placement", "placement_balance_abs", "pool_max_loaded",
+    "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings",
+)
+_CHOICES = {"log_level": _LOG_LEVELS, "reasoning_format": REASONING_FORMATS, "kv_dtype": _KV_DTYPES}
+_LONGER_THAN_HEARTBEAT = ("heartbeat_ttl_s", "lease_s")
+
+
+def _setting(default: Any, doc: str, *, secret: bool = False) -> Any:
+    """A Settings field with its meaning, which the configuration reference and the CLI's --help print."""
+    return field(default=default, repr=not secret, metadata={"doc": doc})
 
 
 class SettingsError(ValueError):
@@ -33,68 +45,107 @@ class SettingsError(ValueError):
 class Settings:
     """All knobs of gateway and workers; see ENV for the environment variable of each field."""
 
-    redis_url: str = field(default="redis://localhost:6379/0", repr=False)  # may hold a password
-    redis_max_connections: int = 64  # the gateway's connection pool; requests wait for a free connection
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = field(default=None, repr=False)  # when set, every /v1 request needs "Authorization: Bearer <key>"
-    allow_open: int = 0  # 1: a gateway other hosts can reach may run without an API key (gateway/http/exposure.py)
-    published_host: str | None = None  # where clients reach the gateway when a container publishes it (compose)
-    max_body_bytes: int = 1024 * 1024
-    max_prompt_chars: int = 400_000  # over all messages / prompts of one request
-    max_tokens_limit: int = 4096  # the largest max_tokens a request may ask for
-    public_metrics: int = 1  # 0: /metrics needs an API key like the API (when keys are configured)
-    default_max_tokens: int = 1024  # a chat request without max_tokens (workers apply it; 0 = up to the context)
-    max_n: int = 16  # choices per request (n times the number of prompts)
-    max_embed_inputs: int = 2048
-    queue_limit: int = 256  # waiting (not yet taken) jobs per model before 429
-    stream_maxlen: int = 10_000  # approximate cap of each job stream (safety net)
-    request_timeout_s: float = 600.0  # deadline = created + this
-    deadline_grace_s: float = 1.0  # the gateway waits this long past the deadline for the worker's error
-    retry_after_s: float = 2.0  # Retry-After of 429 / 503
-    sse_queued_after_s: float = 0.25  # a stream whose work has not started by then opens with ": queued"
-    sse_keepalive_s: float = 1.0  # an SSE comment after this long without an event (queued, failover, Redis pause)
-    heartbeat_interval_s: float = 0.5  # workers refresh their registry entry this often
-    heartbeat_ttl_s: float = 2.5  # a worker without a heartbeat for this long is dead: its jobs fail over (within
-    # this + 0.5 s, worker/serve/job_feeder.py RECLAIM_EVERY_S); a worker stalled this long loses its jobs (fenced, resumed)
-    lease_s: float = 30.0  # a job idle this long in the pending list may be reclaimed (XAUTOCLAIM)
-    max_deliveries: int = 3  # a job taken over after this many deliveries without an ack is dead-lettered
-    slots: int = 0  # sequences a worker runs at once; 0 ("auto") = derived from the KV budget (up to 64)
-    threads: int = 0  # BLAS threads of a worker; 0 = every core (`serve` splits the cores among its workers)
-    kv_budget_mib: float = 1024.0  # a worker's KV cache for all its sequences; over it, it preempts
-    kv_dtype: str = "float16"  # the KV cache's keys and values: float16 (half the bytes) or float32
-    prefix_cache: int = 1  # 1: full prompt blocks stay in the KV pool's free space for reuse; 0: off
-    max_batch_tokens: int = 2048  # tokens (decodes + prefill chunks) in one forward step
-    max_prefill_tokens: int = 512  # the largest prefill chunk of one sequence in one step
-    model_memory_s: float = 86_400.0  # a model stays 'known' (503, not 404) this long after its last worker
-    registry_cache_s: float = 1.0  # the gateway reuses a worker-registry read this long (0.1 s for /ready and a model it lacks)
-    drain_timeout_s: float = 60.0  # on SIGTERM/SIGINT: how long open streams may take to finish
-    supervisor_key: str | None = None  # set by `serve`: the Redis hash /ready reads the supervisor's state from
-    chat_template: str | None = None  # a jinja2 chat template file workers use instead of the model's own
-    keys_file: str | None = None  # API keys managed by `llmfleet keys` (each with its own limits)
-    cors_origins: str = ""  # comma-separated origins browsers may call the API from ("*" = any; empty = no CORS)
-    any_model_name: int = 0  # 1: with exactly one model served, any model name is served by it (as llama-server)
-    max_file_bytes: int = 50 * 1024 * 1024  # an uploaded file (/v1/files); over it: 413
-    max_batch_lines: int = 50_000  # requests in one batch input file (OpenAI's limit); over it: 400
-    batch_concurrency: int = 8  # requests of one batch a batch runner has in flight at once
-    batch_lease_s: float = 10.0  # a batch whose runner stopped renewing its lease this long is resumed by another
-    max_loras: int = 8  # LoRA adapters loaded per model (POST /admin/loras past it: 409)
-    lora_memory_mib: float = 512.0  # their weights per worker, all together (a load past it fails, naming it)
-    prefix_placement: int = 1  # 1: the gateway places requests on the worker that has their prompt prefix cached
-    prefix_ttl_s: float = 300.0  # how long the gateway remembers which worker got a prompt prefix
-    steal_after_s: float = 1.0  # a job waiting this long on a busy worker's stream may be taken by an idle one
-    placement_balance_abs: int = 8  # loads (running + placed) differing by more than this: shortest queue wins
-    pool_max_loaded: int = 0  # a node agent's loaded workers at most (0 = as many as the memory budget allows)
-    pool_memory_mib: float = 0.0  # a node agent's memory budget for its workers (0 = 80% of the host's RAM)
-    pool_keep_alive_s: float = 300.0  # an idle pool model unloads after this (a request's keep_alive overrides)
-    pool_load_timeout_s: float = 180.0  # a load not ready by then fails (its waiting requests get the error)
-    pool_failure_ttl_s: float = 30.0  # a failed load is remembered (refused at once) this long
-    responses_ttl_s: float = 30 * 86400.0  # a stored Responses API response lives this long (OpenAI: 30 days)
-    required_models: str = ""  # comma-separated: /ready waits for a live worker of each (beside nodes' pinned ones)
-    reasoning_format: str = "deepseek"  # a thinking model's <think> block: "deepseek" (own field) or "none" (in content)
-    causal_embeddings: int = 0  # 1: a worker of a generative (causal) model serves embeddings by pooling its hidden
-    # states (llama-server's --embeddings, vLLM's --task embed); 0: such requests are a 400 naming the model
-    log_level: str = "INFO"
+    redis_url: str = _setting("redis://localhost:6379/0", "The Redis every part shares. Unset under `llmfleet serve`: "
+                              "it starts a bundled redis-server on a free local port.", secret=True)  # may hold a password
+    redis_max_connections: int = _setting(64, "The gateway's Redis connection pool; requests wait for a free connection.")
+    host: str = _setting("127.0.0.1", "The gateway's listen address.")
+    port: int = _setting(8000, "The gateway's listen port.")
+    api_key: str | None = _setting(None, "One shared API key (named `default` in logs and metrics): every route but "
+                                   "the public ones needs it. See also LLMFLEET_KEYS_FILE.", secret=True)
+    allow_open: int = _setting(0, "1: a gateway other hosts can reach may run with no API key (it warns); 0: it "
+                               "refuses to start, saying why (gateway/http/exposure.py).")
+    published_host: str | None = _setting(None, "Where a container runtime publishes the gateway (compose sets it "
+                                           "from LLMFLEET_PUBLISH); the open-endpoint check reads it instead of "
+                                           "LLMFLEET_HOST.")
+    max_body_bytes: int = _setting(1024 * 1024, "The largest request body (1 MiB); past it a 413.")
+    max_prompt_chars: int = _setting(400_000, "The largest prompt, over all messages or prompts of one request; "
+                                     "past it a 400 naming the field.")
+    max_tokens_limit: int = _setting(4096, "The largest max_tokens a request may ask for; past it a 400.")
+    public_metrics: int = _setting(1, "1: /metrics is public like /health; 0: it needs a key like the API (when "
+                                   "keys are configured).")
+    default_max_tokens: int = _setting(1024, "The max_tokens of a chat request that sets none, applied by the worker "
+                                       "and cut to what the context has left; 0 = up to the context.")
+    max_n: int = _setting(16, "The most choices per request (n times the number of prompts).")
+    max_embed_inputs: int = _setting(2048, "The most inputs of one embeddings request.")
+    queue_limit: int = _setting(256, "Waiting (not yet taken) jobs per model before a 429 with Retry-After.")
+    stream_maxlen: int = _setting(10_000, "The approximate cap of each Redis job stream (a safety net).")
+    request_timeout_s: float = _setting(600.0, "The deadline of every request (created + this); both sides enforce "
+                                        "it (504).")
+    deadline_grace_s: float = _setting(1.0, "How long the gateway waits past a deadline for the worker's error.")
+    retry_after_s: float = _setting(2.0, "The Retry-After of a 429 or 503.")
+    sse_queued_after_s: float = _setting(0.25, "A stream whose work has not started by then opens with `: queued`.")
+    sse_keepalive_s: float = _setting(1.0, "The longest a stream goes without a byte: an SSE comment is sent after "
+                                      "this long without an event (queued, failover, Redis pause).")
+    heartbeat_interval_s: float = _setting(0.5, "How often workers refresh their registry entry and leases.")
+    heartbeat_ttl_s: float = _setting(2.5, "A worker without a heartbeat this long is dead: its jobs fail over within "
+                                      "this + 0.5 s (worker/serve/job_feeder.py RECLAIM_EVERY_S); a worker stalled "
+                                      "this long loses its jobs (fenced, resumed, the work redone).")
+    lease_s: float = _setting(30.0, "A job idle this long in a pending list may be reclaimed (XAUTOCLAIM): a silent "
+                              "worker's jobs are resumed after it.")
+    max_deliveries: int = _setting(3, "A job started this many times without finishing (each holder died or "
+                                   "stalled) is dead-lettered on its next takeover; a batch whose runners died "
+                                   "this often fails.")
+    slots: int = _setting(0, "Sequences one worker runs at once; 0 or `auto` = derived from the KV pool (up to 64).")
+    threads: int = _setting(0, "BLAS and compiled-kernel threads of one worker; 0 = every core (`serve --workers N` "
+                            "gives each worker cores / N).")
+    kv_budget_mib: float = _setting(1024.0, "The worker's KV pool, allocated once in blocks; its pages are committed "
+                                    "as blocks are first written, so a worker's resident memory grows to it with "
+                                    "use. When it is full the scheduler preempts.")
+    kv_dtype: str = _setting("float16", "The KV pool's keys and values: float16 (llama.cpp's default: half the "
+                             "memory and half the bytes decode attention reads) or float32 (twice the memory). "
+                             "Numerics are batch-invariant with either, so a failed-over stream repeats the "
+                             "undisturbed text.")
+    prefix_cache: int = _setting(1, "1: full prompt blocks stay cached in the KV pool's free space and are shared; "
+                                 "0: off.")
+    max_batch_tokens: int = _setting(2048, "Tokens (decodes + prefill chunks) in one forward step.")
+    max_prefill_tokens: int = _setting(512, "The largest prefill chunk of one sequence in one step.")
+    model_memory_s: float = _setting(86_400.0, "A model stays known (503, not 404) this long after its last worker.")
+    registry_cache_s: float = _setting(1.0, "How long the gateway reuses a worker-registry read (0.1 s for /ready "
+                                       "and a model it lacks).")
+    drain_timeout_s: float = _setting(60.0, "On SIGTERM/SIGINT, how long the gateway lets open streams finish and a "
+                                      "worker finishes its jobs (the rest resume on other workers).")
+    supervisor_key: str | None = _setting(None, "Set by `serve`: the Redis hash /ready reads the supervisor's state "
+                                          "from.")
+    chat_template: str | None = _setting(None, "A jinja2 chat template file workers use instead of the model's own "
+                                         "(base models need one for chat).")
+    keys_file: str | None = _setting(None, "Named API keys with per-key limits, managed by `llmfleet keys`; the "
+                                     "gateways see changes within 1 s.")
+    cors_origins: str = _setting("", "Comma-separated origins browsers may call the API from (`*` = any; empty = no "
+                                 "CORS); preflights need no key.")
+    any_model_name: int = _setting(0, "1: with exactly one model served, any `model` name is served by it (as "
+                                   "llama-server).")
+    max_file_bytes: int = _setting(50 * 1024 * 1024, "The largest uploaded file on /v1/files (50 MiB); past it a 413.")
+    max_batch_lines: int = _setting(50_000, "Requests in one batch input file (OpenAI's limit); past it a 400.")
+    batch_concurrency: int = _setting(8, "Requests of one batch a batch runner has in flight at once (priority low).")
+    batch_lease_s: float = _setting(10.0, "A batch whose runner stopped renewing its lease this long is resumed by "
+                                    "another runner.")
+    max_loras: int = _setting(8, "LoRA adapters loaded per model; POST /admin/loras past it is a 409.")
+    lora_memory_mib: float = _setting(512.0, "LoRA weights per worker, all together; a load past it fails, naming it.")
+    prefix_placement: int = _setting(1, "1: the gateway places a request on the worker that has its prompt prefix "
+                                     "cached (when it has room); 0: every job on the shared stream.")
+    prefix_ttl_s: float = _setting(300.0, "How long the gateway remembers which worker got a prompt prefix.")
+    steal_after_s: float = _setting(1.0, "A job waiting this long on a busy worker's stream may be taken by an idle one.")
+    placement_balance_abs: int = _setting(8, "Loads (running + placed) differing by more than this and 1.5x: the "
+                                          "least busy worker wins whatever the cache.")
+    pool_max_loaded: int = _setting(0, "A node agent's loaded workers at most (0 = as many as the memory budget "
+                                    "allows).")
+    pool_memory_mib: float = _setting(0.0, "A node agent's memory budget for its workers, weights + KV pool each "
+                                      "(0 = 80% of the host's RAM).")
+    pool_keep_alive_s: float = _setting(300.0, "An idle pool model unloads after this; a request's keep_alive "
+                                        "overrides it (there 0 = once idle, negative = never).")
+    pool_load_timeout_s: float = _setting(180.0, "An on-demand load not ready by then fails (its waiting requests get "
+                                          "the error); `serve`'s eager models wait for theirs.")
+    pool_failure_ttl_s: float = _setting(30.0, "A failed load is remembered (refused at once) this long.")
+    responses_ttl_s: float = _setting(30 * 86400.0, "How long a stored Responses API response lives (30 days, as "
+                                      "OpenAI's).")
+    required_models: str = _setting("", "Comma-separated models /ready waits for a live worker of (beside those "
+                                    "`serve` and `node --eager` were started with).")
+    reasoning_format: str = _setting("deepseek", "A thinking model's `<think>` block: `deepseek` (its own field) or "
+                                     "`none` (left in the content); a request's reasoning_format overrides.")
+    causal_embeddings: int = _setting(0, "1: a worker of a generative (causal) model serves embeddings by pooling "
+                                      "its hidden states (llama-server's --embeddings); 0: such requests are a 400 "
+                                      "naming the model. Embedding models such as all-minilm-l6-v2 always embed.")
+    log_level: str = _setting("INFO", "The log level; logs carry ids and lengths, never prompt or completion text.")
 
     def __post_init__(self) -> None:
         if not self.redis_url.startswith(_REDIS_SCHEMES):
@@ -109,21 +160,15 @@ class Settings:
         for name in _POSITIVE_FLOATS:
             if not getattr(self, name) > 0:
                 _fail(name, "must be > 0")
-        for name in ("deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
-                     "public_metrics", "any_model_name", "prefix_placement", "placement_balance_abs", "pool_max_loaded",
-                     "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings"):
+        for name in _NON_NEGATIVE:
             if not getattr(self, name) >= 0:
                 _fail(name, "must be >= 0")
-        if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
-            _fail("heartbeat_ttl_s", "must be longer than LLMFLEET_HEARTBEAT_INTERVAL_S")
-        if self.lease_s <= self.heartbeat_interval_s:
-            _fail("lease_s", "must be longer than LLMFLEET_HEARTBEAT_INTERVAL_S")
-        if self.log_level not in _LOG_LEVELS:
-            _fail("log_level", f"must be one of {', '.join(_LOG_LEVELS)}")
-        if self.reasoning_format not in REASONING_FORMATS:
-            _fail("reasoning_format", f"must be one of {', '.join(REASONING_FORMATS)}")
-        if self.kv_dtype not in _KV_DTYPES:
-            _fail("kv_dtype", f"must be one of {', '.join(_KV_DTYPES)}")
+        for name in _LONGER_THAN_HEARTBEAT:
+            if getattr(self, name) <= self.heartbeat_interval_s:
+                _fail(name, "must be longer than LLMFLEET_HEARTBEAT_INTERVAL_S")
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                _fail(name, f"must be one of {', '.join(choices)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -206,6 +251,30 @@ ENV: dict[str, str] = {
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 
+
+def doc(name: str) -> str:
+    """What a setting means: the text the configuration reference and the CLI's --help print."""
+    return str(Settings.__dataclass_fields__[name].metadata["doc"])
+
+
+def allowed(name: str) -> str:
+    """The values a setting accepts, read from the same tables __post_init__ checks."""
+    bounds = {"redis_url": "a URL starting " + " or ".join(_REDIS_SCHEMES), "port": "1..65535",
+              "api_key": "non-blank text", "slots": "an integer >= 0, or auto"}
+    if name in bounds:
+        return bounds[name]
+    if name in _CHOICES:
+        return "one of " + ", ".join(_CHOICES[name]) + (" (any case)" if name == "log_level" else "")
+    if name in _LONGER_THAN_HEARTBEAT:
+        return "> LLMFLEET_HEARTBEAT_INTERVAL_S"
+    kind = "an integer" if Settings.__dataclass_fields__[name].type == "int" else "a number"
+    if name in _POSITIVE_INTS:
+        return f"{kind} >= 1"
+    if name in _POSITIVE_FLOATS:
+        return f"{kind} > 0"
+    if name in _NON_NEGATIVE:
+        return f"{kind} >= 0"
+    return "any text"
 
 def _fail(name: str, problem: str) -> None:
     raise SettingsError(f"{ENV[name]}: {problem}")

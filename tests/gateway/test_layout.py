@@ -1,5 +1,6 @@
-"""The gateway's layout as the README describes it: folders that follow a request, modules under the size rule,
-and every file the README's architecture section and newcomer's walk name exists where they say."""
+"""The gateway's layout as docs/architecture.md describes it: folders that follow a request, modules under the size
+rule, and every file the README, the architecture page's folders and newcomer's walk, and the other docs pages name
+exists where they say."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "gateway"
 TOP_LEVEL = {"__init__.py", "__main__.py", "app.py"}  # everything else lives in a folder
 MAX_MODULE_LINES = 400
-PATH = re.compile(r"\b((?:gateway|worker|shared)/[\w/]+(?:\.py|/))")
+PATH = re.compile(r"(?<![\w/])((?:gateway|worker|shared)/[\w/]+(?:\.py|/))")
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 
 def _walk() -> str:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("**A newcomer's walk**")
-    return readme[start:readme.index("\n\n", start)]
+    page = ARCHITECTURE.read_text()
+    start = page.index("**A newcomer's walk**")
+    return page[start:page.index("\n\n", start)]
+
+
+def _pages() -> list[Path]:
+    """The README and every docs page: wherever a gateway file is named."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def test_gateway_has_only_the_factory_at_its_top() -> None:
@@ -29,8 +36,10 @@ def test_every_gateway_module_is_under_the_size_rule() -> None:
     assert {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES} == {}
 
 
-def test_readme_names_only_gateway_files_that_exist() -> None:
-    named = set(PATH.findall((ROOT / "README.md").read_text()))
+def test_the_docs_name_only_gateway_files_that_exist() -> None:
+    assert ARCHITECTURE in _pages()
+    named = {path for page in _pages() for path in PATH.findall(page.read_text())}
+    assert any(p.startswith("gateway/") for p in PATH.findall(ARCHITECTURE.read_text()))
     missing = sorted(p for p in named if p.startswith("gateway/") and not (ROOT / p).exists())
     assert missing == []
 
