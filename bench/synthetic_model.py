@@ -1,0 +1,274 @@
+"""Synthetic twins: GGUF files with a real model family's configuration and metadata and seeded random weights.
+
+No package ships Llama 3.x or Qwen3 weights, and none of any size users run, so parity with llama.cpp and the
+benchmarks use twins: the keys, tensor names and layouts llama.cpp's converter writes for the family (Llama 3's
+`rope_freqs.weight` from its rope_scaling, Qwen3's QK-norm weights and key_length), the real shape's numbers, and
+weights from a counter-based hash (the same bytes on every machine and numpy version) scaled so that activations
+stay in a realistic range (projections 1/sqrt(fan-in), output rows giving logits of a few units, norm weights near
+1). The tokenizer is SmolLM2's (read from its GGUF) under the family's pre-tokenizer name, padded with unused tokens
+to the family's vocabulary size; Qwen3 twins add `<think>` / `</think>` and a Qwen3-style chat template with
+`enable_thinking`. F16 is written here; every other type is made from it by llama.cpp's own `llama-quantize`.
+
+    python bench/synthetic_model.py --family llama3 --shape 1b --type Q4_K_M --out /tmp/llama3-1b.gguf
+    python bench/synthetic_model.py --family qwen3 --shape tiny --type F16 --out /tmp/qwen3-tiny.gguf
+
+Prints the file's path. The same arguments give the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from worker.engine.gguf_file import read_metadata  # noqa: E402
+
+TYPES = ("F16", "Q8_0", "Q4_K_M", "Q4_0", "Q5_K_M", "Q6_K")  # F16 written here, the others by llama-quantize
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model's numbers as its config.json gives them."""
+
+    layers: int
+    width: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int  # 0: SmolLM2's own vocabulary, unpadded
+    tied: bool
+    context: int
+    rope_theta: float
+    rms_eps: float
+    rope_factor: float = 0.0  # Llama 3's rope_scaling.factor (0: none)
+
+
+FAMILIES: dict[str, dict[str, Shape]] = {
+    "llama3": {  # Llama-3.2-1B, Llama-3.2-3B, Llama-3.1-8B: rope_scaling llama3, low 1, high 4, original 8192
+        "tiny": Shape(2, 64, 4, 2, 16, 192, 0, True, 131072, 500000.0, 1e-5, 32.0),
+        "1b": Shape(16, 2048, 32, 8, 64, 8192, 128256, True, 131072, 500000.0, 1e-5, 32.0),
+        "3b": Shape(28, 3072, 24, 8, 128, 8192, 128256, True, 131072, 500000.0, 1e-5, 32.0),
+        "8b": Shape(32, 4096, 32, 8, 128, 14336, 128256, False, 131072, 500000.0, 1e-5, 8.0),
+    },
+    "qwen3": {  # Qwen3-0.6B, 1.7B, 4B, 8B: head_dim 128 whatever the width
+        "tiny": Shape(2, 64, 4, 2, 32, 192, 0, True, 40960, 1000000.0, 1e-6),
+        "0.6b": Shape(28, 1024, 16, 8, 128, 3072, 151936, True, 40960, 1000000.0, 1e-6),
+        "1.7b": Shape(28, 2048, 16, 8, 128, 6144, 151936, True, 40960, 1000000.0, 1e-6),
+        "4b": Shape(36, 2560, 32, 8, 128, 9728, 151936, True, 40960, 1000000.0, 1e-6),
+        "8b": Shape(36, 4096, 32, 8, 128, 12288, 151936, False, 40960, 1000000.0, 1e-6),
+    },
+}
+ARCH = {"llama3": "llama", "qwen3": "qwen3"}
+PRE_TOKENIZER = {"llama3": "llama-bpe", "qwen3": "qwen2"}
+LLAMA3_LOW, LLAMA3_HIGH, LLAMA3_ORIGINAL = 1.0, 4.0, 8192
+TOKEN_USER_DEFINED, TOKEN_UNUSED = 4, 5
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' %}"
+    "{%- set content = message.content or '' %}"
+    "{%- if '</think>' in content %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{{- '<|im_start|>assistant\\n' + content }}"
+    "{%- if message.tool_calls %}{%- for call in message.tool_calls %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' }}"
+    "{{- (call.function.arguments if call.function.arguments is string else call.function.arguments | tojson) }}"
+    "{{- '}\\n</tool_call>' }}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def splitmix_uniform(start: int, count: int) -> np.ndarray:
+    """`count` floats uniform in [-sqrt(3), sqrt(3)) (std 1) from splitmix64 of the counters start.. (exact)."""
+    with np.errstate(over="ignore"):
+        z = (np.arange(start, start + count, dtype=np.uint64) + np.uint64(0x5EED)) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    unit = (z >> np.uint64(40)).astype(np.float64) / float(1 << 24)  # (count,) in [0, 1), 24 bits
+    return ((unit - 0.5) * (2 * 3 ** 0.5)).astype(np.float32)  # (count,)
+
+
+def llama3_rope_factors(shape: Shape) -> np.ndarray:
+    """llama.cpp's converter's `rope_freqs.weight` for rope_type llama3 (conversion/llama.py), float32 (Dh/2,)."""
+    freqs = 1.0 / (np.float32(shape.rope_theta) ** (np.arange(0, shape.head_dim, 2, dtype=np.float32)
+                                                     / np.float32(shape.head_dim)))  # (Dh/2,)
+    low_wavelen, high_wavelen = LLAMA3_ORIGINAL / LLAMA3_LOW, LLAMA3_ORIGINAL / LLAMA3_HIGH
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(shape.rope_factor)
+        else:
+            smooth = (LLAMA3_ORIGINAL / wavelen - LLAMA3_LOW) / (LLAMA3_HIGH - LLAMA3_LOW)
+            factors.append(1 / ((1 - smooth) / shape.rope_factor + smooth))
+    return np.asarray(factors, np.float32)  # (Dh/2,)
+
+
+def tokenizer_fields(family: str, shape: Shape, source: Path) -> tuple[dict, int]:
+    """SmolLM2's tokenizer keys with the family's pre-tokenizer, extra tokens and padding; the vocabulary size."""
+    metadata = read_metadata(source)
+    fields = {key: value for key, value in metadata.items() if key.startswith("tokenizer.")}
+    tokens, types = list(fields["tokenizer.ggml.tokens"]), list(fields["tokenizer.ggml.token_type"])
+    fields["tokenizer.ggml.pre"] = PRE_TOKENIZER[family]
+    if family == "qwen3":
+        tokens += ["<think>", "</think>"]
+        types += [TOKEN_USER_DEFINED] * 2
+        fields["tokenizer.chat_template"] = QWEN3_TEMPLATE
+    padding = max(0, shape.vocab - len(tokens))
+    tokens += [f"<|unused_{i}|>" for i in range(padding)]
+    types += [TOKEN_UNUSED] * padding
+    fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.token_type"] = tokens, types
+    return fields, len(tokens)
+
+
+def tensor_plan(family: str, shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...], float]]:
+    """(name, numpy shape, std) of every tensor in the converter's order; std 0 marks a norm weight (near 1)."""
+    d, dh, ffn = shape.width, shape.head_dim, shape.ffn
+    q_dim, kv_dim = shape.heads * dh, shape.kv_heads * dh
+    output_std = 4.0 / math.sqrt(d)  # logits of a few units from unit-RMS hidden states
+    plan: list[tuple[str, tuple[int, ...], float]] = []
+    if family == "llama3":
+        plan.append(("rope_freqs.weight", (dh // 2,), -1.0))
+    plan.append(("token_embd.weight", (vocab, d), output_std))
+    for i in range(shape.layers):
+        p = f"blk.{i}."
+        plan += [(p + "attn_norm.weight", (d,), 0.0), (p + "attn_q.weight", (q_dim, d), 1 / math.sqrt(d)),
+                 (p + "attn_k.weight", (kv_dim, d), 1 / math.sqrt(d)), (p + "attn_v.weight", (kv_dim, d), 1 / math.sqrt(d)),
+                 (p + "attn_output.weight", (d, q_dim), 1 / math.sqrt(q_dim))]
+        if family == "qwen3":
+            plan += [(p + "attn_k_norm.weight", (dh,), 0.0), (p + "attn_q_norm.weight", (dh,), 0.0)]
+        plan += [(p + "ffn_norm.weight", (d,), 0.0), (p + "ffn_gate.weight", (ffn, d), 1 / math.sqrt(d)),
+                 (p + "ffn_up.weight", (ffn, d), 1 / math.sqrt(d)), (p + "ffn_down.weight", (d, ffn), 1 / math.sqrt(ffn))]
+    plan.append(("output_norm.weight", (d,), 0.0))
+    if not shape.tied:
+        plan.append(("output.weight", (vocab, d), output_std))
+    return plan
+
+
+def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_source: Path) -> Path:
+    """The twin in llama.cpp's F16 form (2-D weights float16, norms and rope_freqs float32), streamed tensor by tensor."""
+    shape = FAMILIES[family][shape_name]
+    arch = ARCH[family]
+    fields, vocab = tokenizer_fields(family, shape, tokenizer_source)
+    writer = GGUFWriter(str(out), arch)
+    writer.add_type("model")
+    writer.add_name(f"synthetic-{family}-{shape_name}")
+    writer.add_block_count(shape.layers)
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.width)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_layer_norm_rms_eps(shape.rms_eps)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_file_type(1)  # mostly F16
+    if family == "llama3":
+        writer.add_vocab_size(vocab)
+        writer.add_rope_dimension_count(shape.head_dim)
+    for key, value in fields.items():
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_uint32(key, int(value))
+    writer.add_quantization_version(2)
+    plan = tensor_plan(family, shape, vocab)
+    for name, dims, _std in plan:  # infos first, then the data streamed one tensor at a time
+        dtype = np.dtype(np.float16 if len(dims) == 2 else np.float32)
+        writer.add_tensor_info(name, dims, dtype, int(np.prod(dims)) * dtype.itemsize)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    counter = seed << 40
+    for _name, dims, std in plan:
+        n = int(np.prod(dims))
+        if std < 0:
+            data = llama3_rope_factors(shape)  # (Dh/2,)
+        elif std == 0:
+            data = (1.0 + 0.2 * splitmix_uniform(counter, n)).astype(np.float32).reshape(dims)  # (D,) near 1
+        else:
+            data = (splitmix_uniform(counter, n) * np.float32(std)).astype(np.float16).reshape(dims)  # (out, in)
+        counter += n
+        writer.write_tensor_data(data)
+    writer.close()
+    return out
+
+
+def llama_quantize() -> str:
+    """llama.cpp's llama-quantize: $LLAMA_QUANTIZE, on PATH, or beside the llama-server of ../shared/peers."""
+    candidates = [os.environ.get("LLAMA_QUANTIZE", ""), shutil.which("llama-quantize") or "",
+                  str(Path.home() / ".cache/llmfleet-peers/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/"
+                      "llama-quantize")]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise SystemExit("llama-quantize not found: run ../shared/peers/make-synthetic-model.sh once (it builds it) "
+                     "or set LLAMA_QUANTIZE")
+
+
+def make_twin(family: str, shape: str, seed: int, kind: str, out: Path, tokenizer_source: Path) -> Path:
+    """Write the twin at `out` (F16 directly; other types quantized from a temporary F16 by llama-quantize)."""
+    if kind == "F16":
+        return write_f16(family, shape, seed, out, tokenizer_source)
+    f16 = out.with_name(out.name + ".f16.part")
+    write_f16(family, shape, seed, f16, tokenizer_source)
+    try:
+        subprocess.run([llama_quantize(), str(f16), str(out) + ".part", kind, "2"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        os.replace(str(out) + ".part", out)
+    finally:
+        f16.unlink(missing_ok=True)
+    return out
+
+
+def default_tokenizer_source() -> Path:
+    """SmolLM2's GGUF in the model cache (`llmfleet pull smollm2-135m` puts it there)."""
+    cache = Path(os.environ.get("LLMFLEET_CACHE", Path.home() / ".cache/llmfleet"))
+    found = sorted((cache / "smollm2-135m").glob("*.gguf"))
+    if not found:
+        raise SystemExit("needs SmolLM2's GGUF for the tokenizer: run 'llmfleet pull smollm2-135m' first")
+    return found[0]
+
+
+def main() -> None:
+    """Parse the arguments, write the twin, print its path."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    parser.add_argument("--shape", required=True, help="tiny, or a real size: " + "; ".join(
+        f"{family}: {', '.join(shapes)}" for family, shapes in FAMILIES.items()))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--type", default="F16", choices=TYPES)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tokenizer-from", type=Path, default=None, help="SmolLM2's GGUF (default: the model cache)")
+    args = parser.parse_args()
+    if args.shape not in FAMILIES[args.family]:
+        parser.error(f"--shape {args.shape!r}: {args.family} has {', '.join(FAMILIES[args.family])}")
+    source = args.tokenizer_from or default_tokenizer_source()
+    print(make_twin(args.family, args.shape, args.seed, args.type, args.out, source))
+
+
+if __name__ == "__main__":
+    main()

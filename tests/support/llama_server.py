@@ -1,0 +1,98 @@
+"""llama.cpp's llama-server as the parity oracle: found where ../shared/peers/build-llama-server.sh builds it
+(or $LLAMA_SERVER), started on a free loopback port, asked for greedy tokens with their top log-probabilities."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+BUILT = Path.home() / ".cache/llmfleet-peers/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server"
+
+
+def llama_server_binary() -> Path | None:
+    """The llama-server binary ($LLAMA_SERVER, else the peers build's), or None where neither exists."""
+    given = os.environ.get("LLAMA_SERVER")
+    for candidate in (Path(given) if given else None, BUILT):
+        if candidate is not None and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def llama_quantize_binary() -> Path | None:
+    """llama-quantize beside the llama-server found, or None."""
+    server = llama_server_binary()
+    quantize = server.parent / "llama-quantize" if server else None
+    return quantize if quantize is not None and os.access(quantize, os.X_OK) else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LlamaServer:
+    """One llama-server process on a model file (`-t 2 -np 1`), stopped on exit."""
+
+    def __init__(self, model: Path, *extra: str, log: Path | None = None) -> None:
+        binary = llama_server_binary()
+        assert binary is not None, "no llama-server binary"
+        self.port = _free_port()
+        self.argv = [str(binary), "-m", str(model), "-t", "2", "-np", "1", "-c", "4096", "--host", "127.0.0.1",
+                     "--port", str(self.port), *extra]
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LlamaServer:
+        out = open(self.log, "wb") if self.log else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
+        self.process = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"llama-server exited with {self.process.returncode}"
+            try:
+                if self._get("/health").get("status") == "ok":
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("llama-server did not become ready in 120 s")
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def _get(self, path: str) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as response:
+            return json.loads(response.read())
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as response:
+            return json.loads(response.read())
+
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's token ids of a text (no special-token parsing, no BOS)."""
+        return [int(t) for t in self._post("/tokenize", {"content": text})["tokens"]]
+
+    def greedy(self, prompt_ids: list[int], steps: int, top: int) -> list[tuple[int, dict[int, float]]]:
+        """`steps` greedy tokens after the prompt ids, each with the log-probabilities of its top `top` tokens
+        before sampling (llama.cpp's raw distribution)."""
+        reply = self._post("/completion", {
+            "prompt": prompt_ids, "n_predict": steps, "temperature": 0, "top_k": 1, "cache_prompt": False,
+            "ignore_eos": True, "n_probs": top, "post_sampling_probs": False})
+        return [(int(step["id"]), {int(t["id"]): float(t["logprob"]) for t in step["top_logprobs"]})
+                for step in reply["completion_probabilities"]]
