@@ -18,7 +18,7 @@ from redis import Redis
 from llmfleet.node import SETTLE_S
 from shared import keys
 from tests.support.processes import wait_until
-from tests.support.warm_pool import PoolCluster, catalogue_files, start_pool
+from tests.support.warm_pool import REFUSED_TENSOR, PoolCluster, catalogue_files, start_pool
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 openai = pytest.importorskip("openai")
@@ -113,13 +113,15 @@ def _log_time(line: str) -> float:
     return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
 
 
-def test_a_load_failure_ends_every_waiting_request_once_and_is_remembered(pool: PoolCluster) -> None:
+@pytest.mark.parametrize("model, reason", [("broken", "broken.gguf"), ("refused", f"tensor {REFUSED_TENSOR}")])
+def test_a_load_failure_ends_every_waiting_request_once_and_is_remembered(pool: PoolCluster, model: str,
+                                                                          reason: str) -> None:
     base = pool.gateways[0]
-    before = pool.loads("broken")
+    before = pool.loads(model)
     outcomes: list[tuple[int, str]] = []
 
     def request(stream: bool) -> None:
-        body = {"model": "broken", "prompt": "hi", "max_tokens": 4, "stream": stream}
+        body = {"model": model, "prompt": "hi", "max_tokens": 4, "stream": stream}
         with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as response:
             outcomes.append((response.status_code, response.read().decode()))
 
@@ -135,11 +137,12 @@ def test_a_load_failure_ends_every_waiting_request_once_and_is_remembered(pool: 
             assert text.rstrip().endswith("data: [DONE]")
         else:
             assert status == 503 and json.loads(text)["error"]["code"] == "model_load_failed"
-        assert "could not be loaded" in text and "broken.gguf" in text
-    again = httpx.post(base + "/v1/completions", json={"model": "broken", "prompt": "hi", "max_tokens": 4})
+        assert "could not be loaded" in text and reason in text
+    again = httpx.post(base + "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 4})
     assert again.status_code == 503 and int(again.headers["retry-after"]) > 0  # remembered: no new load
-    assert pool.status("broken")["status"] == "failed"
-    assert pool.loads("broken") - before == 1
+    assert pool.status(model)["status"] == "failed"
+    assert pool.loads(model) - before == 1
+    assert any(reason in log.read_text(errors="replace") for log in pool.logdir.rglob("*.log"))  # the log line
 
 
 def test_admin_unload_refuses_while_in_flight_and_force_drains(pool: PoolCluster) -> None:

@@ -1,5 +1,6 @@
 """Real-process warm pools for the node agent's tests: a redis-server, node agents and gateways as processes
-(llmfleet/local_cluster.py), with a catalogue of SmolLM2, a copy of it under another id, and a corrupt file."""
+(llmfleet/local_cluster.py), with a catalogue of SmolLM2, a copy of it under another id, a corrupt file and a file
+the engine refuses."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import shutil
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from llmfleet.local_cluster import LocalCluster
+from tests.support.gguf_edit import edited_copy
+
+REFUSED_TENSOR = "blk.0.attn_output.bias"  # llama.cpp's llama reads it; the engine does not, so it refuses the file
 
 POOL_SETTINGS = {"LLMFLEET_SLOTS": "2", "LLMFLEET_KV_BUDGET_MIB": "32", "LLMFLEET_REGISTRY_CACHE_S": "0",
                  "LLMFLEET_HEARTBEAT_INTERVAL_S": "0.5", "LLMFLEET_HEARTBEAT_TTL_S": "3", "LLMFLEET_LEASE_S": "4",
@@ -17,12 +22,14 @@ POOL_SETTINGS = {"LLMFLEET_SLOTS": "2", "LLMFLEET_KV_BUDGET_MIB": "32", "LLMFLEE
 
 
 def catalogue_files(smollm2: Path, folder: Path) -> list[str]:
-    """`--model` entries: SmolLM2 by alias, a copy of its file as `second`, a truncated copy as `broken`."""
-    second, broken = folder / "second.gguf", folder / "broken.gguf"
+    """`--model` entries: SmolLM2 by alias, a copy of its file as `second`, a truncated copy as `broken`, and a
+    copy with a tensor the llama loader does not read as `refused` (honour or refuse: the engine refuses it)."""
+    second, broken, refused = folder / "second.gguf", folder / "broken.gguf", folder / "refused.gguf"
     if not second.exists():
         shutil.copyfile(smollm2, second)
         broken.write_bytes(smollm2.read_bytes()[:1_000_000])
-    return ["smollm2-135m", f"second={second}", f"broken={broken}"]
+        edited_copy(smollm2, refused, add_tensors={REFUSED_TENSOR: np.zeros(576, np.float32)})
+    return ["smollm2-135m", f"second={second}", f"broken={broken}", f"refused={refused}"]
 
 
 class PoolCluster(LocalCluster):
