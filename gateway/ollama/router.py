@@ -15,6 +15,7 @@ from gateway.http.disconnect import unless_disconnected
 from gateway.http.request_body import request_body
 from gateway.http.sse import HEADERS, SSEResponse
 from gateway.ollama import models, protocol, serving
+from gateway.replies.tool_calls import dropped_headers
 from shared.settings import Settings
 
 MEDIA_TYPE = "application/x-ndjson"
@@ -53,8 +54,8 @@ async def _generation(request: Request, parsed: protocol.OllamaGeneration) -> Re
         stream = await unless_disconnected(request.receive,
                                            serving.stream_generation(broker, parsed, _settings(request)))
         return NDJSONResponse(stream)
-    return JSONResponse(await unless_disconnected(request.receive,
-                                                  serving.run_generation(broker, parsed, _settings(request))))
+    body = await unless_disconnected(request.receive, serving.run_generation(broker, parsed, _settings(request)))
+    return JSONResponse(body, headers=dropped_headers(body.get("dropped_tool_calls", 0)))
 
 
 async def chat(request: Request) -> Response:

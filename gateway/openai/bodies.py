@@ -28,6 +28,7 @@ class ChoiceResult:
     tool_calls: list[dict[str, str]] | None = None  # {"id", "name", "arguments"} parsed out of the text
     reasoning: str | None = None  # the thinking block's text, split off the answer (None: no block, or not split)
     stop_sequence: str | None = None  # the stop string that ended the choice, if one did
+    dropped_calls: int = 0  # tool calls begun but not returned (cut short by max_tokens)
 
 
 def _message(choice: ChoiceResult) -> dict[str, Any]:
@@ -59,14 +60,18 @@ def tool_delta(item: Item) -> dict[str, Any]:
     return {"tool_calls": [{"index": item.index, "function": {"arguments": item.text}}]}
 
 
-def usage_body(usage: Usage) -> dict[str, Any]:
-    """OpenAI's usage object (with the prompt tokens the prefix cache served)."""
-    return {
+def usage_body(usage: Usage, dropped_tool_calls: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object (with the prompt tokens the prefix cache served, and llmfleet's
+    `dropped_tool_calls` when a call cut short by max_tokens was left out)."""
+    body: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if dropped_tool_calls:
+        body["dropped_tool_calls"] = dropped_tool_calls
+    return body
 
 
 def timings_body(usage: Usage, timings: list[Timing]) -> dict[str, float | int]:
@@ -164,7 +169,7 @@ def chat_completion(
             }
             for c in choices
         ],
-        "usage": usage_body(usage),
+        "usage": usage_body(usage, sum(c.dropped_calls for c in choices)),
     }
 
 
@@ -214,10 +219,10 @@ class ChunkHeader:
             body["usage"] = None
         return body
 
-    def usage_chunk(self, obj: str, usage: Usage) -> dict[str, Any]:
+    def usage_chunk(self, obj: str, usage: Usage, dropped_tool_calls: int = 0) -> dict[str, Any]:
         """The final chunk of an include_usage stream: no choices, the usage."""
         body = self.chunk(obj, [])
-        body["usage"] = usage_body(usage)
+        body["usage"] = usage_body(usage, dropped_tool_calls)
         return body
 
 

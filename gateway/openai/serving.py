@@ -35,7 +35,7 @@ from gateway.openai.protocol import ChatRequest, CompletionOptions, CompletionRe
 from gateway.replies.generation import STILL_WAITING, Generation, charge_key
 from gateway.replies.parser import ReplyParser
 from gateway.replies.reasoning import split_reasoning
-from gateway.replies.tool_calls import split_reply
+from gateway.replies.tool_calls import split_ended_reply
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, Timing, TokenEvent, Usage
 from shared.settings import Settings
@@ -129,11 +129,6 @@ async def opens_thinking(broker: Broker, request: GenerateBody) -> bool:
     return any(worker.opens_thinking for worker in workers)
 
 
-def _tool_finish(reason: str | None, calls: list[dict[str, str]]) -> str | None:
-    """OpenAI's finish_reason "tool_calls" for a reply that ended (not cut short) after making calls."""
-    return "tool_calls" if calls and reason == "stop" else reason
-
-
 def _wants_logprobs(request: GenerateBody) -> bool:
     return request.logprobs if isinstance(request, ChatRequest) else request.logprobs is not None
 
@@ -175,10 +170,10 @@ async def collect_completion(broker: Broker, request: GenerateBody, settings: Se
             choice.text = "".join(texts)
             if _uses_reasoning(request):
                 choice.reasoning, choice.text = split_reasoning(choice.text, forced_open=opened)
-            if _uses_tools(request):
-                choice.text, calls = split_reply(choice.text)
-                choice.tool_calls = calls or None
-                choice.finish_reason = _tool_finish(choice.finish_reason, calls)
+            if _uses_tools(request):  # a tool turn cut only in a further call ends as "tool_calls"
+                split = split_ended_reply(choice.text, choice.finish_reason)
+                choice.text, choice.tool_calls = split.content, split.calls or None
+                choice.finish_reason, choice.dropped_calls = split.finish_reason, split.dropped
     finally:
         await generation.close()
     log.info("%s done: %d choices, %d completion tokens", request_id, len(choices), generation.usage.completion_tokens)
@@ -327,7 +322,7 @@ class ChunkStream(OpenStream):
                     if self._parsers:
                         for part in self._parsers[index].finish():
                             yield bodies.chat_chunk(header, index, bodies.part_delta(part))
-                        reason = _tool_finish(reason, self._parsers[index].calls)
+                        reason = self._parsers[index].finish_reason(reason)
                     if self._chat:
                         yield bodies.chat_chunk(header, index, {}, finish_reason=reason)
                     else:
@@ -351,7 +346,8 @@ class ChunkStream(OpenStream):
                 yield bodies.completion_chunk(header, index, event.text, logprobs)
             obj = "chat.completion.chunk" if self._chat else "text_completion"
             usage = self._generation.usage
-            last = header.usage_chunk(obj, usage) if header.include_usage else None
+            dropped = sum(parser.dropped for parser in self._parsers or [])
+            last = header.usage_chunk(obj, usage, dropped) if header.include_usage else None
             if self._timings:  # as llama-server: the stream's last chunk carries the timings
                 last = last or header.chunk(obj, [])
                 last["timings"] = bodies.timings_body(usage, self._generation.timings)
