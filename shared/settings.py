@@ -12,6 +12,7 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _KV_DTYPES = ("float16", "float32")  # worker/engine/kv_pool.py KV_DTYPES
 REASONING_FORMATS = ("deepseek", "none")  # as llama-server's --reasoning-format
+REASONING_FIELDS = ("both", "reasoning", "reasoning_content")  # chat's reasoning output: vLLM's name, DeepSeek's, both
 _POSITIVE_INTS = (
     "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_n", "max_embed_inputs", "queue_limit",
     "stream_maxlen", "max_deliveries", "redis_max_connections", "max_batch_tokens", "max_prefill_tokens",
@@ -92,6 +93,7 @@ class Settings:
     responses_ttl_s: float = 30 * 86400.0  # a stored Responses API response lives this long (OpenAI: 30 days)
     required_models: str = ""  # comma-separated: /ready waits for a live worker of each (beside nodes' pinned ones)
     reasoning_format: str = "deepseek"  # a thinking model's <think> block: "deepseek" (own field) or "none" (in content)
+    reasoning_fields: str = "both"  # chat completions carry the reasoning as `reasoning`, `reasoning_content` or both
     causal_embeddings: int = 0  # 1: a worker of a generative (causal) model serves embeddings by pooling its hidden
     # states (llama-server's --embeddings, vLLM's --task embed); 0: such requests are a 400 naming the model
     log_level: str = "INFO"
@@ -122,6 +124,8 @@ class Settings:
             _fail("log_level", f"must be one of {', '.join(_LOG_LEVELS)}")
         if self.reasoning_format not in REASONING_FORMATS:
             _fail("reasoning_format", f"must be one of {', '.join(REASONING_FORMATS)}")
+        if self.reasoning_fields not in REASONING_FIELDS:
+            _fail("reasoning_fields", f"must be one of {', '.join(REASONING_FIELDS)}")
         if self.kv_dtype not in _KV_DTYPES:
             _fail("kv_dtype", f"must be one of {', '.join(_KV_DTYPES)}")
 
@@ -202,6 +206,7 @@ ENV: dict[str, str] = {
     "responses_ttl_s": "LLMFLEET_RESPONSES_TTL_S",
     "required_models": "LLMFLEET_REQUIRED_MODELS",
     "reasoning_format": "LLMFLEET_REASONING_FORMAT",
+    "reasoning_fields": "LLMFLEET_REASONING_FIELDS",
     "causal_embeddings": "LLMFLEET_CAUSAL_EMBEDDINGS",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
@@ -244,6 +249,7 @@ _EXPECTED: dict[Callable[[str], Any], str] = {
 }
 _PARSE_BY_TYPE: dict[str, Callable[[str], Any]] = {"int": int, "float": _float, "str": _text, "str | None": _text}
 _PARSERS: dict[str, Callable[[str], Any]] = {
-    item.name: {"log_level": _upper, "slots": _slots, "reasoning_format": _lower}.get(item.name) or _PARSE_BY_TYPE[str(item.type)]
+    item.name: {"log_level": _upper, "slots": _slots, "reasoning_format": _lower,
+                 "reasoning_fields": _lower}.get(item.name) or _PARSE_BY_TYPE[str(item.type)]
     for item in dataclasses.fields(Settings)
 }

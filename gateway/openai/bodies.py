@@ -9,7 +9,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.replies.reasoning import Reasoning
+from gateway.replies.reasoning import BOTH_FIELDS, Reasoning
 from gateway.replies.tool_calls import CallStart, Item
 from shared.messages import Timing, TokenLogprob, Usage
 
@@ -31,11 +31,11 @@ class ChoiceResult:
     dropped_calls: int = 0  # tool calls begun but not returned (cut short by max_tokens)
 
 
-def _message(choice: ChoiceResult) -> dict[str, Any]:
-    """A chat choice's message, with tool_calls when it made any."""
+def _message(choice: ChoiceResult, reasoning_keys: tuple[str, ...] = BOTH_FIELDS) -> dict[str, Any]:
+    """A chat choice's message, with its reasoning under each of `reasoning_keys` and tool_calls when it made any."""
     message: dict[str, Any] = {"role": "assistant", "content": choice.text}
     if choice.reasoning is not None:
-        message["reasoning_content"] = choice.reasoning
+        message.update(dict.fromkeys(reasoning_keys, choice.reasoning))
     if choice.tool_calls:
         message["tool_calls"] = [{"id": c["id"], "type": "function",
                                   "function": {"name": c["name"], "arguments": c["arguments"]}}
@@ -43,10 +43,11 @@ def _message(choice: ChoiceResult) -> dict[str, Any]:
     return message
 
 
-def part_delta(part: Reasoning | Item) -> dict[str, Any]:
-    """The chat chunk delta of one reply part: reasoning, content, or a tool call's piece."""
+def part_delta(part: Reasoning | Item, reasoning_keys: tuple[str, ...] = BOTH_FIELDS) -> dict[str, Any]:
+    """The chat chunk delta of one reply part: reasoning (under each of `reasoning_keys`), content, or a tool
+    call's piece."""
     if isinstance(part, Reasoning):
-        return {"reasoning_content": part.text}
+        return dict.fromkeys(reasoning_keys, part.text)
     return tool_delta(part)
 
 
@@ -151,9 +152,10 @@ def completion_logprobs(entries: list[TokenLogprob], offsets: TextOffsets) -> di
 
 
 def chat_completion(
-    response_id: str, created: int, model: str, choices: list[ChoiceResult], usage: Usage
+    response_id: str, created: int, model: str, choices: list[ChoiceResult], usage: Usage,
+    reasoning_keys: tuple[str, ...] = BOTH_FIELDS,
 ) -> dict[str, Any]:
-    """A chat.completion object."""
+    """A chat.completion object (reasoning under each of `reasoning_keys`)."""
     return {
         "id": response_id,
         "object": "chat.completion",
@@ -163,7 +165,7 @@ def chat_completion(
         "choices": [
             {
                 "index": c.index,
-                "message": _message(c),
+                "message": _message(c, reasoning_keys),
                 "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs),
                 "finish_reason": c.finish_reason,
             }
