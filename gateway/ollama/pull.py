@@ -1,6 +1,7 @@
 """Ollama's /api/pull on llmfleet's models: a name `llmfleet pull` knows (worker/models.py KNOWN_MODELS and its
 aliases, an optional `:latest` tag dropped), or a live node agent's catalogue id, is pulled with the same code as
 `llmfleet pull` (worker.models.pull, in a thread off the event loop) into this gateway host's model cache.
+worker.models is imported on the first pull only (it brings numpy): no other gateway path loads worker code.
 
 A stream is Ollama's progress objects: {"status": "pulling manifest"}, then {"status": "pulling <12 hex>",
 "digest": "sha256:<hex>"} every PROGRESS_EVERY_S while a download runs (it keeps the line alive; the parts'
@@ -20,16 +21,31 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.cluster.broker import Broker
 from shared.errors import ModelNotFound, PullFailed
-from worker.models import KNOWN_MODELS, ModelResolveError, canonical_name, pull
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 2.0  # a progress object this often while the download runs
 _RUNNING: dict[str, asyncio.Future[Path]] = {}  # known model -> its pull under way on this gateway
+
+
+def _models() -> ModuleType:
+    """worker.models, imported on the first pull only: the gateway loads no worker code (nor numpy) otherwise."""
+    import worker.models
+
+    return worker.models
+
+
+def pull(name: str, *, progress: bool) -> Path:
+    """`llmfleet pull`'s code: worker.models.pull (blocking; run it in a thread)."""
+    path: Path = _models().pull(name, progress=progress)
+    return path
 
 
 @dataclass(frozen=True)
@@ -42,10 +58,11 @@ class PullTarget:
 
 def _known(name: str) -> str | None:
     """The KNOWN_MODELS key a name means (an alias, with or without Ollama's `:latest` tag), if any."""
+    models = _models()
     for candidate in (name, name.removesuffix(":latest")):
-        key = canonical_name(candidate)
-        if key in KNOWN_MODELS:
-            return key
+        key = models.canonical_name(candidate)
+        if key in models.KNOWN_MODELS:
+            return str(key)
     return None
 
 
@@ -60,7 +77,7 @@ async def resolve_target(broker: Broker, name: str) -> PullTarget:
     source = catalogue.get(name, catalogue.get(name.removesuffix(":latest")))
     if source is not None:
         return PullTarget(name, _known(source))
-    names = ", ".join(sorted(set(KNOWN_MODELS) | set(catalogue)))
+    names = ", ".join(sorted(set(_models().KNOWN_MODELS) | set(catalogue)))
     raise ModelNotFound(f"pull model manifest: file does not exist: {name!r} is not a model llmfleet can pull; "
                         f"known models: {names}", param="model")
 
@@ -87,7 +104,7 @@ async def _pulled(task: asyncio.Future[Path]) -> Path:
     """The pulled file; a failure is PullFailed (the client's going away does not stop the shared download)."""
     try:
         return await asyncio.shield(task)
-    except (ModelResolveError, OSError) as exc:
+    except (_models().ModelResolveError, OSError) as exc:
         raise PullFailed(f"pull failed: {exc}") from None
 
 
@@ -95,7 +112,7 @@ async def progress(target: PullTarget) -> AsyncIterator[dict[str, Any]]:
     """Ollama's progress objects for one pull, ending with success (a failure raises PullFailed)."""
     yield {"status": "pulling manifest"}
     if target.known is not None:
-        known = KNOWN_MODELS[target.known]
+        known = _models().KNOWN_MODELS[target.known]
         layer = {"status": f"pulling {known.sha256[:12]}", "digest": f"sha256:{known.sha256}"}
         task = _download(target.known)
         while not task.done():
