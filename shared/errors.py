@@ -20,13 +20,15 @@
 | RateLimited            | 429    | rate_limit_error      | rate_limit_exceeded     | yes         |
 | InternalError          | 500    | server_error          | None                    |             |
 | DeadLettered           | 500    | server_error          | dead_lettered           |             |
+| PullFailed             | 502    | server_error          | pull_failed             |             |
 | NoWorkerAvailable      | 503    | server_error          | no_worker_available     | yes         |
 | ModelLoadFailed        | 503    | server_error          | model_load_failed       | yes         |
 | Unavailable            | 503    | server_error          | unavailable             | yes         |
 | DeadlineExceeded       | 504    | server_error          | deadline_exceeded       |             |
 
 NotFound is a URL no route serves. DeadlineExceeded is a 504: the request was valid and accepted but no answer came in time (like a
-gateway timeout), which is neither the client's fault (4xx) nor a crash (500).
+gateway timeout), which is neither the client's fault (4xx) nor a crash (500). PullFailed is a 502: a model's
+download (Ollama's /api/pull) failed upstream (the package index, its verification, or the cache).
 """
 
 from __future__ import annotations
@@ -209,6 +211,14 @@ class DeadLettered(InternalError):
     """A poison job: taken over too often without ever finishing, set aside in the dead-letter stream."""
 
     error_code = "dead_lettered"
+
+
+class PullFailed(LLMFleetError):
+    """A model could not be pulled (download, sha256 check or the model cache failed); the message says why."""
+
+    http_status = 502
+    error_type = "server_error"
+    error_code = "pull_failed"
 
 
 class NoWorkerAvailable(LLMFleetError):

@@ -12,6 +12,7 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _KV_DTYPES = ("float16", "float32")  # worker/engine/kv_pool.py KV_DTYPES
 REASONING_FORMATS = ("deepseek", "none")  # as llama-server's --reasoning-format
+REASONING_FIELDS = ("both", "reasoning", "reasoning_content")  # chat's reasoning output: vLLM's name, DeepSeek's, both
 _POSITIVE_INTS = (
     "max_body_bytes", "max_prompt_chars", "max_tokens_limit", "max_n", "max_embed_inputs", "queue_limit",
     "stream_maxlen", "max_deliveries", "redis_max_connections", "max_batch_tokens", "max_prefill_tokens",
@@ -28,7 +29,8 @@ _NON_NEGATIVE = (
     "public_metrics", "any_model_name", "prefix_placement", "placement_balance_abs", "pool_max_loaded",
     "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings",
 )
-_CHOICES = {"log_level": _LOG_LEVELS, "reasoning_format": REASONING_FORMATS, "kv_dtype": _KV_DTYPES}
+_CHOICES = {"log_level": _LOG_LEVELS, "reasoning_format": REASONING_FORMATS, "reasoning_fields": REASONING_FIELDS,
+            "kv_dtype": _KV_DTYPES}
 _LONGER_THAN_HEARTBEAT = ("heartbeat_ttl_s", "lease_s")
 
 
@@ -142,6 +144,9 @@ class Settings:
                                     "`serve` and `node --eager` were started with).")
     reasoning_format: str = _setting("deepseek", "A thinking model's `<think>` block: `deepseek` (its own field) or "
                                      "`none` (left in the content); a request's reasoning_format overrides.")
+    reasoning_fields: str = _setting("both", "Where chat completions put the reasoning: `both` (`reasoning`, vLLM's "
+                                     "name, and `reasoning_content`, DeepSeek's, with the same text), `reasoning` or "
+                                     "`reasoning_content`; assistant messages may send back either.")
     causal_embeddings: int = _setting(0, "1: a worker of a generative (causal) model serves embeddings by pooling "
                                       "its hidden states (llama-server's --embeddings); 0: such requests are a 400 "
                                       "naming the model. Embedding models such as all-minilm-l6-v2 always embed.")
@@ -247,6 +252,7 @@ ENV: dict[str, str] = {
     "responses_ttl_s": "LLMFLEET_RESPONSES_TTL_S",
     "required_models": "LLMFLEET_REQUIRED_MODELS",
     "reasoning_format": "LLMFLEET_REASONING_FORMAT",
+    "reasoning_fields": "LLMFLEET_REASONING_FIELDS",
     "causal_embeddings": "LLMFLEET_CAUSAL_EMBEDDINGS",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
@@ -313,6 +319,7 @@ _EXPECTED: dict[Callable[[str], Any], str] = {
 }
 _PARSE_BY_TYPE: dict[str, Callable[[str], Any]] = {"int": int, "float": _float, "str": _text, "str | None": _text}
 _PARSERS: dict[str, Callable[[str], Any]] = {
-    item.name: {"log_level": _upper, "slots": _slots, "reasoning_format": _lower}.get(item.name) or _PARSE_BY_TYPE[str(item.type)]
+    item.name: {"log_level": _upper, "slots": _slots, "reasoning_format": _lower,
+                 "reasoning_fields": _lower}.get(item.name) or _PARSE_BY_TYPE[str(item.type)]
     for item in dataclasses.fields(Settings)
 }

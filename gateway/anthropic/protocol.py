@@ -71,8 +71,8 @@ def to_chat_body(body: dict[str, Any], settings: Settings, *, count_only: bool =
         chat["tools"] = tools
     if body.get("tool_choice") is not None:
         chat["tool_choice"], parallel = _tool_choice(body["tool_choice"])
-        if parallel is not None:
-            chat["parallel_tool_calls"] = parallel
+        # Anthropic's default allows parallel calls (any included); only disable_parallel_tool_use turns them off
+        chat["parallel_tool_calls"] = True if parallel is None else parallel
     return chat
 
 

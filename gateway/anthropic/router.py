@@ -10,6 +10,7 @@ from gateway.anthropic import protocol, serving
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.request_body import app_state, request_body
 from gateway.http.sse import SSEResponse
+from gateway.replies.tool_calls import dropped_headers
 
 
 async def messages(request: Request) -> Response:
@@ -20,7 +21,7 @@ async def messages(request: Request) -> Response:
         stream = await unless_disconnected(request.receive, serving.stream_message(broker, parsed, settings))
         return SSEResponse(stream, named=True)
     body = await unless_disconnected(request.receive, serving.create_message(broker, parsed, settings))
-    return JSONResponse(body)
+    return JSONResponse(body, headers=dropped_headers(body["usage"].get("dropped_tool_calls", 0)))
 
 
 async def count_tokens(request: Request) -> Response:

@@ -54,7 +54,8 @@ def tool_use_id(call_id: str) -> str:
 
 
 def stop_reason(finish_reason: str | None, stop_sequence: str | None, made_calls: bool) -> str:
-    """Anthropic's stop_reason for how a choice ended."""
+    """Anthropic's stop_reason for how a choice ended (a tool turn cut only in a further call has finish_reason
+    "tool_calls", so it is tool_use)."""
     if finish_reason == "length":
         return "max_tokens"
     if made_calls:
@@ -62,12 +63,16 @@ def stop_reason(finish_reason: str | None, stop_sequence: str | None, made_calls
     return "stop_sequence" if stop_sequence is not None else "end_turn"
 
 
-def usage_body(usage: Usage) -> dict[str, int]:
+def usage_body(usage: Usage, dropped_tool_calls: int = 0) -> dict[str, int]:
     """Anthropic's usage object: as in Anthropic's (and llama-server's) accounting, input_tokens are the prompt
     tokens the worker computed and cache_read_input_tokens those its prefix cache served; nothing is billed for
-    writing to that cache (it is automatic), so cache_creation_input_tokens is 0."""
-    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "cache_creation_input_tokens": 0,
+    writing to that cache (it is automatic), so cache_creation_input_tokens is 0. llmfleet's dropped_tool_calls
+    counts a tool_use cut short by max_tokens and left out (only when there was one)."""
+    body = {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": usage.cached_tokens, "output_tokens": usage.completion_tokens}
+    if dropped_tool_calls:
+        body["dropped_tool_calls"] = dropped_tool_calls
+    return body
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -97,7 +102,7 @@ def message_body(response_id: str, model: str, choice: ChoiceResult, usage: Usag
         "content": content,
         "stop_reason": stop_reason(choice.finish_reason, choice.stop_sequence, bool(choice.tool_calls)),
         "stop_sequence": choice.stop_sequence,
-        "usage": usage_body(usage),
+        "usage": usage_body(usage, choice.dropped_calls),
     }
 
 
@@ -224,6 +229,8 @@ class MessageStream(serving.OpenStream):
                 else:
                     finish, stop = event.finish_reason, event.stop_sequence
                     pieces = self._parser.finish() if self._parser is not None else []
+                    if self._parser is not None:  # a tool turn cut only in a further call ends as tool_use
+                        finish = self._parser.finish_reason(finish)
                 for piece in pieces:
                     for out in blocks.add(piece):
                         yield out
@@ -233,7 +240,8 @@ class MessageStream(serving.OpenStream):
                 yield {"type": "ping"}
             usage = self._generation.usage
             delta = {"stop_reason": stop_reason(finish, stop, blocks.calls > 0), "stop_sequence": stop}
-            yield {"type": "message_delta", "delta": delta, "usage": usage_body(usage)}
+            dropped = self._parser.dropped if self._parser is not None else 0
+            yield {"type": "message_delta", "delta": delta, "usage": usage_body(usage, dropped)}
             yield {"type": "message_stop"}
             log.info("%s streamed: %d completion tokens", self._id, usage.completion_tokens)
         except LLMFleetError as exc:

@@ -12,9 +12,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from gateway.http.disconnect import unless_disconnected
+from gateway.http.fields import boolean, parse_json_object
 from gateway.http.request_body import request_body
 from gateway.http.sse import HEADERS, SSEResponse
 from gateway.ollama import models, protocol, serving
+from gateway.ollama import pull as pulling
+from gateway.replies.tool_calls import dropped_headers
 from shared.settings import Settings
 
 MEDIA_TYPE = "application/x-ndjson"
@@ -53,8 +56,8 @@ async def _generation(request: Request, parsed: protocol.OllamaGeneration) -> Re
         stream = await unless_disconnected(request.receive,
                                            serving.stream_generation(broker, parsed, _settings(request)))
         return NDJSONResponse(stream)
-    return JSONResponse(await unless_disconnected(request.receive,
-                                                  serving.run_generation(broker, parsed, _settings(request))))
+    body = await unless_disconnected(request.receive, serving.run_generation(broker, parsed, _settings(request)))
+    return JSONResponse(body, headers=dropped_headers(body.get("dropped_tool_calls", 0)))
 
 
 async def chat(request: Request) -> Response:
@@ -99,6 +102,22 @@ async def show(request: Request) -> Response:
     return JSONResponse(await models.show(request.app.state.broker, protocol.model_name(body)))
 
 
+async def pull(request: Request) -> Response:
+    """POST /api/pull: a model `llmfleet pull` or a node's catalogue knows, with Ollama's progress objects (the
+    name is required: a pull never defaults to the model served)."""
+    body = parse_json_object(await request.body())
+    target = await pulling.resolve_target(request.app.state.broker, protocol.model_name(body))
+    if not boolean(body, "stream", True):
+        return JSONResponse(await unless_disconnected(request.receive, pulling.pull_to_end(target)))
+    return StreamingResponse(_pull_lines(pulling.progress_lines(target)), media_type=MEDIA_TYPE, headers=HEADERS)
+
+
+async def _pull_lines(items: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    """One compact JSON object per line, each sent as it comes."""
+    async for item in items:
+        yield json.dumps(item, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
 async def version(_request: Request) -> Response:
     """GET /api/version"""
     return JSONResponse(models.version())
@@ -117,6 +136,7 @@ ROUTES = [
     Route("/api/tags", tags, methods=["GET"]),
     Route("/api/ps", running, methods=["GET"]),
     Route("/api/show", show, methods=["POST"]),
+    Route("/api/pull", pull, methods=["POST"]),
     Route("/api/version", version, methods=["GET"]),
     Route("/", banner, methods=["GET", "HEAD"]),
 ]

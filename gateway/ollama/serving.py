@@ -55,10 +55,13 @@ def _ns(seconds: float) -> int:
     return max(0, round(seconds * NS_PER_S))
 
 
-def done_fields(reason: str | None, usage: Usage, timings: list[Timing], total_s: float) -> dict[str, Any]:
-    """The fields of a reply's last object: why it ended, its token counts and durations (ns)."""
+def done_fields(reason: str | None, usage: Usage, timings: list[Timing], total_s: float,
+                dropped_tool_calls: int = 0) -> dict[str, Any]:
+    """The fields of a reply's last object: why it ended, its token counts and durations (ns); llmfleet's
+    dropped_tool_calls when a call cut short by num_predict was left out (a tool turn cut only there is "stop")."""
     timing = timings[0] if timings else Timing(queue_s=0.0, first_token_s=0.0, total_s=0.0)
-    return {"done": True, "done_reason": "length" if reason == "length" else "stop",
+    dropped = {"dropped_tool_calls": dropped_tool_calls} if dropped_tool_calls else {}
+    return {**dropped, "done": True, "done_reason": "length" if reason == "length" else "stop",
             "total_duration": _ns(total_s), "load_duration": _ns(timing.queue_s),
             "prompt_eval_count": usage.prompt_tokens,
             "prompt_eval_duration": _ns(timing.first_token_s - timing.queue_s),
@@ -136,7 +139,8 @@ async def run_generation(broker: Broker, request: OllamaGeneration, settings: Se
     done = await serving.collect_completion(broker, request.request, settings)
     choice = done.choices[0]
     body = reply(request, done.created, choice.text or "", tool_calls(choice.tool_calls or []), choice.reasoning)
-    body.update(done_fields(choice.finish_reason, done.usage, done.timings, time.monotonic() - started))
+    body.update(done_fields(choice.finish_reason, done.usage, done.timings, time.monotonic() - started,
+                            choice.dropped_calls))
     return body
 
 
@@ -190,16 +194,16 @@ class ReplyStream(serving.OpenStream):
             finish = None
             while (item := await self._generation.next()) is not None:
                 _, event = item
-                if not isinstance(event, TokenEvent):
-                    finish = event.finish_reason
                 for body in self._objects_of(event.text if isinstance(event, TokenEvent) else None):
                     yield body
+                if not isinstance(event, TokenEvent):  # after finish(): a tool turn cut in a further call stops
+                    finish = self._parser.finish_reason(event.finish_reason)
             calls = tool_calls(self._parser.calls)
             if calls:
                 yield reply(self._request, time.time(), "", calls)
             last = reply(self._request, time.time(), "")
             last.update(done_fields(finish, self._generation.usage, self._generation.timings,
-                                    time.monotonic() - self._started_at))
+                                    time.monotonic() - self._started_at, self._parser.dropped))
             yield last
             log.info("%s streamed: %d completion tokens", path, self._generation.usage.completion_tokens)
         except LLMFleetError as exc:

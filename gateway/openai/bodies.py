@@ -9,7 +9,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.replies.reasoning import Reasoning
+from gateway.replies.reasoning import BOTH_FIELDS, Reasoning
 from gateway.replies.tool_calls import CallStart, Item
 from shared.messages import Timing, TokenLogprob, Usage
 
@@ -28,13 +28,14 @@ class ChoiceResult:
     tool_calls: list[dict[str, str]] | None = None  # {"id", "name", "arguments"} parsed out of the text
     reasoning: str | None = None  # the thinking block's text, split off the answer (None: no block, or not split)
     stop_sequence: str | None = None  # the stop string that ended the choice, if one did
+    dropped_calls: int = 0  # tool calls begun but not returned (cut short by max_tokens)
 
 
-def _message(choice: ChoiceResult) -> dict[str, Any]:
-    """A chat choice's message, with tool_calls when it made any."""
+def _message(choice: ChoiceResult, reasoning_keys: tuple[str, ...] = BOTH_FIELDS) -> dict[str, Any]:
+    """A chat choice's message, with its reasoning under each of `reasoning_keys` and tool_calls when it made any."""
     message: dict[str, Any] = {"role": "assistant", "content": choice.text}
     if choice.reasoning is not None:
-        message["reasoning_content"] = choice.reasoning
+        message.update(dict.fromkeys(reasoning_keys, choice.reasoning))
     if choice.tool_calls:
         message["tool_calls"] = [{"id": c["id"], "type": "function",
                                   "function": {"name": c["name"], "arguments": c["arguments"]}}
@@ -42,10 +43,11 @@ def _message(choice: ChoiceResult) -> dict[str, Any]:
     return message
 
 
-def part_delta(part: Reasoning | Item) -> dict[str, Any]:
-    """The chat chunk delta of one reply part: reasoning, content, or a tool call's piece."""
+def part_delta(part: Reasoning | Item, reasoning_keys: tuple[str, ...] = BOTH_FIELDS) -> dict[str, Any]:
+    """The chat chunk delta of one reply part: reasoning (under each of `reasoning_keys`), content, or a tool
+    call's piece."""
     if isinstance(part, Reasoning):
-        return {"reasoning_content": part.text}
+        return dict.fromkeys(reasoning_keys, part.text)
     return tool_delta(part)
 
 
@@ -59,14 +61,18 @@ def tool_delta(item: Item) -> dict[str, Any]:
     return {"tool_calls": [{"index": item.index, "function": {"arguments": item.text}}]}
 
 
-def usage_body(usage: Usage) -> dict[str, Any]:
-    """OpenAI's usage object (with the prompt tokens the prefix cache served)."""
-    return {
+def usage_body(usage: Usage, dropped_tool_calls: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object (with the prompt tokens the prefix cache served, and llmfleet's
+    `dropped_tool_calls` when a call cut short by max_tokens was left out)."""
+    body: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if dropped_tool_calls:
+        body["dropped_tool_calls"] = dropped_tool_calls
+    return body
 
 
 def timings_body(usage: Usage, timings: list[Timing]) -> dict[str, float | int]:
@@ -146,9 +152,10 @@ def completion_logprobs(entries: list[TokenLogprob], offsets: TextOffsets) -> di
 
 
 def chat_completion(
-    response_id: str, created: int, model: str, choices: list[ChoiceResult], usage: Usage
+    response_id: str, created: int, model: str, choices: list[ChoiceResult], usage: Usage,
+    reasoning_keys: tuple[str, ...] = BOTH_FIELDS,
 ) -> dict[str, Any]:
-    """A chat.completion object."""
+    """A chat.completion object (reasoning under each of `reasoning_keys`)."""
     return {
         "id": response_id,
         "object": "chat.completion",
@@ -158,13 +165,13 @@ def chat_completion(
         "choices": [
             {
                 "index": c.index,
-                "message": _message(c),
+                "message": _message(c, reasoning_keys),
                 "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs),
                 "finish_reason": c.finish_reason,
             }
             for c in choices
         ],
-        "usage": usage_body(usage),
+        "usage": usage_body(usage, sum(c.dropped_calls for c in choices)),
     }
 
 
@@ -214,10 +221,10 @@ class ChunkHeader:
             body["usage"] = None
         return body
 
-    def usage_chunk(self, obj: str, usage: Usage) -> dict[str, Any]:
+    def usage_chunk(self, obj: str, usage: Usage, dropped_tool_calls: int = 0) -> dict[str, Any]:
         """The final chunk of an include_usage stream: no choices, the usage."""
         body = self.chunk(obj, [])
-        body["usage"] = usage_body(usage)
+        body["usage"] = usage_body(usage, dropped_tool_calls)
         return body
 
 

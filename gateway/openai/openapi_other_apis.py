@@ -66,6 +66,8 @@ def _ollama_paths() -> dict[str, Any]:
         "/api/tags": {"get": ollama("Local models (Ollama)", None)},
         "/api/ps": {"get": ollama("Loaded models (Ollama)", None)},
         "/api/show": {"post": ollama("One model's details (Ollama)", "OllamaModelRequest")},
+        "/api/pull": {"post": ollama("Pull a model llmfleet knows, with progress objects (Ollama)",
+                                     "OllamaPullRequest", stream=True)},
         "/api/version": {"get": ollama("The Ollama API version", None)},
     }
 
@@ -117,6 +119,8 @@ def other_api_schemas() -> dict[str, Schema]:
                                        "truncate": {"type": "boolean"}}, ("model", "input")),
         "OllamaEmbeddingsRequest": object_schema({"model": model, "prompt": text}, ("model", "prompt")),
         "OllamaModelRequest": object_schema({"model": model}, ("model",)),
+        "OllamaPullRequest": object_schema({"model": model, "stream": {"type": "boolean"},
+                                            "insecure": {"type": "boolean"}}, ("model",)),
         "OllamaError": object_schema({"error": text}, ("error",)),
         "AdminModelRequest": object_schema({"model": model, "wait": {"type": "boolean"}, "timeout": {"type": "number"},
                                       "force": {"type": "boolean"}}, ("model",)),

@@ -278,6 +278,8 @@ def _message(item: Any, param: str) -> ChatMessage:
         raise invalid(f"{param}.tool_call_id", "a tool message needs the id of the call it answers.")
     if role == "tool":
         text_within(tool_call_id, f"{param}.tool_call_id", max_bytes=MAX_CALL_TEXT_BYTES)
+    if role == "assistant":
+        _past_reasoning(item, param)
     content = item.get("content")
     if content is None and role == "assistant":
         content = ""
@@ -290,6 +292,16 @@ def _message(item: Any, param: str) -> ChatMessage:
         text_within(name, f"{param}.name", max_bytes=MAX_NAME_BYTES)
     return ChatMessage(role=role, content=content, name=name, tool_calls=tool_calls,
                        tool_call_id=tool_call_id if role == "tool" else None)
+
+
+def _past_reasoning(item: dict[str, Any], param: str) -> None:
+    """Check an assistant turn's earlier reasoning, under vLLM's `reasoning` or DeepSeek's `reasoning_content`
+    (both accepted, each a string or null). Neither goes into the prompt: as with Anthropic's thinking blocks, a
+    model's earlier reasoning is not part of what it reads next, so no name has to win over the other."""
+    for name in ("reasoning", "reasoning_content"):
+        value = item.get(name)
+        if value is not None and not isinstance(value, str):
+            raise invalid(f"{param}.{name}", "expected a string (the turn's reasoning text) or null.")
 
 
 def _text_part(part: Any, param: str) -> str:

@@ -18,6 +18,7 @@ from gateway.openai import bodies, protocol, serving
 from gateway.openai.batches import BATCH_ROUTES
 from gateway.openai.openapi import openapi_document
 from gateway.openai.protocol import ChatRequest, CompletionRequest
+from gateway.replies.tool_calls import dropped_headers
 from shared.errors import ModelNotFound
 
 
@@ -27,7 +28,7 @@ async def _generate(request: Request, parsed: ChatRequest | CompletionRequest) -
         stream = await unless_disconnected(request.receive, serving.stream_completion(broker, parsed, settings))
         return SSEResponse(stream)
     body = await unless_disconnected(request.receive, serving.run_completion(broker, parsed, settings))
-    return JSONResponse(body)
+    return JSONResponse(body, headers=dropped_headers(body["usage"].get("dropped_tool_calls", 0)))
 
 
 async def chat_completions(request: Request) -> Response:

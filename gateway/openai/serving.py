@@ -34,8 +34,8 @@ from gateway.openai.bodies import ChoiceResult, ChunkHeader
 from gateway.openai.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbedBody
 from gateway.replies.generation import STILL_WAITING, Generation, charge_key
 from gateway.replies.parser import ReplyParser
-from gateway.replies.reasoning import split_reasoning
-from gateway.replies.tool_calls import split_reply
+from gateway.replies.reasoning import BOTH_FIELDS, reasoning_keys, split_reasoning
+from gateway.replies.tool_calls import split_ended_reply
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, Timing, TokenEvent, Usage
 from shared.settings import Settings
@@ -129,11 +129,6 @@ async def opens_thinking(broker: Broker, request: GenerateBody) -> bool:
     return any(worker.opens_thinking for worker in workers)
 
 
-def _tool_finish(reason: str | None, calls: list[dict[str, str]]) -> str | None:
-    """OpenAI's finish_reason "tool_calls" for a reply that ended (not cut short) after making calls."""
-    return "tool_calls" if calls and reason == "stop" else reason
-
-
 def _wants_logprobs(request: GenerateBody) -> bool:
     return request.logprobs if isinstance(request, ChatRequest) else request.logprobs is not None
 
@@ -175,10 +170,10 @@ async def collect_completion(broker: Broker, request: GenerateBody, settings: Se
             choice.text = "".join(texts)
             if _uses_reasoning(request):
                 choice.reasoning, choice.text = split_reasoning(choice.text, forced_open=opened)
-            if _uses_tools(request):
-                choice.text, calls = split_reply(choice.text)
-                choice.tool_calls = calls or None
-                choice.finish_reason = _tool_finish(choice.finish_reason, calls)
+            if _uses_tools(request):  # a tool turn cut only in a further call ends as "tool_calls"
+                split = split_ended_reply(choice.text, choice.finish_reason)
+                choice.text, choice.tool_calls = split.content, split.calls or None
+                choice.finish_reason, choice.dropped_calls = split.finish_reason, split.dropped
     finally:
         await generation.close()
     log.info("%s done: %d choices, %d completion tokens", request_id, len(choices), generation.usage.completion_tokens)
@@ -188,9 +183,9 @@ async def collect_completion(broker: Broker, request: GenerateBody, settings: Se
 async def run_completion(broker: Broker, request: GenerateBody, settings: Settings) -> dict[str, Any]:
     """Queue the request's jobs and collect their events into one response body."""
     done = await collect_completion(broker, request, settings)
-    build = bodies.chat_completion if isinstance(request, ChatRequest) else bodies.text_completion
-    body = build(_response_id(request, done.request_id), int(done.created), request.params.model, done.choices,
-                 done.usage)
+    head = (_response_id(request, done.request_id), int(done.created), request.params.model, done.choices, done.usage)
+    body = bodies.chat_completion(*head, reasoning_keys(settings.reasoning_fields)) \
+        if isinstance(request, ChatRequest) else bodies.text_completion(*head)
     if request.params.timings:
         body["timings"] = bodies.timings_body(done.usage, done.timings)
     return body
@@ -260,7 +255,8 @@ async def stream_completion(broker: Broker, request: GenerateBody, settings: Set
     return ChunkStream(started.generation, header, chat=isinstance(request, ChatRequest),
                        logprobs=_wants_logprobs(request), tools=_uses_tools(request), timings=request.params.timings,
                        reasoning=_uses_reasoning(request), opens_thinking=started.opens_thinking,
-                       errors=broker.errors, priming=started.priming, keepalive_s=settings.sse_keepalive_s)
+                       errors=broker.errors, priming=started.priming, keepalive_s=settings.sse_keepalive_s,
+                       reasoning_keys=reasoning_keys(settings.reasoning_fields))
 
 
 class OpenStream:
@@ -288,8 +284,9 @@ class ChunkStream(OpenStream):
     def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
                  tools: bool = False, timings: bool = False, errors: ErrorLog | None = None,
                  priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0, reasoning: bool = False,
-                 opens_thinking: bool = False) -> None:
+                 opens_thinking: bool = False, reasoning_keys: tuple[str, ...] = BOTH_FIELDS) -> None:
         self._generation = generation
+        self._reasoning_keys = reasoning_keys  # the delta fields reasoning goes out under (LLMFLEET_REASONING_FIELDS)
         self._timings = timings
         self._errors = errors
         self._priming = priming  # still waiting for the first events: the stream opens with `: queued`
@@ -326,8 +323,8 @@ class ChunkStream(OpenStream):
                     reason = event.finish_reason
                     if self._parsers:
                         for part in self._parsers[index].finish():
-                            yield bodies.chat_chunk(header, index, bodies.part_delta(part))
-                        reason = _tool_finish(reason, self._parsers[index].calls)
+                            yield bodies.chat_chunk(header, index, bodies.part_delta(part, self._reasoning_keys))
+                        reason = self._parsers[index].finish_reason(reason)
                     if self._chat:
                         yield bodies.chat_chunk(header, index, {}, finish_reason=reason)
                     else:
@@ -342,7 +339,7 @@ class ChunkStream(OpenStream):
                         yield bodies.chat_chunk(header, index, {"content": event.text}, entries)
                         continue
                     for part in parts:
-                        yield bodies.chat_chunk(header, index, bodies.part_delta(part))
+                        yield bodies.chat_chunk(header, index, bodies.part_delta(part, self._reasoning_keys))
                     continue
                 if self._chat:
                     yield bodies.chat_chunk(header, index, {"content": event.text}, entries)
@@ -351,7 +348,8 @@ class ChunkStream(OpenStream):
                 yield bodies.completion_chunk(header, index, event.text, logprobs)
             obj = "chat.completion.chunk" if self._chat else "text_completion"
             usage = self._generation.usage
-            last = header.usage_chunk(obj, usage) if header.include_usage else None
+            dropped = sum(parser.dropped for parser in self._parsers or [])
+            last = header.usage_chunk(obj, usage, dropped) if header.include_usage else None
             if self._timings:  # as llama-server: the stream's last chunk carries the timings
                 last = last or header.chunk(obj, [])
                 last["timings"] = bodies.timings_body(usage, self._generation.timings)

@@ -2,6 +2,10 @@
 
 Shapes and sizes are checked here; each tool's parameters schema is compiled by the worker, which names
 `tools[i].function.parameters` in a 400 when one does not compile (see gateway/openai/structured.py).
+
+parallel_tool_calls left unset (or null) is true with tool_choice auto (OpenAI's default) and false where a
+call is forced (required or a named function), as llama-server defaults it: a forced reply is one call and ends
+there. A named function is always one call (the worker's grammar closes after it), whatever the field says.
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ def parse_tools(body: dict[str, Any]) -> ToolOptions:
         if body.get(legacy) is not None:
             raise invalid(legacy, "the legacy function-calling fields are not supported; use tools and tool_choice.")
     tools = _tools(body.get("tools"))
-    parallel = boolean(body, "parallel_tool_calls", True)
     choice, name = _choice(body.get("tool_choice"), tools)
+    parallel = boolean(body, "parallel_tool_calls", choice == "auto") and choice != "named"
     return ToolOptions(tools=tools, choice=choice, name=name, parallel=parallel)
 
 

@@ -4,7 +4,7 @@ calls parsed out of the answer alone (gateway/replies/tool_calls.py). Every stre
 from __future__ import annotations
 
 from gateway.replies.reasoning import Reasoning, ReasoningSplitter
-from gateway.replies.tool_calls import Item, ToolCallParser
+from gateway.replies.tool_calls import Item, ToolCallParser, tool_finish
 
 Part = Reasoning | Item  # reasoning text, answer text (str), or a tool call's start / arguments
 
@@ -20,6 +20,15 @@ class ReplyParser:
     def calls(self) -> list[dict[str, str]]:
         """The complete tool calls released so far."""
         return self._tools.calls if self._tools is not None else []
+
+    @property
+    def dropped(self) -> int:
+        """Calls begun but not released (cut short by the token limit, or not JSON)."""
+        return self._tools.dropped if self._tools is not None else 0
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        """The choice's finish_reason once the reply ended (finish() called): "tool_calls" for a tool turn."""
+        return tool_finish(reason, self._tools) if self._tools is not None else reason
 
     def feed(self, text: str) -> list[Part]:
         """Take more text; return what it released."""

@@ -1,7 +1,8 @@
 """Reasoning output: a reply that opens with a thinking block (`<think>…</think>`, the DeepSeek-R1 / Qwen3
 convention) is split into its reasoning and its answer, as llama-server's `--reasoning-format deepseek` does.
 
-One streaming splitter serves every API surface (chat's `reasoning_content`, Anthropic's `thinking` block, and
+One streaming splitter serves every API surface (chat's `reasoning_content` and `reasoning`, the same text under
+DeepSeek's and vLLM's names, either one turned off by LLMFLEET_REASONING_FIELDS; Anthropic's `thinking` block, and
 any other adapter): feed it the reply's text in pieces of any size and it releases `Reasoning` pieces and
 answer text (plain `str`), never a whole or partial tag. Only a block that opens the reply counts (leading
 whitespace allowed): a `<think>` later in the answer is answer text. A reply whose prompt already opened the
@@ -24,6 +25,15 @@ FORMATS = ("none", "deepseek", "auto")  # llama-server's reasoning_format values
 RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 MAX_TEMPLATE_KWARGS_BYTES = 4096  # chat_template_kwargs as JSON
 MAX_THINKING_BUDGET = 1 << 20
+
+
+BOTH_FIELDS = ("reasoning_content", "reasoning")
+
+
+def reasoning_keys(fields: str) -> tuple[str, ...]:
+    """The chat message / delta fields that carry reasoning output, for LLMFLEET_REASONING_FIELDS (both, reasoning
+    or reasoning_content)."""
+    return BOTH_FIELDS if fields == "both" else (fields,)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ whitespace (dropped once calls follow). A call is held until its arguments value
 JSON, then released at once (its start with its name, then its whole arguments text): a call cut short (by
 max_tokens, a stop string, a cancel) is never returned, so every call a client sees holds valid JSON, and a
 stream never sends argument fragments of a call that is dropped later. Its complete predecessors are kept.
+
+How a reply with calls ends (`tool_finish`): a choice that stopped after its calls is a tool turn (OpenAI's
+finish_reason "tool_calls"); so is one cut by max_tokens when nothing but calls followed its first call and the
+only thing cut was a further call (dropped, and counted in `dropped`) or the closing tag of the last one: every
+call it returns is whole, so a client runs them as it would an uncut turn. Anything else cut stays "length".
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import secrets
 from dataclasses import dataclass
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+DROPPED_HEADER = "x-llmfleet-dropped-tool-calls"  # a non-streamed reply's count of calls begun but not returned
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 
 
@@ -55,6 +61,8 @@ class ToolCallParser:
         self._depth, self._in_string, self._escaped = 0, False, False
         self._pending: dict[str, str] | None = None  # the call being generated, until its arguments are complete
         self.calls: list[dict[str, str]] = []  # {"id", "name", "arguments"} of every complete call released
+        self.dropped = 0  # calls begun but never released (cut short, or arguments that are not JSON)
+        self.text_after_calls = False  # content came after the first call (only without a grammar)
 
     def feed(self, text: str) -> list[Item]:
         """Take more text; return what it released."""
@@ -62,17 +70,31 @@ class ToolCallParser:
         out: list[Item] = []
         while self._step(out):
             pass
-        return out
+        return self._noted(out)
 
     def finish(self) -> list[Item]:
         """The reply ended: release the content held; a call whose arguments are unfinished is dropped (so is
         whitespace or a partial tag after calls)."""
         held, self._buffer, self._pending = self._buffer, "", None
         if self._state == "content" and held and not (self.calls and OPEN.startswith(held.strip())):
-            return [held]
+            return self._noted([held])
+        if self._state == "content" and held.strip():
+            self.dropped += 1  # the start of a further `<tool_call>` tag
         if self._state == "head" and held.strip() and not held.lstrip().startswith("{"):
-            return [OPEN + held]  # never became a call: it was text after all
-        return []  # a call cut short, before or inside its arguments
+            return self._noted([OPEN + held])  # never became a call: it was text after all
+        if self._state in ("head", "arguments"):
+            self.dropped += 1  # a call cut short, before or inside its arguments
+        return []
+
+    def _noted(self, items: list[Item]) -> list[Item]:
+        """Note content that follows a released call (the reply then did not end in calls alone)."""
+        seen = len(self.calls) - sum(isinstance(item, CallStart) for item in items)  # released before these
+        for item in items:
+            if isinstance(item, CallStart):
+                seen += 1
+            elif isinstance(item, str) and item.strip() and seen:
+                self.text_after_calls = True
+        return items
 
     def _step(self, out: list[Item]) -> bool:
         """Advance one state as far as the buffer allows; True if the state changed."""
@@ -123,6 +145,8 @@ class ToolCallParser:
             self.calls.append(call)
             index = len(self.calls) - 1
             out.extend((CallStart(index, call["id"], call["name"]), ArgumentsDelta(index, call["arguments"])))
+        else:
+            self.dropped += 1
         return True
 
     def _scan_arguments(self) -> int:
@@ -146,6 +170,21 @@ class ToolCallParser:
         return len(self._buffer)
 
 
+def tool_finish(reason: str | None, parser: ToolCallParser) -> str | None:
+    """A choice's finish_reason once its calls are parsed: "tool_calls" for a tool turn (see the module's
+    docstring), else the worker's reason."""
+    if not parser.calls:
+        return reason
+    if reason == "stop" or (reason == "length" and not parser.text_after_calls):
+        return "tool_calls"
+    return reason
+
+
+def dropped_headers(count: int) -> dict[str, str]:
+    """The response header that shows calls were dropped (none when none were)."""
+    return {DROPPED_HEADER: str(count)} if count else {}
+
+
 def is_json(text: str) -> bool:
     """Whether text parses as JSON."""
     try:
@@ -163,9 +202,26 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class SplitReply:
+    """A whole reply, its calls parsed out."""
+
+    content: str | None  # None when it is only calls
+    calls: list[dict[str, str]]
+    finish_reason: str | None  # as tool_finish gives it
+    dropped: int  # calls begun but not returned
+
+
 def split_reply(text: str) -> tuple[str | None, list[dict[str, str]]]:
     """A whole reply's content (None when it is only calls) and its calls."""
+    split = split_ended_reply(text, None)
+    return split.content, split.calls
+
+
+def split_ended_reply(text: str, reason: str | None) -> SplitReply:
+    """A whole reply that ended for `reason`: its content, calls, finish_reason and dropped calls."""
     parser = ToolCallParser()
     items = parser.feed(text) + parser.finish()
     content = "".join(item for item in items if isinstance(item, str))
-    return (content or None) if parser.calls else content, parser.calls
+    return SplitReply((content or None) if parser.calls else content, parser.calls, tool_finish(reason, parser),
+                      parser.dropped)

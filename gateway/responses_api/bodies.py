@@ -18,15 +18,21 @@ def response_id(request_id: str) -> str:
     return "resp_" + request_id.removeprefix("req-")
 
 
-def usage_body(usage: Usage) -> dict[str, Any]:
-    """OpenAI's Responses usage: prompt tokens (those the prefix cache served as cached_tokens) and output."""
-    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.total_tokens}
+def usage_body(usage: Usage, dropped_tool_calls: int = 0) -> dict[str, Any]:
+    """OpenAI's Responses usage: prompt tokens (those the prefix cache served as cached_tokens) and output; with
+    llmfleet's dropped_tool_calls when a function call cut short by max_output_tokens was left out."""
+    body: dict[str, Any] = {
+        "input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.total_tokens}
+    if dropped_tool_calls:
+        body["dropped_tool_calls"] = dropped_tool_calls
+    return body
 
 
 def status_of(finish_reason: str | None) -> str:
-    """A response's status for how its choice ended."""
+    """A response's status for how its choice ended (a tool turn cut only in a further call is "tool_calls":
+    completed)."""
     return {"length": "incomplete", "cancelled": "cancelled"}.get(finish_reason or "", "completed")
 
 
@@ -75,7 +81,7 @@ def output_items(text: str | None, calls: list[dict[str, str]], finish_reason: s
 
 def response_body(request: ResponsesRequest, rid: str, created: float, *, status: str,
                   output: list[dict[str, Any]] | None = None, usage: Usage | None = None,
-                  error: LLMFleetError | None = None) -> dict[str, Any]:
+                  error: LLMFleetError | None = None, dropped_tool_calls: int = 0) -> dict[str, Any]:
     """The response object, echoing the request's settings."""
     sampling = request.chat_fields
     return {
@@ -91,7 +97,7 @@ def response_body(request: ResponsesRequest, rid: str, created: float, *, status
         "metadata": request.metadata,
         "model": request.model,
         "output": output or [],
-        "parallel_tool_calls": sampling.get("parallel_tool_calls", True),
+        "parallel_tool_calls": parallel_tool_calls(request),
         "previous_response_id": request.previous_response_id,
         "reasoning": {"effort": None, "summary": None},
         "store": request.store,
@@ -101,9 +107,18 @@ def response_body(request: ResponsesRequest, rid: str, created: float, *, status
         "tools": request.tools,
         "top_p": sampling.get("top_p", 1.0),
         "truncation": "disabled",
-        "usage": None if usage is None else usage_body(usage),
+        "usage": None if usage is None else usage_body(usage, dropped_tool_calls),
         "user": None,
     }
+
+
+def parallel_tool_calls(request: ResponsesRequest) -> bool:
+    """The parallel_tool_calls the response ran with: as sent, else false where a call is forced (required or a
+    named function, as gateway/openai/tools.py defaults it); a named function is always one call."""
+    if isinstance(request.tool_choice, dict):
+        return False
+    sent = request.chat_fields.get("parallel_tool_calls")
+    return sent if isinstance(sent, bool) else request.tool_choice != "required"
 
 
 def deleted_body(rid: str) -> dict[str, Any]:

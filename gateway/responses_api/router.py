@@ -12,6 +12,7 @@ from gateway.http.api_keys import current_key
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.request_body import request_body
 from gateway.http.sse import SSEResponse
+from gateway.replies.tool_calls import dropped_headers
 from gateway.responses_api import bodies, items, serving
 from gateway.responses_api.protocol import parse_request
 from gateway.responses_api.store import ResponseStore
@@ -38,7 +39,7 @@ async def create(request: Request) -> Response:
     if parsed.background:
         return JSONResponse(await serving.start_background(broker, store, parsed, settings))
     body = await unless_disconnected(request.receive, serving.create_response(broker, store, parsed, settings))
-    return JSONResponse(body)
+    return JSONResponse(body, headers=dropped_headers((body["usage"] or {}).get("dropped_tool_calls", 0)))
 
 
 async def retrieve(request: Request) -> Response:

@@ -6,7 +6,8 @@ This module loads the history of previous_response_id, names the response before
 request id is the response id's digits), stores the record (`in_progress` first, so any gateway can cancel it,
 then the final one) and shapes what comes back:
 - create_response: one response object; a tool call cut short by max_output_tokens is left out (status
-  `incomplete`, incomplete_details.reason `max_output_tokens`); a cancelled job is status `cancelled`.
+  `incomplete`, incomplete_details.reason `max_output_tokens`, unless the cut call followed complete calls
+  only: then the turn is `completed` and usage.dropped_tool_calls counts it); a cancelled job is `cancelled`.
 - start_background: the record is stored `in_progress` and returned at once; a task of this gateway runs the
   job and stores the result (GET polls it, POST .../cancel stops it).
 - stream_response: the typed events, each with its sequence_number: response.created, response.in_progress,
@@ -128,7 +129,8 @@ async def _run(broker: Broker, store: ResponseStore, prepared: Prepared, setting
     choice = done.choices[0]
     calls = choice.tool_calls or []
     output = bodies.output_items(choice.text, calls, choice.finish_reason, choice.reasoning, rid=prepared.rid)
-    body = prepared.body(bodies.status_of(choice.finish_reason), output=output, usage=done.usage)
+    body = prepared.body(bodies.status_of(choice.finish_reason), output=output, usage=done.usage,
+                         dropped_tool_calls=choice.dropped_calls)
     await _save_final(store, prepared, body)
     return body
 
@@ -349,15 +351,16 @@ class ResponseStream(serving.OpenStream):
                 if isinstance(event, TokenEvent):
                     pieces = self._parser.feed(event.text)
                 else:
-                    finish = event.finish_reason
                     pieces = self._parser.finish()
+                    finish = self._parser.finish_reason(event.finish_reason)  # a tool turn: completed
                 for piece in pieces:
                     for out in output.add(piece):
                         yield out
             for out in output.close(finish):
                 yield out
             status = bodies.status_of(finish)
-            final = prepared.body(status, output=output.items, usage=self._generation.usage)
+            final = prepared.body(status, output=output.items, usage=self._generation.usage,
+                                  dropped_tool_calls=self._parser.dropped)
             await self._store(final)
             yield {"type": "response.completed" if status == "completed" else "response.incomplete",
                    "response": final}

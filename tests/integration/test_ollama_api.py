@@ -188,3 +188,17 @@ def test_a_format_that_is_not_a_schema_is_a_400(cluster: Any) -> None:
     response = httpx.post(cluster.base_url + "/api/generate", timeout=30,
                           json={"model": MODEL, "prompt": "hi", "format": "xml"})
     assert response.status_code == 400 and list(response.json()) == ["error"] and "format" in response.json()["error"]
+
+
+def test_pull_of_a_known_model_streams_progress_and_an_unknown_one_lists_the_known(client: Any,
+                                                                                    smollm2_gguf_path: Path) -> None:
+    """Issue 42 (Open WebUI's pull button): the gateway runs `llmfleet pull`'s code on the cache SmolLM2 is in."""
+    updates = list(client.pull("smollm2:latest", stream=True))
+    assert updates[0].status == "pulling manifest" and updates[-1].status == "success"
+    (layer,) = [u for u in updates if u.total is not None]
+    assert layer.total == layer.completed == smollm2_gguf_path.stat().st_size
+    assert layer.digest == "sha256:" + hashlib.sha256(smollm2_gguf_path.read_bytes()).hexdigest()
+    assert client.pull(MODEL, stream=False).status == "success"
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.pull("llama3.2:1b")
+    assert caught.value.status_code == 404 and MODEL in caught.value.error and EMBEDDER in caught.value.error

@@ -29,11 +29,12 @@ def test_chat_splits_the_thinking_block_off_the_answer(client: openai.OpenAI) ->
                                              ).choices[0].message
     reasoning = message.reasoning_content  # type: ignore[attr-defined]
     assert re.fullmatch(r"[a-z]+( [a-z]+){3,8}", reasoning), reasoning
+    assert message.reasoning == reasoning  # type: ignore[attr-defined]  # vLLM's name, the same text (issue 42)
     assert re.fullmatch(r"[A-Z][a-z]+( [a-z]+){2,8}\.", message.content), message.content
     raw = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=80,
                                          extra_body={**FORCED, "reasoning_format": "none"}).choices[0].message
     assert raw.content == f"<think>\n{reasoning}\n</think>\n\n{message.content}"
-    assert getattr(raw, "reasoning_content", None) is None
+    assert getattr(raw, "reasoning_content", None) is None and getattr(raw, "reasoning", None) is None
 
 
 def test_streamed_deltas_reassemble_to_the_collected_split(client: openai.OpenAI) -> None:
@@ -46,6 +47,7 @@ def test_streamed_deltas_reassemble_to_the_collected_split(client: openai.OpenAI
         if delta is None:
             continue
         piece = getattr(delta, "reasoning_content", None)
+        assert getattr(delta, "reasoning", None) == piece  # both names in every delta, the same text
         if piece:
             reasoning += piece
             order.append("reasoning")
@@ -55,6 +57,20 @@ def test_streamed_deltas_reassemble_to_the_collected_split(client: openai.OpenAI
             order.append("content")
     assert (reasoning, content) == (whole.reasoning_content, whole.content)  # type: ignore[attr-defined]
     assert order == sorted(order, key=lambda kind: kind == "content") and len(set(order)) == 2
+
+
+def test_a_turn_with_its_reasoning_under_either_name_continues(client: openai.OpenAI) -> None:
+    """Both names are accepted on an assistant turn sent back (neither goes into the prompt): the same reply."""
+    first = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=80, extra_body=FORCED
+                                           ).choices[0].message
+    replies = []
+    for past in ({}, {"reasoning": first.reasoning}, {"reasoning_content": first.reasoning_content},  # type: ignore
+                 {"reasoning": first.reasoning, "reasoning_content": first.reasoning}):  # type: ignore
+        history = [*ASK, {"role": "assistant", "content": first.content, **past},
+                   {"role": "user", "content": "Why?"}]
+        replies.append(client.chat.completions.create(model=MODEL, messages=history, max_tokens=16, temperature=0,
+                                                      seed=1).choices[0].message.content)
+    assert len(set(replies)) == 1 and replies[0]
 
 
 def test_stop_strings_apply_to_the_answer_not_the_thinking(client: openai.OpenAI) -> None:

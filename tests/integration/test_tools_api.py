@@ -79,20 +79,24 @@ def test_a_conversation_with_a_tool_result_continues(client: openai.OpenAI) -> N
 
 @pytest.mark.parametrize("max_tokens", [20, 40, 60, 120])
 def test_every_returned_call_parses_whatever_max_tokens_cuts(client: openai.OpenAI, max_tokens: int) -> None:
-    """Issue 23: a required call cut short by max_tokens is not returned; its complete predecessors are, and
-    finish_reason stays "length". Parallel calls allowed: SmolLM2 repeats its call until max_tokens cuts one."""
-    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
-                                           max_tokens=max_tokens, temperature=0)
+    """Issue 23: a required call cut short by max_tokens is not returned; its complete predecessors are. Issue 42:
+    with a complete call, the cut one is counted (usage.dropped_tool_calls) and the turn ends as "tool_calls";
+    with none, finish_reason stays "length". Parallel calls allowed: SmolLM2 repeats its call until max_tokens
+    cuts one."""
+    ask = {"model": MODEL, "messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+           "parallel_tool_calls": True, "max_tokens": max_tokens, "temperature": 0}
+    raw = client.chat.completions.with_raw_response.create(**ask)
+    reply = raw.parse()
     choice = reply.choices[0]
     for call in choice.message.tool_calls or []:
         assert isinstance(json.loads(call.function.arguments), dict), call.function.arguments
-    assert choice.finish_reason in ("length", "tool_calls")
-    if reply.usage.completion_tokens >= max_tokens:
-        assert choice.finish_reason == "length"
+    assert choice.finish_reason == ("tool_calls" if choice.message.tool_calls else "length")
+    dropped = getattr(reply.usage, "dropped_tool_calls", None)
+    assert raw.headers.get("x-llmfleet-dropped-tool-calls") == (None if dropped is None else str(dropped))
+    assert dropped in (None, 1)  # at most the one call the limit cut (none when it cut a closing tag)
     streamed: dict[int, list[str]] = {}
     last = None
-    for chunk in client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
-                                                max_tokens=max_tokens, temperature=0, stream=True):
+    for chunk in client.chat.completions.create(**ask, stream=True):
         delta = chunk.choices[0].delta if chunk.choices else None
         for part in (delta.tool_calls if delta else None) or []:
             if part.id:
@@ -116,7 +120,8 @@ def test_anthropic_tool_use_inputs_are_whole_when_max_tokens_cuts(cluster: Any) 
               "extra_body": {"temperature": 0}}  # the SDK has no sampling arguments; the gateway reads it
     message = client.messages.create(**kwargs)
     uses = [block for block in message.content if block.type == "tool_use"]
-    assert message.stop_reason == "max_tokens" and all(isinstance(u.input, dict) and u.input for u in uses)
+    assert all(isinstance(u.input, dict) and u.input for u in uses)
+    assert message.stop_reason == ("tool_use" if uses else "max_tokens")  # issue 42: a further call cut: tool_use
     with client.messages.stream(**kwargs) as stream:
         final = stream.get_final_message()  # the SDK parses each block's input_json_delta pieces as JSON
     assert [u.input for u in final.content if u.type == "tool_use"] == [u.input for u in uses]
@@ -131,15 +136,17 @@ RESPONSES_WEATHER = {"type": "function", "name": "get_weather", "description": "
 def test_every_responses_function_call_parses_whatever_max_output_tokens_cuts(client: openai.OpenAI,
                                                                              max_tokens: int) -> None:
     """The Responses API's path: a call cut short is not an output item (the response is "incomplete" when
-    max_output_tokens cut it); the stream's function_call items are the same whole calls."""
+    max_output_tokens cut it and no call is whole, else a "completed" tool turn); the stream's function_call items
+    are the same whole calls."""
     kwargs = {"model": MODEL, "input": ASK[0]["content"], "tools": [RESPONSES_WEATHER], "tool_choice": "required",
-              "max_output_tokens": max_tokens, "temperature": 0}
+              "parallel_tool_calls": True, "max_output_tokens": max_tokens, "temperature": 0}
     response = client.responses.create(**kwargs)
     calls = [(item.name, item.arguments) for item in response.output if item.type == "function_call"]
     for _name, arguments in calls:
         assert isinstance(json.loads(arguments), dict), arguments
-    if response.usage.output_tokens >= max_tokens:
-        assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.status == ("completed" if calls else "incomplete")
+    if response.usage.output_tokens >= max_tokens and not calls:
+        assert response.incomplete_details.reason == "max_output_tokens"
     with client.responses.stream(**kwargs) as stream:
         events = list(stream)
     done = [(event.name, event.arguments) for event in events if event.type == "response.function_call_arguments.done"]

@@ -157,7 +157,7 @@ def _compiled(engine: Engine, constraint: Constraint, param: str) -> Constraint:
 
 def tool_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:
     """The grammar of a job's tool calls: forced (required, named) or lazy (auto); each tool's schema first
-    compiled alone, so a bad one is named."""
+    compiled alone, so a bad one is named. A named tool is one call: the grammar closes after it."""
     tools = offered_tools(job)
     if not tools:
         return None
@@ -166,7 +166,8 @@ def tool_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:
     if job.tool_choice == "named":
         tools = [t for t in tools if t.name == job.tool_name]
     mode = "auto" if job.tool_choice == "auto" else "required"
-    return _compiled(engine, call_grammar(tools, mode, job.parallel_tool_calls), "tools")
+    parallel = job.parallel_tool_calls and job.tool_choice != "named"
+    return _compiled(engine, call_grammar(tools, mode, parallel), "tools")
 
 
 def output_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:

@@ -86,7 +86,7 @@ def test_tool_use_and_tool_results_become_calls_and_tool_turns_in_block_order() 
     ({"type": "auto"}, "auto", None, True),
     ({"type": "any"}, "required", None, True),
     ({"type": "any", "disable_parallel_tool_use": True}, "required", None, False),
-    ({"type": "tool", "name": "get_weather"}, "named", "get_weather", True),
+    ({"type": "tool", "name": "get_weather"}, "named", "get_weather", False),  # a named tool is one call
     ({"type": "none"}, "none", None, True),
 ])
 def test_tool_choice_maps_onto_openai_choices(choice: dict[str, Any], expected: str, name: str | None,

@@ -290,3 +290,26 @@ async def test_a_queued_stream_opens_with_comments_the_sdk_ignores(settings, ser
         await raw.aclose()
         await http.aclose()
     await redis.aclose()
+
+
+async def test_any_cut_only_in_a_further_call_stops_with_tool_use(sdk, client, worker) -> None:
+    """Issue 42: `any` allows parallel calls (Anthropic's default); when max_tokens cuts only a further call, the
+    complete one is a tool_use turn (a `while stop_reason == "tool_use"` loop runs it); usage counts the drop."""
+    ask = {"model": "smollm2", "max_tokens": 40, "messages": ASK, "tools": [WEATHER], "tool_choice": {"type": "any"}}
+    cut = '\n<tool_call>\n{"name": "get_weather", "arguments": {"ci'
+    task = asyncio.create_task(sdk.messages.with_raw_response.create(**ask))
+    job = await worker.take()
+    assert job.tool_choice == "required" and job.parallel_tool_calls
+    await worker.answer(job, [*CALL, cut], reason="length")
+    raw = await task
+    whole = await raw.parse()
+    assert whole.stop_reason == "tool_use" and [b.type for b in whole.content] == ["tool_use"]
+    assert whole.usage.dropped_tool_calls == 1 and raw.headers["x-llmfleet-dropped-tool-calls"] == "1"
+    task = asyncio.create_task(client.post("/v1/messages", json={**ask, "stream": True}))
+    await worker.answer(await worker.take(), [*CALL, cut], reason="length")
+    events = sse_events((await task).content)
+    (delta,) = [data for name, data in events if name == "message_delta"]
+    assert delta["delta"]["stop_reason"] == "tool_use" and delta["usage"]["dropped_tool_calls"] == 1
+    task = asyncio.create_task(sdk.messages.create(**ask))
+    await worker.answer(await worker.take(), [cut.lstrip()], reason="length")
+    assert (await task).stop_reason == "max_tokens"  # nothing complete: cut short

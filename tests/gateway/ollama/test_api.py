@@ -135,7 +135,16 @@ async def test_a_streamed_tool_call_is_one_object_and_a_cut_short_one_is_dropped
     lines = [json.loads(line) for line in (await task).text.splitlines()]
     calls = [line["message"]["tool_calls"] for line in lines if "tool_calls" in line["message"]]
     assert calls == [[{"function": {"index": 0, "name": "get_weather", "arguments": {"city": "Pa}ris"}}}]]
-    assert all(line["message"]["content"] == "" for line in lines) and lines[-1]["done_reason"] == "length"
+    assert all(line["message"]["content"] == "" for line in lines)
+    # issue 42: the complete call is a finished tool turn ("stop"); the dropped one is counted
+    assert lines[-1]["done_reason"] == "stop" and lines[-1]["dropped_tool_calls"] == 1
+    task = asyncio.create_task(client.post("/api/chat", json={"model": "smollm2", "messages": ASK, "stream": False,
+                                                              "tools": [WEATHER]}))
+    await _finish(worker, await worker.take(), ['<tool_call>\n{"name": "get_weather", "arguments": {"ci'],
+                  reason="length")  # nothing complete: cut short
+    response = await task
+    assert response.json()["done_reason"] == "length" and "tool_calls" not in response.json()["message"]
+    assert response.headers["x-llmfleet-dropped-tool-calls"] == "1"
 
 
 THINKING = ["<think>", "\nIt is", " sunny.\n</th", "ink>\n\n", "Sunny", "."]

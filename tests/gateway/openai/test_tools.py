@@ -92,3 +92,53 @@ async def test_a_plain_answer_with_tools_is_plain_content(sdk, worker) -> None:
     await worker.answer(await worker.take(), ["Hello", " <b>there</b>"])
     choice = (await task).choices[0]
     assert (choice.message.content, choice.message.tool_calls, choice.finish_reason) == ("Hello <b>there</b>", None, "stop")
+
+
+@pytest.mark.parametrize(("choice", "sent", "parallel"), [
+    ("auto", None, True), ("required", None, False), ("required", True, True), ("auto", False, False),
+    ({"type": "function", "function": {"name": "get_weather"}}, None, False),
+    ({"type": "function", "function": {"name": "get_weather"}}, True, False),  # a named function is one call
+])
+def test_parallel_tool_calls_unset_is_false_where_a_call_is_forced(choice, sent, parallel) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER], "tool_choice": choice}
+    if sent is not None:
+        body["parallel_tool_calls"] = sent
+    assert protocol.parse_chat(body, Settings()).tools.parallel is parallel
+
+
+CUT = '\n<tool_call>{"name": "get_weather", "arguments": {"city": "Ro'  # a further call, cut by max_tokens
+
+
+async def test_a_turn_cut_only_in_a_further_call_is_a_tool_turn(sdk, worker) -> None:
+    """Issue 42: the complete call comes back with finish_reason "tool_calls"; the dropped one is counted in
+    usage.dropped_tool_calls and (not streamed) the x-llmfleet-dropped-tool-calls header."""
+    ask = {"model": "smollm2", "messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER],
+           "tool_choice": "required", "parallel_tool_calls": True, "max_tokens": 40}
+    task = asyncio.create_task(sdk.chat.completions.with_raw_response.create(**ask))
+    await worker.answer(await worker.take(), [*REPLY[1:5], CUT], reason="length")
+    raw = await task
+    whole = raw.parse()
+    assert whole.choices[0].finish_reason == "tool_calls" and len(whole.choices[0].message.tool_calls) == 1
+    assert whole.usage.dropped_tool_calls == 1 and raw.headers["x-llmfleet-dropped-tool-calls"] == "1"
+
+    async def stream() -> list:
+        response = await sdk.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True})
+        return [chunk async for chunk in response]
+
+    task = asyncio.create_task(stream())
+    await worker.answer(await worker.take(), [*REPLY[1:5], CUT], reason="length")
+    chunks = await task
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage.dropped_tool_calls == 1
+
+
+async def test_a_first_call_cut_short_stays_length(sdk, worker) -> None:
+    task = asyncio.create_task(sdk.chat.completions.with_raw_response.create(
+        model="smollm2", messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER], tool_choice="required"))
+    job = await worker.take()
+    assert job.tool_choice == "required" and not job.parallel_tool_calls
+    await worker.answer(job, [CUT.lstrip()], reason="length")
+    raw = await task
+    choice = raw.parse().choices[0]
+    assert (choice.finish_reason, choice.message.tool_calls) == ("length", None)
+    assert raw.headers["x-llmfleet-dropped-tool-calls"] == "1"

@@ -35,7 +35,7 @@ async def _chat(client: httpx.AsyncClient, worker: Any, pieces: list[str], **bod
 
 async def test_a_chat_reply_splits_off_its_thinking_block(client: httpx.AsyncClient, worker) -> None:
     message = (await _chat(client, worker, PIECES)).json()["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}
+    assert message == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT, "reasoning": THOUGHT}
 
 
 async def test_a_reply_without_a_thinking_block_has_no_reasoning_field(client: httpx.AsyncClient, worker) -> None:
@@ -122,7 +122,7 @@ async def test_a_reply_that_starts_inside_the_block(client: httpx.AsyncClient, m
     await thinker.register(opens_thinking=1)
     pieces = ["Seven has no", " divisors but 1 and 7.\n</", "think>", "\n\nYes", ", 7 is prime."]
     message = (await _chat(client, thinker, pieces)).json()["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}
+    assert message == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT, "reasoning": THOUGHT}
     response = await _chat(client, thinker, pieces, stream=True)
     deltas = [p["choices"][0]["delta"] for p in sse_payloads(response.content)[:-1] if p["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == THOUGHT
@@ -188,4 +188,4 @@ async def test_a_template_that_honours_the_switch_does_not_open_the_block(client
     assert message == {"role": "assistant", "content": ANSWER}
     message = (await _chat(client, thinker, ["Seven has no divisors but 1 and 7.</think>Yes, 7 is prime."])
                ).json()["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}
+    assert message == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT, "reasoning": THOUGHT}

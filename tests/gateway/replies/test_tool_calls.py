@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.replies.tool_calls import ArgumentsDelta, CallStart, ToolCallParser, split_reply
+from gateway.replies.tool_calls import (
+    ArgumentsDelta,
+    CallStart,
+    SplitReply,
+    ToolCallParser,
+    dropped_headers,
+    split_ended_reply,
+    split_reply,
+    tool_finish,
+)
 
 REPLIES = [
     "Hello there.\n",
@@ -77,3 +86,32 @@ def test_a_stream_never_sends_a_fragment_of_a_call_it_drops(size: int) -> None:
 def test_closed_arguments_that_are_not_json_are_no_call() -> None:
     content, calls = split_reply('<tool_call>{"name": "f", "arguments": {city: Paris}}</tool_call>')
     assert calls == [] and not content
+
+
+@pytest.mark.parametrize("cut", range(len(TWO_CALLS) + 1))
+def test_a_turn_cut_only_in_a_further_call_ends_as_tool_calls(cut: int) -> None:
+    """Issue 42: with a complete call, a max_tokens cut that only drops a further call (or the last closing tag)
+    is a finished tool turn; with none complete it stays "length". Whole or streamed, the same."""
+    text = TWO_CALLS[:cut]
+    first_done = TWO_CALLS.index("}}") + 1
+    second_open = TWO_CALLS.index("<tool_call>", 1)
+    second_done = TWO_CALLS.rindex("]}") + 2
+    split = split_ended_reply(text, "length")
+    assert split.finish_reason == ("tool_calls" if cut >= first_done else "length")
+    # a call begun: from its whole tag on (a partial first tag is text), or after a call from its first "<"
+    cut_inside_a_call = len("<tool_call>") <= cut < first_done or second_open < cut < second_done
+    assert split.dropped == int(cut_inside_a_call), (cut, text)
+    parser = ToolCallParser()
+    for i in range(0, len(text), 3):
+        parser.feed(text[i : i + 3])
+    parser.finish()
+    assert (tool_finish("length", parser), parser.dropped) == (split.finish_reason, split.dropped)
+
+
+def test_text_after_calls_cut_short_stays_length_and_a_stopped_reply_is_tool_calls() -> None:
+    call = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    assert split_ended_reply(call + " and then some words", "length").finish_reason == "length"
+    assert split_ended_reply(call, "stop").finish_reason == "tool_calls"
+    assert split_ended_reply("plain", "length").finish_reason == "length"
+    assert split_ended_reply("", "stop") == SplitReply("", [], "stop", 0)
+    assert dropped_headers(0) == {} and dropped_headers(2) == {"x-llmfleet-dropped-tool-calls": "2"}

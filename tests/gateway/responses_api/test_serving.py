@@ -144,25 +144,53 @@ async def test_a_function_call_round_trip_continues_the_stored_conversation(sdk,
     assert second.previous_response_id == first.id and second.output_text == "It is 21 C."
 
 
-async def test_a_call_cut_short_is_left_out_collected_and_streamed(sdk, client, worker) -> None:
-    task = asyncio.create_task(sdk.responses.create(model="smollm2", input="Weather?", tools=[WEATHER]))
+CUT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ro'  # a further call cut by max_output_tokens
+
+
+async def test_a_further_call_cut_short_is_left_out_of_a_completed_turn(sdk, client, worker) -> None:
+    """Issue 42: the complete call is a finished tool turn (`completed`, what the Agents SDK expects); the drop
+    shows in usage.dropped_tool_calls and, not streamed, the x-llmfleet-dropped-tool-calls header."""
+    task = asyncio.create_task(sdk.responses.with_raw_response.create(model="smollm2", input="Weather?",
+                                                                      tools=[WEATHER]))
     job = await worker.take()
-    await worker.answer(job, [*CALL, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ro'],
-                        reason="length")
-    response = await task
-    assert response.status == "incomplete" and [o.type for o in response.output] == ["function_call"]
+    await worker.answer(job, [*CALL, CUT], reason="length")
+    raw = await task
+    response = raw.parse()
+    assert response.status == "completed" and response.incomplete_details is None
+    assert [o.type for o in response.output] == ["function_call"] and response.output[0].status == "completed"
+    assert response.usage.dropped_tool_calls == 1 and raw.headers["x-llmfleet-dropped-tool-calls"] == "1"
     task = asyncio.create_task(client.post("/v1/responses", json={
         "model": "smollm2", "input": "Weather?", "tools": [WEATHER], "stream": True}))
     job = await worker.take()
-    await worker.answer(job, [*CALL, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ro'],
-                        reason="length")
+    await worker.answer(job, [*CALL, CUT], reason="length")
     events = sse_events((await task).content)
     assert [e["type"] for e in events] == [
         "response.created", "response.in_progress", "response.output_item.added",
         "response.function_call_arguments.delta",  # a call is held until it closes, then sent whole
-        "response.function_call_arguments.done", "response.output_item.done", "response.incomplete"]
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
     assert json.loads(events[4]["arguments"]) == {"city": "Pa}ris"} and events[4]["name"] == "get_weather"
-    assert [o["type"] for o in events[-1]["response"]["output"]] == ["function_call"]
+    final = events[-1]["response"]
+    assert [o["type"] for o in final["output"]] == ["function_call"] and final["status"] == "completed"
+    assert final["usage"]["dropped_tool_calls"] == 1
+
+
+async def test_a_first_call_cut_short_leaves_an_incomplete_response(sdk, client, worker) -> None:
+    task = asyncio.create_task(sdk.responses.with_raw_response.create(model="smollm2", input="Weather?",
+                                                                      tools=[WEATHER], tool_choice="required"))
+    job = await worker.take()
+    assert not job.parallel_tool_calls  # unset with a forced choice: one call, as llama-server defaults it
+    await worker.answer(job, [CUT], reason="length")
+    raw = await task
+    response = raw.parse()
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.parallel_tool_calls is False
+    assert [o.type for o in response.output] == ["message"] and response.output[0].status == "incomplete"
+    assert response.usage.dropped_tool_calls == 1 and raw.headers["x-llmfleet-dropped-tool-calls"] == "1"
+    task = asyncio.create_task(client.post("/v1/responses", json={
+        "model": "smollm2", "input": "Weather?", "tools": [WEATHER], "stream": True}))
+    await worker.answer(await worker.take(), ["Let me look.", CUT], reason="length")
+    events = sse_events((await task).content)
+    assert events[-1]["type"] == "response.incomplete" and events[-1]["response"]["output"][0]["type"] == "message"
 
 
 async def test_unknown_previous_response_id_is_a_404_in_openais_shape(client, worker, redis) -> None:

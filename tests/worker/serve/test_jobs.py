@@ -136,3 +136,22 @@ def test_the_opt_in_pools_a_generative_model_as_before(tiny_engine: Any) -> None
     with pytest.raises(InvalidRequest) as caught:  # its inputs are still checked
         embedding_request(tiny_engine, _embed_job([[1, 2], []]), causal_embeddings=True)
     assert caught.value.param == "input"
+
+
+@pytest.mark.parametrize(("choice", "name", "parallel_grammar"), [
+    ("named", "get_weather", False), ("required", None, True), ("auto", None, True)])
+def test_a_named_tool_is_one_call_whatever_parallel_tool_calls_says(tiny_engine: Any, choice: str,
+                                                                    name: str | None, parallel_grammar: bool) -> None:
+    """Issue 42: a named tool_choice closes its grammar after one call, even from a job that allows parallel ones."""
+    from shared.messages import ToolSpec
+    from worker.engine.tools import Tool, call_grammar
+    from worker.serve.jobs import tool_constraint
+
+    tools = [ToolSpec(name="get_weather"), ToolSpec(name="add")]
+    now = time.time()
+    job = GenerateJob(id="job-4", model="tiny", created=now, deadline=now + 60, tools=tools, tool_choice=choice,
+                      tool_name=name, parallel_tool_calls=True,
+                      messages=[ChatMessage(role="user", content="hello")])
+    offered = [Tool("get_weather"), Tool("add")] if name is None else [Tool("get_weather")]
+    mode = "auto" if choice == "auto" else "required"
+    assert tool_constraint(tiny_engine, job) == call_grammar(offered, mode, parallel_grammar)
