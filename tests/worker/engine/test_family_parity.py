@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from bench.synthetic_model import make_twin
-from tests.support.llama_server import LlamaServer, llama_server_binary
+from bench.llama_oracle import LlamaServer, llama_server_binary
 from tests.support.reference_forward import ReferenceModel
 from worker.engine.engine import Engine
 from worker.engine.forward_batch import BatchEntry

@@ -1,5 +1,5 @@
-"""llama.cpp's llama-server as the parity oracle: found where ../shared/peers/build-llama-server.sh builds it
-(or $LLAMA_SERVER), started on a free loopback port, asked for greedy tokens with their top log-probabilities."""
+"""llama.cpp's llama-server as the parity oracle (tests and bench/twin_accuracy.py): found where
+../shared/peers/build-llama-server.sh builds it (or $LLAMA_SERVER), started on a free loopback port, asked for greedy tokens with their top log-probabilities."""
 
 from __future__ import annotations
 
@@ -39,14 +39,14 @@ def _free_port() -> int:
 
 
 class LlamaServer:
-    """One llama-server process on a model file (`-t 2 -np 1`), stopped on exit."""
+    """One llama-server process on a model file (a thread per core, one slot), stopped on exit."""
 
     def __init__(self, model: Path, *extra: str, log: Path | None = None) -> None:
         binary = llama_server_binary()
         assert binary is not None, "no llama-server binary"
         self.port = _free_port()
-        self.argv = [str(binary), "-m", str(model), "-t", "2", "-np", "1", "-c", "4096", "--host", "127.0.0.1",
-                     "--port", str(self.port), *extra]
+        self.argv = [str(binary), "-m", str(model), "-t", str(os.cpu_count() or 2), "-np", "1", "-c", "4096",
+                     "--host", "127.0.0.1", "--port", str(self.port), *extra]
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -96,3 +96,11 @@ class LlamaServer:
             "ignore_eos": True, "n_probs": top, "post_sampling_probs": False})
         return [(int(step["id"]), {int(t["id"]): float(t["logprob"]) for t in step["top_logprobs"]})
                 for step in reply["completion_probabilities"]]
+
+    def next_logprobs(self, ids: list[int], top: int) -> dict[int, float]:
+        """The top `top` log-probabilities of the token after `ids` (the cached prefix is reused: one decode step
+        per call when `ids` grows by one token, as a server decodes)."""
+        reply = self._post("/completion", {
+            "prompt": ids, "n_predict": 1, "temperature": 0, "top_k": 1, "cache_prompt": True, "n_probs": top,
+            "post_sampling_probs": False})
+        return {int(t["id"]): float(t["logprob"]) for t in reply["completion_probabilities"][0]["top_logprobs"]}

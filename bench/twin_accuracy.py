@@ -1,0 +1,124 @@
+"""A quantized twin's accuracy against its own F16 file: ours beside llama.cpp's, teacher-forced.
+
+The truth is llama.cpp's llama-server on the twin's F16 file with a float32 KV cache (5 prompts, 32 greedy steps
+each). Both engines then run the quantized file (e.g. Q4_K_M, made from that F16 by llama-quantize) teacher-forced
+on the truth's tokens, one decode step at a time after the prompt, as a server decodes: at every step the largest
+|log-probability - truth| over the truth's top-20 tokens. Printed for each engine: the maximum over all steps and
+the mean over steps of each step's largest error. llmfleet passes where both of its figures are no larger than
+llama.cpp's (the accuracy budget of ../shared/fixtures/quantized/README.md, in log-probabilities).
+
+    python bench/twin_accuracy.py --family llama3 --shape 1b [--type Q4_K_M]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.llama_oracle import LlamaServer  # noqa: E402
+from bench.synthetic_model import FAMILIES, default_tokenizer_source, make_twin  # noqa: E402
+from worker.engine.forward_batch import BatchEntry  # noqa: E402
+from worker.engine.gguf_file import read_metadata  # noqa: E402
+from worker.engine.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
+from worker.engine.model import Model  # noqa: E402
+
+PROMPTS = ("The capital of France is", "def fibonacci(n):\n    return", "Once upon a time, in a land far away,",
+           "Les données 2026: 12,345 résultats — ok?", "Write a haiku about spreadsheets and the sea.")
+STEPS, TOP = 32, 20
+TWINS = Path.home() / ".cache/llmfleet-peers/twins"
+
+
+@dataclass(frozen=True)
+class Truth:
+    """The truth run of one prompt: its ids, the greedy continuation, and each step's top-20 log-probabilities."""
+
+    prompt: list[int]
+    tokens: list[int]
+    top: list[dict[int, float]]
+
+
+@dataclass(frozen=True)
+class Errors:
+    """An engine's error over all steps: the largest, and the mean of each step's largest."""
+
+    worst: float
+    mean: float
+
+
+def twin_file(family: str, shape: str, kind: str, source: Path) -> Path:
+    """The twin in ~/.cache/llmfleet-peers/twins, made on first use (the same bytes every time)."""
+    TWINS.mkdir(parents=True, exist_ok=True)
+    path = TWINS / f"{family}-{shape}-{kind}.gguf"
+    return path if path.exists() else make_twin(family, shape, 0, kind, path, source)
+
+
+def truth_runs(f16: Path, prompts: list[list[int]], steps: int = STEPS) -> list[Truth]:
+    """llama-server on the F16 file, float32 KV cache: greedy tokens and their top-20 log-probabilities."""
+    with LlamaServer(f16, "-ctk", "f32", "-ctv", "f32") as server:
+        runs = [server.greedy(ids, steps, TOP) for ids in prompts]
+    return [Truth(ids, [token for token, _ in run], [top for _, top in run]) for ids, run in zip(prompts, runs)]
+
+
+def llama_cpp_errors(quantized: Path, truths: list[Truth]) -> Errors:
+    """llama-server on the quantized file, teacher-forced on the truth's tokens one step at a time."""
+    per_step: list[float] = []
+    with LlamaServer(quantized) as server:
+        for truth in truths:
+            ids = list(truth.prompt)
+            for step, top in enumerate(truth.top):
+                got = server.next_logprobs(ids, TOP * 8)
+                floor = min(got.values())  # a truth token outside llama.cpp's top list: at most this log-prob
+                per_step.append(max(abs(got.get(i, floor) - lp) for i, lp in top.items()))
+                ids.append(truth.tokens[step])
+    return Errors(max(per_step), float(np.mean(per_step)))
+
+
+def llmfleet_errors(quantized: Path, truths: list[Truth]) -> Errors:
+    """The engine on the quantized file (the served path, float16 pool), teacher-forced one step at a time."""
+    model = Model.from_file(quantized)
+    per_step: list[float] = []
+    for truth in truths:
+        pool = model.new_pool(64 << 20, enable_prefix_caching=False)
+        pool.ensure(0, len(truth.prompt))
+        logits = model.forward([BatchEntry(0, np.array(truth.prompt), 0)], pool)[0]  # (V,)
+        for step, top in enumerate(truth.top):
+            shifted = np.asarray(logits, np.float64) - float(np.max(logits))  # (V,)
+            logprobs = shifted - np.log(np.exp(shifted).sum())  # (V,)
+            per_step.append(max(abs(float(logprobs[i]) - lp) for i, lp in top.items()))
+            start = pool.blocks.num_tokens(0)
+            pool.extend(0, 1)
+            logits = model.forward([BatchEntry(0, np.array([truth.tokens[step]]), start)], pool)[0]  # (V,)
+        pool.blocks.free(0)
+    return Errors(max(per_step), float(np.mean(per_step)))
+
+
+def main() -> None:
+    """Make the twins (once), run the truth and both engines, print the table row."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    parser.add_argument("--shape", required=True)
+    parser.add_argument("--type", default="Q4_K_M")
+    args = parser.parse_args()
+    source = default_tokenizer_source()
+    started = time.monotonic()
+    f16 = twin_file(args.family, args.shape, "F16", source)
+    quantized = twin_file(args.family, args.shape, args.type, source)
+    tokenizer = tokenizer_from_gguf(read_metadata(f16), source=str(f16))
+    prompts = [tokenizer.encode(text, parse_special=False, add_bos=False) for text in PROMPTS]
+    truths = truth_runs(f16, prompts)
+    theirs = llama_cpp_errors(quantized, truths)
+    ours = llmfleet_errors(quantized, truths)
+    verdict = "ok" if ours.worst <= theirs.worst and ours.mean <= theirs.mean else "OVER llama.cpp's error"
+    print(f"{args.family} {args.shape} {args.type} ({quantized.stat().st_size / 1e9:.2f} GB), {len(truths)} prompts x "
+          f"{STEPS} steps, log-prob error vs F16 (max / mean): llama.cpp {theirs.worst:.4f} / {theirs.mean:.4f}, "
+          f"llmfleet {ours.worst:.4f} / {ours.mean:.4f}: {verdict} ({time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
