@@ -88,19 +88,35 @@ class LlamaServer:
         """llama.cpp's token ids of a text (no special-token parsing, no BOS)."""
         return [int(t) for t in self._post("/tokenize", {"content": text})["tokens"]]
 
-    def greedy(self, prompt_ids: list[int], steps: int, top: int) -> list[tuple[int, dict[int, float]]]:
-        """`steps` greedy tokens after the prompt ids, each with the log-probabilities of its top `top` tokens
-        before sampling (llama.cpp's raw distribution)."""
-        reply = self._post("/completion", {
-            "prompt": prompt_ids, "n_predict": steps, "temperature": 0, "top_k": 1, "cache_prompt": False,
-            "ignore_eos": True, "n_probs": top, "post_sampling_probs": False})
-        return [(int(step["id"]), {int(t["id"]): float(t["logprob"]) for t in step["top_logprobs"]})
-                for step in reply["completion_probabilities"]]
+    def greedy(self, prompt_ids: list[int], steps: int, top: int) -> list[tuple[int, dict[int, float] | None]]:
+        """`steps` greedy tokens after the prompt ids (nothing cached), with their top log-probabilities (_greedy)."""
+        return self._greedy(prompt_ids, steps, top, cache_prompt=False)
 
-    def next_logprobs(self, ids: list[int], top: int) -> dict[int, float]:
-        """The top `top` log-probabilities of the token after `ids` (the cached prefix is reused: one decode step
-        per call when `ids` grows by one token, as a server decodes)."""
+    def _greedy(self, prompt_ids: list[int], steps: int, top: int,
+                cache_prompt: bool) -> list[tuple[int, dict[int, float] | None]]:
+        """`steps` greedy tokens after the prompt ids, each with the log-probabilities of its top `top` tokens
+        before sampling (llama.cpp's raw distribution), or None for a token llama-server gave none for (it drops
+        the probabilities of a byte token that leaves the text invalid UTF-8)."""
         reply = self._post("/completion", {
-            "prompt": ids, "n_predict": 1, "temperature": 0, "top_k": 1, "cache_prompt": True, "n_probs": top,
-            "post_sampling_probs": False})
-        return {int(t["id"]): float(t["logprob"]) for t in reply["completion_probabilities"][0]["top_logprobs"]}
+            "prompt": prompt_ids, "n_predict": steps, "temperature": 0, "top_k": 1, "cache_prompt": cache_prompt,
+            "ignore_eos": True, "n_probs": top, "post_sampling_probs": False, "return_tokens": True})
+        given = list(reply["completion_probabilities"])
+        run: list[tuple[int, dict[int, float] | None]] = []
+        for token in (int(t) for t in reply["tokens"]):
+            if given and int(given[0]["id"]) == token:
+                run.append((token, {int(t["id"]): float(t["logprob"]) for t in given.pop(0)["top_logprobs"]}))
+            else:
+                run.append((token, None))
+        assert not given, "llama-server's probabilities do not follow its tokens"
+        return run
+
+    def next_logprobs(self, ids: list[int], top: int) -> dict[int, float] | None:
+        """The top `top` log-probabilities of the token after `ids` (the cached prefix is reused: one decode step
+        per call when `ids` grows by one token, as a server decodes), or None where llama-server gave none for that
+        token (a byte token leaving the text invalid UTF-8; see greedy)."""
+        first = self.greedy_from(ids, 4, top)[0]
+        return first[1]
+
+    def greedy_from(self, ids: list[int], steps: int, top: int) -> list[tuple[int, dict[int, float] | None]]:
+        """greedy() with the prompt's cached prefix reused (cache_prompt)."""
+        return self._greedy(ids, steps, top, cache_prompt=True)
