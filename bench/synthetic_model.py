@@ -4,8 +4,8 @@ No package ships Llama 3.x or Qwen3 weights, and none of any size users run, so 
 benchmarks use twins: the keys, tensor names and layouts llama.cpp's converter writes for the family (Llama 3's
 `rope_freqs.weight` from its rope_scaling, Qwen3's QK-norm weights and key_length), the real shape's numbers, and
 weights from a counter-based hash (the same bytes on every machine and numpy version) scaled so that activations
-stay in a realistic range (projections 1/sqrt(fan-in), output rows giving logits of a few units, norm weights near
-1). The tokenizer is SmolLM2's (read from its GGUF) under the family's pre-tokenizer name, padded with unused tokens
+stay in a realistic range (projections 1/sqrt(fan-in), the blocks' writes into the residual stream 1/sqrt(2 layers)
+smaller, output rows giving logits of a few units, norm weights near 1). The tokenizer is SmolLM2's (read from its GGUF) under the family's pre-tokenizer name, padded with unused tokens
 to the family's vocabulary size; Qwen3 twins add `<think>` / `</think>` and a Qwen3-style chat template with
 `enable_thinking`. F16 is written here; every other type is made from it by llama.cpp's own `llama-quantize`.
 
@@ -144,6 +144,7 @@ def tensor_plan(family: str, shape: Shape, vocab: int) -> list[tuple[str, tuple[
     d, dh, ffn = shape.width, shape.head_dim, shape.ffn
     q_dim, kv_dim = shape.heads * dh, shape.kv_heads * dh
     output_std = 4.0 / math.sqrt(d)  # logits of a few units from unit-RMS hidden states
+    branch = 1.0 / math.sqrt(2 * shape.layers)  # each block's writes into the residual stream (GPT-2's scaling)
     plan: list[tuple[str, tuple[int, ...], float]] = []
     if family == "llama3":
         plan.append(("rope_freqs.weight", (dh // 2,), -1.0))
@@ -152,11 +153,11 @@ def tensor_plan(family: str, shape: Shape, vocab: int) -> list[tuple[str, tuple[
         p = f"blk.{i}."
         plan += [(p + "attn_norm.weight", (d,), 0.0), (p + "attn_q.weight", (q_dim, d), 1 / math.sqrt(d)),
                  (p + "attn_k.weight", (kv_dim, d), 1 / math.sqrt(d)), (p + "attn_v.weight", (kv_dim, d), 1 / math.sqrt(d)),
-                 (p + "attn_output.weight", (d, q_dim), 1 / math.sqrt(q_dim))]
+                 (p + "attn_output.weight", (d, q_dim), branch / math.sqrt(q_dim))]
         if family == "qwen3":
             plan += [(p + "attn_k_norm.weight", (dh,), 0.0), (p + "attn_q_norm.weight", (dh,), 0.0)]
         plan += [(p + "ffn_norm.weight", (d,), 0.0), (p + "ffn_gate.weight", (ffn, d), 1 / math.sqrt(d)),
-                 (p + "ffn_up.weight", (ffn, d), 1 / math.sqrt(d)), (p + "ffn_down.weight", (d, ffn), 1 / math.sqrt(ffn))]
+                 (p + "ffn_up.weight", (ffn, d), 1 / math.sqrt(d)), (p + "ffn_down.weight", (d, ffn), branch / math.sqrt(ffn))]
     plan.append(("output_norm.weight", (d,), 0.0))
     if not shape.tied:
         plan.append(("output.weight", (vocab, d), output_std))

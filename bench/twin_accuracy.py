@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,43 +66,62 @@ def truth_runs(f16: Path, prompts: list[list[int]], steps: int = STEPS) -> list[
     return [Truth(ids, [token for token, _ in run], [top for _, top in run]) for ids, run in zip(prompts, runs)]
 
 
-def llama_cpp_errors(quantized: Path, truths: list[Truth]) -> tuple[Errors, set[tuple[int, int]]]:
-    """llama-server on the quantized file, teacher-forced on the truth's tokens one step at a time; and the
-    (prompt, step) pairs it gave no probabilities for (skipped for both engines)."""
-    per_step: list[float] = []
-    skipped: set[tuple[int, int]] = set()
+Step = tuple[int, int]  # (prompt, step)
+
+
+def llama_cpp_logprobs(quantized: Path, truths: list[Truth]) -> dict[Step, dict[int, float]]:
+    """llama-server on the quantized file, teacher-forced on the truth's tokens one step at a time: each step's
+    top log-probabilities (steps it gave none for are left out)."""
+    found: dict[Step, dict[int, float]] = {}
     with LlamaServer(quantized) as server:
         for n, truth in enumerate(truths):
             ids = list(truth.prompt)
             for step, top in enumerate(truth.top):
                 got = server.next_logprobs(ids, TOP * 8) if top is not None else None
                 ids.append(truth.tokens[step])
-                if top is None or got is None:
-                    skipped.add((n, step))
-                    continue
-                floor = min(got.values())  # a truth token outside llama.cpp's top list: at most this log-prob
-                per_step.append(max(abs(got.get(i, floor) - lp) for i, lp in top.items()))
-    return Errors(max(per_step), float(np.mean(per_step))), skipped
+                if top is not None and got is not None:
+                    found[(n, step)] = got
+    return found
 
 
-def llmfleet_errors(quantized: Path, truths: list[Truth], skipped: set[tuple[int, int]]) -> Errors:
-    """The engine on the quantized file (the served path, float16 pool), teacher-forced one step at a time."""
-    model = Model.from_file(quantized)
-    per_step: list[float] = []
+def engine_logprobs(quantized: Path, truths: list[Truth], served: bool) -> dict[Step, np.ndarray]:
+    """Our engine on the quantized file, teacher-forced one step at a time: each step's log-probabilities (V,).
+    served: the integer kernels and the float16 pool; else the file's exact arithmetic (every weight dequantized
+    to float32, a float32 pool)."""
+    model = Model.from_file(quantized, block_codes=served)
+    found: dict[Step, np.ndarray] = {}
     for n, truth in enumerate(truths):
-        pool = model.new_pool(64 << 20, enable_prefix_caching=False)
+        pool = model.new_pool(64 << 20, enable_prefix_caching=False, dtype="float16" if served else "float32")
         pool.ensure(0, len(truth.prompt))
         logits = model.forward([BatchEntry(0, np.array(truth.prompt), 0)], pool)[0]  # (V,)
-        for step, top in enumerate(truth.top):
+        for step in range(len(truth.tokens)):
             shifted = np.asarray(logits, np.float64) - float(np.max(logits))  # (V,)
-            logprobs = shifted - np.log(np.exp(shifted).sum())  # (V,)
-            if top is not None and (n, step) not in skipped:
-                per_step.append(max(abs(float(logprobs[i]) - lp) for i, lp in top.items()))
+            found[(n, step)] = shifted - np.log(np.exp(shifted).sum())  # (V,)
             start = pool.blocks.num_tokens(0)
             pool.extend(0, 1)
             logits = model.forward([BatchEntry(0, np.array([truth.tokens[step]]), start)], pool)[0]  # (V,)
         pool.blocks.free(0)
+    return found
+
+
+def errors(steps: list[Step], reference: dict[Step, dict[int, float]], candidate: dict[Step, Any]) -> Errors:
+    """At each step the largest |candidate - reference| over the reference's tokens (a token missing from a
+    candidate's top list counts at that list's lowest log-probability); the max and the mean over steps."""
+    per_step = [max(abs(_logprob(candidate[key], i) - lp) for i, lp in reference[key].items()) for key in steps]
     return Errors(max(per_step), float(np.mean(per_step)))
+
+
+def _logprob(candidate: dict[int, float] | np.ndarray, token: int) -> float:
+    """A token's log-probability in a full (V,) vector, or in a top list (its lowest value when absent)."""
+    if isinstance(candidate, dict):
+        return candidate.get(token, min(candidate.values()))
+    return float(candidate[token])
+
+
+def top_of(logprobs: np.ndarray) -> dict[int, float]:
+    """The TOP largest log-probabilities of a (V,) vector by token id."""
+    ids = np.argsort(-logprobs)[:TOP]  # (TOP,)
+    return {int(i): float(logprobs[i]) for i in ids}
 
 
 def main() -> None:
@@ -118,12 +138,19 @@ def main() -> None:
     tokenizer = tokenizer_from_gguf(read_metadata(f16), source=str(f16))
     prompts = [tokenizer.encode(text, parse_special=False, add_bos=False) for text in PROMPTS]
     truths = truth_runs(f16, prompts)
-    theirs, skipped = llama_cpp_errors(quantized, truths)
-    ours = llmfleet_errors(quantized, truths, skipped)
-    verdict = "ok" if ours.worst <= theirs.worst and ours.mean <= theirs.mean else "OVER llama.cpp's error"
-    print(f"{args.family} {args.shape} {args.type} ({quantized.stat().st_size / 1e9:.2f} GB), {len(truths)} prompts x "
-          f"{STEPS} steps ({len(skipped)} without llama.cpp probabilities skipped), log-prob error vs F16 (max / mean): llama.cpp {theirs.worst:.4f} / {theirs.mean:.4f}, "
-          f"llmfleet {ours.worst:.4f} / {ours.mean:.4f}: {verdict} ({time.monotonic() - started:.0f} s)")
+    theirs = llama_cpp_logprobs(quantized, truths)
+    ours = engine_logprobs(quantized, truths, served=True)
+    exact = {key: top_of(row) for key, row in engine_logprobs(quantized, truths, served=False).items()}
+    steps = sorted(theirs)
+    f16_truth = {(n, step): top for n, truth in enumerate(truths) for step, top in enumerate(truth.top) if top}
+    print(f"{args.family} {args.shape} {args.type} ({quantized.stat().st_size / 1e9:.2f} GB): {len(steps)} teacher-"
+          f"forced steps ({len(truths)} prompts x {STEPS}, less those llama-server gave no probabilities for), "
+          f"top-{TOP} log-prob error, max / mean over steps ({time.monotonic() - started:.0f} s)")
+    for name, reference in (("vs the F16 file (llama.cpp, float32 KV)", f16_truth),
+                            ("vs the quantized file's exact arithmetic (float32)", exact)):
+        a, b = errors(steps, reference, theirs), errors(steps, reference, ours)
+        verdict = "ok" if b.worst <= a.worst and b.mean <= a.mean else "OVER llama.cpp's"
+        print(f"  {name}: llama.cpp {a.worst:.4f} / {a.mean:.4f}, llmfleet {b.worst:.4f} / {b.mean:.4f}: {verdict}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,47 @@ def gemma3_engine(gemma3_gguf_path: Path):
 
 
 @pytest.fixture(scope="session")
+def twin_path(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path]:
+    """Tiny synthetic twins (bench/synthetic_model.py, SmolLM2's tokenizer) by family and type, each made once per
+    session: F16 here; other types by llama.cpp's llama-quantize, skipping the test with the reason where it is not
+    built (../shared/peers/build-llama-server.sh)."""
+    from bench.llama_oracle import llama_quantize_binary
+    from bench.synthetic_model import make_twin
+
+    folder = tmp_path_factory.mktemp("twins")
+
+    def path(family: str, kind: str = "F16") -> Path:
+        target = folder / f"{family}-tiny-{kind}.gguf"
+        if not target.exists():
+            if kind != "F16" and llama_quantize_binary() is None:
+                pytest.skip(f"a {kind} twin needs llama-quantize (../shared/peers/build-llama-server.sh)")
+            make_twin(family, "tiny", 0, kind, target, smollm2_gguf_path)
+        return target
+
+    return path
+
+
+def _twin_engine(twin_path: Callable[[str, str], Path], family: str):
+    """A tiny twin's engine on the served path: Q4_K_M (llama-quantize's) where it can be made, else F16."""
+    from bench.llama_oracle import llama_quantize_binary
+    from worker.engine.engine import Engine
+
+    return Engine.load(twin_path(family, "Q4_K_M" if llama_quantize_binary() else "F16"))
+
+
+@pytest.fixture(scope="session")
+def llama3_twin_engine(twin_path: Callable[[str, str], Path]):
+    """The tiny Llama 3 twin's engine (rope_freqs, llama-bpe), once per session."""
+    return _twin_engine(twin_path, "llama3")
+
+
+@pytest.fixture(scope="session")
+def qwen3_twin_engine(twin_path: Callable[[str, str], Path]):
+    """The tiny Qwen3 twin's engine (QK-norm, head_dim 128 at width 256), once per session."""
+    return _twin_engine(twin_path, "qwen3")
+
+
+@pytest.fixture(scope="session")
 def minilm_reference() -> dict[str, Any]:
     """llama.cpp's tokens and vectors for all-MiniLM-L6-v2 (../shared/fixtures/minilm/reference.json)."""
     return _reference_or_skip(MINILM_FIXTURES_DIR)
@@ -143,7 +185,8 @@ def proxied_redis(redis_server):
 # Fixtures that load a real model or start a real server: a test that uses any of them (directly or through
 # another fixture) is `slow` whatever its module says, so `pytest -m "not slow"` stays the fast loop.
 SLOW_FIXTURES = frozenset({
-    "smollm2_gguf_path", "smollm2_engine", "gemma3_gguf_path", "gemma3_engine", "redis_server",
+    "smollm2_gguf_path", "smollm2_engine", "gemma3_gguf_path", "gemma3_engine", "redis_server", "twin_path",
+    "llama3_twin_engine", "qwen3_twin_engine",
 })
 
 

@@ -18,6 +18,7 @@ What is held, per family, on 5 prompts of 32 greedy steps each:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,6 @@ import numpy as np
 import pytest
 
 from bench.llama_oracle import LlamaServer, llama_server_binary
-from bench.synthetic_model import make_twin
 from tests.support.reference_forward import ReferenceModel
 from worker.engine.engine import Engine
 from worker.engine.forward_batch import BatchEntry
@@ -62,13 +62,12 @@ def greedy_logprobs(model: Model, prompt: list[int], steps: int, kv_dtype: str) 
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def twin(request: Any, tmp_path_factory: pytest.TempPathFactory, smollm2_gguf_path: Path) -> dict[str, Any]:
+def twin(request: Any, tmp_path_factory: pytest.TempPathFactory, twin_path: Callable[[str, str], Path]) -> dict[str, Any]:
     """A family's tiny F16 twin, llama-server's greedy run on it, the engine and the float64 forward."""
     if llama_server_binary() is None:
         pytest.skip("llama-server is not built (../shared/peers/build-llama-server.sh)")
-    source = smollm2_gguf_path  # the twins' tokenizer
+    path = twin_path(request.param, "F16")
     folder = tmp_path_factory.mktemp(f"twin-{request.param}")
-    path = make_twin(request.param, "tiny", 0, "F16", folder / f"{request.param}-tiny.gguf", source)
     engine = Engine.load(path)
     prompts = [engine.tokenizer.encode(text, parse_special=True, add_bos=False) for text in PROMPTS]
     with LlamaServer(path, log=folder / "llama-server.log") as server:

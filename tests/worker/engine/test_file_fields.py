@@ -4,6 +4,7 @@ llama.cpp would act on, is refused at load by name."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,6 @@ import gguf
 import numpy as np
 import pytest
 
-from bench.synthetic_model import make_twin
 from tests.support.gguf_edit import edited_copy
 from worker.engine.architectures import ARCHITECTURES
 from worker.engine.errors import ModelLoadError
@@ -31,11 +31,9 @@ CHANGED: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def twins(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf_path: Path) -> dict[str, Path]:
+def twins(twin_path: Callable[[str, str], Path]) -> dict[str, Path]:
     """The tiny llama3 and qwen3 twins (F16)."""
-    folder = tmp_path_factory.mktemp("fields")
-    return {family: make_twin(family, "tiny", 0, "F16", folder / f"{family}.gguf", smollm2_gguf_path)
-            for family in ("llama3", "qwen3")}
+    return {family: twin_path(family, "F16") for family in ("llama3", "qwen3")}
 
 
 def last_logits(path: Path) -> np.ndarray:
