@@ -30,6 +30,7 @@ from tests.support.reference_forward import ReferenceModel
 from worker.engine.engine import Engine
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.model import Model
+from worker.engine.thinking import has_thinking_tokens
 
 FAMILIES = ("llama3", "qwen3")
 PROMPTS = ("The capital of France is", "def fibonacci(n):\n    return", "Once upon a time, in a land far away,",
@@ -114,3 +115,20 @@ def test_top20_logprobs_against_float64_and_llama_cpp(twin: dict[str, Any], kv_d
         assert worst_llama <= worst_llama_exact + LLAMA_CPP_SLACK
     else:  # both caches round keys and values to float16: ours no farther from float64 than llama.cpp's
         assert worst_exact <= worst_llama_exact
+
+
+def test_qwen3_twin_thinks_as_qwen3(twin: dict[str, Any]) -> None:
+    """Qwen3's `<think>` pair: one token each, as llama.cpp reads them, and `enable_thinking` honoured by the
+    twin's Qwen3-style template (an empty block after the generation prompt when it is false)."""
+    if twin["family"] != "qwen3":
+        pytest.skip("Qwen3's thinking tokens")
+    engine: Engine = twin["engine"]
+    assert has_thinking_tokens(engine.tokenizer)
+    think = engine.tokenizer.encode("<think>\nhm</think>", parse_special=True, add_bos=False)
+    with LlamaServer(twin["path"]) as server:
+        assert think == server.tokenize("<think>\nhm</think>")
+    assert len(engine.tokenizer.encode("<think>", parse_special=True, add_bos=False)) == 1
+    messages = [{"role": "user", "content": "Hi"}]
+    assert engine.render_chat(messages).endswith("<|im_start|>assistant\n")
+    off = engine.render_chat(messages, template_kwargs={"enable_thinking": False})
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
