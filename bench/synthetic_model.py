@@ -67,9 +67,13 @@ FAMILIES: dict[str, dict[str, Shape]] = {
         "4b": Shape(36, 2560, 32, 8, 128, 9728, 151936, True, 40960, 1000000.0, 1e-6),
         "8b": Shape(36, 4096, 32, 8, 128, 12288, 151936, False, 40960, 1000000.0, 1e-6),
     },
+    "smollm3": {  # SmolLM3-3B: NoPE every fourth layer, Llama 3's tokenizer
+        "tiny": Shape(4, 256, 4, 2, 64, 512, 0, True, 65536, 5000000.0, 1e-6),
+        "3b": Shape(36, 2048, 16, 4, 128, 11008, 128256, True, 65536, 5000000.0, 1e-6),
+    },
 }
-ARCH = {"llama3": "llama", "qwen3": "qwen3"}
-PRE_TOKENIZER = {"llama3": "llama-bpe", "qwen3": "qwen2"}
+ARCH = {"llama3": "llama", "qwen3": "qwen3", "smollm3": "smollm3"}
+PRE_TOKENIZER = {"llama3": "llama-bpe", "qwen3": "qwen2", "smollm3": "llama-bpe"}
 LLAMA3_LOW, LLAMA3_HIGH, LLAMA3_ORIGINAL = 1.0, 4.0, 8192
 TOKEN_USER_DEFINED, TOKEN_UNUSED = 4, 5
 QWEN3_TEMPLATE = (
@@ -183,7 +187,7 @@ def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_sour
     writer.add_key_length(shape.head_dim)
     writer.add_value_length(shape.head_dim)
     writer.add_file_type(1)  # mostly F16
-    if family == "llama3":
+    if family in ("llama3", "smollm3"):  # LlamaModel's keys
         writer.add_vocab_size(vocab)
         writer.add_rope_dimension_count(shape.head_dim)
     for key, value in fields.items():

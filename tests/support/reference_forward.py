@@ -1,5 +1,5 @@
-"""An independent float64 forward of llama- and qwen3-family GGUF files, written from llama.cpp's graphs
-(src/models/llama.cpp, qwen3.cpp) and ggml's rope, for parity tests: plain numpy over the whole sequence, no KV
+"""An independent float64 forward of llama-, qwen3- and smollm3-family GGUF files, written from llama.cpp's graphs
+(src/models/llama.cpp, qwen3.cpp, smollm3.cpp) and ggml's rope, for parity tests: plain numpy over the whole sequence, no KV
 cache, no folding, no fusing, nothing shared with the engine but the file reader."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class ReferenceModel:
         self.kv_heads = int(meta.get("attention.head_count_kv", self.heads))
         self.head_dim = int(meta.get("attention.key_length", int(meta["embedding_length"]) // self.heads))
         self.eps, self.base = float(meta["attention.layer_norm_rms_epsilon"]), float(meta.get("rope.freq_base", 1e4))
-        self.neox = self.arch != "llama"  # llama's converter permutes Q/K for adjacent pairs; qwen2/qwen3 rotate halves
+        self.neox = self.arch not in ("llama", "smollm3")  # LlamaModel's converter permutes Q/K for adjacent pairs
 
     def _rms(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * weight  # (..., D)
@@ -58,7 +58,8 @@ class ReferenceModel:
             v = (normed @ t[p + "attn_v.weight"].T).reshape(n, hk, dh)  # (T, Hkv, Dh)
             if p + "attn_q_norm.weight" in t:
                 q, k = self._rms(q, t[p + "attn_q_norm.weight"]), self._rms(k, t[p + "attn_k_norm.weight"])
-            q, k = self._rope(q, positions), self._rope(k, positions)
+            if not (self.arch == "smollm3" and (layer + 1) % 4 == 0):  # SmolLM3's NoPE layers
+                q, k = self._rope(q, positions), self._rope(k, positions)
             k, v = np.repeat(k, h // hk, axis=1), np.repeat(v, h // hk, axis=1)  # (T, H, Dh) each
             scores = np.einsum("thd,shd->hts", q, k) / math.sqrt(dh) + mask  # (H, T, T)
             weights = np.exp(scores - scores.max(-1, keepdims=True))  # (H, T, T)

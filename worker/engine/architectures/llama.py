@@ -60,6 +60,7 @@ class Llama:
     rope_rows_permuted = True  # llama.cpp's converter permutes Q/K rows for adjacent-pair RoPE
     reads_rope_freqs = True  # Llama 3's per-dimension frequency factors (`rope_freqs.weight`), when the file has them
     qk_norm = False  # per-head RMS norm of queries and keys before RoPE (Qwen3), the query scale after it
+    no_rope_every = 0  # > 0: every this-many-th layer ((layer + 1) % n == 0) attends without RoPE (SmolLM3's NoPE)
     metadata_keys = DECODER_KEYS
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> LlamaWeights:
@@ -155,8 +156,9 @@ class Llama:
             qk = ops.rms_normalize_heads(qk, cfg.rms_eps)  # (N, H+Hkv, Dh)
             qk[:, : cfg.n_heads] *= w.q_norm  # (N, H, Dh)
             qk[:, cfg.n_heads :] *= w.k_norm  # (N, Hkv, Dh)
-        cos, sin = batch.rope_angles(weights.rotary)  # (N, 1, R/2) x2
-        weights.rotary.apply(qk, cos, sin)
+        if not self.no_rope_every or (layer + 1) % self.no_rope_every:
+            cos, sin = batch.rope_angles(weights.rotary)  # (N, 1, R/2) x2
+            weights.rotary.apply(qk, cos, sin)
         q = qk[:, : cfg.n_heads]  # (N, H, Dh)
         k = qk[:, cfg.n_heads :]  # (N, Hkv, Dh)
         v = qkv[:, q_dim + kv_dim :].reshape(-1, cfg.n_kv_heads, cfg.head_dim)  # (N, Hkv, Dh)
