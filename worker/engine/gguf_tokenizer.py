@@ -14,7 +14,7 @@ from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 
 from worker.engine.derived_cache import derived_array
 from worker.engine.errors import ModelLoadError
-from worker.engine.pretokenizers import FALLBACK_PRE_TOKENIZER, PRE_TOKENIZERS, byte_level_pre_tokenizer
+from worker.engine.pretokenizers import PRE_TOKENIZERS, byte_level_pre_tokenizer
 from worker.engine.tokenizer import (
     EOG_TOKEN_TEXTS,
     SPM_SPACE,
@@ -61,7 +61,6 @@ class _ModelParts:
     default_add_bos: bool
     add_space_prefix: bool = False
     pre_name: str = ""
-    pre_fallback: bool = False
 
 
 def _split_merges(raw_merges: Sequence[str], source: str) -> list[tuple[str, str]]:
@@ -74,12 +73,10 @@ def _split_merges(raw_merges: Sequence[str], source: str) -> list[tuple[str, str
 
 def _gpt2_parts(metadata: Mapping[str, Any], source: str, tokens: list[str], types: list[int]) -> _ModelParts:
     """Byte-level BPE with the pre-tokenizer named by tokenizer.ggml.pre."""
-    requested = str(metadata.get("tokenizer.ggml.pre") or "default")
-    pre_name = requested if requested in PRE_TOKENIZERS else FALLBACK_PRE_TOKENIZER
-    if pre_name != requested:
-        logger.warning(
-            "%s: unknown tokenizer.ggml.pre %r, using the %s pre-tokenizer", source, requested, pre_name
-        )
+    pre_name = str(metadata.get("tokenizer.ggml.pre") or "default")  # none named: llama.cpp's default, as it does
+    if pre_name not in PRE_TOKENIZERS:  # llama.cpp refuses an unknown one too: its pieces would be split wrong
+        raise ModelLoadError(source, f"tokenizer.ggml.pre {pre_name!r} is not supported (supported: "
+                                     f"{', '.join(sorted(PRE_TOKENIZERS))})")
     spec = PRE_TOKENIZERS[pre_name]
     merges = _split_merges(metadata.get("tokenizer.ggml.merges") or [], source)
     return _ModelParts(
@@ -93,7 +90,6 @@ def _gpt2_parts(metadata: Mapping[str, Any], source: str, tokens: list[str], typ
         ],
         default_add_bos=False,
         pre_name=pre_name,
-        pre_fallback=pre_name != requested,
     )
 
 
@@ -213,7 +209,6 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], *, source: str = "GGUF meta
         hf_plain=make_hf(True),
         model_name=model_name,
         pre_tokenizer_name=parts.pre_name,
-        pre_tokenizer_fallback=parts.pre_fallback,
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         eog_token_ids=_end_of_generation_ids(metadata, tokens, eos_id),

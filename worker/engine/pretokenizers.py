@@ -38,7 +38,6 @@ PRE_TOKENIZERS: dict[str, PreTokenizerSpec] = {
     "llama-bpe": PreTokenizerSpec((LLAMA3_REGEX,), ignore_merges=True),
     "qwen2": PreTokenizerSpec((QWEN2_REGEX,)),
 }
-FALLBACK_PRE_TOKENIZER = "gpt2"
 
 
 def byte_level_pre_tokenizer(spec: PreTokenizerSpec) -> pre_tokenizers.PreTokenizer:

@@ -100,7 +100,6 @@ class Tokenizer:
         hf_plain: tokenizers.Tokenizer | None,
         model_name: str,
         pre_tokenizer_name: str,
-        pre_tokenizer_fallback: bool,
         bos_token_id: int | None,
         eos_token_id: int | None,
         eog_token_ids: frozenset[int],
@@ -114,7 +113,6 @@ class Tokenizer:
         self._hf_plain = hf_plain
         self.model_name = model_name
         self.pre_tokenizer_name = pre_tokenizer_name
-        self.pre_tokenizer_fallback = pre_tokenizer_fallback
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.eog_token_ids = eog_token_ids

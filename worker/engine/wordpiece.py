@@ -78,7 +78,7 @@ class WordPieceTokenizer(Tokenizer):
         token_bytes = [text.replace(SPM_SPACE, " ").encode("utf-8") if kind == TOKEN_NORMAL else text.encode("utf-8")
                        for text, kind in zip(tokens, token_types, strict=True)]
         super().__init__(tokens=tokens, token_types=token_types, token_bytes=token_bytes, hf_parse_special=None,
-                         hf_plain=None, model_name="bert", pre_tokenizer_name="bert", pre_tokenizer_fallback=False,
+                         hf_plain=None, model_name="bert", pre_tokenizer_name="bert",
                          bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          eog_token_ids=frozenset() if eos_token_id is None else frozenset((eos_token_id,)),
                          add_bos=add_bos, strip_space_prefix=True)

@@ -88,18 +88,24 @@ def test_tiny_gpt2_end_of_generation_ids(tiny_gpt2: Tokenizer) -> None:
     assert tiny_gpt2.eog_token_ids == frozenset({tiny_gpt2.vocab_size - 2})
 
 
-def test_unknown_pre_tokenizer_falls_back_to_gpt2() -> None:
-    """An unknown tokenizer.ggml.pre still builds, and says it fell back."""
-    tok = tokenizer_from_gguf(tiny_gpt2_metadata(pre="no-such-pre"))
-    assert tok.pre_tokenizer_name == "gpt2" and tok.pre_tokenizer_fallback
-    assert tok.decode(tok.encode("hello world")) == "hello world"
+def test_an_unknown_pre_tokenizer_is_refused_by_name() -> None:
+    """An unknown tokenizer.ggml.pre is refused, as llama.cpp refuses it (its text would be split wrong)."""
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.ggml\.pre 'no-such-pre' is not supported"):
+        tokenizer_from_gguf(tiny_gpt2_metadata(pre="no-such-pre"))
+
+
+def test_a_missing_pre_tokenizer_is_llama_cpps_default() -> None:
+    """No tokenizer.ggml.pre: llama.cpp's `default` split, as llama.cpp does (with its warning)."""
+    metadata = tiny_gpt2_metadata(pre="gpt2")
+    del metadata["tokenizer.ggml.pre"]
+    assert tokenizer_from_gguf(metadata).pre_tokenizer_name == "default"
 
 
 @pytest.mark.parametrize("pre", ["gpt2", "default", "smollm", "llama3", "llama-bpe", "qwen2"])
 def test_every_known_pre_tokenizer_round_trips(pre: str) -> None:
     """Each table entry builds and round-trips mixed text exactly."""
     tok = tokenizer_from_gguf(tiny_gpt2_metadata(pre=pre))
-    assert not tok.pre_tokenizer_fallback
+    assert tok.pre_tokenizer_name == pre
     text = "Hello world 12345 it's  \n\tdone!? ünï 日本"
     assert tok.decode(tok.encode(text)) == text
 
