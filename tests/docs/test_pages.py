@@ -87,3 +87,18 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
                             env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert result.returncode == 0, result.stderr[-4000:]
     assert (tmp_path / "site" / "configuration" / "index.html").is_file()
+
+
+def test_the_honour_table_names_every_key_each_architecture_reads() -> None:
+    from worker.engine.architectures import ARCHITECTURES
+    from worker.engine.file_fields import DECODER_KEYS
+
+    text = (ROOT / "docs" / "models.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in text.splitlines()
+            if line.startswith("| ") and "keys read" not in line}
+    assert all(f"`{key}`" in rows["every decoder"] for key in DECODER_KEYS)
+    for name, architecture in ARCHITECTURES.items():
+        if name == "bert":
+            continue
+        assert name in rows, name
+        assert all(f"`{key}`" in rows[name] for key in architecture.metadata_keys - DECODER_KEYS), name
