@@ -206,6 +206,43 @@ def _q45k_quarter(scratch, flat_scales, flat_mins, table, h, flat_q, flat_sums, 
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
+def _q4k_quarter_packed(flat_low, flat_scales, flat_mins, table, h, flat_q, flat_sums, a0,
+                        m0):  # pragma: no cover (compiled)
+    """_q45k_quarter's I and M for one x row of Q4_K, straight from the file's packed bytes (no unpacking into a
+    scratch: a decode step meets each code once). Packed vector 8h + c holds columns 4c' of blocks 2h (low nibbles)
+    and 2h + 1 (high nibbles), c' = c % 8, in the half t = c // 4 of 16 columns; the integers are the same sums."""
+    s00, s01, s10, s11 = wzero(), wzero(), wzero(), wzero()  # (16,) int32 each: block 2h + b, half t
+    base = a0 + 64 * h
+    for c in range(4):
+        packed = wload_codes(flat_low, (table * 32 + 8 * h + c) * VECTOR_BYTES)  # (64,)
+        s00 = wdot4(s00, wlow4(packed), wquad_splat(flat_q, base + 4 * c))  # (16,)
+        s10 = wdot4(s10, whigh4(packed), wquad_splat(flat_q, base + 32 + 4 * c))  # (16,)
+    for c in range(4, 8):
+        packed = wload_codes(flat_low, (table * 32 + 8 * h + c) * VECTOR_BYTES)  # (64,)
+        s01 = wdot4(s01, wlow4(packed), wquad_splat(flat_q, base + 4 * c))  # (16,)
+        s11 = wdot4(s11, whigh4(packed), wquad_splat(flat_q, base + 32 + 4 * c))  # (16,)
+    first = wload_widened(flat_scales, (table * 8 + 2 * h) * TILE_ROWS)  # (16,) block 2h's sub-scale of each row
+    second = wload_widened(flat_scales, (table * 8 + 2 * h + 1) * TILE_ROWS)  # (16,)
+    i0 = wdot_words(wdot_words(wdot_words(wdot_words(wzero(), s00, first), s01, first), s10, second), s11, second)
+    mins = wload_word_pairs(flat_mins, (table * 4 + h) * 2 * TILE_ROWS)  # (16,) the quarter's two mins of each row
+    n0 = wmadd_words(mins, wpair_splat(flat_sums, m0 + 2 * h))  # (16,) int32: M
+    return i0, n0
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def _q4k_super_single(flat_low, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, dx, s, cols,
+                      k0, chains):  # pragma: no cover (compiled)
+    """_super for one x row of Q4_K, from the packed bytes (_q4k_quarter_packed): the same integers, the same
+    float chain."""
+    d = wfload(flat_d, table * TILE_ROWS)  # (16,)
+    negative = wfmul(wfload(flat_dmin, table * TILE_ROWS), wfbroadcast(np.float32(-1.0)))  # (16,)
+    a0, m0 = k0 * cols + s * QK_K, k0 * (cols // 32) + 8 * s
+    for h in range(4):
+        i0, n0 = _q4k_quarter_packed(flat_low, flat_scales, flat_mins, table, h, flat_q, flat_sums, a0, m0)
+        _carry(chains, 0, wfma(wfloat(n0), negative, wfmul(wfloat(i0), d)), dx[k0, 4 * s + h])
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
 def _q6k_quarter(scratch, flat_scales, table, h, flat_q, flat_offsets, a0, a1, a2, a3, o0, o1, o2,
                  o3):  # pragma: no cover (compiled)
     """I of quarter h (the module docstring's) for four x rows (activations from a_i, -32 S8 from o_i): each group's
@@ -276,6 +313,10 @@ def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits, singl
     flat_q, flat_sums, flat_offsets, dx = xs
     for s in range(supers):
         table = g * supers + s
+        if single and bits == 4:  # (constants) one row of Q4_K: straight from the packed bytes
+            _q4k_super_single(flat_low, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, dx, s,
+                              cols, x0, chains)
+            continue
         _unpack(flat_low, flat_high, table, scratch, bits)
         if single:
             _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s,
