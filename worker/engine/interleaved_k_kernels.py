@@ -230,6 +230,45 @@ def _q4k_quarter_packed(flat_low, flat_scales, flat_mins, table, h, flat_q, flat
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
+def _q6k_quarter_packed(flat_low, flat_high, flat_scales, table, h, flat_q, flat_offsets, a0,
+                        o0):  # pragma: no cover (compiled)
+    """_q6k_quarter's I for one x row, straight from the file's packed bytes: quarter h's blocks 2h and 2h + 1 are
+    the low (h even) or high (h odd) nibbles of packed vectors 8qq + c, qq = 2 (h // 2) + b, with their top two bits
+    from plane 8 (b % 2 + ...) as _unpack joins them; group g = 2 blk + c // 4 of 16 columns, run e = c % 4 // 2
+    of 8. Each run's sum starts from -32 S8 as in _q6k_quarter: the same integers."""
+    i0 = wzero()  # (16,) int32
+    for b in range(2):
+        qq = 2 * (h // 2) + b  # the packed quarter holding block 2h + b
+        low_block = 4 * (qq // 2) + qq % 2  # the block its low nibbles hold (_unpack's `first`)
+        block = low_block if h % 2 == 0 else low_block + 2  # = 2h + b
+        for g2 in range(2):  # group 2 block + g2: columns 16 g2 .. 16 g2 + 15 of the block
+            g = 2 * block + g2
+            sub = wlow_words(wload_widened(flat_scales, (table * 16 + g) * TILE_ROWS))  # (16,) group g's sub-scale
+            for e in range(2):
+                v = wsplat_at(flat_offsets, o0 + 2 * g + e)  # (16,) -32 S8 of the run
+                for c in range(4 * g2 + 2 * e, 4 * g2 + 2 * e + 2):
+                    packed = wload_codes(flat_low, (table * 32 + 8 * qq + c) * VECTOR_BYTES)  # (64,)
+                    top = wload_codes(flat_high, (table * 16 + 8 * (low_block // 4) + c) * VECTOR_BYTES)  # (64,)
+                    nibbles = wlow4(packed) if h % 2 == 0 else whigh4(packed)  # (64,)
+                    code = wtop_bits(nibbles, top, 2 * (block % 4), 3)  # (64,) six-bit codes
+                    v = wdot4(v, code, wquad_splat(flat_q, a0 + 32 * block + 4 * c))  # (16,)
+                i0 = wdot_words(i0, v, sub)
+    return i0
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def _q6k_super_single(flat_low, flat_high, flat_scales, flat_d, table, flat_q, flat_offsets, dx, s, cols, k0,
+                      chains):  # pragma: no cover (compiled)
+    """_super for one x row of Q6_K, from the packed bytes (_q6k_quarter_packed): the same integers, the same
+    float chain."""
+    d = wfload(flat_d, table * TILE_ROWS)  # (16,)
+    a0, o0 = k0 * cols + s * QK_K, k0 * (cols // 8) + 32 * s
+    for h in range(4):
+        i0 = _q6k_quarter_packed(flat_low, flat_high, flat_scales, table, h, flat_q, flat_offsets, a0, o0)
+        _carry(chains, 0, wfmul(wfloat(i0), d), dx[k0, 4 * s + h])
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
 def _q4k_super_single(flat_low, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, dx, s, cols,
                       k0, chains):  # pragma: no cover (compiled)
     """_super for one x row of Q4_K, from the packed bytes (_q4k_quarter_packed): the same integers, the same
@@ -313,9 +352,13 @@ def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits, singl
     flat_q, flat_sums, flat_offsets, dx = xs
     for s in range(supers):
         table = g * supers + s
-        if single and bits == 4:  # (constants) one row of Q4_K: straight from the packed bytes
+        if single and bits == 4:  # (constants) one row of Q4_K or Q6_K: straight from the packed bytes
             _q4k_super_single(flat_low, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, dx, s,
                               cols, x0, chains)
+            continue
+        if single and bits == 6:
+            _q6k_super_single(flat_low, flat_high, flat_scales, flat_d, table, flat_q, flat_offsets, dx, s, cols, x0,
+                              chains)
             continue
         _unpack(flat_low, flat_high, table, scratch, bits)
         if single:
