@@ -56,6 +56,7 @@ from shared.errors import (
     Unavailable,
 )
 from shared.messages import CancelRequest, GenerateJob, Job
+from shared.redis_commands import write_refusal
 from shared.registry import RegistryEntry
 from shared.settings import Settings
 
@@ -133,6 +134,9 @@ class Broker:
         job, workers = await self._admit_in_time(job, keep_alive)  # counted in self._admitting until it is in a stream
         try:
             return await self._queue(job, workers)
+        except Unavailable:
+            self.health.note_error()  # e.g. a refused write: the workers' heartbeats are refused too
+            raise
         finally:
             self._admitting[job.model] -= 1
 
@@ -208,7 +212,9 @@ class Broker:
                 sent = True
                 await pipe.execute()
         except BaseException as exc:
-            if sent:  # cancelled (the client went away) or no reply: the job may be in its stream; it must not run
+            # a refused write (OOM, READONLY, MISCONF) discarded the whole transaction: the job is not in a stream
+            if sent and write_refusal(exc.__cause__ or exc) is None:  # cancelled (the client went away) or no
+                # reply: the job may be in its stream; it must not run
                 reason = "client_disconnected" if isinstance(exc, asyncio.CancelledError) else "not_queued"
                 self._cancel_behind(job, reason)  # the 503 does not wait on it: its connection may be held too
             await self.subscriber.unsubscribe(channel)
