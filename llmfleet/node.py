@@ -7,7 +7,8 @@ admin commands, the gateways' last-use and keep-alive marks) and then:
   one that dies after it was ready is restarted with backoff, as `serve` restarts its children;
 - unloads idle workers whose keep-alive ran out (pinned ones never: `serve`'s eager models);
 - fails a load not ready within LLMFLEET_POOL_LOAD_TIMEOUT_S (a pinned one waits: it has no deadline);
-- places demand: a catalogued model with queued requests (or an admin load) and no live worker is loaded
+- places demand: a catalogued model with queued requests (jobs held by a worker with no registry entry count:
+  one that stopped or died as it read them) or an admin load, and no live worker, is loaded
   here if this node wins its claim (SET NX) and has room, evicting least-recently-used idle workers
   (never one with queued or in-flight work); a model whose queue stays deep gets a second replica.
 """
@@ -223,13 +224,17 @@ class Node:
                 continue
             while len(self._of(model)) < replicas:
                 self._launch(model, pinned=True, evict=[])
+        registered = {w.worker_id for w in view.workers}
         for model in sorted(self.catalogue, key=lambda m: -view.depth.get(m, QueueDepth()).waiting):
             depth = view.depth.get(model, QueueDepth())
-            wanted = depth.waiting > 0 or self.wanted.get(model, 0.0) > now
+            # a job a worker read as it stopped (keep_alive 0, an eviction) or died holding waits for a takeover
+            # by another worker of its model: with none left, it is demand like a waiting one
+            waiting = depth.waiting + depth.orphaned(registered)
+            wanted = waiting > 0 or self.wanted.get(model, 0.0) > now
             ready = view.ready_replicas(model)
             if not wanted or self._of(model) and ready == 0:
                 continue  # no demand, or ours is loading (or restarting) already
-            if ready and (self._of(model) or depth.waiting < REPLICA_QUEUE_DEPTH * ready):
+            if ready and (self._of(model) or waiting < REPLICA_QUEUE_DEPTH * ready):
                 continue  # served; a second replica only when its queue is deep, and not two here
             evict = self._room(view, model, evict=True)
             if evict is None or warm_pool_redis.remembered_failure(self.redis, model) is not None:

@@ -34,11 +34,17 @@ class QueueDepth:
 
     waiting: int = 0
     pending: int = 0
+    held: tuple[tuple[str, int], ...] = ()  # (consumer = worker id, jobs it took and has not acked)
 
     @property
     def busy(self) -> bool:
         """Whether the model has queued or in-flight work."""
         return self.waiting > 0 or self.pending > 0
+
+    def orphaned(self, registered: set[str]) -> int:
+        """Jobs held by workers with no registry entry (stopped or dead as they read them): a worker of the model
+        takes them over (worker/failover/takeover.py), so they are demand as much as waiting jobs are."""
+        return sum(count for worker_id, count in self.held if worker_id not in registered)
 
 
 def live_workers(redis: Redis, ttl_s: float, now: float) -> list[RegistryEntry]:
@@ -49,7 +55,8 @@ def live_workers(redis: Redis, ttl_s: float, now: float) -> list[RegistryEntry]:
 def queue_depths(redis: Redis, models: list[str]) -> dict[str, QueueDepth]:
     """Waiting and pending jobs of each model, over its shared and per-worker (placed) streams, every priority."""
     states = run(redis, queue_states(models))
-    return {model: QueueDepth(state.waiting, state.in_flight) for model, state in states.items()}
+    return {model: QueueDepth(state.waiting, state.in_flight, tuple(sorted(state.held.items())))
+            for model, state in states.items()}
 
 
 def claim_load(redis: Redis, model: str, node_id: str, ttl_s: float) -> bool:

@@ -12,11 +12,16 @@ placed / held per model over every stream of it), `streams_with_waiting` (which 
 taken), `fresh_workers` (registry entries within the heartbeat
 TTL), `queue_event` (journal first, then publish) and `queue_job_done` (XACK + XDEL). No redis import here:
 the clients are the caller's.
+
+`write_refusal` tells a Redis that answered and refused a write (OOM at maxmemory with noeviction, READONLY from a
+replica or a demoted primary, MISCONF after a failed save) from one that cannot be reached: nothing is lost by a
+refused write, it is retried, and a client is told what Redis said.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Generator
 from typing import Any, NamedTuple, TypeVar
 
@@ -28,6 +33,34 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 JOURNAL_MAXLEN = 100_000  # events kept per request (approximate trim)
 FORGET_AFTER_TTLS = 10  # a worker id silent for this many heartbeat TTLs leaves the workers index
+
+
+# (kind, what the reply says, words that tell it): the reply of a refused write, plain, in a pipeline or in a script
+_REFUSALS = (
+    ("OOM", "Redis is full", ("used memory > 'maxmemory'", "-OOM ")),
+    ("READONLY", "Redis is read-only (a replica, or a primary demoted since)", ("READONLY", "read only replica")),
+    ("MISCONF", "Redis refuses writes (its last save to disk failed)", ("MISCONF",)),
+)
+
+
+def write_refusal(error: object) -> str | None:
+    """"OOM", "READONLY" or "MISCONF" when `error` is Redis refusing a write (it answered: nothing was written,
+    a retry succeeds once it accepts writes again); None for anything else (unreachable, a timeout, a bug)."""
+    if not isinstance(error, Exception):
+        return None
+    text = str(error)
+    return next((kind for kind, _what, words in _REFUSALS if any(w in text for w in words)), None)
+
+
+def describe_refusal(error: object) -> str | None:
+    """What a refused write means, with Redis's own words: "Redis is full (OOM command not allowed when used memory >
+    'maxmemory')"; None when `error` is not a refusal."""
+    kind = write_refusal(error)
+    if kind is None:
+        return None
+    what = next(w for k, w, _words in _REFUSALS if k == kind)
+    said = re.split(r"caused error: |: -", str(error))[-1].strip().rstrip(".")  # Redis's words, unwrapped
+    return f"{what} ({said if said.startswith(kind) else f'{kind} {said}'})"
 
 
 class Call(NamedTuple):

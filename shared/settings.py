@@ -26,7 +26,8 @@ _POSITIVE_FLOATS = (
 )
 _NON_NEGATIVE = (
     "deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
-    "public_metrics", "any_model_name", "prefix_placement", "placement_balance_abs", "pool_max_loaded",
+    "public_metrics", "any_model_name", "worker_wait_s", "prefix_placement", "placement_balance_abs",
+    "pool_max_loaded",
     "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings",
 )
 _CHOICES = {"log_level": _LOG_LEVELS, "reasoning_format": REASONING_FORMATS, "reasoning_fields": REASONING_FIELDS,
@@ -102,6 +103,11 @@ class Settings:
     max_batch_tokens: int = _setting(2048, "Tokens (decodes + prefill chunks) in one forward step.")
     max_prefill_tokens: int = _setting(512, "The largest prefill chunk of one sequence in one step.")
     model_memory_s: float = _setting(86_400.0, "A model stays known (503, not 404) this long after its last worker.")
+    worker_wait_s: float = _setting(120.0, "A request for a known model with no live worker (scaled to zero, all "
+                                    "its workers restarting) is queued and waits this long for one to register "
+                                    "(streams get `: queued` and keep-alives; the queued job is what an "
+                                    "autoscaler such as KEDA starts a worker for), then ends with a 503 "
+                                    "no_worker_available; 0 = that 503 at once.")
     registry_cache_s: float = _setting(1.0, "How long the gateway reuses a worker-registry read (0.1 s for /ready "
                                        "and a model it lacks).")
     drain_timeout_s: float = _setting(60.0, "On SIGTERM/SIGINT, how long the gateway lets open streams finish and a "
@@ -227,6 +233,7 @@ ENV: dict[str, str] = {
     "max_batch_tokens": "LLMFLEET_MAX_BATCH_TOKENS",
     "max_prefill_tokens": "LLMFLEET_MAX_PREFILL_TOKENS",
     "model_memory_s": "LLMFLEET_MODEL_MEMORY_S",
+    "worker_wait_s": "LLMFLEET_WORKER_WAIT_S",
     "registry_cache_s": "LLMFLEET_REGISTRY_CACHE_S",
     "drain_timeout_s": "LLMFLEET_DRAIN_TIMEOUT_S",
     "supervisor_key": "LLMFLEET_SUPERVISOR_KEY",

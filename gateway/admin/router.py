@@ -29,15 +29,19 @@ async def health(_request: Request) -> Response:
 
 async def ready(request: Request) -> Response:
     """GET /ready: every model the deployment was started with has a live, loaded worker (503 naming the rest);
-    with none required, Redis answers and a worker or node agent is alive. See gateway/admin/readiness.py."""
+    with none required, Redis answers and a worker or node agent is alive. See gateway/admin/readiness.py.
+    `degraded`: a required model failed to load, or `serve` gave up on (or misses) a worker."""
     broker: Broker = request.app.state.broker
     verdict = await readiness.assess(broker)
     body = verdict.to_json()
     supervisor = await broker.supervisor_status() if verdict.redis else None
+    failed = any(state == readiness.FAILED for state in verdict.models.values())  # a required model's load failed
     if supervisor is not None:
         body["supervisor"] = supervisor
-        body["degraded"] = bool(supervisor["workers_given_up"]) or \
+        body["degraded"] = failed or bool(supervisor["workers_given_up"]) or \
             supervisor["workers_running"] < supervisor["workers_expected"]
+    elif failed:
+        body["degraded"] = True
     return JSONResponse(body, status_code=200 if verdict.ready else 503)
 
 

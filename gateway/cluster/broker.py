@@ -1,9 +1,11 @@
 """The gateway's Redis side: admit a job, queue it, follow its events, cancel it.
 
 submit(job):
-  1. the model must have a live worker (else 503 NoWorkerAvailable if known, 404 ModelNotFound if not), or be
-     in a live node agent's catalogue (gateway/cluster/warm_pool.py: the queued job is what makes a node load it; a
-     remembered load failure is a 503 model_load_failed);
+  1. the model must have a live worker, or be in a live node agent's catalogue (gateway/cluster/warm_pool.py: the
+     queued job is what makes a node load it; a remembered load failure is a 503 model_load_failed), or be known
+     (a worker served it within LLMFLEET_MODEL_MEMORY_S: the job is queued and its stream waits up to
+     LLMFLEET_WORKER_WAIT_S for a worker, the queued job being what an autoscaler starts one for; 0 = a 503
+     NoWorkerAvailable at once); else 404 ModelNotFound;
   2. its waiting jobs (the consumer group's lag) must be under LLMFLEET_QUEUE_LIMIT (else 429 QueueFull);
   3. subscribe to llmfleet:events:{id} and wait for Redis's confirmation;
   4. pick the stream (gateway/cluster/placement.py): with two or more live workers, a generation job goes to the
@@ -56,6 +58,7 @@ from shared.errors import (
     Unavailable,
 )
 from shared.messages import CancelRequest, GenerateJob, Job
+from shared.redis_commands import write_refusal
 from shared.registry import RegistryEntry
 from shared.settings import Settings
 
@@ -84,6 +87,7 @@ class Broker:
         self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
         self._cancels: set[asyncio.Task[None]] = set()  # cancels of jobs whose write failed, under way
         self._admitting: dict[str, int] = {}  # model -> requests admitted by this gateway, not yet in its stream
+        self._awaiting_worker: set[str] = set()  # request ids admitted with no live worker, until queued
         self.queue_view = QueueView(lambda model: self.queue_state(model),  # admission's shared, briefly reused read
                                     max_age_s=min(READ_EVERY_S, settings.registry_cache_s))
         self.prefix_map = PrefixMap(redis, ttl_s=settings.prefix_ttl_s)
@@ -133,8 +137,12 @@ class Broker:
         job, workers = await self._admit_in_time(job, keep_alive)  # counted in self._admitting until it is in a stream
         try:
             return await self._queue(job, workers)
+        except Unavailable:
+            self.health.note_error()  # e.g. a refused write: the workers' heartbeats are refused too
+            raise
         finally:
             self._admitting[job.model] -= 1
+            self._awaiting_worker.discard(job.id)
 
     async def _admit_in_time(self, job: Job, keep_alive: float | None) -> tuple[Job, list[RegistryEntry]]:
         """_admit, but a fast 503 while Redis does not answer: at once when the health probe finds it down, or as
@@ -188,7 +196,10 @@ class Broker:
             self.metrics.placements.labels(job.model, choice.reason).inc()
         log.info("queued %s (placement %s%s)", job.describe(), choice.reason,
                  f" on {choice.worker_id}, depth {choice.depth}" if choice.worker_id else "")
-        return EventStream(self, job, queue)
+        wait_until = None  # admitted with no live worker: its stream waits for one until then (not past its deadline)
+        if job.id in self._awaiting_worker:
+            wait_until = min(self.clock() + self.settings.worker_wait_s, job.deadline - 1.0)
+        return EventStream(self, job, queue, worker_wait_until=wait_until)
 
     async def _write(self, job: Job, chain: list[str], choice: Choice) -> asyncio.Queue[QueueItem]:
         """Subscribe to the job's events, then write it to its stream (and its prefix chain to the map)."""
@@ -208,7 +219,9 @@ class Broker:
                 sent = True
                 await pipe.execute()
         except BaseException as exc:
-            if sent:  # cancelled (the client went away) or no reply: the job may be in its stream; it must not run
+            # a refused write (OOM, READONLY, MISCONF) discarded the whole transaction: the job is not in a stream
+            if sent and write_refusal(exc.__cause__ or exc) is None:  # cancelled (the client went away) or no
+                # reply: the job may be in its stream; it must not run
                 reason = "client_disconnected" if isinstance(exc, asyncio.CancelledError) else "not_queued"
                 self._cancel_behind(job, reason)  # the 503 does not wait on it: its connection may be held too
             await self.subscriber.unsubscribe(channel)
@@ -274,6 +287,12 @@ class Broker:
                          job.id)
                 return await self._admit_by_count(job)
             if await self.registry.is_known(model):
+                if self.settings.worker_wait_s > 0:  # scaled to zero, or its workers restarting: wait for one
+                    log.info("no live worker of %s; %s waits up to %.0fs for one", model, job.id,
+                             self.settings.worker_wait_s)
+                    admitted = await self._admit_by_count(job)
+                    self._awaiting_worker.add(job.id)
+                    return admitted
                 raise NoWorkerAvailable(
                     f"no worker serving model '{model}' is alive right now; please retry",
                     retry_after=self.settings.retry_after_s,
@@ -335,10 +354,19 @@ class Broker:
         self._admitting[model] = self._admitting.get(model, 0) + 1
         return job, []
 
+    async def has_live_worker(self, model: str) -> bool:
+        """Whether a worker of `model` is alive now (a fresh registry read); True when Redis cannot tell."""
+        try:
+            return any(w.model == model for w in await self.registry.live_workers(RECHECK_S))
+        except Unavailable:
+            return True
+
     async def fleet_snapshot(self) -> FleetSnapshot:
-        """Live workers, and the waiting and all jobs of each of their models, for /metrics."""
+        """Live workers, and the waiting and all jobs of their models and of the known ones with no live worker
+        (scaled to zero: the queued jobs an autoscaler starts one for), for /metrics."""
         workers = await self.registry.live_workers()
-        states = {model: await self.queue_state(model) for model in sorted({w.model for w in workers})}
+        models = {w.model for w in workers} | set(await self.registry.known_models())
+        states = {model: await self.queue_state(model) for model in sorted(models)}
         return FleetSnapshot(workers, {model: s.waiting for model, s in states.items()},
                              {model: s.waiting + s.in_flight for model, s in states.items()})
 

@@ -2,7 +2,10 @@
 llmfleet:journal:{id}, and what the journal cannot fill is an error. No event by the deadline (plus
 LLMFLEET_DEADLINE_GRACE_S, so a worker's own deadline error wins) is a 504 DeadlineExceeded, and a cancel is
 published; a gateway that lost Redis for LOST_AFTER_S (gateway/cluster/redis_health.py: a partition) ends its
-waiting streams with a 503 Unavailable instead of holding them to the deadline.
+waiting streams with a 503 Unavailable instead of holding them to the deadline. A request admitted with no live
+worker of its model (scaled to zero) waits LLMFLEET_WORKER_WAIT_S for its first event; past that, with still no live
+worker, its job is cancelled and the stream ends with a 503 NoWorkerAvailable (a worker that registered meanwhile
+leaves it to the queue and the deadline).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from gateway.cluster.redis_health import RedisHealth
 from gateway.cluster.subscriber import RESYNC, QueueItem, Subscriber
 from shared import codec, keys
 from shared.codec import WireFormatError
-from shared.errors import DeadlineExceeded, InternalError, Unavailable
+from shared.errors import DeadlineExceeded, InternalError, NoWorkerAvailable, Unavailable
 from shared.messages import Event, Job, is_terminal
 from shared.settings import Settings
 
@@ -42,12 +45,17 @@ class StreamOwner(Protocol):
     async def cancel(self, request_id: str, model: str, reason: str, deadline: float) -> None:
         """Cancel the request's job (its worker stops it within a step)."""
 
+    async def has_live_worker(self, model: str) -> bool:
+        """Whether a worker of `model` is alive now."""
+
 
 class EventStream:
     """The events of one submitted request, in seq order, ending after its terminal event."""
 
-    def __init__(self, broker: StreamOwner, job: Job, queue: asyncio.Queue[QueueItem]) -> None:
+    def __init__(self, broker: StreamOwner, job: Job, queue: asyncio.Queue[QueueItem], *,
+                 worker_wait_until: float | None = None) -> None:
         self._broker = broker
+        self._worker_wait_until = worker_wait_until  # admitted with no live worker: wait for one until then
         self._queue = queue
         self.request_id = job.id
         self.model = job.model
@@ -71,6 +79,7 @@ class EventStream:
             event = self._decode(item)
             if event is None or event.seq < self._expected:
                 continue  # not ours, or a duplicate (e.g. replayed by a replacement worker)
+            self._worker_wait_until = None  # a worker took it
             self._pending.setdefault(event.seq, event)
             if event.seq > self._expected:
                 await self._fill_from_journal()
@@ -111,6 +120,8 @@ class EventStream:
                 async with asyncio.timeout(min(remaining, REDIS_CHECK_EVERY_S)):  # not wait_for (Python 3.11)
                     return await self._queue.get()
             except TimeoutError:
+                if self._worker_wait_until is not None and self._broker.clock() >= self._worker_wait_until:
+                    await self._end_the_wait_for_a_worker()
                 if self._broker.health.lost:
                     raise Unavailable(f"the gateway lost its connection to Redis while request {self.request_id} "
                                       "was running; its outcome is unknown", retry_after=self._broker.settings
@@ -120,6 +131,19 @@ class EventStream:
         self.finished = True
         await self._broker.cancel(self.request_id, self.model, "deadline", self.deadline)
         raise DeadlineExceeded(f"request {self.request_id} did not finish before its deadline")
+
+    async def _end_the_wait_for_a_worker(self) -> None:
+        """LLMFLEET_WORKER_WAIT_S is over and no event came: a live worker of the model now leaves the job to the
+        queue and the deadline; with none, the job is cancelled (a worker that comes later drops it) and the
+        client gets a 503."""
+        waited = self._broker.settings.worker_wait_s
+        self._worker_wait_until = None
+        if await self._broker.has_live_worker(self.model):
+            return
+        self.finished = True
+        await self._broker.cancel(self.request_id, self.model, "no_worker", self.deadline)
+        raise NoWorkerAvailable(f"no worker serving model '{self.model}' started within {waited:.0f} s "
+                                "(LLMFLEET_WORKER_WAIT_S); please retry", retry_after=self._broker.settings.retry_after_s)
 
     def _decode(self, item: QueueItem) -> Event | None:
         try:

@@ -140,9 +140,11 @@ def keda_problems(docs: list[Doc]) -> list[str]:
         env, _ = merged_env(docs, container, namespace)
         if "replicas" in target["spec"]:
             problems.append(f"{ident(target)}: sets replicas, which would fight the ScaledObject on every apply")
-        if spec.get("minReplicaCount", 0) < 1:
-            problems.append(f"{ident(obj)}: minReplicaCount < 1: with no worker the gateway refuses (503) "
-                            "instead of queueing, so the queue would never wake one up")
+        waits = _gateway_worker_waits(docs, namespace)
+        if spec.get("minReplicaCount", 0) < 1 and (not waits or min(waits) <= 0):
+            problems.append(f"{ident(obj)}: minReplicaCount 0 needs the gateways' LLMFLEET_WORKER_WAIT_S > 0: with "
+                            "no worker they would refuse (503) instead of queueing, so the queue would never wake "
+                            "one up")
         if spec.get("maxReplicaCount", 100) < spec.get("minReplicaCount", 0):
             problems.append(f"{ident(obj)}: maxReplicaCount below minReplicaCount")
         triggers = [t for t in spec["triggers"] if t["type"] == "redis-streams"]
@@ -173,6 +175,16 @@ def keda_problems(docs: list[Doc]) -> list[str]:
             problems.append(f"{ident(deployment)}: needs exactly one ScaledObject, has "
                             f"{scaled.get(deployment['metadata']['name'], 0)}")
     return problems
+
+
+def _gateway_worker_waits(docs: list[Doc], namespace: str | None) -> list[float]:
+    """LLMFLEET_WORKER_WAIT_S of every gateway container in `namespace`."""
+    waits = []
+    for deployment in (w for w in workloads(docs) if w["metadata"].get("namespace") == namespace):
+        for container in (c for c in pod_spec(deployment)["containers"] if is_llmfleet(c)):
+            if container["command"][1] == "gateway":
+                waits.append(Settings.from_env(merged_env(docs, container, namespace)[0]).worker_wait_s)
+    return waits
 
 
 def capacity_problems(docs: list[Doc]) -> list[str]:

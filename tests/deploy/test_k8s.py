@@ -206,8 +206,10 @@ BROKEN: list[tuple[str, Callable[[Docs], None], Callable[[Docs], list[str]], str
     ("no jobs metric", lambda d: _get(d, "ScaledObject", "llmfleet-worker-smollm2-135m")["spec"].update(
         triggers=[t for t in _get(d, "ScaledObject", "llmfleet-worker-smollm2-135m")["spec"]["triggers"]
                   if t["type"] != "metrics-api"]), keda_problems, "needs one metrics-api trigger"),
-    ("scale to zero", lambda d: _get(d, "ScaledObject", "llmfleet-worker-smollm2-135m")["spec"].update(minReplicaCount=0),
-     keda_problems, "minReplicaCount < 1"),
+    ("scale to zero without a wait", lambda d: (
+        _get(d, "ScaledObject", "llmfleet-worker-smollm2-135m")["spec"].update(minReplicaCount=0),
+        _get(d, "ConfigMap", "llmfleet-settings")["data"].update(LLMFLEET_WORKER_WAIT_S="0")),
+     keda_problems, "minReplicaCount 0 needs the gateways' LLMFLEET_WORKER_WAIT_S > 0"),
     ("replicas beside KEDA", lambda d: _worker(d)["spec"].update(replicas=3), keda_problems, "would fight"),
     ("one gateway", lambda d: _get(d, "Deployment", "llmfleet-gateway")["spec"].update(replicas=1), capacity_problems,
      "single point of failure"),

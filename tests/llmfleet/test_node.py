@@ -16,7 +16,8 @@ import pytest
 from redis import Redis
 
 from llmfleet.node import SETTLE_S
-from shared import keys
+from shared import codec, keys
+from shared.messages import DoneEvent, ErrorEvent, GenerateJob, Sampling
 from tests.support.processes import wait_until
 from tests.support.warm_pool import REFUSED_TENSOR, PoolCluster, catalogue_files, start_pool
 
@@ -176,6 +177,34 @@ def test_keep_alive_zero_unloads_once_idle(pool: PoolCluster) -> None:
     bad = httpx.post(pool.gateways[0] + "/v1/completions",
                      json={"model": "second", "prompt": "x", "keep_alive": "soon"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
+    assert _complete(pool, "second", extra_body={"keep_alive": "5m"})
+
+
+def test_a_job_a_stopping_worker_read_loads_its_model_again(pool: PoolCluster) -> None:
+    """The keep_alive-0 race made certain: the job arrives as the model unloads and the stopping worker's last
+    blocking read takes it, so it is pending for a consumer with no registry entry and none waits. The node counts
+    it as demand, loads the model again, and the new worker takes it over (before: nothing loaded, the request
+    waited out its deadline in silence)."""
+    assert _complete(pool, "second", extra_body={"keep_alive": 0})
+    wait_until(lambda: pool.status("second")["status"] == "unloaded", 30, "second to unload")
+    client = Redis.from_url(pool.redis_url)
+    wait_until(lambda: not any(client.hget(k, "model") == b"second" for k in client.keys(keys.worker_key("*"))),
+               30, "second's worker to deregister")
+    now, stream = time.time(), keys.jobs_stream("second")
+    job = GenerateJob(id="req-read-as-it-stopped", model="second", created=now, deadline=now + 240,
+                      prompt="The capital of France is", max_tokens=4, sampling=Sampling(temperature=0))
+    pipe = client.pipeline(transaction=True)  # written and read at once: the node never sees it waiting
+    pipe.xadd(stream, {keys.JOB_FIELD: codec.encode_job(job)})
+    pipe.xreadgroup(keys.JOBS_GROUP, "second-worker-that-stopped", {stream: ">"}, count=1)
+    assert pipe.execute()[1]
+
+    def events() -> list:
+        return [codec.decode_event(f[keys.JOURNAL_EVENT_FIELD.encode()])
+                for _id, f in client.xrange(keys.journal_stream(job.id))]
+
+    wait_until(lambda: any(isinstance(e, DoneEvent | ErrorEvent) for e in events()), 120,
+               f"the job to be served\n{pool.log_tails()}")
+    assert isinstance(events()[-1], DoneEvent) and not any(isinstance(e, ErrorEvent) for e in events())
     assert _complete(pool, "second", extra_body={"keep_alive": "5m"})
 
 

@@ -29,7 +29,9 @@ def test_queue_depth_counts_shared_and_placed_streams(client: redis.Redis) -> No
     client.xadd(placed, {"job": b"z"})
     client.xreadgroup(keys.JOBS_GROUP, "w1", {placed: ">"}, count=1)
     depth = warm_pool_redis.queue_depths(client, ["m", "other"])
-    assert depth["m"] == warm_pool_redis.QueueDepth(waiting=2, pending=1) and depth["m"].busy
+    assert depth["m"] == warm_pool_redis.QueueDepth(waiting=2, pending=1, held=(("w1", 1),)) and depth["m"].busy
+    # the job w1 holds is demand once w1 has no registry entry (it stopped or died as it read it)
+    assert depth["m"].orphaned({"w1"}) == 0 and depth["m"].orphaned({"w2"}) == 1
     assert not depth["other"].busy
 
 

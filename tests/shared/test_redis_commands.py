@@ -9,11 +9,15 @@ from typing import Any
 
 import fakeredis
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared import keys
 from shared.redis_commands import (
     QueueState,
     create_group,
+    describe_refusal,
     fresh_workers,
     queue_event,
     queue_job_done,
@@ -21,6 +25,7 @@ from shared.redis_commands import (
     run,
     run_async,
     streams_with_waiting,
+    write_refusal,
 )
 from shared.registry import RegistryEntry
 
@@ -125,3 +130,25 @@ def test_an_event_is_journalled_before_it_is_published(clients: tuple[Any, Any])
     [(_id, fields)] = sync.xrange(keys.journal_stream("req-1"))
     assert fields == {keys.JOURNAL_SEQ_FIELD.encode(): b"3", keys.JOURNAL_EVENT_FIELD.encode(): b"event"}
     assert 0 < sync.ttl(keys.journal_stream("req-1")) <= 60
+
+
+@pytest.mark.parametrize(("error", "kind", "said"), [
+    (OutOfMemoryError("Command # 1 (HSET h a 1) of pipeline caused error: command not allowed when used memory > "
+                      "'maxmemory'."), "OOM", "Redis is full (OOM command not allowed when used memory > 'maxmemory')"),
+    (ResponseError("Error running script (call to f_b73c): @user_script:1: @user_script: 1: -OOM command not allowed "
+                   "when used memory > 'maxmemory'."), "OOM", "Redis is full (OOM command not allowed"),
+    (ReadOnlyError("You can't write against a read only replica."), "READONLY",
+     "Redis is read-only (a replica, or a primary demoted since) (READONLY You can't write against a read only"),
+    (ResponseError("MISCONF Redis is configured to save RDB snapshots, but it is currently not able to persist on "
+                   "disk."), "MISCONF", "Redis refuses writes (its last save to disk failed) (MISCONF Redis is"),
+    (ResponseError("Error running script (call to f_b73c): @user_script:1: @user_script: 1: -MISCONF Redis is "
+                   "configured to save RDB snapshots"), "MISCONF", "(MISCONF Redis is configured to save RDB"),
+    (RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."), None, None),
+    (RedisTimeoutError("Timeout reading from socket"), None, None),
+    (ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), None, None),
+], ids=["oom", "oom-in-script", "readonly", "misconf", "misconf-in-script", "unreachable", "timeout", "wrongtype"])
+def test_a_refused_write_is_told_from_unreachability(error: Exception, kind: str | None, said: str | None) -> None:
+    """Redis's replies as redis-py raises them (plain, in a pipeline, from a script), as a real redis-server 6.2 sent them."""
+    assert write_refusal(error) == kind
+    described = describe_refusal(error)
+    assert (described is None) if said is None else (described is not None and said in described)

@@ -69,3 +69,22 @@ def test_gemma3_is_a_known_four_part_model() -> None:
     known = models.KNOWN_MODELS[models.canonical_name("gemma3")]
     assert known.alias == "gemma3-270m" and len(known.parts) == 4
     assert [p.member.rsplit(".", 1)[1] for p in known.parts] == ["part00", "part01", "part02", "part03"]
+
+
+def test_a_pull_into_a_cache_that_cannot_be_written_is_one_line_naming_it_and_the_setting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A read-only image's cache, played by a path under a regular file (as root a 0o555 directory would still be
+    written): `llmfleet pull` exits with one line on stderr, no traceback."""
+    from llmfleet.cli import main
+
+    blocker = tmp_path / "read-only"
+    blocker.write_bytes(b"")
+    monkeypatch.setenv(models.CACHE_ENV, str(blocker / "cache"))
+    monkeypatch.setattr(models, "download_part", lambda *a, **k: pytest.fail("nothing is downloaded"))
+    with pytest.raises(ModelResolveError) as refused:
+        models.pull("smollm2", progress=False)
+    assert str(blocker / "cache" / "smollm2-135m") in str(refused.value) and models.CACHE_ENV in str(refused.value)
+    assert main(["pull", "smollm2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert err[0].startswith("llmfleet: cannot pull smollm2-135m into the model cache") and "LLMFLEET_CACHE" in err[0]

@@ -4,11 +4,13 @@ Each lives at `<repack dir>/<model file name>.<model key>.<what>.json` (or `.npy
 without pickle; repack_cache.model_key: the file's size, mtime, first and last MiB and the layout version),
 written whole or not at all (a temporary file renamed into place); an unreadable one counts as missing and is
 derived again. No repack directory (LLMFLEET_REPACK_DIR set empty) or no model file (metadata built in memory)
-means deriving every time.
+means deriving every time; so does a directory that cannot be written (read-only, full): the first failure is
+one warning (repack_cache.note_unwritable) and the process keeps what it derives in memory from then on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine.repack_cache import cache_dir, model_key
+from worker.engine.repack_cache import cache_dir, model_key, note_unwritable, writable
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ def keep_json(path: Path | None, value: Any) -> None:
 
 def _keep(path: Path | None, write: Callable[[Path], None]) -> None:
     """Write `path` through a temporary file renamed into place (whole or not at all); failures are logged."""
-    if path is None:
+    if path is None or not writable(path.parent):
         return
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}{path.suffix}")
     try:
@@ -56,8 +58,9 @@ def _keep(path: Path | None, write: Callable[[Path], None]) -> None:
         write(tmp)
         os.replace(tmp, path)
     except OSError as exc:
-        log.warning("could not keep %s (%s)", path, exc)
-        tmp.unlink(missing_ok=True)
+        note_unwritable(path.parent, exc)
+        with contextlib.suppress(OSError):  # a read-only directory refuses the clean-up too (EROFS)
+            tmp.unlink(missing_ok=True)
 
 
 def derived_array(model_path: str | Path | None, what: str, derive: Callable[[], np.ndarray],

@@ -50,6 +50,25 @@ _SAMPLE = 1 << 20  # bytes hashed at each end of the model file
 log = logging.getLogger(__name__)
 
 
+_UNWRITABLE: set[Path] = set()  # cache directories found unwritable (read-only, full) by this process
+
+
+def note_unwritable(directory: Path, exc: OSError) -> None:
+    """Remember that `directory` cannot be written (read-only, full, not a directory): one warning per process
+    naming it and the setting; this process keeps what it would write there in memory from now on."""
+    if directory in _UNWRITABLE:
+        return
+    _UNWRITABLE.add(directory)
+    log.warning("cache directory %s cannot be written (%s); repacked weights, derived files and measured rates "
+                "stay in memory in this process (LLMFLEET_REPACK_DIR: a writable directory, or empty for none)",
+                directory, exc.strerror or type(exc).__name__)
+
+
+def writable(directory: Path) -> bool:
+    """False once `directory` was found unwritable by this process (`note_unwritable`)."""
+    return directory not in _UNWRITABLE
+
+
 def cache_dir() -> Path | None:
     """Where repacked files live (LLMFLEET_REPACK_DIR; None when set empty: no cache)."""
     configured = os.environ.get("LLMFLEET_REPACK_DIR")
@@ -163,7 +182,7 @@ def _open_valid(path: Path, keys: set[str]) -> dict[str, Blocks] | None:
             if size < _HEADER.size:
                 return None
             mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except (FileNotFoundError, ValueError):
+    except (OSError, ValueError):  # missing, or unreadable (a path under a file, no permission): built again
         return None
     magic, layout, _, manifest_bytes, data_bytes, total = _HEADER.unpack_from(mapped, 0)
     if magic != MAGIC or layout != LAYOUT_VERSION or size != _HEADER.size + data_bytes + manifest_bytes:
@@ -242,9 +261,11 @@ def cached_blocks(model_path: str | Path, pendings: list[PendingLinear],
     if directory is None or not pendings:  # (a float-only model, BERT's F32/F16: nothing to cache)
         return build_in_memory(pendings)
     path = directory / f"{Path(model_path).name}.{model_key(model_path)}.repack"
-    found = _open_valid(path, keys)
+    found = _open_valid(path, keys)  # a read-only directory filled beforehand (an image's) is read as well
     if found is not None:
         return found
+    if not writable(directory):
+        return build_in_memory(pendings)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with _locked(path):
@@ -257,7 +278,7 @@ def cached_blocks(model_path: str | Path, pendings: list[PendingLinear],
                 found = _open_valid(path, keys)
                 _remove_other_layouts(path)
     except OSError as exc:
-        log.warning("repack cache %s unusable (%s): building in memory", directory, exc)
+        note_unwritable(directory, exc)
         return build_in_memory(pendings)
     if found is None:
         raise RuntimeError(f"repack cache file {path} failed its own check after writing")

@@ -4,7 +4,8 @@ another worker now owns.
 `llmfleet:owner:{request_id}` = "<epoch>:<worker_id>" is set by TAKE_SCRIPT each time a worker takes a job
 (its first delivery or a takeover); the epoch counts the takings of that request (1, 2, ...). TAKE grants
 ownership only to the consumer that holds the job's entry in the group's pending list at that moment, and
-returns the entry's delivery count (for the poison-job check) and the previous owner.
+returns the entry's delivery count and the previous owner. The epoch, not the delivery count, is what the poison-job
+check counts: a taking whose SET Redis refused (OOM) wrote nothing, though its read or claim counted a delivery.
 
 Every journal-append + publish (+ the final ack) of a request is one PUBLISH_SCRIPT call, which writes
 nothing unless the owner value is still the writer's: a stale writer is refused (the script returns the
@@ -90,10 +91,10 @@ class Grant:
     status: str  # "owner", "done" or "lost"
     owner: str = ""  # "<epoch>:<worker_id>" when status is "owner"
     previous: str = ""  # the owner value before this taking ("" = none: a first taking)
-    deliveries: int = 0  # times the entry has been delivered, this delivery included
+    deliveries: int = 0  # times the entry has been read or claimed, this one included (refused takings too)
 
     @property
-    def epoch(self) -> int:
+    def epoch(self) -> int:  # the takings of the request so far, this one included: the poison check's count
         """The epoch of this taking (0 unless owned)."""
         return int(self.owner.split(":", 1)[0]) if self.status == "owner" else 0
 

@@ -1,7 +1,12 @@
 """The worker's registry entry and job leases, kept fresh by a background thread.
 
 Leases are renewed only for jobs this worker still owns (worker.failover.fencing.RENEW_SCRIPT): a worker that wakes
-from a stall does not pull back an entry another worker took over, and learns at once that it lost it."""
+from a stall does not pull back an entry another worker took over, and learns at once that it lost it.
+
+A beat Redis refuses (OOM at maxmemory, READONLY, MISCONF: it answered) still renews the leases and keeps the
+registry key alive with EXPIRE (both allowed at maxmemory, which refuses only writes that grow memory): the other
+workers see a live worker and take none of its jobs, which it keeps running. While its beats fail, this worker
+takes no one else's jobs either (`recovering`): their heartbeats are refused as its own are."""
 
 from __future__ import annotations
 
@@ -12,9 +17,10 @@ import time
 from collections.abc import Callable
 
 from redis import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from shared import keys
+from shared.redis_commands import describe_refusal, write_refusal
 from shared.registry import RegistryEntry
 from worker.failover.fencing import Lease, renew_leases
 from worker.wire_commands import queue_deregistration, queue_registration
@@ -71,6 +77,7 @@ class Heartbeat:
         self._token_rate = EwmaRate()  # tokens generated per second: the same, in tokens (gateway/cluster/admission.py)
         self.state = "ready"
         self.recovered_at = -math.inf  # monotonic time of the first beat after an outage (failed or hung beats)
+        self.failing = False  # the last beat failed (Redis away, or refusing writes)
         self.started = time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -93,7 +100,20 @@ class Heartbeat:
         facts = self._facts()
         if facts is not None:  # every beat: a Redis that restarted empty has them again at once
             pipe.hset(keys.MODEL_FACTS, self.model, facts)
-        pipe.execute()
+        refused: ResponseError | None = None
+        try:
+            pipe.execute()
+        except ResponseError as exc:
+            if write_refusal(exc) is None:
+                raise
+            refused = exc  # the leases are renewed all the same, then the refusal is raised
+            self.redis.expire(keys.worker_key(self.worker_id), max(1, int(self.ttl_s)))
+        self._renew()
+        if refused is not None:
+            raise refused
+
+    def _renew(self) -> None:
+        """Renew the lease of every job this worker holds; tell `on_lost` of those another worker owns now."""
         by_stream: dict[str, list[Lease]] = {}
         for lease in self._held_jobs():
             by_stream.setdefault(lease.stream, []).append(lease)
@@ -103,9 +123,10 @@ class Heartbeat:
             self._on_lost(lost)
 
     def recovering(self) -> bool:
-        """True for one TTL after Redis came back from an outage: the other workers' registry entries may have
-        expired meanwhile and are being written again, so their jobs are not orphans yet."""
-        return time.monotonic() - self.recovered_at < self.ttl_s
+        """True while beats fail and for one TTL after Redis came back from an outage: the other workers'
+        registry entries may have expired meanwhile and are being written again, so their jobs are not orphans
+        yet."""
+        return self.failing or time.monotonic() - self.recovered_at < self.ttl_s
 
     def deregister(self) -> None:
         """Remove the registry entry (clean shutdown)."""
@@ -135,10 +156,15 @@ class Heartbeat:
                 self.beat()
             except RedisError as exc:
                 failures += 1
-                if failures == 1:
+                self.failing = True
+                if failures == 1 and write_refusal(exc) is not None:
+                    log.warning("heartbeat refused: %s; this worker keeps its jobs (their leases renewed) and "
+                                "retries every %.1fs", describe_refusal(exc), RETRY_S)
+                elif failures == 1:
                     log.warning("heartbeat failed: %s; retrying every %.1fs", exc, RETRY_S)
                 wait = RETRY_S
                 continue
+            self.failing = False
             hung = time.monotonic() - started > self.interval_s
             if failures or hung:
                 self.recovered_at = time.monotonic()

@@ -361,8 +361,9 @@ class JobFeeder:
             log.warning("cannot resume job %s: %s", item.job.id, exc)
             item.journal_next_seq, item.journal_problem = exc.next_seq, str(exc)
         terminal = item.journal is not None and item.journal.terminal
-        if not terminal and item.grant.deliveries > self.settings.max_deliveries:
-            tries = item.grant.deliveries - 1  # this delivery is not run
+        # takings (owner epochs) count, not reads: a read whose taking Redis refused (OOM) never ran the job
+        if not terminal and item.grant.epoch > self.settings.max_deliveries:
+            tries = item.grant.epoch - 1  # this taking is not run
             dead_letter(self.redis, self.model, codec.encode_job(item.job), worker_id=self.worker_id,
                         deliveries=tries)
             item.dead_lettered = tries

@@ -24,12 +24,20 @@ from redis.exceptions import RedisError, ResponseError
 
 from shared import codec, keys
 from shared.messages import Event, is_terminal
-from shared.redis_commands import queue_event, queue_job_done
+from shared.redis_commands import queue_event, queue_job_done, write_refusal
 from worker.failover.fencing import is_noscript, load_scripts, queue_fenced_publish
 
 log = logging.getLogger(__name__)
 Entry = tuple[str, str]  # (job stream, entry id)
 DEFAULT_MAX_STEPS = 64  # sealed steps that may wait unsent before the step loop waits (backpressure)
+
+
+class _Refused(Exception):
+    """Redis refused some of a publish's scripts (it answered: OOM, READONLY, MISCONF): what to send again."""
+
+    def __init__(self, kept: StepBatch, error: ResponseError) -> None:
+        super().__init__(str(error))
+        self.kept, self.error = kept, error
 
 
 @dataclass
@@ -191,6 +199,9 @@ class BatchSender:
         kept: StepBatch | None = batch
         try:
             kept = self._send(batch)
+        except _Refused as refused:  # Redis refused writes (OOM, READONLY, MISCONF): they wait for the retry
+            kept = refused.kept
+            raise refused.error from None
         finally:
             with self._cond:
                 if kept is not None and (kept.writes or kept.plain_acks):
@@ -234,10 +245,14 @@ class BatchSender:
         self.sends += 1
         kept = StepBatch(steps=0)
         refused = []
+        refusal: ResponseError | None = None
         for index, write in fenced:
             result = results[index]
             if is_noscript(result):
                 kept.writes.append(write)
+            elif isinstance(result, ResponseError) and write_refusal(result) is not None:
+                kept.writes.append(write)  # the script wrote nothing: sent again, in order, once Redis accepts
+                refusal = result
             elif isinstance(result, ResponseError):
                 refused.append(result)
             elif result != 1:  # another worker took the request over: the runner drops it
@@ -250,6 +265,8 @@ class BatchSender:
         if refused:  # Redis ran the transaction but refused some commands (e.g. WRONGTYPE); retrying cannot
             # help and would repeat the rest, so they are logged and dropped
             log.warning("Redis refused %d of %d commands of a publish (%s)", len(refused), len(results), refused[0])
+        if refusal is not None:
+            raise _Refused(kept, refusal)
         if kept.writes:
             log.warning("Redis lost the fencing scripts (restarted?); loading them again")
             load_scripts(self.redis)

@@ -277,7 +277,7 @@ class WorkerRunner:
     def _take_over(self, entry: Entry, item: TakenJob, acks: list[Entry]) -> None:
         """Continue a job another worker held, as its journal decides (worker/failover/continuation.py)."""
         job, grant, state, next_seq = item.job, item.grant, item.journal, item.journal_next_seq
-        log.info("took over job %s as owner epoch %d (delivery %d, previous owner %s, %s)", job.id, grant.epoch,
+        log.info("took over job %s as owner epoch %d (read %d times, previous owner %s, %s)", job.id, grant.epoch,
                  grant.deliveries, grant.previous or "none", "journal unusable" if state is None
                  else f"{next_seq} events already sent")
         how = continuation(job, state, next_seq, item.dead_lettered)

@@ -57,6 +57,24 @@ async def test_a_remembered_load_failure_is_named(client: httpx.AsyncClient, red
     await redis.set(keys.pool_failed(MODEL), b"model could not be loaded: not a GGUF file", ex=30)
     body = (await client.get("/ready")).json()
     assert body["models"] == {MODEL: "failed"} and body["waiting_for"] == [f"{MODEL} (failed)"]
+    assert body["degraded"] is True  # a required model failed to load (a read-only cache, a broken file)
+    await redis.delete(keys.pool_failed(MODEL))
+    assert "degraded" not in (await client.get("/ready")).json()  # loading again: not a failure
+
+
+async def test_under_serve_a_failed_required_model_is_degraded_though_every_worker_runs(app_client, redis) -> None:
+    """`serve`'s supervisor counts the workers it runs; the node dropped the one whose load failed, so the counts
+    agree: the failure is what makes the deployment degraded."""
+    app, client = app_client
+    await _node(redis, pinned=(MODEL,))
+    app.state.broker.settings = dataclasses.replace(app.state.broker.settings,
+                                                    supervisor_key="llmfleet:supervisor:test")
+    await redis.hset("llmfleet:supervisor:test", mapping={"workers_expected": 0, "workers_running": 0,
+                                                          "workers_given_up": "", "restarts": 0})
+    assert (await client.get("/ready")).json()["degraded"] is False
+    await redis.set(keys.pool_failed(MODEL), b"model could not be loaded: EROFS", ex=30)
+    body = (await client.get("/ready")).json()
+    assert body["degraded"] is True and body["supervisor"]["workers_given_up"] == []
 
 
 @pytest.fixture

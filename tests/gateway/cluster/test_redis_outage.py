@@ -4,6 +4,7 @@ empty registry proves nothing (the request is queued with keep-alives, not refus
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -90,6 +91,7 @@ async def test_right_after_a_redis_failure_an_empty_registry_queues(app_client, 
 
 async def test_long_after_a_failure_a_known_model_without_workers_is_503_again(app_client, redis) -> None:
     app, client = app_client
+    app.state.broker.settings = dataclasses.replace(app.state.broker.settings, worker_wait_s=0)  # no wait for one
     await redis.zadd(keys.MODELS_INDEX, {"smollm2": time.time() - 60})
     app.state.broker.health._failed_at = time.monotonic() - app.state.broker.registry_grace_s() - 1
     response = await client.post("/v1/chat/completions", json=CHAT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import fakeredis
@@ -158,7 +159,9 @@ async def test_unknown_model_is_404_model_not_found(client, worker) -> None:
     }
 
 
-async def test_known_model_without_live_worker_is_503_with_retry_after(client, redis) -> None:
+async def test_known_model_without_live_worker_is_503_with_retry_after(app_client, redis) -> None:
+    app, client = app_client  # LLMFLEET_WORKER_WAIT_S=0: no wait for a worker (tests/gateway/cluster/test_worker_wait.py)
+    app.state.broker.settings = dataclasses.replace(app.state.broker.settings, worker_wait_s=0)
     await redis.zadd(keys.MODELS_INDEX, {"smollm2": time.time() - 60})  # served a minute ago, worker gone
     response = await client.post("/v1/chat/completions", json=_chat())
     assert response.status_code == 503
@@ -171,7 +174,9 @@ async def test_known_model_without_live_worker_is_503_with_retry_after(client, r
     [{"state": "draining"}, {"version": 99}, {"heartbeat": time.time() - 3600}, {"model": ""}],
     ids=["draining", "other-wire-version", "stale-heartbeat", "no-model"],
 )
-async def test_workers_that_do_not_count_as_live(client, redis, make_worker, fields: dict[str, object]) -> None:
+async def test_workers_that_do_not_count_as_live(app_client, redis, make_worker, fields: dict[str, object]) -> None:
+    app, client = app_client
+    app.state.broker.settings = dataclasses.replace(app.state.broker.settings, worker_wait_s=0)  # 503 at once
     await make_worker().register(**fields)
     await redis.zadd(keys.MODELS_INDEX, {"smollm2": time.time()})
     response = await client.post("/v1/chat/completions", json=_chat())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 
@@ -81,3 +83,46 @@ def test_the_heartbeat_registers_again_as_soon_as_redis_answers() -> None:
         assert beat.recovering()  # for a TTL, other workers' expired entries are not taken for dead ones
     finally:
         beat.stop()
+
+
+def test_a_refused_beat_keeps_the_worker_alive_and_its_jobs_its_own(redis_server: object) -> None:
+    """Redis at maxmemory (noeviction, a real redis-server) refuses the registry write: the beat raises the refusal,
+    but the registry key's TTL is renewed and so is the lease of every held job (XCLAIM by its owner resets the
+    idle time others' takeovers respect); the worker takes no one else's jobs while its beats fail."""
+    import redis
+
+    from shared import keys
+    from shared.redis_commands import write_refusal
+    from worker.failover.fencing import Lease, take_ownership
+    from worker.failover.takeover import claim_from_dead_workers
+    from worker.serve.heartbeat import Heartbeat
+
+    client = redis.Redis.from_url(redis_server.url)  # type: ignore[attr-defined]
+    stream = keys.jobs_stream("m")
+    client.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
+    entry = client.xadd(stream, {"job": b"x"}).decode()
+    client.xreadgroup(keys.JOBS_GROUP, "w1", {stream: ">"})
+    [grant] = take_ownership(client, stream, "w1", [("r", entry)], ttl_s=60)
+    lease = Lease(entry, "r", grant.owner, stream)
+    beat = Heartbeat(client, worker_id="w1", model="m", slots=2, interval_s=0.2, ttl_s=2.0,
+                     gauges=lambda: {"load": 1, "served": 0}, held_jobs=lambda: [lease])
+    beat.start()
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    try:
+        time.sleep(2.5)  # past the TTL of the last beat written
+        with pytest.raises(redis.ResponseError) as refused:
+            beat.beat()
+        assert write_refusal(refused.value) == "OOM"
+        assert client.pttl(keys.worker_key("w1")) > 1500  # renewed by every refused beat (the TTL is 2 s)
+        [pending] = client.xpending_range(stream, keys.JOBS_GROUP, "-", "+", 1)
+        assert pending["consumer"] == b"w1" and pending["time_since_delivered"] < 500  # the lease renewed
+        assert beat.failing and beat.recovering()  # while its beats fail, no takeovers by this worker
+        assert claim_from_dead_workers(client, stream, "w2", count=5, ttl_s=2.0, lease_s=30.0) == []
+    finally:
+        client.config_set("maxmemory", 0)
+    deadline = time.monotonic() + 3
+    while beat.failing and time.monotonic() < deadline:
+        time.sleep(0.05)
+    beat.stop()
+    assert not beat.failing and client.hget(keys.worker_key("w1"), "model") == b"m"

@@ -75,3 +75,42 @@ def test_a_refused_ack_does_not_make_the_events_repeat(tiny_engine: Any) -> None
     assert publisher.backlog == 0
     publisher.flush()
     assert len(_journal(client, "r")) == 1
+
+
+def test_a_full_redis_keeps_every_owned_event_until_it_accepts_writes_again(tiny_engine: Any, redis_server: Any) -> None:
+    """Redis at maxmemory (noeviction) refuses the fenced publish (the journal's XADD): nothing is dropped; once it
+    accepts writes the events go out once, in order, and the job is acked (a real redis-server)."""
+    import redis
+    from redis.exceptions import ResponseError
+
+    from shared.redis_commands import write_refusal
+    from worker.failover.fencing import take_ownership
+
+    client = redis.Redis.from_url(redis_server.url)
+    stream = keys.jobs_stream("m")
+    client.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
+    entry = client.xadd(stream, {"job": b"x"}).decode()
+    client.xreadgroup(keys.JOBS_GROUP, "w", {stream: ">"})
+    [grant] = take_ownership(client, stream, "w", [("r", entry)], ttl_s=60)
+    publisher = EventPublisher(client, tiny_engine.tokenizer, 60)
+    publisher.own("r", grant.owner, (stream, entry))
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    try:
+        for text in ("a", "b"):
+            publisher.add_event(TokenEvent(id="r", seq=publisher.next_seq("r"), text=text, token_ids=[5]))
+            with pytest.raises(ResponseError) as refused:
+                publisher.flush()
+            assert write_refusal(refused.value) == "OOM"
+        publisher.add_event(DoneEvent(id="r", seq=publisher.next_seq("r"),
+                                      usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3)))
+        with pytest.raises(ResponseError):
+            publisher.flush([(stream, entry)])
+        assert publisher.backlog > 0 and client.xlen(keys.journal_stream("r")) == 0
+    finally:
+        client.config_set("maxmemory", 0)
+    publisher.flush()
+    events = _journal(client, "r")
+    assert [e.seq for e in events] == [0, 1, 2] and [getattr(e, "text", None) for e in events[:2]] == ["a", "b"]
+    assert publisher.backlog == 0 and client.get(keys.owner_key("r")) == b"done"
+    assert client.xpending(stream, keys.JOBS_GROUP)["pending"] == 0

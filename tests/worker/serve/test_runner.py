@@ -284,8 +284,10 @@ def test_a_poison_job_is_dead_lettered_and_its_client_told(tiny_engine: Any, cli
     live.ensure_group()
     pubsub = submit(client, job("poison"))
     entry = client.xreadgroup(keys.JOBS_GROUP, "ghost-1", {stream: ">"}, count=1)[0][1][0][0]
-    for ghost in ("ghost-2", "ghost-3"):  # two takeovers, each holder died too: three deliveries
+    take_ownership(client, stream, "ghost-1", [("poison", entry.decode())], ttl_s=60)
+    for ghost in ("ghost-2", "ghost-3"):  # two takeovers, each holder died too: three takings
         client.xclaim(stream, keys.JOBS_GROUP, ghost, 0, [entry])
+        take_ownership(client, stream, ghost, [("poison", entry.decode())], ttl_s=60)
     client.xadd(keys.journal_stream("poison"), {"seq": "0", "event": codec.encode_event(
         TokenEvent(id="poison", seq=0, text="a", token_ids=[5]))})  # what the first holder got out
     thread = threading.Thread(target=live.run, daemon=True)
