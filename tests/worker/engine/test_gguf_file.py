@@ -51,7 +51,8 @@ def test_missing_tensor(tmp_path: Path) -> None:
 
 def test_unsupported_architecture(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "arch.gguf", arch="mamba")
-    with pytest.raises(ModelLoadError, match=r"unsupported architecture 'mamba' \(supported: bert, gemma3, llama, qwen2\)"):
+    supported = "bert, gemma3, llama, qwen2, qwen3, smollm3"
+    with pytest.raises(ModelLoadError, match=rf"unsupported architecture 'mamba' \(supported: {supported}\)"):
         Model.from_file(path)
 
 
