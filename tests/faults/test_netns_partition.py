@@ -30,6 +30,7 @@ from gateway.cluster.redis_health import LOST_AFTER_S
 from shared import keys
 from tests.faults.process_cluster import MODEL, job_holders, wait_until
 from tests.support.netns import NetnsBed, NetnsCluster, start_cluster, unavailable
+from tests.support.sse import split_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 PARTITION_S = 20.0
@@ -86,7 +87,7 @@ def _stream(base: str, key: str, extras: dict, result: dict, timeout_s: float = 
                 result["times"].append(time.monotonic())
                 buffer += raw
                 *frames, buffer = buffer.split(b"\n\n")
-                for frame in frames:
+                for frame in (split_id(f)[1] for f in frames):
                     if frame == b"data: [DONE]":
                         result["done"] += 1
                     elif frame.startswith(b"data: {"):
