@@ -118,7 +118,7 @@ class EventStream:
             if not self.finished and cancel:
                 await self._broker.cancel(self.request_id, self.model, reason, self.deadline)
         finally:
-            await self._broker.subscriber.unsubscribe(keys.events_channel(self.request_id))
+            await self._broker.subscriber.unsubscribe(keys.events_channel(self.request_id), self._queue)
             if self.finished:
                 await self._expire_journal()
 

@@ -49,7 +49,7 @@ async def resume_stream(request: Request) -> Response:
     """GET /v1/chat/completions/{stream_id}/stream and /v1/completions/{stream_id}/stream: the rest of a stream
     after its `Last-Event-ID` (gateway/replies/resume.py), from any gateway."""
     broker, settings = app_state(request)
-    chat = request.url.path.rstrip("/").split("/")[-3] == "chat"
+    chat = "/chat/completions/" in request.url.path
     after = resume.last_event_id(request)
     record = await resume.reopen(broker, request.path_params["stream_id"], ("chat",) if chat else ("completion",),
                                  after)

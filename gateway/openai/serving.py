@@ -153,25 +153,22 @@ class Collected:
 
 
 async def collect_completion(broker: Broker, request: GenerateBody, settings: Settings, *,
-                             request_id: str | None = None, background: Resumable | None = None) -> Collected:
+                             request_id: str | None = None, stream_id: str | None = None) -> Collected:
     """Queue the request's jobs and collect their events into finished choices (tool calls parsed out); an API
     that names its response before the job starts (the Responses API) passes the request id, and a background
-    response its stream record's (API, id, body): readers can stream it, and another gateway finishes it if this
-    one dies."""
+    response the id of the stream record it wrote (gateway/cluster/streams.py): readers can stream it, and another
+    gateway finishes it if this one dies."""
     request_id, now = request_id or new_request_id(), time.time()
     jobs = build_jobs(request, settings, request_id, now)
-    record = new_record(*background, jobs, background=True) if background else None
-    if record is not None:
-        await broker.streams.open(record)
     try:
         generation = await Generation.start(broker, jobs, keep_alive=request.params.keep_alive)
         note_request().request_id = request_id  # queued: from here on the id is in the logs
-        if record is not None:
+        if stream_id is not None:
             generation.retain()
         return await collect_generation(broker, request, generation, request_id, now)
     finally:
-        if record is not None:
-            await broker.streams.finish(record.stream_id)
+        if stream_id is not None:
+            await broker.streams.finish(stream_id)
 
 
 async def collect_generation(broker: Broker, request: GenerateBody, generation: Generation, request_id: str,

@@ -22,6 +22,12 @@ class Output:
         self._reasoning: dict[str, Any] | None = None  # the reasoning item being filled (it comes first)
         self._call: dict[str, Any] | None = None  # a call whose arguments are still coming
         self._deltas: list[str] = []
+        self._ids = 0
+
+    def _next_id(self, prefix: str) -> str:
+        """The next output item's id: the same on every rendering of the response's events."""
+        self._ids += 1
+        return item_id(prefix, self._rid, self._ids)
 
     def add(self, piece: Part) -> list[dict[str, Any]]:
         """The events that carry one piece of parsed output: thinking, text, a call's start, or its arguments."""
@@ -60,7 +66,7 @@ class Output:
             return []  # the splitter sends all thinking before the answer: nothing comes after it closed
         events = []
         if self._reasoning is None:
-            self._reasoning = bodies.reasoning_item(item_id("rs", self._rid), None, "in_progress")
+            self._reasoning = bodies.reasoning_item(self._next_id("rs"), None, "in_progress")
             self.items.append(self._reasoning)
             events.append({"type": "response.output_item.added", "output_index": len(self.items) - 1,
                            "item": dict(self._reasoning)})
@@ -85,7 +91,7 @@ class Output:
     def _open_message(self) -> list[dict[str, Any]]:
         if self._message is not None:
             return []
-        self._message = bodies.message_item(item_id("msg", self._rid), None, "in_progress")
+        self._message = bodies.message_item(self._next_id("msg"), None, "in_progress")
         index = len(self.items)
         self.items.append(self._message)
         events = [{"type": "response.output_item.added", "output_index": index, "item": dict(self._message)},
@@ -113,7 +119,7 @@ class Output:
         call, deltas, self._call, self._deltas = self._call, self._deltas, None, []
         if call is None or not bodies.is_complete_call(call["arguments"]):
             return []
-        index, item = len(self.items), bodies.call_item(item_id("fc", self._rid), call)
+        index, item = len(self.items), bodies.call_item(self._next_id("fc"), call)
         self.items.append(item)
         ref = {"item_id": item["id"], "output_index": index}
         events: list[dict[str, Any]] = [{"type": "response.output_item.added", "output_index": index,

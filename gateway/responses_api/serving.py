@@ -117,17 +117,16 @@ async def _save_final(store: ResponseStore, prepared: Prepared, body: dict[str, 
 
 
 async def _run(broker: Broker, store: ResponseStore, prepared: Prepared, settings: Settings, *,
-               background: dict[str, Any] | None = None, follow: Generation | None = None) -> dict[str, Any]:
+               background: bool = False, follow: Generation | None = None) -> dict[str, Any]:
     """Run the job to the end (or `follow` one already running) and store the result; a failure or cancellation
-    is stored too. A background response passes its request body: it can be streamed and adopted."""
+    is stored too. A background response's stream record is written: it can be streamed and adopted."""
     try:
         if follow is not None:
             done = await serving.collect_generation(broker, prepared.chat, follow, prepared.request_id,
                                                     prepared.created)
         else:
             done = await serving.collect_completion(broker, prepared.chat, settings, request_id=prepared.request_id,
-                                                    background=("responses", prepared.rid, background)
-                                                    if background is not None else None)
+                                                    stream_id=prepared.rid if background else None)
     except LLMFleetError as exc:
         await _save_final(store, prepared, prepared.body("failed", error=exc))
         raise
@@ -161,7 +160,13 @@ async def start_background(broker: Broker, store: ResponseStore, request: Respon
     body `raw` its events can be streamed (GET ...?stream=true) and another gateway finishes it if this one dies."""
     prepared = await prepare(store, request, settings)
     body = await _save_running(store, prepared)
-    _in_background(_run(broker, store, prepared, settings, background=raw), prepared.rid)
+    if raw is not None:  # before the job is queued: its owner is known from the start
+        key = current_key.get()
+        await broker.streams.open(StreamRecord(
+            stream_id=prepared.rid, api="responses", body=raw, request_id=prepared.request_id,
+            job_ids=[prepared.request_id], model=prepared.chat.params.model, created=prepared.created,
+            deadline=prepared.deadline, key=key.name if key is not None else None, background=True))
+    _in_background(_run(broker, store, prepared, settings, background=raw is not None), prepared.rid)
     return body
 
 
