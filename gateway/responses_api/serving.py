@@ -208,9 +208,11 @@ def install(broker: Broker, settings: Settings) -> None:
 
 
 async def _prepared_again(store: ResponseStore, record: StreamRecord, settings: Settings) -> Prepared:
-    """The Prepared of a response being resumed or adopted, from its stream record."""
-    return await prepare(store, parse_request(record.body, settings), settings, request_id=record.request_id,
-                         created=record.created)
+    """The Prepared of a response being resumed or adopted, from its stream record (stored, if it is to be)."""
+    prepared = await prepare(store, parse_request(record.body, settings), settings, request_id=record.request_id,
+                             created=record.created)
+    prepared.saved = prepared.request.store
+    return prepared
 
 async def cancel_response(broker: Broker, store: ResponseStore, rid: str, key: str | None) -> dict[str, Any]:
     """Cancel a running response from any gateway: its job ends 'cancelled' and the gateway running it stores
@@ -250,7 +252,6 @@ async def reopen_stream(broker: Broker, store: ResponseStore, rid: str, settings
     its first event: a background response is only followed, any other is taken over (gateway/replies/resume.py)."""
     record = await resume.reopen(broker, rid, ("responses",), after)
     prepared = await _prepared_again(store, record, settings)
-    prepared.saved = prepared.request.store
     generation = await resume.follow(broker, record, 1)
     started = serving.StartedStream(generation, record.request_id, record.created, None, record.opens_thinking)
     stream = _response_stream(broker, store, settings, prepared, started)
