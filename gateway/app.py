@@ -31,6 +31,7 @@ from gateway.llamacpp.router import ROUTES as LLAMACPP_ROUTES
 from gateway.ollama.router import ROUTES as OLLAMA_ROUTES
 from gateway.openai.batches import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.openai.router import ROUTES as OPENAI_ROUTES
+from gateway.responses_api import serving as responses_serving
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
 from shared.errors import LLMFleetError
 from shared.redis_sockets import RETRIES, RETRY_BASE_S, RETRY_CAP_S, socket_options
@@ -87,6 +88,7 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
         client = redis if redis is not None else _redis_client(settings)
         probe = None if redis is not None else _probe_client(settings)
         broker = Broker(client, settings, ping=probe.ping if probe is not None else None)
+        responses_serving.install(broker, settings)  # finish a dead gateway's background responses
         await broker.start()
         app.state.broker = broker
         try:

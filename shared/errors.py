@@ -12,6 +12,7 @@
 | NotFound               | 404    | invalid_request_error | None                    |             |
 | ResponseNotFound       | 404    | invalid_request_error | response_not_found      |             |
 | PreviousResponseNotFound | 404  | invalid_request_error | previous_response_not_found |       |
+| StreamNotFound         | 404    | invalid_request_error | stream_not_found        |             |
 | MethodNotAllowed       | 405    | invalid_request_error | None                    |             |
 | ModelBusy              | 409    | invalid_request_error | model_busy              |             |
 | LoraLimitReached       | 409    | invalid_request_error | lora_limit_reached      |             |
@@ -164,6 +165,12 @@ class PreviousResponseNotFound(ResponseNotFound):
     """A request's previous_response_id names no stored response."""
 
     error_code = "previous_response_not_found"
+
+
+class StreamNotFound(NotFound):
+    """A stream to resume is not known (never made, ended longer ago than the retention, or Redis lost it)."""
+
+    error_code = "stream_not_found"
 
 
 class MethodNotAllowed(LLMFleetError):

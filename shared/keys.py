@@ -62,6 +62,13 @@ Layout (values in brackets are what is stored there):
                                  API key name, deadline], EX LLMFLEET_RESPONSES_TTL_S (gateway/responses_api/store.py)
   llmfleet:ratelimit:{key_name}:{kind}  string [GCRA's theoretical arrival time], PX until it no longer
                                  limits: one API key's request or token limit, shared by every gateway
+  llmfleet:gateways              sorted set gateway_id -> last heartbeat (unix s): the gateways alive
+  llmfleet:gateway-streams:{gateway_id}  set of the resumable stream ids a gateway serves (or runs in background)
+  llmfleet:stream:{stream_id}    hash [record = JSON: API, request body, request and job ids, model, created,
+                                 deadline, key name; owner = gateway id, "" (nobody listens), "done" or
+                                 "cancelled"; background = 1 for a background response], EXPIRE the deadline +
+                                 retention, then LLMFLEET_STREAM_RETENTION_S once it ended (gateway/cluster/streams.py)
+  llmfleet:orphans               sorted set stream_id -> when its jobs are cancelled unless a client resumes it
   rq:queue:llmfleet-batches      rq's own keys (rq:job:*, rq:worker:*, ...): one rq job per batch, JSON
 """
 
@@ -78,6 +85,8 @@ JOURNAL_EVENT_FIELD = "event"
 WORKERS_INDEX = f"{PREFIX}workers"
 MODELS_INDEX = f"{PREFIX}models"
 ERRORS_LIST = f"{PREFIX}errors"
+GATEWAYS_INDEX = f"{PREFIX}gateways"
+ORPHANS = f"{PREFIX}orphans"
 
 
 PRIORITY_ORDER = PRIORITIES_HIGH_TO_LOW  # the order workers read a model's job streams in (shared/messages.py owns it)
@@ -123,6 +132,16 @@ def events_channel(request_id: str) -> str:
 def journal_stream(request_id: str) -> str:
     """The capped stream keeping the events already published for one request."""
     return f"{PREFIX}journal:{request_id}"
+
+
+def stream_record(stream_id: str) -> str:
+    """The hash of one resumable stream: what it renders and who listens (gateway/cluster/streams.py)."""
+    return f"{PREFIX}stream:{stream_id}"
+
+
+def gateway_streams(gateway_id: str) -> str:
+    """The set of the resumable streams one gateway serves."""
+    return f"{PREFIX}gateway-streams:{gateway_id}"
 
 
 def cancel_channel(model: str) -> str:

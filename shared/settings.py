@@ -27,8 +27,8 @@ _POSITIVE_FLOATS = (
 _NON_NEGATIVE = (
     "deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
     "public_metrics", "any_model_name", "worker_wait_s", "prefix_placement", "placement_balance_abs",
-    "pool_max_loaded",
-    "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings",
+    "pool_max_loaded", "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings",
+    "stream_retention_s", "orphan_grace_s",
 )
 _CHOICES = {"log_level": _LOG_LEVELS, "reasoning_format": REASONING_FORMATS, "reasoning_fields": REASONING_FIELDS,
             "kv_dtype": _KV_DTYPES}
@@ -156,6 +156,12 @@ class Settings:
     causal_embeddings: int = _setting(0, "1: a worker of a generative (causal) model serves embeddings by pooling "
                                       "its hidden states (llama-server's --embeddings); 0: such requests are a 400 "
                                       "naming the model. Embedding models such as all-minilm-l6-v2 always embed.")
+    stream_retention_s: float = _setting(60.0, "How long a finished stream can still be resumed (its journal and "
+                                         "record kept in Redis; `Last-Event-ID`, Responses' `starting_after`); 0: "
+                                         "they go when the stream ends.")
+    orphan_grace_s: float = _setting(10.0, "How long a stream's job keeps running once nobody listens (its client "
+                                     "disconnected, or its gateway died): a client that resumes it within this "
+                                     "takes it over, else the job is cancelled. 0: cancelled at once.")
     log_level: str = _setting("INFO", "The log level; logs carry ids and lengths, never prompt or completion text.")
 
     def __post_init__(self) -> None:
@@ -257,6 +263,8 @@ ENV: dict[str, str] = {
     "pool_load_timeout_s": "LLMFLEET_POOL_LOAD_TIMEOUT_S",
     "pool_failure_ttl_s": "LLMFLEET_POOL_FAILURE_TTL_S",
     "responses_ttl_s": "LLMFLEET_RESPONSES_TTL_S",
+    "stream_retention_s": "LLMFLEET_STREAM_RETENTION_S",
+    "orphan_grace_s": "LLMFLEET_ORPHAN_GRACE_S",
     "required_models": "LLMFLEET_REQUIRED_MODELS",
     "reasoning_format": "LLMFLEET_REASONING_FORMAT",
     "reasoning_fields": "LLMFLEET_REASONING_FIELDS",

@@ -35,6 +35,7 @@ from gateway.openai.protocol import ChatRequest
 from gateway.replies.generation import STILL_WAITING, Generation
 from gateway.replies.parser import Part, ReplyParser
 from gateway.replies.reasoning import Reasoning
+from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from gateway.replies.tool_calls import ArgumentsDelta, CallStart
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, ErrorEvent, TokenEvent, Usage
@@ -112,12 +113,25 @@ async def create_message(broker: Broker, request: ChatRequest, settings: Setting
     return message_body(message_id(done.request_id), request.params.model, done.choices[0], done.usage)
 
 
-async def stream_message(broker: Broker, request: ChatRequest, settings: Settings) -> MessageStream:
-    """Start a request and wait a moment for its first event (errors until then are raised); then stream it."""
-    started = await serving.start_stream(broker, request, settings)
-    return MessageStream(started.generation, message_id(started.request_id), request.params.model,
-                         tools=request.tools.active, reasoning=request.reasoning, priming=started.priming,
-                         opens_thinking=started.opens_thinking, keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
+async def stream_message(broker: Broker, request: ChatRequest, settings: Settings,
+                         body: dict[str, Any] | None = None) -> MessageStream:
+    """Start a request and wait a moment for its first event (errors until then are raised); then stream it.
+    With the request's `body` it is resumable (GET /v1/messages/{id}/stream)."""
+    request_id = serving.new_request_id()
+    started = await serving.start_stream(broker, request, settings, request_id=request_id,
+                                         resumable=("anthropic", message_id(request_id), body) if body else None)
+    stream = message_stream(broker, request, settings, started.generation, request_id, started.opens_thinking,
+                            started.priming)
+    stream.resumable(broker.streams, started.stream_id)
+    return stream
+
+
+def message_stream(broker: Broker, request: ChatRequest, settings: Settings, generation: Generation, request_id: str,
+                   opened: bool, priming: asyncio.Task[None] | None = None) -> MessageStream:
+    """The named events of a request's generation (a new one, or a resumed one from its journal's start)."""
+    return MessageStream(generation, message_id(request_id), request.params.model, tools=request.tools.active,
+                         reasoning=request.reasoning, priming=priming, opens_thinking=opened,
+                         keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 
 
 async def count_tokens(broker: Broker, request: ChatRequest, settings: Settings) -> dict[str, int]:
@@ -184,7 +198,7 @@ class _Blocks:
         return {"type": "content_block_delta", "index": self.count - 1, "delta": delta}
 
 
-class MessageStream(serving.OpenStream):
+class MessageStream(OpenStream):
     """The named SSE events of one streamed message, whose first worker event already arrived."""
 
     def __init__(self, generation: Generation, response_id: str, model: str, *, tools: bool, reasoning: bool = False,
@@ -216,7 +230,7 @@ class MessageStream(serving.OpenStream):
     async def _events(self) -> AsyncIterator[dict[str, Any] | Comment]:
         blocks, finish, stop = _Blocks(), None, None
         try:
-            async for comment in serving.queued_comments(self._priming, self._keepalive_s):
+            async for comment in queued_comments(self._priming, self._keepalive_s):
                 yield comment  # SSE comments: the event sequence itself starts once the job does
             yield self._start()
             while (item := await self._generation.next_within(self._keepalive_s)) is not None:
@@ -242,16 +256,19 @@ class MessageStream(serving.OpenStream):
             delta = {"stop_reason": stop_reason(finish, stop, blocks.calls > 0), "stop_sequence": stop}
             dropped = self._parser.dropped if self._parser is not None else 0
             yield {"type": "message_delta", "delta": delta, "usage": usage_body(usage, dropped)}
+            self.ended()
             yield {"type": "message_stop"}
             log.info("%s streamed: %d completion tokens", self._id, usage.completion_tokens)
         except LLMFleetError as exc:
             log.info("%s failed after the stream began: %s %s", self._id, exc.status, exc.code)
-            serving.record_streamed_error(self._errors, exc, "/v1/messages")
+            record_streamed_error(self._errors, exc, "/v1/messages")
+            self.ended()
             yield error_body(exc)
         except Exception:  # a bug: still end the stream with an error event
             log.exception("%s broke after the stream began", self._id)
             error = InternalError("The server had an error while processing your request.")
-            serving.record_streamed_error(self._errors, error, "/v1/messages")
+            record_streamed_error(self._errors, error, "/v1/messages")
+            self.ended()
             yield error_body(error)
         finally:
             await self.aclose()

@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from gateway.admin.metrics import FleetSnapshot, GatewayMetrics
 from gateway.cluster import admission
-from gateway.cluster.event_stream import EventStream
+from gateway.cluster.event_stream import EventStream, JobRef
 from gateway.cluster.loras import resolve_job
 from gateway.cluster.placement import (
     Choice,
@@ -45,6 +45,7 @@ from gateway.cluster.queue_view import READ_EVERY_S, QueueState, QueueView, read
 from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.redis_health import RedisHealth
 from gateway.cluster.registry import RECHECK_S, Registry
+from gateway.cluster.streams import Streams
 from gateway.cluster.subscriber import QueueItem, Subscriber
 from gateway.cluster.warm_pool import WarmPool
 from gateway.http.error_log import ErrorLog
@@ -91,15 +92,18 @@ class Broker:
         self.queue_view = QueueView(lambda model: self.queue_state(model),  # admission's shared, briefly reused read
                                     max_age_s=min(READ_EVERY_S, settings.registry_cache_s))
         self.prefix_map = PrefixMap(redis, ttl_s=settings.prefix_ttl_s)
+        self.streams = Streams(redis, settings, self.cancel, clock=clock)  # resumable streams' owners
 
     async def start(self) -> None:
         """Start the pub/sub dispatcher and the Redis health probe."""
         await self.subscriber.start()
         await self.health.start()
+        await self.streams.start()
 
     async def close(self) -> None:
         """Stop the pub/sub dispatcher (after the error entries under way are written)."""
         await self.errors.flush()
+        await self.streams.close()
         if self._cancels:  # each gives up by CANCEL_WAIT_S
             await asyncio.gather(*self._cancels, return_exceptions=True)
         await self.health.close()
@@ -227,6 +231,11 @@ class Broker:
             await self.subscriber.unsubscribe(channel)
             raise
         return queue
+
+    async def follow(self, job: JobRef) -> EventStream:
+        """The events of a job already queued, from its journal's first one, then live (a resumed stream)."""
+        queue = await self.subscriber.subscribe(keys.events_channel(job.id))
+        return EventStream.following(self, job, queue)
 
     async def cancel(self, request_id: str, model: str, reason: str, deadline: float) -> None:
         """Tell the workers to drop a request: mark it cancelled, then announce it. Never raises."""

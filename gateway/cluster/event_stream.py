@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -49,10 +50,18 @@ class StreamOwner(Protocol):
         """Whether a worker of `model` is alive now."""
 
 
+class JobRef(NamedTuple):
+    """What a stream needs to know of a job it did not queue itself (a resumed stream's)."""
+
+    id: str
+    model: str
+    deadline: float
+
+
 class EventStream:
     """The events of one submitted request, in seq order, ending after its terminal event."""
 
-    def __init__(self, broker: StreamOwner, job: Job, queue: asyncio.Queue[QueueItem], *,
+    def __init__(self, broker: StreamOwner, job: Job | JobRef, queue: asyncio.Queue[QueueItem], *,
                  worker_wait_until: float | None = None) -> None:
         self._broker = broker
         self._worker_wait_until = worker_wait_until  # admitted with no live worker: wait for one until then
@@ -60,6 +69,7 @@ class EventStream:
         self.request_id = job.id
         self.model = job.model
         self.deadline = job.deadline
+        self.retain = False  # a resumable stream's: at the end its journal is kept LLMFLEET_STREAM_RETENTION_S
         self.finished = False  # the terminal event was delivered (or the deadline ended the stream)
         self._closed = False
         self._expected = 0
@@ -98,19 +108,37 @@ class EventStream:
         """True when the next event is already here (no wait needed)."""
         return not self._queue.empty() or self._expected in self._pending
 
-    async def close(self, reason: str = "client_disconnected") -> None:
-        """Stop listening; publish a cancel first if the terminal event was not seen. Idempotent."""
+    @classmethod
+    def following(cls, broker: StreamOwner, job: Job | JobRef, queue: asyncio.Queue[QueueItem]) -> EventStream:
+        """The events of a job already queued (a resumed stream), from its journal's first one: `queue` is
+        subscribed; the journal is read before anything else, then live events follow (duplicates dropped)."""
+        queue.put_nowait(RESYNC)
+        stream = cls(broker, job, queue)
+        stream.retain = True
+        return stream
+
+    async def close(self, reason: str = "client_disconnected", *, cancel: bool = True) -> None:
+        """Stop listening; publish a cancel first if the terminal event was not seen (unless `cancel` is False:
+        the job runs on for a client that may resume it). Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
-            if not self.finished:
+            if not self.finished and cancel:
                 await self._broker.cancel(self.request_id, self.model, reason, self.deadline)
         finally:
-            await self._broker.subscriber.unsubscribe(keys.events_channel(self.request_id))
+            await self._broker.subscriber.unsubscribe(keys.events_channel(self.request_id), self._queue)
             if self.finished:
-                with contextlib.suppress(RedisError, OSError):  # else it expires on its own
-                    await self._broker.redis.delete(keys.journal_stream(self.request_id))
+                await self._expire_journal()
+
+    async def _expire_journal(self) -> None:
+        """A finished journal goes now, or, for a resumable stream, after the retention time."""
+        journal, retention = keys.journal_stream(self.request_id), self._broker.settings.stream_retention_s
+        with contextlib.suppress(RedisError, OSError):  # else it expires on its own
+            if self.retain and retention > 0:
+                await self._broker.redis.expire(journal, max(1, math.ceil(retention)))
+            else:
+                await self._broker.redis.delete(journal)
 
     async def _receive(self) -> QueueItem:
         if not self._queue.empty():  # the common case under load: no timer, no task

@@ -63,6 +63,7 @@ class Subscriber:
         self._task: asyncio.Task[None] | None = None
         self._queues: dict[bytes, asyncio.Queue[QueueItem]] = {}
         self._confirmations: dict[bytes, asyncio.Future[None]] = {}
+        self._taps: dict[bytes, list[asyncio.Queue[QueueItem]]] = {}  # more listeners of a channel (a resumed stream)
         self._connected = asyncio.Event()
         self._wake = asyncio.Event()  # check_now was called
         self._heard_at = 0.0  # loop time the connection last delivered anything (a message, a reply, a PONG)
@@ -96,6 +97,7 @@ class Subscriber:
             future.cancel()
         self._confirmations.clear()
         self._queues.clear()
+        self._taps.clear()
 
     def check_now(self) -> None:
         """Redis answers again after an outage (the health probe saw it): dial at once if between dials, and
@@ -112,6 +114,9 @@ class Subscriber:
             raise Unavailable("the gateway is not started", retry_after=self._retry_after_s)
         key = channel.encode()
         queue: asyncio.Queue[QueueItem] = asyncio.Queue()
+        if key in self._queues and key not in self._confirmations:  # already listened to here: one more listener
+            self._taps.setdefault(key, []).append(queue)
+            return queue
         confirmed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queues[key] = queue
         self._confirmations[key] = confirmed
@@ -133,9 +138,18 @@ class Subscriber:
             self._confirmations.pop(key, None)
         return queue
 
-    async def unsubscribe(self, channel: str) -> None:
-        """Stop listening on `channel`; later messages on it are dropped. Never raises on Redis errors."""
+    async def unsubscribe(self, channel: str, queue: asyncio.Queue[QueueItem] | None = None) -> None:
+        """Stop listening on `channel` (only as `queue`, when the channel has other listeners); later messages on it
+        are dropped. Never raises on Redis errors."""
         key = channel.encode()
+        taps = self._taps.get(key, [])
+        if queue is not None and queue in taps:
+            taps.remove(queue)
+            return
+        if queue is not None and taps and self._queues.get(key) is queue:
+            self._queues[key] = taps.pop(0)
+            return
+        self._taps.pop(key, None)
         self._queues.pop(key, None)
         self._confirmations.pop(key, None)
         if self._pubsub is None:
@@ -246,9 +260,12 @@ class Subscriber:
             queue = self._queues.get(channel)  # type: ignore[arg-type]
             if queue is not None:
                 queue.put_nowait(message["data"])
+                for tap in self._taps.get(channel, ()):  # type: ignore[call-overload]
+                    tap.put_nowait(message["data"])
         elif kind == "subscribe":
             future = self._confirmations.get(channel)  # type: ignore[arg-type]
             if future is not None and not future.done():
                 future.set_result(None)
             elif (queue := self._queues.get(channel)) is not None:  # type: ignore[arg-type]
-                queue.put_nowait(RESYNC)  # subscribed again after a lost connection: read the journal
+                for listener in (queue, *self._taps.get(channel, ())):  # type: ignore[call-overload]
+                    listener.put_nowait(RESYNC)  # subscribed again after a lost connection: read the journal

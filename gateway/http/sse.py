@@ -1,5 +1,6 @@
 """Server-sent events: exact bytes `data: {compact json}\n\n` (and `: comment` lines), closed by `data: [DONE]\n\n`
-(OpenAI), or `event: {type}\ndata: {compact json}\n\n` with no closing line (Anthropic: named after the type)."""
+(OpenAI), or `event: {type}\ndata: {compact json}\n\n` with no closing line (Anthropic: named after the type); a
+resumable stream's events each start with `id: {n}`, n counting its events from 0 (gateway/replies/resume.py)."""
 
 from __future__ import annotations
 
@@ -46,18 +47,27 @@ def named_event(payload: dict[str, Any]) -> bytes:
     return b"event: " + str(payload["type"]).encode("ascii") + b"\n" + event(payload)
 
 
-async def encode(chunks: AsyncIterable[dict[str, Any] | Comment], *, named: bool = False) -> AsyncIterator[bytes]:
+async def encode(chunks: AsyncIterable[dict[str, Any] | Comment], *, named: bool = False, ids: bool = False,
+                 after: int = -1) -> AsyncIterator[bytes]:
     """The SSE bytes of every chunk, then [DONE] (unless named); chunks whose events were already waiting go out
-    in one send.
+    in one send. With `ids`, event i (0, 1, ...; comments are not events) carries `id: i`, and events up to
+    `after` are left out (a resumed stream: its client had them).
 
     A stream that keeps up gets one send per event; one that falls behind (a loaded gateway) catches up with
     fewer, larger sends, so the cost per token drops exactly when it matters.
     """
     pending: list[bytes] = []
     frame = named_event if named else event
+    number = -1
     async for chunk in chunks:
-        pending.append(chunk.encode() if isinstance(chunk, Comment) else frame(chunk))
-        if not getattr(chunks, "buffered", False):
+        if isinstance(chunk, Comment):
+            pending.append(chunk.encode())
+        else:
+            number += 1
+            if number <= after:
+                continue
+            pending.append(b"id: %d\n" % number + frame(chunk) if ids else frame(chunk))
+        if not getattr(chunks, "buffered", False) and pending:
             yield b"".join(pending)
             pending = []
     if not named:
@@ -69,9 +79,10 @@ async def encode(chunks: AsyncIterable[dict[str, Any] | Comment], *, named: bool
 class SSEResponse(StreamingResponse):
     """A text/event-stream response that always closes its chunks, even when the client goes away."""
 
-    def __init__(self, chunks: ClosableChunks, *, named: bool = False) -> None:
+    def __init__(self, chunks: ClosableChunks, *, named: bool = False, ids: bool = False, after: int = -1) -> None:
         self._chunks = chunks
-        super().__init__(encode(chunks, named=named), media_type="text/event-stream", headers=HEADERS)
+        super().__init__(encode(chunks, named=named, ids=ids, after=after), media_type="text/event-stream",
+                         headers=HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Unlike Starlette's default for ASGI spec >= 2.4 (notice the client only when a send fails), always

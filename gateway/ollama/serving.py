@@ -37,6 +37,7 @@ from gateway.openai.protocol import ChatRequest
 from gateway.replies.generation import Generation
 from gateway.replies.parser import ReplyParser
 from gateway.replies.reasoning import Reasoning
+from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from shared.errors import InternalError, LLMFleetError, ModelNotFound
 from shared.messages import Timing, TokenEvent, Usage
 from shared.settings import Settings
@@ -157,7 +158,7 @@ async def stream_generation(broker: Broker, request: OllamaGeneration, settings:
                        keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 
 
-class ReplyStream(serving.OpenStream):
+class ReplyStream(OpenStream):
     """The reply objects of one streamed chat or generate request, whose first worker event already arrived."""
 
     def __init__(self, generation: Generation, request: OllamaGeneration, *, started_at: float, parser: ReplyParser,
@@ -189,7 +190,7 @@ class ReplyStream(serving.OpenStream):
     async def _objects(self) -> AsyncIterator[dict[str, Any]]:
         path = f"/api/{self._request.kind}"
         try:
-            async for _comment in serving.queued_comments(self._priming, self._keepalive_s):
+            async for _comment in queued_comments(self._priming, self._keepalive_s):
                 yield reply(self._request, time.time(), "")
             finish = None
             while (item := await self._generation.next()) is not None:
@@ -208,12 +209,12 @@ class ReplyStream(serving.OpenStream):
             log.info("%s streamed: %d completion tokens", path, self._generation.usage.completion_tokens)
         except LLMFleetError as exc:
             log.info("%s failed after the stream began: %s %s", path, exc.status, exc.code)
-            serving.record_streamed_error(self._errors, exc, path)
+            record_streamed_error(self._errors, exc, path)
             yield error_body(exc)
         except Exception:  # a bug: still end the stream with an error line
             log.exception("%s broke after the stream began", path)
             error = InternalError("The server had an error while processing your request.")
-            serving.record_streamed_error(self._errors, error, path)
+            record_streamed_error(self._errors, error, path)
             yield error_body(error)
         finally:
             await self.aclose()

@@ -13,7 +13,7 @@ from typing import Any
 
 from gateway.http.fields import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
 from gateway.openai.openapi_other_apis import other_api_paths, other_api_schemas, page_parameters
-from gateway.openai.openapi_parts import JSON, Schema, nullable, object_schema, operation
+from gateway.openai.openapi_parts import JSON, Schema, nullable, object_schema, operation, resume_operation
 from gateway.openai.protocol import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS,
@@ -215,10 +215,13 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     paths = {
         "/v1/chat/completions": {"post": operation("Chat completion", "ChatCompletionRequest", "ChatCompletion",
                                                    stream=True)},
+        "/v1/chat/completions/{stream_id}/stream": {"get": resume_operation("Resume a chat completion stream")},
         "/v1/completions": {"post": operation("Text completion", "CompletionRequest", "Completion", stream=True)},
+        "/v1/completions/{stream_id}/stream": {"get": resume_operation("Resume a completion stream")},
         "/v1/responses": {"post": operation("Create a response (Responses API)", "ResponsesRequest", "Response",
                                             stream=True)},
-        "/v1/responses/{response_id}": {"get": operation("A stored response", None, "Response", params=rid),
+        "/v1/responses/{response_id}": {"get": operation("A stored response (?stream=true&starting_after=N: its "
+                                                         "events again)", None, "Response", params=rid, stream=True),
                                         "delete": operation("Delete a stored response", None, "Deleted",
                                                             params=rid)},
         "/v1/responses/{response_id}/input_items": {"get": listing},

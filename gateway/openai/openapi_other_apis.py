@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.openai.openapi_parts import Schema, object_schema, operation
+from gateway.openai.openapi_parts import Schema, object_schema, operation, resume_operation
 from gateway.responses_api.items import MAX_LIMIT
 
 ANY_OBJECT: Schema = {"type": "object"}
@@ -49,7 +49,9 @@ def _anthropic_paths() -> dict[str, Any]:
                          error="AnthropicError")
     return {"/v1/messages": {"post": messages("Create a message (Anthropic's Messages API)", "Object",
                                               stream=True)},
-            "/v1/messages/count_tokens": {"post": messages("Count a message's prompt tokens", "Object")}}
+            "/v1/messages/count_tokens": {"post": messages("Count a message's prompt tokens", "Object")},
+            "/v1/messages/{message_id}/stream": {"get": resume_operation("Resume a message stream", "message_id",
+                                                                         "anthropic", "AnthropicError")}}
 
 
 def _ollama_paths() -> dict[str, Any]:

@@ -46,3 +46,12 @@ def operation(summary: str, body: str | None, reply: str, *, stream: bool = Fals
         found["parameters"] = [{"name": name, "in": "path", "required": True,
                                 "schema": {"type": "string", "minLength": 1}} for name in params]
     return found
+
+
+def resume_operation(summary: str, param: str = "stream_id", tag: str = "openai", error: str = "Error") -> Schema:
+    """A GET that resumes a stream after its Last-Event-ID header (or ?starting_after=N): SSE events only."""
+    found = operation(summary, None, "Object", stream=True, tag=tag, error=error, params=(param,))
+    del found["responses"]["200"]["content"][JSON]
+    found["parameters"] += [{"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "integer"}},
+                            {"name": "starting_after", "in": "query", "required": False, "schema": {"type": "integer"}}]
+    return found

@@ -4,6 +4,7 @@ and maps the result to a response."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,27 +19,47 @@ from gateway.openai import bodies, protocol, serving
 from gateway.openai.batches import BATCH_ROUTES
 from gateway.openai.openapi import openapi_document
 from gateway.openai.protocol import ChatRequest, CompletionRequest
+from gateway.replies import resume
 from gateway.replies.tool_calls import dropped_headers
 from shared.errors import ModelNotFound
 
 
-async def _generate(request: Request, parsed: ChatRequest | CompletionRequest) -> Response:
+async def _generate(request: Request, parsed: ChatRequest | CompletionRequest, raw: dict[str, Any]) -> Response:
     broker, settings = app_state(request)
     if parsed.params.stream:
-        stream = await unless_disconnected(request.receive, serving.stream_completion(broker, parsed, settings))
-        return SSEResponse(stream)
+        stream = await unless_disconnected(request.receive, serving.stream_completion(broker, parsed, settings, raw))
+        return SSEResponse(stream, ids=stream.stream_id is not None)
     body = await unless_disconnected(request.receive, serving.run_completion(broker, parsed, settings))
     return JSONResponse(body, headers=dropped_headers(body["usage"].get("dropped_tool_calls", 0)))
 
 
 async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions"""
-    return await _generate(request, protocol.parse_chat(await request_body(request), request.app.state.settings))
+    raw = await request_body(request)
+    return await _generate(request, protocol.parse_chat(raw, request.app.state.settings), raw)
 
 
 async def completions(request: Request) -> Response:
     """POST /v1/completions"""
-    return await _generate(request, protocol.parse_completion(await request_body(request), request.app.state.settings))
+    raw = await request_body(request)
+    return await _generate(request, protocol.parse_completion(raw, request.app.state.settings), raw)
+
+
+async def resume_stream(request: Request) -> Response:
+    """GET /v1/chat/completions/{stream_id}/stream and /v1/completions/{stream_id}/stream: the rest of a stream
+    after its `Last-Event-ID` (gateway/replies/resume.py), from any gateway."""
+    broker, settings = app_state(request)
+    chat = "/chat/completions/" in request.url.path
+    after = resume.last_event_id(request)
+    record = await resume.reopen(broker, request.path_params["stream_id"], ("chat",) if chat else ("completion",),
+                                 after)
+    parse = protocol.parse_chat if chat else protocol.parse_completion
+    parsed = parse(record.body, settings)
+    generation = await resume.follow(broker, record, parsed.params.n)
+    stream = serving.chunk_stream(broker, parsed, settings, generation, record.request_id, record.created,
+                                  record.opens_thinking)
+    stream.resumable(broker.streams, record.stream_id)
+    return SSEResponse(stream, ids=True, after=after)
 
 
 async def embeddings(request: Request) -> Response:
@@ -88,7 +109,9 @@ async def openapi_json(request: Request) -> Response:
 
 OPENAI_ROUTES = [  # served under /v1 and, as llama-server does, without the prefix
     ("/chat/completions", chat_completions, "POST"),
+    ("/chat/completions/{stream_id}/stream", resume_stream, "GET"),
     ("/completions", completions, "POST"),
+    ("/completions/{stream_id}/stream", resume_stream, "GET"),
     ("/embeddings", embeddings, "POST"),
     ("/models", list_models, "GET"),
     ("/models/{model:path}", get_model, "GET"),

@@ -27,7 +27,7 @@ import msgspec
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
 from gateway.http.api_keys import current_key
-from gateway.http.error_log import ErrorLog, make_entry, note_request
+from gateway.http.error_log import ErrorLog, note_request
 from gateway.http.sse import Comment
 from gateway.openai import bodies
 from gateway.openai.bodies import ChoiceResult, ChunkHeader
@@ -35,6 +35,13 @@ from gateway.openai.protocol import ChatRequest, CompletionOptions, CompletionRe
 from gateway.replies.generation import STILL_WAITING, Generation, charge_key
 from gateway.replies.parser import ReplyParser
 from gateway.replies.reasoning import BOTH_FIELDS, reasoning_keys, split_reasoning
+from gateway.replies.streaming import (
+    OpenStream,
+    StartedStream,
+    new_record,
+    queued_comments,
+    record_streamed_error,
+)
 from gateway.replies.tool_calls import split_ended_reply
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, Timing, TokenEvent, Usage
@@ -43,6 +50,7 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 GenerateBody = ChatRequest | CompletionRequest  # a parsed body that becomes GenerateJobs (EmbedBody: an EmbedJob)
+Resumable = tuple[str, str, dict[str, Any] | None]  # API name, stream id, request body (gateway/cluster/streams.py)
 
 
 def new_request_id() -> str:
@@ -145,13 +153,27 @@ class Collected:
 
 
 async def collect_completion(broker: Broker, request: GenerateBody, settings: Settings, *,
-                             request_id: str | None = None) -> Collected:
+                             request_id: str | None = None, stream_id: str | None = None) -> Collected:
     """Queue the request's jobs and collect their events into finished choices (tool calls parsed out); an API
-    that names its response before the job starts (the Responses API) passes the request id."""
+    that names its response before the job starts (the Responses API) passes the request id, and a background
+    response the id of the stream record it wrote (gateway/cluster/streams.py): readers can stream it, and another
+    gateway finishes it if this one dies."""
     request_id, now = request_id or new_request_id(), time.time()
     jobs = build_jobs(request, settings, request_id, now)
-    generation = await Generation.start(broker, jobs, keep_alive=request.params.keep_alive)
-    note_request().request_id = request_id  # queued: from here on the id is in the logs
+    try:
+        generation = await Generation.start(broker, jobs, keep_alive=request.params.keep_alive)
+        note_request().request_id = request_id  # queued: from here on the id is in the logs
+        if stream_id is not None:
+            generation.retain()
+        return await collect_generation(broker, request, generation, request_id, now)
+    finally:
+        if stream_id is not None:
+            await broker.streams.finish(stream_id)
+
+
+async def collect_generation(broker: Broker, request: GenerateBody, generation: Generation, request_id: str,
+                             now: float) -> Collected:
+    """Collect a started (or followed) generation's events into finished choices; closes it."""
     try:
         opened = await opens_thinking(broker, request)  # after admission (see start_stream)
         want_logprobs = _wants_logprobs(request)
@@ -191,91 +213,68 @@ async def run_completion(broker: Broker, request: GenerateBody, settings: Settin
     return body
 
 
-@dataclass(frozen=True)
-class StartedStream:
-    """A streaming request whose jobs are queued: its first events came, or `priming` still waits for them."""
-
-    generation: Generation
-    request_id: str
-    created: float
-    priming: asyncio.Task[None] | None
-    opens_thinking: bool = False  # the reply starts inside a thinking block (see opens_thinking)
-
-
 async def start_stream(broker: Broker, request: GenerateBody, settings: Settings, *,
-                       request_id: str | None = None) -> StartedStream:
+                       request_id: str | None = None, resumable: Resumable | None = None) -> StartedStream:
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is raised
-    (a plain HTTP error); a request still queued after `sse_queued_after_s` is returned with its priming task."""
+    (a plain HTTP error); a request still queued after `sse_queued_after_s` is returned with its priming task.
+    `resumable` (API name, stream id, request body): its record is written before the job is queued."""
     request_id, now = request_id or new_request_id(), time.time()
     jobs = build_jobs(request, settings, request_id, now)
-    generation = await Generation.start(broker, jobs, keep_alive=request.params.keep_alive)
+    record = new_record(resumable[0], resumable[1], resumable[2], jobs) if resumable else None
+    if record is not None:
+        await broker.streams.open(record)
+    try:
+        generation = await Generation.start(broker, jobs, keep_alive=request.params.keep_alive)
+    except BaseException:
+        if record is not None:  # never queued (or cancelled on the way): nothing to resume
+            await broker.streams.finish(record.stream_id)
+        raise
     note_request().request_id = request_id  # queued: from here on the id is in the logs
     priming = asyncio.create_task(generation.prime())
     try:
         # after admission, whose registry read it reuses: a Redis outage is admission's fast 503, not a wait here
         opened = await opens_thinking(broker, request)
+        if record is not None:
+            generation.retain()
+            await broker.streams.note_thinking(record.stream_id, opened)
         await asyncio.wait({priming}, timeout=settings.sse_queued_after_s)
         if priming.done():
             priming.result()  # raises the early failure
     except BaseException:
         priming.cancel()
         await generation.close()
+        if record is not None:
+            await broker.streams.finish(record.stream_id)
         raise
-    return StartedStream(generation, request_id, now, None if priming.done() else priming, opened)
+    return StartedStream(generation, request_id, now, None if priming.done() else priming, opened,
+                         None if record is None else record.stream_id)
 
 
-async def queued_comments(priming: asyncio.Task[None] | None, keepalive_s: float) -> AsyncIterator[Comment]:
-    """`: queued`, then a keep-alive every keepalive_s until the first events came (their error raises)."""
-    if priming is None:
-        return
-    yield Comment("queued")
-    while not priming.done():
-        await asyncio.wait({priming}, timeout=keepalive_s)
-        if not priming.done():
-            yield Comment("keep-alive")
-    priming.result()
-
-
-def record_streamed_error(errors: ErrorLog | None, error: LLMFleetError, path: str) -> None:
-    """Add an error sent after a stream began to the fleet's recent errors."""
-    if errors is None:
-        return
-    key = current_key.get()
-    errors.record(make_entry(status=error.status, type=error.type, code=error.code, param=error.param, streamed=True,
-                             path=path, key=key.name if key else None))
-
-
-async def stream_completion(broker: Broker, request: GenerateBody, settings: Settings) -> ChunkStream:
+async def stream_completion(broker: Broker, request: GenerateBody, settings: Settings,
+                            body: dict[str, Any] | None = None) -> ChunkStream:
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is a plain
     HTTP error; a request still queued after `sse_queued_after_s` gets its stream at once (`: queued`, then
-    keep-alives) and any failure from then on as an error chunk."""
-    started = await start_stream(broker, request, settings)
-    header = ChunkHeader(_response_id(request, started.request_id), int(started.created), request.params.model,
+    keep-alives) and any failure from then on as an error chunk. With the request's `body` it is resumable."""
+    request_id = new_request_id()
+    api = "chat" if isinstance(request, ChatRequest) else "completion"
+    started = await start_stream(broker, request, settings, request_id=request_id,
+                                 resumable=(api, _response_id(request, request_id), body) if body else None)
+    stream = chunk_stream(broker, request, settings, started.generation, request_id, started.created,
+                          started.opens_thinking, started.priming)
+    stream.resumable(broker.streams, started.stream_id)
+    return stream
+
+
+def chunk_stream(broker: Broker, request: GenerateBody, settings: Settings, generation: Generation, request_id: str,
+                 created: float, opened: bool, priming: asyncio.Task[None] | None = None) -> ChunkStream:
+    """The OpenAI chunks of a request's generation (a new one, or a resumed one from its journal's start)."""
+    header = ChunkHeader(_response_id(request, request_id), int(created), request.params.model,
                          request.params.include_usage)
-    return ChunkStream(started.generation, header, chat=isinstance(request, ChatRequest),
+    return ChunkStream(generation, header, chat=isinstance(request, ChatRequest),
                        logprobs=_wants_logprobs(request), tools=_uses_tools(request), timings=request.params.timings,
-                       reasoning=_uses_reasoning(request), opens_thinking=started.opens_thinking,
-                       errors=broker.errors, priming=started.priming, keepalive_s=settings.sse_keepalive_s,
+                       reasoning=_uses_reasoning(request), opens_thinking=opened,
+                       errors=broker.errors, priming=priming, keepalive_s=settings.sse_keepalive_s,
                        reasoning_keys=reasoning_keys(settings.reasoning_fields))
-
-
-class OpenStream:
-    """What every streamed response holds: the request's generation, and the task still waiting for its first
-    events while it is queued (the stream then opens with `: queued`)."""
-
-    _generation: Generation
-    _priming: asyncio.Task[None] | None
-
-    async def aclose(self) -> None:
-        """Close the request's jobs (publishing cancels where unfinished); idempotent."""
-        if self._priming is not None:
-            self._priming.cancel()
-        await self._generation.close()
-
-    @property
-    def buffered(self) -> bool:
-        """True when more events already wait, so the SSE writer can join them into one send."""
-        return self._generation.buffered
 
 
 class ChunkStream(OpenStream):
@@ -353,17 +352,20 @@ class ChunkStream(OpenStream):
             if self._timings:  # as llama-server: the stream's last chunk carries the timings
                 last = last or header.chunk(obj, [])
                 last["timings"] = bodies.timings_body(usage, self._generation.timings)
+            self.ended()
             if last is not None:
                 yield last
             log.info("%s streamed: %d completion tokens", header.response_id, self._generation.usage.completion_tokens)
         except LLMFleetError as exc:
             log.info("%s failed after the stream began: %s %s", header.response_id, exc.status, exc.code)
             self._record(exc)
+            self.ended()
             yield exc.to_openai()
         except Exception:  # a bug: still end the stream properly, with an error and [DONE]
             log.exception("%s broke after the stream began", header.response_id)
             error = InternalError("The server had an error while processing your request.")
             self._record(error)
+            self.ended()
             yield error.to_openai()
         finally:
             await self.aclose()

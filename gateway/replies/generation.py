@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from gateway.admin.metrics import RequestTracker
 from gateway.cluster.broker import Broker
-from gateway.cluster.event_stream import EventStream
+from gateway.cluster.event_stream import EventStream, JobRef
 from gateway.http.api_keys import KeyRecord, current_key
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import (
@@ -94,6 +94,26 @@ class Generation:
         generation._key, generation._broker = current_key.get(), broker
         return generation
 
+    @classmethod
+    async def follow(cls, broker: Broker, jobs: list[JobRef], n: int) -> Generation:
+        """The events of jobs already queued (a resumed stream), each from its journal's first one; the request's
+        API key (the resuming client's, which must be the same) is charged if this stream is the one that ends."""
+        streams: list[EventStream] = []
+        try:
+            for job in jobs:
+                streams.append(await broker.follow(job))
+        except BaseException:
+            await cls(streams, 1).close(cancel=False)
+            raise
+        generation = cls(streams, n)
+        generation._key, generation._broker = current_key.get(), broker
+        return generation
+
+    def retain(self) -> None:
+        """Keep the jobs' journals LLMFLEET_STREAM_RETENTION_S after they end (a resumable stream)."""
+        for stream in self._streams:
+            stream.retain = True
+
     async def prime(self) -> None:
         """Wait for the first event of every job; raise a job's error if it failed before it started."""
         seen: set[int] = set()
@@ -153,12 +173,14 @@ class Generation:
         if self._tracker is not None:
             self._tracker.failed(error.code)
 
-    async def close(self) -> None:
-        """Cancel unfinished jobs and stop listening; shielded from cancellation, bounded in time."""
+    async def close(self, *, cancel: bool = True, charge: bool = True) -> None:
+        """Cancel unfinished jobs (unless `cancel` is False: they run on for a resume) and stop listening; charge
+        the API key (unless `charge` is False: another stream of the request does); shielded, bounded in time."""
         if self._tracker is not None:
             self._tracker.close(self.usage, complete=self._open == 0)
+            self._tracker = None
         with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
-            if self._key is not None and self._broker is not None:
+            if charge and self._key is not None and self._broker is not None:
                 await charge_key(self._broker, self._key, self.usage.total_tokens)
                 self._key = None
             tasks = self._tasks + ([self._waiting] if self._waiting is not None else [])
@@ -166,7 +188,7 @@ class Generation:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             for stream in self._streams:
-                await stream.close()
+                await stream.close(cancel=cancel)
 
     async def _receive(self) -> tuple[int, Event]:
         if len(self._streams) == 1:

@@ -11,6 +11,7 @@ own input), as OpenAI's cursor page: order desc (default) or asc, limit 1-100 (d
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from typing import Any
@@ -25,9 +26,11 @@ MAX_ITEM_ID_CHARS = 128
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
 
 
-def item_id(prefix: str, rid: str) -> str:
-    """A fresh id of an item of response `rid`: `prefix` ('msg', 'fc', ...), its digits, 16 random hex digits."""
-    return f"{prefix}_{rid.removeprefix('resp_')}{secrets.token_hex(8)}"
+def item_id(prefix: str, rid: str, ordinal: int | None = None) -> str:
+    """A fresh id of an item of response `rid`: `prefix` ('msg', 'fc', ...), its digits, 16 random hex digits (or,
+    for the `ordinal`-th output item, 16 derived from the response id: a resumed stream names it the same)."""
+    tail = secrets.token_hex(8) if ordinal is None else hashlib.sha256(f"{rid}/{ordinal}".encode()).hexdigest()[:16]
+    return f"{prefix}_{rid.removeprefix('resp_')}{tail}"
 
 
 def response_of_item(item: str) -> str | None:

@@ -85,8 +85,6 @@ def parse_request(body: dict[str, Any], settings: Settings) -> ResponsesRequest:
     if previous is not None and not RESPONSE_ID.match(previous):
         raise invalid("previous_response_id", "expected a response id ('resp_...').")
     stream, background = boolean(body, "stream", False), boolean(body, "background", False)
-    if stream and background:
-        raise invalid("background", "background responses cannot be streamed here; poll GET /v1/responses/{id}.")
     store = boolean(body, "store", True)
     if background and not store:
         raise invalid("store", "a background response must be stored (store: true) to be retrieved.")

@@ -12,6 +12,7 @@ from gateway.http.api_keys import current_key
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.request_body import request_body
 from gateway.http.sse import SSEResponse
+from gateway.replies import resume
 from gateway.replies.tool_calls import dropped_headers
 from gateway.responses_api import bodies, items, serving
 from gateway.responses_api.protocol import parse_request
@@ -32,19 +33,27 @@ def _key_name() -> str | None:
 async def create(request: Request) -> Response:
     """POST /v1/responses"""
     broker, store, settings = _state(request)
-    parsed = parse_request(await request_body(request), settings)
+    raw = await request_body(request)
+    parsed = parse_request(raw, settings)
     if parsed.stream:
-        stream = await unless_disconnected(request.receive, serving.stream_response(broker, store, parsed, settings))
-        return SSEResponse(stream, named=True)
+        stream = await unless_disconnected(request.receive, serving.stream_response(broker, store, parsed, settings,
+                                                                                  raw))
+        return SSEResponse(stream, named=True, ids=stream.stream_id is not None)
     if parsed.background:
-        return JSONResponse(await serving.start_background(broker, store, parsed, settings))
+        return JSONResponse(await serving.start_background(broker, store, parsed, settings, raw))
     body = await unless_disconnected(request.receive, serving.create_response(broker, store, parsed, settings))
     return JSONResponse(body, headers=dropped_headers((body["usage"] or {}).get("dropped_tool_calls", 0)))
 
 
 async def retrieve(request: Request) -> Response:
-    """GET /v1/responses/{response_id}"""
-    _, store, _ = _state(request)
+    """GET /v1/responses/{response_id}; with ?stream=true its events again, after `starting_after` (or the
+    Last-Event-ID header), from any gateway (gateway/replies/resume.py)."""
+    broker, store, settings = _state(request)
+    if request.query_params.get("stream", "").lower() in ("true", "1"):
+        after = resume.last_event_id(request)
+        stream = await serving.reopen_stream(broker, store, request.path_params["response_id"], settings,
+                                             after=after)
+        return SSEResponse(stream, named=True, ids=True, after=after)
     record = await store.load(request.path_params["response_id"], _key_name())
     return JSONResponse(record.response)
 

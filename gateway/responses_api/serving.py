@@ -23,24 +23,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
 
 from gateway.cluster.broker import Broker
+from gateway.cluster.streams import StreamRecord
 from gateway.http.api_keys import current_key
 from gateway.http.sse import Comment
 from gateway.openai import serving
 from gateway.openai.protocol import ChatRequest
+from gateway.replies import resume
 from gateway.replies.generation import Generation
-from gateway.replies.parser import Part, ReplyParser
-from gateway.replies.reasoning import Reasoning
-from gateway.replies.tool_calls import ArgumentsDelta, CallStart
+from gateway.replies.parser import ReplyParser
+from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from gateway.responses_api import bodies
-from gateway.responses_api.items import item_id, resolve_references, with_ids
-from gateway.responses_api.protocol import ResponsesRequest, chat_request
+from gateway.responses_api.items import resolve_references, with_ids
+from gateway.responses_api.output import Output
+from gateway.responses_api.protocol import ResponsesRequest, chat_request, parse_request
 from gateway.responses_api.store import RUNNING, ResponseStore, StoredResponse
 from shared.errors import InternalError, InvalidRequest, LLMFleetError
 from shared.messages import TokenEvent
@@ -76,8 +78,10 @@ class Prepared:
         return bodies.response_body(self.request, self.rid, self.created, status=status, **fields)
 
 
-async def prepare(store: ResponseStore, request: ResponsesRequest, settings: Settings) -> Prepared:
-    """Load the history of previous_response_id (404 when it is gone) and build the chat request."""
+async def prepare(store: ResponseStore, request: ResponsesRequest, settings: Settings, *,
+                  request_id: str | None = None, created: float | None = None) -> Prepared:
+    """Load the history of previous_response_id (404 when it is gone) and build the chat request (again, for a
+    resumed or adopted response: the same ids and times)."""
     key = current_key.get()
     key_name = key.name if key is not None else None
     history: list[dict[str, Any]] = []
@@ -87,7 +91,7 @@ async def prepare(store: ResponseStore, request: ResponsesRequest, settings: Set
             raise InvalidRequest(f"Previous response '{request.previous_response_id}' is still in progress.",
                                  param="previous_response_id")
         history = previous.conversation
-    request_id, now = serving.new_request_id(), time.time()
+    request_id, now = request_id or serving.new_request_id(), created or time.time()
     rid = bodies.response_id(request_id)
     items = with_ids(await resolve_references(store, request.items, history, key_name), rid)
     chat = chat_request(replace(request, items=items), history, settings)
@@ -112,10 +116,17 @@ async def _save_final(store: ResponseStore, prepared: Prepared, body: dict[str, 
         await store.save_quietly(prepared.record(body))
 
 
-async def _run(broker: Broker, store: ResponseStore, prepared: Prepared, settings: Settings) -> dict[str, Any]:
-    """Run the job to the end and store the result; a failure or cancellation is stored too."""
+async def _run(broker: Broker, store: ResponseStore, prepared: Prepared, settings: Settings, *,
+               background: bool = False, follow: Generation | None = None) -> dict[str, Any]:
+    """Run the job to the end (or `follow` one already running) and store the result; a failure or cancellation
+    is stored too. A background response's stream record is written: it can be streamed and adopted."""
     try:
-        done = await serving.collect_completion(broker, prepared.chat, settings, request_id=prepared.request_id)
+        if follow is not None:
+            done = await serving.collect_generation(broker, prepared.chat, follow, prepared.request_id,
+                                                    prepared.created)
+        else:
+            done = await serving.collect_completion(broker, prepared.chat, settings, request_id=prepared.request_id,
+                                                    stream_id=prepared.rid if background else None)
     except LLMFleetError as exc:
         await _save_final(store, prepared, prepared.body("failed", error=exc))
         raise
@@ -143,24 +154,65 @@ async def create_response(broker: Broker, store: ResponseStore, request: Respons
     return await _run(broker, store, prepared, settings)
 
 
-async def start_background(broker: Broker, store: ResponseStore, request: ResponsesRequest,
-                           settings: Settings) -> dict[str, Any]:
-    """Store the response `in_progress`, run it in a task of this gateway, and answer at once."""
+async def start_background(broker: Broker, store: ResponseStore, request: ResponsesRequest, settings: Settings,
+                           raw: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Store the response `in_progress`, run it in a task of this gateway, and answer at once. With the request
+    body `raw` its events can be streamed (GET ...?stream=true) and another gateway finishes it if this one dies."""
     prepared = await prepare(store, request, settings)
     body = await _save_running(store, prepared)
+    if raw is not None:  # before the job is queued: its owner is known from the start
+        key = current_key.get()
+        await broker.streams.open(StreamRecord(
+            stream_id=prepared.rid, api="responses", body=raw, request_id=prepared.request_id,
+            job_ids=[prepared.request_id], model=prepared.chat.params.model, created=prepared.created,
+            deadline=prepared.deadline, key=key.name if key is not None else None, background=True))
+    _in_background(_run(broker, store, prepared, settings, background=raw is not None), prepared.rid)
+    return body
+
+
+def _in_background(work: Coroutine[Any, Any, dict[str, Any]], rid: str) -> None:
+    """Run a background response's work in a task of this gateway."""
 
     async def run() -> None:
         """The background job: its result (or failure) ends up in the stored record."""
         try:
-            await _run(broker, store, prepared, settings)
+            await work
         except LLMFleetError as exc:
-            log.info("background %s failed: %s %s", prepared.rid, exc.status, exc.code)
+            log.info("background %s failed: %s %s", rid, exc.status, exc.code)
 
     task = asyncio.create_task(run())
     _BACKGROUND.add(task)
     task.add_done_callback(_BACKGROUND.discard)
-    return body
 
+
+def install(broker: Broker, settings: Settings) -> None:
+    """Let this gateway finish the background responses of a dead gateway, and mark a response whose stream
+    nobody resumed (its job cancelled) as cancelled."""
+    store = ResponseStore(broker.redis, settings)
+
+    async def adopt(record: StreamRecord) -> None:
+        """Follow a dead gateway's background response from its journal to the end, and store it."""
+        prepared = await _prepared_again(store, record, settings)
+        generation = await resume.follow(broker, record, 1)
+        try:
+            await _run(broker, store, prepared, settings, follow=generation)
+        finally:
+            await broker.streams.finish(record.stream_id)
+
+    async def reaped(record: StreamRecord) -> None:
+        """The job of a response nobody listened to was cancelled: so is the stored response."""
+        await store.mark_cancelled(record.stream_id)
+
+    broker.streams.adopter = adopt
+    broker.streams.on_reaped["responses"] = reaped
+
+
+async def _prepared_again(store: ResponseStore, record: StreamRecord, settings: Settings) -> Prepared:
+    """The Prepared of a response being resumed or adopted, from its stream record (stored, if it is to be)."""
+    prepared = await prepare(store, parse_request(record.body, settings), settings, request_id=record.request_id,
+                             created=record.created)
+    prepared.saved = prepared.request.store
+    return prepared
 
 async def cancel_response(broker: Broker, store: ResponseStore, rid: str, key: str | None) -> dict[str, Any]:
     """Cancel a running response from any gateway: its job ends 'cancelled' and the gateway running it stores
@@ -174,133 +226,48 @@ async def cancel_response(broker: Broker, store: ResponseStore, rid: str, key: s
 
 
 async def stream_response(broker: Broker, store: ResponseStore, request: ResponsesRequest,
-                          settings: Settings) -> ResponseStream:
-    """Start a request and wait a moment for its first event (errors until then are raised); then stream it."""
+                          settings: Settings, raw: dict[str, Any] | None = None) -> ResponseStream:
+    """Start a request and wait a moment for its first event (errors until then are raised); then stream it.
+    With the request body `raw` it is resumable; a background one runs in a task of this gateway (and survives
+    the client) while the stream follows it."""
+    if request.background and raw is not None:
+        body = await start_background(broker, store, request, settings, raw)
+        return await reopen_stream(broker, store, body["id"], settings, after=-1)
     prepared = await prepare(store, request, settings)
     await _save_running(store, prepared)
     try:
-        started = await serving.start_stream(broker, prepared.chat, settings, request_id=prepared.request_id)
+        started = await serving.start_stream(broker, prepared.chat, settings, request_id=prepared.request_id,
+                                             resumable=("responses", prepared.rid, raw) if raw else None)
     except LLMFleetError as exc:
         await _save_final(store, prepared, prepared.body("failed", error=exc))
         raise
-    parser = ReplyParser(reasoning=prepared.chat.reasoning, tools=prepared.chat.tools.active, forced_open=started.opens_thinking)
+    stream = _response_stream(broker, store, settings, prepared, started)
+    stream.resumable(broker.streams, started.stream_id)
+    return stream
+
+
+async def reopen_stream(broker: Broker, store: ResponseStore, rid: str, settings: Settings, *,
+                        after: int) -> ResponseStream:
+    """A response's stream again (GET /v1/responses/{id}?stream=true, or a background response streamed), from
+    its first event: a background response is only followed, any other is taken over (gateway/replies/resume.py)."""
+    record = await resume.reopen(broker, rid, ("responses",), after)
+    prepared = await _prepared_again(store, record, settings)
+    generation = await resume.follow(broker, record, 1)
+    started = serving.StartedStream(generation, record.request_id, record.created, None, record.opens_thinking)
+    stream = _response_stream(broker, store, settings, prepared, started)
+    stream.resumable(broker.streams, rid, follower=record.background)
+    return stream
+
+
+def _response_stream(broker: Broker, store: ResponseStore, settings: Settings, prepared: Prepared,
+                     started: serving.StartedStream) -> ResponseStream:
+    parser = ReplyParser(reasoning=prepared.chat.reasoning, tools=prepared.chat.tools.active,
+                         forced_open=started.opens_thinking)
     return ResponseStream(started, prepared, store, parser=parser, keepalive_s=settings.sse_keepalive_s,
                           broker=broker)
 
 
-class _Output:
-    """The output items of a streamed response: opens, fills and closes them in order (events unnumbered)."""
-
-    def __init__(self, rid: str) -> None:
-        self._rid = rid  # item ids name their response (gateway/responses_api/items.py)
-        self.items: list[dict[str, Any]] = []
-        self._message: dict[str, Any] | None = None  # the message item being filled
-        self._reasoning: dict[str, Any] | None = None  # the reasoning item being filled (it comes first)
-        self._call: dict[str, Any] | None = None  # a call whose arguments are still coming
-        self._deltas: list[str] = []
-
-    def add(self, piece: Part) -> list[dict[str, Any]]:
-        """The events that carry one piece of parsed output: thinking, text, a call's start, or its arguments."""
-        if isinstance(piece, Reasoning):
-            return self._think(piece.text)
-        return self._close_reasoning("completed") + self._answer(piece)
-
-    def _answer(self, piece: Part) -> list[dict[str, Any]]:
-        if isinstance(piece, ArgumentsDelta):
-            assert self._call is not None
-            self._call["arguments"] += piece.text
-            self._deltas.append(piece.text)
-            return []
-        if isinstance(piece, CallStart):
-            events = self._close_message("completed") + self._flush_call()
-            self._call, self._deltas = {"id": piece.id, "name": piece.name, "arguments": ""}, []
-            return events
-        if not piece:
-            return []
-        events = self._flush_call() + self._open_message()
-        assert self._message is not None
-        self._message["text"] += piece
-        return [*events, {**self._part_ref(), "type": "response.output_text.delta", "delta": piece, "logprobs": []}]
-
-    def close(self, finish_reason: str | None) -> list[dict[str, Any]]:
-        """Close what is open at the end of the reply (an empty reply is one empty message)."""
-        status = "incomplete" if finish_reason in ("length", "cancelled") else "completed"
-        events = self._close_reasoning(status) + self._close_message(status) + self._flush_call()
-        if not self.items:
-            events = self._open_message() + self._close_message(status)
-        return events
-
-    def _think(self, text: str) -> list[dict[str, Any]]:
-        """A piece of the thinking block: opens the reasoning item on the first one."""
-        if not text or (self._reasoning is not None and "text" not in self._reasoning):
-            return []  # the splitter sends all thinking before the answer: nothing comes after it closed
-        events = []
-        if self._reasoning is None:
-            self._reasoning = bodies.reasoning_item(item_id("rs", self._rid), None, "in_progress")
-            self.items.append(self._reasoning)
-            events.append({"type": "response.output_item.added", "output_index": len(self.items) - 1,
-                           "item": dict(self._reasoning)})
-            self._reasoning["text"] = ""
-        self._reasoning["text"] += text
-        return [*events, {**self._reasoning_ref(), "type": "response.reasoning_text.delta", "delta": text}]
-
-    def _reasoning_ref(self) -> dict[str, Any]:
-        assert self._reasoning is not None
-        return {"item_id": self._reasoning["id"], "output_index": self.items.index(self._reasoning),
-                "content_index": 0}
-
-    def _close_reasoning(self, status: str) -> list[dict[str, Any]]:
-        if self._reasoning is None or "text" not in self._reasoning:
-            return []
-        ref, text = self._reasoning_ref(), self._reasoning.pop("text")
-        item = bodies.reasoning_item(self._reasoning["id"], text, status)
-        self.items[ref["output_index"]] = self._reasoning = item  # closed: later thinking opens nothing new
-        return [{**ref, "type": "response.reasoning_text.done", "text": text},
-                {"type": "response.output_item.done", "output_index": ref["output_index"], "item": item}]
-
-    def _open_message(self) -> list[dict[str, Any]]:
-        if self._message is not None:
-            return []
-        self._message = bodies.message_item(item_id("msg", self._rid), None, "in_progress")
-        index = len(self.items)
-        self.items.append(self._message)
-        events = [{"type": "response.output_item.added", "output_index": index, "item": dict(self._message)},
-                  {**self._part_ref(), "type": "response.content_part.added", "part": bodies.text_part("")}]
-        self._message["text"] = ""
-        return events
-
-    def _part_ref(self) -> dict[str, Any]:
-        assert self._message is not None
-        return {"item_id": self._message["id"], "output_index": self.items.index(self._message), "content_index": 0}
-
-    def _close_message(self, status: str) -> list[dict[str, Any]]:
-        if self._message is None:
-            return []
-        ref, text = self._part_ref(), self._message.pop("text")
-        index = ref["output_index"]
-        item = bodies.message_item(self._message["id"], text, status)
-        self.items[index], self._message = item, None
-        return [{**ref, "type": "response.output_text.done", "text": text, "logprobs": []},
-                {**ref, "type": "response.content_part.done", "part": bodies.text_part(text)},
-                {"type": "response.output_item.done", "output_index": index, "item": item}]
-
-    def _flush_call(self) -> list[dict[str, Any]]:
-        """Announce the pending call now that it is over, if its arguments are whole JSON; else drop it."""
-        call, deltas, self._call, self._deltas = self._call, self._deltas, None, []
-        if call is None or not bodies.is_complete_call(call["arguments"]):
-            return []
-        index, item = len(self.items), bodies.call_item(item_id("fc", self._rid), call)
-        self.items.append(item)
-        ref = {"item_id": item["id"], "output_index": index}
-        events: list[dict[str, Any]] = [{"type": "response.output_item.added", "output_index": index,
-                                         "item": {**item, "status": "in_progress", "arguments": ""}}]
-        events += [{**ref, "type": "response.function_call_arguments.delta", "delta": delta} for delta in deltas]
-        events.append({**ref, "type": "response.function_call_arguments.done", "name": call["name"],
-                       "arguments": call["arguments"]})
-        return [*events, {"type": "response.output_item.done", "output_index": index, "item": item}]
-
-
-class ResponseStream(serving.OpenStream):
+class ResponseStream(OpenStream):
     """The typed SSE events of one streamed response, whose job already started (or is still queued)."""
 
     def __init__(self, started: serving.StartedStream, prepared: Prepared, store: ResponseStore, *,
@@ -313,20 +280,22 @@ class ResponseStream(serving.OpenStream):
         self._keepalive_s = keepalive_s
         self._errors = broker.errors
         self._sequence = 0
-        self._output = _Output(prepared.rid)
+        self._output = Output(prepared.rid)
         self._stored = False  # the final object went to the store (or there is none to write)
 
     async def aclose(self) -> None:
-        """Store the final object (`cancelled` when the client went away first), then close the job."""
-        if not self._stored:
+        """Close the job, then store the final object (`cancelled` when the client went away first and its job
+        was cancelled; a job left running for a resume, or a background one, is stored by whoever ends it)."""
+        await super().aclose()
+        if not self._stored and not self.detached:
             self._output.close("cancelled")
             await self._store(self._prepared.body("cancelled", output=self._output.items,
                                                   usage=self._generation.usage))
-        await super().aclose()
 
     async def _store(self, final: dict[str, Any]) -> None:
         self._stored = True
-        await _save_final(self._store_client, self._prepared, final)
+        if not self._follower:  # a background response's own task stores it
+            await _save_final(self._store_client, self._prepared, final)
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any] | Comment]:
         return self._numbered()
@@ -341,7 +310,7 @@ class ResponseStream(serving.OpenStream):
     async def _events(self) -> AsyncIterator[dict[str, Any] | Comment]:
         prepared, output = self._prepared, self._output
         try:
-            async for comment in serving.queued_comments(self._priming, self._keepalive_s):
+            async for comment in queued_comments(self._priming, self._keepalive_s):
                 yield comment
             yield {"type": "response.created", "response": prepared.body("in_progress")}
             yield {"type": "response.in_progress", "response": prepared.body("in_progress")}
@@ -362,25 +331,28 @@ class ResponseStream(serving.OpenStream):
             final = prepared.body(status, output=output.items, usage=self._generation.usage,
                                   dropped_tool_calls=self._parser.dropped)
             await self._store(final)
+            self.ended()
             yield {"type": "response.completed" if status == "completed" else "response.incomplete",
                    "response": final}
             log.info("%s streamed: %d completion tokens", prepared.rid, self._generation.usage.completion_tokens)
         except LLMFleetError as exc:
             log.info("%s failed after the stream began: %s %s", prepared.rid, exc.status, exc.code)
             final = await self._failed(exc, output)
+            self.ended()
             yield bodies.error_event(exc, 0)
             yield {"type": "response.failed", "response": final}
         except Exception:  # a bug: still end the stream with an error event
             log.exception("%s broke after the stream began", prepared.rid)
             error = InternalError("The server had an error while processing your request.")
             final = await self._failed(error, output)
+            self.ended()
             yield bodies.error_event(error, 0)
             yield {"type": "response.failed", "response": final}
         finally:
             await self.aclose()
 
-    async def _failed(self, error: LLMFleetError, output: _Output) -> dict[str, Any]:
-        serving.record_streamed_error(self._errors, error, "/v1/responses")
+    async def _failed(self, error: LLMFleetError, output: Output) -> dict[str, Any]:
+        record_streamed_error(self._errors, error, "/v1/responses")
         output.close("length")  # what was streamed so far, closed as incomplete
         final = self._prepared.body("failed", output=output.items, usage=self._generation.usage, error=error)
         await self._store(final)

@@ -91,6 +91,17 @@ class ResponseStore:
             raise ResponseNotFound(f"Response with id '{rid}' not found.")
         return self._orphan_checked(record)
 
+    async def mark_cancelled(self, rid: str) -> None:
+        """A running record becomes `cancelled` (its job was cancelled: nobody resumed its stream); never raises."""
+        try:
+            raw = await self._redis.get(keys.response_key(rid))
+            record = _decode(raw) if raw is not None else None
+            if record is not None and record.response["status"] in RUNNING:
+                await self.save(StoredResponse(**{**asdict(record), "response": {**record.response,
+                                                                                  "status": "cancelled"}}))
+        except Exception as exc:  # noqa: BLE001 - the cancel went out; the record reads failed past its deadline
+            log.warning("could not mark response %s cancelled: %s", rid, type(exc).__name__)
+
     async def delete(self, rid: str, key: str | None) -> None:
         """Delete a record; ResponseNotFound when there is none for this key."""
         await self.load(rid, key)

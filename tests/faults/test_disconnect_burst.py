@@ -70,7 +70,8 @@ def _full_step_s(cluster: ProcessCluster) -> float:
 
 def test_a_burst_of_early_disconnects_leaves_nothing_running(start_cluster, tmp_path) -> None:
     cluster = start_cluster(2, LLMFLEET_SLOTS=str(SLOTS), LLMFLEET_HEARTBEAT_INTERVAL_S="0.25",
-                            LLMFLEET_HEARTBEAT_TTL_S="2", LLMFLEET_REQUEST_TIMEOUT_S="3600")  # admit a long queue
+                            LLMFLEET_HEARTBEAT_TTL_S="2", LLMFLEET_REQUEST_TIMEOUT_S="3600",  # admit a long queue
+                            LLMFLEET_ORPHAN_GRACE_S="0")  # no resume window: a stream left is cancelled at once
     client = redis.Redis.from_url(cluster.redis.url)
     httpx.post(cluster.base_url + "/v1/completions", timeout=120,  # the first prefill compiles its kernels
                json={"model": MODEL, "prompt": "Warm up", "max_tokens": 2}).raise_for_status()

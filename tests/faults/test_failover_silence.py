@@ -27,6 +27,7 @@ import pytest
 import redis
 
 from tests.faults.process_cluster import MODEL, ProcessCluster, job_holders, wait_until
+from tests.support.sse import split_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 REQUESTS = [  # (name, request body extras), started one after the other so that each worker holds one
@@ -47,7 +48,7 @@ def _stream(base: str, extras: dict, result: dict) -> None:
                 result["times"].append(time.monotonic())
                 buffer += raw
                 *frames, buffer = buffer.split(b"\n\n")
-                for frame in frames:
+                for frame in (split_id(f)[1] for f in frames):
                     if not frame.startswith(b"data: {"):
                         continue  # a comment (keep-alive), or [DONE]
                     for choice in json.loads(frame[6:]).get("choices", []):

@@ -27,6 +27,7 @@ from shared.messages import (
 )
 from shared.registry import RegistryEntry
 from shared.settings import Settings
+from tests.support.sse import split_ids
 from worker.wire_commands import queue_registration
 
 MODEL = "smollm2"
@@ -47,6 +48,7 @@ def settings() -> Settings:
         deadline_grace_s=0.05,
         retry_after_s=2.0,
         queue_limit=4,
+        orphan_grace_s=0.0,  # a client that leaves a stream has its job cancelled at once (tests of a grace set one)
     )
 
 
@@ -198,7 +200,9 @@ def sse_payloads(body: bytes) -> list[Any]:
     """The JSON payloads of an SSE body ([DONE] as the string '[DONE]'); asserts the framing."""
     assert body.endswith(b"\n\n")
     out: list[Any] = []
-    for block in body.decode().split("\n\n")[:-1]:
+    ids, blocks = split_ids(body.decode())
+    assert ids == list(range(len(ids)))  # a resumable stream numbers its events 0, 1, ...
+    for block in blocks:
         assert block.startswith("data: "), block
         data = block[len("data: ") :]
         out.append(data if data == "[DONE]" else json.loads(data))

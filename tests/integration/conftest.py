@@ -25,7 +25,8 @@ def cluster(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     running = start_process_cluster(
         tmp_path_factory.mktemp("cluster-logs"), 2, LLMFLEET_HOST="127.0.0.1", LLMFLEET_SLOTS=str(SLOTS),
         LLMFLEET_QUEUE_LIMIT=str(QUEUE_LIMIT), LLMFLEET_HEARTBEAT_INTERVAL_S="0.5", LLMFLEET_HEARTBEAT_TTL_S="5",
-        LLMFLEET_LEASE_S="10", LLMFLEET_LOG_LEVEL="WARNING")
+        LLMFLEET_LEASE_S="10", LLMFLEET_LOG_LEVEL="WARNING",
+        LLMFLEET_ORPHAN_GRACE_S="2")  # a stream left is cancelled 2 s later (test_disconnect_frees_the_worker_slot)
     try:
         yield running
     finally:

@@ -11,6 +11,7 @@ import pytest
 
 from shared.errors import ContextLengthExceeded, QueueFull
 from shared.messages import ChoiceEndEvent, DoneEvent, Usage
+from tests.support.sse import split_ids
 
 anthropic_sdk = pytest.importorskip("anthropic")
 pytestmark = pytest.mark.anyio
@@ -37,7 +38,9 @@ def sdk(app_client) -> Any:
 def sse_events(body: bytes) -> list[tuple[str, dict[str, Any]]]:
     """(event name, data) of every SSE event; asserts each is named after its data's type."""
     out = []
-    for block in body.decode().split("\n\n")[:-1]:
+    ids, blocks = split_ids(body.decode())
+    assert ids in ([], list(range(len(blocks))))
+    for block in blocks:
         name_line, data_line = block.split("\n")
         name, data = name_line.removeprefix("event: "), json.loads(data_line.removeprefix("data: "))
         assert data["type"] == name

@@ -11,6 +11,7 @@ import pytest
 from gateway.openai import serving
 from shared.errors import ContextLengthExceeded, InternalError
 from shared.messages import TokenLogprob, TopLogprob
+from tests.support.sse import split_id, split_ids
 
 pytestmark = pytest.mark.anyio
 
@@ -42,11 +43,11 @@ async def test_chat_stream_golden_bytes_with_usage(client, worker) -> None:
     created = _created(response.content)
     head = f'"id":"chatcmpl-0123","object":"chat.completion.chunk","created":{created},"model":"smollm2","system_fingerprint":"fp_llmfleet"'
     expected = (
-        f'data: {{{head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
-        f'data: {{{head},"choices":[{{"index":0,"delta":{{"content":"Hel"}},"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
-        f'data: {{{head},"choices":[{{"index":0,"delta":{{"content":"lo"}},"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
-        f'data: {{{head},"choices":[{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"stop"}}],"usage":null}}\n\n'
-        f'data: {{{head},"choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{{"cached_tokens":0}}}}}}\n\n'
+        f'id: 0\ndata: {{{head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
+        f'id: 1\ndata: {{{head},"choices":[{{"index":0,"delta":{{"content":"Hel"}},"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
+        f'id: 2\ndata: {{{head},"choices":[{{"index":0,"delta":{{"content":"lo"}},"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
+        f'id: 3\ndata: {{{head},"choices":[{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"stop"}}],"usage":null}}\n\n'
+        f'id: 4\ndata: {{{head},"choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{{"cached_tokens":0}}}}}}\n\n'
         "data: [DONE]\n\n"
     )
     assert response.content.decode() == expected
@@ -60,9 +61,9 @@ async def test_chat_stream_golden_bytes_without_usage(client, worker) -> None:
     created = _created(response.content)
     head = f'"id":"chatcmpl-0123","object":"chat.completion.chunk","created":{created},"model":"smollm2","system_fingerprint":"fp_llmfleet"'
     assert response.content.decode() == (
-        f'data: {{{head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}\n\n'
-        f'data: {{{head},"choices":[{{"index":0,"delta":{{"content":"Hi"}},"logprobs":null,"finish_reason":null}}]}}\n\n'
-        f'data: {{{head},"choices":[{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"length"}}]}}\n\n'
+        f'id: 0\ndata: {{{head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}\n\n'
+        f'id: 1\ndata: {{{head},"choices":[{{"index":0,"delta":{{"content":"Hi"}},"logprobs":null,"finish_reason":null}}]}}\n\n'
+        f'id: 2\ndata: {{{head},"choices":[{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"length"}}]}}\n\n'
         "data: [DONE]\n\n"
     )
 
@@ -77,10 +78,10 @@ async def test_completion_stream_golden_bytes(client, worker) -> None:
     created = _created(response.content)
     head = f'"id":"cmpl-0123","object":"text_completion","created":{created},"model":"smollm2","system_fingerprint":"fp_llmfleet"'
     assert response.content.decode() == (
-        f'data: {{{head},"choices":[{{"text":" upon","index":0,"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
-        f'data: {{{head},"choices":[{{"text":" a","index":0,"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
-        f'data: {{{head},"choices":[{{"text":"","index":0,"logprobs":null,"finish_reason":"length"}}],"usage":null}}\n\n'
-        f'data: {{{head},"choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{{"cached_tokens":0}}}}}}\n\n'
+        f'id: 0\ndata: {{{head},"choices":[{{"text":" upon","index":0,"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
+        f'id: 1\ndata: {{{head},"choices":[{{"text":" a","index":0,"logprobs":null,"finish_reason":null}}],"usage":null}}\n\n'
+        f'id: 2\ndata: {{{head},"choices":[{{"text":"","index":0,"logprobs":null,"finish_reason":"length"}}],"usage":null}}\n\n'
+        f'id: 3\ndata: {{{head},"choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{{"cached_tokens":0}}}}}}\n\n'
         "data: [DONE]\n\n"
     )
 
@@ -97,7 +98,7 @@ async def test_chat_stream_n2_logprobs_each_choice_starts_with_a_role_chunk(clie
     await worker.end(job, index=0, reason='length')
     await worker.done(job)
     response = await task
-    chunks = [json.loads(line[6:]) for line in response.text.split("\n\n") if line.startswith("data: {")]
+    chunks = [json.loads(line[6:]) for line in split_ids(response.text)[1] if line.startswith("data: {")]
     per_choice = [[c["choices"][0] for c in chunks if c["choices"][0]["index"] == i] for i in (0, 1)]
     for choice in per_choice:
         assert choice[0]["delta"] == {"role": "assistant", "content": ""}
@@ -137,7 +138,7 @@ async def test_error_after_the_stream_began_is_a_final_sse_error_then_done(clien
     await worker.send(InternalError("the worker crashed").to_event(job.id, worker.next_seq(job.id)))
     response = await task
     assert response.status_code == 200
-    lines = response.content.split(b"\n\n")
+    lines = [split_id(frame)[1] for frame in response.content.split(b"\n\n")]
     assert lines[-3] == (
         b'data: {"error":{"message":"the worker crashed","type":"server_error","param":null,"code":null}}'
     )

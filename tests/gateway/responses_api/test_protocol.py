@@ -137,7 +137,6 @@ def test_text_format_is_the_same_constraint_as_response_format() -> None:
     ({"input": "x", "metadata": {"k": 1}}, "metadata.k", "values strings"),
     ({"input": "x", "metadata": {str(i): "v" for i in range(17)}}, "metadata", "at most 16"),
     ({"input": "x", "previous_response_id": "chatcmpl-1"}, "previous_response_id", "resp_"),
-    ({"input": "x", "stream": True, "background": True}, "background", "cannot be streamed"),
     ({"input": "x", "store": False, "background": True}, "store", "must be stored"),
     ({"input": "x", "conversation": "conv_1"}, "conversation", "previous_response_id"),
     ({"input": "x", "tools": [WEATHER], "text": {"format": {"type": "json_object"}}}, "text.format", "tools"),

@@ -16,6 +16,7 @@ from shared import codec, keys
 from shared.errors import ContextLengthExceeded
 from shared.messages import ChoiceEndEvent, DoneEvent, Usage
 from tests.gateway.test_lifecycle import call_app  # drives the ASGI app and disconnects on cue
+from tests.support.sse import split_ids
 
 pytestmark = pytest.mark.anyio
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -38,7 +39,8 @@ def sdk(app_client) -> openai.AsyncOpenAI:
 def sse_events(body: bytes) -> list[dict[str, Any]]:
     """The data of every SSE event; asserts each is named after its type and numbered in order."""
     out = []
-    for block in body.decode().split("\n\n")[:-1]:
+    ids, blocks = split_ids(body.decode())
+    for block in blocks:
         if block.startswith(":"):
             continue
         name_line, data_line = block.split("\n")
@@ -46,6 +48,7 @@ def sse_events(body: bytes) -> list[dict[str, Any]]:
         assert data["type"] == name_line.removeprefix("event: ")
         out.append(data)
     assert [e["sequence_number"] for e in out] == list(range(len(out)))
+    assert ids in ([], [e["sequence_number"] for e in out])  # a resumable stream's ids are its sequence numbers
     return out
 
 
