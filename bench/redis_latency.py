@@ -108,8 +108,9 @@ async def _gateway_stream(client: Any, base: str, model: str, prompt: list[int],
             buffer += raw
             *frames, buffer = buffer.split(b"\n\n")
             for frame in frames:
-                if frame.startswith(b"data: {"):
-                    chunk = json.loads(frame[6:])
+                at = frame.find(b"data: {")  # after any `: keep-alive` and `id:` lines
+                if at >= 0:
+                    chunk = json.loads(frame[at + 6:])
                     if "error" in chunk:
                         raise RuntimeError(f"in-stream error: {chunk['error']}")
                     if any(c.get("finish_reason") is None for c in chunk.get("choices", [])):

@@ -21,13 +21,17 @@ DONE = b"data: [DONE]\n\n"
 
 @dataclass(frozen=True)
 class Comment:
-    """An SSE comment line (`: text`): clients ignore it; it tells them and proxies the stream is alive."""
+    """An SSE comment line (`: text`): clients ignore it; it tells them and proxies the stream is alive.
+
+    One line, no blank line after it: the official SDKs' SSE decoders (openai's, anthropic's) keep the last `id:`
+    and dispatch an event with empty data at any blank line once an id was seen, which they then fail to parse as
+    JSON; so a comment never ends an event, the next event's own blank line does."""
 
     text: str
 
     def encode(self) -> bytes:
         """The comment's bytes."""
-        return b": " + self.text.encode("utf-8") + b"\n\n"
+        return b": " + self.text.encode("utf-8") + b"\n"
 
 
 class ClosableChunks(AsyncIterable[dict[str, Any] | Comment], Protocol):

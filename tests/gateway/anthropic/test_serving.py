@@ -270,7 +270,7 @@ async def test_a_queued_stream_opens_with_comments_the_sdk_ignores(settings, ser
         await asyncio.sleep(0.6)  # nobody took the job yet: the stream is open, with comments only
         await worker.answer(await worker.take(), ["Hi"])
         body = (await task).content
-        assert body.startswith(b": queued\n\n: keep-alive\n\n") and b"event: message_start\n" in body
+        assert body.startswith(b": queued\n: keep-alive\n") and b"event: message_start\n" in body
 
         http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gateway")
         sdk = anthropic_sdk.AsyncAnthropic(api_key="unused", base_url="http://gateway", http_client=http, max_retries=0)

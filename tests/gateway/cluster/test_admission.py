@@ -166,7 +166,7 @@ async def test_a_queued_stream_opens_at_once_with_queued_and_keep_alives(patient
     await asyncio.sleep(0.6)  # the job still waits in the queue: no worker took it
     assert sent and sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     early = _body(sent)
-    assert early.startswith(b": queued\n\n") and b": keep-alive\n\n" in early and b"data:" not in early
+    assert early.startswith(b": queued\n") and b": keep-alive\n" in early and b"data:" not in early
     await worker.answer(await worker.take(), ["Hello"])
     await asyncio.wait_for(call, 5)
     body = _body(sent)
@@ -183,7 +183,7 @@ async def test_a_queued_stream_that_then_fails_ends_with_an_error_chunk(patient_
     await worker.send(ContextLengthExceeded("too long", param="messages").to_event(job.id, worker.next_seq(job.id)))
     await asyncio.wait_for(call, 5)
     text = _body(sent).decode()
-    assert sent[0]["status"] == 200 and text.startswith(": queued\n\n")
+    assert sent[0]["status"] == 200 and text.startswith(": queued\n")
     assert '"code":"context_length_exceeded"' in text and text.endswith("data: [DONE]\n\n")
 
 
@@ -197,7 +197,7 @@ async def test_a_stream_that_waits_mid_way_sends_keep_alives(patient_app: Any, w
     await worker.token(job, "Hel")
     await asyncio.sleep(0.75)  # failover: no event for a while
     after_first = _body(sent).split(b"Hel", 1)
-    assert len(after_first) == 2 and after_first[1].count(b": keep-alive\n\n") >= 2
+    assert len(after_first) == 2 and after_first[1].count(b": keep-alive\n") >= 2
     await worker.token(job, "lo")
     await worker.end(job)
     await worker.done(job)

@@ -14,7 +14,7 @@ import pytest
 from shared import keys
 from shared.settings import Settings
 from tests.gateway.test_lifecycle import call_app
-from tests.support.sse import split_ids
+from tests.support.sse import split_ids, without_comments
 
 pytestmark = pytest.mark.anyio
 CHAT = {"model": "smollm2", "stream": True, "messages": [{"role": "user", "content": "hi"}],
@@ -30,7 +30,8 @@ def settings() -> Settings:
 
 def _frames(body: bytes) -> list[str]:
     """The SSE events of a body, each with its `id:` line (comments left out)."""
-    return [frame for frame in body.decode().split("\n\n") if frame and not frame.startswith(":")]
+    frames = (without_comments(frame.encode()).decode() for frame in body.decode().split("\n\n"))
+    return [frame for frame in frames if frame]
 
 
 async def _streamed(client: httpx.AsyncClient, worker: Any, path: str, body: dict[str, Any]) -> bytes:
