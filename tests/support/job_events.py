@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -32,3 +33,14 @@ def collect(pubsub: Any, timeout: float = 30.0) -> list[Any]:
             if isinstance(events[-1], DoneEvent | ErrorEvent):
                 return events
     raise AssertionError(f"no terminal event; got {events}")
+
+
+def run_until_collected(runner: Any, pubsub: Any, timeout: float = 30.0) -> list[Any]:
+    """Run a WorkerRunner in a thread until the request's terminal event is in (collect), then stop it."""
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        return collect(pubsub, timeout=timeout)
+    finally:
+        runner.stop_requested.set()
+        thread.join(timeout=10)

@@ -27,7 +27,7 @@ from shared.messages import (
     ToolSpec,
 )
 from shared.settings import Settings
-from tests.support.job_events import collect, submit
+from tests.support.job_events import collect, run_until_collected, submit
 from worker.failover.fencing import take_ownership
 from worker.failover.takeover import claim_from_dead_workers
 from worker.serve.runner import WorkerRunner
@@ -290,13 +290,7 @@ def test_a_poison_job_is_dead_lettered_and_its_client_told(tiny_engine: Any, cli
         take_ownership(client, stream, ghost, [("poison", entry.decode())], ttl_s=60)
     client.xadd(keys.journal_stream("poison"), {"seq": "0", "event": codec.encode_event(
         TokenEvent(id="poison", seq=0, text="a", token_ids=[5]))})  # what the first holder got out
-    thread = threading.Thread(target=live.run, daemon=True)
-    thread.start()
-    try:
-        events = collect(pubsub, timeout=30)
-    finally:
-        live.stop_requested.set()
-        thread.join(timeout=10)
+    events = run_until_collected(live, pubsub)
     assert len(events) == 1 and isinstance(events[0], ErrorEvent) and events[0].seq == 1
     assert (events[0].status, events[0].code, events[0].retry_after) == (500, "dead_lettered", None)
     dead = client.xrange(keys.deadletter_stream(MODEL))

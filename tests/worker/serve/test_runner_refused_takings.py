@@ -3,7 +3,6 @@ job_feeder.py counts takings, owner epochs, toward LLMFLEET_MAX_DELIVERIES, not 
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import redis
@@ -11,7 +10,7 @@ import redis
 from shared import keys
 from shared.messages import ErrorEvent
 from shared.settings import Settings
-from tests.support.job_events import collect, submit
+from tests.support.job_events import run_until_collected, submit
 from tests.worker.serve.test_runner import MODEL, job
 from worker.serve.runner import WorkerRunner
 
@@ -28,13 +27,7 @@ def test_reads_whose_taking_redis_refused_do_not_count_toward_dead_lettering(tin
     for _ in range(2 * settings.max_deliveries):  # the worker's own claims back of a taking that failed
         client.xclaim(stream, keys.JOBS_GROUP, live.worker_id, 0, [entry])
     assert client.xpending_range(stream, keys.JOBS_GROUP, "-", "+", 1)[0]["times_delivered"] > settings.max_deliveries
-    thread = threading.Thread(target=live.run, daemon=True)
-    thread.start()
-    try:
-        events = collect(pubsub, timeout=30)
-    finally:
-        live.stop_requested.set()
-        thread.join(timeout=10)
+    events = run_until_collected(live, pubsub)
     assert not any(isinstance(e, ErrorEvent) for e in events) and len(events) >= 2
     assert client.xlen(keys.deadletter_stream(MODEL)) == 0
     assert client.get(keys.owner_key("unlucky")) == b"done"
