@@ -51,6 +51,9 @@ class Shape:
     rope_theta: float
     rms_eps: float
     rope_factor: float = 0.0  # Llama 3's rope_scaling.factor (0: none)
+    experts: int = 0  # routed experts of each layer's FFN (0: a dense FFN)
+    experts_used: int = 0  # experts each token is routed to
+    expert_ffn: int = 0  # hidden width of one expert
 
 
 FAMILIES: dict[str, dict[str, Shape]] = {
@@ -71,11 +74,17 @@ FAMILIES: dict[str, dict[str, Shape]] = {
         "tiny": Shape(4, 256, 4, 2, 64, 512, 0, True, 65536, 5000000.0, 1e-6),
         "3b": Shape(36, 2048, 16, 4, 128, 11008, 128256, True, 65536, 5000000.0, 1e-6),
     },
+    "qwen3moe": {  # Qwen3-30B-A3B (128 experts, 8 used, expert FFN 768), and it with half its layers
+        "tiny": Shape(2, 256, 4, 2, 64, 512, 0, True, 40960, 1000000.0, 1e-6, 0.0, 8, 2, 256),
+        "half": Shape(24, 2048, 32, 4, 128, 6144, 151936, False, 40960, 1000000.0, 1e-6, 0.0, 128, 8, 768),
+        "30b-a3b": Shape(48, 2048, 32, 4, 128, 6144, 151936, False, 40960, 1000000.0, 1e-6, 0.0, 128, 8, 768),
+    },
 }
-ARCH = {"llama3": "llama", "qwen3": "qwen3", "smollm3": "smollm3"}
-PRE_TOKENIZER = {"llama3": "llama-bpe", "qwen3": "qwen2", "smollm3": "llama-bpe"}
+ARCH = {"llama3": "llama", "qwen3": "qwen3", "smollm3": "smollm3", "qwen3moe": "qwen3moe"}
+PRE_TOKENIZER = {"llama3": "llama-bpe", "qwen3": "qwen2", "smollm3": "llama-bpe", "qwen3moe": "qwen2"}
 LLAMA3_LOW, LLAMA3_HIGH, LLAMA3_ORIGINAL = 1.0, 4.0, 8192
 TOKEN_USER_DEFINED, TOKEN_UNUSED = 4, 5
+CHUNK = 1 << 24  # weights generated at a time
 QWEN3_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message.role == 'assistant' %}"
@@ -132,7 +141,7 @@ def tokenizer_fields(family: str, shape: Shape, source: Path) -> tuple[dict, int
     fields = {key: value for key, value in metadata.items() if key.startswith("tokenizer.")}
     tokens, types = list(fields["tokenizer.ggml.tokens"]), list(fields["tokenizer.ggml.token_type"])
     fields["tokenizer.ggml.pre"] = PRE_TOKENIZER[family]
-    if family == "qwen3":
+    if family in ("qwen3", "qwen3moe"):
         tokens += ["<think>", "</think>"]
         types += [TOKEN_USER_DEFINED] * 2
         fields["tokenizer.chat_template"] = QWEN3_TEMPLATE
@@ -158,10 +167,18 @@ def tensor_plan(family: str, shape: Shape, vocab: int) -> list[tuple[str, tuple[
         plan += [(p + "attn_norm.weight", (d,), 0.0), (p + "attn_q.weight", (q_dim, d), 1 / math.sqrt(d)),
                  (p + "attn_k.weight", (kv_dim, d), 1 / math.sqrt(d)), (p + "attn_v.weight", (kv_dim, d), 1 / math.sqrt(d)),
                  (p + "attn_output.weight", (d, q_dim), branch / math.sqrt(q_dim))]
-        if family == "qwen3":
+        if family in ("qwen3", "qwen3moe"):
             plan += [(p + "attn_k_norm.weight", (dh,), 0.0), (p + "attn_q_norm.weight", (dh,), 0.0)]
-        plan += [(p + "ffn_norm.weight", (d,), 0.0), (p + "ffn_gate.weight", (ffn, d), 1 / math.sqrt(d)),
-                 (p + "ffn_up.weight", (ffn, d), 1 / math.sqrt(d)), (p + "ffn_down.weight", (d, ffn), branch / math.sqrt(ffn))]
+        plan.append((p + "ffn_norm.weight", (d,), 0.0))
+        if shape.experts:  # the router (kept float32 by the converter) and the experts stacked (E, out, in)
+            e, f = shape.experts, shape.expert_ffn
+            plan += [(p + "ffn_gate_inp.weight", (e, d), 2 / math.sqrt(d)),
+                     (p + "ffn_gate_exps.weight", (e, f, d), 1 / math.sqrt(d)),
+                     (p + "ffn_up_exps.weight", (e, f, d), 1 / math.sqrt(d)),
+                     (p + "ffn_down_exps.weight", (e, d, f), branch / math.sqrt(f))]
+        else:
+            plan += [(p + "ffn_gate.weight", (ffn, d), 1 / math.sqrt(d)), (p + "ffn_up.weight", (ffn, d), 1 / math.sqrt(d)),
+                     (p + "ffn_down.weight", (d, ffn), branch / math.sqrt(ffn))]
     plan.append(("output_norm.weight", (d,), 0.0))
     if not shape.tied:
         plan.append(("output.weight", (vocab, d), output_std))
@@ -190,6 +207,10 @@ def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_sour
     if family in ("llama3", "smollm3"):  # LlamaModel's keys
         writer.add_vocab_size(vocab)
         writer.add_rope_dimension_count(shape.head_dim)
+    if shape.experts:  # Qwen3MoeModel's keys
+        writer.add_expert_count(shape.experts)
+        writer.add_expert_used_count(shape.experts_used)
+        writer.add_expert_feed_forward_length(shape.expert_ffn)
     for key, value in fields.items():
         if isinstance(value, list):
             writer.add_array(key, value)
@@ -202,24 +223,33 @@ def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_sour
     writer.add_quantization_version(2)
     plan = tensor_plan(family, shape, vocab)
     for name, dims, _std in plan:  # infos first, then the data streamed one tensor at a time
-        dtype = np.dtype(np.float16 if len(dims) == 2 else np.float32)
+        dtype = _file_dtype(name, dims)
         writer.add_tensor_info(name, dims, dtype, int(np.prod(dims)) * dtype.itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     counter = seed << 40
-    for _name, dims, std in plan:
+    for name, dims, std in plan:
         n = int(np.prod(dims))
         if std < 0:
             data = llama3_rope_factors(shape)  # (Dh/2,)
         elif std == 0:
             data = (1.0 + 0.2 * splitmix_uniform(counter, n)).astype(np.float32).reshape(dims)  # (D,) near 1
         else:
-            data = (splitmix_uniform(counter, n) * np.float32(std)).astype(np.float16).reshape(dims)  # (out, in)
+            data = np.empty(n, _file_dtype(name, dims))  # (n,) filled a chunk at a time (experts are large)
+            for start in range(0, n, CHUNK):
+                stop = min(n, start + CHUNK)
+                data[start:stop] = splitmix_uniform(counter + start, stop - start) * np.float32(std)
+            data = data.reshape(dims)  # (out, in) or (E, out, in)
         counter += n
         writer.write_tensor_data(data)
     writer.close()
     return out
+
+
+def _file_dtype(name: str, dims: tuple[int, ...]) -> np.dtype:
+    """float16 for matrices and stacked experts, float32 for vectors and the router (as the converter keeps them)."""
+    return np.dtype(np.float16 if len(dims) >= 2 and not name.endswith("ffn_gate_inp.weight") else np.float32)
 
 
 def llama_quantize() -> str:

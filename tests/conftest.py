@@ -138,6 +138,12 @@ def qwen3_twin_engine(twin_path: Callable[[str, str], Path]):
 
 
 @pytest.fixture(scope="session")
+def qwen3moe_twin_engine(twin_path: Callable[[str, str], Path]):
+    """The tiny Qwen3-MoE twin's engine (8 experts, 2 used), once per session."""
+    return _twin_engine(twin_path, "qwen3moe")
+
+
+@pytest.fixture(scope="session")
 def minilm_reference() -> dict[str, Any]:
     """llama.cpp's tokens and vectors for all-MiniLM-L6-v2 (../shared/fixtures/minilm/reference.json)."""
     return _reference_or_skip(MINILM_FIXTURES_DIR)
@@ -186,7 +192,7 @@ def proxied_redis(redis_server):
 # another fixture) is `slow` whatever its module says, so `pytest -m "not slow"` stays the fast loop.
 SLOW_FIXTURES = frozenset({
     "smollm2_gguf_path", "smollm2_engine", "gemma3_gguf_path", "gemma3_engine", "redis_server", "twin_path",
-    "llama3_twin_engine", "qwen3_twin_engine",
+    "llama3_twin_engine", "qwen3_twin_engine", "qwen3moe_twin_engine",
 })
 
 

@@ -1,6 +1,7 @@
-"""An independent float64 forward of llama-, qwen3- and smollm3-family GGUF files, written from llama.cpp's graphs
-(src/models/llama.cpp, qwen3.cpp, smollm3.cpp) and ggml's rope, for parity tests: plain numpy over the whole sequence, no KV
-cache, no folding, no fusing, nothing shared with the engine but the file reader."""
+"""An independent float64 forward of llama-, qwen3-, qwen3moe- and smollm3-family GGUF files, written from
+llama.cpp's graphs (src/models/llama.cpp, qwen3.cpp, qwen3moe.cpp, smollm3.cpp) and ggml's rope, for parity tests:
+plain numpy over the whole sequence, no KV cache, no folding, no fusing, nothing shared with the engine but the
+file reader."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class ReferenceModel:
         self.kv_heads = int(meta.get("attention.head_count_kv", self.heads))
         self.head_dim = int(meta.get("attention.key_length", int(meta["embedding_length"]) // self.heads))
         self.eps, self.base = float(meta["attention.layer_norm_rms_epsilon"]), float(meta.get("rope.freq_base", 1e4))
+        self.experts_used = int(meta.get("expert_used_count", 0))
         self.neox = self.arch not in ("llama", "smollm3")  # LlamaModel's converter permutes Q/K for adjacent pairs
 
     def _rms(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -42,6 +44,27 @@ class ReferenceModel:
             out[..., :half], out[..., half:] = first * cos - second * sin, first * sin + second * cos
         else:
             out[..., 0::2], out[..., 1::2] = first * cos - second * sin, first * sin + second * cos
+        return out
+
+    def _ffn(self, x: np.ndarray, p: str, kind: str, expert: int | None = None) -> np.ndarray:
+        """SwiGLU FFN of x (T, D): the dense one (kind "") or one expert of the stacked ones (kind "_exps")."""
+        gate_w, up_w, down_w = (self.t[f"{p}ffn_{part}{kind}.weight"] for part in ("gate", "up", "down"))
+        if expert is not None:
+            gate_w, up_w, down_w = gate_w[expert], up_w[expert], down_w[expert]  # (F, D), (F, D), (D, F)
+        gate, up = x @ gate_w.T, x @ up_w.T  # (T, F) each
+        return (gate / (1.0 + np.exp(-gate)) * up) @ down_w.T  # (T, D)
+
+    def _routed_ffn(self, x: np.ndarray, p: str) -> np.ndarray:
+        """qwen3moe's FFN of x (T, D): softmax over the router's logits, the top k renormalised, experts summed."""
+        logits = x @ self.t[p + "ffn_gate_inp.weight"].T  # (T, E)
+        probs = np.exp(logits - logits.max(-1, keepdims=True))  # (T, E)
+        probs /= probs.sum(-1, keepdims=True)
+        out = np.zeros_like(x)  # (T, D)
+        for row in range(x.shape[0]):
+            chosen = np.argsort(-probs[row], kind="stable")[: self.experts_used]  # (k,)
+            weights = probs[row, chosen] / probs[row, chosen].sum()  # (k,)
+            for expert, weight in zip(chosen, weights):
+                out[row] += weight * self._ffn(x[row : row + 1], p, "_exps", int(expert))[0]  # (D,)
         return out
 
     def logits(self, ids: list[int]) -> np.ndarray:
@@ -67,7 +90,7 @@ class ReferenceModel:
             attended = np.einsum("hts,shd->thd", weights, v).reshape(n, h * dh)  # (T, H*Dh)
             x = x + attended @ t[p + "attn_output.weight"].T  # (T, D)
             normed = self._rms(x, t[p + "ffn_norm.weight"])  # (T, D)
-            gate, up = normed @ t[p + "ffn_gate.weight"].T, normed @ t[p + "ffn_up.weight"].T  # (T, F) each
-            x = x + (gate / (1.0 + np.exp(-gate)) * up) @ t[p + "ffn_down.weight"].T  # (T, D)
+            x = x + (self._routed_ffn(normed, p) if p + "ffn_gate_inp.weight" in t else self._ffn(normed, p, ""))
+
         output = t.get("output.weight", t["token_embd.weight"])  # (V, D)
         return self._rms(x, t["output_norm.weight"]) @ output.T  # (T, V)

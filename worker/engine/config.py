@@ -34,6 +34,10 @@ class ModelConfig:
     layer_norm_eps: float = 1e-12  # LayerNorm epsilon of encoder (BERT-family) models
     pooling_type: int = 0  # what an embedding model's file declares: 1 mean, 2 CLS, 3 last token (0 none)
     rope_scaling: RopeScaling = RopeScaling()  # linear or YaRN context scaling of the rotary frequencies
+    n_experts: int = 0  # routed experts of each layer's FFN (0: a dense FFN)
+    n_experts_used: int = 0  # experts each token is routed to
+    d_ff_expert: int = 0  # hidden width of one expert
+    expert_weights_scale: float = 0.0  # the routed weights are scaled by this when it is neither 0 nor 1
 
     @property
     def group_size(self) -> int:
@@ -96,6 +100,10 @@ class ModelConfig:
             layer_norm_eps=float(metadata.get(f"{arch}.attention.layer_norm_epsilon", 1e-12)),
             pooling_type=int(metadata.get(f"{arch}.pooling_type", 0) or 0),
             rope_scaling=rope_scaling_from_metadata(metadata, arch, context_length, path),
+            n_experts=_int_key(metadata, f"{arch}.expert_count", path),
+            n_experts_used=_int_key(metadata, f"{arch}.expert_used_count", path),
+            d_ff_expert=_int_key(metadata, f"{arch}.expert_feed_forward_length", path),
+            expert_weights_scale=float(metadata.get(f"{arch}.expert_weights_scale", 0.0) or 0.0),
         )
 
 

@@ -36,7 +36,8 @@ class GGUFContents:
     path: str
     metadata: dict[str, Any]
     tensors: dict[str, np.ndarray]  # name -> float32, shape in row-major order (GGUF's ne reversed)
-    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)  # 2-D quantized tensors, undecoded
+    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)  # quantized matrices, undecoded (stacked
+    # experts (E, out, in) as one (E * out, in) matrix)
     mapping: mmap.mmap | None = None  # the read-only mapping the views above are of
 
     def drop_resident_pages(self) -> None:
@@ -50,7 +51,8 @@ class GGUFContents:
 
 @dataclass(frozen=True)
 class QuantizedTensor:
-    """A 2-D quantized tensor as the file stores it: its type name, (rows, cols) and the raw bytes of each row."""
+    """A quantized matrix as the file stores it: its type name, (rows, cols) and the raw bytes of each row (a 3-D
+    tensor of stacked experts is one matrix of all their rows)."""
 
     kind: str  # e.g. "Q4_K"
     shape: tuple[int, int]  # (out, in)
@@ -184,8 +186,8 @@ def _tensor_data(buffer: mmap.mmap, offset: int, dims: list[int], qtype: Any) ->
 
 def read_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFContents:
     """Read a GGUF file: float tensors as arrays (F32 as read-only views of the mapping, other types dequantized to
-    float32; shape row-major, GGUF's reversed). With keep_quantized, each 2-D tensor of a type with a block form
-    (quant_blocks.py) is left undecoded in `quantized`, its bytes a view of the mapping."""
+    float32; shape row-major, GGUF's reversed). With keep_quantized, each 2-D or 3-D (stacked experts) tensor of a
+    type with a block form (quant_blocks.py) is left undecoded in `quantized`, its bytes a view of the mapping."""
     import gguf
     from gguf.constants import GGML_QUANT_SIZES
     from gguf.quants import dequantize
@@ -215,10 +217,11 @@ def read_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFContents:
     quantized: dict[str, QuantizedTensor] = {}
     for name, data in raw.items():
         kind = types[name].name
-        if keep_quantized and data.ndim == 2 and kind not in _NUMPY_TYPES:
-            cols = data.shape[1] // GGML_QUANT_SIZES[types[name]][1] * GGML_QUANT_SIZES[types[name]][0]
+        if keep_quantized and data.ndim in (2, 3) and kind not in _NUMPY_TYPES:
+            rows = data.reshape(-1, data.shape[-1])  # (out, bytes) or stacked experts (E * out, bytes)
+            cols = rows.shape[1] // GGML_QUANT_SIZES[types[name]][1] * GGML_QUANT_SIZES[types[name]][0]
             if code_group(kind, cols) is not None:
-                quantized[name] = QuantizedTensor(kind, (data.shape[0], cols), data)
+                quantized[name] = QuantizedTensor(kind, (rows.shape[0], cols), rows)
                 continue
         if kind == "F32":
             tensors[name] = data  # a read-only view of the mapping: no copy

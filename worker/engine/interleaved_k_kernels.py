@@ -289,22 +289,27 @@ def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits, singl
 
 
 @njit(parallel=True, nogil=True, cache=KERNEL_CACHE)
-def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, first, last, out):  # pragma: no cover
-    """out[k, :16 G] for x rows first..last-1: the module docstring's reduction against the interleaved matrix."""
-    groups, supers = low.shape[0], low.shape[1]
+def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, parts, starts, span, out):  # pragma: no cover
+    """out[k, :16 span] for x rows starts[i] .. starts[i + 1] - 1 against the `span` row groups from
+    parts[i] * span on (a dense matrix: one part, 0; stacked experts: each used expert's rows), the module
+    docstring's reduction. Tasks take runs of (part, group) items."""
+    supers = low.shape[1]
     cols = q.shape[1]
     width = out.shape[1]
     bits = 4 if high.size == 0 else 5 if high.shape[2] == 8 else 6  # Q4_K, Q5_K (8 bit planes) or Q6_K (16)
     flat_low, flat_high, flat_scales = low.reshape(-1), high.reshape(-1), scales.reshape(-1)
     flat_mins, flat_d, flat_dmin = mins.reshape(-1), d.reshape(-1), dmin.reshape(-1)
     flat_q, flat_sums, flat_offsets, flat_out = q.reshape(-1), sums32.reshape(-1), offsets.reshape(-1), out.reshape(-1)
-    tasks = min(groups, MAX_TASKS)
+    items = len(parts) * span
+    tasks = min(items, MAX_TASKS)
     for task in prange(tasks):
         scratch = aligned_bytes(UNPACKED)  # (4096,) a super-block's codes, one a byte
         chains = aligned_floats((X_PASS + X_TILE) * TILE_ROWS)  # (68 * 16,) slots past n are spares
-        for g in range(task * groups // tasks, (task + 1) * groups // tasks):
-            for x0 in range(first, last, X_PASS):
-                n = min(X_PASS, last - x0)
+        for item in range(task * items // tasks, (task + 1) * items // tasks):
+            part, local = item // span, item % span
+            g = parts[part] * span + local
+            for x0 in range(starts[part], starts[part + 1], X_PASS):
+                n = min(X_PASS, starts[part + 1] - x0)
                 chains[:] = 0
                 matrix = (flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin)
                 xs = (flat_q, flat_sums, flat_offsets, dx)
@@ -315,7 +320,7 @@ def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, first, las
                 else:
                     _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 6, n == 1)
                 for i in range(n):
-                    wfstore(flat_out, (x0 + i) * width + g * TILE_ROWS, wfload(chains, i * TILE_ROWS))
+                    wfstore(flat_out, (x0 + i) * width + local * TILE_ROWS, wfload(chains, i * TILE_ROWS))
 
 
 _EMPTY_BYTES = np.zeros((0, 0, 0, 0), np.uint8)
@@ -330,14 +335,35 @@ def interleaved_k_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
     rows = quantize_rows(x)
     groups = blocks.low.shape[0]
     out = np.empty((n_rows, groups * TILE_ROWS), np.float32)  # (N, 16 G)
+    for first in range(0, n_rows, ROW_CHUNK):
+        _launch(blocks, rows, _DENSE, np.array([first, min(n_rows, first + ROW_CHUNK)], np.int64), groups, out)
+    return out if groups * TILE_ROWS == blocks.out else np.ascontiguousarray(out[:, : blocks.out])  # (N, R)
+
+
+def interleaved_k_grouped(rows: Int8Rows, blocks: InterleavedK, parts: np.ndarray, starts: np.ndarray,
+                          part_rows: int) -> np.ndarray:
+    """Stacked experts: x rows starts[i] .. starts[i + 1] - 1 (quantized) times the (part_rows, C) block of rows
+    from parts[i] * part_rows on, transposed, each expert's codes read once for all of its rows: (P, part_rows)."""
+    if part_rows % TILE_ROWS:
+        raise ValueError(f"experts of {part_rows} rows are not whole groups of {TILE_ROWS}")
+    out = np.empty((rows.q.shape[0], part_rows), np.float32)  # (P, part_rows)
+    _launch(blocks, rows, np.ascontiguousarray(parts, np.int64), np.ascontiguousarray(starts, np.int64),
+            part_rows // TILE_ROWS, out)
+    return out
+
+
+_DENSE = np.zeros(1, np.int64)  # a dense matrix is one part: rows from 0
+
+
+def _launch(blocks: InterleavedK, rows: Int8Rows, parts: np.ndarray, starts: np.ndarray, span: int,
+            out: np.ndarray) -> None:
+    """One kernel launch (under the launch lock) writing out's rows starts[0] .. starts[-1] - 1."""
     high = blocks.high if blocks.high is not None else _EMPTY_BYTES
     mins = blocks.mins if blocks.mins is not None else _EMPTY_BYTES
     dmin = blocks.dmin if blocks.dmin is not None else _EMPTY_FLOATS
     with launch_lock:
-        for first in range(0, n_rows, ROW_CHUNK):
-            _matmul(blocks.low, high, blocks.scales, mins, blocks.d, dmin, rows.q, rows.dx, rows.sums32, rows.offsets,
-                    first, min(n_rows, first + ROW_CHUNK), out)
-    return out if groups * TILE_ROWS == blocks.out else np.ascontiguousarray(out[:, : blocks.out])  # (N, R)
+        _matmul(blocks.low, high, blocks.scales, mins, blocks.d, dmin, rows.q, rows.dx, rows.sums32, rows.offsets,
+                parts, starts, span, out)
 
 
 def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:

@@ -58,7 +58,7 @@ class Model:
         tensors = TensorReads(contents.tensors)
         for name, raw in contents.quantized.items():
             group = code_group(raw.kind, raw.shape[1])
-            tensors[name] = PendingLinear(name, raw.shape, group, raw.decode)  # type: ignore[arg-type]
+            tensors[name] = PendingLinear(name, raw.shape, group, raw.decode, kind=raw.kind)  # type: ignore[arg-type]
         directory = cache_dir() if repack_dir == "default" else None if repack_dir is None else Path(repack_dir)
         loaded = architecture.load(tensors, config, str(path))
         tensors.refuse_unread(config.architecture, str(path))  # before any repack work

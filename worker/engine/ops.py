@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from worker.engine import block_kernels, interleaved_k_kernels, interleaved_kernels, kernels
+from worker.engine.experts import Routing, StackedExperts, expert_rows
 from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.interleaved_k_blocks import InterleavedK
 from worker.engine.quantized import Blocks, PendingLinear, QuantizedLinear, StackedBlocks
@@ -95,6 +96,28 @@ def encoder_linear(x: Array, weight: Weight) -> Array:
     if isinstance(weight, QuantizedLinear):
         return _block_linear(x, weight)  # (N, out), C-ordered
     return (weight @ x.T).T  # (N, out), Fortran-ordered
+
+
+def expert_linear(x: Array, experts: StackedExperts, routing: Routing, *, per_pair: bool = False) -> Array:
+    """Each (token, expert) pair's row of x times its expert's matrix transposed: (P, rows), pairs grouped by expert.
+    x is (N, in), a row per token (each token's row met by each of its experts), or (P, in) a row per pair. K-quant
+    experts go through one launch for the whole step (each used expert's codes read once, for all of its rows);
+    every form computes each pair's row alone, as `linear` does."""
+    weight = experts.weight
+    if isinstance(weight, QuantizedLinear) and isinstance(weight.blocks, InterleavedK):
+        if weight.column_scale is not None:
+            x = x * weight.column_scale  # (N or P, in)
+        rows = interleaved_k_kernels.quantize_rows(x)  # quantized once per token, then gathered per pair
+        if not per_pair:
+            rows = interleaved_k_kernels.Int8Rows(*(part[routing.pair_token] for part in rows))
+        return interleaved_k_kernels.interleaved_k_grouped(rows, weight.blocks, routing.experts, routing.starts,
+                                                           experts.rows)  # (P, rows)
+    pairs = x if per_pair else x[routing.pair_token]  # (P, in)
+    out = xp.empty((pairs.shape[0], experts.rows), np.float32)  # (P, rows)
+    for i, expert in enumerate(routing.experts):
+        first, last = int(routing.starts[i]), int(routing.starts[i + 1])
+        out[first:last] = linear(xp.ascontiguousarray(pairs[first:last]), expert_rows(weight, int(expert), experts.rows))
+    return out
 
 
 def lora_delta(x: Array, a: Array, b: Array) -> Array:

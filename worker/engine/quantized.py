@@ -95,6 +95,7 @@ class PendingLinear:
     group: int
     build: Callable[[], Blocks]  # decodes and transforms; nothing is kept between calls
     column_scale: np.ndarray | None = None  # (in,)
+    kind: str = ""  # the file's type ("Q4_K"; "" for a fusion of several)
 
     def permute_rows(self, order: np.ndarray) -> PendingLinear:
         """Rows reordered by the index array `order` (out,)."""
@@ -160,7 +161,8 @@ def fuse_pending_rows(parts: tuple[PendingLinear, ...]) -> PendingLinear | None:
 
     out_dim = sum(p.shape[0] for p in parts)
     key = "cat(" + ",".join(p.key for p in parts) + f")/{group}"
-    return PendingLinear(key, (out_dim, parts[0].shape[1]), group, build, scales[0])
+    kind = parts[0].kind if all(p.kind == parts[0].kind for p in parts) else ""
+    return PendingLinear(key, (out_dim, parts[0].shape[1]), group, build, scales[0], kind)
 
 
 def _merged_runs(parts: list[BlockCodes | KBlocks]) -> list[BlockCodes | KBlocks]:

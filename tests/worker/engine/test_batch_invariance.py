@@ -20,15 +20,16 @@ PROMPT = ("The lighthouse keeper counted the ships that passed each night, writi
 OTHER = "Write a haiku about spreadsheets."
 
 
-@pytest.fixture(params=["smollm2_engine", "gemma3_engine", "llama3_twin_engine", "qwen3_twin_engine"])
+@pytest.fixture(params=["smollm2_engine", "gemma3_engine", "llama3_twin_engine", "qwen3_twin_engine",
+                        "qwen3moe_twin_engine"])
 def engine(request: pytest.FixtureRequest) -> Any:
     """Each real model in turn, and each new family's tiny twin (Q4_K_M where llama-quantize is built)."""
     return request.getfixturevalue(request.param)
 
 
-def _pool(model: Model, caching: bool = False) -> KVPool:
+def _pool(model: Model, caching: bool = False, budget: int = 32 << 20) -> KVPool:
     """A fresh float16 pool (the default dtype) of 16-token blocks."""
-    pool = model.new_pool(32 << 20, block_size=16, enable_prefix_caching=caching)
+    pool = model.new_pool(budget, block_size=16, enable_prefix_caching=caching)
     assert pool.dtype == np.float16
     return pool
 
@@ -65,6 +66,24 @@ def test_prompt_logits_do_not_depend_on_chunks_or_neighbours(engine: Any) -> Non
     crowded = model.forward(step, pool)  # 1 + 11 + len(tokens) + 9 rows
     assert np.array_equal(crowded[2], whole)
     assert np.array_equal(crowded[1], _prefill(model, _pool(model), 0, tokens[:31], 31))
+
+
+@pytest.mark.parametrize("others", [2, 64])
+def test_a_decode_row_is_the_same_beside_2_to_64_other_prompts(engine: Any, others: int) -> None:
+    """A decode row's logits alone and in one step with `others` prompts prefilling beside it (a routed FFN: its
+    experts shared with other rows' or not), bit for bit."""
+    model: Model = engine.model
+    tokens = engine.encode_prompt(PROMPT)
+    pool = _pool(model, budget=256 << 20)
+    _prefill(model, pool, 0, tokens[:-1], len(tokens) - 1)
+    pool.extend(0, 1)
+    alone = model.forward([BatchEntry(0, np.array(tokens[-1:]), len(tokens) - 1)], pool)[0]  # (V,)
+    step = [BatchEntry(0, np.array(tokens[-1:]), len(tokens) - 1)]
+    for sid in range(1, others + 1):
+        other = engine.encode_prompt(f"{OTHER} Number {sid}, in the style of poet {sid * 7}.")
+        pool.ensure(sid, len(other))
+        step.append(BatchEntry(sid, np.array(other), 0))
+    assert np.array_equal(model.forward(step[::-1], pool)[-1], alone)
 
 
 def test_prefix_cache_hit_gives_the_fresh_prefill_logits(engine: Any) -> None:

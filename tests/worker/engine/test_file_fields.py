@@ -28,12 +28,15 @@ CHANGED: dict[str, Any] = {
     "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scale_linear": 4.0, "rope.scaling.attn_factor": 0.5,
     "rope.scaling.original_context_length": 16, "vocab_size": 1000, "pooling_type": 3,
 }
+EXPERTS_CHANGED: dict[str, Any] = {  # and of the routed FFN's table
+    "expert_count": 4, "expert_used_count": 3, "expert_feed_forward_length": 512, "expert_weights_scale": 2.0,
+}
 
 
 @pytest.fixture(scope="module")
 def twins(twin_path: Callable[[str, str], Path]) -> dict[str, Path]:
-    """The tiny llama3 and qwen3 twins (F16)."""
-    return {family: twin_path(family, "F16") for family in ("llama3", "qwen3")}
+    """The tiny llama3, qwen3 and qwen3moe twins (F16)."""
+    return {family: twin_path(family, "F16") for family in ("llama3", "qwen3", "qwen3moe")}
 
 
 def last_logits(path: Path) -> np.ndarray:
@@ -47,19 +50,20 @@ def last_logits(path: Path) -> np.ndarray:
 def test_every_architecture_has_a_table() -> None:
     for name, architecture in ARCHITECTURES.items():
         assert architecture.metadata_keys, name
-        assert not architecture.metadata_keys & set(NEUTRAL_VALUES) - DECODER_KEYS - {
+        assert not architecture.metadata_keys & set(NEUTRAL_VALUES) - DECODER_KEYS - set(EXPERTS_CHANGED) - {
             "attention.sliding_window", "final_logit_softcapping", "attention.causal"}, name
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, arch", [("llama3", "llama"), ("qwen3", "qwen3")])
+@pytest.mark.parametrize("family, arch", [("llama3", "llama"), ("qwen3", "qwen3"), ("qwen3moe", "qwen3moe")])
 def test_every_key_the_table_reads_changes_what_is_computed(twins: dict[str, Path], family: str, arch: str,
                                                             tmp_path: Path) -> None:
-    assert set(CHANGED) == set(ARCHITECTURES[arch].metadata_keys)
+    changes = CHANGED | (EXPERTS_CHANGED if arch == "qwen3moe" else {})
+    assert set(changes) == set(ARCHITECTURES[arch].metadata_keys)
     base = twins[family]
     base_logits = last_logits(base)
     base_config = Model.from_file(base, repack_dir=None).config
-    for suffix, value in CHANGED.items():
+    for suffix, value in changes.items():
         changed = edited_copy(base, tmp_path / f"{suffix}.gguf", set_keys={f"{arch}.{suffix}": value})
         try:
             model = Model.from_file(changed, repack_dir=None)

@@ -46,9 +46,7 @@ def unpermute_rope_rows(weight: Matrix, n_heads: int) -> Matrix:
     head_dim = out_dim // n_heads
     # GGUF row order per head is (i, a) for pair i, member a; the half-rotation order is (a, i).
     order = np.arange(out_dim).reshape(n_heads, head_dim // 2, 2).swapaxes(1, 2).reshape(out_dim)  # (out,)
-    if isinstance(weight, PendingLinear):
-        return weight.permute_rows(order)
-    return np.ascontiguousarray(weight[order])  # (out, in)
+    return take_rows(weight, order)  # (out, in)
 
 
 def scale_rows(matrix: Matrix, factor: np.float32) -> Matrix:
@@ -61,3 +59,10 @@ def fold_norm(matrix: Matrix, norm_weight: np.ndarray) -> Matrix:
     if isinstance(matrix, PendingLinear):
         return matrix.fold_columns(norm_weight)
     return np.ascontiguousarray(matrix * norm_weight[None, :], dtype=np.float32)  # (out, in)
+
+
+def take_rows(matrix: Matrix, order: np.ndarray) -> Matrix:
+    """The rows of an (out, in) matrix in the order of the index array `order` (out,)."""
+    if isinstance(matrix, PendingLinear):
+        return matrix.permute_rows(order)
+    return np.ascontiguousarray(matrix[order])  # (out, in)

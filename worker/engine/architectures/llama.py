@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -15,24 +16,30 @@ from worker.engine.lora_targets import LoraPart, LoraTarget
 from worker.engine.ops import Array, RotaryTable
 
 
-@dataclass(frozen=True)
-class LlamaLayer:
-    """One block; every matrix is (out, in), C-contiguous. Norm weights and 1/sqrt(Dh) are folded in at load."""
+@dataclass(frozen=True, kw_only=True)
+class AttentionWeights:
+    """A block's attention; every matrix is (out, in), C-contiguous. Norm weights and 1/sqrt(Dh) are folded in at
+    load."""
 
     wqkv: Array  # (H*Dh + 2*Hkv*Dh, D) fused query/key/value projection, attn_norm folded in
     bqkv: Array | None  # (H*Dh + 2*Hkv*Dh,) or None
     wo: Array  # (D, H*Dh)
-    w_gate_up: Array  # (2F, D) fused gate/up projection, ffn_norm folded in
-    w_down: Array  # (D, F)
     q_norm: Array | None = None  # (Dh,) QK-norm weight of queries, 1/sqrt(Dh) folded in (Qwen3), or None
     k_norm: Array | None = None  # (Dh,) QK-norm weight of keys, or None
 
     @property
     def nbytes(self) -> int:
         """Bytes of all arrays in the block."""
-        arrays = [self.wqkv, self.wo, self.w_gate_up, self.w_down]
-        optional = [a for a in (self.bqkv, self.q_norm, self.k_norm) if a is not None]
-        return sum(a.nbytes for a in arrays + optional)
+        values = (getattr(self, f.name) for f in fields(self))
+        return sum(int(v.nbytes) for v in values if v is not None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaLayer(AttentionWeights):
+    """One block: attention, then a dense SwiGLU FFN."""
+
+    w_gate_up: Array  # (2F, D) fused gate/up projection, ffn_norm folded in
+    w_down: Array  # (D, F)
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,7 @@ class LlamaWeights:
 
     config: ModelConfig
     token_embedding: Array  # (V, D)
-    layers: tuple[LlamaLayer, ...]
+    layers: tuple[Any, ...]  # LlamaLayer, or another AttentionWeights (a routed FFN's)
     output_norm: Array  # (D,)
     output: Array  # (V, D)
     rotary: RotaryTable
@@ -62,58 +69,69 @@ class Llama:
     qk_norm = False  # per-head RMS norm of queries and keys before RoPE (Qwen3), the query scale after it
     no_rope_every = 0  # > 0: every this-many-th layer ((layer + 1) % n == 0) attends without RoPE (SmolLM3's NoPE)
     metadata_keys = DECODER_KEYS
+    layer_type: type = LlamaLayer  # a block's weights: attention's fields and load_feed_forward's
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> LlamaWeights:
         """Map GGUF tensor names to fused, matmul-ready weights (Q/K rows restored to half-rotation order)."""
-        d, f, v = config.d_model, config.d_ff, config.vocab_size
-        query_scale = np.float32(1.0 / np.sqrt(config.head_dim))
-        q_dim, kv_dim = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
-        layers = []
-        for i in range(config.n_layers):
-            p = f"blk.{i}."
-            wq = take(tensors, p + "attn_q.weight", (q_dim, d), path)  # (H*Dh, D)
-            wk = take(tensors, p + "attn_k.weight", (kv_dim, d), path)  # (Hkv*Dh, D)
-            wv = take(tensors, p + "attn_v.weight", (kv_dim, d), path)  # (Hkv*Dh, D)
-            if self.rope_rows_permuted:
-                wq = unpermute_rope_rows(wq, config.n_heads)  # (H*Dh, D)
-                wk = unpermute_rope_rows(wk, config.n_kv_heads)  # (Hkv*Dh, D)
-            row_scale = np.float32(1.0) if self.qk_norm else query_scale  # QK-norm: the scale goes after the norm
-            if not self.qk_norm:
-                wq = scale_rows(wq, query_scale)  # (H*Dh, D)
-            bqkv = None
-            if p + "attn_q.bias" in tensors:
-                bqkv = np.concatenate([
-                    take(tensors, p + "attn_q.bias", (q_dim,), path) * row_scale,
-                    take(tensors, p + "attn_k.bias", (kv_dim,), path),
-                    take(tensors, p + "attn_v.bias", (kv_dim,), path),
-                ]).astype(np.float32)  # (H*Dh + 2*Hkv*Dh,)
-            attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
-            ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
-            layers.append(LlamaLayer(
-                wqkv=ops.weight(fold_norm(fuse_rows(wq, wk, wv), attn_norm)),  # (H*Dh + 2*Hkv*Dh, D)
-                bqkv=None if bqkv is None else ops.asarray(bqkv),
-                wo=ops.weight(take(tensors, p + "attn_output.weight", (d, q_dim), path)),  # (D, H*Dh)
-                w_gate_up=ops.weight(fold_norm(fuse_rows(
-                    take(tensors, p + "ffn_gate.weight", (f, d), path),
-                    take(tensors, p + "ffn_up.weight", (f, d), path),
-                ), ffn_norm)),  # (2F, D)
-                w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
-                q_norm=ops.asarray(take(tensors, p + "attn_q_norm.weight", (config.head_dim,), path)
-                                   * query_scale) if self.qk_norm else None,  # (Dh,)
-                k_norm=ops.asarray(take(tensors, p + "attn_k_norm.weight", (config.head_dim,), path))
-                if self.qk_norm else None,  # (Dh,)
-            ))
+        d, v = config.d_model, config.vocab_size
+        layers = tuple(self.layer_type(**self.load_attention(tensors, config, i, path),
+                                       **self.load_feed_forward(tensors, config, i, path))
+                       for i in range(config.n_layers))
         embedding = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D) rows looked up
         output = (ops.weight(take(tensors, "output.weight", (v, d), path))
                   if "output.weight" in tensors else embedding)  # (V, D)
         return LlamaWeights(
             config=config,
             token_embedding=embedding,
-            layers=tuple(layers),
+            layers=layers,
             output_norm=ops.asarray(take(tensors, "output_norm.weight", (d,), path)),
             output=output,
             rotary=RotaryTable(config.rope_dim, config.rope_base, config.context_length, config.rope_scaling,
                                self.rope_freq_factors(tensors, config, path)),
+        )
+
+    def load_attention(self, tensors: dict[str, Any], config: ModelConfig, i: int, path: str) -> dict[str, Any]:
+        """Block i's attention fields (AttentionWeights)."""
+        d, p = config.d_model, f"blk.{i}."
+        query_scale = np.float32(1.0 / np.sqrt(config.head_dim))
+        q_dim, kv_dim = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+        wq = take(tensors, p + "attn_q.weight", (q_dim, d), path)  # (H*Dh, D)
+        wk = take(tensors, p + "attn_k.weight", (kv_dim, d), path)  # (Hkv*Dh, D)
+        wv = take(tensors, p + "attn_v.weight", (kv_dim, d), path)  # (Hkv*Dh, D)
+        if self.rope_rows_permuted:
+            wq = unpermute_rope_rows(wq, config.n_heads)  # (H*Dh, D)
+            wk = unpermute_rope_rows(wk, config.n_kv_heads)  # (Hkv*Dh, D)
+        row_scale = np.float32(1.0) if self.qk_norm else query_scale  # QK-norm: the scale goes after the norm
+        if not self.qk_norm:
+            wq = scale_rows(wq, query_scale)  # (H*Dh, D)
+        bqkv = None
+        if p + "attn_q.bias" in tensors:
+            bqkv = np.concatenate([
+                take(tensors, p + "attn_q.bias", (q_dim,), path) * row_scale,
+                take(tensors, p + "attn_k.bias", (kv_dim,), path),
+                take(tensors, p + "attn_v.bias", (kv_dim,), path),
+            ]).astype(np.float32)  # (H*Dh + 2*Hkv*Dh,)
+        attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
+        return dict(
+            wqkv=ops.weight(fold_norm(fuse_rows(wq, wk, wv), attn_norm)),  # (H*Dh + 2*Hkv*Dh, D)
+            bqkv=None if bqkv is None else ops.asarray(bqkv),
+            wo=ops.weight(take(tensors, p + "attn_output.weight", (d, q_dim), path)),  # (D, H*Dh)
+            q_norm=ops.asarray(take(tensors, p + "attn_q_norm.weight", (config.head_dim,), path)
+                               * query_scale) if self.qk_norm else None,  # (Dh,)
+            k_norm=ops.asarray(take(tensors, p + "attn_k_norm.weight", (config.head_dim,), path))
+            if self.qk_norm else None,  # (Dh,)
+        )
+
+    def load_feed_forward(self, tensors: dict[str, Any], config: ModelConfig, i: int, path: str) -> dict[str, Any]:
+        """Block i's dense SwiGLU fields (LlamaLayer's w_gate_up, w_down)."""
+        d, f, p = config.d_model, config.d_ff, f"blk.{i}."
+        ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
+        return dict(
+            w_gate_up=ops.weight(fold_norm(fuse_rows(
+                take(tensors, p + "ffn_gate.weight", (f, d), path),
+                take(tensors, p + "ffn_up.weight", (f, d), path),
+            ), ffn_norm)),  # (2F, D)
+            w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
         )
 
     def rope_freq_factors(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> np.ndarray | None:
@@ -164,7 +182,12 @@ class Llama:
         v = qkv[:, q_dim + kv_dim :].reshape(-1, cfg.n_kv_heads, cfg.head_dim)  # (N, Hkv, Dh)
         attn = batch.attention(layer, q, k, v)  # (N, H*Dh)
         x += batch.adapt(layer, "o", attn, ops.linear(attn, w.wo))  # (N, D)
-        normed = ops.rms_normalize(x, cfg.rms_eps)  # (N, D)
+        return self.feed_forward(weights, layer, x, batch)  # (N, D)
+
+    def feed_forward(self, weights: Any, layer: int, x: Array, batch: ForwardBatch) -> Array:
+        """The dense SwiGLU FFN, pre-normed and residual: updates and returns x (N, D)."""
+        w = weights.layers[layer]
+        normed = ops.rms_normalize(x, weights.config.rms_eps)  # (N, D)
         hidden = ops.swiglu(batch.adapt(layer, "gate_up", normed, ops.linear(normed, w.w_gate_up)))  # (N, F)
         x += batch.adapt(layer, "down", hidden, ops.linear(hidden, w.w_down))  # (N, D)
         return x
