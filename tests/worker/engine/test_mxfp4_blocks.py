@@ -1,7 +1,10 @@
 """worker.engine.mxfp4_blocks: MXFP4 (GGML type 39) dequantizes exactly as gguf and llama.cpp do, the exponent's
-edges included; its file form keeps the file's bytes, and its row transforms and stacking keep the weights."""
+edges included; its file form keeps the file's bytes, and its row transforms and stacking keep the weights; a GGUF
+file's MXFP4 tensor is kept in that form."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -10,13 +13,16 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from tests.support.quant_data import random_mxfp4
+from worker.engine.gguf_file import read_gguf
 from worker.engine.mxfp4_blocks import (
     BLOCK_BYTES,
+    MXFP4,
     MXFP4Blocks,
     decode_mxfp4,
     dequantize_mxfp4,
     e8m0_half,
 )
+from worker.engine.quant_blocks import SUPPORTED, code_group, decode_block_codes, held_bytes
 
 
 def ggufs(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -82,3 +88,30 @@ def test_transforms_keep_the_weights() -> None:
     assert isinstance(stacked, MXFP4Blocks) and stacked.shape == (7, 64)
     np.testing.assert_array_equal(stacked.dequantize(), np.concatenate([dense * 2, b.dequantize()]))
     np.testing.assert_array_equal(a.rows(np.array([3, 3, 0])), dense[[3, 3, 0]])
+
+
+def test_the_registries_know_the_kind() -> None:
+    """Kept quantized in groups of 32 (rows of a multiple of 32), never as 8-bit block codes."""
+    assert MXFP4 in SUPPORTED and code_group(MXFP4, 2880) == 32 and code_group(MXFP4, 48) is None
+    assert held_bytes(MXFP4, 32) == 17  # 4.25 bits a weight, as the file (the float32 row scales not counted)
+    raw = random_mxfp4(2, 64, np.random.default_rng(3))
+    assert decode_block_codes(raw, MXFP4, (2, 64)) is None
+
+
+def test_a_gguf_files_mxfp4_tensor_is_kept_in_this_form(tmp_path: Path) -> None:
+    """Read from a file: kept undecoded with keep_quantized, decoded to this form; float32 otherwise."""
+    rows, cols = 5, 96
+    raw = random_mxfp4(rows, cols, np.random.default_rng(4), (100, 140))
+    path = tmp_path / "mxfp4.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=GGMLQuantizationType.MXFP4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    kept = read_gguf(path, keep_quantized=True).quantized["blk.0.ffn_up.weight"]
+    assert kept.kind == MXFP4 and kept.shape == (rows, cols)
+    blocks = kept.decode()
+    assert isinstance(blocks, MXFP4Blocks)
+    np.testing.assert_array_equal(blocks.dequantize(), ggufs(raw, rows, cols))
+    np.testing.assert_array_equal(read_gguf(path).tensors["blk.0.ffn_up.weight"], ggufs(raw, rows, cols))
