@@ -85,7 +85,7 @@ def local_file(source: str) -> Path | None:
 def weights_bytes(path: Path) -> int:
     """What the engine holds for a GGUF's weights: the quantized tensors it keeps quantized as that form
     (quant_blocks.held_bytes: 0.59 bytes a weight for Q4_K, 0.83 for Q6_K, 0.625 for Q4_0, 0.75 for Q4_1, 1.125
-    for Q5_0 and Q8_0, 1.25 for Q5_1, in the repack cache every worker of the host maps), every other tensor as float32; the file's size when its
+    for Q5_0 and Q8_0, 1.25 for Q5_1, 0.53 for MXFP4, in the repack cache every worker of the host maps), every other tensor as float32; the file's size when its
     header cannot be read."""
     from worker.engine.errors import ModelLoadError
     from worker.engine.gguf_file import tensor_elements_by_type

@@ -21,6 +21,7 @@ from numba import njit
 
 from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.interleaved_k_blocks import TILE_ROWS, InterleavedK
+from worker.engine.interleaved_mxfp4 import InterleavedMXFP4
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import QuantizedLinear
 
@@ -147,7 +148,7 @@ def _block_rows(blocks: Any, first: int, rows: int) -> Any:
     if isinstance(blocks, BlockCodes):
         return replace(blocks, codes=blocks.codes[first : first + rows], scale=blocks.scale[first : first + rows],
                        offset=blocks.offset[first : first + rows])
-    if isinstance(blocks, (InterleavedK, InterleavedBlocks)):
+    if isinstance(blocks, (InterleavedK, InterleavedBlocks, InterleavedMXFP4)):
         if first % TILE_ROWS or rows % TILE_ROWS:
             raise ValueError(f"experts of {rows} rows are not whole groups of {TILE_ROWS} rows")
         g0, g1 = first // TILE_ROWS, (first + rows) // TILE_ROWS

@@ -18,6 +18,7 @@ import numpy as np
 
 from worker.engine.errors import ModelLoadError
 from worker.engine.k_blocks import KBlocks, decode_k_blocks, has_k_form
+from worker.engine.mxfp4_blocks import MXFP4, MXFP4Blocks, decode_mxfp4
 from worker.engine.quant_blocks import BlockCodes, code_group, decode_block_codes
 
 GGUF_MAGIC = b"GGUF"
@@ -58,9 +59,11 @@ class QuantizedTensor:
     shape: tuple[int, int]  # (out, in)
     data: np.ndarray  # (out, bytes per row) uint8, a view of the read-only mapping
 
-    def decode(self) -> BlockCodes | KBlocks:
-        """The tensor in the engine's form: Q4_K, Q5_K and Q6_K as the file holds them (k_blocks.py), other types as
-        8-bit codes and per-group tables (quant_blocks.py)."""
+    def decode(self) -> BlockCodes | KBlocks | MXFP4Blocks:
+        """The tensor in the engine's form: Q4_K, Q5_K, Q6_K and MXFP4 as the file holds them (k_blocks.py,
+        mxfp4_blocks.py), other types as 8-bit codes and per-group tables (quant_blocks.py)."""
+        if self.kind == MXFP4:
+            return decode_mxfp4(self.data, self.shape)
         if has_k_form(self.kind, self.shape[1]):
             return decode_k_blocks(self.data, self.kind, self.shape)
         codes = decode_block_codes(self.data, self.kind, self.shape)

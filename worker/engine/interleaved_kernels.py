@@ -115,7 +115,7 @@ def quantize_halves(x: np.ndarray) -> FineRows:
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
-def _half_sum(c0, c1, c2, c3, flat_q, flat_low, qa, full_bytes):  # pragma: no cover (compiled)
+def half_sum(c0, c1, c2, c3, flat_q, flat_low, qa, full_bytes):  # pragma: no cover (compiled)
     """Lane r: the sum of 16 products of row r's codes (c_i: columns 4i..4i+3 of the half) and the activations
     256 q + low at qa..qa+15 (four vpdpbusd for each byte). `full_bytes`: codes may pass 127 (simd_wide.wdot4_bytes)."""
     if full_bytes:
@@ -166,8 +166,8 @@ def _group(flat_codes, flat_scale, flat_offset, has_offset, zero, blocks, vector
             for i in range(n):
                 k = x0 + i
                 qa = k * cols + b * LEGACY_BLOCK
-                low = _half_sum(c0, c1, c2, c3, flat_q, flat_low, qa, full_bytes)  # (16,) int32: columns 0..15
-                high = _half_sum(c4, c5, c6, c7, flat_q, flat_low, qa + ACT_SPAN, full_bytes)  # (16,): 16..31
+                low = half_sum(c0, c1, c2, c3, flat_q, flat_low, qa, full_bytes)  # (16,) int32: columns 0..15
+                high = half_sum(c4, c5, c6, c7, flat_q, flat_low, qa + ACT_SPAN, full_bytes)  # (16,): 16..31
                 if zero != 0:
                     low = wsub(low, wsplat(zero * sums[k, 2 * b]))
                     high = wsub(high, wsplat(zero * sums[k, 2 * b + 1]))

@@ -5,7 +5,7 @@ path first gathers all blocks into a padded (Hkv, B, L, Dh) batch per layer, whi
 than the attention itself. Every row of a step is one query of it, a decode token or a prompt row alike
 (forward_batch.py), so a row's attention never depends on the step around it (batch invariance). The vector
 kernel holds its running sums in eight-lane vectors (simd.py), which numba's own vectorisation of the same loops
-did not keep in registers. The matmuls are in block_kernels.py, interleaved_k_kernels.py and interleaved_kernels.py; the threading
+did not keep in registers. The matmuls are in block_kernels.py, interleaved_k_kernels.py, interleaved_kernels.py and mxfp4_kernels.py; the threading
 set-up and launch lock all use are in numba_runtime.py. SwiGLU runs here as well, across the kernel threads:
 numpy's four single-threaded passes left the second core idle. So do the small per-row steps whose numpy passes
 cost more than their arithmetic (each in one thread, no launch): the KV row store, RoPE (both bit for bit numpy's)
@@ -330,8 +330,10 @@ def warm_up() -> None:
         block_kernels,
         interleaved_k_kernels,
         interleaved_kernels,
+        mxfp4_kernels,
     )
 
     block_kernels.warm({16, 32})
     interleaved_kernels.warm()
     interleaved_k_kernels.warm()
+    mxfp4_kernels.warm()

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, interleaved_k_kernels, interleaved_kernels, ops
+from worker.engine import block_kernels, interleaved_k_kernels, interleaved_kernels, mxfp4_kernels, ops
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.config import ModelConfig
@@ -20,6 +20,7 @@ from worker.engine.gguf_file import read_gguf
 from worker.engine.k_blocks import has_k_form
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
+from worker.engine.mxfp4_blocks import MXFP4
 from worker.engine.numba_runtime import set_spin
 from worker.engine.ops import Array
 from worker.engine.quant_blocks import code_group
@@ -67,8 +68,10 @@ class Model:
             contents.drop_resident_pages()
         # compiled now, not in the first steps of each width (the float32 kernel serves float weights and LoRA)
         block_kernels.warm(set())
-        if any(not has_k_form(raw.kind, raw.shape[1]) for raw in contents.quantized.values()):
+        if any(not has_k_form(raw.kind, raw.shape[1]) and raw.kind != MXFP4 for raw in contents.quantized.values()):
             interleaved_kernels.warm()
+        if any(raw.kind == MXFP4 for raw in contents.quantized.values()):
+            mxfp4_kernels.warm()
         if any(has_k_form(raw.kind, raw.shape[1]) for raw in contents.quantized.values()):
             interleaved_k_kernels.warm()
         log.info("integer kernels: %s path (LLMFLEET_INT_KERNELS=%s forces one)", int_path(), "|".join(PATHS))

@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, interleaved_k_kernels, interleaved_kernels, kernels
+from worker.engine import block_kernels, interleaved_k_kernels, interleaved_kernels, kernels, mxfp4_kernels
 from worker.engine.experts import Routing, StackedExperts, expert_rows
 from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.interleaved_k_blocks import InterleavedK
+from worker.engine.interleaved_mxfp4 import InterleavedMXFP4
 from worker.engine.quantized import Blocks, PendingLinear, QuantizedLinear, StackedBlocks
 from worker.engine.rope_scaling import RopeScaling, rotary_cos_sin
 
@@ -68,6 +69,8 @@ def _quantized_matmul(x: Array, blocks: Blocks) -> Array:
         return interleaved_kernels.interleaved_matmul(x, blocks)  # (N, out)
     if isinstance(blocks, InterleavedK):
         return interleaved_k_kernels.interleaved_k_matmul(x, blocks)  # (N, out)
+    if isinstance(blocks, InterleavedMXFP4):
+        return mxfp4_kernels.mxfp4_matmul(x, blocks)  # (N, out)
     return block_kernels.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
 
 

@@ -5,7 +5,8 @@ Every llama.cpp format below stores, per group of 16 or 32 weights, small unsign
 weight instead of 4) lets decode read a quarter of the memory float32 weights need. Formats not listed (Q2_K,
 Q3_K, the IQ types) return None and stay float32 only. This is the decoded form a recipe transforms (row order,
 row scales, fusing); the kernels take K-quants in their own form (k_blocks.py) and the 32-weight formats
-interleaved (interleaved_blocks.py).
+interleaved (interleaved_blocks.py). MXFP4 (no affine map: its codes index a table of FP4 values) has a form of its
+own only (mxfp4_blocks.py); this module's registries (SUPPORTED, held_bytes, code_group) name it too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from worker.engine.mxfp4_blocks import MXFP4, MXFP4_BLOCK
 
 QK_K = 256  # weights per K-quant super-block
 
@@ -142,14 +145,18 @@ def _k_quant(blocks: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.
 
 _LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 _K_QUANTS = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
-SUPPORTED = _LEGACY + tuple(_K_QUANTS)
+BLOCK_CODED = _LEGACY + tuple(_K_QUANTS)  # the types decode_block_codes decodes
+SUPPORTED = BLOCK_CODED + (MXFP4,)  # the types kept quantized
 
 
 def held_bytes(kind: str, count: int) -> int:
     """Bytes the engine holds for `count` weights of a SUPPORTED type. Q4_K, Q5_K and Q6_K keep the file's form
     (k_blocks.py: codes, byte sub-scales, float32 d per 256: 0.59, 0.72 and 0.83 bytes a weight); the 32-weight
     formats are interleaved codes (interleaved_blocks.py: half a byte each for Q4_0 and Q4_1, else one) with a
-    float32 scale per block, and an offset for Q4_1 and Q5_1 (0.625, 0.75, 1.125, 1.25 and Q8_0's 1.125)."""
+    float32 scale per block, and an offset for Q4_1 and Q5_1 (0.625, 0.75, 1.125, 1.25 and Q8_0's 1.125); MXFP4
+    keeps the file's bytes (mxfp4_blocks.py: 0.53 bytes a weight, and a float32 per row not counted here)."""
+    if kind == MXFP4:
+        return count // 2 + count // MXFP4_BLOCK
     if kind in ("Q4_K", "Q5_K"):
         return count // 2 + (count // 8 if kind == "Q5_K" else 0) + count // 32 * 2 + count // QK_K * 8
     if kind == "Q6_K":
@@ -160,7 +167,7 @@ def held_bytes(kind: str, count: int) -> int:
 
 def code_group(kind: str, cols: int) -> int | None:
     """The group size of a type's codes for rows of `cols` weights; None when it has no block form."""
-    if kind in _LEGACY:
+    if kind in _LEGACY or kind == MXFP4:
         return 32 if cols % 32 == 0 else None
     if kind in _K_QUANTS:
         return _K_QUANTS[kind] if cols % QK_K == 0 else None
@@ -168,10 +175,11 @@ def code_group(kind: str, cols: int) -> int | None:
 
 
 def decode_block_codes(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> BlockCodes | None:
-    """Codes and per-group scale/offset of a 2-D quantized tensor (raw bytes per row as GGUF stores them)."""
+    """Codes and per-group scale/offset of a 2-D quantized tensor (raw bytes per row as GGUF stores them); None for
+    a type not in BLOCK_CODED or a row length its blocks do not divide."""
     rows, cols = shape
     group = code_group(kind, cols)
-    if group is None:
+    if group is None or kind not in BLOCK_CODED:
         return None
     super_block = 32 if kind in _LEGACY else QK_K
     blocks = np.ascontiguousarray(raw).reshape(rows * (cols // super_block), -1)  # (n, bytes per block)

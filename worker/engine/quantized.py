@@ -8,7 +8,9 @@ read. The forms:
 - Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (blocks of 32 weights) become codes with float32 tables, sixteen rows
   interleaved (interleaved_blocks.py: half a byte a code where they fit in four bits), multiplied through
   interleaved_kernels.py, also in integers (against activations carried as two int8 bytes);
-- a fused projection whose parts mix K-quant kinds (a Q4_K query with a Q6_K value) keeps each part's form.
+- MXFP4 (gpt-oss's experts) keeps the file's bytes with sixteen rows interleaved (interleaved_mxfp4.py: 0.53 bytes
+  a weight), multiplied through mxfp4_kernels.py, in integers through a table of its values;
+- a fused projection whose parts mix kinds of their own forms (a Q4_K query with a Q6_K value) keeps each part's.
 Every kernel sums in one fixed order, so that a row's result never depends on the rest of its step.
 
 Loading is two-phase. The architecture's loader gets each quantized tensor as a `PendingLinear`: a recipe (the
@@ -30,7 +32,9 @@ import numpy as np
 
 from worker.engine.interleaved_blocks import InterleavedBlocks, interleave
 from worker.engine.interleaved_k_blocks import InterleavedK, interleave_k
+from worker.engine.interleaved_mxfp4 import InterleavedMXFP4, interleave_mxfp4
 from worker.engine.k_blocks import KBlocks
+from worker.engine.mxfp4_blocks import MXFP4Blocks
 from worker.engine.quant_blocks import LEGACY_BLOCK, BlockCodes
 
 
@@ -39,7 +43,7 @@ class StackedBlocks:
     """Row blocks of different forms stacked into one (sum out, in) projection (a Q4_K query and key beside a Q6_K
     value): each part keeps its own form and kernel, and the outputs are joined."""
 
-    parts: tuple[BlockCodes | KBlocks | InterleavedBlocks | InterleavedK, ...]
+    parts: tuple[BlockCodes | KBlocks | MXFP4Blocks | InterleavedBlocks | InterleavedK | InterleavedMXFP4, ...]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -60,8 +64,9 @@ class StackedBlocks:
         return self.dequantize()[index]  # (N, in) (a projection: never an embedding table)
 
 
-# a quantized matrix in one of the engine's forms (KBlocks only until it is held: quantized._held interleaves it)
-Blocks = BlockCodes | KBlocks | InterleavedBlocks | InterleavedK | StackedBlocks
+# a quantized matrix in one of the engine's forms (KBlocks and MXFP4Blocks only until it is held: quantized._held
+# interleaves them)
+Blocks = BlockCodes | KBlocks | MXFP4Blocks | InterleavedBlocks | InterleavedK | InterleavedMXFP4 | StackedBlocks
 
 
 @dataclass(frozen=True)
@@ -147,11 +152,9 @@ def fuse_pending_rows(parts: tuple[PendingLinear, ...]) -> PendingLinear | None:
 
     def build() -> Blocks:
         built = [p.build() for p in parts]
-        first = built[0]
-        if isinstance(first, KBlocks) and all(isinstance(b, KBlocks) and b.kind == first.kind for b in built):
-            return first.stacked(built[1:])  # type: ignore[arg-type]
-        if any(isinstance(b, KBlocks) for b in built):  # kinds that have no common form: each keeps its own
-            return StackedBlocks(tuple(_merged_runs(built)))  # type: ignore[arg-type]
+        if any(isinstance(b, (KBlocks, MXFP4Blocks)) for b in built):  # forms of their own: runs of a kind stack
+            runs = _merged_runs(built)  # type: ignore[arg-type]
+            return runs[0] if len(runs) == 1 else StackedBlocks(tuple(runs))
         regrouped = [_regroup(b, group) for b in built]  # type: ignore[arg-type]
         return BlockCodes(
             codes=np.concatenate([b.codes for b in regrouped], axis=0),  # (sum out, in)
@@ -165,13 +168,14 @@ def fuse_pending_rows(parts: tuple[PendingLinear, ...]) -> PendingLinear | None:
     return PendingLinear(key, (out_dim, parts[0].shape[1]), group, build, scales[0], kind)
 
 
-def _merged_runs(parts: list[BlockCodes | KBlocks]) -> list[BlockCodes | KBlocks]:
-    """Adjacent K-quant parts of one kind stacked into one (q and k of Q4_K stay one matrix beside v)."""
-    runs: list[BlockCodes | KBlocks] = []
+def _merged_runs(parts: list[BlockCodes | KBlocks | MXFP4Blocks]) -> list[BlockCodes | KBlocks | MXFP4Blocks]:
+    """Adjacent K-quant parts of one kind, or MXFP4 parts, stacked into one (q and k of Q4_K stay one matrix beside
+    v)."""
+    runs: list[BlockCodes | KBlocks | MXFP4Blocks] = []
     for part in parts:
         last = runs[-1] if runs else None
-        if isinstance(last, KBlocks) and isinstance(part, KBlocks) and last.kind == part.kind:
-            runs[-1] = last.stacked([part])
+        if isinstance(last, (KBlocks, MXFP4Blocks)) and type(part) is type(last) and part.kind == last.kind:
+            runs[-1] = last.stacked([part])  # type: ignore[list-item]
         else:
             runs.append(part)
     return runs
@@ -217,8 +221,8 @@ def materialize(weights: Any, source: BlockSource) -> Any:
 
 
 def build_codes(pending: PendingLinear) -> Blocks:
-    """A pending projection's arrays built in memory: K-quant super-blocks and block codes of 32 columns interleaved
-    sixteen rows at a time (interleaved_k_blocks.py, interleaved_blocks.py)."""
+    """A pending projection's arrays built in memory: K-quant super-blocks, MXFP4 blocks and block codes of 32 columns
+    interleaved sixteen rows at a time (interleaved_k_blocks.py, interleaved_mxfp4.py, interleaved_blocks.py)."""
     return _held(pending.build())
 
 
@@ -226,7 +230,9 @@ def _held(b: Blocks) -> Blocks:
     """A built matrix in the form the kernels take, part by part."""
     if isinstance(b, KBlocks):
         return interleave_k(b)
-    if isinstance(b, (InterleavedBlocks, InterleavedK)):
+    if isinstance(b, MXFP4Blocks):
+        return interleave_mxfp4(b)
+    if isinstance(b, (InterleavedBlocks, InterleavedK, InterleavedMXFP4)):
         return b
     if isinstance(b, StackedBlocks):
         return StackedBlocks(tuple(_held(part) for part in b.parts))  # type: ignore[misc]

@@ -12,7 +12,8 @@ on a side file) and writes a temporary file, fsyncs it and renames it into place
 cache waits for the lock and then maps the first one's file; a builder killed mid-write leaves only a temporary file,
 which the next builder (holding the lock, so no one else is writing) deletes. A builder also deletes the same model
 file's repack files of other layout versions (an upgrade's leftovers, unreadable to it). LLMFLEET_REPACK_DIR moves
-the cache (default ~/.cache/llmfleet/repack); set it empty to build in memory only.
+the cache (default ~/.cache/llmfleet/repack); set it empty to build in memory only. The manifest
+names an interleaved MXFP4 matrix's form by its rows (`mxfp4_out`): a form added, no other entry's meaning changed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from numba import njit, prange
 
 from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.interleaved_k_blocks import InterleavedK
+from worker.engine.interleaved_mxfp4 import InterleavedMXFP4
 from worker.engine.k_blocks import KBlocks
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import Blocks, PendingLinear, StackedBlocks, build_codes, build_in_memory
@@ -144,6 +146,8 @@ def _write_entry(fh: BinaryIO, blocks: Blocks, offset: int) -> tuple[dict, int]:
         entry, arrays = {"interleaved_kind": blocks.kind, "out": blocks.out}, blocks.arrays()
     elif isinstance(blocks, InterleavedBlocks):
         entry, arrays = {"zero": blocks.zero, "out": blocks.out}, blocks.arrays()
+    elif isinstance(blocks, InterleavedMXFP4):
+        entry, arrays = {"mxfp4_out": blocks.out}, blocks.arrays()
     else:
         entry = {"group": blocks.group}
         arrays = {name: getattr(blocks, name) for name in ("codes", "scale", "offset")}
@@ -216,6 +220,8 @@ def _entry_codes(data: np.ndarray, entry: dict) -> Blocks:
         return KBlocks(kind=str(entry["kind"]), **arrays)
     if "interleaved_kind" in entry:
         return InterleavedK(str(entry["interleaved_kind"]), out=int(entry["out"]), **arrays)
+    if "mxfp4_out" in entry:
+        return InterleavedMXFP4(out=int(entry["mxfp4_out"]), **arrays)
     if "zero" in entry:
         return InterleavedBlocks(arrays["codes"], arrays["scale"], arrays.get("offset"), int(entry["zero"]),
                                  int(entry["out"]))

@@ -1,5 +1,6 @@
 """Pending quantized projections build the same matrix as the float32 transforms would, and ops.linear gives the
-product through each form's kernel (bit for bit its numpy reference), narrow steps and wide ones alike."""
+product through each form's kernel, MXFP4's too (bit for bit its numpy reference), narrow steps and wide ones
+alike."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.quant_data import random_blocks
-from worker.engine import interleaved_k_kernels, interleaved_kernels, ops
+from tests.support.quant_data import random_blocks, random_mxfp4
+from worker.engine import interleaved_k_kernels, interleaved_kernels, mxfp4_kernels, ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, scale_rows, unpermute_rope_rows
 from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.interleaved_k_blocks import InterleavedK, interleave_k
+from worker.engine.interleaved_mxfp4 import InterleavedMXFP4
 from worker.engine.k_blocks import decode_k_blocks
+from worker.engine.mxfp4_blocks import decode_mxfp4
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import (
     PendingLinear,
@@ -144,3 +147,39 @@ def test_k_quant_parts_of_two_kinds_stack_each_in_its_own_form(rows: int, tmp_pa
         assert all(isinstance(p, InterleavedK) for p in weight.blocks.parts)
         np.testing.assert_array_equal(ops.linear(x, weight), expected)
         np.testing.assert_array_equal(weight.blocks.dequantize(), np.concatenate([p.dequantize() for p in parts]))
+
+
+def mxfp4_pending(rng: np.random.Generator, name: str, out_dim: int, in_dim: int) -> tuple[PendingLinear, np.ndarray]:
+    """A random MXFP4 projection as the loader sees it, and its float32 matrix."""
+    blocks = decode_mxfp4(random_mxfp4(out_dim, in_dim, rng, (118, 130)), (out_dim, in_dim))
+    return PendingLinear(name, (out_dim, in_dim), 32, lambda: blocks), blocks.dequantize()
+
+
+@pytest.mark.parametrize("rows", [1, 20])
+def test_mxfp4_parts_stack_and_multiply_through_their_kernel(rows: int, tmp_path: Path) -> None:
+    """An MXFP4 gate (rows permuted and scaled) fused with an MXFP4 up is one interleaved MXFP4 matrix; fused with
+    block codes each part keeps its form; built in memory or through the repack cache, ops.linear gives the kernels'
+    bits, the weights are the float32 transforms' exactly, an embedding lookup gives the float32 rows."""
+    rng = np.random.default_rng(rows)
+    (gate, gate32), (up, up32) = mxfp4_pending(rng, "gate", 48, 128), mxfp4_pending(rng, "up", 32, 128)
+    codes, codes32 = random_pending(rng, "v", 16, 128)
+    fused = fuse_rows(scale_rows(unpermute_rope_rows(gate, 4), np.float32(0.5)), up)
+    reference = fuse_rows(scale_rows(unpermute_rope_rows(gate32, 4), np.float32(0.5)), up32)  # (80, 128)
+    mixed = fuse_rows(gate, codes)
+    x = rng.standard_normal((rows, 128)).astype(np.float32)  # (N, in)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"stand-in model file")
+    for source in (build_in_memory, lambda ps: cached_blocks(model, ps, tmp_path)):
+        weight, both = materialize((fused, mixed), source)
+        assert isinstance(weight.blocks, InterleavedMXFP4) and weight.shape == (80, 128)
+        np.testing.assert_array_equal(weight.blocks.dequantize(), reference)
+        np.testing.assert_array_equal(ops.linear(x, weight), mxfp4_kernels.reference_matmul(x, weight.blocks))
+        tokens = np.array([3, 0, 79])  # (N,)
+        np.testing.assert_array_equal(ops.embedding_rows(weight, tokens), reference[tokens])
+        assert isinstance(both.blocks, StackedBlocks) and both.shape == (64, 128)
+        first, second = both.blocks.parts
+        assert isinstance(first, InterleavedMXFP4) and isinstance(second, InterleavedBlocks)
+        expected = np.concatenate([mxfp4_kernels.reference_matmul(x, first),
+                                   interleaved_kernels.reference_matmul(x, second)], axis=1)  # (N, 64)
+        np.testing.assert_array_equal(ops.linear(x, both), expected)
+        np.testing.assert_array_equal(both.blocks.dequantize(), np.concatenate([gate32, codes32]))

@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.quant_data import random_blocks
+from tests.support.quant_data import random_blocks, random_mxfp4
 from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.interleaved_k_blocks import InterleavedK
+from worker.engine.interleaved_mxfp4 import InterleavedMXFP4
 from worker.engine.k_blocks import K_KINDS, KBlocks, decode_k_blocks
+from worker.engine.mxfp4_blocks import MXFP4Blocks, decode_mxfp4
 from worker.engine.quant_blocks import BlockCodes
 from worker.engine.quantized import Blocks, PendingLinear
 from worker.engine.repack_cache import _HEADER, LAYOUT_VERSION, MAGIC, cached_blocks, model_key
@@ -198,3 +200,26 @@ def test_a_build_removes_the_same_models_files_of_other_layouts(model_file: Path
     kept[2].write_bytes(_HEADER.pack(MAGIC, LAYOUT_VERSION, 0, 0, 0, 0))
     cached_blocks(model_file, pendings([]), cache)
     assert not leftover.exists() and all(path.exists() for path in kept)
+
+
+def test_mxfp4_is_built_once_then_mapped_in_its_interleaved_form(model_file: Path, tmp_path: Path) -> None:
+    """An MXFP4 projection (rows scaled) is written as its interleaved arrays and mapped back read-only, equal."""
+    builds: list[str] = []
+
+    def build() -> MXFP4Blocks:
+        builds.append("m")
+        raw = random_mxfp4(20, 64, np.random.default_rng(3))
+        return decode_mxfp4(raw, (20, 64)).scaled(np.float32(0.3))
+
+    pending = [PendingLinear("m", (20, 64), 32, build)]
+    cache = tmp_path / "cache"
+    built = cached_blocks(model_file, pending, None)["m"]
+    first = cached_blocks(model_file, pending, cache)["m"]
+    second = cached_blocks(model_file, pending, cache)["m"]
+    assert builds == ["m", "m"]  # in memory, then once into the cache; the warm load decoded nothing
+    for found in (first, second):
+        assert isinstance(found, InterleavedMXFP4) and isinstance(built, InterleavedMXFP4) and found.out == 20
+        assert found.arrays().keys() == built.arrays().keys() and not found.codes.flags.writeable
+        for name, array in built.arrays().items():
+            np.testing.assert_array_equal(found.arrays()[name], array)
+            assert found.arrays()[name].dtype == array.dtype
