@@ -94,13 +94,15 @@ class ForwardBatch:
             self._first_positions[window] = first
         return first
 
-    def attention(self, layer: int, q: Array, k: Array, v: Array, *, window: int = 0) -> Array:
+    def attention(self, layer: int, q: Array, k: Array, v: Array, *, window: int = 0,
+                  sinks: Array | None = None) -> Array:
         """Store this step's k, v (N, Hkv, Dh) in the pool, then attend q (N, H, Dh) for every row: (N, H*Dh).
 
         window > 0: each query sees only the last `window` positions (itself included), as llama.cpp's SWA.
+        sinks (H,): gpt-oss's per-head logit in each softmax's denominator.
         """
         pool = self.pool
         pool.write(layer, self.write_blocks, self.write_offsets, k, v)
         keys, values = pool.keys[layer], pool.values[layer]  # (Hkv, NB, BS, Dh) x2, read in place
         return ops.paged_attend_decode(q, keys, values, self._tables, self._lengths,
-                                       self.first_positions(window))  # (N, H*Dh)
+                                       self.first_positions(window), sinks)  # (N, H*Dh)

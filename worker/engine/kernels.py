@@ -48,9 +48,10 @@ from worker.engine.simd import (
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _paged_decode(q, keys, values, tables, lengths, first_pos, out):  # pragma: no cover (compiled)
+def _paged_decode(q, keys, values, tables, lengths, first_pos, sinks, out):  # pragma: no cover (compiled)
     """One query per sequence over its positions [first_pos, length), read from blocks through its table (keys and
-    values float32, or float16 bits as uint16)."""
+    values float32, or float16 bits as uint16); sinks (H,) (or empty): a logit per head in each softmax's
+    denominator only (gpt-oss's attention sinks)."""
     n_seqs, n_heads, head_dim = q.shape  # q (B, H, Dh), pre-scaled
     n_kv = keys.shape[0]  # keys/values (Hkv, NB, BS, Dh)
     block_size = keys.shape[2]
@@ -72,11 +73,15 @@ def _paged_decode(q, keys, values, tables, lengths, first_pos, out):  # pragma: 
         for g in range(group):
             row = scores[g]  # (L,)
             top = row.max()
+            if sinks.size:
+                top = max(top, sinks[h * group + g])
             total = np.float32(0.0)
             for i in range(length - first):
                 e = np.float32(math.exp(row[i] - top))
                 row[i] = e
                 total += e
+            if sinks.size:
+                total += np.float32(math.exp(sinks[h * group + g] - top))
             inv = np.float32(1.0) / total
             o = out[b, (h * group + g) * head_dim : (h * group + g + 1) * head_dim]  # (Dh,)
             o[:] = 0.0
@@ -88,8 +93,9 @@ def _paged_decode(q, keys, values, tables, lengths, first_pos, out):  # pragma: 
 
 
 @njit(inline="always")
-def _softmax_in_place(weights, at, n, top):  # pragma: no cover (compiled)
-    """exp(weights[at:at+n] - top) in place, and 1 / their sum broadcast (float32x8)."""
+def _softmax_in_place(weights, at, n, top, sinks, head):  # pragma: no cover (compiled)
+    """exp(weights[at:at+n] - top) in place, and 1 / their sum (with exp(sinks[head] - top) when sinks has
+    entries) broadcast (float32x8)."""
     sums = vzero()  # (8,)
     tops = vbroadcast(top)  # (8,)
     whole = n - n % LANES
@@ -102,11 +108,13 @@ def _softmax_in_place(weights, at, n, top):  # pragma: no cover (compiled)
         e = np.float32(math.exp(weights[at + i] - top))
         weights[at + i] = e
         total += e
+    if sinks.size:
+        total += np.float32(math.exp(sinks[head] - top))
     return vbroadcast(np.float32(1.0) / total)  # (8,)
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, out):  # pragma: no cover (compiled)
+def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, sinks, out):  # pragma: no cover (compiled)
     """_paged_decode for head_dim % 32 == 0 and contiguous arenas, in float32x8 vectors (simd.py). The query heads
     of a key/value head go two at a time: each key and value row loaded serves both, and their sums are independent
     chains (a score's own two chains and a value sum's own order are as for one head: a head's result does not
@@ -152,8 +160,11 @@ def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, out):  # 
                 weights[n + i] = score1
                 top0 = max(top0, score0)
                 top1 = max(top1, score1)
-            inv0 = _softmax_in_place(weights, 0, n, top0)  # (8,)
-            inv1 = _softmax_in_place(weights, n, n, top1)  # (8,)
+            if sinks.size:
+                top0 = max(top0, sinks[h * group + g0])
+                top1 = max(top1, sinks[h * group + g1])
+            inv0 = _softmax_in_place(weights, 0, n, top0, sinks, h * group + g0)  # (8,)
+            inv1 = _softmax_in_place(weights, n, n, top1, sinks, h * group + g1)  # (8,)
             for d in range(0, head_dim, 4 * LANES):  # 32 dims a pass: few passes over the value rows
                 a0 = vzero()  # (8,) head g0, dims d:d+8
                 a1 = vzero()
@@ -183,9 +194,13 @@ def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, out):  # 
                 vstore(flat_out, q1 + d + 3 * LANES, vmul(c3, inv1))
 
 
+_NO_SINKS = np.zeros(0, np.float32)
+
+
 def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tables: np.ndarray,
-                        lengths: np.ndarray, first_pos: np.ndarray) -> np.ndarray:
-    """Decode attention of q (B, H, Dh) over each row's positions [first_pos, lengths) in the pool: (B, H*Dh).
+                        lengths: np.ndarray, first_pos: np.ndarray, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Decode attention of q (B, H, Dh) over each row's positions [first_pos, lengths) in the pool: (B, H*Dh);
+    sinks (H,): a logit per head that joins each softmax's denominator only (gpt-oss), or None.
 
     keys/values are one layer's arena (Hkv, NB, BS, Dh), float16 or float32 as the pool keeps them (another
     dtype is converted to float32 first, a copy); tables (B, nb) hold each row's block ids in order.
@@ -199,7 +214,8 @@ def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tab
     kernel = (_paged_decode_vectors if head_dim % (4 * LANES) == 0 and keys.flags.c_contiguous
               and values.flags.c_contiguous else _paged_decode)
     with launch_lock:
-        kernel(np.ascontiguousarray(q), keys, values, tables, lengths, first_pos, out)
+        kernel(np.ascontiguousarray(q), keys, values, tables, lengths, first_pos,
+               _NO_SINKS if sinks is None else np.ascontiguousarray(sinks, np.float32), out)
     return out
 
 

@@ -253,14 +253,15 @@ def softmax_inplace(scores: Array) -> Array:
 
 
 def paged_attend_decode(q: Array, keys: Array, values: Array, tables: Array, lengths: Array,
-                        first_positions: Array) -> Array:
+                        first_positions: Array, sinks: Array | None = None) -> Array:
     """Attention of q (B, H, Dh), one query a row, over each row's positions [first, length) of a paged arena:
     (B, H*Dh). Decode tokens and prompt rows alike (one computation per row, whatever the step holds).
 
     keys/values are one layer's blocks (Hkv, NB, BS, Dh), read in place through tables (B, nb): the compiled
-    kernel makes no padded copy. `attend_decode` below is the same computation on gathered arrays.
+    kernel makes no padded copy. `attend_decode` below is the same computation on gathered arrays. sinks (H,): a
+    logit per head in each softmax's denominator only (gpt-oss's attention sinks), or None.
     """
-    return kernels.paged_attend_decode(q, keys, values, tables, lengths, first_positions)  # (B, H*Dh)
+    return kernels.paged_attend_decode(q, keys, values, tables, lengths, first_positions, sinks)  # (B, H*Dh)
 
 
 def attend_decode(q: Array, keys: Array, values: Array, mask: Array) -> Array:

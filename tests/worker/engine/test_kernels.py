@@ -48,6 +48,32 @@ def test_paged_decode_matches_gathered_reference(window: int, n_heads: int, n_kv
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_attention_sinks_join_each_softmax_denominator_only(head_dim: int) -> None:
+    """gpt-oss's sinks: a per-head logit in the softmax whose value row is zero (a key no query's output reads)."""
+    rng = np.random.default_rng(head_dim)
+    n_heads, n_kv, block_size = 8, 2, 8
+    keys = rng.standard_normal((n_kv, 12, block_size, head_dim)).astype(np.float32)
+    values = rng.standard_normal((n_kv, 12, block_size, head_dim)).astype(np.float32)
+    lengths = np.array([1, 30, 57], np.int64)
+    tables = rng.integers(1, 12, (3, 8)).astype(np.int64)
+    first = np.zeros(3, np.int64)
+    q = (rng.standard_normal((3, n_heads, head_dim)) / 4).astype(np.float32)
+    sinks = rng.uniform(-2, 4, n_heads).astype(np.float32)  # (H,)
+    got = ops.paged_attend_decode(q, keys, values, tables, lengths, first, sinks)
+    scores = np.einsum("bhd,kbld->bhkl", q.reshape(3, n_kv, n_heads // n_kv, head_dim).reshape(3, n_heads, head_dim),
+                       np.take(keys, tables, axis=1).reshape(n_kv, 3, -1, head_dim))  # (B, H, Hkv, L)
+    for b in range(3):
+        for h in range(n_heads):
+            kv = h // (n_heads // n_kv)
+            row = np.append(scores[b, h, kv, : lengths[b]].astype(np.float64), sinks[h])  # (L+1,)
+            weights = np.exp(row - row.max())
+            weights /= weights.sum()
+            flat_values = np.take(values, tables[b], axis=1).reshape(n_kv, -1, head_dim)[kv, : lengths[b]]  # (L, Dh)
+            want = weights[:-1] @ flat_values  # (Dh,)
+            np.testing.assert_allclose(got[b, h * head_dim : (h + 1) * head_dim], want, rtol=1e-5, atol=1e-5)
+
+
 def test_concurrent_callers_are_serialised() -> None:
     """Two threads calling the parallel kernel at once both get the right answer (the launch lock)."""
     rng = np.random.default_rng(7)
