@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter
+from gguf import GGUFWriter, RopeScalingType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from worker.engine.gguf_file import read_metadata  # noqa: E402
 
-TYPES = ("F16", "Q8_0", "Q4_K_M", "Q4_0", "Q5_K_M", "Q6_K")  # F16 written here, the others by llama-quantize
+TYPES = ("F16", "Q8_0", "Q4_K_M", "Q4_0", "Q5_K_M", "Q6_K", "MXFP4_MOE")  # F16 here, the others by llama-quantize
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ class Shape:
     experts: int = 0  # routed experts of each layer's FFN (0: a dense FFN)
     experts_used: int = 0  # experts each token is routed to
     expert_ffn: int = 0  # hidden width of one expert
+    sliding_window: int = 0  # gpt-oss: keys its sliding-window layers (every other one) see
+    yarn_original: int = 0  # > 0: YaRN RoPE scaling by rope_factor from this original context
 
 
 FAMILIES: dict[str, dict[str, Shape]] = {
@@ -80,11 +82,18 @@ FAMILIES: dict[str, dict[str, Shape]] = {
         "30b-a3b": Shape(48, 2048, 32, 4, 128, 6144, 151936, False, 40960, 1000000.0, 1e-6, 0.0, 128, 8, 768),
     },
 }
-ARCH = {"llama3": "llama", "qwen3": "qwen3", "smollm3": "smollm3", "qwen3moe": "qwen3moe"}
-PRE_TOKENIZER = {"llama3": "llama-bpe", "qwen3": "qwen2", "smollm3": "llama-bpe", "qwen3moe": "qwen2"}
+FAMILIES["gpt-oss"] = {  # gpt-oss-20b (24 layers, 32 experts, 4 used, MXFP4 experts), and it with half its layers
+    "tiny": Shape(2, 256, 4, 2, 64, 256, 0, False, 131072, 150000.0, 1e-5, 32.0, 8, 2, 256, 16, 4096),
+    "half": Shape(12, 2880, 64, 8, 64, 2880, 201088, False, 131072, 150000.0, 1e-5, 32.0, 32, 4, 2880, 128, 4096),
+    "20b": Shape(24, 2880, 64, 8, 64, 2880, 201088, False, 131072, 150000.0, 1e-5, 32.0, 32, 4, 2880, 128, 4096),
+}
+ARCH = {"llama3": "llama", "qwen3": "qwen3", "smollm3": "smollm3", "qwen3moe": "qwen3moe", "gpt-oss": "gpt-oss"}
+PRE_TOKENIZER = {"llama3": "llama-bpe", "qwen3": "qwen2", "smollm3": "llama-bpe", "qwen3moe": "qwen2",
+                 "gpt-oss": "gpt-4o"}
 LLAMA3_LOW, LLAMA3_HIGH, LLAMA3_ORIGINAL = 1.0, 4.0, 8192
 TOKEN_USER_DEFINED, TOKEN_UNUSED = 4, 5
 CHUNK = 1 << 24  # weights generated at a time
+BIAS_STD = 0.05  # gpt-oss's biases
 QWEN3_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message.role == 'assistant' %}"
@@ -145,6 +154,11 @@ def tokenizer_fields(family: str, shape: Shape, source: Path) -> tuple[dict, int
         tokens += ["<think>", "</think>"]
         types += [TOKEN_USER_DEFINED] * 2
         fields["tokenizer.chat_template"] = QWEN3_TEMPLATE
+    if family == "gpt-oss":  # harmony's special tokens, template and o200k pre-tokenizer (bench/gpt_oss_tokens.py)
+        from bench.gpt_oss_tokens import gpt_oss_tokenizer_fields
+
+        fields = gpt_oss_tokenizer_fields(fields)
+        tokens, types = list(fields["tokenizer.ggml.tokens"]), list(fields["tokenizer.ggml.token_type"])
     padding = max(0, shape.vocab - len(tokens))
     tokens += [f"<|unused_{i}|>" for i in range(padding)]
     types += [TOKEN_UNUSED] * padding
@@ -164,18 +178,24 @@ def tensor_plan(family: str, shape: Shape, vocab: int) -> list[tuple[str, tuple[
     plan.append(("token_embd.weight", (vocab, d), output_std))
     for i in range(shape.layers):
         p = f"blk.{i}."
-        plan += [(p + "attn_norm.weight", (d,), 0.0), (p + "attn_q.weight", (q_dim, d), 1 / math.sqrt(d)),
-                 (p + "attn_k.weight", (kv_dim, d), 1 / math.sqrt(d)), (p + "attn_v.weight", (kv_dim, d), 1 / math.sqrt(d)),
-                 (p + "attn_output.weight", (d, q_dim), branch / math.sqrt(q_dim))]
+        biased = family == "gpt-oss"  # biases on attention, router and experts; sinks; a post-attention norm
+        plan += [(p + "attn_norm.weight", (d,), 0.0)]
+        for name, rows in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+            plan += [(p + name + ".weight", (rows, d), 1 / math.sqrt(d))] + (
+                [(p + name + ".bias", (rows,), BIAS_STD)] if biased else [])
+        plan.append((p + "attn_output.weight", (d, q_dim), branch / math.sqrt(q_dim)))
+        if biased:
+            plan += [(p + "attn_output.bias", (d,), BIAS_STD), (p + "attn_sinks.weight", (shape.heads,), 1.0)]
         if family in ("qwen3", "qwen3moe"):
             plan += [(p + "attn_k_norm.weight", (dh,), 0.0), (p + "attn_q_norm.weight", (dh,), 0.0)]
-        plan.append((p + "ffn_norm.weight", (d,), 0.0))
+        plan.append((p + ("post_attention_norm.weight" if biased else "ffn_norm.weight"), (d,), 0.0))
         if shape.experts:  # the router (kept float32 by the converter) and the experts stacked (E, out, in)
             e, f = shape.experts, shape.expert_ffn
-            plan += [(p + "ffn_gate_inp.weight", (e, d), 2 / math.sqrt(d)),
-                     (p + "ffn_gate_exps.weight", (e, f, d), 1 / math.sqrt(d)),
-                     (p + "ffn_up_exps.weight", (e, f, d), 1 / math.sqrt(d)),
-                     (p + "ffn_down_exps.weight", (e, d, f), branch / math.sqrt(f))]
+            parts = [("ffn_gate_inp", (e, d), 2 / math.sqrt(d), (e,)), ("ffn_gate_exps", (e, f, d), 1 / math.sqrt(d), (e, f)),
+                     ("ffn_up_exps", (e, f, d), 1 / math.sqrt(d), (e, f)),
+                     ("ffn_down_exps", (e, d, f), branch / math.sqrt(f), (e, d))]
+            for name, dims, std, bias in parts:
+                plan += [(p + name + ".weight", dims, std)] + ([(p + name + ".bias", bias, BIAS_STD)] if biased else [])
         else:
             plan += [(p + "ffn_gate.weight", (ffn, d), 1 / math.sqrt(d)), (p + "ffn_up.weight", (ffn, d), 1 / math.sqrt(d)),
                      (p + "ffn_down.weight", (d, ffn), branch / math.sqrt(ffn))]
@@ -207,10 +227,18 @@ def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_sour
     if family in ("llama3", "smollm3"):  # LlamaModel's keys
         writer.add_vocab_size(vocab)
         writer.add_rope_dimension_count(shape.head_dim)
-    if shape.experts:  # Qwen3MoeModel's keys
+    if shape.experts:  # Qwen3MoeModel's and GptOssModel's keys
         writer.add_expert_count(shape.experts)
         writer.add_expert_used_count(shape.experts_used)
         writer.add_expert_feed_forward_length(shape.expert_ffn)
+    if shape.sliding_window:
+        writer.add_sliding_window(shape.sliding_window)
+    if shape.yarn_original:  # rope_scaling {"rope_type": "yarn", beta_fast 32, beta_slow 1}
+        writer.add_rope_scaling_type(RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(shape.rope_factor)
+        writer.add_rope_scaling_orig_ctx_len(shape.yarn_original)
+        writer.add_rope_scaling_yarn_beta_fast(32.0)
+        writer.add_rope_scaling_yarn_beta_slow(1.0)
     for key, value in fields.items():
         if isinstance(value, list):
             writer.add_array(key, value)
@@ -248,8 +276,10 @@ def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_sour
 
 
 def _file_dtype(name: str, dims: tuple[int, ...]) -> np.dtype:
-    """float16 for matrices and stacked experts, float32 for vectors and the router (as the converter keeps them)."""
-    return np.dtype(np.float16 if len(dims) >= 2 and not name.endswith("ffn_gate_inp.weight") else np.float32)
+    """float16 for matrices and stacked experts, float32 for vectors, biases and the router (as the converter keeps
+    them)."""
+    float32 = len(dims) < 2 or name.endswith(("ffn_gate_inp.weight", ".bias"))
+    return np.dtype(np.float32 if float32 else np.float16)
 
 
 def llama_quantize() -> str:

@@ -29,7 +29,7 @@ class ModelConfig:
     rope_dim: int
     sliding_window: int = 0  # keys a sliding-window layer sees (itself included); 0: the architecture has none
     sliding_window_pattern: int = 0  # one global layer in every this many (0: the architecture's own default)
-    rope_base_swa: float = 10000.0  # RoPE base of sliding-window layers (llama.cpp's default when the file has none)
+    rope_base_swa: float = 0.0  # RoPE base of sliding-window layers; 0: the file names none (the family's default)
     final_logit_softcap: float = 0.0  # logits -> cap * tanh(logits / cap) when > 0
     layer_norm_eps: float = 1e-12  # LayerNorm epsilon of encoder (BERT-family) models
     pooling_type: int = 0  # what an embedding model's file declares: 1 mean, 2 CLS, 3 last token (0 none)
@@ -95,7 +95,7 @@ class ModelConfig:
             rope_dim=int(metadata.get(f"{arch}.rope.dimension_count", head_dim)),
             sliding_window=int(metadata.get(f"{arch}.attention.sliding_window", 0) or 0),
             sliding_window_pattern=_int_key(metadata, f"{arch}.attention.sliding_window_pattern", path),
-            rope_base_swa=float(metadata.get(f"{arch}.rope.freq_base_swa", 10000.0)),
+            rope_base_swa=float(metadata.get(f"{arch}.rope.freq_base_swa", 0.0) or 0.0),
             final_logit_softcap=float(metadata.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
             layer_norm_eps=float(metadata.get(f"{arch}.attention.layer_norm_epsilon", 1e-12)),
             pooling_type=int(metadata.get(f"{arch}.pooling_type", 0) or 0),

@@ -54,6 +54,11 @@ class Routing:
     pair_of: np.ndarray  # (N, k) int64 the pair of each token's rank-j expert
     weights: np.ndarray  # (N, k) float32 each token's expert weights, in rank order
 
+    @property
+    def pair_expert(self) -> np.ndarray:
+        """The expert of each pair: (P,) int64."""
+        return np.repeat(self.experts, np.diff(self.starts))  # (P,)
+
 
 @njit(cache=True, nogil=True)
 def _choose(logits, k, gating, normalize, scale, chosen, weights):  # pragma: no cover (compiled)

@@ -219,6 +219,21 @@ def swiglu(gate_up: Array) -> Array:
     return out
 
 
+def swiglu_clamped(gate_up: Array, alpha: float, limit: float) -> Array:
+    """gpt-oss's SwiGLU (ggml's swiglu_oai) of a fused (N, 2F) gate/up: g = min(gate, limit), u = clip(up, -limit,
+    limit), g * sigmoid(alpha * g) * (u + 1): (N, F), float32 element by element."""
+    f = gate_up.shape[1] // 2
+    gate = xp.minimum(gate_up[:, :f], np.float32(limit))  # (N, F)
+    up = xp.clip(gate_up[:, f:], np.float32(-limit), np.float32(limit))  # (N, F)
+    out = gate * np.float32(-alpha)  # (N, F)
+    xp.exp(out, out=out)
+    out += np.float32(1.0)
+    xp.divide(gate, out, out=out)  # gate * sigmoid(alpha * gate)
+    up += np.float32(1.0)
+    out *= up
+    return out  # (N, F)
+
+
 def gelu_tanh(x: Array) -> Array:
     """GELU, tanh approximation (as GGML's gelu)."""
     return 0.5 * x * (1.0 + xp.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))  # (N, F)

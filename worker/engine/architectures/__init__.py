@@ -5,6 +5,7 @@ from __future__ import annotations
 from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.architectures.bert import Bert
 from worker.engine.architectures.gemma3 import Gemma3
+from worker.engine.architectures.gpt_oss import GptOss
 from worker.engine.architectures.llama import Llama
 from worker.engine.architectures.qwen2 import Qwen2
 from worker.engine.architectures.qwen3 import Qwen3
@@ -14,7 +15,7 @@ from worker.engine.config import ModelConfig
 from worker.engine.errors import ModelLoadError
 
 ARCHITECTURES: dict[str, Architecture | Encoder] = {
-    arch.name: arch for arch in (Llama(), Qwen2(), Qwen3(), Qwen3MoE(), SmolLM3(), Gemma3(), Bert())}
+    arch.name: arch for arch in (Llama(), Qwen2(), Qwen3(), Qwen3MoE(), GptOss(), SmolLM3(), Gemma3(), Bert())}
 
 
 def architecture_for(config: ModelConfig, path: str) -> Architecture | Encoder:

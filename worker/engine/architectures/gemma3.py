@@ -22,6 +22,7 @@ from worker.engine.lora_targets import LoraPart, LoraTarget
 from worker.engine.ops import Array, RotaryTable
 
 SLIDING_WINDOW_PATTERN = 6  # every 6th layer (i % 6 == 5) attends globally, unless the file names another pattern
+LOCAL_ROPE_BASE = 10000.0  # the sliding-window layers' RoPE base when the file names none (llama.cpp's default)
 
 
 def is_global_layer(layer: int, pattern: int = SLIDING_WINDOW_PATTERN) -> bool:
@@ -83,7 +84,7 @@ class Gemma3:
         q_dim, kv_dim = config.n_heads * dh, config.n_kv_heads * dh
         query_scale = np.float32(1.0 / np.sqrt(dh))
         global_rotary = RotaryTable(config.rope_dim, config.rope_base, config.context_length, config.rope_scaling)
-        local_rotary = (RotaryTable(config.rope_dim, config.rope_base_swa, config.context_length)
+        local_rotary = (RotaryTable(config.rope_dim, config.rope_base_swa or LOCAL_ROPE_BASE, config.context_length)
                         if config.sliding_window > 0 else global_rotary)
         pattern = config.sliding_window_pattern or SLIDING_WINDOW_PATTERN
         layers = []

@@ -26,6 +26,8 @@ class AttentionWeights:
     wo: Array  # (D, H*Dh)
     q_norm: Array | None = None  # (Dh,) QK-norm weight of queries, 1/sqrt(Dh) folded in (Qwen3), or None
     k_norm: Array | None = None  # (Dh,) QK-norm weight of keys, or None
+    bo: Array | None = None  # (D,) the output projection's bias (gpt-oss), or None
+    sinks: Array | None = None  # (H,) a logit per head in each softmax's denominator (gpt-oss), or None
 
     @property
     def nbytes(self) -> int:
@@ -52,6 +54,7 @@ class LlamaWeights:
     output_norm: Array  # (D,)
     output: Array  # (V, D)
     rotary: RotaryTable
+    rotary_local: RotaryTable | None = None  # the sliding-window layers' own table, where their base differs
 
     @property
     def nbytes(self) -> int:
@@ -174,15 +177,24 @@ class Llama:
             qk = ops.rms_normalize_heads(qk, cfg.rms_eps)  # (N, H+Hkv, Dh)
             qk[:, : cfg.n_heads] *= w.q_norm  # (N, H, Dh)
             qk[:, cfg.n_heads :] *= w.k_norm  # (N, Hkv, Dh)
+        window = self.window(cfg, layer)
         if not self.no_rope_every or (layer + 1) % self.no_rope_every:
-            cos, sin = batch.rope_angles(weights.rotary)  # (N, 1, R/2) x2
-            weights.rotary.apply(qk, cos, sin)
+            rotary = weights.rotary_local if window and weights.rotary_local is not None else weights.rotary
+            cos, sin = batch.rope_angles(rotary)  # (N, 1, R/2) x2
+            rotary.apply(qk, cos, sin)
         q = qk[:, : cfg.n_heads]  # (N, H, Dh)
         k = qk[:, cfg.n_heads :]  # (N, Hkv, Dh)
         v = qkv[:, q_dim + kv_dim :].reshape(-1, cfg.n_kv_heads, cfg.head_dim)  # (N, Hkv, Dh)
-        attn = batch.attention(layer, q, k, v)  # (N, H*Dh)
-        x += batch.adapt(layer, "o", attn, ops.linear(attn, w.wo))  # (N, D)
+        attn = batch.attention(layer, q, k, v, window=window, sinks=w.sinks)  # (N, H*Dh)
+        out = batch.adapt(layer, "o", attn, ops.linear(attn, w.wo))  # (N, D)
+        if w.bo is not None:
+            out += w.bo
+        x += out  # (N, D)
         return self.feed_forward(weights, layer, x, batch)  # (N, D)
+
+    def window(self, config: ModelConfig, layer: int) -> int:
+        """Keys a layer's queries see (0: all; llama's layers attend over the whole sequence)."""
+        return 0
 
     def feed_forward(self, weights: Any, layer: int, x: Array, batch: ForwardBatch) -> Array:
         """The dense SwiGLU FFN, pre-normed and residual: updates and returns x (N, D)."""

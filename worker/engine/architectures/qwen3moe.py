@@ -35,6 +35,8 @@ class RoutedLayer(AttentionWeights):
     gate: StackedExperts | None = None  # gate and up apart, where the file's kinds differ (rows F each)
     up: StackedExperts | None = None
     down: StackedExperts  # rows (D,) per expert, input F
+    gate_up_bias: Array | None = None  # (E, 2F) each expert's gate then up biases (gpt-oss), or None
+    down_bias: Array | None = None  # (E, D) or None
 
 
 class Qwen3MoE(Qwen3):
@@ -45,13 +47,14 @@ class Qwen3MoE(Qwen3):
     layer_type = RoutedLayer
     gating = SOFTMAX
     normalize_weights = True
+    ffn_norm_name = "ffn_norm"  # the norm before the routed FFN
 
     def load_feed_forward(self, tensors: dict[str, Any], config: ModelConfig, i: int, path: str) -> dict[str, Any]:
         """Block i's router and stacked experts (RoutedLayer's fields)."""
         d, e, f, p = config.d_model, config.n_experts, expert_width(config, path), f"blk.{i}."
         if not 0 < config.n_experts_used <= e:
             raise ModelLoadError(path, f"expert_used_count {config.n_experts_used} is not within 1..{e}")
-        ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
+        ffn_norm = take(tensors, p + self.ffn_norm_name + ".weight", (d,), path)  # (D,)
         router = take(tensors, p + "ffn_gate_inp.weight", (e, d), path)  # (E, D)
         gate = take_stacked(tensors, p + "ffn_gate_exps.weight", (e, f, d), path)  # (E*F, D)
         up = take_stacked(tensors, p + "ffn_up_exps.weight", (e, f, d), path)  # (E*F, D)
@@ -82,8 +85,14 @@ class Qwen3MoE(Qwen3):
             logits += w.router_bias
         routing = route(logits, cfg.n_experts_used, gating=self.gating, normalize=self.normalize_weights,
                         scale=cfg.expert_weights_scale)
-        hidden = self.expert_activation(self.gate_up(w, normed, routing))  # (P, F)
-        x += combine(ops.expert_linear(hidden, w.down, routing, per_pair=True), routing)  # (N, D)
+        gate_up = self.gate_up(w, normed, routing)  # (P, 2F)
+        if w.gate_up_bias is not None:
+            gate_up += w.gate_up_bias[routing.pair_expert]  # (P, 2F)
+        hidden = self.expert_activation(gate_up)  # (P, F)
+        down = ops.expert_linear(hidden, w.down, routing, per_pair=True)  # (P, D)
+        if w.down_bias is not None:
+            down += w.down_bias[routing.pair_expert]  # (P, D)
+        x += combine(down, routing)  # (N, D)
         return x
 
     def gate_up(self, w: RoutedLayer, normed: Array, routing: Any) -> Array:
