@@ -18,7 +18,7 @@ THE REDUCTION (every step width computes exactly this, so a row's result never d
     out[k, r] = acc
 
 `reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (at most MAX_TASKS
-tasks a launch) and, group by group, carries up to X_ROWS x rows over each block in turn, the block's values held in
+tasks a launch; stacked experts: of (expert, group) items, each with its own run of x rows) and, group by group, carries up to X_ROWS x rows over each block in turn, the block's values held in
 registers for all of them; the same loop serves one row (decode: each weight byte is read once) and hundreds
 (prefill). Launches hold numba_runtime.launch_lock.
 """
@@ -62,12 +62,13 @@ LOOKUP = np.tile((KVALUES.astype(np.int16) + ZERO).astype(np.uint8), 4)  # (64,)
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
-def _group(flat_codes, flat_exponents, flat_row_scale, table, blocks, g, flat_q, flat_low, dx, sums, n_rows, cols,
-           acc, flat_out, width):  # pragma: no cover (compiled)
-    """Weight row group g's outputs for every x row, X_ROWS at a time (acc: the chains' scratch)."""
+def _group(flat_codes, flat_exponents, flat_row_scale, table, blocks, g, flat_q, flat_low, dx, sums, first, last,
+           cols, acc, flat_out, width, column):  # pragma: no cover (compiled)
+    """Weight row group g's outputs for x rows first .. last - 1, X_ROWS at a time, into out's columns from 16
+    `column` (acc: the chains' scratch)."""
     row_scale = wfload(flat_row_scale, g * TILE_ROWS)  # (16,)
-    for x0 in range(0, n_rows, X_ROWS):
-        n = min(X_ROWS, n_rows - x0)
+    for x0 in range(first, last, X_ROWS):
+        n = min(X_ROWS, last - x0)
         for i in range(n):
             wfstore(acc, i * TILE_ROWS, wfzero())
         for b in range(blocks):
@@ -90,24 +91,28 @@ def _group(flat_codes, flat_exponents, flat_row_scale, table, blocks, g, flat_q,
                 a = wfma(wfloat(first), wfmul(s, wfbroadcast(dx[k, 2 * b])), wfload(acc, i * TILE_ROWS))  # (16,)
                 wfstore(acc, i * TILE_ROWS, wfma(wfloat(second), wfmul(s, wfbroadcast(dx[k, 2 * b + 1])), a))
         for i in range(n):
-            wfstore(flat_out, (x0 + i) * width + g * TILE_ROWS, wfload(acc, i * TILE_ROWS))
+            wfstore(flat_out, (x0 + i) * width + column * TILE_ROWS, wfload(acc, i * TILE_ROWS))
 
 
 @njit(parallel=True, nogil=True, cache=KERNEL_CACHE)
-def _matmul(codes, exponents, row_scale, lookup, q, low, dx, sums, out):  # pragma: no cover (compiled)
-    """out (N, 16 G) = the module docstring's reduction of x's (q, low, dx, sums) against the interleaved matrix."""
-    groups, blocks = codes.shape[0], codes.shape[1]
-    n_rows, cols = q.shape
+def _matmul(codes, exponents, row_scale, lookup, q, low, dx, sums, parts, starts, span, out):  # pragma: no cover
+    """out[k, :16 span] for x rows starts[i] .. starts[i + 1] - 1 against the `span` row groups from parts[i] * span
+    on (a dense matrix: one part, 0; stacked experts: each used expert's rows), the module docstring's reduction of
+    x's (q, low, dx, sums). Tasks take runs of (part, group) items."""
+    blocks = codes.shape[1]
+    cols = q.shape[1]
     width = out.shape[1]
     flat_codes, flat_exponents, flat_row_scale = codes.reshape(-1), exponents.reshape(-1), row_scale.reshape(-1)
     flat_q, flat_low, flat_out = q.reshape(-1), low.reshape(-1), out.reshape(-1)
-    tasks = min(groups, MAX_TASKS)
+    items = len(parts) * span
+    tasks = min(items, MAX_TASKS)
     for task in prange(tasks):
         acc = aligned_floats(X_ROWS * TILE_ROWS)  # (X_ROWS, 16) chains
         table = wload_codes(lookup, 0)  # (64,) the value table in each 128-bit lane
-        for g in range(task * groups // tasks, (task + 1) * groups // tasks):
-            _group(flat_codes, flat_exponents, flat_row_scale, table, blocks, g, flat_q, flat_low, dx, sums, n_rows,
-                   cols, acc, flat_out, width)
+        for item in range(task * items // tasks, (task + 1) * items // tasks):
+            part, local = item // span, item % span
+            _group(flat_codes, flat_exponents, flat_row_scale, table, blocks, parts[part] * span + local, flat_q,
+                   flat_low, dx, sums, starts[part], starts[part + 1], cols, acc, flat_out, width, local)
 
 
 def mxfp4_matmul(x: np.ndarray, blocks: InterleavedMXFP4) -> np.ndarray:
@@ -119,8 +124,26 @@ def mxfp4_matmul(x: np.ndarray, blocks: InterleavedMXFP4) -> np.ndarray:
     groups = blocks.codes.shape[0]
     out = np.empty((n_rows, groups * TILE_ROWS), np.float32)  # (N, 16 G)
     with launch_lock:
-        _matmul(blocks.codes, blocks.exponents, blocks.row_scale, LOOKUP, *rows, out)
+        _matmul(blocks.codes, blocks.exponents, blocks.row_scale, LOOKUP, *rows, _DENSE,
+                np.array([0, n_rows], np.int64), groups, out)
     return out if groups * TILE_ROWS == blocks.out else np.ascontiguousarray(out[:, : blocks.out])  # (N, R)
+
+
+_DENSE = np.zeros(1, np.int64)  # a dense matrix is one part: rows from 0
+
+
+def mxfp4_grouped(rows: tuple[np.ndarray, ...], blocks: InterleavedMXFP4, parts: np.ndarray, starts: np.ndarray,
+                  part_rows: int) -> np.ndarray:
+    """Stacked experts: x rows starts[i] .. starts[i + 1] - 1 (quantize_halves' arrays) times the (part_rows, C)
+    block of rows from parts[i] * part_rows on, transposed, each expert's codes read once for all of its rows:
+    (P, part_rows)."""
+    if part_rows % TILE_ROWS:
+        raise ValueError(f"experts of {part_rows} rows are not whole groups of {TILE_ROWS}")
+    out = np.empty((rows[0].shape[0], part_rows), np.float32)  # (P, part_rows)
+    with launch_lock:
+        _matmul(blocks.codes, blocks.exponents, blocks.row_scale, LOOKUP, *rows, np.ascontiguousarray(parts, np.int64),
+                np.ascontiguousarray(starts, np.int64), part_rows // TILE_ROWS, out)
+    return out
 
 
 def reference_matmul(x: np.ndarray, blocks: InterleavedMXFP4) -> np.ndarray:

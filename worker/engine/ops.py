@@ -107,14 +107,16 @@ def expert_linear(x: Array, experts: StackedExperts, routing: Routing, *, per_pa
     experts go through one launch for the whole step (each used expert's codes read once, for all of its rows);
     every form computes each pair's row alone, as `linear` does."""
     weight = experts.weight
-    if isinstance(weight, QuantizedLinear) and isinstance(weight.blocks, InterleavedK):
+    if isinstance(weight, QuantizedLinear) and isinstance(weight.blocks, (InterleavedK, InterleavedMXFP4)):
         if weight.column_scale is not None:
             x = x * weight.column_scale  # (N or P, in)
-        rows = interleaved_k_kernels.quantize_rows(x)  # quantized once per token, then gathered per pair
+        k_quant = isinstance(weight.blocks, InterleavedK)
+        rows = (interleaved_k_kernels.quantize_rows(x) if k_quant
+                else interleaved_kernels.quantize_halves(x))  # quantized once per token, then gathered per pair
         if not per_pair:
-            rows = interleaved_k_kernels.Int8Rows(*(part[routing.pair_token] for part in rows))
-        return interleaved_k_kernels.interleaved_k_grouped(rows, weight.blocks, routing.experts, routing.starts,
-                                                           experts.rows)  # (P, rows)
+            rows = type(rows)(*(np.ascontiguousarray(part[routing.pair_token]) for part in rows))
+        grouped = interleaved_k_kernels.interleaved_k_grouped if k_quant else mxfp4_kernels.mxfp4_grouped
+        return grouped(rows, weight.blocks, routing.experts, routing.starts, experts.rows)  # (P, rows)
     pairs = x if per_pair else x[routing.pair_token]  # (P, in)
     out = xp.empty((pairs.shape[0], experts.rows), np.float32)  # (P, rows)
     for i, expert in enumerate(routing.experts):
