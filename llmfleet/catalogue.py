@@ -13,7 +13,6 @@ from worker.models import KNOWN_MODELS, cache_dir, canonical_name, model_id
 log = logging.getLogger(__name__)
 
 MAX_ENTRIES = 256
-F32_BYTES = 4
 
 
 class CatalogueError(ValueError):
@@ -83,17 +82,13 @@ def local_file(source: str) -> Path | None:
 
 
 def weights_bytes(path: Path) -> int:
-    """What the engine holds for a GGUF's weights: the quantized tensors it keeps quantized as that form
-    (quant_blocks.held_bytes: 0.59 bytes a weight for Q4_K, 0.83 for Q6_K, 0.625 for Q4_0, 0.75 for Q4_1, 1.125
-    for Q5_0 and Q8_0, 1.25 for Q5_1, 0.53 for MXFP4, in the repack cache every worker of the host maps), every other tensor as float32; the file's size when its
+    """What the engine holds for a GGUF's weights (worker.engine.load_budget.weights_bytes); the file's size when its
     header cannot be read."""
     from worker.engine.errors import ModelLoadError
-    from worker.engine.gguf_file import tensor_elements_by_type
-    from worker.engine.quant_blocks import SUPPORTED, held_bytes
+    from worker.engine.load_budget import weights_bytes as held_weights_bytes
 
     try:
-        counts = tensor_elements_by_type(path)
-        return sum(held_bytes(kind, n) if kind in SUPPORTED else n * F32_BYTES for kind, n in counts.items())
+        return held_weights_bytes(path)
     except (ModelLoadError, OSError) as exc:  # a corrupt or foreign file: the worker will say why it cannot load it
         log.info("cannot read %s's tensors (%s); estimating from its size", path.name, type(exc).__name__)
         try:

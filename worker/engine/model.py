@@ -19,6 +19,7 @@ from worker.engine.forward_batch import BatchEntry, ForwardBatch
 from worker.engine.gguf_file import read_gguf
 from worker.engine.k_blocks import has_k_form
 from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
+from worker.engine.load_budget import refuse_unless_it_fits
 from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
 from worker.engine.mxfp4_blocks import MXFP4
 from worker.engine.numba_runtime import set_spin
@@ -49,6 +50,8 @@ class Model:
         (quantized.py; no float32 copy), mapped from the repack cache in `repack_dir` (repack_cache.py; default
         LLMFLEET_REPACK_DIR or ~/.cache/llmfleet/repack; None: built in memory), float tensors as arrays.
         block_codes=False dequantizes every tensor to float32 instead (the tests' float32 reference)."""
+        if block_codes:
+            refuse_unless_it_fits(path)  # from the header: before any tensor is decoded
         contents = read_gguf(path, keep_quantized=block_codes)
         if contents.metadata.get("general.type") == "adapter":
             raise ModelLoadError(path, "the file is a LoRA adapter, not a model: load it with POST /admin/loras")
