@@ -117,12 +117,12 @@ def twin_path(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory)
     return path
 
 
-def _twin_engine(twin_path: Callable[[str, str], Path], family: str):
-    """A tiny twin's engine on the served path: Q4_K_M (llama-quantize's) where it can be made, else F16."""
+def _twin_engine(twin_path: Callable[[str, str], Path], family: str, kind: str = "Q4_K_M"):
+    """A tiny twin's engine on the served path: `kind` (llama-quantize's) where it can be made, else F16."""
     from bench.llama_oracle import llama_quantize_binary
     from worker.engine.engine import Engine
 
-    return Engine.load(twin_path(family, "Q4_K_M" if llama_quantize_binary() else "F16"))
+    return Engine.load(twin_path(family, kind if llama_quantize_binary() else "F16"))
 
 
 @pytest.fixture(scope="session")
@@ -141,6 +141,12 @@ def qwen3_twin_engine(twin_path: Callable[[str, str], Path]):
 def qwen3moe_twin_engine(twin_path: Callable[[str, str], Path]):
     """The tiny Qwen3-MoE twin's engine (8 experts, 2 used), once per session."""
     return _twin_engine(twin_path, "qwen3moe")
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_twin_engine(twin_path: Callable[[str, str], Path]):
+    """The tiny gpt-oss twin's engine (MXFP4 experts, sinks, windows of 16), once per session."""
+    return _twin_engine(twin_path, "gpt-oss", "MXFP4_MOE")
 
 
 @pytest.fixture(scope="session")
@@ -192,7 +198,7 @@ def proxied_redis(redis_server):
 # another fixture) is `slow` whatever its module says, so `pytest -m "not slow"` stays the fast loop.
 SLOW_FIXTURES = frozenset({
     "smollm2_gguf_path", "smollm2_engine", "gemma3_gguf_path", "gemma3_engine", "redis_server", "twin_path",
-    "llama3_twin_engine", "qwen3_twin_engine", "qwen3moe_twin_engine",
+    "llama3_twin_engine", "qwen3_twin_engine", "qwen3moe_twin_engine", "gpt_oss_twin_engine",
 })
 
 

@@ -32,7 +32,7 @@ from worker.engine.forward_batch import BatchEntry
 from worker.engine.model import Model
 from worker.engine.thinking import has_thinking_tokens
 
-FAMILIES = ("llama3", "qwen3", "smollm3", "qwen3moe")
+FAMILIES = ("llama3", "qwen3", "smollm3", "qwen3moe", "gpt-oss")
 PROMPTS = ("The capital of France is", "def fibonacci(n):\n    return", "Once upon a time, in a land far away,",
            "Les données 2026: 12,345 résultats — ok?", "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n")
 STEPS, TOP = 32, 20
@@ -115,6 +115,31 @@ def test_top20_logprobs_against_float64_and_llama_cpp(twin: dict[str, Any], kv_d
         assert worst_llama <= worst_llama_exact + LLAMA_CPP_SLACK
     else:  # both caches round keys and values to float16: ours no farther from float64 than llama.cpp's
         assert worst_exact <= worst_llama_exact
+
+
+def test_gpt_oss_mxfp4_twin_is_nearer_the_files_arithmetic_than_llama_cpp(
+        twin_path: Callable[[str, str], Path], tmp_path: Path) -> None:
+    """MXFP4 experts (and Q8_0 elsewhere, as llama-quantize's MXFP4_MOE makes them): our first-step log-probs on the
+    integer path against the same file with every weight dequantized (float32), beside llama-server's distance."""
+    if llama_server_binary() is None:
+        pytest.skip("llama-server is not built (../shared/peers/build-llama-server.sh)")
+    path = twin_path("gpt-oss", "MXFP4_MOE")
+    engine = Engine.load(path)
+    exact = Model.from_file(path, block_codes=False)  # the file's weights, dequantized: its exact arithmetic
+    prompts = [engine.tokenizer.encode(text, parse_special=True, add_bos=False) for text in PROMPTS]
+    with LlamaServer(path, log=tmp_path / "llama-server.log") as server:
+        runs = [server.greedy(ids, 1, TOP) for ids in prompts]
+    ours_worst = llama_worst = 0.0
+    for prompt, run in zip(prompts, runs, strict=True):
+        ours = greedy_logprobs(engine.model, prompt, 1, "float32")[1][0]  # (V,)
+        reference = greedy_logprobs(exact, prompt, 1, "float32")[1][0]  # (V,)
+        llama_top = run[0][1]
+        ids = np.array(sorted(llama_top))  # (TOP,)
+        llama = np.array([llama_top[i] for i in ids])  # (TOP,)
+        ours_worst = max(ours_worst, float(np.abs(ours[ids] - reference[ids]).max()))
+        llama_worst = max(llama_worst, float(np.abs(llama - reference[ids]).max()))
+    print(f"gpt-oss MXFP4: ours-exact {ours_worst:.2e}, llama.cpp-exact {llama_worst:.2e}")
+    assert ours_worst <= llama_worst
 
 
 def test_qwen3_twin_thinks_as_qwen3(twin_path: Callable[[str, str], Path]) -> None:

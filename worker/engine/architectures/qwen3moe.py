@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from worker.engine import ops
-from worker.engine.architectures.common import fold_norm, fuse_rows, take, take_rows
+from worker.engine.architectures.common import dense, fold_norm, fuse_rows, take, take_rows
 from worker.engine.architectures.llama import AttentionWeights
 from worker.engine.architectures.qwen3 import Qwen3
 from worker.engine.config import ModelConfig
@@ -60,7 +60,7 @@ class Qwen3MoE(Qwen3):
         up = take_stacked(tensors, p + "ffn_up_exps.weight", (e, f, d), path)  # (E*F, D)
         down = take_stacked(tensors, p + "ffn_down_exps.weight", (e, d, f), path)  # (E*D, F)
         parts: dict[str, Any] = {
-            "router": ops.weight(fold_norm(np.asarray(router, np.float32), ffn_norm)),  # (E, D)
+            "router": ops.weight(fold_norm(np.asarray(dense(router), np.float32), ffn_norm)),  # (E, D) float32
             "down": StackedExperts(ops.weight(down), e, d),
         }
         if getattr(gate, "kind", "") == getattr(up, "kind", ""):  # one matrix: expert j's gate rows, then its up rows
