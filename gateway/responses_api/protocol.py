@@ -15,7 +15,9 @@ the shared fields and limits), as the Anthropic route does, so both make the sam
   logit_bias, stop, priority, cache_prompt, lora, ignore_eos) and thinking switches (chat_template_kwargs,
   thinking_budget_tokens) as chat completions read them.
 - metadata (at most 16 string pairs), store (default true), previous_response_id, stream, background.
-Unknown fields are ignored, as OpenAI does (include, reasoning, truncation, service_tier, user, ...).
+- reasoning.effort: chat completions' reasoning_effort, as llama-server maps it (gpt-oss's template writes it;
+  "none" turns thinking off); reasoning.summary is ignored.
+Unknown fields are ignored, as OpenAI does (include, truncation, service_tier, user, ...).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ SAMPLING_FIELDS = ("temperature", "top_p", "seed", "top_k", "min_p", "repetition
                    "parallel_tool_calls", "chat_template_kwargs", "thinking_budget_tokens")
 REFUSED_FIELDS = {"conversation": "conversations are not supported; chain responses with previous_response_id.",
                   "prompt": "reusable prompt templates are not supported; send input and instructions."}
-_CHAT_NAMES = [(re.compile(r"(tools\[\d+\])\.function\."), r"\1.")]  # chat field names -> Responses ones
+_CHAT_NAMES = [(re.compile(r"(tools\[\d+\])\.function\."), r"\1."),  # chat field names -> Responses ones
+               (re.compile(r"\breasoning_effort\b"), "reasoning.effort")]
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,11 @@ def parse_request(body: dict[str, Any], settings: Settings) -> ResponsesRequest:
     choice = body.get("tool_choice")
     if choice is not None:
         chat["tool_choice"] = _tool_choice(choice)
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise invalid("reasoning", "expected an object such as {\"effort\": \"low\"}.")
+    if reasoning is not None and reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
     text_format, constraint = parse_text_format(body.get("text"))
     return ResponsesRequest(
         model=model, items=parse_input(body.get("input")), chat_fields=chat, instructions=instructions,
