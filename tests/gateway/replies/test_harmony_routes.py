@@ -176,3 +176,30 @@ async def test_a_bad_effort_is_a_400(client: httpx.AsyncClient, path: str, body:
     assert response.status_code == 400
     error = response.json()["error"]
     assert param in (error.get("param") or error.get("message")), error
+
+
+async def test_the_official_clients_read_the_split(app_client: tuple[Any, httpx.AsyncClient], gpt_oss: Any) -> None:
+    """The openai and ollama clients, unmodified, over the gateway app: reasoning apart from the answer on chat,
+    Responses and Ollama (the worker a stub that writes harmony; the parsing the gateway's own)."""
+    import openai
+
+    app, _ = app_client
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="unused", http_client=http, max_retries=0)
+
+        async def answered(call: Any, pieces: list[str]) -> Any:
+            task = asyncio.create_task(call)
+            await gpt_oss.answer(await gpt_oss.take(), pieces)
+            return await task
+
+        chat = await answered(client.chat.completions.create(model=MODEL, messages=ASK), PIECES)
+        message = chat.choices[0].message
+        assert (message.reasoning_content, message.content) == (THOUGHT, ANSWER)  # type: ignore[attr-defined]
+        response = await answered(client.responses.create(model=MODEL, input="Weather in Paris?"), PIECES)
+        assert response.output_text == ANSWER and response.output[0].type == "reasoning"
+        assert response.output[0].content[0].text == THOUGHT
+    ollama = pytest.importorskip("ollama")
+    local = ollama.AsyncClient(host="http://gateway", transport=httpx.ASGITransport(app=app))
+    reply = await answered(local.chat(model=MODEL, messages=ASK, think=True), PIECES)
+    assert (reply.message.thinking, reply.message.content) == (THOUGHT, ANSWER)
