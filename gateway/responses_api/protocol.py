@@ -5,8 +5,10 @@ the shared fields and limits), as the Anthropic route does, so both make the sam
 - input: a string (one user message) or items: messages {role user | system | developer | assistant, content a
   string or parts input_text / output_text (refusal parts count as text)}, function_call {call_id, name,
   arguments} and function_call_output {call_id, output}; item_reference {id} (an item of a stored response,
-  gateway/responses_api/items.py); reasoning items are dropped (their thinking is not part of the next prompt,
-  as chat templates drop it); images, files, audio and other item types are refused with a 400 naming the item.
+  gateway/responses_api/items.py); reasoning {content reasoning_text parts, else summary summary_text parts}: its
+  text becomes the reasoning of the assistant turn it opens or follows, as llama-server maps it (only a harmony
+  template renders it; one without text, encrypted only, is dropped); images, files, audio and other item types
+  are refused with a 400 naming the item.
 - instructions: a system message before everything (not carried over by previous_response_id, as OpenAI's).
 - tools: function tools in the flat Responses shape {type: function, name, description, parameters, strict};
   tool_choice none | auto | required | {type: function, name}; parallel_tool_calls.
@@ -182,11 +184,26 @@ def _canonical_item(item: dict[str, Any], where: str) -> dict[str, Any] | None:
         text = output if isinstance(output, str) else _parts_text(output, f"{where}.output")
         return {"type": "function_call_output", "call_id": _text_field(item, "call_id", where), "output": text}
     if kind == "reasoning":
-        return None
+        return _reasoning_item(item, where)
     if kind in UNSUPPORTED_ITEMS:
         raise invalid(f"{where}.type", f"{kind} items are not supported: llmfleet runs function tools only.")
     raise invalid(f"{where}.type", f"unknown item type {json.dumps(kind)} (supported: message, function_call, "
                                    "function_call_output, reasoning, item_reference).")
+
+
+def _reasoning_item(item: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """A reasoning item as its text (its reasoning_text content, else its summary) in the shape responses return;
+    None when it carries none (an encrypted one)."""
+    for name in ("content", "summary"):
+        parts = item.get(name)
+        if parts is None:
+            continue
+        if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+            raise invalid(f"{where}.{name}", "expected an array of text parts.")
+        if parts:
+            text = "\n".join(part["text"] for part in parts)
+            return {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+    return None
 
 
 def _message_item(item: dict[str, Any], where: str) -> dict[str, Any]:
@@ -227,12 +244,24 @@ def _text_field(item: dict[str, Any], name: str, where: str) -> str:
 
 
 def to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Canonical items as chat messages: function calls join the assistant turn they follow."""
+    """Canonical items as chat messages: function calls join the assistant turn they follow, and reasoning opens
+    one (or joins the one it follows), as llama-server turns Responses input into chat messages."""
     messages: list[dict[str, Any]] = []
     for item in items:
-        if item["type"] == "message":
+        last = messages[-1] if messages else {}
+        if item["type"] == "reasoning":
             text = "\n".join(part["text"] for part in item["content"])
-            messages.append({"role": item["role"], "content": text})
+            if last.get("role") == "assistant" and "reasoning_content" not in last:
+                last["reasoning_content"] = text
+            else:
+                messages.append({"role": "assistant", "content": "", "reasoning_content": text})
+        elif item["type"] == "message":
+            text = "\n".join(part["text"] for part in item["content"])
+            if item["role"] == "assistant" and last.get("role") == "assistant" and not last["content"] \
+                    and "tool_calls" not in last:
+                last["content"] = text  # the answer after its reasoning: one turn
+            else:
+                messages.append({"role": item["role"], "content": text})
         elif item["type"] == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}

@@ -144,6 +144,10 @@ async def test_responses_gets_a_reasoning_item_and_a_function_call(client: httpx
     output = response.json()["output"]
     assert [item["type"] for item in output] == ["reasoning", "function_call"]
     assert json.loads(output[1]["arguments"]) == {"city": "Paris"}
+    follow_up = {"previous_response_id": response.json()["id"], "tools": tools,
+                 "input": [{"type": "function_call_output", "call_id": output[1]["call_id"], "output": "sunny"}]}
+    job, _ = await _served(client, gpt_oss, "/v1/responses", follow_up, PIECES)
+    assert (job.messages[1].reasoning, job.messages[1].tool_calls[0].name) == (THOUGHT, "get_weather")
     assert response.json()["reasoning"]["effort"] == "high"
     _, response = await _served(client, gpt_oss, "/v1/responses", {**body, "stream": True}, PIECES)
     events = [data for _, data in sse_events(response.content)]
