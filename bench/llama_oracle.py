@@ -84,9 +84,15 @@ class LlamaServer:
         with urllib.request.urlopen(request, timeout=300) as response:
             return json.loads(response.read())
 
-    def tokenize(self, text: str) -> list[int]:
-        """llama.cpp's token ids of a text (no special-token parsing, no BOS)."""
-        return [int(t) for t in self._post("/tokenize", {"content": text})["tokens"]]
+    def tokenize(self, text: str, *, parse_special: bool = True) -> list[int]:
+        """llama.cpp's token ids of a text (no BOS; special-token text read as those tokens unless told not to)."""
+        body = {"content": text, "parse_special": parse_special}
+        return [int(t) for t in self._post("/tokenize", body)["tokens"]]
+
+    def apply_template(self, body: dict[str, Any]) -> str:
+        """The prompt llama-server's chat template renders for a chat body (messages, tools, reasoning_effort, ...;
+        the server needs --jinja)."""
+        return str(self._post("/apply-template", body)["prompt"])
 
     def greedy(self, prompt_ids: list[int], steps: int, top: int) -> list[tuple[int, dict[int, float] | None]]:
         """`steps` greedy tokens after the prompt ids (nothing cached), with their top log-probabilities (_greedy)."""

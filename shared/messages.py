@@ -52,14 +52,16 @@ class ToolCall(_Part, kw_only=True):
     arguments: str  # JSON text, as OpenAI sends it
 
 
-class ChatMessage(_Part, kw_only=True):
-    """One chat turn; the worker renders the model's chat template over a list of these."""
+class ChatMessage(_Part, kw_only=True, omit_defaults=True):
+    """One chat turn; the worker renders the model's chat template over a list of these (fields at their default
+    are left out of the bytes: an older worker reads a message that does not use a newer field)."""
 
     role: str
     content: str
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    reasoning: str | None = None  # an assistant turn's reasoning, sent back (a harmony template renders it)
 
 
 class ToolSpec(_Part, kw_only=True):

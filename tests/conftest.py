@@ -117,6 +117,24 @@ def twin_path(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory)
     return path
 
 
+@pytest.fixture(scope="session")
+def gpt_oss_gguf_path(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 with gpt-oss's tokenizer keys (bench/gpt_oss_tokens.py: harmony tokens, pre "gpt-4o", the gpt-oss
+    chat template): what llama-server's /apply-template and /tokenize, and a harmony engine, need."""
+    from tests.support.gguf_edit import gpt_oss_copy
+
+    return gpt_oss_copy(smollm2_gguf_path, tmp_path_factory.mktemp("gpt-oss") / "smollm2-gpt-oss.gguf")
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_engine(gpt_oss_gguf_path: Path):
+    """The harmony engine over SmolLM2's weights (it writes harmony only where a grammar makes it), once per
+    session."""
+    from worker.engine.engine import Engine
+
+    return Engine.load(gpt_oss_gguf_path)
+
+
 def _twin_engine(twin_path: Callable[[str, str], Path], family: str, kind: str = "Q4_K_M"):
     """A tiny twin's engine on the served path: `kind` (llama-quantize's) where it can be made, else F16."""
     from bench.llama_oracle import llama_quantize_binary
@@ -198,7 +216,8 @@ def proxied_redis(redis_server):
 # another fixture) is `slow` whatever its module says, so `pytest -m "not slow"` stays the fast loop.
 SLOW_FIXTURES = frozenset({
     "smollm2_gguf_path", "smollm2_engine", "gemma3_gguf_path", "gemma3_engine", "redis_server", "twin_path",
-    "llama3_twin_engine", "qwen3_twin_engine", "qwen3moe_twin_engine", "gpt_oss_twin_engine",
+    "llama3_twin_engine", "qwen3_twin_engine", "qwen3moe_twin_engine", "gpt_oss_twin_engine", "gpt_oss_gguf_path",
+    "gpt_oss_engine",
 })
 
 

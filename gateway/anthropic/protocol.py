@@ -5,10 +5,12 @@ gateway/openai/tools.py), so both APIs make the same jobs and share every limit 
 (roles, content blocks, tools, tool_choice) is checked here first, with Anthropic's field paths in the messages:
 - system: a string or text blocks; messages: user / assistant turns whose content is a string or blocks:
   text, tool_use (assistant), tool_result (user; becomes a tool turn, `is_error` results are prefixed "Error: "),
-  thinking (assistant; dropped). image and document blocks are refused (the served models read text only), as
+  thinking (assistant; its text goes back as the turn's reasoning, which only a harmony template renders;
+  redacted_thinking is dropped). image and document blocks are refused (the served models read text only), as
   is a final assistant turn (prefill: the chat templates close every turn, so it could not be continued).
 - max_tokens is required (not for count_tokens); temperature in [0, 1], top_p, top_k, stop_sequences, stream;
-  output_config.format {type: json_schema, schema} is structured output (gateway/openai/structured.py).
+  output_config.format {type: json_schema, schema} is structured output (gateway/openai/structured.py);
+  output_config.effort (low | medium | high) is the chat route's reasoning_effort.
 - tools [{name, description, input_schema}] (Anthropic's server tools are refused); tool_choice {type: auto |
   any | tool (with name) | none, disable_parallel_tool_use}. thinking {type: disabled} renders the chat template
   with enable_thinking=false; {type: enabled, budget_tokens} with enable_thinking=true and closes the thinking
@@ -33,6 +35,7 @@ MAX_STOP_SEQUENCES = 16
 MAX_USER_ID_BYTES = 256  # metadata.user_id
 TEMPERATURE_RANGE = (0.0, 1.0)  # Anthropic's (OpenAI's is 0..2: gateway/openai/protocol.py)
 UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "container_upload")
+EFFORTS = ("low", "medium", "high")  # output_config.effort
 
 
 def parse_messages(body: dict[str, Any], settings: Settings, *, count_only: bool = False) -> ChatRequest:
@@ -64,6 +67,7 @@ def to_chat_body(body: dict[str, Any], settings: Settings, *, count_only: bool =
         chat["top_p"] = body.get("top_p")
         if body.get("output_config") is not None:
             chat["response_format"] = _output_format(body["output_config"])
+            chat["reasoning_effort"] = _effort(body["output_config"])
         if body.get("thinking") is not None:
             chat.update(_thinking(body["thinking"], chat["max_tokens"]))
     tools = _tools(body.get("tools"))
@@ -143,6 +147,7 @@ def _message(item: Any, param: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
+    thoughts: list[str] = []
     for j, block in enumerate(content):
         where = f"{param}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -150,8 +155,10 @@ def _message(item: Any, param: str) -> list[dict[str, Any]]:
             texts.append(_string(block, "text", where))
         elif kind in UNSUPPORTED_BLOCKS:
             raise _unsupported(kind, where)
-        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-            continue  # the served models do not think; earlier reasoning is not part of their prompt
+        elif kind == "thinking" and role == "assistant":
+            thoughts.append(_string(block, "thinking", where))
+        elif kind == "redacted_thinking" and role == "assistant":
+            continue  # encrypted by Anthropic: nothing a served model could read
         elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_use(block, where))
         elif kind == "tool_result" and role == "user":
@@ -167,6 +174,8 @@ def _message(item: Any, param: str) -> list[dict[str, Any]]:
         message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
         if calls:
             message["tool_calls"] = calls
+        if thoughts:
+            message["reasoning_content"] = "\n".join(thoughts)
         return [message]
     if texts or not out:
         out.append({"role": "user", "content": "\n".join(texts)})
@@ -258,8 +267,16 @@ def _tool_choice(value: Any) -> tuple[Any, bool | None]:
     return choices[kind], parallel
 
 
+def _effort(value: Any) -> str | None:
+    """output_config.effort (Anthropic's low | medium | high), as reasoning_effort; absent: None."""
+    effort = value.get("effort") if isinstance(value, dict) else None
+    if effort is not None and effort not in EFFORTS:
+        raise invalid("output_config.effort", f"expected one of {', '.join(EFFORTS)}.")
+    return effort
+
+
 def _output_format(value: Any) -> dict[str, Any] | None:
-    """OpenAI's response_format for output_config.format (structured output); effort is ignored."""
+    """OpenAI's response_format for output_config.format (structured output; effort is read by _effort)."""
     if not isinstance(value, dict):
         raise invalid("output_config", "expected an object.")
     output = value.get("format")

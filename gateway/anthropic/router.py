@@ -41,7 +41,7 @@ async def resume_message(request: Request) -> Response:
     record = await resume.reopen(broker, request.path_params["message_id"], ("anthropic",), after)
     parsed = protocol.parse_messages(record.body, settings)
     generation = await resume.follow(broker, record, 1)
-    stream = serving.message_stream(broker, parsed, settings, generation, record.request_id, record.opens_thinking)
+    stream = serving.message_stream(broker, parsed, settings, generation, record.request_id, record.reply_format)
     stream.resumable(broker.streams, record.stream_id)
     return SSEResponse(stream, named=True, ids=True, after=after)
 

@@ -33,7 +33,7 @@ from gateway.openai import serving
 from gateway.openai.bodies import ChoiceResult
 from gateway.openai.protocol import ChatRequest
 from gateway.replies.generation import STILL_WAITING, Generation
-from gateway.replies.parser import Part, ReplyParser
+from gateway.replies.parser import Part, ReplyParser, needs_parsing
 from gateway.replies.reasoning import Reasoning
 from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from gateway.replies.tool_calls import ArgumentsDelta, CallStart
@@ -120,17 +120,17 @@ async def stream_message(broker: Broker, request: ChatRequest, settings: Setting
     request_id = serving.new_request_id()
     started = await serving.start_stream(broker, request, settings, request_id=request_id,
                                          resumable=("anthropic", message_id(request_id), body) if body else None)
-    stream = message_stream(broker, request, settings, started.generation, request_id, started.opens_thinking,
+    stream = message_stream(broker, request, settings, started.generation, request_id, started.reply_format,
                             started.priming)
     stream.resumable(broker.streams, started.stream_id)
     return stream
 
 
 def message_stream(broker: Broker, request: ChatRequest, settings: Settings, generation: Generation, request_id: str,
-                   opened: bool, priming: asyncio.Task[None] | None = None) -> MessageStream:
+                   reply_format: str, priming: asyncio.Task[None] | None = None) -> MessageStream:
     """The named events of a request's generation (a new one, or a resumed one from its journal's start)."""
     return MessageStream(generation, message_id(request_id), request.params.model, tools=request.tools.active,
-                         reasoning=request.reasoning, priming=priming, opens_thinking=opened,
+                         reasoning=request.reasoning, priming=priming, reply_format=reply_format,
                          keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 
 
@@ -202,13 +202,13 @@ class MessageStream(OpenStream):
     """The named SSE events of one streamed message, whose first worker event already arrived."""
 
     def __init__(self, generation: Generation, response_id: str, model: str, *, tools: bool, reasoning: bool = False,
-                 opens_thinking: bool = False, priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0,
+                 reply_format: str = "default", priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0,
                  errors: ErrorLog | None = None) -> None:
         self._generation = generation
         self._id = response_id
         self._model = model
-        self._parser = ReplyParser(reasoning=reasoning, tools=tools, forced_open=opens_thinking) \
-            if tools or reasoning else None
+        self._parser = ReplyParser(reasoning=reasoning, tools=tools, reply_format=reply_format) \
+            if needs_parsing(reply_format, chat=True, reasoning=reasoning, tools=tools) else None
         self._priming = priming  # still waiting for the first event: the stream opens with `: queued`
         self._keepalive_s = keepalive_s
         self._errors = errors

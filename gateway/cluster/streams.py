@@ -59,21 +59,24 @@ class StreamRecord:
     deadline: float
     key: str | None
     background: bool = False
-    opens_thinking: bool = field(default=False)
+    reply_format: str = field(default="default")  # how the reply is written (gateway/replies/parser.py ReplyFormat)
 
     def encode(self) -> str:
         """The record as compact JSON."""
         return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
-    def decode(cls, raw: bytes | None, thinking: bytes | None = None) -> StreamRecord | None:
-        """A record read back (None when unreadable)."""
+    def decode(cls, raw: bytes | None, reply_format: bytes | None = None) -> StreamRecord | None:
+        """A record read back (None when unreadable); `reply_format` is the hash's `format` field, noted once the
+        job was admitted (a record an older gateway wrote says `"thinking": "1"` for "opened")."""
         if raw is None:
             return None
         try:
             fields = json.loads(raw)
-            if thinking is not None:
-                fields["opens_thinking"] = thinking == b"1"
+            if fields.pop("opens_thinking", False):
+                fields["reply_format"] = "opened"
+            if reply_format is not None:
+                fields["reply_format"] = "opened" if reply_format == b"1" else reply_format.decode()
             return cls(**fields)
         except (ValueError, TypeError):
             log.warning("an unreadable stream record was ignored")
@@ -129,17 +132,18 @@ class Streams:
             await pipe.execute()
         self._mine.add(record.stream_id)
 
-    async def note_thinking(self, stream_id: str, opens: bool) -> None:
-        """Record whether the reply starts inside a thinking block (known once the job is admitted)."""
-        if opens:
+    async def note_format(self, stream_id: str, reply_format: str) -> None:
+        """Record how the reply is written (known once the job is admitted; "default" is not written)."""
+        if reply_format != "default":
             with contextlib.suppress(RedisError, OSError):
-                await self.redis.hset(keys.stream_record(stream_id), "thinking", "1")
+                await self.redis.hset(keys.stream_record(stream_id), "format", reply_format)
 
     async def load(self, stream_id: str) -> tuple[StreamRecord, str] | None:
         """The record and its owner now; None when it is gone."""
         with redis_unavailable(self.settings.retry_after_s):
-            raw, thinking, owner = await self.redis.hmget(keys.stream_record(stream_id), "record", "thinking", "owner")
-        record = StreamRecord.decode(raw, thinking)
+            raw, form, thinking, owner = await self.redis.hmget(keys.stream_record(stream_id), "record", "format",
+                                                                "thinking", "owner")
+        record = StreamRecord.decode(raw, form if form is not None else thinking)
         return None if record is None else (record, (owner or b"").decode())
 
     async def _change(self, stream_id: str, decide: Callable[[str | None], Callable[[Any], None] | None]) -> bool:

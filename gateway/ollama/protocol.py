@@ -15,8 +15,10 @@ every limit; Ollama's own structure is checked here first, with Ollama's field n
 - tools: Ollama's tools are OpenAI function tools; assistant tool_calls carry `arguments` as an object, and a
   tool turn names its call by `tool_name` (ids are made up here, in order).
 - think: true / false / "low" / "medium" / "high": the chat template gets enable_thinking (false, or true for the
-  others, as the chat route's chat_template_kwargs); a reply opening with a <think> block has it split into
-  `thinking` (gateway/replies/reasoning.py), except with false, which leaves it in the content (levels are not told apart).
+  others, as the chat route's chat_template_kwargs), and a level is the chat route's reasoning_effort (gpt-oss's
+  template writes it); a reply's reasoning is split into `thinking` (gateway/replies/reasoning.py, or
+  gateway/replies/harmony.py for gpt-oss), except with false, which leaves it in the content. An assistant turn's
+  `thinking` goes back as its reasoning (a harmony template renders it).
 - keep_alive is read here (gateway/http/fields.py keep_alive_seconds) and travels in the request to the warm pool.
 Images, suffix (insertion), template overrides and `context` (token history) are refused with a 400.
 """
@@ -104,8 +106,9 @@ def _reasoning_format(think: bool | str | None) -> dict[str, Any]:
     server's LLMFLEET_REASONING_FORMAT."""
     if think is None:
         return {}
+    level = {"reasoning_effort": think} if isinstance(think, str) else {}
     return {"reasoning_format": "none" if think is False else "deepseek",
-            "chat_template_kwargs": {"enable_thinking": think is not False}}
+            "chat_template_kwargs": {"enable_thinking": think is not False}, **level}
 
 
 def parse_chat_request(body: dict[str, Any], settings: Settings) -> OllamaGeneration:
@@ -291,6 +294,8 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         if item.get("images"):
             raise invalid(f"{where}.images", "images are not supported: the models llmfleet serves read text only.")
         message: dict[str, Any] = {"role": role, "content": _string(item, "content")}
+        if role == "assistant" and item.get("thinking") is not None:
+            message["reasoning_content"] = _string(item, "thinking")
         if item.get("tool_calls"):
             if role != "assistant":
                 raise invalid(f"{where}.tool_calls", "only assistant messages carry tool_calls.")

@@ -153,7 +153,7 @@ async def stream_generation(broker: Broker, request: OllamaGeneration, settings:
     started = await serving.start_stream(broker, request.request, settings)
     chat = isinstance(request.request, ChatRequest)
     parser = ReplyParser(reasoning=chat and request.request.reasoning, tools=chat and request.request.tools.active,
-                         forced_open=started.opens_thinking)
+                         reply_format=started.reply_format)
     return ReplyStream(started.generation, request, started_at=started_at, parser=parser, priming=started.priming,
                        keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 

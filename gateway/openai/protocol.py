@@ -259,7 +259,7 @@ def parse_messages(value: Any, settings: Settings) -> list[ChatMessage]:
     if not isinstance(value, list) or not value:
         raise invalid("messages", "expected a non-empty array of messages.")
     messages = [_message(item, f"messages[{i}]") for i, item in enumerate(value)]
-    if sum(len(m.content) for m in messages) > settings.max_prompt_chars:
+    if sum(len(m.content) + len(m.reasoning or "") for m in messages) > settings.max_prompt_chars:
         raise invalid("messages", f"the messages are longer than {settings.max_prompt_chars} characters in all.")
     return messages
 
@@ -278,8 +278,7 @@ def _message(item: Any, param: str) -> ChatMessage:
         raise invalid(f"{param}.tool_call_id", "a tool message needs the id of the call it answers.")
     if role == "tool":
         text_within(tool_call_id, f"{param}.tool_call_id", max_bytes=MAX_CALL_TEXT_BYTES)
-    if role == "assistant":
-        _past_reasoning(item, param)
+    reasoning = _past_reasoning(item, param) if role == "assistant" else None
     content = item.get("content")
     if content is None and role == "assistant":
         content = ""
@@ -291,17 +290,21 @@ def _message(item: Any, param: str) -> ChatMessage:
     if name is not None:
         text_within(name, f"{param}.name", max_bytes=MAX_NAME_BYTES)
     return ChatMessage(role=role, content=content, name=name, tool_calls=tool_calls,
-                       tool_call_id=tool_call_id if role == "tool" else None)
+                       tool_call_id=tool_call_id if role == "tool" else None, reasoning=reasoning)
 
 
-def _past_reasoning(item: dict[str, Any], param: str) -> None:
-    """Check an assistant turn's earlier reasoning, under vLLM's `reasoning` or DeepSeek's `reasoning_content`
-    (both accepted, each a string or null). Neither goes into the prompt: as with Anthropic's thinking blocks, a
-    model's earlier reasoning is not part of what it reads next, so no name has to win over the other."""
-    for name in ("reasoning", "reasoning_content"):
+def _past_reasoning(item: dict[str, Any], param: str) -> str | None:
+    """An assistant turn's earlier reasoning, under DeepSeek's `reasoning_content` (llama-server's name, which wins)
+    or vLLM's `reasoning` (each a string or null). Only a harmony template (gpt-oss) puts it into the prompt, where
+    the turn made tool calls, as llama-server does; other templates never see it."""
+    found = None
+    for name in ("reasoning_content", "reasoning"):
         value = item.get(name)
         if value is not None and not isinstance(value, str):
             raise invalid(f"{param}.{name}", "expected a string (the turn's reasoning text) or null.")
+        if value is not None and found is None:
+            found = value
+    return found
 
 
 def _text_part(part: Any, param: str) -> str:

@@ -57,7 +57,7 @@ async def resume_stream(request: Request) -> Response:
     parsed = parse(record.body, settings)
     generation = await resume.follow(broker, record, parsed.params.n)
     stream = serving.chunk_stream(broker, parsed, settings, generation, record.request_id, record.created,
-                                  record.opens_thinking)
+                                  record.reply_format)
     stream.resumable(broker.streams, record.stream_id)
     return SSEResponse(stream, ids=True, after=after)
 

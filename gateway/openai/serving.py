@@ -33,8 +33,8 @@ from gateway.openai import bodies
 from gateway.openai.bodies import ChoiceResult, ChunkHeader
 from gateway.openai.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbedBody
 from gateway.replies.generation import STILL_WAITING, Generation, charge_key
-from gateway.replies.parser import ReplyParser
-from gateway.replies.reasoning import BOTH_FIELDS, reasoning_keys, split_reasoning
+from gateway.replies.parser import ReplyParser, needs_parsing, whole_reply
+from gateway.replies.reasoning import BOTH_FIELDS, reasoning_keys
 from gateway.replies.streaming import (
     OpenStream,
     StartedStream,
@@ -42,7 +42,6 @@ from gateway.replies.streaming import (
     queued_comments,
     record_streamed_error,
 )
-from gateway.replies.tool_calls import split_ended_reply
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, Timing, TokenEvent, Usage
 from shared.settings import Settings
@@ -126,15 +125,20 @@ def _uses_reasoning(request: GenerateBody) -> bool:
     return isinstance(request, ChatRequest) and request.reasoning
 
 
-async def opens_thinking(broker: Broker, request: GenerateBody) -> bool:
-    """Whether a reply to this request starts inside a thinking block: its model's workers' chat template ends
-    the generation prompt with `<think>` (they say so in the registry, with and without enable_thinking)."""
-    if not _uses_reasoning(request) or not isinstance(request, ChatRequest):
-        return False
+async def reply_format(broker: Broker, request: GenerateBody) -> str:
+    """How a chat reply to this request is written (gateway/replies/parser.py ReplyFormat), as its model's workers
+    say in the registry: "harmony" when their chat template writes harmony (gpt-oss), "opened" when it ends the
+    generation prompt with `<think>` (with and without enable_thinking), else "default"."""
+    if not isinstance(request, ChatRequest):
+        return "default"
     workers = (await broker.registry.live_models()).get(split_model(request.params.model)[0], [])
+    if any(worker.harmony for worker in workers):
+        return "harmony"
+    if not request.reasoning:
+        return "default"
     if request.thinking.disabled:  # enable_thinking false: only a template that ignores the switch opens the block
-        return any(worker.opens_thinking_disabled for worker in workers)
-    return any(worker.opens_thinking for worker in workers)
+        return "opened" if any(worker.opens_thinking_disabled for worker in workers) else "default"
+    return "opened" if any(worker.opens_thinking for worker in workers) else "default"
 
 
 def _wants_logprobs(request: GenerateBody) -> bool:
@@ -175,7 +179,9 @@ async def collect_generation(broker: Broker, request: GenerateBody, generation: 
                              now: float) -> Collected:
     """Collect a started (or followed) generation's events into finished choices; closes it."""
     try:
-        opened = await opens_thinking(broker, request)  # after admission (see start_stream)
+        form = await reply_format(broker, request)  # after admission (see start_stream)
+        parsed = needs_parsing(form, chat=isinstance(request, ChatRequest), reasoning=_uses_reasoning(request),
+                               tools=_uses_tools(request))
         want_logprobs = _wants_logprobs(request)
         choices = [ChoiceResult(index=i, logprobs=[] if want_logprobs else None) for i in range(generation.choices)]
         parts: list[list[str]] = [[] for _ in choices]
@@ -190,12 +196,11 @@ async def collect_generation(broker: Broker, request: GenerateBody, generation: 
                 choices[index].stop_sequence = event.stop_sequence
         for choice, texts in zip(choices, parts, strict=True):
             choice.text = "".join(texts)
-            if _uses_reasoning(request):
-                choice.reasoning, choice.text = split_reasoning(choice.text, forced_open=opened)
-            if _uses_tools(request):  # a tool turn cut only in a further call ends as "tool_calls"
-                split = split_ended_reply(choice.text, choice.finish_reason)
-                choice.text, choice.tool_calls = split.content, split.calls or None
-                choice.finish_reason, choice.dropped_calls = split.finish_reason, split.dropped
+            if parsed:  # a tool turn cut only in a further call ends as "tool_calls"
+                reply = whole_reply(choice.text, choice.finish_reason, reasoning=_uses_reasoning(request),
+                                    tools=_uses_tools(request), reply_format=form)
+                choice.reasoning, choice.text, choice.tool_calls = reply.reasoning, reply.content, reply.calls or None
+                choice.finish_reason, choice.dropped_calls = reply.finish_reason, reply.dropped
     finally:
         await generation.close()
     log.info("%s done: %d choices, %d completion tokens", request_id, len(choices), generation.usage.completion_tokens)
@@ -233,10 +238,10 @@ async def start_stream(broker: Broker, request: GenerateBody, settings: Settings
     priming = asyncio.create_task(generation.prime())
     try:
         # after admission, whose registry read it reuses: a Redis outage is admission's fast 503, not a wait here
-        opened = await opens_thinking(broker, request)
+        form = await reply_format(broker, request)
         if record is not None:
             generation.retain()
-            await broker.streams.note_thinking(record.stream_id, opened)
+            await broker.streams.note_format(record.stream_id, form)
         await asyncio.wait({priming}, timeout=settings.sse_queued_after_s)
         if priming.done():
             priming.result()  # raises the early failure
@@ -246,7 +251,7 @@ async def start_stream(broker: Broker, request: GenerateBody, settings: Settings
         if record is not None:
             await broker.streams.finish(record.stream_id)
         raise
-    return StartedStream(generation, request_id, now, None if priming.done() else priming, opened,
+    return StartedStream(generation, request_id, now, None if priming.done() else priming, form,
                          None if record is None else record.stream_id)
 
 
@@ -260,19 +265,19 @@ async def stream_completion(broker: Broker, request: GenerateBody, settings: Set
     started = await start_stream(broker, request, settings, request_id=request_id,
                                  resumable=(api, _response_id(request, request_id), body) if body else None)
     stream = chunk_stream(broker, request, settings, started.generation, request_id, started.created,
-                          started.opens_thinking, started.priming)
+                          started.reply_format, started.priming)
     stream.resumable(broker.streams, started.stream_id)
     return stream
 
 
 def chunk_stream(broker: Broker, request: GenerateBody, settings: Settings, generation: Generation, request_id: str,
-                 created: float, opened: bool, priming: asyncio.Task[None] | None = None) -> ChunkStream:
+                 created: float, form: str, priming: asyncio.Task[None] | None = None) -> ChunkStream:
     """The OpenAI chunks of a request's generation (a new one, or a resumed one from its journal's start)."""
     header = ChunkHeader(_response_id(request, request_id), int(created), request.params.model,
                          request.params.include_usage)
     return ChunkStream(generation, header, chat=isinstance(request, ChatRequest),
                        logprobs=_wants_logprobs(request), tools=_uses_tools(request), timings=request.params.timings,
-                       reasoning=_uses_reasoning(request), opens_thinking=opened,
+                       reasoning=_uses_reasoning(request), reply_format=form,
                        errors=broker.errors, priming=priming, keepalive_s=settings.sse_keepalive_s,
                        reasoning_keys=reasoning_keys(settings.reasoning_fields))
 
@@ -283,7 +288,7 @@ class ChunkStream(OpenStream):
     def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
                  tools: bool = False, timings: bool = False, errors: ErrorLog | None = None,
                  priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0, reasoning: bool = False,
-                 opens_thinking: bool = False, reasoning_keys: tuple[str, ...] = BOTH_FIELDS) -> None:
+                 reply_format: str = "default", reasoning_keys: tuple[str, ...] = BOTH_FIELDS) -> None:
         self._generation = generation
         self._reasoning_keys = reasoning_keys  # the delta fields reasoning goes out under (LLMFLEET_REASONING_FIELDS)
         self._timings = timings
@@ -293,9 +298,9 @@ class ChunkStream(OpenStream):
         self._header = header
         self._chat = chat
         self._logprobs = logprobs
-        self._parsers = [ReplyParser(reasoning=reasoning, tools=tools, forced_open=opens_thinking)
+        self._parsers = [ReplyParser(reasoning=reasoning, tools=tools, reply_format=reply_format)
                          for _ in range(generation.choices)] \
-            if tools or reasoning else None
+            if needs_parsing(reply_format, chat=chat, reasoning=reasoning, tools=tools) else None
 
     def _record(self, error: LLMFleetError) -> None:
         """Add an error sent after the stream began to the fleet's recent errors."""

@@ -25,6 +25,9 @@ FORMATS = ("none", "deepseek", "auto")  # llama-server's reasoning_format values
 RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 MAX_TEMPLATE_KWARGS_BYTES = 4096  # chat_template_kwargs as JSON
 MAX_THINKING_BUDGET = 1 << 20
+# OpenAI's reasoning_effort values; as llama-server, "none" turns thinking off (enable_thinking false) and any other
+# becomes the chat template's `reasoning_effort` variable (gpt-oss's template writes it: "Reasoning: high")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 BOTH_FIELDS = ("reasoning_content", "reasoning")
@@ -69,7 +72,8 @@ class ThinkingSwitch:
 
 
 def parse_thinking_switch(body: dict[str, Any], max_tokens: int | None) -> ThinkingSwitch:
-    """`chat_template_kwargs` (a JSON object of extra template variables; `enable_thinking` a boolean) and
+    """`chat_template_kwargs` (a JSON object of extra template variables; `enable_thinking` a boolean),
+    `reasoning_effort` (OpenAI's; over chat_template_kwargs, as llama-server reads it: see REASONING_EFFORTS) and
     `thinking_budget_tokens` (llmfleet's: `</think>` is forced after that many tokens; below max_tokens)."""
     kwargs = body.get("chat_template_kwargs")
     if kwargs is None:
@@ -83,6 +87,13 @@ def parse_thinking_switch(body: dict[str, Any], max_tokens: int | None) -> Think
         raise invalid("chat_template_kwargs", f"at most {MAX_TEMPLATE_KWARGS_BYTES} bytes as JSON.")
     if not isinstance(kwargs.get("enable_thinking", True), bool):
         raise invalid("chat_template_kwargs.enable_thinking", "expected a boolean.")
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise invalid("reasoning_effort", f"expected one of {', '.join(repr(e) for e in REASONING_EFFORTS)}.")
+    if effort == "none":
+        kwargs = {**{k: v for k, v in kwargs.items() if k != "reasoning_effort"}, "enable_thinking": False}
+    elif effort is not None:
+        kwargs = {**kwargs, "reasoning_effort": effort}
     budget = integer(body, "thinking_budget_tokens", None, 1, MAX_THINKING_BUDGET)
     if budget is not None and max_tokens is not None and budget >= max_tokens:
         raise invalid("thinking_budget_tokens", f"must be below max_tokens ({max_tokens}).")

@@ -29,7 +29,7 @@ class StartedStream:
     request_id: str
     created: float
     priming: asyncio.Task[None] | None
-    opens_thinking: bool = False  # the reply starts inside a thinking block (see opens_thinking)
+    reply_format: str = "default"  # how the reply is written (gateway/replies/parser.py ReplyFormat)
     stream_id: str | None = None  # a resumable stream's id (its record is written)
 
 

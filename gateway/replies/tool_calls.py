@@ -21,6 +21,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass
+from typing import Protocol
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 DROPPED_HEADER = "x-llmfleet-dropped-tool-calls"  # a non-streamed reply's count of calls begun but not returned
@@ -170,7 +171,14 @@ class ToolCallParser:
         return len(self._buffer)
 
 
-def tool_finish(reason: str | None, parser: ToolCallParser) -> str | None:
+class CallSource(Protocol):
+    """A parser's calls so far, and whether content followed the first (ToolCallParser, HarmonyParser)."""
+
+    calls: list[dict[str, str]]
+    text_after_calls: bool
+
+
+def tool_finish(reason: str | None, parser: CallSource) -> str | None:
     """A choice's finish_reason once its calls are parsed: "tool_calls" for a tool turn (see the module's
     docstring), else the worker's reason."""
     if not parser.calls:

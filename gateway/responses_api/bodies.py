@@ -99,7 +99,7 @@ def response_body(request: ResponsesRequest, rid: str, created: float, *, status
         "output": output or [],
         "parallel_tool_calls": parallel_tool_calls(request),
         "previous_response_id": request.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": sampling.get("reasoning_effort"), "summary": None},
         "store": request.store,
         "temperature": sampling.get("temperature", 1.0),
         "text": {"format": request.text_format, "verbosity": "medium"},

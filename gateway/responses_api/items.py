@@ -66,7 +66,7 @@ def not_found(wanted: str, where: str) -> NotFound:
 async def resolve_references(store: ResponseStore, items: list[dict[str, Any]], history: list[dict[str, Any]],
                     key: str | None) -> list[dict[str, Any]]:
     """Input items with each item_reference replaced by the stored item it names: one of the previous_response_id
-    chain, else one of the response its id names (404 when neither has it; a reasoning item is dropped)."""
+    chain, else one of the response its id names (404 when neither has it)."""
     out = []
     for i, item in enumerate(items):
         if item["type"] != "item_reference":
@@ -83,13 +83,14 @@ async def resolve_references(store: ResponseStore, items: list[dict[str, Any]], 
             found = find_item([*record.history, *record.response["output"]], wanted)
         if found is None:
             raise not_found(wanted, where)
-        if found["type"] != "reasoning":
-            out.append(_stored_as_input(found))
+        out.append(_stored_as_input(found))
     return out
 
 
 def _stored_as_input(item: dict[str, Any]) -> dict[str, Any]:
     """A stored item (input or output) in the canonical input shape."""
+    if item["type"] == "reasoning":
+        return {"id": item["id"], "type": "reasoning", "summary": [], "content": item["content"]}
     if item["type"] == "message":
         role = item["role"]
         part = "output_text" if role == "assistant" else "input_text"

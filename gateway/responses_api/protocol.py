@@ -5,8 +5,10 @@ the shared fields and limits), as the Anthropic route does, so both make the sam
 - input: a string (one user message) or items: messages {role user | system | developer | assistant, content a
   string or parts input_text / output_text (refusal parts count as text)}, function_call {call_id, name,
   arguments} and function_call_output {call_id, output}; item_reference {id} (an item of a stored response,
-  gateway/responses_api/items.py); reasoning items are dropped (their thinking is not part of the next prompt,
-  as chat templates drop it); images, files, audio and other item types are refused with a 400 naming the item.
+  gateway/responses_api/items.py); reasoning {content reasoning_text parts, else summary summary_text parts}: its
+  text becomes the reasoning of the assistant turn it opens or follows, as llama-server maps it (only a harmony
+  template renders it; one without text, encrypted only, is dropped); images, files, audio and other item types
+  are refused with a 400 naming the item.
 - instructions: a system message before everything (not carried over by previous_response_id, as OpenAI's).
 - tools: function tools in the flat Responses shape {type: function, name, description, parameters, strict};
   tool_choice none | auto | required | {type: function, name}; parallel_tool_calls.
@@ -15,7 +17,9 @@ the shared fields and limits), as the Anthropic route does, so both make the sam
   logit_bias, stop, priority, cache_prompt, lora, ignore_eos) and thinking switches (chat_template_kwargs,
   thinking_budget_tokens) as chat completions read them.
 - metadata (at most 16 string pairs), store (default true), previous_response_id, stream, background.
-Unknown fields are ignored, as OpenAI does (include, reasoning, truncation, service_tier, user, ...).
+- reasoning.effort: chat completions' reasoning_effort, as llama-server maps it (gpt-oss's template writes it;
+  "none" turns thinking off); reasoning.summary is ignored.
+Unknown fields are ignored, as OpenAI does (include, truncation, service_tier, user, ...).
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ SAMPLING_FIELDS = ("temperature", "top_p", "seed", "top_k", "min_p", "repetition
                    "parallel_tool_calls", "chat_template_kwargs", "thinking_budget_tokens")
 REFUSED_FIELDS = {"conversation": "conversations are not supported; chain responses with previous_response_id.",
                   "prompt": "reusable prompt templates are not supported; send input and instructions."}
-_CHAT_NAMES = [(re.compile(r"(tools\[\d+\])\.function\."), r"\1.")]  # chat field names -> Responses ones
+_CHAT_NAMES = [(re.compile(r"(tools\[\d+\])\.function\."), r"\1."),  # chat field names -> Responses ones
+               (re.compile(r"\breasoning_effort\b"), "reasoning.effort")]
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,11 @@ def parse_request(body: dict[str, Any], settings: Settings) -> ResponsesRequest:
     choice = body.get("tool_choice")
     if choice is not None:
         chat["tool_choice"] = _tool_choice(choice)
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise invalid("reasoning", "expected an object such as {\"effort\": \"low\"}.")
+    if reasoning is not None and reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
     text_format, constraint = parse_text_format(body.get("text"))
     return ResponsesRequest(
         model=model, items=parse_input(body.get("input")), chat_fields=chat, instructions=instructions,
@@ -174,11 +184,26 @@ def _canonical_item(item: dict[str, Any], where: str) -> dict[str, Any] | None:
         text = output if isinstance(output, str) else _parts_text(output, f"{where}.output")
         return {"type": "function_call_output", "call_id": _text_field(item, "call_id", where), "output": text}
     if kind == "reasoning":
-        return None
+        return _reasoning_item(item, where)
     if kind in UNSUPPORTED_ITEMS:
         raise invalid(f"{where}.type", f"{kind} items are not supported: llmfleet runs function tools only.")
     raise invalid(f"{where}.type", f"unknown item type {json.dumps(kind)} (supported: message, function_call, "
                                    "function_call_output, reasoning, item_reference).")
+
+
+def _reasoning_item(item: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """A reasoning item as its text (its reasoning_text content, else its summary) in the shape responses return;
+    None when it carries none (an encrypted one)."""
+    for name in ("content", "summary"):
+        parts = item.get(name)
+        if parts is None:
+            continue
+        if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+            raise invalid(f"{where}.{name}", "expected an array of text parts.")
+        if parts:
+            text = "\n".join(part["text"] for part in parts)
+            return {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+    return None
 
 
 def _message_item(item: dict[str, Any], where: str) -> dict[str, Any]:
@@ -219,12 +244,24 @@ def _text_field(item: dict[str, Any], name: str, where: str) -> str:
 
 
 def to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Canonical items as chat messages: function calls join the assistant turn they follow."""
+    """Canonical items as chat messages: function calls join the assistant turn they follow, and reasoning opens
+    one (or joins the one it follows), as llama-server turns Responses input into chat messages."""
     messages: list[dict[str, Any]] = []
     for item in items:
-        if item["type"] == "message":
+        last = messages[-1] if messages else {}
+        if item["type"] == "reasoning":
             text = "\n".join(part["text"] for part in item["content"])
-            messages.append({"role": item["role"], "content": text})
+            if last.get("role") == "assistant" and "reasoning_content" not in last:
+                last["reasoning_content"] = text
+            else:
+                messages.append({"role": "assistant", "content": "", "reasoning_content": text})
+        elif item["type"] == "message":
+            text = "\n".join(part["text"] for part in item["content"])
+            if item["role"] == "assistant" and last.get("role") == "assistant" and not last["content"] \
+                    and "tool_calls" not in last:
+                last["content"] = text  # the answer after its reasoning: one turn
+            else:
+                messages.append({"role": item["role"], "content": text})
         elif item["type"] == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}

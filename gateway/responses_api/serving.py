@@ -253,7 +253,7 @@ async def reopen_stream(broker: Broker, store: ResponseStore, rid: str, settings
     record = await resume.reopen(broker, rid, ("responses",), after)
     prepared = await _prepared_again(store, record, settings)
     generation = await resume.follow(broker, record, 1)
-    started = serving.StartedStream(generation, record.request_id, record.created, None, record.opens_thinking)
+    started = serving.StartedStream(generation, record.request_id, record.created, None, record.reply_format)
     stream = _response_stream(broker, store, settings, prepared, started)
     stream.resumable(broker.streams, rid, follower=record.background)
     return stream
@@ -262,7 +262,7 @@ async def reopen_stream(broker: Broker, store: ResponseStore, rid: str, settings
 def _response_stream(broker: Broker, store: ResponseStore, settings: Settings, prepared: Prepared,
                      started: serving.StartedStream) -> ResponseStream:
     parser = ReplyParser(reasoning=prepared.chat.reasoning, tools=prepared.chat.tools.active,
-                         forced_open=started.opens_thinking)
+                         reply_format=started.reply_format)
     return ResponseStream(started, prepared, store, parser=parser, keepalive_s=settings.sse_keepalive_s,
                           broker=broker)
 

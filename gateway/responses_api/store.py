@@ -43,12 +43,13 @@ class StoredResponse:
     @property
     def conversation(self) -> list[dict[str, Any]]:
         """The items a response continuing this one reads first: history, then this one's output."""
-        return [*self.history, *(_as_input(item) for item in self.response["output"] if item["type"] != "reasoning")]
+        return [*self.history, *(_as_input(item) for item in self.response["output"])]
 
 
 def _as_input(item: dict[str, Any]) -> dict[str, Any]:
-    """An output item as the canonical input item it becomes in a continuation (with its id; a reasoning item
-    is none: the thinking is not part of the next prompt)."""
+    """An output item as the canonical input item it becomes in a continuation (with its id)."""
+    if item["type"] == "reasoning":
+        return {"id": item["id"], "type": "reasoning", "summary": [], "content": item["content"]}
     if item["type"] == "message":
         return {"id": item["id"], "type": "message", "role": "assistant",
                 "content": [{"type": "output_text", "text": part["text"]} for part in item["content"]]}

@@ -13,6 +13,16 @@ _PYTHON_TYPES = {bool: gguf.GGUFValueType.BOOL, int: gguf.GGUFValueType.UINT32, 
                  str: gguf.GGUFValueType.STRING}
 
 
+def gpt_oss_copy(source: Path, target: Path) -> Path:
+    """`source` (SmolLM2) with gpt-oss's tokenizer keys in place of its own (bench/gpt_oss_tokens.py)."""
+    from bench.gpt_oss_tokens import gpt_oss_tokenizer_fields
+
+    reader = gguf.GGUFReader(source)
+    fields = {name: field.contents() for name, field in reader.fields.items() if name.startswith("tokenizer.")}
+    wanted = gpt_oss_tokenizer_fields(fields)
+    return edited_copy(source, target, set_keys=wanted, drop_keys=tuple(name for name in fields if name not in wanted))
+
+
 def edited_copy(source: Path, target: Path, *, set_keys: dict[str, Any] | None = None,
                 drop_keys: tuple[str, ...] = (), add_tensors: dict[str, np.ndarray] | None = None) -> Path:
     """Write `target`: `source` with keys set (a new key gets its Python value's type) or dropped, tensors added."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from worker.engine.tokenizer import Tokenizer
 
-ConstraintKind = Literal["json_schema", "grammar", "lark", "regex"]
+ConstraintKind = Literal["json_schema", "grammar", "lark", "regex", "llguidance"]
 # Whitespace between JSON tokens, bounded as llama.cpp bounds it: nothing, one space, or one or two newlines
 # and an indent of at most 20 spaces or tabs; a small model cannot loop on whitespace.
 JSON_WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
@@ -42,7 +42,8 @@ class ConstraintError(ValueError):
 class Constraint:
     """What one request's output must match."""
 
-    kind: ConstraintKind  # grammar: GBNF or Lark (told apart by llguidance); lark: Lark only
+    kind: ConstraintKind  # grammar: GBNF or Lark (told apart by llguidance); lark: Lark only; llguidance: a
+    # top-level grammar as JSON (several grammars referring to each other, e.g. worker/engine/harmony.py's)
     source: str  # the JSON schema as JSON text, or the grammar or regex text
     strict: bool = True  # JSON schemas: an unsupported keyword is an error (False: it is ignored)
 
@@ -98,6 +99,8 @@ def grammar_of(constraint: Constraint) -> str:
             return llg.LLMatcher.grammar_from_lark(constraint.source)
         if constraint.kind == "regex":
             return llg.LLMatcher.grammar_from_regex(constraint.source)
+        if constraint.kind == "llguidance":
+            return constraint.source
     except ValueError as exc:
         raise ConstraintError(str(exc)) from None
     raise ConstraintError(f"unknown constraint kind {constraint.kind!r}")
@@ -155,6 +158,11 @@ class SequenceConstraint:
     def complete(self) -> bool:
         """Whether the grammar is complete (nothing may follow)."""
         return self._matcher.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the output may end here (an end-of-generation token is allowed next)."""
+        return bool(self._matcher.is_accepting())
 
     def copy(self) -> SequenceConstraint:
         """An independent matcher in the same state (a forked choice)."""

@@ -17,6 +17,7 @@ from worker.engine.errors import ContextLengthError, NoChatTemplateError, Templa
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.generation import GenerationParams, GenerationState
 from worker.engine.gguf_tokenizer import tokenizer_from_gguf
+from worker.engine.harmony import harmony_messages, is_harmony
 from worker.engine.measured_rate import rate_file, remember, remembered
 from worker.engine.model import Model
 from worker.engine.stopping import THINK_CLOSE, THINK_OPEN
@@ -91,6 +92,11 @@ class Engine:
         return prompt.rstrip().endswith(THINK_OPEN)
 
     @cached_property
+    def harmony(self) -> bool:
+        """Whether the chat template writes OpenAI's harmony format (gpt-oss: channels, not `<think>` blocks)."""
+        return self.chat_template is not None and is_harmony(self.chat_template.source)
+
+    @cached_property
     def thinks(self) -> bool:
         """Whether the model is a reasoning model: its template opens a thinking block or writes one, or its
         vocabulary has a `<think>` / `</think>` token pair (Qwen3, DeepSeek-R1 distills)."""
@@ -119,14 +125,19 @@ class Engine:
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                     tools: Sequence[Tool] = (), template_kwargs: Mapping[str, Any] | None = None) -> str:
         """The prompt text of messages (and tools) under the model's chat template; tools and tool-call history
-        go natively or as text, as tools.prepare_messages says. `template_kwargs` are extra template variables
-        (a request's chat_template_kwargs, e.g. enable_thinking); they never replace the template's own."""
+        go natively or as text, as tools.prepare_messages says (a harmony template takes them, and an assistant
+        turn's `reasoning`, natively; other templates never see `reasoning`). `template_kwargs` are extra template
+        variables (a request's chat_template_kwargs, e.g. enable_thinking); they never replace the template's own."""
         if self.chat_template is None:
             raise NoChatTemplateError("the model has no chat template (it is a base model); configure one "
                                       "(--chat-template FILE) or send raw prompts")
         tools_variable = None
-        if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
-            messages, tools_variable = prepare_messages(messages, tools, self.tool_support)
+        if self.harmony:  # the template renders tools, calls, results and reasoning itself
+            messages, tools_variable = harmony_messages(messages), [t.openai() for t in tools] or None
+        else:
+            messages = [{k: v for k, v in m.items() if k != "reasoning"} for m in messages]
+            if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+                messages, tools_variable = prepare_messages(messages, tools, self.tool_support)
         extra = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARIABLES}
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools_variable,
                                          **extra)

@@ -26,6 +26,7 @@ class GenerationParams:
     thinking_opened: bool = False  # the prompt ends inside a <think> block: the reply starts in it
     answer_after_thinking: bool = False  # a reasoning model's reply: the constraint starts after </think>
     thinking_budget: int | None = None  # with answer_after_thinking: `</think>` is forced after this many tokens
+    harmony: bool = False  # a harmony reply (gpt-oss): stop strings apply to its final channel only
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class GenerationState:
         self.sampler = Sampler(params.sampling, vocab_size)
         self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.stop_matcher = StopStringMatcher(params.stop, after_thinking=params.stop_after_thinking,
-                                              opened=params.thinking_opened)
+                                              opened=params.thinking_opened, harmony=params.harmony)
         self.constraint = constraint  # masks each step's scores, advances on every accepted token
         self.finish_reason: str | None = None
 

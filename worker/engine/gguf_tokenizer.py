@@ -17,6 +17,9 @@ from worker.engine.errors import ModelLoadError
 from worker.engine.pretokenizers import PRE_TOKENIZERS, byte_level_pre_tokenizer
 from worker.engine.tokenizer import (
     EOG_TOKEN_TEXTS,
+    HARMONY_END,
+    HARMONY_EOG,
+    RENDERED_MARKER_TEXTS,
     SPM_SPACE,
     TOKEN_BYTE,
     TOKEN_CONTROL,
@@ -154,6 +157,19 @@ def _end_of_generation_ids(
     return frozenset(eog)
 
 
+def _rendered_markers(tokens: Sequence[str], types: list[int], eog: frozenset[int]) -> tuple[list[int], frozenset[int]]:
+    """llama.cpp's gpt-oss rules: its message markers become user-defined tokens (rendered as text, matched even
+    without special-token parsing), and so does `<|end|>`, leaving the end-of-generation set, where that set also
+    holds `<|return|>` and `<|call|>`."""
+    types = [TOKEN_USER_DEFINED if text in RENDERED_MARKER_TEXTS else kind for text, kind in zip(tokens, types, strict=True)]
+    texts = {tokens[i] for i in eog}
+    if texts >= HARMONY_EOG and HARMONY_END in texts:
+        ends = {i for i in eog if tokens[i] == HARMONY_END}
+        types = [TOKEN_USER_DEFINED if i in ends else kind for i, kind in enumerate(types)]
+        eog = eog - ends
+    return types, eog
+
+
 def tokenizer_from_gguf(metadata: Mapping[str, Any], *, source: str = "GGUF metadata") -> Tokenizer:
     """Build the tokenizer a GGUF file's `tokenizer.ggml.*` keys describe (for gpt2 and llama: two HF instances
     plus byte tables)."""
@@ -166,6 +182,9 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], *, source: str = "GGUF meta
         raise ModelLoadError(source, f"{len(types)} token types for {len(tokens)} tokens")
     if model_name == "bert":
         return wordpiece_from_metadata(metadata, tokens, types, source)
+    bos_id = _optional_id(metadata, "tokenizer.ggml.bos_token_id", len(tokens))
+    eos_id = _optional_id(metadata, "tokenizer.ggml.eos_token_id", len(tokens))
+    types, eog = _rendered_markers(tokens, types, _end_of_generation_ids(metadata, tokens, eos_id))
     if model_name == "gpt2":
         parts = _gpt2_parts(metadata, source, tokens, types)
     elif model_name == "llama":
@@ -199,8 +218,6 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], *, source: str = "GGUF meta
         hf.encode_special_tokens = encode_special_text
         return hf
 
-    bos_id = _optional_id(metadata, "tokenizer.ggml.bos_token_id", len(tokens))
-    eos_id = _optional_id(metadata, "tokenizer.ggml.eos_token_id", len(tokens))
     return Tokenizer(
         tokens=tokens,
         token_types=types,
@@ -211,7 +228,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], *, source: str = "GGUF meta
         pre_tokenizer_name=parts.pre_name,
         bos_token_id=bos_id,
         eos_token_id=eos_id,
-        eog_token_ids=_end_of_generation_ids(metadata, tokens, eos_id),
+        eog_token_ids=eog,
         add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", parts.default_add_bos)),
         strip_space_prefix=parts.add_space_prefix,
     )

@@ -16,6 +16,13 @@ QWEN2_REGEX = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# GPT-4o's (o200k: gpt-oss, Llama 4): llama.cpp's form of tokenizer.json's regex, where a letter that is not a-z stands
+# for "upper case" and one that is not A-Z for "lower case" (what its collapsed-codepoint std::regex can express).
+GPT4O_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 DEFAULT_REGEXES = (r"[\p{P}\$\+<=>\^~\|]+", GPT2_REGEX, r"\p{N}+", r"[0-9][0-9][0-9]")
 
 
@@ -37,6 +44,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizerSpec] = {
     "llama3": PreTokenizerSpec((LLAMA3_REGEX,), ignore_merges=True),
     "llama-bpe": PreTokenizerSpec((LLAMA3_REGEX,), ignore_merges=True),
     "qwen2": PreTokenizerSpec((QWEN2_REGEX,)),
+    "gpt-4o": PreTokenizerSpec((GPT4O_REGEX,)),  # gpt-oss (o200k_harmony)
 }
 
 

@@ -2,7 +2,8 @@
 
 With `after_thinking`, a reply that opens with a thinking block (`<think>…</think>`, leading whitespace allowed)
 has stop strings matched in its answer only: the block passes through unmatched (its reasoning is split off
-the answer downstream, so a stop string applies to what the client gets as the answer).
+the answer downstream, so a stop string applies to what the client gets as the answer). With `harmony` (gpt-oss),
+the answer is the final channel's text: everything up to `<|channel|>final` and the `<|message|>` after it passes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Collection, Sequence
 from typing import Final
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+HARMONY_ANSWER = ("<|channel|>final", "<|message|>")  # what a harmony reply writes before its answer, in order
 
 
 class StopReason:
@@ -24,12 +26,15 @@ class StopReason:
 class StopStringMatcher:
     """Filters streamed text: withholds what could start a stop string, cuts at the first full match."""
 
-    def __init__(self, stop: Sequence[str], *, after_thinking: bool = False, opened: bool = False) -> None:
+    def __init__(self, stop: Sequence[str], *, after_thinking: bool = False, opened: bool = False,
+                 harmony: bool = False) -> None:
         self.stop_strings: tuple[str, ...] = tuple(dict.fromkeys(s for s in stop if s))  # empty ones ignored
         self._held = ""  # a suffix of the text so far that is a proper prefix of some stop string
         self.matched: str | None = None  # the stop string that ended the text, once stopped
         # start | thinking | answer; `opened`: the prompt opened the block (the reply starts inside it)
-        self._phase = ("thinking" if opened else "start") if after_thinking and self.stop_strings else "answer"
+        self._phase = ("thinking" if opened or harmony else "start") \
+            if (after_thinking or harmony) and self.stop_strings else "answer"
+        self._closers = list(HARMONY_ANSWER if harmony else (THINK_CLOSE,))  # thinking: what ends it, in order
         self._scan = ""  # start: the undecided text (held); thinking: the last few characters released
 
     @property
@@ -91,11 +96,13 @@ class StopStringMatcher:
 
     def _thinking(self, text: str) -> tuple[str, str]:
         scan = self._scan + text  # the characters before len(self._scan) were released already
-        at = scan.find(THINK_CLOSE)
-        if at < 0:
-            self._scan = scan[len(scan) - min(len(scan), len(THINK_CLOSE) - 1):]
-            return text, ""
-        end, released = at + len(THINK_CLOSE), len(self._scan)
+        released, end = len(self._scan), 0
+        while self._closers:
+            at = scan.find(self._closers[0], end)
+            if at < 0:
+                self._scan = scan[len(scan) - min(len(scan) - end, len(self._closers[0]) - 1):]
+                return text, ""
+            end = at + len(self._closers.pop(0))
         self._phase, self._scan = "answer", ""
         return scan[released:end], scan[end:]
 

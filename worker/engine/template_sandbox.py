@@ -94,8 +94,9 @@ class CappedSandbox(ImmutableSandboxedEnvironment):
         self.globals.pop("lipsum", None)  # lipsum(n=10**9) would run unchecked
         self.globals.update(
             {
-                "raise_exception": _raise_exception,
-                "strftime_now": _strftime_now,
+                "raise_exception": _raise_exception,  # llama.cpp's jinja globals (common/jinja/value.cpp) beside
+                "strftime_now": _strftime_now,  # jinja's own dict, namespace and range
+                "tojson": _tojson,
                 ITER_GUARD_NAME: _loop_guard,
                 CONCAT_GUARD_NAME: self._concat,
             }

@@ -26,8 +26,13 @@ BYTE_TOKEN_PATTERN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 # Token texts that end generation besides eos/eot, as llama.cpp's vocabulary loader lists them.
 EOG_TOKEN_TEXTS = frozenset(
     ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>")
-    + ("<EOT>", "_<EOT>")
+    + ("<EOT>", "_<EOT>", "<|return|>", "<|call|>")  # the last two: gpt-oss (o200k_harmony)
 )
+# gpt-oss's message markers, which llama.cpp always renders as text (it makes them user-defined tokens) so that a
+# reply's harmony structure reaches the parser; `<|end|>` joins them, and leaves the end-of-generation set, in a
+# vocabulary that also has `<|return|>` and `<|call|>` (there `<|end|>` closes a message, not the reply).
+RENDERED_MARKER_TEXTS = frozenset(("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"))
+HARMONY_END, HARMONY_EOG = "<|end|>", frozenset(("<|return|>", "<|call|>"))
 
 def byte_level_alphabet() -> dict[int, str]:
     """GPT-2's reversible map from each byte to a printable unicode character."""

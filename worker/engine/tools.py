@@ -78,8 +78,8 @@ def prepare_messages(messages: list[dict[str, Any]], tools: Sequence[Tool], supp
                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """Messages and the `tools` template variable for a conversation with tools (none: history only)."""
     if tools and support.tools:
-        return ([_native(m) for m in messages] if support.history else _as_text(messages)), [t.openai() for t in tools]
-    out = _as_text(messages) if not support.history else [_native(m) for m in messages]
+        return ([native_message(m) for m in messages] if support.history else _as_text(messages)), [t.openai() for t in tools]
+    out = _as_text(messages) if not support.history else [native_message(m) for m in messages]
     if tools:
         listing = "\n".join(json.dumps(t.openai(), ensure_ascii=False) for t in tools)
         instruction = INSTRUCTION.replace("{tools}", listing)
@@ -99,8 +99,8 @@ def _call_text(name: str, arguments: str) -> str:
     return f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": {arguments}}}\n{CLOSE}'
 
 
-def _native(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as Hugging Face templates expect it: tool-call arguments as objects."""
+def native_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as Hugging Face templates expect it: tool calls in OpenAI's shape, arguments as objects."""
     calls = message.get("tool_calls")
     if not calls:
         return message

@@ -57,7 +57,7 @@ class Heartbeat:
                  stats: Callable[[], dict[str, float]] | None = None,
                  on_lost: Callable[[list[tuple[str, str]]], None] | None = None,
                  loras: Callable[[], tuple[int, tuple[str, ...]]] | None = None,
-                 opens_thinking: bool = False, opens_thinking_disabled: bool = False,
+                 opens_thinking: bool = False, opens_thinking_disabled: bool = False, harmony: bool = False,
                  facts: Callable[[], str | None] | None = None) -> None:
         self.redis = redis
         self.worker_id = worker_id
@@ -67,6 +67,7 @@ class Heartbeat:
         self.ttl_s = ttl_s
         self.opens_thinking = opens_thinking  # published so that gateways split a reply that starts in <think>
         self.opens_thinking_disabled = opens_thinking_disabled  # the same with enable_thinking=false
+        self.harmony = harmony  # published so that gateways parse replies as harmony channels (gpt-oss)
         self._facts = facts or (lambda: None)  # the model file's JSON facts once read (worker/model_facts.py)
         self._gauges = gauges  # {"load": sequences in flight, "served": requests ended so far}
         self._held_jobs = held_jobs
@@ -95,7 +96,7 @@ class Heartbeat:
                               started=self.started, state=self.state, load=gauges.get("load", 0),
                               served=gauges.get("served", 0), stats=stats, loras=loras,
                               loras_version=loras_version, opens_thinking=self.opens_thinking,
-                              opens_thinking_disabled=self.opens_thinking_disabled)
+                              opens_thinking_disabled=self.opens_thinking_disabled, harmony=self.harmony)
         queue_registration(pipe, entry, ttl_s=self.ttl_s)
         facts = self._facts()
         if facts is not None:  # every beat: a Redis that restarted empty has them again at once

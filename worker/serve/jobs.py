@@ -14,6 +14,7 @@ from worker.engine.constraints import Constraint, ConstraintError
 from worker.engine.engine import Engine
 from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
 from worker.engine.generation import GenerationParams
+from worker.engine.harmony import answer_constraint, call_constraint
 from worker.engine.lora import LoraUse
 from worker.engine.sampling import SamplingParams
 from worker.engine.tools import Tool, call_grammar
@@ -63,11 +64,14 @@ def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: 
     except ValueError as exc:
         name = str(exc).split(" ", 1)[0]  # validate's messages start with the field's name
         raise InvalidRequest(str(exc), param=name if hasattr(sampling, name) else None) from None
+    harmony = _harmony_chat(engine, job)
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(job.stop),
                               ignore_eos=job.ignore_eos, constraint=output_constraint(engine, job),
-                              stop_after_thinking=job.reasoning, thinking_opened=_thinking_opened(engine, job),
-                              answer_after_thinking=job.reasoning and job.messages is not None and engine.thinks,
-                              thinking_budget=job.thinking_budget)
+                              stop_after_thinking=job.reasoning and not harmony,
+                              thinking_opened=_thinking_opened(engine, job),
+                              answer_after_thinking=job.reasoning and job.messages is not None and engine.thinks
+                              and not harmony,
+                              thinking_budget=None if harmony else job.thinking_budget, harmony=harmony)
     scored = job.echo and job.logprobs is not None  # the prompt's own logprobs: every prompt row is computed
     if scored and len(prompt_ids) > MAX_SCORED_PROMPT_TOKENS:
         raise InvalidRequest(f"echo with logprobs scores at most {MAX_SCORED_PROMPT_TOKENS} prompt tokens on this "
@@ -75,6 +79,12 @@ def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: 
     return GenerationRequest(job.id, prompt_ids, params, n=job.n, priority=Priority.parse(job.priority),
                              cache_prompt=job.cache_prompt and not scored,  # no prefix-cache hit skips a row
                              prompt_logprobs=job.logprobs if scored else None, loras=loras)
+
+
+def _harmony_chat(engine: Engine, job: GenerateJob) -> bool:
+    """Whether a job's reply is harmony (gpt-oss): a chat job on a harmony template, whose grammars hold the
+    channels and whose stop strings see the final channel only (a thinking budget does not apply)."""
+    return job.messages is not None and engine.harmony
 
 
 def _thinking_opened(engine: Engine, job: GenerateJob) -> bool:
@@ -136,6 +146,8 @@ def _chat_message(message: ChatMessage) -> dict[str, Any]:
         out["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
+    if message.reasoning is not None:
+        out["reasoning"] = message.reasoning
     return out
 
 
@@ -166,16 +178,20 @@ def tool_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:
     if job.tool_choice == "named":
         tools = [t for t in tools if t.name == job.tool_name]
     mode = "auto" if job.tool_choice == "auto" else "required"
+    if _harmony_chat(engine, job):  # one call a turn: `<|call|>` ends it
+        return _compiled(engine, call_constraint(tools, mode), "tools")
     parallel = job.parallel_tool_calls and job.tool_choice != "named"
     return _compiled(engine, call_grammar(tools, mode, parallel), "tools")
 
 
 def output_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:
-    """The engine's constraint of a job, compiled now: one that does not compile is a 400 naming its field."""
+    """The engine's constraint of a job, compiled now: one that does not compile is a 400 naming its field (a
+    harmony reply's is its final channel's body)."""
     if job.constraint is None:
         return tool_constraint(engine, job)
     wire = job.constraint
-    return _compiled(engine, Constraint(wire.kind, wire.source, wire.strict), wire.param)
+    constraint = _compiled(engine, Constraint(wire.kind, wire.source, wire.strict), wire.param)
+    return _compiled(engine, answer_constraint(constraint), wire.param) if _harmony_chat(engine, job) else constraint
 
 
 def sampling_params(job: GenerateJob) -> SamplingParams:

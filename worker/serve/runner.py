@@ -94,6 +94,7 @@ class WorkerRunner:
                                    on_lost=self._lost_leases, loras=lambda: self.adapters.snapshot(),
                                    opens_thinking=engine.opens_thinking,
                                    opens_thinking_disabled=engine.opens_thinking_disabled,
+                                   harmony=engine.harmony,
                                    facts=lambda: self.facts)
         self.cancels = CancelListener(redis, model, held=self._held_ids)
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,

@@ -71,7 +71,8 @@ def test_tool_use_and_tool_results_become_calls_and_tool_turns_in_block_order() 
         ChatMessage(role="user", content="Weather in Paris and Rome?"),
         ChatMessage(role="assistant", content="Checking.", tool_calls=[
             ToolCall(id="toolu_1", name="get_weather", arguments='{"city": "Paris"}'),
-            ToolCall(id="toolu_2", name="get_weather", arguments='{"city": "Rome"}')]),
+            ToolCall(id="toolu_2", name="get_weather", arguments='{"city": "Rome"}')],
+            reasoning="two calls"),  # the thinking block goes back (a harmony template renders it)
         ChatMessage(role="tool", content="21 C", tool_call_id="toolu_1"),
         ChatMessage(role="tool", content="Error: no station", tool_call_id="toolu_2"),
         ChatMessage(role="user", content="And tomorrow?"),

@@ -136,3 +136,18 @@ async def test_a_slow_gateway_taken_for_dead_takes_its_streams_back(gateways) ->
     await b._beat()
     await b._sweep()
     assert cancels == []
+
+
+async def test_a_records_reply_format_is_read_back_and_an_older_gateways_record_too(gateways) -> None:
+    """The format noted once the job was admitted ("default" is not written); a record an older gateway wrote
+    (`opens_thinking` in its JSON, `thinking` 1 in the hash) reads as "opened"."""
+    first, _, _, _, redis = gateways
+    for stream_id, form in (("s-harmony", "harmony"), ("s-default", "default")):
+        await first.open(_record(stream_id))
+        await first.note_format(stream_id, form)
+        loaded = await first.load(stream_id)
+        assert loaded is not None and loaded[0].reply_format == form
+    legacy = _record("s-old").encode().replace('"reply_format":"default"', '"opens_thinking":true')
+    await redis.hset(keys.stream_record("s-old"), mapping={"record": legacy, "thinking": "1", "owner": "g"})
+    loaded = await first.load("s-old")
+    assert loaded is not None and loaded[0].reply_format == "opened"

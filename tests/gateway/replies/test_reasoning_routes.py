@@ -145,7 +145,8 @@ async def test_the_job_says_whether_its_constraint_skips_the_thinking(client: ht
 
 
 async def test_each_api_switches_thinking_off_the_same_way(client: httpx.AsyncClient, worker) -> None:
-    """chat_template_kwargs, Anthropic's thinking and Ollama's think all reach the template as enable_thinking."""
+    """chat_template_kwargs, Anthropic's thinking and Ollama's think all reach the template as enable_thinking (and
+    a think level as reasoning_effort)."""
     requests = [("/v1/chat/completions", {"model": MODEL, "messages": ASK,
                                           "chat_template_kwargs": {"enable_thinking": False}}, False),
                 ("/v1/messages", {"model": MODEL, "max_tokens": 32, "messages": ASK,
@@ -157,7 +158,8 @@ async def test_each_api_switches_thinking_off_the_same_way(client: httpx.AsyncCl
     for path, body, enabled in requests:
         task = asyncio.create_task(client.post(path, json=body))
         job = await worker.take()
-        assert job.template_kwargs == {"enable_thinking": enabled}, path
+        level = {"reasoning_effort": "high"} if body.get("think") == "high" else {}
+        assert job.template_kwargs == {"enable_thinking": enabled, **level}, path
         assert job.thinking_budget == (16 if path == "/v1/messages" and enabled else None)
         await worker.answer(job, ["Yes."])
         assert (await task).status_code == 200, (await task).text

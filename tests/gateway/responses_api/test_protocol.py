@@ -76,6 +76,28 @@ def test_items_become_messages_with_calls_joined_to_their_assistant_turn() -> No
     assert job.tool_choice == "auto"
 
 
+def test_reasoning_items_go_back_as_their_turns_reasoning() -> None:
+    """As llama-server maps them: a reasoning item opens the assistant turn its call or answer joins (a harmony
+    template renders it before the call); its summary serves when it has no content; an encrypted one is dropped."""
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [],
+               "content": [{"type": "reasoning_text", "text": "Call it."}]}
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]}
+    summary = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Say it."}]}
+    job = job_of({"tools": [WEATHER], "input": [
+        {"role": "user", "content": "Weather?"}, thought, call,
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}, summary, answer,
+        {"type": "reasoning", "summary": [], "encrypted_content": "..."}, {"role": "user", "content": "Thanks"}]})
+    assert job.messages == [
+        ChatMessage(role="user", content="Weather?"),
+        ChatMessage(role="assistant", content="", reasoning="Call it.", tool_calls=[
+            ToolCall(id="call_1", name="get_weather", arguments='{"city": "Paris"}')]),
+        ChatMessage(role="tool", content="sunny", tool_call_id="call_1"),
+        ChatMessage(role="assistant", content="Sunny.", reasoning="Say it."),
+        ChatMessage(role="user", content="Thanks"),
+    ]
+
+
 def test_a_call_without_text_before_it_opens_an_assistant_turn() -> None:
     job = job_of({"input": [{"role": "user", "content": "Weather?"},
                             {"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "{}"}],

@@ -44,7 +44,9 @@ async def test_a_record_round_trips_with_its_ttl_and_continues_its_conversation(
     assert 3590 < await redis.ttl(keys.response_key("resp_1")) <= 3600
     loaded = await store.load("resp_1", None)
     assert loaded == record(deadline=loaded.deadline)
-    assert loaded.conversation == [*HISTORY,  # output items keep their ids; the reasoning is not carried over
+    assert loaded.conversation == [*HISTORY,  # output items keep their ids; the reasoning is carried over
+                                   {"id": "rs_1", "type": "reasoning", "summary": [],  # (a harmony template reads it)
+                                    "content": [{"type": "reasoning_text", "text": "Hm."}]},
                                    {"id": "msg_1", "type": "message", "role": "assistant",
                                     "content": [{"type": "output_text", "text": "Hello"}]},
                                    {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f",

@@ -111,6 +111,12 @@ def test_hf_environment_features() -> None:
     assert render(source, messages) == "a|b|2 4"
 
 
+def test_llama_cpps_globals_are_there() -> None:
+    """What llama.cpp's jinja gives every template: tojson as a function too, dict, range, strftime_now (local)."""
+    source = "{{ tojson({'a': [1, 'é']}) }} {{ dict(x=1).x }} {{ range(3)|list }} {{ strftime_now('%Y-%m-%d')|length }}"
+    assert render(source) == '{"a": [1, "é"]} 1 [0, 1, 2] 10'
+
+
 def test_raise_exception_message_is_kept() -> None:
     """raise_exception() becomes a TemplateError carrying the template's own message."""
     with pytest.raises(TemplateError, match="^Conversation roles must alternate$"):

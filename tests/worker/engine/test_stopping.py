@@ -137,3 +137,16 @@ def test_a_prompt_that_opened_the_block_starts_the_reply_inside_it() -> None:
     matcher = StopStringMatcher(["STOP"], after_thinking=True, opened=True)
     assert matcher.push("thinking STOP here\n</thi") == ("thinking STOP here\n</thi", False)
     assert matcher.push("nk>\nAnswer STOP more") == ("nk>\nAnswer ", True) and matcher.matched == "STOP"
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 1000])
+def test_harmony_stop_strings_apply_to_the_final_channel_only(size: int) -> None:
+    head = ("<|channel|>analysis<|message|>STOP is a word here<|end|><|start|>assistant"
+            "<|channel|>final <|constrain|>json<|message|>")
+    text = head + "The answer STOP more"
+    matcher = StopStringMatcher(["STOP", "<|message|>"], harmony=True)
+    out = [matcher.push(text[i:i + size]) for i in range(0, len(text), size)]
+    assert "".join(piece for piece, _ in out) == head + "The answer " and matcher.matched == "STOP"
+    cut = StopStringMatcher(["STOP"], harmony=True)  # a reply that never reaches its final channel
+    assert cut.push("<|channel|>analysis<|message|>STOP") == ("<|channel|>analysis<|message|>STOP", False)
+    assert cut.flush() == ""

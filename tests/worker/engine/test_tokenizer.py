@@ -101,7 +101,7 @@ def test_a_missing_pre_tokenizer_is_llama_cpps_default() -> None:
     assert tokenizer_from_gguf(metadata).pre_tokenizer_name == "default"
 
 
-@pytest.mark.parametrize("pre", ["gpt2", "default", "smollm", "llama3", "llama-bpe", "qwen2"])
+@pytest.mark.parametrize("pre", ["gpt2", "default", "smollm", "llama3", "llama-bpe", "qwen2", "gpt-4o"])
 def test_every_known_pre_tokenizer_round_trips(pre: str) -> None:
     """Each table entry builds and round-trips mixed text exactly."""
     tok = tokenizer_from_gguf(tiny_gpt2_metadata(pre=pre))

@@ -155,3 +155,36 @@ def test_a_named_tool_is_one_call_whatever_parallel_tool_calls_says(tiny_engine:
     offered = [Tool("get_weather"), Tool("add")] if name is None else [Tool("get_weather")]
     mode = "auto" if choice == "auto" else "required"
     assert tool_constraint(tiny_engine, job) == call_grammar(offered, mode, parallel_grammar)
+
+
+def test_a_harmony_chat_job_gets_harmony_grammars_and_final_channel_stops(gpt_oss_engine: Any) -> None:
+    """gpt-oss: the tool grammar and structured output hold harmony messages; stop strings see the final channel;
+    a thinking budget (a `<think>` device) does not apply; a job's reasoning goes back to the template."""
+    from shared.messages import OutputConstraint, ToolCall, ToolSpec
+    from worker.engine.constraints import Constraint
+    from worker.engine.harmony import answer_constraint, call_constraint
+    from worker.engine.tools import Tool
+    from worker.serve.jobs import generation_request
+
+    now = time.time()
+    call = ToolCall(id="c1", name="get_weather", arguments='{"city": "Paris"}')
+    messages = [ChatMessage(role="user", content="Weather in Paris?"),
+                ChatMessage(role="assistant", content="", tool_calls=[call], reasoning="Call get_weather."),
+                ChatMessage(role="tool", content="sunny", tool_call_id="c1")]
+    job = GenerateJob(id="job-h", model="gpt-oss", created=now, deadline=now + 60, messages=messages, max_tokens=8,
+                      tools=[ToolSpec(name="get_weather")], tool_choice="required", stop=["STOP"], reasoning=True,
+                      thinking_budget=4)
+    request = generation_request(gpt_oss_engine, job)
+    params = request.params
+    assert params.constraint == call_constraint([Tool("get_weather")], "required")
+    assert params.harmony and not params.answer_after_thinking and params.thinking_budget is None
+    prompt = gpt_oss_engine.tokenizer.decode(request.prompt_ids, skip_special=False)
+    assert "<|channel|>analysis<|message|>Call get_weather.<|end|><|start|>assistant to=functions.get_weather" in prompt
+    schema = OutputConstraint(kind="json_schema", source='{"type": "object"}', param="response_format")
+    structured = generation_request(gpt_oss_engine, GenerateJob(
+        id="job-s", model="gpt-oss", created=now, deadline=now + 60, messages=messages[:1], max_tokens=8,
+        constraint=schema))
+    assert structured.params.constraint == answer_constraint(Constraint("json_schema", '{"type": "object"}'))
+    raw = generation_request(gpt_oss_engine, GenerateJob(id="job-r", model="gpt-oss", created=now,
+                                                          deadline=now + 60, prompt="Hi", max_tokens=8))
+    assert not raw.params.harmony  # a raw prompt is the client's own text
