@@ -23,7 +23,7 @@ from llmfleet.local_cluster import LocalCluster
 from tests.support.cluster import start_process_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-MODEL = "smollm2-gpt-oss"
+MODEL = "gpt-oss"  # the served name: SmolLM2 with gpt-oss's keys here, the gpt-oss twin in test_gpt_oss_twin_api
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",

@@ -1,0 +1,45 @@
+"""The harmony end-to-end tests (test_harmony_api.py) that hold on a model writing noise, run on the tiny gpt-oss
+twin itself (bench/synthetic_model.py: the `gpt-oss` architecture with MXFP4 experts, sinks and sliding windows,
+gpt-oss's tokenizer keys and template): a forced tool call and its round trip, streamed and collected, and structured
+output in the final channel, with the unmodified openai client. The twin's text is noise; the protocol must hold."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from llmfleet.local_cluster import LocalCluster
+from tests.integration.test_harmony_api import (  # noqa: F401 (collected here against the twin)
+    MODEL,
+    test_a_forced_call_and_its_round_trip,
+    test_structured_output_is_the_final_channel,
+)
+from tests.support.cluster import start_process_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def twin_cluster(twin_path: Callable[[str, str], Path],
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Redis, a gateway and one worker serving the tiny gpt-oss twin (MXFP4 where llama-quantize is built)."""
+    from bench.llama_oracle import llama_quantize_binary
+
+    twin = twin_path("gpt-oss", "MXFP4_MOE" if llama_quantize_binary() else "F16")
+    model = tmp_path_factory.mktemp("gpt-oss-twin") / f"{MODEL}.gguf"
+    model.symlink_to(twin)
+    running = start_process_cluster(tmp_path_factory.mktemp("twin-logs"), 1, model=str(model),
+                                    LLMFLEET_HOST="127.0.0.1", LLMFLEET_LOG_LEVEL="WARNING")
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.fixture(scope="module")
+def client(twin_cluster: LocalCluster) -> openai.OpenAI:
+    """The official client against the twin's cluster."""
+    return openai.OpenAI(base_url=twin_cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=180)
