@@ -5,7 +5,8 @@
   function (or a method of an instance) fails before anything is imported or called.
 - BatchWorker is an rq SimpleWorker (no fork: a batch is one long asyncio run); it hands its job the settings,
   its heartbeat and its stop event. SIGTERM sets the event: the batch it runs stops at its next check and
-  `run_batch_job` puts it back in the queue, then the worker exits.
+  `run_batch_job` puts it back in the queue, then the worker exits; an idle worker exits at the end of its
+  current BLMOVE (in a Redis outage, once Redis answers), not by an exception raised where the signal landed.
 - Every client of the batch runner has the main pools' socket bounds (batches/redis_clients.py): a command on
   a connection a partition cut fails in COMMAND_TIMEOUT_S instead of waiting until TCP gives up. The rq
   worker's BLPOP blocks MAX_BLOCK_S at a time (rq's own default, worker_ttl - 15 s, would have it raise
@@ -18,8 +19,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +30,7 @@ from typing import Any
 
 import redis
 from rq import Queue, SimpleWorker
+from rq.exceptions import StopRequested
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
@@ -107,10 +111,32 @@ class BatchWorker(SimpleWorker):
         a runner killed mid-batch stops counting as alive (healthcheck) within WORKER_TTL_S."""
         return int(self.worker_ttl)
 
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        """Register this runner with SIGTERM already a warm shutdown (rq installs its handlers only after)."""
+        # after, a SIGTERM in between killed it (exit -15), its registration left for the healthcheck to see
+        self._install_signal_handlers()
+        super().bootstrap(*args, **kwargs)
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None,
+                                     max_idle_time: int | None = None) -> tuple[Job, Queue] | None:
+        """The next batch, waiting one BLMOVE (MAX_BLOCK_S) at a time; None once a stop is requested."""
+        if timeout is None or max_idle_time is not None:  # burst mode, or the caller's own idle limit
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        while not self._stop_requested:  # rq's own loop waits for a job for ever, a stop request unseen
+            result = super().dequeue_job_and_maintain_ttl(timeout, math.ceil(timeout))
+            if result is not None:
+                return result
+        return None
+
     def request_stop(self, signum: Any, frame: Any) -> None:
-        """Warm shutdown: the running batch stops at its next check and is put back in the queue."""
+        """Warm shutdown: a running batch stops at its next check and is requeued; an idle runner exits."""
         self.stopping.set()
-        super().request_stop(signum, frame)
+        self._stop_requested = True
+        with contextlib.suppress(StopRequested):
+            # rq stops an idle worker by raising StopRequested wherever the signal landed: inside a log call it
+            # was swallowed (logging's handleError) and the runner never exited; mid-pipeline it left unread
+            # replies on a pooled connection, and deregistering on it failed (exit 1). The flag ends the loop.
+            super().request_stop(signum, frame)
 
 
 def batch_queue(connection: redis.Redis) -> Queue:

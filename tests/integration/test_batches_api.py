@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from llmfleet.local_cluster import LocalCluster
 from shared import keys
 from tests.support.batches import start_batch_runner
-from tests.support.processes import stop_all
+from tests.support.processes import stop_all, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 MODEL = "smollm2-135m"
@@ -158,27 +159,47 @@ def test_cancel_stops_a_running_batch(client: openai.OpenAI, runner: subprocess.
     assert client.batches.cancel(batch.id).status == "cancelled"  # cancelling again changes nothing
 
 
-def wait_completed(client: openai.OpenAI, batch_id: str, at_least: int) -> None:
+def wait_completed(cluster: LocalCluster, batch_id: str, at_least: int) -> None:
+    """Until the runner has recorded `at_least` lines (read in Redis: no lag behind a busy gateway)."""
     deadline = time.monotonic() + 120
-    while client.batches.retrieve(batch_id).request_counts.completed < at_least:
+    while int(cluster.client.hget(keys.batch_key(batch_id), "completed") or 0) < at_least:
         assert time.monotonic() < deadline, "the batch made no progress"
-        time.sleep(0.1)
+        time.sleep(0.05)
+
+
+@contextmanager
+def paused(procs: list[subprocess.Popen[bytes]]) -> Iterator[None]:
+    """The processes SIGSTOPped for the block, SIGCONTed after it however it ends."""
+    for proc in procs:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGCONT)
 
 
 def test_a_batch_survives_sigterm_then_kill_9_of_its_runners(client: openai.OpenAI, cluster: Any,
                                                              runner_log: Path) -> None:
     """SIGTERM: the runner puts the batch back in the queue (no attempt counted); kill -9: another runner
-    resumes it after the lease. Lines done before are kept; every line ends up in the output once. Lines of 48
-    tokens, so that the kills land while lines remain (at 12 the second runner finished the last 8 lines within
-    0.5 s of the 8th and the kill came after the batch completed)."""
-    lines = [{"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions", "body": chat_body(q, 48)}
-             for i, q in enumerate(QUESTIONS[:16])]
+    resumes it after the lease. Lines done before are kept; every line ends up in the output once.
+
+    The SIGTERM lands with the workers paused: the runner honours it at its next check (up to LEASE_S / 3
+    later) and meanwhile goes on running lines, and under load it finished the batch first. Paused, no line can
+    finish, so the batch is still running when the runner stops. Lines of 48 tokens, EOS ignored (a line's
+    length is not up to the model), so that the kill -9 lands while lines remain (at 12 tokens the second
+    runner finished the last 8 lines within 0.5 s of the 8th and the kill came after the batch completed)."""
+    lines = [{"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {**chat_body(q, 48), "ignore_eos": True}} for i, q in enumerate(QUESTIONS[:16])]
     first = start_runner(cluster, runner_log)
     try:
         batch = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/chat/completions",
                                       completion_window="24h")
-        wait_completed(client, batch.id, 3)
-        first.send_signal(signal.SIGTERM)
+        wait_completed(cluster, batch.id, 3)
+        with paused([w for w in cluster.workers if w.poll() is None]):  # for less than their heartbeat TTL
+            first.send_signal(signal.SIGTERM)
+            wait_until(lambda: not cluster.client.exists(keys.batch_lease(batch.id)), 30,
+                       "the SIGTERMed runner to leave the batch (it releases the lease)")
         assert first.wait(timeout=30) == 0
     finally:
         stop_all([first])
@@ -188,7 +209,7 @@ def test_a_batch_survives_sigterm_then_kill_9_of_its_runners(client: openai.Open
     done_by_first = int(stored[b"completed"])  # lines in flight at the SIGTERM may have finished: often 3 to 6
     second = start_runner(cluster, runner_log)
     try:
-        wait_completed(client, batch.id, done_by_first + 2)  # the second runner has the batch: its kill matters
+        wait_completed(cluster, batch.id, done_by_first + 2)  # the second runner has the batch: its kill matters
         second.send_signal(signal.SIGKILL)
         second.wait()
         before = client.batches.retrieve(batch.id)
