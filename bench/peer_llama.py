@@ -97,7 +97,8 @@ def warm_up(system: System, model: str) -> None:
 def measure_level(system: System, model: str, size: int, max_tokens: int, tag: str) -> LevelResult:
     """One size against one system (its steady rate printed as it ends)."""
     level = asyncio.run(run_level(system.base, model, size, max_tokens, "none", True, 600, f"{tag} {size}"))
-    print(f"   {system.name} {tag}, {size} streams: {level.steady_rate:.1f} tok/s", flush=True)
+    print(f"   {system.name} {tag}, {size} streams: {level.steady_rate:.1f} tok/s steady, {level.e2e_rate:.1f} "
+          "end to end", flush=True)
     return level
 
 
@@ -202,7 +203,9 @@ def print_table(sizes: list[int], results: dict[str, list[list[LevelResult]]]) -
             cells.append(f"{best.steady_rate:>8.1f} ({spread:>9}) {best.ttft_p50_s * 1000:>5.0f}ms "
                          f"{best.itl_p50_s * 1000:>4.0f}ms" + (f" [{errors} errors]" if errors else ""))
         ratio = _best(results["llmfleet"], i).steady_rate / _best(results["llama-server"], i).steady_rate
-        print(f"{n:>7} | {cells[0]} | {cells[1]} | {ratio:>5.2f}x")
+        e2e = {name: max(r[i].e2e_rate for r in results[name]) for name in ("llama-server", "llmfleet")}
+        print(f"{n:>7} | {cells[0]} | {cells[1]} | {ratio:>5.2f}x   end to end {e2e['llama-server']:.1f} vs "
+              f"{e2e['llmfleet']:.1f}: {e2e['llmfleet'] / e2e['llama-server']:.2f}x")
         for name in ("llama-server", "llmfleet"):
             kinds = collections.Counter(e for r in results[name] for e in r[i].errors)
             if kinds:
