@@ -30,12 +30,10 @@ byte is read once) and hundreds (prefill). Launches hold numba_runtime.launch_lo
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 from numba import njit, prange
 
-from worker.engine.int8_spans import fma32, quantize_span, reference_spans
+from worker.engine.int8_spans import fma32
 from worker.engine.interleaved_k_blocks import (
     INTERLEAVED_K_KINDS,
     TILE_ROWS,
@@ -44,6 +42,7 @@ from worker.engine.interleaved_k_blocks import (
     interleave_k,
 )
 from worker.engine.interleaved_k_single import carry, q4k_super_single, q6k_super_single
+from worker.engine.k_activations import Int8Rows, quantize_rows, reference_quantize
 from worker.engine.k_blocks import KBlocks, code_bytes
 from worker.engine.numba_runtime import aligned_bytes, aligned_floats, launch_lock
 from worker.engine.quant_blocks import QK_K
@@ -74,74 +73,10 @@ from worker.engine.simd_wide import (
 )
 
 ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
-ACT_BLOCK = 64  # activation columns per int8 scale (four per super-block)
 X_PASS = 64  # x rows a pass carries over a group's super-blocks (their chains, 68 * 16 float32, stay in L1)
 X_TILE = 4  # x rows met by each code vector load
-PARALLEL_QUANTIZE = 16384  # activations from which quantizing splits rows across threads (a launch costs ~10 us)
 MAX_TASKS = 64  # parallel tasks a launch splits its row groups into at most (one scratch allocation each)
 UNPACKED = 64 * VECTOR_BYTES  # bytes of one super-block's codes of sixteen rows, one a byte
-
-
-@njit(inline="always", cache=KERNEL_CACHE)
-def _quantize_row(x, q, dx, sums32, offsets, k):  # pragma: no cover (compiled)
-    """q, dx, S32 and -32 S8 (the module docstring's) of row k of x (N, C)."""
-    for h in range(x.shape[1] // ACT_BLOCK):
-        dx[k, h] = quantize_span(x, k, h * ACT_BLOCK, (h + 1) * ACT_BLOCK, q)
-    for j in range(x.shape[1] // 32):
-        block = np.int32(0)
-        for e in range(4):
-            total = np.int32(0)
-            for c in range(32 * j + 8 * e, 32 * j + 8 * e + 8):
-                total += np.int32(q[k, c])
-            offsets[k, 4 * j + e] = np.int32(-32) * total
-            block += total
-        sums32[k, j] = np.int16(block)
-
-
-@njit(nogil=True, cache=True)
-def _quantize(x, q, dx, sums32, offsets):  # pragma: no cover (compiled)
-    """_quantize_row for every row of x, in this thread."""
-    for k in range(x.shape[0]):
-        _quantize_row(x, q, dx, sums32, offsets, k)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _quantize_parallel(x, q, dx, sums32, offsets):  # pragma: no cover (compiled)
-    """_quantize_row for every row of x, rows across the kernel threads."""
-    for k in prange(x.shape[0]):
-        _quantize_row(x, q, dx, sums32, offsets, k)
-
-
-class Int8Rows(NamedTuple):
-    """x quantized for the kernel (the module docstring's names)."""
-
-    q: np.ndarray  # (N, C) int8
-    dx: np.ndarray  # (N, C/64) float32
-    sums32: np.ndarray  # (N, C/32) int16: S32
-    offsets: np.ndarray  # (N, C/8) int32: -32 S8
-
-
-def quantize_rows(x: np.ndarray) -> Int8Rows:
-    """x (N, C) float32 as int8 codes with their scales and group sums (Int8Rows)."""
-    n_rows, cols = x.shape
-    rows = Int8Rows(np.empty((n_rows, cols), np.int8), np.empty((n_rows, cols // ACT_BLOCK), np.float32),
-                    np.empty((n_rows, cols // 32), np.int16), np.empty((n_rows, cols // 8), np.int32))
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if n_rows * cols < PARALLEL_QUANTIZE:
-        _quantize(x, *rows)
-    else:
-        with launch_lock:
-            _quantize_parallel(x, *rows)
-    return rows
-
-
-def reference_quantize(x: np.ndarray) -> Int8Rows:
-    """quantize_rows in numpy."""
-    q, dx = reference_spans(x, ACT_BLOCK)  # (N, C), (N, C/64)
-    n_rows, cols = q.shape
-    sums8 = q.reshape(n_rows, cols // 8, 8).sum(axis=2, dtype=np.int32)  # (N, C/8)
-    sums32 = q.reshape(n_rows, cols // 32, 32).sum(axis=2, dtype=np.int32).astype(np.int16)  # (N, C/32)
-    return Int8Rows(q, dx, sums32, -32 * sums8)
 
 
 @njit(inline="always", cache=KERNEL_CACHE)

@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, interleaved_k_kernels, interleaved_kernels, kernels, mxfp4_kernels
+from worker.engine import (
+    block_kernels,
+    interleaved_k_kernels,
+    interleaved_kernels,
+    k_activations,
+    kernels,
+    mxfp4_kernels,
+)
 from worker.engine.experts import Routing, StackedExperts, expert_rows
 from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.interleaved_k_blocks import InterleavedK
@@ -111,7 +118,7 @@ def expert_linear(x: Array, experts: StackedExperts, routing: Routing, *, per_pa
         if weight.column_scale is not None:
             x = x * weight.column_scale  # (N or P, in)
         k_quant = isinstance(weight.blocks, InterleavedK)
-        rows = (interleaved_k_kernels.quantize_rows(x) if k_quant
+        rows = (k_activations.quantize_rows(x) if k_quant
                 else interleaved_kernels.quantize_halves(x))  # quantized once per token, then gathered per pair
         if not per_pair:
             rows = type(rows)(*(np.ascontiguousarray(part[routing.pair_token]) for part in rows))

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.kernel_paths import assert_every_path_gives, outputs_on_every_path
 from tests.support.quant_data import random_blocks
-from worker.engine import interleaved_k_kernels
+from worker.engine import interleaved_k_kernels, k_activations
 from worker.engine.interleaved_k_blocks import INTERLEAVED_K_KINDS, InterleavedK, interleave_k
 from worker.engine.k_blocks import KBlocks, decode_k_blocks
 
@@ -41,8 +41,8 @@ def activations(rows: int, cols: int, seed: int) -> np.ndarray:
 
 def test_quantization_is_int8_per_64_columns_and_equals_its_reference() -> None:
     x = activations(5, 512, 1)
-    rows = interleaved_k_kernels.quantize_rows(x)
-    for got, expected in zip(rows, interleaved_k_kernels.reference_quantize(x)):
+    rows = k_activations.quantize_rows(x)
+    for got, expected in zip(rows, k_activations.reference_quantize(x)):
         np.testing.assert_array_equal(got, expected)
     q, dx, sums32, offsets = rows
     assert dx.shape == (5, 8) and sums32.shape == (5, 16) and offsets.shape == (5, 64)
