@@ -17,7 +17,7 @@ from tests.integration.test_harmony_api import (  # noqa: F401 (collected here a
     test_a_forced_call_and_its_round_trip,
     test_structured_output_is_the_final_channel,
 )
-from tests.support.cluster import start_process_cluster
+from tests.support.cluster import serving_file_as
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -29,14 +29,8 @@ def twin_cluster(twin_path: Callable[[str, str], Path],
     from bench.llama_oracle import llama_quantize_binary
 
     twin = twin_path("gpt-oss", "MXFP4_MOE" if llama_quantize_binary() else "F16")
-    model = tmp_path_factory.mktemp("gpt-oss-twin") / f"{MODEL}.gguf"
-    model.symlink_to(twin)
-    running = start_process_cluster(tmp_path_factory.mktemp("twin-logs"), 1, model=str(model),
-                                    LLMFLEET_HOST="127.0.0.1", LLMFLEET_LOG_LEVEL="WARNING")
-    try:
+    with serving_file_as(twin, MODEL, tmp_path_factory.mktemp("twin-logs")) as running:
         yield running
-    finally:
-        running.close()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from llmfleet.local_cluster import LocalCluster
-from tests.support.cluster import start_process_cluster
+from tests.support.cluster import serving_file_as
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 MODEL = "gpt-oss"  # the served name: SmolLM2 with gpt-oss's keys here, the gpt-oss twin in test_gpt_oss_twin_api
@@ -35,15 +35,8 @@ MARKERS = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|constrain|>"
 @pytest.fixture(scope="module")
 def harmony_cluster(gpt_oss_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Redis, a gateway and one worker serving SmolLM2 with gpt-oss's tokenizer and template."""
-    model = gpt_oss_gguf_path.parent / f"{MODEL}.gguf"
-    if not model.exists():
-        model.symlink_to(gpt_oss_gguf_path)
-    running = start_process_cluster(tmp_path_factory.mktemp("harmony-logs"), 1, model=str(model),
-                                    LLMFLEET_HOST="127.0.0.1", LLMFLEET_LOG_LEVEL="WARNING")
-    try:
+    with serving_file_as(gpt_oss_gguf_path, MODEL, tmp_path_factory.mktemp("harmony-logs")) as running:
         yield running
-    finally:
-        running.close()
 
 
 @pytest.fixture(scope="module")

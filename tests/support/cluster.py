@@ -4,6 +4,8 @@ processes with env settings (llmfleet/local_cluster.py LocalCluster), or a test 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,18 @@ def start_extra_gateway(cluster: LocalCluster, log: Path, *, wait_for: str = "/h
         cluster.stop(proc)
         raise
     return proc, base
+
+
+@contextmanager
+def serving_file_as(gguf: Path, name: str, logdir: Path) -> Iterator[LocalCluster]:
+    """A one-worker cluster serving `gguf` under the model name `name` (a symlink `name`.gguf beside it in
+    `logdir`), on localhost, warnings only; closed on exit."""
+    model = logdir / f"{name}.gguf"
+    if not model.exists():
+        model.symlink_to(gguf)
+    running = start_process_cluster(logdir, 1, model=str(model), LLMFLEET_HOST="127.0.0.1",
+                                    LLMFLEET_LOG_LEVEL="WARNING")
+    try:
+        yield running
+    finally:
+        running.close()
