@@ -56,6 +56,7 @@ class Shape:
     expert_ffn: int = 0  # hidden width of one expert
     sliding_window: int = 0  # gpt-oss: keys its sliding-window layers (every other one) see
     yarn_original: int = 0  # > 0: YaRN RoPE scaling by rope_factor from this original context
+    delta_heads: tuple[int, int, int] = (0, 0, 0)  # Qwen3.5's gated delta-net: (key heads, value heads, head dim)
 
 
 FAMILIES: dict[str, dict[str, Shape]] = {
@@ -87,9 +88,19 @@ FAMILIES["gpt-oss"] = {  # gpt-oss-20b (24 layers, 32 experts, 4 used, MXFP4 exp
     "half": Shape(12, 2880, 64, 8, 64, 2880, 201088, False, 131072, 150000.0, 1e-5, 32.0, 32, 4, 2880, 128, 4096),
     "20b": Shape(24, 2880, 64, 8, 64, 2880, 201088, False, 131072, 150000.0, 1e-5, 32.0, 32, 4, 2880, 128, 4096),
 }
-ARCH = {"llama3": "llama", "qwen3": "qwen3", "smollm3": "smollm3", "qwen3moe": "qwen3moe", "gpt-oss": "gpt-oss"}
+FAMILIES["qwen35"] = {  # Qwen3.5-0.8B, 2B, 4B, 9B: three gated delta-net layers to one gated attention layer
+    "tiny": Shape(4, 256, 4, 2, 64, 512, 0, True, 262144, 10000000.0, 1e-6, delta_heads=(2, 4, 32)),
+    "0.8b": Shape(24, 1024, 8, 2, 256, 3584, 248320, True, 262144, 10000000.0, 1e-6, delta_heads=(16, 16, 128)),
+    "2b": Shape(24, 2048, 8, 2, 256, 6144, 248320, True, 262144, 10000000.0, 1e-6, delta_heads=(16, 16, 128)),
+    "4b": Shape(32, 2560, 16, 4, 256, 9216, 248320, True, 262144, 10000000.0, 1e-6, delta_heads=(16, 32, 128)),
+    "9b": Shape(32, 4096, 16, 4, 256, 12288, 248320, False, 262144, 10000000.0, 1e-6, delta_heads=(16, 32, 128)),
+}
+ARCH = {"llama3": "llama", "qwen3": "qwen3", "smollm3": "smollm3", "qwen3moe": "qwen3moe", "gpt-oss": "gpt-oss",
+        "qwen35": "qwen35"}
 PRE_TOKENIZER = {"llama3": "llama-bpe", "qwen3": "qwen2", "smollm3": "llama-bpe", "qwen3moe": "qwen2",
-                 "gpt-oss": "gpt-4o"}
+                 "gpt-oss": "gpt-4o", "qwen35": "qwen35"}
+QWEN35_CONV, QWEN35_ATTENTION_EVERY, QWEN35_ROPE_FRACTION = 4, 4, 4  # conv taps; a full-attention layer every 4th;
+# a quarter of each head's dims rotated
 LLAMA3_LOW, LLAMA3_HIGH, LLAMA3_ORIGINAL = 1.0, 4.0, 8192
 TOKEN_USER_DEFINED, TOKEN_UNUSED = 4, 5
 CHUNK = 1 << 24  # weights generated at a time
@@ -150,7 +161,7 @@ def tokenizer_fields(family: str, shape: Shape, source: Path) -> tuple[dict, int
     fields = {key: value for key, value in metadata.items() if key.startswith("tokenizer.")}
     tokens, types = list(fields["tokenizer.ggml.tokens"]), list(fields["tokenizer.ggml.token_type"])
     fields["tokenizer.ggml.pre"] = PRE_TOKENIZER[family]
-    if family in ("qwen3", "qwen3moe"):
+    if family in ("qwen3", "qwen3moe", "qwen35"):
         tokens += ["<think>", "</think>"]
         types += [TOKEN_USER_DEFINED] * 2
         fields["tokenizer.chat_template"] = QWEN3_TEMPLATE
@@ -178,6 +189,9 @@ def tensor_plan(family: str, shape: Shape, vocab: int) -> list[tuple[str, tuple[
     plan.append(("token_embd.weight", (vocab, d), output_std))
     for i in range(shape.layers):
         p = f"blk.{i}."
+        if family == "qwen35":
+            plan += qwen35_layer_plan(shape, i)
+            continue
         biased = family == "gpt-oss"  # biases on attention, router and experts; sinks; a post-attention norm
         plan += [(p + "attn_norm.weight", (d,), 0.0)]
         for name, rows in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
@@ -203,6 +217,33 @@ def tensor_plan(family: str, shape: Shape, vocab: int) -> list[tuple[str, tuple[
     if not shape.tied:
         plan.append(("output.weight", (vocab, d), output_std))
     return plan
+
+
+def qwen35_layer_plan(shape: Shape, i: int) -> list[tuple[str, tuple[int, ...], float]]:
+    """One Qwen3.5 block as llama.cpp's converter writes it: a gated delta-net (fused q/k/v, the output gate z, beta,
+    alpha, the short convolution, dt bias, A = -exp(A_log), a per-head norm) or, every fourth, gated attention (each
+    head's query rows followed by its gate rows); then a post-attention norm and the dense SwiGLU FFN."""
+    d, dh, ffn = shape.width, shape.head_dim, shape.ffn
+    hk, hv, dk = shape.delta_heads
+    branch = 1.0 / math.sqrt(2 * shape.layers)
+    p = f"blk.{i}."
+    plan: list[tuple[str, tuple[int, ...], float]] = [(p + "attn_norm.weight", (d,), 0.0)]
+    if (i + 1) % QWEN35_ATTENTION_EVERY:
+        conv_dim = 2 * hk * dk + hv * dk
+        plan += [(p + "attn_qkv.weight", (conv_dim, d), 1 / math.sqrt(d)), (p + "attn_gate.weight", (hv * dk, d), 1 / math.sqrt(d)),
+                 (p + "ssm_conv1d.weight", (conv_dim, QWEN35_CONV), 1 / math.sqrt(QWEN35_CONV)),
+                 (p + "ssm_dt.bias", (hv,), 0.5), (p + "ssm_a", (hv,), -2.0),
+                 (p + "ssm_beta.weight", (hv, d), 1 / math.sqrt(d)), (p + "ssm_alpha.weight", (hv, d), 1 / math.sqrt(d)),
+                 (p + "ssm_norm.weight", (dk,), 0.0), (p + "ssm_out.weight", (d, hv * dk), branch / math.sqrt(hv * dk))]
+    else:
+        q_dim, kv_dim = shape.heads * dh, shape.kv_heads * dh
+        plan += [(p + "attn_q.weight", (2 * q_dim, d), 1 / math.sqrt(d)), (p + "attn_k.weight", (kv_dim, d), 1 / math.sqrt(d)),
+                 (p + "attn_v.weight", (kv_dim, d), 1 / math.sqrt(d)),
+                 (p + "attn_output.weight", (d, q_dim), branch / math.sqrt(q_dim)),
+                 (p + "attn_q_norm.weight", (dh,), 0.0), (p + "attn_k_norm.weight", (dh,), 0.0)]
+    return plan + [(p + "post_attention_norm.weight", (d,), 0.0),
+                   (p + "ffn_gate.weight", (ffn, d), 1 / math.sqrt(d)), (p + "ffn_up.weight", (ffn, d), 1 / math.sqrt(d)),
+                   (p + "ffn_down.weight", (d, ffn), branch / math.sqrt(ffn))]
 
 
 def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_source: Path) -> Path:
@@ -233,6 +274,18 @@ def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_sour
         writer.add_expert_feed_forward_length(shape.expert_ffn)
     if shape.sliding_window:
         writer.add_sliding_window(shape.sliding_window)
+    if family == "qwen35":  # Qwen3NextModel's keys and the interleaved M-RoPE sections ([11, 11, 10, 0] at 64 dims)
+        hk, hv, dk = shape.delta_heads
+        rope_dim = shape.head_dim // QWEN35_ROPE_FRACTION
+        writer.add_ssm_conv_kernel(QWEN35_CONV)
+        writer.add_ssm_state_size(dk)
+        writer.add_ssm_group_count(hk)
+        writer.add_ssm_time_step_rank(hv)
+        writer.add_ssm_inner_size(hv * dk)
+        writer.add_full_attention_interval(QWEN35_ATTENTION_EVERY)
+        writer.add_rope_dimension_count(rope_dim)
+        third = rope_dim // 2 // 3
+        writer.add_rope_dimension_sections([third + 1, third + 1, rope_dim // 2 - 2 * third - 2, 0])
     if shape.yarn_original:  # rope_scaling {"rope_type": "yarn", beta_fast 32, beta_slow 1}
         writer.add_rope_scaling_type(RopeScalingType.YARN)
         writer.add_rope_scaling_factor(shape.rope_factor)
@@ -259,7 +312,9 @@ def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_sour
     counter = seed << 40
     for name, dims, std in plan:
         n = int(np.prod(dims))
-        if std < 0:
+        if std < 0 and name.endswith("ssm_a"):
+            data = -np.exp(np.abs(splitmix_uniform(counter, n))).astype(np.float32)  # (Hv,) A = -exp(A_log) < 0
+        elif std < 0:
             data = llama3_rope_factors(shape)  # (Dh/2,)
         elif std == 0:
             data = (1.0 + 0.2 * splitmix_uniform(counter, n)).astype(np.float32).reshape(dims)  # (D,) near 1
@@ -276,9 +331,9 @@ def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_sour
 
 
 def _file_dtype(name: str, dims: tuple[int, ...]) -> np.dtype:
-    """float16 for matrices and stacked experts, float32 for vectors, biases and the router (as the converter keeps
-    them)."""
-    float32 = len(dims) < 2 or name.endswith(("ffn_gate_inp.weight", ".bias"))
+    """float16 for matrices and stacked experts, float32 for vectors, biases, the router and the short convolution's
+    taps (as the converter keeps them; ggml's ssm_conv reads float32)."""
+    float32 = len(dims) < 2 or name.endswith(("ffn_gate_inp.weight", ".bias", "ssm_conv1d.weight"))
     return np.dtype(np.float32 if float32 else np.float16)
 
 

@@ -37,7 +37,10 @@ def edited_copy(source: Path, target: Path, *, set_keys: dict[str, Any] | None =
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
     for name, value in set_keys.items():
-        writer.add_key_value(name, value, _PYTHON_TYPES[type(value)])
+        if isinstance(value, list):  # a new array key: its items' type
+            writer.add_key_value(name, value, gguf.GGUFValueType.ARRAY, sub_type=_PYTHON_TYPES[type(value[0])])
+        else:
+            writer.add_key_value(name, value, _PYTHON_TYPES[type(value)])
     for tensor in reader.tensors:
         writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
     for name, array in add_tensors.items():

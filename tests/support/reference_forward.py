@@ -1,5 +1,6 @@
-"""An independent float64 forward of llama-, qwen3-, qwen3moe-, gpt-oss- and smollm3-family GGUF files, written from
-llama.cpp's graphs (src/models/llama.cpp, qwen3.cpp, qwen3moe.cpp, openai-moe.cpp, smollm3.cpp), build_moe_ffn and
+"""An independent float64 forward of llama-, qwen3-, qwen3moe-, gpt-oss-, smollm3- and qwen35-family GGUF files, written
+from llama.cpp's graphs (src/models/llama.cpp, qwen3.cpp, qwen3moe.cpp, openai-moe.cpp, smollm3.cpp, qwen35.cpp:
+reference_hybrid.py), build_moe_ffn and
 ggml's rope (with YaRN) and swiglu_oai, for parity tests:
 plain numpy over the whole sequence, no KV cache, no folding, no fusing, nothing shared with the engine but the
 file reader."""
@@ -10,6 +11,7 @@ import math
 
 import numpy as np
 
+from tests.support.reference_hybrid import delta_net, gated_attention
 from worker.engine.gguf_file import read_gguf
 
 
@@ -21,6 +23,7 @@ class ReferenceModel:
         self.arch = str(contents.metadata["general.architecture"])
         meta = {k[len(self.arch) + 1:]: v for k, v in contents.metadata.items() if k.startswith(self.arch + ".")}
         self.t = {name: np.asarray(array, np.float64) for name, array in contents.tensors.items()}
+        self.meta = meta
         self.layers, self.heads = int(meta["block_count"]), int(meta["attention.head_count"])
         self.kv_heads = int(meta.get("attention.head_count_kv", self.heads))
         self.head_dim = int(meta.get("attention.key_length", int(meta["embedding_length"]) // self.heads))
@@ -30,14 +33,17 @@ class ReferenceModel:
         self.yarn = (float(meta["rope.scaling.factor"]), int(meta["rope.scaling.original_context_length"])) if (
             meta.get("rope.scaling.type") == "yarn") else None
         self.neox = self.arch not in ("llama", "smollm3")  # LlamaModel's converter permutes Q/K for adjacent pairs
+        self.rope_dim = int(meta.get("rope.dimension_count", self.head_dim))  # Qwen3.5 rotates a quarter of a head
+        interval = int(meta.get("full_attention_interval", 4 if self.arch == "qwen35" else 0))
+        self.recurrent = [bool(interval) and (i + 1) % interval != 0 for i in range(self.layers)]
 
     def _rms(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * weight  # (..., D)
 
     def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """ggml_rope_ext without scaling: pair i of a head at position p turns by p * base^(-2i/Dh) / rope_freqs[i]."""
-        half = self.head_dim // 2
-        inv = self.base ** (-2.0 * np.arange(half) / self.head_dim)  # (Dh/2,)
+        half = self.rope_dim // 2
+        inv = self.base ** (-2.0 * np.arange(half) / self.rope_dim)  # (R/2,)
         if "rope_freqs.weight" in self.t and self.arch == "llama":
             inv = inv / self.t["rope_freqs.weight"]
         angle = positions[:, None] * inv[None, :]  # (T, Dh/2)
@@ -54,13 +60,15 @@ class ReferenceModel:
             angle = angle / factor * (1 - ramp) + angle * ramp  # (T, Dh/2)
             magnitude = 1.0 + 0.1 * math.log(factor)
         cos, sin = magnitude * np.cos(angle)[:, None, :], magnitude * np.sin(angle)[:, None, :]  # (T, 1, Dh/2)
+        rest = x[..., self.rope_dim :]  # (T, H, Dh - R) not rotated
+        x = x[..., : self.rope_dim]  # (T, H, R)
         first, second = (x[..., :half], x[..., half:]) if self.neox else (x[..., 0::2], x[..., 1::2])
-        out = np.empty_like(x)  # (T, H, Dh)
+        out = np.empty_like(x)  # (T, H, R)
         if self.neox:
             out[..., :half], out[..., half:] = first * cos - second * sin, first * sin + second * cos
         else:
             out[..., 0::2], out[..., 1::2] = first * cos - second * sin, first * sin + second * cos
-        return out
+        return np.concatenate([out, rest], axis=-1)  # (T, H, Dh)
 
     def _ffn(self, x: np.ndarray, p: str, kind: str, expert: int | None = None) -> np.ndarray:
         """SwiGLU FFN of x (T, D): the dense one (kind "") or one expert of the stacked ones (kind "_exps")."""
@@ -104,6 +112,11 @@ class ReferenceModel:
         for layer in range(self.layers):
             p = f"blk.{layer}."
             normed = self._rms(x, t[p + "attn_norm.weight"])  # (T, D)
+            if self.arch == "qwen35":
+                x = x + (delta_net(t, p, normed, self.meta, self.eps) if self.recurrent[layer] else gated_attention(
+                    t, p, normed, (h, hk, dh), self._rms, lambda a: self._rope(a, positions)))  # (T, D)
+                x = x + self._ffn(self._rms(x, t[p + "post_attention_norm.weight"]), p, "")  # (T, D)
+                continue
             q = (normed @ t[p + "attn_q.weight"].T + t.get(p + "attn_q.bias", 0.0)).reshape(n, h, dh)  # (T, H, Dh)
             k = (normed @ t[p + "attn_k.weight"].T + t.get(p + "attn_k.bias", 0.0)).reshape(n, hk, dh)  # (T, Hkv, Dh)
             v = (normed @ t[p + "attn_v.weight"].T + t.get(p + "attn_v.bias", 0.0)).reshape(n, hk, dh)  # (T, Hkv, Dh)

@@ -8,6 +8,7 @@ from typing import Any
 from worker.engine.errors import ModelLoadError
 from worker.engine.rope_scaling import RopeScaling, rope_scaling_from_metadata
 
+HYBRID_ATTENTION_EVERY = {"qwen35": 4}  # llama.cpp's full_attention_interval where a hybrid's file names none
 KV_ELEMENT_BYTES = 2  # the KV pool keeps keys and values as float16 by default (kv_pool.KV_DTYPE), as llama.cpp does
 
 
@@ -38,6 +39,13 @@ class ModelConfig:
     n_experts_used: int = 0  # experts each token is routed to
     d_ff_expert: int = 0  # hidden width of one expert
     expert_weights_scale: float = 0.0  # the routed weights are scaled by this when it is neither 0 nor 1
+    recurrent: tuple[bool, ...] = ()  # per layer: a recurrent (gated delta-net) layer, not attention (hybrids)
+    conv_kernel: int = 0  # taps of a recurrent layer's short convolution
+    delta_key_heads: int = 0  # a gated delta-net's key (and query) heads (GGUF ssm.group_count)
+    delta_value_heads: int = 0  # its value heads (ssm.time_step_rank); each reads key head h % delta_key_heads
+    delta_head_dim: int = 0  # its key and value head width (ssm.state_size)
+    delta_inner: int = 0  # its value heads times their width (ssm.inner_size), checked against them at load
+    rope_sections: tuple[int, ...] = ()  # interleaved M-RoPE's sections (text positions: every one the same)
 
     @property
     def group_size(self) -> int:
@@ -45,9 +53,20 @@ class ModelConfig:
         return self.n_heads // self.n_kv_heads
 
     @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that attend (and so hold keys and values in the KV pool): all of them but a hybrid's
+        recurrent ones."""
+        return tuple(i for i in range(self.n_layers) if not (self.recurrent and self.recurrent[i]))
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        """The layers whose state is a fixed-size matrix per sequence (recurrent_state.py), in order."""
+        return tuple(i for i, flag in enumerate(self.recurrent) if flag)
+
+    @property
     def kv_values_per_token(self) -> int:
-        """Key and value elements one token takes in the cache across all layers."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim
+        """Key and value elements one token takes in the cache across all attention layers."""
+        return 2 * len(self.attention_layers) * self.n_kv_heads * self.head_dim
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -80,10 +99,11 @@ class ModelConfig:
             raise ModelLoadError(path, f"metadata {arch}.attention.value_length = {value_dim} differs from key_length "
                                        f"{head_dim}: the engine's KV pool holds keys and values of one width")
         context_length = int(metadata.get(f"{arch}.context_length", 2048))
+        n_layers = int(need("block_count")) - _int_key(metadata, f"{arch}.nextn_predict_layers", path)  # MTP heads
         return cls(
             architecture=arch,
             vocab_size=vocab,
-            n_layers=int(need("block_count")),
+            n_layers=n_layers,
             d_model=d_model,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
@@ -104,7 +124,29 @@ class ModelConfig:
             n_experts_used=_int_key(metadata, f"{arch}.expert_used_count", path),
             d_ff_expert=_int_key(metadata, f"{arch}.expert_feed_forward_length", path),
             expert_weights_scale=float(metadata.get(f"{arch}.expert_weights_scale", 0.0) or 0.0),
+            recurrent=_recurrent_layers(metadata, arch, n_layers, path),
+            conv_kernel=_int_key(metadata, f"{arch}.ssm.conv_kernel", path),
+            delta_key_heads=_int_key(metadata, f"{arch}.ssm.group_count", path),
+            delta_value_heads=_int_key(metadata, f"{arch}.ssm.time_step_rank", path),
+            delta_head_dim=_int_key(metadata, f"{arch}.ssm.state_size", path),
+            delta_inner=_int_key(metadata, f"{arch}.ssm.inner_size", path),
+            rope_sections=tuple(int(v) for v in metadata.get(f"{arch}.rope.dimension_sections", ()) or ()),
         )
+
+
+def _recurrent_layers(metadata: dict[str, Any], arch: str, n_layers: int, path: str) -> tuple[bool, ...]:
+    """Which layers are recurrent: the file's per-layer flags, else every layer but each `full_attention_interval`-th
+    (llama.cpp's qwen35 loader); () where the file names neither (no recurrent layers)."""
+    flags = metadata.get(f"{arch}.attention.recurrent_layers")
+    if isinstance(flags, list):
+        if len(flags) < n_layers:
+            raise ModelLoadError(path, f"metadata {arch}.attention.recurrent_layers has {len(flags)} entries for "
+                                       f"{n_layers} layers")
+        return tuple(bool(flag) for flag in flags[:n_layers])
+    interval = _int_key(metadata, f"{arch}.full_attention_interval", path) or HYBRID_ATTENTION_EVERY.get(arch, 0)
+    if not interval:
+        return ()
+    return tuple((i + 1) % interval != 0 for i in range(n_layers))
 
 
 def _int_key(metadata: dict[str, Any], key: str, path: str) -> int:

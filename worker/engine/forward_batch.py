@@ -59,6 +59,8 @@ class ForwardBatch:
         self._tables = ops.asarray(row_tables)  # (N, nb)
         self._first_positions: dict[int, Array] = {}  # window -> (N,) first visible position of each row
         self._angles: dict[int, tuple[Array, Array]] = {}
+        # a hybrid's recurrent layers: each entry's state slot, checked to stand at the entry's start
+        self.state_slots = pool.states.prepare(entries, pool.blocks.has) if pool.states is not None else None  # (B,)
         self.lora = None
         if any(e.loras for e in entries):
             from worker.engine.lora import LoraBatch
@@ -103,6 +105,6 @@ class ForwardBatch:
         """
         pool = self.pool
         pool.write(layer, self.write_blocks, self.write_offsets, k, v)
-        keys, values = pool.keys[layer], pool.values[layer]  # (Hkv, NB, BS, Dh) x2, read in place
+        keys, values = pool.layer_arenas(layer)  # (Hkv, NB, BS, Dh) x2, read in place
         return ops.paged_attend_decode(q, keys, values, self._tables, self._lengths,
                                        self.first_positions(window), sinks)  # (N, H*Dh)

@@ -18,18 +18,21 @@ from worker.engine import kernels, ops
 from worker.engine.block_manager import BlockCopy, BlockManager
 from worker.engine.config import KV_ELEMENT_BYTES, ModelConfig
 from worker.engine.ops import Array
+from worker.engine.recurrent_state import RecurrentStates
 
 KV_DTYPE = np.float16  # the default (LLMFLEET_KV_DTYPE; the README says when float32 is the better choice)
 assert np.dtype(KV_DTYPE).itemsize == KV_ELEMENT_BYTES
 KV_DTYPES = ("float16", "float32")
 DEFAULT_BLOCK_SIZE = 32  # tokens per block: prefix sharing granularity vs. gather chunk size (see bench/batching.py)
+DEFAULT_STATE_SLOTS = 64  # sequences a hybrid model's pool holds state for, unless told (zero pages until used)
 
 
 class KVPool:
     """Keys and values of every layer for all sequences of one engine, in blocks of `block_size` tokens."""
 
     def __init__(self, config: ModelConfig, n_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 *, enable_prefix_caching: bool = True, dtype: Any = KV_DTYPE) -> None:
+                 *, enable_prefix_caching: bool = True, dtype: Any = KV_DTYPE,
+                 state_slots: int = DEFAULT_STATE_SLOTS) -> None:
         if n_blocks < 2:
             raise ValueError(f"a KV pool needs at least 2 blocks, got {n_blocks}")
         if np.dtype(dtype).name not in KV_DTYPES:
@@ -43,9 +46,14 @@ class KVPool:
         # first written (filling the pool at start took 0.2-1.5 s per GiB here, and every worker's resident memory
         # was its whole budget from the start); a first write costs one page fault per 4 KiB, about 3 ms in a
         # 64-row step of the 1B, once per page
-        self.keys = [ops.xp.zeros(shape, self.dtype) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
-        self.values = [ops.xp.zeros(shape, self.dtype) for _ in range(config.n_layers)]  # L x (Hkv, NB, BS, Dh)
-        self.blocks = BlockManager(n_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+        attending = config.attention_layers  # a hybrid's recurrent layers keep no keys or values
+        self.arena_of = {layer: i for i, layer in enumerate(attending)}  # model layer -> its arena
+        self.keys = [ops.xp.zeros(shape, self.dtype) for _ in attending]  # La x (Hkv, NB, BS, Dh)
+        self.values = [ops.xp.zeros(shape, self.dtype) for _ in attending]  # La x (Hkv, NB, BS, Dh)
+        # a recurrent state cannot be cut at a block boundary: a hybrid's sequences share no prefixes
+        self.states = RecurrentStates(config, state_slots) if config.recurrent_layers else None
+        self.blocks = BlockManager(n_blocks, block_size,
+                                   enable_prefix_caching=enable_prefix_caching and self.states is None)
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, dtype: Any = KV_DTYPE) -> int:
@@ -54,10 +62,12 @@ class KVPool:
 
     @classmethod
     def from_budget(cls, config: ModelConfig, budget_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                    *, enable_prefix_caching: bool = True, dtype: Any = KV_DTYPE) -> KVPool:
-        """As many blocks as fit in `budget_bytes`."""
+                    *, enable_prefix_caching: bool = True, dtype: Any = KV_DTYPE,
+                    state_slots: int = DEFAULT_STATE_SLOTS) -> KVPool:
+        """As many blocks as fit in `budget_bytes` (a hybrid's state slots are apart: Scheduler sizes both)."""
         n_blocks = max(2, budget_bytes // cls.bytes_per_block(config, block_size, dtype))
-        return cls(config, int(n_blocks), block_size, enable_prefix_caching=enable_prefix_caching, dtype=dtype)
+        return cls(config, int(n_blocks), block_size, enable_prefix_caching=enable_prefix_caching, dtype=dtype,
+                   state_slots=state_slots)
 
     @property
     def block_bytes(self) -> int:
@@ -66,8 +76,8 @@ class KVPool:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the whole arena."""
-        return self.n_blocks * self.block_bytes
+        """Bytes of the whole arena and the recurrent state slots."""
+        return self.n_blocks * self.block_bytes + (self.states.nbytes if self.states is not None else 0)
 
     @property
     def capacity_tokens(self) -> int:
@@ -87,6 +97,13 @@ class KVPool:
         """Make room for n_new more tokens of a sequence, copying a shared last block first (copy-on-write)."""
         self.copy_blocks(self.blocks.append_slots(seq_id, n_new))
 
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """A child sequence shares the parent's blocks (copy-on-write) and starts from a copy of its recurrent
+        state."""
+        self.blocks.fork(parent_id, child_id)
+        if self.states is not None:
+            self.states.fork(parent_id, child_id, self.blocks.has)
+
     def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
         """Perform the BlockManager's copy-on-write copies in every layer."""
         for copy in copies:
@@ -97,6 +114,12 @@ class KVPool:
     # ---- the forward side -----------------------------------------------------------------------------
 
     def write(self, layer: int, blocks: Array, offsets: Array, k: Array, v: Array) -> None:
-        """Store new keys/values k, v (N, Hkv, Dh) at (blocks, offsets) (N,) of one layer."""
-        kernels.store_rows(self.keys[layer], blocks, offsets, k)  # (Hkv, NB, BS, Dh) <- (N, Hkv, Dh)
-        kernels.store_rows(self.values[layer], blocks, offsets, v)
+        """Store new keys/values k, v (N, Hkv, Dh) at (blocks, offsets) (N,) of one attention layer."""
+        arena = self.arena_of[layer]
+        kernels.store_rows(self.keys[arena], blocks, offsets, k)  # (Hkv, NB, BS, Dh) <- (N, Hkv, Dh)
+        kernels.store_rows(self.values[arena], blocks, offsets, v)
+
+    def layer_arenas(self, layer: int) -> tuple[Array, Array]:
+        """One attention layer's keys and values (Hkv, NB, BS, Dh) x2, to be read in place."""
+        arena = self.arena_of[layer]
+        return self.keys[arena], self.values[arena]

@@ -139,6 +139,8 @@ class Model:
                     restored[i] = outputs[position]
                 return restored
         batch = ForwardBatch(entries, pool)
+        if pool.states is not None:  # recurrent layers rewrite their state in place: a hybrid step runs to its end
+            interrupt = None
         arch, weights = self.architecture, self.weights
         x = arch.embed(weights, batch.tokens)  # (N, D)
         for layer in range(self.config.n_layers):
@@ -147,6 +149,8 @@ class Model:
             x = arch.block(weights, layer, x, batch)  # (N, D)
         if interrupt is not None and interrupt():
             raise StepInterrupted("stopped before the output projection")
+        if pool.states is not None:
+            pool.states.commit(entries)
         return self._outputs(entries, x, batch.starts)
 
     def _outputs(self, entries: list[BatchEntry], x: Array, starts: np.ndarray) -> list[Array | None]:

@@ -16,6 +16,10 @@ QWEN2_REGEX = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+QWEN35_REGEX = (  # Qwen2's with combining marks (\p{M}) kept inside words
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # GPT-4o's (o200k: gpt-oss, Llama 4): llama.cpp's form of tokenizer.json's regex, where a letter that is not a-z stands
 # for "upper case" and one that is not A-Z for "lower case" (what its collapsed-codepoint std::regex can express).
 GPT4O_REGEX = (
@@ -44,6 +48,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizerSpec] = {
     "llama3": PreTokenizerSpec((LLAMA3_REGEX,), ignore_merges=True),
     "llama-bpe": PreTokenizerSpec((LLAMA3_REGEX,), ignore_merges=True),
     "qwen2": PreTokenizerSpec((QWEN2_REGEX,)),
+    "qwen35": PreTokenizerSpec((QWEN35_REGEX,)),
     "gpt-4o": PreTokenizerSpec((GPT4O_REGEX,)),  # gpt-oss (o200k_harmony)
 }
 

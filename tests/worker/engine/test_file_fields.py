@@ -31,12 +31,17 @@ CHANGED: dict[str, Any] = {
 EXPERTS_CHANGED: dict[str, Any] = {  # and of the routed FFN's table
     "expert_count": 4, "expert_used_count": 3, "expert_feed_forward_length": 512, "expert_weights_scale": 2.0,
 }
+HYBRID_CHANGED: dict[str, Any] = {  # and of the hybrid (gated delta-net) table
+    "ssm.conv_kernel": 3, "ssm.inner_size": 64, "ssm.state_size": 16, "ssm.time_step_rank": 2, "ssm.group_count": 1,
+    "full_attention_interval": 2, "attention.recurrent_layers": [True, False, False, True],
+    "rope.dimension_sections": [4, 0, 0, 0], "nextn_predict_layers": 1,
+}
 
 
 @pytest.fixture(scope="module")
 def twins(twin_path: Callable[[str, str], Path]) -> dict[str, Path]:
-    """The tiny llama3, qwen3 and qwen3moe twins (F16)."""
-    return {family: twin_path(family, "F16") for family in ("llama3", "qwen3", "qwen3moe")}
+    """The tiny llama3, qwen3, qwen3moe and qwen35 twins (F16)."""
+    return {family: twin_path(family, "F16") for family in ("llama3", "qwen3", "qwen3moe", "qwen35")}
 
 
 def last_logits(path: Path) -> np.ndarray:
@@ -50,15 +55,17 @@ def last_logits(path: Path) -> np.ndarray:
 def test_every_architecture_has_a_table() -> None:
     for name, architecture in ARCHITECTURES.items():
         assert architecture.metadata_keys, name
-        assert not architecture.metadata_keys & set(NEUTRAL_VALUES) - DECODER_KEYS - set(EXPERTS_CHANGED) - {
+        assert not architecture.metadata_keys & set(NEUTRAL_VALUES) - DECODER_KEYS - set(EXPERTS_CHANGED) - set(
+            HYBRID_CHANGED) - {
             "attention.sliding_window", "final_logit_softcapping", "attention.causal"}, name
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, arch", [("llama3", "llama"), ("qwen3", "qwen3"), ("qwen3moe", "qwen3moe")])
+@pytest.mark.parametrize("family, arch", [("llama3", "llama"), ("qwen3", "qwen3"), ("qwen3moe", "qwen3moe"),
+                                          ("qwen35", "qwen35")])
 def test_every_key_the_table_reads_changes_what_is_computed(twins: dict[str, Path], family: str, arch: str,
                                                             tmp_path: Path) -> None:
-    changes = CHANGED | (EXPERTS_CHANGED if arch == "qwen3moe" else {})
+    changes = CHANGED | (EXPERTS_CHANGED if arch == "qwen3moe" else HYBRID_CHANGED if arch == "qwen35" else {})
     assert set(changes) == set(ARCHITECTURES[arch].metadata_keys)
     base = twins[family]
     base_logits = last_logits(base)
