@@ -88,7 +88,8 @@ class Settings:
     max_deliveries: int = _setting(3, "A job started this many times without finishing (each holder died or "
                                    "stalled) is dead-lettered on its next takeover; a batch whose runners died "
                                    "this often fails.")
-    slots: int = _setting(0, "Sequences one worker runs at once; 0 or `auto` = derived from the KV pool (up to 64).")
+    slots: int = _setting(0, "Sequences one worker runs at once; 0 or `auto` = derived from the KV pool (up to 64; "
+                             "a hybrid model's recurrent states take at most half the KV budget).")
     threads: int = _setting(0, "BLAS and compiled-kernel threads of one worker; 0 = every core (`serve --workers N` "
                             "gives each worker cores / N).")
     kv_budget_mib: float = _setting(1024.0, "The worker's KV pool, allocated once in blocks; its pages are committed "

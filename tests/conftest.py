@@ -162,6 +162,12 @@ def qwen3moe_twin_engine(twin_path: Callable[[str, str], Path]):
 
 
 @pytest.fixture(scope="session")
+def qwen35_twin_engine(twin_path: Callable[[str, str], Path]):
+    """The tiny Qwen3.5 twin's engine (three gated delta-net layers, one gated attention layer), once per session."""
+    return _twin_engine(twin_path, "qwen35")
+
+
+@pytest.fixture(scope="session")
 def gpt_oss_twin_engine(twin_path: Callable[[str, str], Path]):
     """The tiny gpt-oss twin's engine (MXFP4 experts, sinks, windows of 16), once per session."""
     return _twin_engine(twin_path, "gpt-oss", "MXFP4_MOE")

@@ -18,7 +18,7 @@ from worker.engine.file_fields import TensorReads, refuse_unread_keys
 from worker.engine.forward_batch import BatchEntry, ForwardBatch
 from worker.engine.gguf_file import read_gguf
 from worker.engine.k_blocks import has_k_form
-from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
+from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, DEFAULT_STATE_SLOTS, KVPool
 from worker.engine.load_budget import refuse_unless_it_fits
 from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
 from worker.engine.mxfp4_blocks import MXFP4
@@ -108,10 +108,12 @@ class Model:
         return load_adapter(path, name, self.config, self.architecture.lora_targets(self.config), self.lora_base)
 
     def new_pool(self, budget_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 *, enable_prefix_caching: bool = True, dtype: str = "float16") -> KVPool:
-        """A KV pool for this model sized from a memory budget (keys and values as `dtype`: float16 or float32)."""
+                 *, enable_prefix_caching: bool = True, dtype: str = "float16",
+                 state_slots: int = DEFAULT_STATE_SLOTS) -> KVPool:
+        """A KV pool for this model sized from a memory budget (keys and values as `dtype`: float16 or float32), with
+        recurrent state for `state_slots` sequences where the model is a hybrid."""
         return KVPool.from_budget(self.config, budget_bytes, block_size, enable_prefix_caching=enable_prefix_caching,
-                                  dtype=dtype)
+                                  dtype=dtype, state_slots=state_slots or DEFAULT_STATE_SLOTS)
 
     def forward(self, entries: list[BatchEntry], pool: KVPool,
                 interrupt: Callable[[], bool] | None = None) -> list[Array | None]:

@@ -24,7 +24,7 @@ from worker.engine.stopping import StopReason
 from worker.schedule.admission import Admission
 from worker.schedule.preemption import not_outranked, rank
 from worker.schedule.prompt_scoring import PromptScored, PromptScorer
-from worker.schedule.scheduler_config import SchedulerConfig, auto_slots
+from worker.schedule.scheduler_config import SchedulerConfig, auto_slots, hybrid_split
 from worker.schedule.sequences import (
     EmbeddingDone,
     EmbeddingRequest,
@@ -60,10 +60,11 @@ class Scheduler:
     def __init__(self, engine: Engine, config: SchedulerConfig | None = None) -> None:
         self.engine = engine
         config = config or SchedulerConfig()
-        self.kv_pool = engine.model.new_pool(int(config.kv_budget_mib * MIB),
-                                             enable_prefix_caching=config.prefix_cache, dtype=config.kv_dtype)
+        budget, state_slots = hybrid_split(engine.model.config, int(config.kv_budget_mib * MIB), config)
+        self.kv_pool = engine.model.new_pool(budget, enable_prefix_caching=config.prefix_cache, dtype=config.kv_dtype,
+                                             state_slots=state_slots)
         if config.max_sequences <= 0:
-            config = replace(config, max_sequences=auto_slots(self.kv_pool.capacity_tokens))
+            config = replace(config, max_sequences=state_slots or auto_slots(self.kv_pool.capacity_tokens))
         self.config = config
         self.blocks = self.kv_pool.blocks
         self.stats = SchedulerStats(kv_blocks_total=self.kv_pool.n_blocks)
@@ -288,7 +289,8 @@ class Scheduler:
                                            and s.fork_from is None], active),
                             key=lambda s: (-int(s.group.request.priority), s.admit_order))
         speculate = (self.config.speculative_tokens > 0 and len(decoding) <= self.config.speculative_max_batch
-                     and not prefilling)  # drafts never delay a prompt's prefill (TTFT)
+                     and not prefilling  # drafts never delay a prompt's prefill (TTFT)
+                     and self.kv_pool.states is None)  # a recurrent state cannot take back a rejected draft
         spare = self.blocks.num_free_blocks - sum(self.blocks.append_cost(s.seq_id, 1) for s in decoding)
         draft_rows = max(0, ops.narrow_rows() - len(decoding))  # drafts never widen the step past narrow
         for seq in decoding[:budget]:
@@ -338,7 +340,7 @@ class Scheduler:
             self.stats.prompt_tokens += len(group.request.prompt_ids)
         rows = []
         for follower in [s for s in self.admission.active if s.fork_from is seq]:
-            self.blocks.fork(seq.seq_id, follower.seq_id)
+            self.kv_pool.fork(seq.seq_id, follower.seq_id)
             follower.holds_blocks, follower.computed = True, seq.computed
             follower.fork_from = None
             rows.append((follower, logits))
