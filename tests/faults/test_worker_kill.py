@@ -1,8 +1,9 @@
 """kill -9 a worker mid-stream: another worker resumes every stream from the journal, and no client notices.
 
-Real redis-server, gateway and two SmolLM2 workers (one stream each) as processes, the official openai
-client. The same requests run undisturbed first; after the kill, every stream's text (per choice) must be
-byte-identical to the undisturbed run: greedy with logprobs and a stop string, seeded sampling with n=2.
+Real redis-server, gateway and two workers (one stream each) as processes, the official openai client: SmolLM2,
+and the tiny Qwen3.5 twin (a hybrid: its recurrent state is rebuilt by the re-prefill). The same requests run
+undisturbed first; after the kill, every stream's text (per choice) must be byte-identical to the undisturbed run:
+greedy with logprobs and a stop string, seeded sampling with n=2.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import openai
@@ -27,7 +30,7 @@ REQUESTS = [  # (name, request body extras), started one after the other so each
 ]
 
 
-def _run(base: str, extras: dict, result: dict) -> None:
+def _run(base: str, model: str, extras: dict, result: dict) -> None:
     """One streaming completion: per choice, the text, the token logprobs and the finish reason."""
     client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
     texts: dict[int, str] = {}
@@ -35,7 +38,7 @@ def _run(base: str, extras: dict, result: dict) -> None:
     finish: dict[int, str] = {}
     result["times"] = []
     try:
-        for chunk in client.completions.create(model=MODEL, prompt="Tell me a story about a lighthouse keeper.",
+        for chunk in client.completions.create(model=model, prompt="Tell me a story about a lighthouse keeper.",
                                                stream=True, extra_body={"ignore_eos": True}, **extras):
             result["times"].append(time.monotonic())
             for choice in chunk.choices:
@@ -49,9 +52,9 @@ def _run(base: str, extras: dict, result: dict) -> None:
     result.update(texts=texts, logprobs=logprobs, finish=finish)
 
 
-def _run_all(base: str, on_streaming=None) -> dict[str, dict]:
+def _run_all(base: str, model: str, on_streaming=None) -> dict[str, dict]:
     results = {name: {} for name, _ in REQUESTS}
-    threads = [threading.Thread(target=_run, args=(base, extras, results[name])) for name, extras in REQUESTS]
+    threads = [threading.Thread(target=_run, args=(base, model, extras, results[name])) for name, extras in REQUESTS]
     for thread, (name, _) in zip(threads, REQUESTS):
         thread.start()  # the idle worker is the one blocked on the stream: it takes the next job
         _wait(lambda name=name: len(results[name].get("times", [])) >= 2, 120, f"{name} to stream")
@@ -64,11 +67,17 @@ def _run_all(base: str, on_streaming=None) -> dict[str, dict]:
     return results
 
 
-def test_kill_9_mid_stream_is_invisible(start_cluster) -> None:
-    cluster = start_cluster(2, LLMFLEET_SLOTS="4", LLMFLEET_HEARTBEAT_INTERVAL_S="0.5", LLMFLEET_HEARTBEAT_TTL_S="2",
-                            LLMFLEET_LEASE_S="30")
+@pytest.mark.parametrize("served", [MODEL, "qwen35-twin"])
+def test_kill_9_mid_stream_is_invisible(start_cluster, served: str, twin_path: Callable[[str, str], Path],
+                                        tmp_path: Path) -> None:
+    model = served
+    if served != MODEL:  # the hybrid twin, served under its file's name
+        model = str(tmp_path / f"{served}.gguf")
+        os.symlink(twin_path("qwen35", "Q4_K_M"), model)
+    cluster = start_cluster(2, model, LLMFLEET_SLOTS="4", LLMFLEET_HEARTBEAT_INTERVAL_S="0.5",
+                            LLMFLEET_HEARTBEAT_TTL_S="2", LLMFLEET_LEASE_S="30")
     base, workers, client = cluster.base_url, cluster.workers, redis.Redis.from_url(cluster.redis.url)
-    undisturbed = _run_all(base)
+    undisturbed = _run_all(base, served)
     assert all("error" not in r for r in undisturbed.values()), undisturbed
     # a worker's heartbeat reports its finished jobs for up to an interval more, and placement counts the higher
     # of that and its pending entries: start the second round from two idle workers, so each gets one stream
@@ -83,7 +92,7 @@ def test_kill_9_mid_stream_is_invisible(start_cluster) -> None:
         os.kill(workers[0].pid, signal.SIGKILL)
         killed_at.append(time.monotonic())
 
-    disturbed = _run_all(base, kill_a_worker)
+    disturbed = _run_all(base, served, kill_a_worker)
     for name, _ in REQUESTS:
         got, want = disturbed[name], undisturbed[name]
         assert "error" not in got, f"{name}: {got.get('error')}"
