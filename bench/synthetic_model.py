@@ -57,6 +57,7 @@ class Shape:
     sliding_window: int = 0  # gpt-oss: keys its sliding-window layers (every other one) see
     yarn_original: int = 0  # > 0: YaRN RoPE scaling by rope_factor from this original context
     delta_heads: tuple[int, int, int] = (0, 0, 0)  # Qwen3.5's gated delta-net: (key heads, value heads, head dim)
+    shared_ffn: int = 0  # Qwen3.5-MoE's shared expert's hidden width
 
 
 FAMILIES: dict[str, dict[str, Shape]] = {
@@ -95,10 +96,18 @@ FAMILIES["qwen35"] = {  # Qwen3.5-0.8B, 2B, 4B, 9B: three gated delta-net layers
     "4b": Shape(32, 2560, 16, 4, 256, 9216, 248320, True, 262144, 10000000.0, 1e-6, delta_heads=(16, 32, 128)),
     "9b": Shape(32, 4096, 16, 4, 256, 12288, 248320, False, 262144, 10000000.0, 1e-6, delta_heads=(16, 32, 128)),
 }
+FAMILIES["qwen35moe"] = {  # Qwen3.5-35B-A3B (256 experts, 8 used, and a shared expert), and it with half its layers
+    "tiny": Shape(4, 256, 4, 2, 64, 0, 0, True, 262144, 10000000.0, 1e-6, 0.0, 8, 2, 128, delta_heads=(2, 4, 32),
+                  shared_ffn=128),
+    "half": Shape(20, 2048, 16, 2, 256, 0, 248320, False, 262144, 10000000.0, 1e-6, 0.0, 256, 8, 512,
+                  delta_heads=(16, 32, 128), shared_ffn=512),
+    "35b-a3b": Shape(40, 2048, 16, 2, 256, 0, 248320, False, 262144, 10000000.0, 1e-6, 0.0, 256, 8, 512,
+                     delta_heads=(16, 32, 128), shared_ffn=512),
+}
 ARCH = {"llama3": "llama", "qwen3": "qwen3", "smollm3": "smollm3", "qwen3moe": "qwen3moe", "gpt-oss": "gpt-oss",
-        "qwen35": "qwen35"}
+        "qwen35": "qwen35", "qwen35moe": "qwen35moe"}
 PRE_TOKENIZER = {"llama3": "llama-bpe", "qwen3": "qwen2", "smollm3": "llama-bpe", "qwen3moe": "qwen2",
-                 "gpt-oss": "gpt-4o", "qwen35": "qwen35"}
+                 "gpt-oss": "gpt-4o", "qwen35": "qwen35", "qwen35moe": "qwen35"}
 QWEN35_CONV, QWEN35_ATTENTION_EVERY, QWEN35_ROPE_FRACTION = 4, 4, 4  # conv taps; a full-attention layer every 4th;
 # a quarter of each head's dims rotated
 LLAMA3_LOW, LLAMA3_HIGH, LLAMA3_ORIGINAL = 1.0, 4.0, 8192
@@ -161,7 +170,7 @@ def tokenizer_fields(family: str, shape: Shape, source: Path) -> tuple[dict, int
     fields = {key: value for key, value in metadata.items() if key.startswith("tokenizer.")}
     tokens, types = list(fields["tokenizer.ggml.tokens"]), list(fields["tokenizer.ggml.token_type"])
     fields["tokenizer.ggml.pre"] = PRE_TOKENIZER[family]
-    if family in ("qwen3", "qwen3moe", "qwen35"):
+    if family in ("qwen3", "qwen3moe", "qwen35", "qwen35moe"):
         tokens += ["<think>", "</think>"]
         types += [TOKEN_USER_DEFINED] * 2
         fields["tokenizer.chat_template"] = QWEN3_TEMPLATE
@@ -189,7 +198,7 @@ def tensor_plan(family: str, shape: Shape, vocab: int) -> list[tuple[str, tuple[
     plan.append(("token_embd.weight", (vocab, d), output_std))
     for i in range(shape.layers):
         p = f"blk.{i}."
-        if family == "qwen35":
+        if family in ("qwen35", "qwen35moe"):
             plan += qwen35_layer_plan(shape, i)
             continue
         biased = family == "gpt-oss"  # biases on attention, router and experts; sinks; a post-attention norm
@@ -241,8 +250,18 @@ def qwen35_layer_plan(shape: Shape, i: int) -> list[tuple[str, tuple[int, ...], 
                  (p + "attn_v.weight", (kv_dim, d), 1 / math.sqrt(d)),
                  (p + "attn_output.weight", (d, q_dim), branch / math.sqrt(q_dim)),
                  (p + "attn_q_norm.weight", (dh,), 0.0), (p + "attn_k_norm.weight", (dh,), 0.0)]
-    return plan + [(p + "post_attention_norm.weight", (d,), 0.0),
-                   (p + "ffn_gate.weight", (ffn, d), 1 / math.sqrt(d)), (p + "ffn_up.weight", (ffn, d), 1 / math.sqrt(d)),
+    plan.append((p + "post_attention_norm.weight", (d,), 0.0))
+    if shape.experts:  # the router, the stacked experts and the shared expert with its gate vector
+        e, f, fs = shape.experts, shape.expert_ffn, shape.shared_ffn
+        return plan + [(p + "ffn_gate_inp.weight", (e, d), 2 / math.sqrt(d)),
+                       (p + "ffn_gate_exps.weight", (e, f, d), 1 / math.sqrt(d)),
+                       (p + "ffn_up_exps.weight", (e, f, d), 1 / math.sqrt(d)),
+                       (p + "ffn_down_exps.weight", (e, d, f), branch / math.sqrt(f)),
+                       (p + "ffn_gate_inp_shexp.weight", (d,), 1 / math.sqrt(d)),
+                       (p + "ffn_gate_shexp.weight", (fs, d), 1 / math.sqrt(d)),
+                       (p + "ffn_up_shexp.weight", (fs, d), 1 / math.sqrt(d)),
+                       (p + "ffn_down_shexp.weight", (d, fs), branch / math.sqrt(fs))]
+    return plan + [(p + "ffn_gate.weight", (ffn, d), 1 / math.sqrt(d)), (p + "ffn_up.weight", (ffn, d), 1 / math.sqrt(d)),
                    (p + "ffn_down.weight", (d, ffn), branch / math.sqrt(ffn))]
 
 
@@ -257,7 +276,8 @@ def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_sour
     writer.add_block_count(shape.layers)
     writer.add_context_length(shape.context)
     writer.add_embedding_length(shape.width)
-    writer.add_feed_forward_length(shape.ffn)
+    if shape.ffn:  # Qwen3.5-MoE's config names no dense width
+        writer.add_feed_forward_length(shape.ffn)
     writer.add_head_count(shape.heads)
     writer.add_head_count_kv(shape.kv_heads)
     writer.add_rope_freq_base(shape.rope_theta)
@@ -274,7 +294,9 @@ def write_f16(family: str, shape_name: str, seed: int, out: Path, tokenizer_sour
         writer.add_expert_feed_forward_length(shape.expert_ffn)
     if shape.sliding_window:
         writer.add_sliding_window(shape.sliding_window)
-    if family == "qwen35":  # Qwen3NextModel's keys and the interleaved M-RoPE sections ([11, 11, 10, 0] at 64 dims)
+    if shape.shared_ffn:
+        writer.add_expert_shared_feed_forward_length(shape.shared_ffn)
+    if family in ("qwen35", "qwen35moe"):  # Qwen3NextModel's keys and the interleaved M-RoPE sections ([11, 11, 10, 0] at 64 dims)
         hk, hv, dk = shape.delta_heads
         rope_dim = shape.head_dim // QWEN35_ROPE_FRACTION
         writer.add_ssm_conv_kernel(QWEN35_CONV)

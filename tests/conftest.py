@@ -168,6 +168,12 @@ def qwen35_twin_engine(twin_path: Callable[[str, str], Path]):
 
 
 @pytest.fixture(scope="session")
+def qwen35moe_twin_engine(twin_path: Callable[[str, str], Path]):
+    """The tiny Qwen3.5-MoE twin's engine (Qwen3.5's layers, 8 experts, 2 used, a shared expert), once per session."""
+    return _twin_engine(twin_path, "qwen35moe")
+
+
+@pytest.fixture(scope="session")
 def gpt_oss_twin_engine(twin_path: Callable[[str, str], Path]):
     """The tiny gpt-oss twin's engine (MXFP4 experts, sinks, windows of 16), once per session."""
     return _twin_engine(twin_path, "gpt-oss", "MXFP4_MOE")

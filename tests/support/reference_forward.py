@@ -34,7 +34,7 @@ class ReferenceModel:
             meta.get("rope.scaling.type") == "yarn") else None
         self.neox = self.arch not in ("llama", "smollm3")  # LlamaModel's converter permutes Q/K for adjacent pairs
         self.rope_dim = int(meta.get("rope.dimension_count", self.head_dim))  # Qwen3.5 rotates a quarter of a head
-        interval = int(meta.get("full_attention_interval", 4 if self.arch == "qwen35" else 0))
+        interval = int(meta.get("full_attention_interval", 4 if self.arch.startswith("qwen35") else 0))
         self.recurrent = [bool(interval) and (i + 1) % interval != 0 for i in range(self.layers)]
 
     def _rms(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -112,10 +112,12 @@ class ReferenceModel:
         for layer in range(self.layers):
             p = f"blk.{layer}."
             normed = self._rms(x, t[p + "attn_norm.weight"])  # (T, D)
-            if self.arch == "qwen35":
+            if self.arch.startswith("qwen35"):
                 x = x + (delta_net(t, p, normed, self.meta, self.eps) if self.recurrent[layer] else gated_attention(
                     t, p, normed, (h, hk, dh), self._rms, lambda a: self._rope(a, positions)))  # (T, D)
-                x = x + self._ffn(self._rms(x, t[p + "post_attention_norm.weight"]), p, "")  # (T, D)
+                normed = self._rms(x, t[p + "post_attention_norm.weight"])  # (T, D)
+                x = x + (self._ffn(normed, p, "") if p + "ffn_gate_inp.weight" not in t else self._routed_ffn(
+                    normed, p) + self._ffn(normed, p, "_shexp") / (1.0 + np.exp(-normed @ t[p + "ffn_gate_inp_shexp.weight"]))[:, None])
                 continue
             q = (normed @ t[p + "attn_q.weight"].T + t.get(p + "attn_q.bias", 0.0)).reshape(n, h, dh)  # (T, H, Dh)
             k = (normed @ t[p + "attn_k.weight"].T + t.get(p + "attn_k.bias", 0.0)).reshape(n, hk, dh)  # (T, Hkv, Dh)

@@ -8,7 +8,7 @@ from typing import Any
 from worker.engine.errors import ModelLoadError
 from worker.engine.rope_scaling import RopeScaling, rope_scaling_from_metadata
 
-HYBRID_ATTENTION_EVERY = {"qwen35": 4}  # llama.cpp's full_attention_interval where a hybrid's file names none
+HYBRID_ATTENTION_EVERY = {"qwen35": 4, "qwen35moe": 4}  # llama.cpp's full_attention_interval where a hybrid's file names none
 KV_ELEMENT_BYTES = 2  # the KV pool keeps keys and values as float16 by default (kv_pool.KV_DTYPE), as llama.cpp does
 
 
@@ -38,6 +38,7 @@ class ModelConfig:
     n_experts: int = 0  # routed experts of each layer's FFN (0: a dense FFN)
     n_experts_used: int = 0  # experts each token is routed to
     d_ff_expert: int = 0  # hidden width of one expert
+    d_ff_shared: int = 0  # hidden width of the shared expert every token also runs (Qwen3.5-MoE); 0: none
     expert_weights_scale: float = 0.0  # the routed weights are scaled by this when it is neither 0 nor 1
     recurrent: tuple[bool, ...] = ()  # per layer: a recurrent (gated delta-net) layer, not attention (hybrids)
     conv_kernel: int = 0  # taps of a recurrent layer's short convolution
@@ -108,7 +109,8 @@ class ModelConfig:
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
-            d_ff=int(need("feed_forward_length")),
+            d_ff=int(need("feed_forward_length") if f"{arch}.expert_count" not in metadata
+                     else metadata.get(f"{arch}.feed_forward_length", 0)),  # an MoE file may name none
             context_length=context_length,
             rms_eps=float(metadata.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             rope_base=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
@@ -123,6 +125,7 @@ class ModelConfig:
             n_experts=_int_key(metadata, f"{arch}.expert_count", path),
             n_experts_used=_int_key(metadata, f"{arch}.expert_used_count", path),
             d_ff_expert=_int_key(metadata, f"{arch}.expert_feed_forward_length", path),
+            d_ff_shared=_int_key(metadata, f"{arch}.expert_shared_feed_forward_length", path),
             expert_weights_scale=float(metadata.get(f"{arch}.expert_weights_scale", 0.0) or 0.0),
             recurrent=_recurrent_layers(metadata, arch, n_layers, path),
             conv_kernel=_int_key(metadata, f"{arch}.ssm.conv_kernel", path),

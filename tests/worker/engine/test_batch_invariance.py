@@ -21,7 +21,8 @@ OTHER = "Write a haiku about spreadsheets."
 
 
 @pytest.fixture(params=["smollm2_engine", "gemma3_engine", "llama3_twin_engine", "qwen3_twin_engine",
-                        "qwen3moe_twin_engine", "gpt_oss_twin_engine", "qwen35_twin_engine"])
+                        "qwen3moe_twin_engine", "gpt_oss_twin_engine", "qwen35_twin_engine",
+                        "qwen35moe_twin_engine"])
 def engine(request: pytest.FixtureRequest) -> Any:
     """Each real model in turn, and each new family's tiny twin (Q4_K_M where llama-quantize is built)."""
     return request.getfixturevalue(request.param)

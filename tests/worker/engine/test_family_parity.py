@@ -33,7 +33,7 @@ from worker.engine.forward_batch import BatchEntry
 from worker.engine.model import Model
 from worker.engine.thinking import has_thinking_tokens
 
-FAMILIES = ("llama3", "qwen3", "smollm3", "qwen3moe", "gpt-oss", "qwen35")
+FAMILIES = ("llama3", "qwen3", "smollm3", "qwen3moe", "gpt-oss", "qwen35", "qwen35moe")
 PROMPTS = ("The capital of France is", "def fibonacci(n):\n    return", "Once upon a time, in a land far away,",
            "Les données 2026: 12,345 résultats — ok?", "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n")
 STEPS, TOP = 32, 20

@@ -11,12 +11,13 @@ from worker.engine.architectures.qwen2 import Qwen2
 from worker.engine.architectures.qwen3 import Qwen3
 from worker.engine.architectures.qwen3moe import Qwen3MoE
 from worker.engine.architectures.qwen35 import Qwen35
+from worker.engine.architectures.qwen35moe import Qwen35MoE
 from worker.engine.architectures.smollm3 import SmolLM3
 from worker.engine.config import ModelConfig
 from worker.engine.errors import ModelLoadError
 
 ARCHITECTURES: dict[str, Architecture | Encoder] = {
-    arch.name: arch for arch in (Llama(), Qwen2(), Qwen3(), Qwen3MoE(), GptOss(), Qwen35(), SmolLM3(), Gemma3(), Bert())}
+    arch.name: arch for arch in (Llama(), Qwen2(), Qwen3(), Qwen3MoE(), GptOss(), Qwen35(), Qwen35MoE(), SmolLM3(), Gemma3(), Bert())}
 
 
 def architecture_for(config: ModelConfig, path: str) -> Architecture | Encoder:

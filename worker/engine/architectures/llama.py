@@ -198,11 +198,15 @@ class Llama:
 
     def feed_forward(self, weights: Any, layer: int, x: Array, batch: ForwardBatch) -> Array:
         """The dense SwiGLU FFN, pre-normed and residual: updates and returns x (N, D)."""
-        w = weights.layers[layer]
+        w = self.ffn_weights(weights, layer)
         normed = ops.rms_normalize(x, weights.config.rms_eps)  # (N, D)
         hidden = ops.swiglu(batch.adapt(layer, "gate_up", normed, ops.linear(normed, w.w_gate_up)))  # (N, F)
         x += batch.adapt(layer, "down", hidden, ops.linear(hidden, w.w_down))  # (N, D)
         return x
+
+    def ffn_weights(self, weights: Any, layer: int) -> Any:
+        """A block's FFN weights (w_gate_up, w_down): the block itself here."""
+        return weights.layers[layer]
 
     def final_hidden(self, weights: LlamaWeights, x: Array) -> Array:
         """Final RMSNorm with its weight: (M, D)."""

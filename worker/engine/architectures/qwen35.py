@@ -37,21 +37,26 @@ SOFTPLUS_LINEAR = 20.0  # ggml's softplus returns x itself above this
 
 
 @dataclass(frozen=True, kw_only=True)
-class FeedForward:
-    """The dense SwiGLU FFN every Qwen3.5 layer ends with."""
-
-    w_gate_up: Array  # (2F, D) fused gate/up projection, post_attention_norm folded in
-    w_down: Array  # (D, F)
+class Weights:
+    """Arrays of a block part; `nbytes` counts them all (nested parts included)."""
 
     @property
     def nbytes(self) -> int:
-        """Bytes of all arrays in the block."""
+        """Bytes of all arrays in the part."""
         values = (getattr(self, f.name) for f in fields(self))
         return sum(int(v.nbytes) for v in values if v is not None)
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeltaNetLayer(FeedForward):
+class DenseFFN(Weights):
+    """The dense SwiGLU FFN of a Qwen3.5 layer."""
+
+    w_gate_up: Array  # (2F, D) fused gate/up projection, post_attention_norm folded in
+    w_down: Array  # (D, F)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeltaNetLayer(Weights):
     """A gated delta-net block."""
 
     w_mixed_gate: Array  # (C + Hv*Dv, D) the conv channels' and z's projections, attn_norm folded in
@@ -61,16 +66,18 @@ class DeltaNetLayer(FeedForward):
     decay_rate: Array  # (Hv,) A = -exp(A_log)
     head_norm: Array  # (Dv,) the output's per-head RMS norm weight
     w_out: Array  # (D, Hv*Dv)
+    ffn: Any  # DenseFFN, or a routed one (qwen35moe)
 
 
 @dataclass(frozen=True, kw_only=True)
-class GatedAttentionLayer(FeedForward):
+class GatedAttentionLayer(Weights):
     """A gated full-attention block."""
 
     wqkv: Array  # (H*Dh + 2*Hkv*Dh + H*Dh, D) queries, keys, values, then the per-head gates; attn_norm folded in
     wo: Array  # (D, H*Dh)
     q_norm: Array  # (Dh,) QK-norm weight of queries, 1/sqrt(Dh) folded in
     k_norm: Array  # (Dh,)
+    ffn: Any  # DenseFFN, or a routed one (qwen35moe)
 
 
 class Qwen35(Llama):
@@ -97,18 +104,27 @@ class Qwen35(Llama):
                             rotary=RotaryTable(config.rope_dim, config.rope_base, config.context_length,
                                                config.rope_scaling))
 
-    def load_layer(self, tensors: dict[str, Any], config: ModelConfig, i: int, path: str) -> FeedForward:
+    def load_layer(self, tensors: dict[str, Any], config: ModelConfig, i: int, path: str) -> Weights:
         """Block i: a gated delta-net or gated attention, then the FFN."""
+        p = f"blk.{i}."
+        norm = take(tensors, p + "attn_norm.weight", (config.d_model,), path)  # (D,)
+        ffn = self.load_ffn(tensors, config, i, path)
+        if config.recurrent[i]:
+            return DeltaNetLayer(**self.load_delta_net(tensors, config, p, norm, path), ffn=ffn)
+        return GatedAttentionLayer(**self.load_gated_attention(tensors, config, p, norm, path), ffn=ffn)
+
+    def load_ffn(self, tensors: dict[str, Any], config: ModelConfig, i: int, path: str) -> Any:
+        """Block i's dense SwiGLU FFN, its post-attention norm folded in."""
         d, f, p = config.d_model, config.d_ff, f"blk.{i}."
         post_norm = take(tensors, p + "post_attention_norm.weight", (d,), path)  # (D,)
-        ffn = dict(
+        return DenseFFN(
             w_gate_up=ops.weight(fold_norm(fuse_rows(take(tensors, p + "ffn_gate.weight", (f, d), path),
                                                      take(tensors, p + "ffn_up.weight", (f, d), path)), post_norm)),
             w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)))  # (2F, D), (D, F)
-        norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
-        if config.recurrent[i]:
-            return DeltaNetLayer(**self.load_delta_net(tensors, config, p, norm, path), **ffn)
-        return GatedAttentionLayer(**self.load_gated_attention(tensors, config, p, norm, path), **ffn)
+
+    def ffn_weights(self, weights: Any, layer: int) -> Any:
+        """A block's FFN: its own field here."""
+        return weights.layers[layer].ffn
 
     def load_delta_net(self, tensors: dict[str, Any], config: ModelConfig, p: str, norm: np.ndarray,
                        path: str) -> dict[str, Any]:

@@ -5,7 +5,7 @@ weights (experts.py). The experts' tensors are stacked (`ffn_gate_exps`, `ffn_up
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -26,8 +26,8 @@ EXPERT_KEYS = frozenset({"expert_count", "expert_used_count", "expert_feed_forwa
 
 
 @dataclass(frozen=True, kw_only=True)
-class RoutedLayer(AttentionWeights):
-    """One block: attention, then a routed FFN of stacked experts."""
+class RoutedFFN:
+    """A routed FFN of stacked experts."""
 
     router: Array  # (E, D) float32, ffn_norm folded in
     router_bias: Array | None = None  # (E,) or None
@@ -37,6 +37,17 @@ class RoutedLayer(AttentionWeights):
     down: StackedExperts  # rows (D,) per expert, input F
     gate_up_bias: Array | None = None  # (E, 2F) each expert's gate then up biases (gpt-oss), or None
     down_bias: Array | None = None  # (E, D) or None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all arrays (the stacked experts' included)."""
+        values = (getattr(self, f.name) for f in fields(self))
+        return sum(int(v.nbytes) for v in values if v is not None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutedLayer(AttentionWeights, RoutedFFN):
+    """One block: attention, then a routed FFN of stacked experts."""
 
 
 class Qwen3MoE(Qwen3):
@@ -78,8 +89,12 @@ class Qwen3MoE(Qwen3):
 
     def feed_forward(self, weights: Any, layer: int, x: Array, batch: ForwardBatch) -> Array:
         """The routed FFN, pre-normed and residual: updates and returns x (N, D)."""
-        cfg, w = weights.config, weights.layers[layer]
-        normed = ops.rms_normalize(x, cfg.rms_eps)  # (N, D)
+        normed = ops.rms_normalize(x, weights.config.rms_eps)  # (N, D)
+        x += self.routed(weights.config, weights.layers[layer], normed)  # (N, D)
+        return x
+
+    def routed(self, cfg: ModelConfig, w: RoutedFFN, normed: Array) -> Array:
+        """The routed FFN's output (N, D) for normed inputs (N, D)."""
         logits = ops.linear(normed, w.router)  # (N, E)
         if w.router_bias is not None:
             logits += w.router_bias
@@ -92,10 +107,9 @@ class Qwen3MoE(Qwen3):
         down = ops.expert_linear(hidden, w.down, routing, per_pair=True)  # (P, D)
         if w.down_bias is not None:
             down += w.down_bias[routing.pair_expert]  # (P, D)
-        x += combine(down, routing)  # (N, D)
-        return x
+        return combine(down, routing)  # (N, D)
 
-    def gate_up(self, w: RoutedLayer, normed: Array, routing: Any) -> Array:
+    def gate_up(self, w: RoutedFFN, normed: Array, routing: Any) -> Array:
         """Each pair's gate and up rows side by side: (P, 2F)."""
         if w.gate_up is not None:
             return ops.expert_linear(normed, w.gate_up, routing)  # (P, 2F)
