@@ -227,6 +227,11 @@ class TierFile:
         self.stats.bytes_used = len(live) * self.slot_bytes
         return {(int(index["k0"][i]), int(index["k1"][i])): int(i) for i in live}
 
+    def bytes_used(self) -> int:
+        """Bytes of the valid blocks in the file now (a lock-free look)."""
+        index = self._index
+        return 0 if index is None else int(np.count_nonzero(index["state"] == VALID)) * self.slot_bytes
+
     def _victim(self) -> int:
         """The slot to write next: an empty one, else the least recently used one not being written."""
         index = self._index

@@ -33,6 +33,8 @@ from worker.engine.repack_cache import model_key
 KV_NUMERICS = 1  # bump whenever a change to the forward changes the bits of keys or values (old tiers are replaced)
 CHAINS_KEPT = 1024  # sequences whose last chain key is remembered (a forgotten one is recomputed from its tokens)
 DEFAULT_DIR = "/dev/shm/llmfleet-kv"
+EXPORTED = ("lookups", "hits", "misses", "tokens_hit", "blocks_written", "evictions", "skipped", "bytes_used",
+            "bytes_total")
 log = logging.getLogger(__name__)
 
 
@@ -57,6 +59,12 @@ class PoolTier:
     def stats(self) -> TierStats:
         """This process's tier counters and the file's gauges."""
         return self.tier.stats
+
+    def exported(self) -> dict[str, float]:
+        """The counters and gauges a worker publishes for /metrics (`kv_tier_*`)."""
+        stats = self.tier.stats
+        stats.bytes_used = self.tier.bytes_used()
+        return {f"kv_tier_{name}": float(getattr(stats, name)) for name in EXPORTED}
 
     # ---- keys ----------------------------------------------------------------------------------------------
 
