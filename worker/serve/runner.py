@@ -96,7 +96,8 @@ class WorkerRunner:
                                    opens_thinking=engine.opens_thinking,
                                    opens_thinking_disabled=engine.opens_thinking_disabled,
                                    harmony=engine.harmony,
-                                   facts=lambda: self.facts)
+                                   facts=lambda: self.facts,
+                                   drop_tier=getattr(self.scheduler, "tier", None) and self.scheduler.tier.tier.drop)
         self.cancels = CancelListener(redis, model, held=self._held_ids)
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
                                    max_bytes=int(settings.lora_memory_mib * (1 << 20)))
