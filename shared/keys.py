@@ -12,8 +12,9 @@ Layout (values in brackets are what is stored there):
   llmfleet:placed:{model}        set of worker ids that have (or had) per-worker streams of the model; the gateway
                                  adds the id with every placed job, a worker at start; a dead worker's id is
                                  removed (with its streams) once they are empty and nothing is pending
-  llmfleet:prefix:{model}:{hash} string worker_id, EX LLMFLEET_PREFIX_TTL_S: the worker that last got a request
-                                 whose prompt starts with the chunks that `hash` chains (written by the gateway)
+  llmfleet:prefix:{model}:{hash} string worker_id (+ "\x1f" + its host KV tier, if any), EX LLMFLEET_PREFIX_TTL_S:
+                                 the worker that last got a request whose prompt starts with the chunks that `hash`
+                                 chains (written by the gateway)
   llmfleet:events:{request_id}   pub/sub channel [codec bytes of one event]; worker publishes, the
                                  gateway that submitted the request listens
   llmfleet:journal:{request_id}  stream [fields "seq" = decimal seq, "event" = codec bytes]; every event

@@ -123,7 +123,7 @@ class GatewayMetrics:
         self.key_tokens = Counter("llmfleet_api_key_tokens", "Tokens (prompt + completion) used per API key.",
                                   ("key",), registry=r)
         self.placements = Counter("llmfleet_placements", "Generation jobs by where prefix-aware placement put "
-                                  "them (hit, new, balance: a worker's stream; single, short, full, off: shared).",
+                                  "them (hit, tier, new, balance: a worker's stream; single, short, full, off: shared).",
                                   ("model", "reason"), registry=r)
         self.in_flight = Gauge("llmfleet_gateway_requests_in_flight", "Requests this gateway is serving now.",
                                registry=r)

@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import queue
+import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -54,6 +55,11 @@ class PoolTier:
         self._idle.set()
         self._thread = threading.Thread(target=self._write_loop, name="kv-tier-writer", daemon=True)
         self._thread.start()
+
+    @property
+    def identity(self) -> str:
+        """Which host tier this is, as placement compares it: "host:directory"."""
+        return f"{socket.gethostname()}:{self.tier.path.parent}"
 
     @property
     def stats(self) -> TierStats:

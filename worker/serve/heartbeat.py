@@ -59,7 +59,7 @@ class Heartbeat:
                  loras: Callable[[], tuple[int, tuple[str, ...]]] | None = None,
                  opens_thinking: bool = False, opens_thinking_disabled: bool = False, harmony: bool = False,
                  facts: Callable[[], str | None] | None = None,
-                 drop_tier: Callable[[], None] | None = None) -> None:
+                 drop_tier: Callable[[], None] | None = None, kv_tier: str = "") -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.model = model
@@ -70,6 +70,7 @@ class Heartbeat:
         self.opens_thinking_disabled = opens_thinking_disabled  # the same with enable_thinking=false
         self.harmony = harmony  # published so that gateways parse replies as harmony channels (gpt-oss)
         self._facts = facts or (lambda: None)  # the model file's JSON facts once read (worker/model_facts.py)
+        self.kv_tier = kv_tier  # published: placement prefers workers sharing the tier that holds a prefix
         self._drop_tier = drop_tier  # empties the host's KV tier of the model (None: this worker has no tier)
         self._tier_drops: int | None = None  # the kv-tier-drop counter last read (None: not yet: a baseline)
         self._gauges = gauges  # {"load": sequences in flight, "served": requests ended so far}
@@ -99,7 +100,8 @@ class Heartbeat:
                               started=self.started, state=self.state, load=gauges.get("load", 0),
                               served=gauges.get("served", 0), stats=stats, loras=loras,
                               loras_version=loras_version, opens_thinking=self.opens_thinking,
-                              opens_thinking_disabled=self.opens_thinking_disabled, harmony=self.harmony)
+                              opens_thinking_disabled=self.opens_thinking_disabled, harmony=self.harmony,
+                              kv_tier=self.kv_tier)
         queue_registration(pipe, entry, ttl_s=self.ttl_s)
         facts = self._facts()
         if facts is not None:  # every beat: a Redis that restarted empty has them again at once

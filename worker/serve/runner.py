@@ -89,6 +89,7 @@ class WorkerRunner:
         self._lost: set[tuple[str, str]] = set()  # (stream, entry) whose lease renewal was refused: to drop
         self.served = 0  # requests that ended here (any way)
         self.decode_capacity = 0.0  # tokens/s of a full decode step, measured when run() starts
+        tier = getattr(self.scheduler, "tier", None)  # the host KV tier (None: off, or an embedding model)
         self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
                                    interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
                                    gauges=self._gauges, held_jobs=self._leases, stats=self._stats,
@@ -97,7 +98,7 @@ class WorkerRunner:
                                    opens_thinking_disabled=engine.opens_thinking_disabled,
                                    harmony=engine.harmony,
                                    facts=lambda: self.facts,
-                                   drop_tier=getattr(self.scheduler, "tier", None) and self.scheduler.tier.tier.drop)
+                                   drop_tier=tier and tier.tier.drop, kv_tier=tier.identity if tier else "")
         self.cancels = CancelListener(redis, model, held=self._held_ids)
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
                                    max_bytes=int(settings.lora_memory_mib * (1 << 20)))
