@@ -104,8 +104,8 @@ class Settings:
                                   "this host shares, in one file per model of at most this size (LRU); it survives "
                                   "worker restarts and serves failovers. Its pages are taken as blocks are written. "
                                   "0: off.")
-    kv_tier_dir: str = _setting("/dev/shm/llmfleet-kv", "Where the host tier's files live (shared memory by "
-                                "default); a directory that cannot be written turns the tier off with one log line.")
+    kv_tier_dir: str = _setting("", "Where the host tier's files live; empty: /dev/shm/llmfleet-kv (shared memory). A "
+                                "directory that cannot be written turns the tier off with one log line.")
     max_batch_tokens: int = _setting(2048, "Tokens (decodes + prefill chunks) in one forward step.")
     max_prefill_tokens: int = _setting(512, "The largest prefill chunk of one sequence in one step.")
     model_memory_s: float = _setting(86_400.0, "A model stays known (503, not 404) this long after its last worker.")

@@ -221,19 +221,22 @@ def tier_layout(pool: KVPool, source: Path) -> dict[str, object]:
 
 
 def open_tier(pool: KVPool, source: Path | None, directory: str, mib: float) -> PoolTier | None:
-    """The pool's link to its host tier in `directory` (mib: the file's size; 0 or no model file: None). A tier
+    """The pool's link to its host tier in `directory` (empty: LLMFLEET_KV_TIER_DIR, else /dev/shm/llmfleet-kv; mib:
+    the file's size; 0 or no model file: None). A tier
     that cannot be opened (a read-only or full directory) is one log line and None: the worker serves without."""
     if mib <= 0 or source is None or not pool.blocks.enable_prefix_caching:
         return None
     try:
         layout = tier_layout(pool, source)
         digest = hashlib.sha256(repr(sorted(layout.items())).encode()).hexdigest()
-        path = Path(directory or DEFAULT_DIR) / f"{layout['model']}-{digest[:12]}.kvtier"
+        path = Path(directory or os.environ.get("LLMFLEET_KV_TIER_DIR") or DEFAULT_DIR) / (
+            f"{layout['model']}-{digest[:12]}.kvtier")
         block_bytes = 2 * sum(k[:, 0].nbytes for k in pool.keys)  # keys and values of every layer
         tier = TierFile(path, layout, block_bytes, int(mib * (1 << 20)))
     except (OSError, ValueError) as exc:
         log.warning("KV tier in %s is off for this worker: %s (LLMFLEET_KV_TIER_DIR, LLMFLEET_KV_TIER_MIB)",
-                    directory or DEFAULT_DIR, getattr(exc, "strerror", None) or exc)
+                    directory or os.environ.get("LLMFLEET_KV_TIER_DIR") or DEFAULT_DIR,
+                    getattr(exc, "strerror", None) or exc)
         return None
     log.info("KV tier %s: %d blocks of %d bytes (pid %d)", path, tier.n_slots, tier.block_bytes, os.getpid())
     return PoolTier(pool, tier, hashlib.blake2b(path.name.encode(), digest_size=16).digest())
