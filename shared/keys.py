@@ -12,8 +12,9 @@ Layout (values in brackets are what is stored there):
   llmfleet:placed:{model}        set of worker ids that have (or had) per-worker streams of the model; the gateway
                                  adds the id with every placed job, a worker at start; a dead worker's id is
                                  removed (with its streams) once they are empty and nothing is pending
-  llmfleet:prefix:{model}:{hash} string worker_id, EX LLMFLEET_PREFIX_TTL_S: the worker that last got a request
-                                 whose prompt starts with the chunks that `hash` chains (written by the gateway)
+  llmfleet:prefix:{model}:{hash} string worker_id (+ "\x1f" + its host KV tier, if any), EX LLMFLEET_PREFIX_TTL_S:
+                                 the worker that last got a request whose prompt starts with the chunks that `hash`
+                                 chains (written by the gateway)
   llmfleet:events:{request_id}   pub/sub channel [codec bytes of one event]; worker publishes, the
                                  gateway that submitted the request listens
   llmfleet:journal:{request_id}  stream [fields "seq" = decimal seq, "event" = codec bytes]; every event
@@ -27,6 +28,8 @@ Layout (values in brackets are what is stored there):
   llmfleet:deadletter:{model}    stream [fields "job" = codec bytes, "worker", "deliveries", "at"]; jobs
                                  delivered LLMFLEET_MAX_DELIVERIES times without an ack, set aside
   llmfleet:worker:{worker_id}    hash, the worker's registry entry, EXPIRE heartbeat TTL
+  llmfleet:kv-tier-drop:{model} integer, INCR'd by POST /admin/kv-tier/drop; every worker of the model GETs it with
+                                 each heartbeat and, when it grew, empties its host's KV tier file of the model
   llmfleet:workers               sorted set worker_id -> last heartbeat (unix s)
   llmfleet:models                sorted set model -> last heartbeat of any worker serving it (unix s)
   llmfleet:supervisor:{name}     hash [workers_expected, workers_running, workers_given_up, restarts]
@@ -208,6 +211,11 @@ def batch_lease(batch_id: str) -> str:
 def response_key(response_id: str) -> str:
     """The stored Responses API response `resp_...` (gateways only)."""
     return f"{PREFIX}response:{response_id}"
+
+
+def kv_tier_drop(model: str) -> str:
+    """The counter of a model's host-tier drops (INCR by the admin route; workers empty their tier when it grows)."""
+    return f"{PREFIX}kv-tier-drop:{model}"
 
 
 def loras_desired(model: str) -> str:

@@ -37,6 +37,7 @@ class RegistryEntry:
     opens_thinking: bool = False  # its chat template's generation prompt ends with <think>: replies start in it
     opens_thinking_disabled: bool = False  # ... even with enable_thinking=false (a template that ignores it)
     harmony: bool = False  # its chat template writes OpenAI's harmony format (gpt-oss): replies are channels
+    kv_tier: str = ""  # its host KV tier, "host:directory" ("" = none): workers with the same one share KV blocks
 
     def to_hash(self) -> dict[str, str | int | float]:
         """The hash fields to HSET (the worker id is the key, not a field)."""
@@ -45,7 +46,7 @@ class RegistryEntry:
             "started": self.started, "state": self.state, "host": self.host, "load": self.load, "served": self.served,
             "loras": ",".join(self.loras), "loras_version": self.loras_version,
             "opens_thinking": int(self.opens_thinking), "opens_thinking_disabled": int(self.opens_thinking_disabled),
-            "harmony": int(self.harmony)}
+            "harmony": int(self.harmony), "kv_tier": self.kv_tier}
         fields.update({STAT_PREFIX + name: value for name, value in self.stats.items()})
         return fields
 
@@ -64,7 +65,7 @@ class RegistryEntry:
                        loras_version=int(values.get("loras_version", "0")),
                        opens_thinking=values.get("opens_thinking", "0") == "1",
                        opens_thinking_disabled=values.get("opens_thinking_disabled", "0") == "1",
-                       harmony=values.get("harmony", "0") == "1",
+                       harmony=values.get("harmony", "0") == "1", kv_tier=values.get("kv_tier", ""),
                        stats={k.removeprefix(STAT_PREFIX): float(v) for k, v in values.items()
                               if k.startswith(STAT_PREFIX)})
         except (KeyError, ValueError):

@@ -28,7 +28,7 @@ _NON_NEGATIVE = (
     "deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
     "public_metrics", "any_model_name", "worker_wait_s", "prefix_placement", "placement_balance_abs",
     "pool_max_loaded", "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings",
-    "stream_retention_s", "orphan_grace_s",
+    "stream_retention_s", "orphan_grace_s", "kv_tier_mib",
 )
 _CHOICES = {"log_level": _LOG_LEVELS, "reasoning_format": REASONING_FORMATS, "reasoning_fields": REASONING_FIELDS,
             "kv_dtype": _KV_DTYPES}
@@ -101,6 +101,12 @@ class Settings:
                              "undisturbed text.")
     prefix_cache: int = _setting(1, "1: full prompt blocks stay cached in the KV pool's free space and are shared; "
                                  "0: off.")
+    kv_tier_mib: float = _setting(1024.0, "The host tier: full KV blocks of cached prefixes every worker of a model on "
+                                  "this host shares, in one file per model of at most this size (LRU); it survives "
+                                  "worker restarts and serves failovers. Its pages are taken as blocks are written. "
+                                  "0: off.")
+    kv_tier_dir: str = _setting("", "Where the host tier's files live; empty: /dev/shm/llmfleet-kv (shared memory). A "
+                                "directory that cannot be written turns the tier off with one log line.")
     max_batch_tokens: int = _setting(2048, "Tokens (decodes + prefill chunks) in one forward step.")
     max_prefill_tokens: int = _setting(512, "The largest prefill chunk of one sequence in one step.")
     model_memory_s: float = _setting(86_400.0, "A model stays known (503, not 404) this long after its last worker.")
@@ -237,6 +243,8 @@ ENV: dict[str, str] = {
     "kv_budget_mib": "LLMFLEET_KV_BUDGET_MIB",
     "kv_dtype": "LLMFLEET_KV_DTYPE",
     "prefix_cache": "LLMFLEET_PREFIX_CACHE",
+    "kv_tier_mib": "LLMFLEET_KV_TIER_MIB",
+    "kv_tier_dir": "LLMFLEET_KV_TIER_DIR",
     "max_batch_tokens": "LLMFLEET_MAX_BATCH_TOKENS",
     "max_prefill_tokens": "LLMFLEET_MAX_PREFILL_TOKENS",
     "model_memory_s": "LLMFLEET_MODEL_MEMORY_S",

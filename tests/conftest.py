@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.kv_tier_dir import SESSION_KV_TIER_DIR
 from tests.support.repack_dir import SESSION_REPACK_DIR
 
 pytest_plugins = ["tests.support.fixtures"]  # the fixtures of tests/support (process clusters, batch clients)
@@ -25,9 +26,10 @@ MINILM_FIXTURES_DIR = SHARED_DIR / "fixtures" / "minilm"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Remove the session's repack cache (tests/support/repack_dir.py)."""
-    if SESSION_REPACK_DIR is not None:
-        shutil.rmtree(SESSION_REPACK_DIR, ignore_errors=True)
+    """Remove the session's repack cache and host KV tier (tests/support/repack_dir.py, kv_tier_dir.py)."""
+    for directory in (SESSION_REPACK_DIR, SESSION_KV_TIER_DIR):
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _pull_or_skip(alias: str) -> Path:

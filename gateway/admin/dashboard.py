@@ -39,7 +39,8 @@ SECURITY_HEADERS = {
 }
 IN_FLIGHT = "llmfleet_gateway_requests_in_flight"
 WORKER_STATS = ("prompt_tokens", "generated_tokens", "requests_finished", "requests_failed", "requests_cancelled",
-                "preemptions", "prefix_queries", "prefix_hits", "steps")
+                "preemptions", "prefix_queries", "prefix_hits", "steps", "kv_tier_hits", "kv_tier_misses",
+                "kv_tier_tokens_hit", "kv_tier_bytes_used")
 
 
 def _static(name: str) -> bytes:

@@ -27,6 +27,8 @@ TOKEN_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 
 WORKER_GAUGES = {  # stat name -> (metric name, help)
     "active": ("llmfleet_num_requests_running", "Sequences the worker is running now."),
     "queue_depth": ("llmfleet_worker_requests_waiting", "Requests the worker took but has not started."),
+    "kv_tier_bytes_used": ("llmfleet_kv_tier_bytes", "Bytes of valid KV blocks in the host tier file of the worker's "
+                           "model (the same file for every worker of the model on its host)."),
 }
 WORKER_COUNTERS = {
     "prefix_queries": ("llmfleet_prefix_cache_queries", "Prefix-cache lookups."),
@@ -39,6 +41,13 @@ WORKER_COUNTERS = {
     "steps": ("llmfleet_worker_steps", "Forward steps the worker ran."),
     "interrupted_steps": ("llmfleet_worker_interrupted_steps",
                           "Steps stopped between layers for a request of a higher priority (then redone)."),
+    "kv_tier_hits": ("llmfleet_kv_tier_hits", "Admissions that copied at least one KV block from the host tier."),
+    "kv_tier_misses": ("llmfleet_kv_tier_misses", "Admissions that asked the host tier and found nothing to copy."),
+    "kv_tier_tokens_hit": ("llmfleet_kv_tier_hit_tokens", "Tokens whose KV came from the host tier, not a prefill."),
+    "kv_tier_blocks_written": ("llmfleet_kv_tier_blocks_written", "KV blocks the worker wrote to the host tier."),
+    "kv_tier_evictions": ("llmfleet_kv_tier_evictions", "Host-tier blocks the worker's writes replaced (LRU)."),
+    "kv_tier_skipped": ("llmfleet_kv_tier_skipped_blocks", "Host-tier blocks skipped: torn (checksum), unreadable, "
+                        "unwritable, or the writer's queue full."),
 }
 WORKER_LABELS = ("worker", "model", "host")
 
@@ -114,7 +123,7 @@ class GatewayMetrics:
         self.key_tokens = Counter("llmfleet_api_key_tokens", "Tokens (prompt + completion) used per API key.",
                                   ("key",), registry=r)
         self.placements = Counter("llmfleet_placements", "Generation jobs by where prefix-aware placement put "
-                                  "them (hit, new, balance: a worker's stream; single, short, full, off: shared).",
+                                  "them (hit, tier, new, balance: a worker's stream; single, short, full, off: shared).",
                                   ("model", "reason"), registry=r)
         self.in_flight = Gauge("llmfleet_gateway_requests_in_flight", "Requests this gateway is serving now.",
                                registry=r)

@@ -7,6 +7,8 @@
   or the timeout passed (202, still loading).
 - POST /admin/models/unload {"model", "force": false}: refused (409 model_busy) while its workers have
   requests in flight or queued, unless forced: then its workers drain (finish what they hold) and exit.
+- POST /admin/kv-tier/drop {"model"}: every host empties its KV tier file of the model (its workers see the
+  `kv-tier-drop:{model}` counter grow at their next heartbeat, within LLMFLEET_HEARTBEAT_INTERVAL_S).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from starlette.routing import Route
 from gateway.cluster.broker import Broker
 from gateway.cluster.warm_pool import ModelStatus
 from gateway.http.fields import boolean, number, parse_json_object, string
+from shared import keys
 from shared.errors import ModelBusy, ModelLoadFailed, ModelNotFound
 from shared.warm_pool import FAILED, READY, UNLOADED
 
@@ -93,8 +96,17 @@ async def unload_model(request: Request) -> Response:
     return JSONResponse(body_out, status_code=200 if not status.replicas else 202)
 
 
+async def drop_kv_tier(request: Request) -> Response:
+    """POST /admin/kv-tier/drop"""
+    broker: Broker = request.app.state.broker
+    model = string(parse_json_object(await request.body()), "model", max_len=512)
+    drops = await broker.redis.incr(keys.kv_tier_drop(model))
+    return JSONResponse({"object": "kv_tier.drop", "model": model, "drops": int(drops)})
+
+
 ROUTES = [
     Route("/admin/models", list_pool_models, methods=["GET"]),
     Route("/admin/models/load", load_model, methods=["POST"]),
     Route("/admin/models/unload", unload_model, methods=["POST"]),
+    Route("/admin/kv-tier/drop", drop_kv_tier, methods=["POST"]),
 ]

@@ -217,7 +217,7 @@ class Broker:
                 if choice.worker_id is not None:
                     stream = keys.worker_jobs_stream(job.model, choice.worker_id, job.priority)
                     pipe.sadd(keys.placed_workers(job.model), choice.worker_id)
-                    self.prefix_map.queue_record(pipe, job.model, chain, choice.worker_id)
+                    self.prefix_map.queue_record(pipe, job.model, chain, choice.worker_id, choice.tier)
                 pipe.xadd(stream, {keys.JOB_FIELD: codec.encode_job(job)}, maxlen=self.settings.stream_maxlen,
                           approximate=True)
                 sent = True

@@ -20,7 +20,10 @@ choose():
   3. imbalance guard (as SGLang's cache-aware router): when busy (running + placed and not yet taken) differs
      by more than LLMFLEET_PLACEMENT_BALANCE_ABS and the busiest has over BALANCE_REL times the least busy's,
      the least busy worker with room wins, cache or not;
-  4. the deepest hash whose worker is live and below its slot count wins;
+  4. the deepest hash whose worker is live and below its slot count wins; when that worker is full or gone, the
+     least busy worker with room on the same host KV tier (registry `kv_tier`: the host and tier directory; the
+     prefix map's value carries it, so a dead worker's host is known) wins, since it copies the prefix's blocks
+     from the tier instead of prefilling them (reason "tier");
   5. else the least busy worker with room (ties: rendezvous hash of the first chunk, so a new prefix goes to
      the same worker from every gateway); no worker with room: the shared stream, which whoever frees a slot
      first reads.
@@ -43,6 +46,7 @@ CHUNK_CHARS = 256
 MAX_CHUNKS = 64  # the chain covers at most the first 16 KiB characters (bounded work and map writes)
 BALANCE_REL = 1.5
 HASH_CHARS = 32  # hex characters of a chain hash kept in the key
+TIER_SEP = "\x1f"  # a prefix map value is "worker_id" or "worker_id<TIER_SEP>kv_tier"
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Candidate:
     slots: int
     running: int  # sequences in flight (its heartbeat's load, or the jobs it holds if more)
     queued: int  # jobs placed on it and not taken yet (its streams, and this gateway's writes under way)
+    tier: str = ""  # its host KV tier ("" = none): workers with the same one share their prefixes' blocks
 
     @property
     def busy(self) -> int:
@@ -72,6 +77,7 @@ class Choice:
     worker_id: str | None
     reason: str  # "single", "short", "balance", "hit", "new", "full", "off"
     depth: int = 0  # chunks of the prefix the chosen worker is known to have (hit only)
+    tier: str = ""  # the chosen worker's host KV tier (recorded with it in the prefix map)
 
 
 def prompt_text(job: GenerateJob) -> str:
@@ -133,12 +139,17 @@ def choose(candidates: Sequence[Candidate], chain: Sequence[str], owners: Sequen
         return Choice(target.worker_id if target else None, "balance" if target else "full")
     by_id = {c.worker_id: c for c in candidates}
     for depth in range(len(owners), 0, -1):
-        owner = owners[depth - 1]
+        owner, _, tier = (owners[depth - 1] or "").partition(TIER_SEP)
         candidate = by_id.get(owner) if owner else None
         if candidate is not None and candidate.has_room:
-            return Choice(candidate.worker_id, "hit", depth)
+            return Choice(candidate.worker_id, "hit", depth, candidate.tier)
+        tier = candidate.tier if candidate is not None else tier
+        mate = least_busy([c for c in candidates if c.tier == tier], seed) if tier else None
+        if mate is not None:
+            return Choice(mate.worker_id, "tier", depth, mate.tier)
     target = least_busy(candidates, seed)
-    return Choice(target.worker_id if target else None, "new" if target else "full")
+    return Choice(target.worker_id if target else None, "new" if target else "full", 0,
+                  target.tier if target else "")
 
 
 class PrefixMap:
@@ -155,10 +166,11 @@ class PrefixMap:
         values = await self._redis.mget([keys.prefix_owner(model, h) for h in chain])
         return [v.decode(errors="replace") if v else None for v in values]
 
-    def queue_record(self, pipe: object, model: str, chain: Sequence[str], worker_id: str) -> None:
-        """Queue on `pipe` the writes that map every prefix of the chain to `worker_id`."""
+    def queue_record(self, pipe: object, model: str, chain: Sequence[str], worker_id: str, tier: str = "") -> None:
+        """Queue on `pipe` the writes that map every prefix of the chain to `worker_id` (and its host KV tier)."""
+        value = f"{worker_id}{TIER_SEP}{tier}" if tier else worker_id
         for digest in chain:
-            pipe.set(keys.prefix_owner(model, digest), worker_id, px=self._ttl_ms)  # type: ignore[attr-defined]
+            pipe.set(keys.prefix_owner(model, digest), value, px=self._ttl_ms)  # type: ignore[attr-defined]
 
 
 def candidates_of(workers: Sequence[RegistryEntry], loads: Mapping[str, tuple[int, int]]) -> list[Candidate]:
@@ -166,7 +178,7 @@ def candidates_of(workers: Sequence[RegistryEntry], loads: Mapping[str, tuple[in
     candidates = []
     for worker in workers:
         held, placed = loads.get(worker.worker_id, (0, 0))
-        candidates.append(Candidate(worker.worker_id, worker.slots, max(worker.load, held), placed))
+        candidates.append(Candidate(worker.worker_id, worker.slots, max(worker.load, held), placed, worker.kv_tier))
     return candidates
 
 

@@ -81,6 +81,7 @@ def _admin_paths() -> dict[str, Any]:
         "/admin/models": {"get": admin("Warm pool: every catalogued or served model and its status")},
         "/admin/models/load": {"post": admin("Warm pool: load a replica of a model", "AdminModelRequest")},
         "/admin/models/unload": {"post": admin("Warm pool: unload a model", "AdminModelRequest")},
+        "/admin/kv-tier/drop": {"post": admin("Empty every host's KV tier of a model", "AdminModelRequest")},
         "/admin/loras": {"post": admin("Load a LoRA adapter on every worker of a model", "AdminLoraRequest"),
                          "get": admin("LoRA adapters per model")},
         "/admin/loras/{model}/{name}": {"delete": admin("Unload a LoRA adapter", params=("model", "name"))},

@@ -22,7 +22,8 @@ def process_cluster_redis(logdir: Path, *, redis_url: str | None = None, model: 
                           **settings: str) -> LocalCluster:
     """A LocalCluster with TEST_SETTINGS and `settings` whose Redis runs (the bundled one unless `redis_url`),
     nothing else started yet; skips the test when there is no redis-server."""
-    cluster = LocalCluster(logdir, {**TEST_SETTINGS, **settings}, model=model, redis_url=redis_url)
+    tier = {"LLMFLEET_KV_TIER_DIR": str(logdir / "kv-tier")}  # each cluster its own host tier, not /dev/shm's
+    cluster = LocalCluster(logdir, {**TEST_SETTINGS, **tier, **settings}, model=model, redis_url=redis_url)
     try:
         return cluster.start_redis()
     except RuntimeError as exc:

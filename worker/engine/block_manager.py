@@ -62,6 +62,7 @@ class BlockManager:
         self._tables: dict[int, list[int]] = {}
         self._n_tokens: dict[int, int] = {}
         self._committed: dict[int, tuple[int, int | None]] = {}  # seq -> (registered leading blocks, last hash)
+        self._pins = [0] * n_blocks  # references held outside any table (a tier write in flight, a tier read)
 
     # ---- counts ---------------------------------------------------------------------------------------
 
@@ -95,18 +96,8 @@ class BlockManager:
 
     def _cached_prefix(self, token_ids: Sequence[int], seed: int | None = None) -> tuple[list[int], int | None]:
         """Registered blocks that hold the leading full blocks of token_ids (chain from seed), and the last hash."""
-        blocks: list[int] = []
-        parent: int | None = seed
-        size = self.block_size
-        for i in range(len(token_ids) // size):
-            chunk = tuple(token_ids[i * size : (i + 1) * size])
-            key = chain_hash(parent, chunk)
-            block = self._block_of.get(key)
-            if block is None or self._tokens_of[block] != chunk:
-                break
-            blocks.append(block)
-            parent = key
-        if blocks and len(blocks) * size >= len(token_ids):  # keep the last token to run, for fresh logits
+        blocks, parent = self.cached_run(token_ids, seed)
+        if blocks and len(blocks) * self.block_size >= len(token_ids):  # keep the last token to run, for fresh logits
             blocks.pop()
             parent = self._hash_of[blocks[-1]] if blocks else seed
         return blocks, parent
@@ -148,6 +139,54 @@ class BlockManager:
             self.stats.hits += 1 if hits else 0
             self.stats.tokens_hit += computed
         return computed
+
+    def committed_blocks(self, seq_id: int) -> int:
+        """Leading full blocks of a sequence whose KV is computed and registered (or offered) for reuse."""
+        return self._committed[seq_id][0]
+
+    def cached_run(self, token_ids: Sequence[int], seed: int | None = None) -> tuple[list[int], int | None]:
+        """Registered blocks holding the leading full blocks of token_ids as far as the chain goes, and the chain
+        key of the last of them (seed when none)."""
+        blocks: list[int] = []
+        parent: int | None = seed
+        size = self.block_size
+        for i in range(len(token_ids) // size):
+            chunk = tuple(token_ids[i * size : (i + 1) * size])
+            key = chain_hash(parent, chunk)
+            block = self._block_of.get(key)
+            if block is None or self._tokens_of[block] != chunk:
+                break
+            blocks.append(block)
+            parent = key
+        return blocks, parent
+
+    def pin(self, block: int) -> None:
+        """Hold a block outside any table (not evicted, not reused) until unpin()."""
+        self._ref(block)
+        self._pins[block] += 1
+
+    def unpin(self, block: int) -> None:
+        """Drop a pin(): at zero references the block is cached (if registered) or free."""
+        self._pins[block] -= 1
+        self._release(block)
+
+    def take_pinned(self) -> int:
+        """A fresh block (free, else the least recently used cached one), pinned and not yet registered."""
+        block = self._take()
+        self._pins[block] += 1
+        return block
+
+    def register(self, block: int, parent: int | None, tokens: Sequence[int]) -> int | None:
+        """Register a pinned block as the full block `tokens` after chain key `parent`; returns its chain key,
+        or None when that key is registered already (the block then stays unregistered)."""
+        chunk = tuple(tokens)
+        key = chain_hash(parent, chunk)
+        if len(chunk) != self.block_size or key in self._block_of or block in self._hash_of:
+            return None
+        self._block_of[key] = block
+        self._hash_of[block] = key
+        self._tokens_of[block] = chunk
+        return key
 
     def append_cost(self, seq_id: int, n_new: int) -> int:
         """Fresh blocks append_slots(seq_id, n_new) would take (new blocks plus a copy-on-write copy)."""
@@ -277,7 +316,7 @@ class BlockManager:
         for table in self._tables.values():
             for block in table:
                 counts[block] += 1
-        assert counts == self._refs, "reference counts differ from the tables"
+        assert [c + p for c, p in zip(counts, self._pins)] == self._refs, "reference counts differ from the tables"
         free, evictable = set(self._free), set(self._evictable)
         assert len(free) == len(self._free) and not free & evictable, "a block is listed twice"
         used = {b for b in range(self.n_blocks) if self._refs[b]}

@@ -15,6 +15,7 @@ import logging
 import time
 
 from worker.engine.block_manager import BlockManager, NoFreeBlocks
+from worker.engine.kv_tier_link import PoolTier
 from worker.engine.lora import lora_set_key
 from worker.schedule.preemption import kv_victim, priority_victim, rank
 from worker.schedule.scheduler_config import SchedulerConfig
@@ -26,8 +27,10 @@ log = logging.getLogger(__name__)
 class Admission:
     """The waiting and running sequences of one scheduler, and the rules that move them between the two."""
 
-    def __init__(self, blocks: BlockManager | None, config: SchedulerConfig, stats: SchedulerStats) -> None:
+    def __init__(self, blocks: BlockManager | None, config: SchedulerConfig, stats: SchedulerStats,
+                 tier: PoolTier | None = None) -> None:
         self.blocks = blocks  # None for an encoder, which keeps no KV between steps
+        self.tier = tier  # the host's KV tier: read before a prompt is admitted, written as blocks fill
         self.config = config
         self.stats = stats
         self.waiting: list[tuple[int, int, int, int, ScheduledSequence]] = []  # heap (-priority, front, order, tie, seq)
@@ -97,10 +100,20 @@ class Admission:
         beside one free block per running decode (so admission does not force an immediate preemption)."""
         if len(self.active) + width > self.config.max_sequences:
             return False
+        if self.tier is not None and use_cache and seed is None:  # the host tier's blocks join the pool's cache
+            self.tier.fill(seq.target_ids)
         headroom = sum(1 for s in self.active if s.state == SeqState.DECODING)
         if self.active and self.blocks.num_free_blocks - headroom < self.blocks.blocks_for(len(seq.target_ids)):
             return False
         return self.blocks.can_allocate(seq.target_ids, use_cache=use_cache, seed=seed)
+
+    def commit(self, seq: ScheduledSequence) -> None:
+        """The sequence's KV up to seq.computed is in the pool: register its full blocks, offer new ones to the tier."""
+        before = self.blocks.committed_blocks(seq.seq_id)
+        self.blocks.commit(seq.seq_id, seq.target_ids[: seq.computed])
+        after = self.blocks.committed_blocks(seq.seq_id)
+        if self.tier is not None and after > before and not seq.group.request.loras:
+            self.tier.offer(seq.seq_id, self.blocks.block_table(seq.seq_id), seq.target_ids, before, after)
 
     def make_room_for_decodes(self) -> list[ScheduledSequence]:
         """Preempt until every running decode can append a token; returns the decodes left."""

@@ -20,6 +20,7 @@ from worker.engine.embeddings import finish_pool, pool_chunk
 from worker.engine.engine import Engine
 from worker.engine.errors import StepInterrupted
 from worker.engine.forward_batch import BatchEntry
+from worker.engine.kv_tier_link import open_tier
 from worker.engine.stopping import StopReason
 from worker.schedule.admission import Admission
 from worker.schedule.preemption import not_outranked, rank
@@ -68,7 +69,8 @@ class Scheduler:
         self.config = config
         self.blocks = self.kv_pool.blocks
         self.stats = SchedulerStats(kv_blocks_total=self.kv_pool.n_blocks)
-        self.admission = Admission(self.blocks, config, self.stats)
+        self.tier = open_tier(self.kv_pool, engine.source, config.kv_tier_dir, config.kv_tier_mib)
+        self.admission = Admission(self.blocks, config, self.stats, self.tier)
         self._groups: dict[str, RequestGroup] = {}
         self._arrivals = itertools.count()
         self._seq_ids = itertools.count()
@@ -273,11 +275,10 @@ class Scheduler:
 
     def _computed(self, seq: ScheduledSequence, n: int) -> None:
         """Record n more tokens in the pool; blocks that became full join the prefix cache."""
-        before = seq.computed
+        size, before = self.blocks.block_size, seq.computed
         seq.computed += n
-        size = self.blocks.block_size
         if seq.group.request.cache_prompt and seq.computed // size > before // size:
-            self.blocks.commit(seq.seq_id, seq.target_ids[: seq.computed])
+            self.admission.commit(seq)
 
     def _plan(self) -> list[tuple[ScheduledSequence, list[int]]]:
         """Choose this step's tokens: every decode, then prefill chunks, within budgets; preempt to fit KV."""
@@ -397,6 +398,5 @@ class Scheduler:
         self.stats.kv_blocks_used = self.blocks.num_used_blocks
         self.stats.kv_bytes = self.blocks.num_used_blocks * self.kv_pool.block_bytes
         self.stats.kv_peak_bytes = max(self.stats.kv_peak_bytes, self.stats.kv_bytes)
-        prefix = self.blocks.stats
-        self.stats.prefix_queries, self.stats.prefix_hits = prefix.queries, prefix.hits
-        self.stats.prefix_tokens_hit = prefix.tokens_hit
+        prefix, stats = self.blocks.stats, self.stats
+        stats.prefix_queries, stats.prefix_hits, stats.prefix_tokens_hit = prefix.queries, prefix.hits, prefix.tokens_hit

@@ -58,7 +58,8 @@ class Heartbeat:
                  on_lost: Callable[[list[tuple[str, str]]], None] | None = None,
                  loras: Callable[[], tuple[int, tuple[str, ...]]] | None = None,
                  opens_thinking: bool = False, opens_thinking_disabled: bool = False, harmony: bool = False,
-                 facts: Callable[[], str | None] | None = None) -> None:
+                 facts: Callable[[], str | None] | None = None,
+                 drop_tier: Callable[[], None] | None = None, kv_tier: str = "") -> None:
         self.redis = redis
         self.worker_id = worker_id
         self.model = model
@@ -69,6 +70,9 @@ class Heartbeat:
         self.opens_thinking_disabled = opens_thinking_disabled  # the same with enable_thinking=false
         self.harmony = harmony  # published so that gateways parse replies as harmony channels (gpt-oss)
         self._facts = facts or (lambda: None)  # the model file's JSON facts once read (worker/model_facts.py)
+        self.kv_tier = kv_tier  # published: placement prefers workers sharing the tier that holds a prefix
+        self._drop_tier = drop_tier  # empties the host's KV tier of the model (None: this worker has no tier)
+        self._tier_drops: int | None = None  # the kv-tier-drop counter last read (None: not yet: a baseline)
         self._gauges = gauges  # {"load": sequences in flight, "served": requests ended so far}
         self._held_jobs = held_jobs
         self._on_lost = on_lost or (lambda entries: None)  # told the (stream, entry) another worker owns now
@@ -96,14 +100,17 @@ class Heartbeat:
                               started=self.started, state=self.state, load=gauges.get("load", 0),
                               served=gauges.get("served", 0), stats=stats, loras=loras,
                               loras_version=loras_version, opens_thinking=self.opens_thinking,
-                              opens_thinking_disabled=self.opens_thinking_disabled, harmony=self.harmony)
+                              opens_thinking_disabled=self.opens_thinking_disabled, harmony=self.harmony,
+                              kv_tier=self.kv_tier)
         queue_registration(pipe, entry, ttl_s=self.ttl_s)
         facts = self._facts()
         if facts is not None:  # every beat: a Redis that restarted empty has them again at once
             pipe.hset(keys.MODEL_FACTS, self.model, facts)
+        if self._drop_tier is not None:  # last in the MULTI: its reply is the last
+            pipe.get(keys.kv_tier_drop(self.model))
         refused: ResponseError | None = None
         try:
-            pipe.execute()
+            self._check_tier_drop(pipe.execute())
         except ResponseError as exc:
             if write_refusal(exc) is None:
                 raise
@@ -112,6 +119,16 @@ class Heartbeat:
         self._renew()
         if refused is not None:
             raise refused
+
+    def _check_tier_drop(self, replies: list) -> None:
+        """Empty the host tier when the drop counter grew since the last beat (absent, after a Redis restart: 0)."""
+        if self._drop_tier is None:
+            return
+        count = int(replies[-1] or 0)
+        if self._tier_drops is not None and count != self._tier_drops and count > 0:
+            log.info("KV tier of %s dropped by an admin request", self.model)
+            self._drop_tier()
+        self._tier_drops = count
 
     def _renew(self) -> None:
         """Renew the lease of every job this worker holds; tell `on_lost` of those another worker owns now."""

@@ -77,7 +77,8 @@ class WorkerRunner:
             max_sequences=settings.slots, max_batch_tokens=settings.max_batch_tokens,
             max_prefill_tokens=settings.max_prefill_tokens, kv_budget_mib=settings.kv_budget_mib,
             kv_dtype=settings.kv_dtype,
-            prefix_cache=bool(settings.prefix_cache), max_queue=settings.queue_limit)
+            prefix_cache=bool(settings.prefix_cache), max_queue=settings.queue_limit,
+            kv_tier_mib=settings.kv_tier_mib, kv_tier_dir=settings.kv_tier_dir)
         self.scheduler = new_scheduler(engine, config)
         self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60)
         self.stop_requested = threading.Event()
@@ -88,6 +89,7 @@ class WorkerRunner:
         self._lost: set[tuple[str, str]] = set()  # (stream, entry) whose lease renewal was refused: to drop
         self.served = 0  # requests that ended here (any way)
         self.decode_capacity = 0.0  # tokens/s of a full decode step, measured when run() starts
+        tier = getattr(self.scheduler, "tier", None)  # the host KV tier (None: off, or an embedding model)
         self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
                                    interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
                                    gauges=self._gauges, held_jobs=self._leases, stats=self._stats,
@@ -95,7 +97,8 @@ class WorkerRunner:
                                    opens_thinking=engine.opens_thinking,
                                    opens_thinking_disabled=engine.opens_thinking_disabled,
                                    harmony=engine.harmony,
-                                   facts=lambda: self.facts)
+                                   facts=lambda: self.facts,
+                                   drop_tier=tier and tier.tier.drop, kv_tier=tier.identity if tier else "")
         self.cancels = CancelListener(redis, model, held=self._held_ids)
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
                                    max_bytes=int(settings.lora_memory_mib * (1 << 20)))
@@ -124,6 +127,8 @@ class WorkerRunner:
         exported = {name: float(value) for name, value in stats.items() if name in EXPORTED_STATS}
         exported["decode_capacity"] = round(self.decode_capacity, 2)  # tokens/s at full batch (admission)
         exported["context_length"] = float(self.engine.context_length)  # Ollama's /api/show, /api/ps, num_ctx
+        if getattr(self.scheduler, "tier", None) is not None:  # the host KV tier: this worker's counters, the file's bytes
+            exported.update(self.scheduler.tier.exported())
         return exported
 
     def _held_ids(self) -> list[str]:
@@ -201,6 +206,8 @@ class WorkerRunner:
             self.publisher.sender.close(timeout_s=max(0.0, min(5.0, drain_until - time.monotonic())))
             self.heartbeat.stop()
             self._safe(self.heartbeat.deregister)
+            if getattr(self.scheduler, "tier", None) is not None:  # its queued blocks written, the file kept
+                self.scheduler.tier.close()
             log.info("worker %s stopped", self.worker_id)
 
     def _safe(self, fn: Callable[[], None]) -> None:

@@ -237,3 +237,16 @@ async def test_with_placement_off_every_job_takes_the_shared_stream(
             await a.answer(job, ["ok"])
             assert (await reply).status_code == 200
     assert await _placed_on(redis, "a") == await _placed_on(redis, "b") == 0
+
+
+def test_a_full_or_dead_owner_passes_its_prefix_to_a_worker_on_the_same_host_tier() -> None:
+    chain = ["h1", "h2"]
+    a, b, c = (Candidate("a", 4, 4, 0, "host1:/dev/shm"), Candidate("b", 4, 1, 0, "host1:/dev/shm"),
+               Candidate("c", 4, 0, 0, "host2:/dev/shm"))
+    full = choose([a, b, c], chain, ["a", "a"], balance_abs=8)
+    assert (full.worker_id, full.reason, full.depth, full.tier) == ("b", "tier", 2, "host1:/dev/shm")
+    dead = choose([b, c], chain, ["a\x1fhost1:/dev/shm"] * 2, balance_abs=8)  # a is gone: its value names its tier
+    assert (dead.worker_id, dead.reason) == ("b", "tier")
+    untiered = choose([b, c], chain, ["a", "a"], balance_abs=8)  # an owner without a tier: the least busy wins
+    assert (untiered.worker_id, untiered.reason) == ("c", "new")
+    assert choose([a, b, c], chain, ["b\x1fhost1:/dev/shm"] * 2, balance_abs=8).reason == "hit"

@@ -126,3 +126,29 @@ def test_a_refused_beat_keeps_the_worker_alive_and_its_jobs_its_own(redis_server
         time.sleep(0.05)
     beat.stop()
     assert not beat.failing and client.hget(keys.worker_key("w1"), "model") == b"m"
+
+
+def test_the_heartbeat_drops_the_tier_when_the_drop_counter_grows() -> None:
+    """The first value read is a baseline; a higher one drops once; a counter lost with Redis (absent) is a new
+    baseline of 0, so the next drop after a Redis restart still drops."""
+    import fakeredis
+
+    from shared import keys
+    from worker.serve.heartbeat import Heartbeat
+
+    redis = fakeredis.FakeRedis()
+    redis.set(keys.kv_tier_drop("m"), 3)
+    drops: list[int] = []
+    beat = Heartbeat(redis, worker_id="w1", model="m", slots=4, interval_s=1.0, ttl_s=3.0,
+                     gauges=lambda: {"load": 0, "served": 0}, held_jobs=list, drop_tier=lambda: drops.append(1))
+    beat.beat()
+    assert drops == []  # a worker (re)starting never drops
+    redis.incr(keys.kv_tier_drop("m"))
+    beat.beat()
+    beat.beat()
+    assert drops == [1]
+    redis.flushall()  # Redis restarted empty
+    beat.beat()
+    redis.incr(keys.kv_tier_drop("m"))
+    beat.beat()
+    assert drops == [1, 1]

@@ -1,0 +1,67 @@
+"""Two schedulers (two workers' pools) sharing one host tier (real SmolLM2, float16 pool): a seeded request repeats
+byte for byte on the worker that found its prompt in the tier, a resumed request (a failover) reads the first
+worker's prompt and generated blocks and continues with the same tokens (LoRA chains never go to the tier)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.engine.generation import GenerationParams
+from worker.engine.sampling import SamplingParams
+from worker.schedule.scheduler import Scheduler, SchedulerConfig
+from worker.schedule.sequences import GenerationRequest, RequestDone, SequenceStep
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = ("You are a meticulous assistant for a maritime museum. Answer questions about lighthouses, their keepers, "
+          "the ships they guided and the storms they survived, citing the year when you know it. ") * 4
+SEEDED = SamplingParams(temperature=0.9, seed=11)
+
+
+def _worker(engine: Any, tier_dir: Path) -> Scheduler:
+    return Scheduler(engine, SchedulerConfig(kv_budget_mib=64, kv_tier_mib=64, kv_tier_dir=str(tier_dir)))
+
+
+def _run(sched: Scheduler, request: GenerationRequest) -> tuple[list[int], RequestDone]:
+    sched.add(request)
+    tokens: list[int] = []
+    done = None
+    while sched.has_work:
+        for event in sched.step():
+            if isinstance(event, SequenceStep):
+                tokens.append(event.output.token_id)
+            elif isinstance(event, RequestDone):
+                done = event
+    assert done is not None
+    return tokens, done
+
+
+def _request(rid: str, prompt: list[int], max_tokens: int = 80, **extra: Any) -> GenerationRequest:
+    return GenerationRequest(rid, prompt, GenerationParams(max_tokens=max_tokens, sampling=SEEDED, ignore_eos=True),
+                             **extra)
+
+
+def test_a_seeded_request_repeats_on_another_worker_through_the_tier(smollm2_engine: Any, tmp_path: Path) -> None:
+    prompt = smollm2_engine.encode_prompt(SYSTEM + "Which lighthouse is the oldest?")
+    a, b = _worker(smollm2_engine, tmp_path), _worker(smollm2_engine, tmp_path)
+    first, done_a = _run(a, _request("a", prompt))
+    assert done_a.cached_tokens == 0 and a.tier is not None and a.tier.flush()
+    again, done_b = _run(b, _request("b", prompt))
+    assert again == first
+    assert done_b.cached_tokens == (len(prompt) - 1) // 32 * 32 and b.tier.stats.hits == 1
+    a.blocks.check_invariants()
+    b.blocks.check_invariants()
+
+
+def test_a_failover_reads_the_dead_workers_prompt_and_generated_blocks(smollm2_engine: Any, tmp_path: Path) -> None:
+    prompt = smollm2_engine.encode_prompt(SYSTEM + "Tell me about a storm.")
+    dead, heir = _worker(smollm2_engine, tmp_path), _worker(smollm2_engine, tmp_path)
+    whole, _ = _run(dead, _request("x", prompt))
+    assert dead.tier.flush()
+    sent = whole[:70]  # what the dead worker had sent when it died
+    rest, done = _run(heir, _request("x", prompt, resume_tokens=[sent]))
+    assert sent + rest == whole
+    assert heir.tier.stats.tokens_hit == (len(prompt) + len(sent) - 1) // 32 * 32  # prompt and generated blocks
