@@ -25,7 +25,7 @@ from worker.engine.stopping import StopReason
 from worker.schedule.admission import Admission
 from worker.schedule.preemption import not_outranked, rank
 from worker.schedule.prompt_scoring import PromptScored, PromptScorer
-from worker.schedule.scheduler_config import SchedulerConfig, auto_slots, hybrid_split
+from worker.schedule.scheduler_config import SchedulerConfig, sized_pool
 from worker.schedule.sequences import (
     EmbeddingDone,
     EmbeddingRequest,
@@ -54,18 +54,14 @@ def _output_kind(seq: ScheduledSequence, tokens: list[int]) -> str:
     return "all" if seq.state == SeqState.DECODING and len(tokens) > 1 else "last"
 
 StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone | PromptScored
-MIB = 1 << 20
+
+
 class Scheduler:
     """Drives one engine: each step() runs ONE forward over every active sequence's new tokens."""
 
     def __init__(self, engine: Engine, config: SchedulerConfig | None = None) -> None:
         self.engine = engine
-        config = config or SchedulerConfig()
-        budget, state_slots = hybrid_split(engine.model.config, int(config.kv_budget_mib * MIB), config)
-        self.kv_pool = engine.model.new_pool(budget, enable_prefix_caching=config.prefix_cache, dtype=config.kv_dtype,
-                                             state_slots=state_slots)
-        if config.max_sequences <= 0:
-            config = replace(config, max_sequences=state_slots or auto_slots(self.kv_pool.capacity_tokens))
+        self.kv_pool, config = sized_pool(engine.model, config or SchedulerConfig())
         self.config = config
         self.blocks = self.kv_pool.blocks
         self.stats = SchedulerStats(kv_blocks_total=self.kv_pool.n_blocks)

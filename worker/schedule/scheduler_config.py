@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from worker.engine.config import ModelConfig
+from worker.engine.kv_pool import KVPool
+from worker.engine.model import Model
 from worker.engine.recurrent_state import RecurrentStates
+
+MIB = 1 << 20
 
 AUTO_MAX_SLOTS = 64  # past this, a step's attention and sampling grow faster than its matmuls get cheaper
 AUTO_TOKENS_PER_SLOT = 320  # KV the pool should hold per slot when the slot count is derived
@@ -51,3 +55,14 @@ def hybrid_split(model: ModelConfig, budget_bytes: int, config: SchedulerConfig)
                          f"little of the KV budget ({budget_bytes / (1 << 20):.0f} MiB): raise LLMFLEET_KV_BUDGET_MIB "
                          "or lower LLMFLEET_SLOTS")
     return left, slots
+
+
+def sized_pool(model: Model, config: SchedulerConfig) -> tuple[KVPool, SchedulerConfig]:
+    """The KV pool (with a hybrid's state slots) the config's budget gives, and the config with its slot count
+    settled (auto: from the pool)."""
+    budget, state_slots = hybrid_split(model.config, int(config.kv_budget_mib * MIB), config)
+    pool = model.new_pool(budget, enable_prefix_caching=config.prefix_cache, dtype=config.kv_dtype,
+                          state_slots=state_slots)
+    if config.max_sequences <= 0:
+        config = replace(config, max_sequences=state_slots or auto_slots(pool.capacity_tokens))
+    return pool, config
