@@ -33,7 +33,6 @@ from worker.engine.recurrent_state import conv_channels
 HYBRID_KEYS = frozenset({"ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank",
                          "ssm.group_count", "full_attention_interval", "attention.recurrent_layers",
                          "rope.dimension_sections", "nextn_predict_layers"})
-SOFTPLUS_LINEAR = 20.0  # ggml's softplus returns x itself above this
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,24 +184,18 @@ class Qwen35(Llama):
         n, c = normed.shape[0], conv_channels(cfg)
         hk, hv, dk = cfg.delta_key_heads, cfg.delta_value_heads, cfg.delta_head_dim
         mixed_gate = ops.linear(normed, w.w_mixed_gate)  # (N, C + Hv*Dv)
-        beta_alpha = ops.linear(normed, w.w_beta_alpha)  # (N, 2*Hv)
-        beta = 1.0 / (1.0 + np.exp(-beta_alpha[:, :hv]))  # (N, Hv) sigmoid
-        alpha = beta_alpha[:, hv:] + w.dt_bias  # (N, Hv)
-        softplus = np.where(alpha > SOFTPLUS_LINEAR, alpha, np.log(1.0 + np.exp(np.minimum(alpha, SOFTPLUS_LINEAR))))
-        decay = (softplus * w.decay_rate).astype(np.float32)  # (N, Hv) log of each token's decay (< 0)
+        decay, beta = delta_net_kernels.gates(ops.linear(normed, w.w_beta_alpha), w.dt_bias,
+                                              w.decay_rate)  # (N, Hv) x2: log decay (< 0), sigmoid(b)
         states, slots = batch.pool.states, batch.state_slots
         index = states.layer_index[layer]
         conv = delta_net_kernels.short_conv(mixed_gate[:, :c], batch.starts, slots, states.conv[index],
                                             w.conv_taps)  # (N, C)
-        q = l2_normalize_heads(conv[:, : hk * dk].reshape(n, hk, dk), cfg.rms_eps)  # (N, Hk, Dk)
-        k = l2_normalize_heads(conv[:, hk * dk : 2 * hk * dk].reshape(n, hk, dk), cfg.rms_eps)  # (N, Hk, Dk)
+        qk = l2_normalize_heads(conv[:, : 2 * hk * dk].reshape(n, 2 * hk, dk), cfg.rms_eps)  # (N, 2*Hk, Dk)
         v = conv[:, 2 * hk * dk :].reshape(n, hv, dk)  # (N, Hv, Dv)
-        out = delta_net_kernels.gated_delta(q, k, v, decay, beta.astype(np.float32), batch.starts, slots,
+        out = delta_net_kernels.gated_delta(qk[:, :hk], qk[:, hk:], v, decay, beta, batch.starts, slots,
                                             states.matrices[index])  # (N, Hv, Dv)
-        out = ops.rms_normalize_heads(out, cfg.rms_eps) * w.head_norm  # (N, Hv, Dv)
-        z = mixed_gate[:, c:].reshape(n, hv, dk)  # (N, Hv, Dv)
-        out *= z / (1.0 + np.exp(-z))  # (N, Hv, Dv) times SiLU(z)
-        return ops.linear(ops.contiguous(out.reshape(n, hv * dk)), w.w_out)  # (N, D)
+        out = delta_net_kernels.gated_norm(out, mixed_gate[:, c:], w.head_norm, cfg.rms_eps)  # (N, Hv*Dv)
+        return ops.linear(out, w.w_out)  # (N, D)
 
     def gated_attention(self, weights: LlamaWeights, w: GatedAttentionLayer, layer: int, normed: Array,
                         batch: ForwardBatch) -> Array:
