@@ -6,6 +6,7 @@ loading: quantized.py); every transform applies to both alike.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,17 @@ from worker.engine.errors import ModelLoadError
 from worker.engine.quantized import PendingLinear, fuse_pending_rows
 
 Matrix = Any  # np.ndarray | PendingLinear
+
+
+@dataclass(frozen=True, kw_only=True)
+class Arrays:
+    """A block's (or a block part's) weights: `nbytes` counts every array field (nested parts included)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all arrays in the block."""
+        values = (getattr(self, f.name) for f in fields(self))
+        return sum(int(v.nbytes) for v in values if v is not None)
 
 
 def take(tensors: dict[str, Any], name: str, shape: tuple[int, ...], path: str) -> Matrix:

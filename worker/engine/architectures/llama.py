@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from worker.engine import ops
-from worker.engine.architectures.common import fold_norm, fuse_rows, scale_rows, take, unpermute_rope_rows
+from worker.engine.architectures.common import (
+    Arrays,
+    fold_norm,
+    fuse_rows,
+    scale_rows,
+    take,
+    unpermute_rope_rows,
+)
 from worker.engine.config import ModelConfig
 from worker.engine.file_fields import DECODER_KEYS
 from worker.engine.forward_batch import ForwardBatch
@@ -17,7 +24,7 @@ from worker.engine.ops import Array, RotaryTable
 
 
 @dataclass(frozen=True, kw_only=True)
-class AttentionWeights:
+class AttentionWeights(Arrays):
     """A block's attention; every matrix is (out, in), C-contiguous. Norm weights and 1/sqrt(Dh) are folded in at
     load."""
 
@@ -28,12 +35,6 @@ class AttentionWeights:
     k_norm: Array | None = None  # (Dh,) QK-norm weight of keys, or None
     bo: Array | None = None  # (D,) the output projection's bias (gpt-oss), or None
     sinks: Array | None = None  # (H,) a logit per head in each softmax's denominator (gpt-oss), or None
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of all arrays in the block."""
-        values = (getattr(self, f.name) for f in fields(self))
-        return sum(int(v.nbytes) for v in values if v is not None)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,13 +14,13 @@ llama-server does not run them by default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from worker.engine import delta_net_kernels, ops
-from worker.engine.architectures.common import fold_norm, fuse_rows, take, take_rows
+from worker.engine.architectures.common import Arrays, fold_norm, fuse_rows, take, take_rows
 from worker.engine.architectures.llama import Llama, LlamaWeights
 from worker.engine.config import ModelConfig
 from worker.engine.errors import ModelLoadError
@@ -36,18 +36,7 @@ HYBRID_KEYS = frozenset({"ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", 
 
 
 @dataclass(frozen=True, kw_only=True)
-class Weights:
-    """Arrays of a block part; `nbytes` counts them all (nested parts included)."""
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of all arrays in the part."""
-        values = (getattr(self, f.name) for f in fields(self))
-        return sum(int(v.nbytes) for v in values if v is not None)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DenseFFN(Weights):
+class DenseFFN(Arrays):
     """The dense SwiGLU FFN of a Qwen3.5 layer."""
 
     w_gate_up: Array  # (2F, D) fused gate/up projection, post_attention_norm folded in
@@ -55,7 +44,7 @@ class DenseFFN(Weights):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeltaNetLayer(Weights):
+class DeltaNetLayer(Arrays):
     """A gated delta-net block."""
 
     w_mixed_gate: Array  # (C + Hv*Dv, D) the conv channels' and z's projections, attn_norm folded in
@@ -69,7 +58,7 @@ class DeltaNetLayer(Weights):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GatedAttentionLayer(Weights):
+class GatedAttentionLayer(Arrays):
     """A gated full-attention block."""
 
     wqkv: Array  # (H*Dh + 2*Hkv*Dh + H*Dh, D) queries, keys, values, then the per-head gates; attn_norm folded in
@@ -103,7 +92,7 @@ class Qwen35(Llama):
                             rotary=RotaryTable(config.rope_dim, config.rope_base, config.context_length,
                                                config.rope_scaling))
 
-    def load_layer(self, tensors: dict[str, Any], config: ModelConfig, i: int, path: str) -> Weights:
+    def load_layer(self, tensors: dict[str, Any], config: ModelConfig, i: int, path: str) -> Arrays:
         """Block i: a gated delta-net or gated attention, then the FFN."""
         p = f"blk.{i}."
         norm = take(tensors, p + "attn_norm.weight", (config.d_model,), path)  # (D,)

@@ -5,13 +5,13 @@ weights (experts.py). The experts' tensors are stacked (`ffn_gate_exps`, `ffn_up
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from worker.engine import ops
-from worker.engine.architectures.common import dense, fold_norm, fuse_rows, take, take_rows
+from worker.engine.architectures.common import Arrays, dense, fold_norm, fuse_rows, take, take_rows
 from worker.engine.architectures.llama import AttentionWeights
 from worker.engine.architectures.qwen3 import Qwen3
 from worker.engine.config import ModelConfig
@@ -26,7 +26,7 @@ EXPERT_KEYS = frozenset({"expert_count", "expert_used_count", "expert_feed_forwa
 
 
 @dataclass(frozen=True, kw_only=True)
-class RoutedFFN:
+class RoutedFFN(Arrays):
     """A routed FFN of stacked experts."""
 
     router: Array  # (E, D) float32, ffn_norm folded in
@@ -37,12 +37,6 @@ class RoutedFFN:
     down: StackedExperts  # rows (D,) per expert, input F
     gate_up_bias: Array | None = None  # (E, 2F) each expert's gate then up biases (gpt-oss), or None
     down_bias: Array | None = None  # (E, D) or None
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of all arrays (the stacked experts' included)."""
-        values = (getattr(self, f.name) for f in fields(self))
-        return sum(int(v.nbytes) for v in values if v is not None)
 
 
 @dataclass(frozen=True, kw_only=True)
