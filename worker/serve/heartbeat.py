@@ -31,16 +31,20 @@ RETRY_S = 0.1  # the wait before the next beat after a failed (or hung) one
 
 
 class EwmaRate:
-    """The rate of a growing counter, exponentially smoothed over a time constant (0 until a second reading)."""
+    """The rate of a growing counter while there is work, exponentially smoothed over a time constant (0 until a
+    second reading). An idle interval leaves it as it was: the gateways' admission asks how fast a busy worker
+    finishes work, and a worker that had none says nothing about that (a rate decayed over a quiet minute refused
+    the next burst as if the worker had slowed down)."""
 
     def __init__(self, time_constant_s: float = RATE_TIME_CONSTANT_S) -> None:
         self.time_constant_s = time_constant_s
         self.rate = 0.0
         self._last: tuple[float, float] | None = None  # (time, counter)
 
-    def update(self, counter: float, now: float) -> float:
-        """Fold in a new reading of the counter; returns the smoothed rate per second."""
-        if self._last is not None and now > self._last[0]:
+    def update(self, counter: float, now: float, *, idle: bool = False) -> float:
+        """Fold in a new reading of the counter (an idle interval: only remembered); returns the smoothed rate per
+        second."""
+        if self._last is not None and now > self._last[0] and not idle:
             elapsed = now - self._last[0]
             instant = max(0.0, counter - self._last[1]) / elapsed
             weight = 1.0 - math.exp(-elapsed / self.time_constant_s)
@@ -80,6 +84,7 @@ class Heartbeat:
         self._loras = loras or (lambda: (0, ()))  # (desired-set version, names) of the LoRA adapters loaded
         self._finish_rate = EwmaRate()  # requests ended per second: the gateways' admission estimates the wait
         self._token_rate = EwmaRate()  # tokens generated per second: the same, in tokens (gateway/cluster/admission.py)
+        self._loaded = False  # whether the last beat saw a job held (the rates skip intervals idle at both ends)
         self.state = "ready"
         self.recovered_at = -math.inf  # monotonic time of the first beat after an outage (failed or hung beats)
         self.failing = False  # the last beat failed (Redis away, or refusing writes)
@@ -93,8 +98,10 @@ class Heartbeat:
         pipe = self.redis.pipeline(transaction=True)
         gauges = self._gauges()
         stats = self._stats()
-        stats["finish_rate"] = round(self._finish_rate.update(gauges.get("served", 0), now), 4)
-        stats["token_rate"] = round(self._token_rate.update(stats.get("generated_tokens", 0.0), now), 4)
+        loaded = gauges.get("load", 0) > 0
+        idle, self._loaded = not (loaded or self._loaded), loaded  # no job held at either end of the interval
+        stats["finish_rate"] = round(self._finish_rate.update(gauges.get("served", 0), now, idle=idle), 4)
+        stats["token_rate"] = round(self._token_rate.update(stats.get("generated_tokens", 0.0), now, idle=idle), 4)
         loras_version, loras = self._loras()
         entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=now,
                               started=self.started, state=self.state, load=gauges.get("load", 0),

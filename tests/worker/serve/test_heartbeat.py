@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+import types
+from unittest import mock
 
 import pytest
 
@@ -18,6 +20,36 @@ def test_the_finish_rate_follows_the_counter_smoothly() -> None:
     for second in range(301, 331):  # then nothing for 30 s (one time constant): down to about 1/e
         rate = meter.update(1200, now=100.0 + second)
     assert rate == pytest.approx(4.0 / 2.718, rel=0.02)
+    for second in range(331, 631):  # idle for five minutes: nothing measured, the busy rate stands
+        assert meter.update(1200, now=100.0 + second, idle=True) == rate
+
+
+def test_an_idle_worker_keeps_the_rate_it_showed_while_busy() -> None:
+    """A quiet minute between two bursts does not make the next burst look slow to the gateways' admission."""
+    import fakeredis
+
+    from shared import keys
+    from worker.serve.heartbeat import Heartbeat
+
+    gauges, counters = {"load": 4, "served": 0}, {"generated_tokens": 0.0}
+    beat = Heartbeat(fakeredis.FakeRedis(), worker_id="w1", model="m", slots=4, interval_s=1.0, ttl_s=3.0,
+                     gauges=lambda: dict(gauges), held_jobs=list, stats=lambda: dict(counters))
+    clock = [1000.0]
+
+    def beat_at(seconds: float) -> float:
+        clock[0] += seconds
+        fake_time = types.SimpleNamespace(time=lambda: clock[0], monotonic=time.monotonic)
+        with mock.patch("worker.serve.heartbeat.time", fake_time):  # the beat's clock only (Redis keeps its own)
+            beat.beat()
+        return float(beat.redis.hgetall(keys.worker_key("w1"))[b"stat.token_rate"])
+
+    for _ in range(120):  # two minutes busy at 50 tokens a second
+        counters["generated_tokens"] += 50.0
+        busy = beat_at(1.0)
+    gauges["load"] = 0
+    beat_at(1.0)  # the burst ended during this interval: still measured
+    quiet = [beat_at(1.0) for _ in range(60)]  # a minute with nothing to do
+    assert busy == pytest.approx(50.0, rel=0.05) and quiet[-1] == quiet[0] > 0.9 * busy
 
 
 def test_the_heartbeat_publishes_the_token_rate_and_the_tokens_left() -> None:
