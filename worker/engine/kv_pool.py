@@ -50,10 +50,9 @@ class KVPool:
         self.arena_of = {layer: i for i, layer in enumerate(attending)}  # model layer -> its arena
         self.keys = [ops.xp.zeros(shape, self.dtype) for _ in attending]  # La x (Hkv, NB, BS, Dh)
         self.values = [ops.xp.zeros(shape, self.dtype) for _ in attending]  # La x (Hkv, NB, BS, Dh)
-        # a recurrent state cannot be cut at a block boundary: a hybrid's sequences share no prefixes
+        # a hybrid's recurrent state per sequence (its prefix checkpoints included)
         self.states = RecurrentStates(config, state_slots) if config.recurrent_layers else None
-        self.blocks = BlockManager(n_blocks, block_size,
-                                   enable_prefix_caching=enable_prefix_caching and self.states is None)
+        self.blocks = BlockManager(n_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, dtype: Any = KV_DTYPE) -> int:

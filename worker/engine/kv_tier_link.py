@@ -222,9 +222,9 @@ def tier_layout(pool: KVPool, source: Path) -> dict[str, object]:
 
 def open_tier(pool: KVPool, source: Path | None, directory: str, mib: float) -> PoolTier | None:
     """The pool's link to its host tier in `directory` (empty: LLMFLEET_KV_TIER_DIR, else /dev/shm/llmfleet-kv; mib:
-    the file's size; 0 or no model file: None). A tier
+    the file's size; 0, no model file or a hybrid model, whose blocks need its recurrent state too: None). A tier
     that cannot be opened (a read-only or full directory) is one log line and None: the worker serves without."""
-    if mib <= 0 or source is None or not pool.blocks.enable_prefix_caching:
+    if mib <= 0 or source is None or not pool.blocks.enable_prefix_caching or pool.states is not None:
         return None
     try:
         layout = tier_layout(pool, source)

@@ -3,12 +3,17 @@
 An attention layer's memory grows with the sequence (the KV pool's blocks); a gated delta-net layer's is one
 (value heads, Dv, Dk) matrix per sequence that every token rewrites, plus the short convolution's last K-1 inputs.
 A slot holds both for every recurrent layer. A slot's state is the sequence's state after exactly `absorbed` tokens:
-a step must start a sequence at 0 (the slot is zeroed) or exactly where its state stands; anything else (a prefix
-the state never saw, a rolled-back draft) is an EngineError, never a wrong answer. So hybrid pools share no prefixes
-and take no drafts (the scheduler knows), a preempted or failed-over sequence re-prefills from its first token,
-and a forked choice copies its parent's slot. A step rewrites the slots in place, layer by layer: it cannot stop
-half-way (model.forward does not interrupt a hybrid step), and a step that fails half-way leaves its sequences'
-slots unusable until they restart from 0.
+a step must start a sequence at 0 (the slot is zeroed), where a checkpoint was restored, or exactly where its
+state stands; anything else (a prefix the state never saw, a rolled-back draft) is an EngineError, never a wrong
+answer. So hybrid pools take no drafts (the scheduler knows) and a forked choice copies its parent's slot. A step
+rewrites the slots in place, layer by layer: it cannot stop half-way (model.forward does not interrupt a hybrid
+step), and a step that fails half-way leaves its sequences' slots unusable until they restart.
+
+Prefix sharing: a state cannot be cut at any token, so the scheduler keeps copies of it (checkpoints) where a
+prompt's prefill reaches a block boundary, keyed by the KV pool's hash chain of the tokens before it (as vLLM's
+hybrid prefix caching keeps states at block boundaries). A later prompt whose cached KV blocks reach such a boundary
+restores that copy and prefills only the rest: the same bits as a cold prefill, since every token's update is the
+same computation. Checkpoints live in extra slots (a quarter of the sequence slots, least recently used first out).
 
 Slots are allocated once (zero pages: memory is committed as slots are first written) and reclaimed from
 sequences the KV pool no longer holds.
@@ -16,6 +21,7 @@ sequences the KV pool no longer holds.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -29,6 +35,7 @@ if TYPE_CHECKING:
 
 STATE_DTYPE = np.float32  # as llama.cpp's recurrent cache keeps it
 IN_FLIGHT = -1  # `absorbed` of a sequence whose step has not finished
+CHECKPOINTS_PER_SLOTS = 4  # one checkpoint slot for every this many sequence slots (at least one)
 
 
 class RecurrentStates:
@@ -39,14 +46,18 @@ class RecurrentStates:
             raise ValueError(f"a recurrent state pool needs at least 1 slot, got {slots}")
         layers = config.recurrent_layers
         self.slots = slots
+        total = slots + checkpoint_slots(slots)
         self.layer_index = {layer: i for i, layer in enumerate(layers)}  # model layer -> its index here
         heads, width = config.delta_value_heads, config.delta_head_dim
         taps, channels = config.conv_kernel - 1, conv_channels(config)
-        self.conv = [np.zeros((slots, taps, channels), STATE_DTYPE) for _ in layers]  # Lr x (S, K-1, C)
-        self.matrices = [np.zeros((slots, heads, width, width), STATE_DTYPE) for _ in layers]  # Lr x (S, Hv, Dv, Dk)
+        self.conv = [np.zeros((total, taps, channels), STATE_DTYPE) for _ in layers]  # Lr x (S, K-1, C)
+        self.matrices = [np.zeros((total, heads, width, width), STATE_DTYPE) for _ in layers]  # Lr x (S, Hv, Dv, Dk)
         self._slot_of: dict[int, int] = {}
         self._absorbed: dict[int, int] = {}
         self._free = list(range(slots - 1, -1, -1))
+        self._checkpoints: OrderedDict[int, int] = OrderedDict()  # chain key -> its slot, least recent first
+        self._free_checkpoints = list(range(total - 1, slots - 1, -1))
+        self.saved = self.restored = 0  # checkpoints written and used
 
     @staticmethod
     def bytes_per_sequence(config: ModelConfig) -> int:
@@ -54,6 +65,11 @@ class RecurrentStates:
         per_layer = ((config.conv_kernel - 1) * conv_channels(config)
                      + config.delta_value_heads * config.delta_head_dim ** 2)
         return len(config.recurrent_layers) * per_layer * np.dtype(STATE_DTYPE).itemsize
+
+    @staticmethod
+    def total_bytes(config: ModelConfig, slots: int) -> int:
+        """Bytes of a pool of `slots` sequence slots and its checkpoint slots."""
+        return (slots + checkpoint_slots(slots)) * RecurrentStates.bytes_per_sequence(config)
 
     @property
     def nbytes(self) -> int:
@@ -89,12 +105,39 @@ class RecurrentStates:
 
     def fork(self, parent_id: int, child_id: int, live: Callable[[int], bool]) -> None:
         """A child starts with a copy of its parent's state (a forked choice after the shared prompt)."""
-        source = self._slot_of[parent_id]
-        target = self._fresh(child_id, live)
+        self._copy(self._slot_of[parent_id], self._fresh(child_id, live))
+        self._absorbed[child_id] = self._absorbed[parent_id]
+
+    def save(self, seq_id: int, key: int) -> None:
+        """Keep a copy of a sequence's state under a chain key (it stands at that key's block boundary); the least
+        recently used copy makes room."""
+        if key in self._checkpoints:
+            self._checkpoints.move_to_end(key)
+            return
+        if not self._free_checkpoints:
+            self._free_checkpoints.append(self._checkpoints.popitem(last=False)[1])
+        target = self._checkpoints[key] = self._free_checkpoints.pop()
+        self._copy(self._slot_of[seq_id], target)
+        self.saved += 1
+
+    def restore(self, seq_id: int, keys: Sequence[int], block_size: int, live: Callable[[int], bool]) -> int:
+        """Start a sequence from the deepest kept state among the chain keys of its leading blocks (keys[i] ends
+        block i); returns the tokens it stands after (0: none kept, the sequence starts from its first token)."""
+        for depth in range(len(keys), 0, -1):
+            source = self._checkpoints.get(keys[depth - 1])
+            if source is not None:
+                self._checkpoints.move_to_end(keys[depth - 1])
+                self._copy(source, self._fresh(seq_id, live))
+                self._absorbed[seq_id] = depth * block_size
+                self.restored += 1
+                return depth * block_size
+        return 0
+
+    def _copy(self, source: int, target: int) -> None:
+        """Slot `target` becomes a copy of slot `source`, every layer."""
         for conv, matrices in zip(self.conv, self.matrices):
             conv[target] = conv[source]  # (K-1, C)
             matrices[target] = matrices[source]  # (Hv, Dv, Dk)
-        self._absorbed[child_id] = self._absorbed[parent_id]
 
     def release(self, seq_id: int) -> None:
         """Give a sequence's slot back (nothing when it holds none)."""
@@ -117,6 +160,11 @@ class RecurrentStates:
             conv[slot] = 0.0  # (K-1, C)
             matrices[slot] = 0.0  # (Hv, Dv, Dk)
         return slot
+
+
+def checkpoint_slots(slots: int) -> int:
+    """Checkpoint slots beside `slots` sequence slots."""
+    return max(1, slots // CHECKPOINTS_PER_SLOTS)
 
 
 def conv_channels(config: ModelConfig) -> int:

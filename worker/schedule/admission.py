@@ -17,6 +17,8 @@ import time
 from worker.engine.block_manager import BlockManager, NoFreeBlocks
 from worker.engine.kv_tier_link import PoolTier
 from worker.engine.lora import lora_set_key
+from worker.engine.recurrent_state import RecurrentStates
+from worker.schedule.hybrid import chain_keys, restore_prefix
 from worker.schedule.preemption import kv_victim, priority_victim, rank
 from worker.schedule.scheduler_config import SchedulerConfig
 from worker.schedule.sequences import RequestGroup, ScheduledSequence, SchedulerStats, SeqState
@@ -28,9 +30,10 @@ class Admission:
     """The waiting and running sequences of one scheduler, and the rules that move them between the two."""
 
     def __init__(self, blocks: BlockManager | None, config: SchedulerConfig, stats: SchedulerStats,
-                 tier: PoolTier | None = None) -> None:
+                 tier: PoolTier | None = None, states: RecurrentStates | None = None) -> None:
         self.blocks = blocks  # None for an encoder, which keeps no KV between steps
         self.tier = tier  # the host's KV tier: read before a prompt is admitted, written as blocks fill
+        self.states = states  # a hybrid's recurrent state: its prefix checkpoints are kept and restored here
         self.config = config
         self.stats = stats
         self.waiting: list[tuple[int, int, int, int, ScheduledSequence]] = []  # heap (-priority, front, order, tie, seq)
@@ -82,6 +85,8 @@ class Admission:
             if self._fits(seq, group.request.n if shares else 1, use_cache=use_cache, seed=seed):
                 with contextlib.suppress(NoFreeBlocks):
                     computed = self.blocks.allocate(seq.seq_id, seq.target_ids, use_cache=use_cache, seed=seed)
+                if computed and self.states is not None:  # a hybrid starts from a kept state, or from scratch
+                    computed = restore_prefix(self.states, self.blocks, seq.seq_id, seq.target_ids, computed, seed)
             if computed is None:
                 if self.preempt_for_priority(seq):  # it outranks running sequences: make room, look again
                     floor = rank(seq)
@@ -112,6 +117,9 @@ class Admission:
         before = self.blocks.committed_blocks(seq.seq_id)
         self.blocks.commit(seq.seq_id, seq.target_ids[: seq.computed])
         after = self.blocks.committed_blocks(seq.seq_id)
+        if self.states is not None and seq.state == SeqState.PREFILLING and seq.computed % self.blocks.block_size == 0:
+            self.states.save(seq.seq_id, chain_keys(seq.target_ids, self.blocks.block_size,
+                                                    lora_set_key(seq.group.request.loras), after)[-1])
         if self.tier is not None and after > before and not seq.group.request.loras:
             self.tier.offer(seq.seq_id, self.blocks.block_table(seq.seq_id), seq.target_ids, before, after)
 

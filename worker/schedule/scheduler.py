@@ -23,9 +23,11 @@ from worker.engine.forward_batch import BatchEntry
 from worker.engine.kv_tier_link import open_tier
 from worker.engine.stopping import StopReason
 from worker.schedule.admission import Admission
+from worker.schedule.hybrid import prefill_chunk
+from worker.schedule.pool_sizing import sized_pool
 from worker.schedule.preemption import not_outranked, rank
 from worker.schedule.prompt_scoring import PromptScored, PromptScorer
-from worker.schedule.scheduler_config import SchedulerConfig, sized_pool
+from worker.schedule.scheduler_config import SchedulerConfig
 from worker.schedule.sequences import (
     EmbeddingDone,
     EmbeddingRequest,
@@ -66,7 +68,7 @@ class Scheduler:
         self.blocks = self.kv_pool.blocks
         self.stats = SchedulerStats(kv_blocks_total=self.kv_pool.n_blocks)
         self.tier = open_tier(self.kv_pool, engine.source, config.kv_tier_dir, config.kv_tier_mib)
-        self.admission = Admission(self.blocks, config, self.stats, self.tier)
+        self.admission = Admission(self.blocks, config, self.stats, self.tier, self.kv_pool.states)
         self._groups: dict[str, RequestGroup] = {}
         self._arrivals = itertools.count()
         self._seq_ids = itertools.count()
@@ -304,7 +306,7 @@ class Scheduler:
         for seq in prefilling:
             if budget <= 0:
                 break
-            chunk = min(seq.pending_prefill, self.config.max_prefill_tokens, budget)
+            chunk = prefill_chunk(seq, min(self.config.max_prefill_tokens, budget), self.kv_pool)
             plan.append((seq, seq.target_ids[seq.computed : seq.computed + chunk]))
             budget -= chunk
         self._refresh_gauges()

@@ -12,6 +12,7 @@ import pytest
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.kv_pool import KVPool
 from worker.engine.model import Model
+from worker.schedule.hybrid import chain_keys, restore_prefix
 
 pytestmark = pytest.mark.slow
 
@@ -91,18 +92,23 @@ def test_a_decode_row_is_the_same_beside_2_to_64_other_prompts(engine: Any, othe
 
 def test_prefix_cache_hit_gives_the_fresh_prefill_logits(engine: Any) -> None:
     """A second sequence whose leading blocks come from the prefix cache ends with the same logits (a hybrid's
-    pool shares no prefix: its second sequence prefills cold, to the same logits)."""
+    starts from the recurrent state its first sequence left at a block boundary: a checkpoint)."""
     model: Model = engine.model
     tokens = engine.encode_prompt(PROMPT)
     pool = _pool(model, caching=True)
     pool.blocks.allocate(0, tokens)
-    fresh = _prefill(model, pool, 0, tokens, len(tokens))
+    if pool.states is not None:  # the scheduler's hybrid prefill: stop at the last block boundary, keep the state
+        edge = len(tokens) // 16 * 16
+        _prefill(model, pool, 0, tokens[:edge], edge)
+        pool.states.save(0, chain_keys(tokens, 16, None, edge // 16)[-1])
+        fresh = _prefill(model, pool, 0, tokens, len(tokens), done=edge)
+    else:
+        fresh = _prefill(model, pool, 0, tokens, len(tokens))
     pool.blocks.commit(0, tokens)
     computed = pool.blocks.allocate(1, tokens)
     if pool.states is not None:
-        assert computed == 0
-    else:
-        assert computed >= 32  # at least two cached blocks
+        computed = restore_prefix(pool.states, pool.blocks, 1, tokens, computed, None)
+    assert computed >= 32  # at least two cached blocks
     assert np.array_equal(_prefill(model, pool, 1, tokens, len(tokens), done=computed), fresh)
 
 

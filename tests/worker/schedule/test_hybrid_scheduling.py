@@ -1,6 +1,6 @@
 """A hybrid model (the tiny Qwen3.5 twin: gated delta-net layers with a recurrent state per sequence) under the
-scheduler: batching, chunking, preemption, forked choices and resumed requests never change its outputs; its
-sequences share no prefix and take no drafts; its state slots come out of the KV budget."""
+scheduler: batching, chunking, preemption, forked choices, resumed requests and prefixes restored from kept states
+never change its outputs; it takes no drafts; its state slots come out of the KV budget."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from tests.worker.schedule.test_scheduler import GREEDY, _events_by_choice, _pro
 from worker.engine.generation import GenerationParams
 from worker.engine.recurrent_state import RecurrentStates
 from worker.engine.sampling import SamplingParams
+from worker.schedule.hybrid import aligned_chunk
+from worker.schedule.pool_sizing import hybrid_split
 from worker.schedule.scheduler import Scheduler, SchedulerConfig
-from worker.schedule.scheduler_config import hybrid_split
 from worker.schedule.sequences import GenerationRequest
 
 pytestmark = pytest.mark.slow
@@ -67,14 +68,30 @@ def test_forked_choices_start_from_the_prompts_state(engine: Any) -> None:
     assert run_all(sched)["n3"] == {0: expected, 1: expected, 2: expected}
 
 
-def test_a_repeated_prompt_is_prefilled_again_to_the_same_tokens(engine: Any) -> None:
-    prompt = _prompt(engine, 300, 7)
-    sched = Scheduler(engine, SchedulerConfig())
-    sched.add(_request("first", prompt))
-    first = run_all(sched)["first"][0]
-    sched.add(_request("second", prompt))
-    assert run_all(sched)["second"][0] == first
-    assert sched.blocks.stats.tokens_hit == 0  # a hybrid's pool shares no prefix
+def test_a_shared_prefix_starts_from_a_kept_state_to_the_same_tokens(engine: Any) -> None:
+    """A prompt sharing a first one's leading blocks restores the state kept at the deepest shared block boundary
+    (a checkpoint) and prefills only the rest: the same tokens as a cold run."""
+    system = _prompt(engine, 300, 7)
+    second = system + _prompt(engine, 40, 8)
+    cold = alone(engine, second)
+    sched = Scheduler(engine, SchedulerConfig(max_prefill_tokens=128))
+    sched.add(_request("first", system + [5, 6]))
+    run_all(sched)
+    states = sched.kv_pool.states
+    assert states.saved >= 3  # at 128 and 256 (chunk ends) and 288 (the prompt's last block boundary)
+    sched.add(_request("second", second))
+    assert run_all(sched)["second"][0] == cold
+    assert states.restored == 1 and sched._groups == {}
+    sched.add(_request("third", second, cache_prompt=False))
+    assert run_all(sched)["third"][0] == cold and states.restored == 1  # cache_prompt=False neither reads nor keeps
+
+
+@pytest.mark.parametrize("computed, chunk, total, expected", [
+    (0, 100, 100, 96), (96, 4, 100, 4), (0, 512, 1000, 512), (0, 500, 1000, 480), (0, 10, 100, 10),
+    (0, 96, 96, 96), (90, 10, 100, 6), (0, 20, 20, 20), (0, 40, 40, 32),
+])
+def test_a_hybrid_prefill_chunk_ends_on_a_block_edge(computed: int, chunk: int, total: int, expected: int) -> None:
+    assert aligned_chunk(computed, chunk, total, 32) == expected
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.9, top_p=0.95, seed=7)])
@@ -98,7 +115,9 @@ def test_state_slots_come_out_of_the_kv_budget(engine: Any) -> None:
     config = engine.model.config
     per_sequence = RecurrentStates.bytes_per_sequence(config)
     left, slots = hybrid_split(config, 64 * MIB, SchedulerConfig())
-    assert 1 <= slots <= 64 and slots * per_sequence <= 32 * MIB and left == 64 * MIB - slots * per_sequence
+    states = RecurrentStates.total_bytes(config, slots)  # the slots and their checkpoints (a quarter as many)
+    assert states == (slots + slots // 4) * per_sequence
+    assert 1 <= slots <= 64 and states <= 32 * MIB and left == 64 * MIB - states
     sched = Scheduler(engine, SchedulerConfig(kv_budget_mib=64))
     assert sched.config.max_sequences == slots == sched.kv_pool.states.slots
     with pytest.raises(ValueError, match="recurrent state"):
