@@ -23,19 +23,24 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from worker.engine.config import ModelConfig
 from worker.engine.errors import EngineError
 
-if TYPE_CHECKING:
-    from worker.engine.forward_batch import BatchEntry
-
 STATE_DTYPE = np.float32  # as llama.cpp's recurrent cache keeps it
 IN_FLIGHT = -1  # `absorbed` of a sequence whose step has not finished
 CHECKPOINTS_PER_SLOTS = 4  # one checkpoint slot for every this many sequence slots (at least one)
+
+
+class StepEntry(Protocol):
+    """What a step tells of one sequence (forward_batch.BatchEntry): its id, where its new tokens start, them."""
+
+    seq_id: int
+    start: int
+    tokens: Any
 
 
 class RecurrentStates:
@@ -80,7 +85,7 @@ class RecurrentStates:
         """Whether a sequence has a slot."""
         return seq_id in self._slot_of
 
-    def prepare(self, entries: Sequence[BatchEntry], live: Callable[[int], bool]) -> np.ndarray:
+    def prepare(self, entries: Sequence[StepEntry], live: Callable[[int], bool]) -> np.ndarray:
         """The slot of each entry (B,) int64 for a step about to run: a sequence starting at 0 gets a zeroed slot
         (one held by a sequence `live` denies is reclaimed first); any other must start where its state stands."""
         slots = np.empty(len(entries), np.int64)  # (B,)
@@ -98,7 +103,7 @@ class RecurrentStates:
             self._absorbed[entry.seq_id] = IN_FLIGHT
         return slots
 
-    def commit(self, entries: Sequence[BatchEntry]) -> None:
+    def commit(self, entries: Sequence[StepEntry]) -> None:
         """The step ran to its end: each entry's state now stands after its new tokens."""
         for entry in entries:
             self._absorbed[entry.seq_id] = entry.start + len(entry.tokens)
