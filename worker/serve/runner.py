@@ -34,6 +34,7 @@ from worker.serve.heartbeat import Heartbeat
 from worker.serve.intake import JobIntake
 from worker.serve.job_feeder import JobFeeder, TakenJob
 from worker.serve.publisher import EventPublisher
+from worker.serve.warmup import warm_up, warmup_jobs
 
 log = logging.getLogger(__name__)
 EXPORTED_STATS = frozenset({  # SchedulerStats fields every gateway's /metrics shows per worker
@@ -157,6 +158,15 @@ class WorkerRunner:
             ensure_group(self.redis, stream)
         self.redis.sadd(keys.placed_workers(self.model), self.worker_id)
 
+    def _warm_up(self) -> None:
+        """Run the worker's own first requests before it registers (LLMFLEET_WARM_UP), so a client's is not."""
+        if not self.settings.warm_up:
+            return
+        jobs = warmup_jobs(self.model, embedding_only=self.engine.embedding_only,
+                           chat=self.engine.chat_template is not None, worker_id=self.worker_id)
+        took = warm_up(self.intake, self.scheduler, self.publisher, jobs)
+        log.info("worker %s: warm-up requests took %.2f s", self.worker_id, took)
+
     def _read_facts(self, path: Path) -> None:
         """Read the model file's facts for Ollama's /api/tags and /api/show (the heartbeat publishes them)."""
         self.facts = facts_json(path)
@@ -170,6 +180,7 @@ class WorkerRunner:
                      self.worker_id, sum(len(ids) for ids in self.feeder.orphans.values()))
         self.decode_capacity = self.engine.measure_decode_rate(self.scheduler.config.max_sequences)
         log.info("worker %s: a full decode step runs at %.0f tokens/s", self.worker_id, self.decode_capacity)
+        self._warm_up()
         self._safe(lambda: self.adapters.sync(self.redis, force=True))  # the desired adapters, before registering
         if self.model_file is not None:  # a digest not cached beside the file takes a while: not on the way to ready
             threading.Thread(target=self._read_facts, args=(self.model_file,), name="model-facts", daemon=True).start()
