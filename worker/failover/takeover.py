@@ -34,7 +34,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from shared import keys
+from shared import codec, keys
+from shared.codec import WireFormatError
 from shared.redis_sockets import COMMAND_TIMEOUT_S
 
 DEAD_LETTER_MAXLEN = 10_000  # dead-lettered jobs kept per model (approximate trim)
@@ -134,6 +135,14 @@ def dead_letter(redis: Any, model: str, job_bytes: bytes, *, worker_id: str, del
     redis.xadd(keys.deadletter_stream(model), {keys.JOB_FIELD: job_bytes, "worker": worker_id,
                                                "deliveries": str(deliveries), "at": f"{time.time():.3f}"},
                maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+
+
+def request_id_of(fields: dict) -> str | None:
+    """The request id of a job stream entry (None when it cannot be read)."""
+    try:
+        return codec.decode_job(fields[keys.JOB_FIELD.encode()]).id
+    except (WireFormatError, KeyError):
+        return None
 
 
 def _text(value: bytes | str) -> str:

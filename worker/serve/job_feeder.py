@@ -1,7 +1,8 @@
 """Brings jobs to the worker loop from a thread of its own, so the decode step never waits on Redis for them.
 
 Every Redis read the taking of a job needs happens here: new jobs (highest priority class first, this worker's
-placed jobs before the shared ones), other workers' overdue placed jobs (worker/failover/stealing.py), dead or silent
+placed jobs before the shared ones; each class's fair queue released into its shared stream first, as much as
+this worker has room for: shared/redis_commands.py FAIR_SCRIPT), other workers' overdue placed jobs (worker/failover/stealing.py), dead or silent
 workers' jobs (worker/failover/takeover.py, every RECLAIM_EVERY_S), the owner epoch (worker/failover/fencing.py), the journal of a
 job taken over (worker/failover/resume.py), the cancel marker, the dead-lettering of a poison job, and the LoRA desired
 set (worker/loras.py). The loop collects the results with `drain()` and starts or ends each job without Redis.
@@ -21,12 +22,12 @@ from redis.exceptions import RedisError, ResponseError
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.messages import Job
-from shared.redis_commands import queue_job_done, run, streams_with_waiting
+from shared.redis_commands import queue_job_done, release_calls, release_fair, run, streams_with_waiting
 from shared.settings import Settings
 from worker.failover.fencing import Grant, take_ownership
 from worker.failover.resume import JournalState, JournalUnusable, read_journal
 from worker.failover.stealing import Stealer, reclaim_streams
-from worker.failover.takeover import claim_own, claim_stalled, dead_letter
+from worker.failover.takeover import claim_own, claim_stalled, dead_letter, request_id_of
 from worker.loras import AdapterSet
 from worker.schedule.sequences import Priority
 
@@ -193,9 +194,14 @@ class JobFeeder:
         free = self._free()
         others = self.stealer.plan(free) if free > 0 and self.stealer.due() else {}
         busy = self._free_width() < self._slots
-        # busy: one round trip tells which streams hold a job, and only those are read (a read per stream, each
-        # waiting for the GIL behind the engine's step, made a new job wait tens of milliseconds)
-        waiting = run(self.redis, streams_with_waiting(self.read_order)) if busy and not others else None
+        # first each class's fair queue releases into its shared stream what this worker has room for
+        rooms = {p: max(free, self._preemptible(i)) for i, p in enumerate(keys.PRIORITY_ORDER)}
+        releases = release_calls(self.model, rooms, maxlen=self.settings.stream_maxlen)
+        # busy: one round trip (the releases' too) tells which streams hold a job, and only those are read (a read
+        # per stream, each waiting for the GIL behind the engine's step, made a new job wait tens of milliseconds)
+        waiting = run(self.redis, streams_with_waiting(self.read_order, releases)) if busy and not others else None
+        if waiting is None:
+            run(self.redis, release_fair(self.model, rooms, maxlen=self.settings.stream_maxlen))
         if waiting is not None and not waiting:
             if not (readable := self._streams_with_room(free)):
                 with self._cond:
@@ -381,14 +387,6 @@ class JobFeeder:
             log.warning("dropping undecodable job %s: %s", message_id, exc)
             self._ack(stream, message_id)
             return None
-
-
-def request_id_of(fields: dict) -> str | None:
-    """The request id of a job stream entry (None when it cannot be read)."""
-    try:
-        return codec.decode_job(fields[keys.JOB_FIELD.encode()]).id
-    except (WireFormatError, KeyError):
-        return None
 
 
 def _width(job: Job) -> int:
