@@ -53,6 +53,7 @@ from gateway.cluster.subscriber import QueueItem, Subscriber
 from gateway.cluster.warm_pool import WarmPool
 from gateway.http.error_log import ErrorLog
 from gateway.http.rate_limit import RateLimiter
+from gateway.http.tracing import traced
 from shared import codec, keys
 from shared.errors import (
     InvalidRequest,
@@ -141,6 +142,7 @@ class Broker:
     async def submit(self, job: Job, *, keep_alive: float | None = None) -> EventStream:
         """Admit and queue `job`; returns the stream of its events (close it when done). `keep_alive` (seconds, -1
         forever) is how long the warm pool should keep the model after this request, when the request said."""
+        job = traced(job)  # carries the request span's context (tracing on: gateway/http/tracing.py)
         job, workers = await self._admit_in_time(job, keep_alive)  # counted in self._admitting until it is in a stream
         try:
             return await self._queue(job, workers)

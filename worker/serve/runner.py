@@ -34,6 +34,7 @@ from worker.serve.heartbeat import Heartbeat
 from worker.serve.intake import JobIntake
 from worker.serve.job_feeder import JobFeeder, TakenJob
 from worker.serve.publisher import EventPublisher
+from worker.serve.tracing import JobTracer
 from worker.serve.warmup import warm_up, warmup_jobs
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class WorkerRunner:
             prefix_cache=bool(settings.prefix_cache), max_queue=settings.queue_limit)
         self.scheduler = new_scheduler(engine, config)
         self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60)
+        self.tracer = JobTracer(model, self.worker_id)  # spans of traced jobs (OTEL_EXPORTER_OTLP_ENDPOINT set)
         self.stop_requested = threading.Event()
         self.ready = threading.Event()  # set once registered and listening
         self._held: dict[str, HeldJob] = {}
@@ -264,7 +266,9 @@ class WorkerRunner:
         if not self.publisher.room(BACKPRESSURE_WAIT_S):  # the publish queue is full: wait for Redis
             self.publisher.flush(acks)
             return
-        ended = self.publisher.add_steps(self.scheduler.step(self.feeder.outranks))
+        events = self.scheduler.step(self.feeder.outranks)
+        self.tracer.observe(events)
+        ended = self.publisher.add_steps(events)
         acks.extend(self._release(rid) for rid in ended if rid in self._held)
         self.publisher.flush(acks)  # sealed: the publisher thread sends it with whatever else waits
 
@@ -310,8 +314,10 @@ class WorkerRunner:
                 resume: JournalState | None = None) -> None:
         """Start a job (or continue a reclaimed one from its journal) and hold it, or ack it when it ended at
         once with a terminal event."""
+        self.tracer.taken(job)
         width = self.intake.start(job, cancelled=cancelled, resume=resume)
         if width is None:
+            self.tracer.ended(job.id)
             acks.append(entry)
             return
         with self._lock:
@@ -320,6 +326,7 @@ class WorkerRunner:
     # ---- cancels and deadlines -------------------------------------------------------------------------
 
     def _release(self, request_id: str) -> tuple[str, str]:
+        self.tracer.ended(request_id)  # its spans, if the step that ended it did not write them
         with self._lock:
             held = self._held.pop(request_id)
             self.served += 1
@@ -339,6 +346,7 @@ class WorkerRunner:
             return
         self.scheduler.cancel(request_id)
         self.publisher.forget(request_id)
+        self.tracer.ended(request_id)
         with self._lock:
             self._held.pop(request_id, None)
         log.warning("fenced off: job %s was taken over by another worker (%s); dropping it without "
