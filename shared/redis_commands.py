@@ -28,6 +28,7 @@ refused write, it is retried, and a client is told what Redis said.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Generator, Sequence
@@ -147,6 +148,7 @@ end
 if redis.call('ZCARD', KEYS[1]) == 0 then redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) end
 return moved
 """
+FAIR_SHA = hashlib.sha1(FAIR_SCRIPT.encode()).hexdigest()  # workers' frequent releases send the script's digest
 GATEWAY_READY = 1  # a gateway releases jobs while the stream has fewer than this waiting (so an idle worker wakes)
 
 
@@ -169,20 +171,33 @@ def queue_fair(pipe: Any, model: str, priority: str, job: FairJob, *, maxlen: in
 
 
 def release_calls(model: str, rooms: dict[str, int], *, maxlen: int) -> list[Call]:
-    """The script calls that release each class's fair queue into its shared stream until the stream has as many
-    jobs waiting as `rooms` says for that class (a worker's free slots for it, read right after)."""
-    return [call("eval", FAIR_SCRIPT, 4, *keys.fair_keys(model, priority), "release", room, maxlen, keys.JOBS_GROUP)
+    """The script calls (by digest) that release each class's fair queue into its shared stream until the stream
+    has as many jobs waiting as `rooms` says for that class (a worker's free slots for it, read right after)."""
+    return [call("evalsha", FAIR_SHA, 4, *keys.fair_keys(model, priority), "release", room, maxlen, keys.JOBS_GROUP)
             for priority, room in rooms.items() if room > 0]
 
 
-def release_fair(model: str, rooms: dict[str, int], *, maxlen: int) -> Rule[int]:
-    """Run `release_calls` in one round; how many jobs were released (a class whose call failed releases none:
-    its jobs wait for the next look)."""
-    replies = yield release_calls(model, rooms, maxlen=maxlen)
+def released(replies: list[Any]) -> Rule[int]:
+    """How many jobs the replies of `release_calls` released; where Redis lacks the script (restarted: a gateway's
+    next enqueue or this load brings it back), it is loaded for the next look, and a class whose call failed
+    releases nothing now (its jobs wait for the next look)."""
     for reply in replies:
         if isinstance(reply, Exception):
             log.debug("releasing a fair queue failed: %s", reply)
+    if any(isinstance(reply, Exception) and _no_script(reply) for reply in replies):
+        yield [call("script_load", FAIR_SCRIPT)]
     return sum(reply for reply in replies if isinstance(reply, int))
+
+
+def _no_script(error: Exception) -> bool:
+    """Whether Redis answered NOSCRIPT (redis-py's NoScriptError; its text drops the code)."""
+    return type(error).__name__ == "NoScriptError" or "NOSCRIPT" in str(error) or "No matching script" in str(error)
+
+
+def release_fair(model: str, rooms: dict[str, int], *, maxlen: int) -> Rule[int]:
+    """Run `release_calls` in one round; how many jobs were released (see `released`)."""
+    replies = yield release_calls(model, rooms, maxlen=maxlen)
+    return (yield from released(replies))
 
 
 def create_group(stream: str) -> Rule[bool]:
@@ -250,6 +265,7 @@ def streams_with_waiting(streams: list[str], releases: Sequence[Call] = ()) -> R
     missing or whose replies are errors counts as one (the read that follows meets the error, as it would have
     without this look)."""
     replies = yield [*releases, *(c for stream in streams for c in (call("xinfo_groups", stream), call("xlen", stream)))]
+    yield from released(replies[:len(releases)])
     replies = replies[len(releases):]
     found = set()
     for stream, groups, length in zip(streams, replies[::2], replies[1::2], strict=True):

@@ -88,3 +88,11 @@ def test_classes_have_queues_of_their_own(client: redis.Redis) -> None:
     enqueue(client, "h1", "A", priority="high")
     assert client.zcard(keys.fair_keys(MODEL, "high")[0]) == 1 and client.xlen(keys.jobs_stream(MODEL, "high")) == 1
     assert run(client, release_fair(MODEL, {"high": 2, "normal": 0}, maxlen=1000)) == 1
+
+
+def test_a_redis_without_the_script_gets_it_back(client: redis.Redis) -> None:
+    for i in range(3):
+        enqueue(client, f"a{i}", "A")
+    client.script_flush()  # as after a restart that kept the data (AOF)
+    assert run(client, release_fair(MODEL, {"normal": 3}, maxlen=1000)) == 0  # NOSCRIPT: loaded for the next look
+    assert run(client, release_fair(MODEL, {"normal": 3}, maxlen=1000)) == 2
