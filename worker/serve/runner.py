@@ -160,6 +160,12 @@ class WorkerRunner:
             ensure_group(self.redis, stream)
         self.redis.sadd(keys.placed_workers(self.model), self.worker_id)
 
+    def _prepare_engine(self) -> None:
+        """Measure a full decode step's rate (admission's first estimate), then warm the request path up."""
+        self.decode_capacity = self.engine.measure_decode_rate(self.scheduler.config.max_sequences)
+        log.info("worker %s: a full decode step runs at %.0f tokens/s", self.worker_id, self.decode_capacity)
+        self._warm_up()
+
     def _warm_up(self) -> None:
         """Run the worker's own first requests before it registers (LLMFLEET_WARM_UP), so a client's is not."""
         if not self.settings.warm_up:
@@ -180,9 +186,7 @@ class WorkerRunner:
         if self.feeder.orphans:
             log.info("worker %s: an earlier process under this id left %d jobs pending; taking them back",
                      self.worker_id, sum(len(ids) for ids in self.feeder.orphans.values()))
-        self.decode_capacity = self.engine.measure_decode_rate(self.scheduler.config.max_sequences)
-        log.info("worker %s: a full decode step runs at %.0f tokens/s", self.worker_id, self.decode_capacity)
-        self._warm_up()
+        self._prepare_engine()
         self._safe(lambda: self.adapters.sync(self.redis, force=True))  # the desired adapters, before registering
         if self.model_file is not None:  # a digest not cached beside the file takes a while: not on the way to ready
             threading.Thread(target=self._read_facts, args=(self.model_file,), name="model-facts", daemon=True).start()
