@@ -33,8 +33,8 @@ class TracingMiddleware:
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         attributes = {"http.request.method": scope["method"], "url.path": scope["path"]}
-        with tracer.start_as_current_span(f"{scope['method']} {scope['path']}", kind=SpanKind.SERVER,
-                                          attributes=attributes) as span:
+        # named by its method until a job names it (the path may hold ids: not a span name, HTTP semconv)
+        with tracer.start_as_current_span(scope["method"], kind=SpanKind.SERVER, attributes=attributes) as span:
             async def send_noting_status(message: Message) -> None:
                 if message["type"] == "http.response.start":
                     span.set_attribute("http.response.status_code", message["status"])
@@ -96,9 +96,12 @@ def note_event(event: Event) -> None:
     if isinstance(event, ChoiceEndEvent):
         reasons = tuple((getattr(span, "attributes", None) or {}).get("gen_ai.response.finish_reasons", ()))
         span.set_attribute("gen_ai.response.finish_reasons", (*reasons, event.finish_reason))
-    elif isinstance(event, DoneEvent):
-        span.set_attributes({"gen_ai.usage.input_tokens": event.usage.prompt_tokens,
-                             "gen_ai.usage.output_tokens": event.usage.completion_tokens})
+    elif isinstance(event, DoneEvent):  # summed over a request's jobs (a completion of several prompts)
+        known = getattr(span, "attributes", None) or {}
+        span.set_attributes({"gen_ai.usage.input_tokens": known.get("gen_ai.usage.input_tokens", 0)
+                             + event.usage.prompt_tokens,
+                             "gen_ai.usage.output_tokens": known.get("gen_ai.usage.output_tokens", 0)
+                             + event.usage.completion_tokens})
     else:
         span.set_attribute("error.type", event.code or event.type)
         span.set_status(Status(StatusCode.ERROR, event.type))
