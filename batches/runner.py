@@ -34,6 +34,7 @@ from batches.input import BatchLine, parse_input
 from batches.redis_clients import async_client
 from batches.store import BatchStore
 from gateway.cluster.broker import Broker
+from gateway.http.tenants import requested_tenant
 from shared import keys
 from shared.errors import InvalidRequest, NotFound
 from shared.settings import Settings
@@ -132,6 +133,7 @@ class BatchRun:
             queue.put_nowait(line)
         broker = Broker(redis, self.settings)
         await broker.start()
+        requested_tenant.set(f"batch {self.batch_id}")  # its lines share their class fairly with other tenants
 
         async def work() -> None:
             while not queue.empty():

@@ -27,12 +27,14 @@ from gateway.http import errors as http_errors
 from gateway.http.api_keys import KeyStore
 from gateway.http.disconnect import ClientDisconnected
 from gateway.http.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from gateway.http.tracing import TracingMiddleware
 from gateway.llamacpp.router import ROUTES as LLAMACPP_ROUTES
 from gateway.ollama.router import ROUTES as OLLAMA_ROUTES
 from gateway.openai.batches import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.openai.router import ROUTES as OPENAI_ROUTES
 from gateway.responses_api import serving as responses_serving
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
+from shared import tracing
 from shared.errors import LLMFleetError
 from shared.redis_sockets import RETRIES, RETRY_BASE_S, RETRY_CAP_S, socket_options
 from shared.settings import Settings
@@ -106,10 +108,12 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
     origins = [origin.strip() for origin in settings.cors_origins.split(",") if origin.strip()]
     cors = [Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
                        allow_headers=["*"], max_age=600)] if origins else []  # outermost: preflights need no key
+    tracing.configure("llmfleet-gateway")  # OpenTelemetry, when OTEL_EXPORTER_OTLP_ENDPOINT is set (once a process)
     app = Starlette(
         routes=[*OPENAI_ROUTES, *LLAMACPP_ROUTES, *ANTHROPIC_ROUTES, *ADMIN_ROUTES, *RESPONSES_ROUTES, *OLLAMA_ROUTES],
         middleware=[
             *cors,
+            Middleware(TracingMiddleware),
             Middleware(ApiKeyMiddleware, keys=KeyStore(
                 Path(settings.keys_file).expanduser() if settings.keys_file else None, settings.api_key),
                        public_metrics=bool(settings.public_metrics)),

@@ -80,14 +80,14 @@ def cmd_keys(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.action == "add":
-            key = api_keys.add(path, args.name, rpm=args.rpm, tpm=args.tpm)
+            key = api_keys.add(path, args.name, rpm=args.rpm, tpm=args.tpm, weight=args.weight)
             print(f"{key}\n(shown once: only its sha256 is kept in {path})")
         elif args.action == "revoke":
             api_keys.revoke(path, args.name)
             print(f"revoked {args.name}; gateways reading {path} refuse it within a second")
         else:
             for record in api_keys.load(path):
-                limits = f"rpm={record.rpm or 'unlimited'} tpm={record.tpm or 'unlimited'}"
+                limits = f"rpm={record.rpm or 'unlimited'} tpm={record.tpm or 'unlimited'} weight={record.weight:g}"
                 print(f"{record.name}\t{limits}\tsha256:{record.digest[:12]}...")
     except api_keys.KeyFileError as exc:
         print(f"llmfleet: {exc}", file=sys.stderr)
@@ -265,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="the key's name (add, revoke); logs and metrics show only this")
     p.add_argument("--rpm", type=int, default=0, help="requests per minute (0 = unlimited)")
     p.add_argument("--tpm", type=int, default=0, help="tokens (prompt + completion) per minute (0 = unlimited)")
+    p.add_argument("--weight", type=float, default=1.0,
+                   help="its share of a priority class's turns against other keys' (fair shares; default 1)")
     p.add_argument("--file", default=None, help="the key file (default: LLMFLEET_KEYS_FILE or ~/.config/llmfleet/keys.json)")
     p.set_defaults(func=cmd_keys)
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shared import tracing
 from shared.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
     engine = Engine.load(path, chat_template=read_chat_template(settings.chat_template))
     log.info("loaded %s in %.1fs; %d BLAS threads", path.name, time.monotonic() - started, threads)
     client = connect(settings.redis_url)  # bounded sockets: worker/serve/redis_client.py
+    tracing.configure("llmfleet-worker")  # OpenTelemetry, when OTEL_EXPORTER_OTLP_ENDPOINT is set
     runner = WorkerRunner(engine, client, settings, model=served_as or model_id(model_name), worker_id=worker_id,
                           model_file=path)
 

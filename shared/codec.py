@@ -92,10 +92,16 @@ def _explain(data: bytes, exc: msgspec.ValidationError) -> str:
 
 
 def encode_job(job: Job) -> bytes:
-    """Encode a job (generate or embed)."""
+    """Encode a job (generate, embed or text). An untraced job leaves its `trace` out, so its bytes are those of
+    a worker that predates the field (a cluster upgraded one process at a time serves untraced jobs throughout)."""
     if not isinstance(job, JOB_TYPES):
         raise WireFormatError(f"{type(job).__name__} is not a job")
-    return encode(job)
+    data = encode(job)
+    if getattr(job, "trace", "") is None:
+        fields = msgspec.msgpack.decode(data)
+        del fields["trace"]
+        data = _encoder.encode(fields)
+    return data
 
 
 def decode_job(data: bytes) -> Job:

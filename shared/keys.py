@@ -9,6 +9,11 @@ Layout (values in brackets are what is stored there):
                                  one worker (prefix-aware placement, gateway/cluster/placement.py); its worker reads it
                                  before the shared stream of the same class, idle workers steal from it when it
                                  lags, and the others drain it once the worker is dead
+  llmfleet:fair@{priority}:{model}  sorted set request id -> virtual start tag: the class's jobs waiting for their
+                                 tenant's fair share (shared/redis_commands.py FAIR_SCRIPT); their codec bytes in
+                                 hash llmfleet:fair-jobs@{priority}:{model}, the virtual time and each tenant's
+                                 finish tag in hash llmfleet:fair-state@{priority}:{model}; all three deleted when
+                                 the queue empties, EXPIRE the latest job's deadline
   llmfleet:placed:{model}        set of worker ids that have (or had) per-worker streams of the model; the gateway
                                  adds the id with every placed job, a worker at start; a dead worker's id is
                                  removed (with its streams) once they are empty and nothing is pending
@@ -115,6 +120,12 @@ def worker_jobs_stream(model: str, worker_id: str, priority: str = "normal") -> 
 def worker_jobs_streams(model: str, worker_id: str) -> list[str]:
     """Every per-worker job stream of one worker and model, highest priority first."""
     return [worker_jobs_stream(model, worker_id, priority) for priority in PRIORITY_ORDER]
+
+
+def fair_keys(model: str, priority: str = "normal") -> list[str]:
+    """One class's fair queue, its jobs, its state and the shared stream it releases into (FAIR_SCRIPT's KEYS)."""
+    return [f"{PREFIX}fair@{priority}:{model}", f"{PREFIX}fair-jobs@{priority}:{model}",
+            f"{PREFIX}fair-state@{priority}:{model}", jobs_stream(model, priority)]
 
 
 def placed_workers(model: str) -> str:

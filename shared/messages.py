@@ -144,6 +144,7 @@ class GenerateJob(_Message, tag="generate", kw_only=True):
     reasoning: bool = False  # the gateway splits a leading <think> block off: stop strings and constraint skip it
     template_kwargs: dict[str, Any] = {}  # chat_template_kwargs: extra chat-template variables (enable_thinking)
     thinking_budget: Positive | None = None  # a reasoning reply's thinking block is closed after this many tokens
+    trace: str | None = None  # W3C traceparent of the gateway's request span (tracing on; left out of the bytes if None)
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:
@@ -181,6 +182,7 @@ class EmbedJob(_Message, tag="embed", kw_only=True):
     pooling: Pooling = "mean"
     normalize: bool = True
     priority: PriorityName = "normal"
+    trace: str | None = None  # as GenerateJob's
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:

@@ -28,7 +28,7 @@ _NON_NEGATIVE = (
     "deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
     "public_metrics", "any_model_name", "worker_wait_s", "prefix_placement", "placement_balance_abs",
     "pool_max_loaded", "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings",
-    "stream_retention_s", "orphan_grace_s", "kv_tier_mib",
+    "stream_retention_s", "orphan_grace_s", "kv_tier_mib", "warm_up", "fair_shares",
 )
 _CHOICES = {"log_level": _LOG_LEVELS, "reasoning_format": REASONING_FORMATS, "reasoning_fields": REASONING_FIELDS,
             "kv_dtype": _KV_DTYPES}
@@ -169,6 +169,13 @@ class Settings:
     orphan_grace_s: float = _setting(10.0, "How long a stream's job keeps running once nobody listens (its client "
                                      "disconnected, or its gateway died): a client that resumes it within this "
                                      "takes it over, else the job is cancelled. 0: cancelled at once.")
+    fair_shares: int = _setting(1, "1: a gateway queues a job for a model's shared stream in its priority class's "
+                                "fair queue, taken round-robin across tenants (API keys, or `X-LLMFleet-Tenant` / "
+                                "`user` with keys off) weighted by token work and the key's weight; 0: straight "
+                                "into the stream, first in, first out.")
+    warm_up: int = _setting(1, "1: a worker runs two short chat requests of its own (template, prefill, sampling, a "
+                            "stop string, streamed events; nothing sent) before it registers, so a client's first "
+                            "request is as fast as its tenth; 0: it registers without them.")
     log_level: str = _setting("INFO", "The log level; logs carry ids and lengths, never prompt or completion text.")
 
     def __post_init__(self) -> None:
@@ -278,6 +285,8 @@ ENV: dict[str, str] = {
     "reasoning_format": "LLMFLEET_REASONING_FORMAT",
     "reasoning_fields": "LLMFLEET_REASONING_FIELDS",
     "causal_embeddings": "LLMFLEET_CAUSAL_EMBEDDINGS",
+    "warm_up": "LLMFLEET_WARM_UP",
+    "fair_shares": "LLMFLEET_FAIR_SHARES",
     "log_level": "LLMFLEET_LOG_LEVEL",
 }
 

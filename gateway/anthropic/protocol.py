@@ -15,7 +15,7 @@ gateway/openai/tools.py), so both APIs make the same jobs and share every limit 
   any | tool (with name) | none, disable_parallel_tool_use}. thinking {type: disabled} renders the chat template
   with enable_thinking=false; {type: enabled, budget_tokens} with enable_thinking=true and closes the thinking
   block after budget_tokens (below max_tokens; any positive count, not Anthropic's 1024 minimum: small models).
-  Unknown fields are ignored; metadata.user_id is bounded (MAX_USER_ID_BYTES) and otherwise ignored.
+  Unknown fields are ignored; metadata.user_id is bounded (MAX_USER_ID_BYTES) and names the tenant with keys off.
 Text blocks of one turn are joined with a newline, as the OpenAI side joins text parts.
 """
 
@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.http.fields import bounded_int, invalid, is_number, text_within
+from gateway.http.tenants import note_requested
 from gateway.openai.protocol import MAX_STOP_BYTES, ChatRequest, parse_chat
 from gateway.openai.tools import MAX_CALL_TEXT_BYTES
 from shared.errors import InvalidRequest
@@ -297,6 +298,7 @@ def _metadata(value: Any) -> None:
         raise invalid("metadata", "expected an object such as {\"user_id\": \"...\"}.")
     if value.get("user_id") is not None:
         text_within(value["user_id"], "metadata.user_id", max_bytes=MAX_USER_ID_BYTES)
+        note_requested(value["user_id"])  # the tenant of fair shares, with keys off
 
 
 def _stop_sequences(value: Any) -> list[str]:

@@ -13,7 +13,9 @@ submit(job):
      (reserved in the queue view until the XADD returns), on its stream llmfleet:jobs@w:{worker}@{priority}:{model}
      (and the prefix map is refreshed in the same MULTI); anything else, or with no worker that has room, on
      the shared llmfleet:jobs[@{priority}]:{model};
-  5. XADD <stream> * job <bytes>   (approximately capped at LLMFLEET_STREAM_MAXLEN).
+  5. XADD <stream> * job <bytes>   (approximately capped at LLMFLEET_STREAM_MAXLEN); a job for the shared stream
+     goes through its class's fair queue instead, released into the stream in its tenant's turn
+     (gateway/cluster/fair_share.py).
 The returned EventStream (gateway/cluster/event_stream.py) yields the request's events in seq order.
 """
 
@@ -31,6 +33,7 @@ from redis.exceptions import RedisError
 from gateway.admin.metrics import FleetSnapshot, GatewayMetrics
 from gateway.cluster import admission
 from gateway.cluster.event_stream import EventStream, JobRef
+from gateway.cluster.fair_share import queue_shared
 from gateway.cluster.loras import resolve_job
 from gateway.cluster.placement import (
     Choice,
@@ -50,6 +53,7 @@ from gateway.cluster.subscriber import QueueItem, Subscriber
 from gateway.cluster.warm_pool import WarmPool
 from gateway.http.error_log import ErrorLog
 from gateway.http.rate_limit import RateLimiter
+from gateway.http.tracing import traced
 from shared import codec, keys
 from shared.errors import (
     InvalidRequest,
@@ -138,6 +142,7 @@ class Broker:
     async def submit(self, job: Job, *, keep_alive: float | None = None) -> EventStream:
         """Admit and queue `job`; returns the stream of its events (close it when done). `keep_alive` (seconds, -1
         forever) is how long the warm pool should keep the model after this request, when the request said."""
+        job = traced(job)  # carries the request span's context (tracing on: gateway/http/tracing.py)
         job, workers = await self._admit_in_time(job, keep_alive)  # counted in self._admitting until it is in a stream
         try:
             return await self._queue(job, workers)
@@ -213,13 +218,14 @@ class Broker:
         try:
             with redis_unavailable(self.settings.retry_after_s):
                 pipe = self.redis.pipeline(transaction=True)
-                stream = keys.jobs_stream(job.model, job.priority)
                 if choice.worker_id is not None:
                     stream = keys.worker_jobs_stream(job.model, choice.worker_id, job.priority)
                     pipe.sadd(keys.placed_workers(job.model), choice.worker_id)
                     self.prefix_map.queue_record(pipe, job.model, chain, choice.worker_id, choice.tier)
-                pipe.xadd(stream, {keys.JOB_FIELD: codec.encode_job(job)}, maxlen=self.settings.stream_maxlen,
-                          approximate=True)
+                    pipe.xadd(stream, {keys.JOB_FIELD: codec.encode_job(job)}, maxlen=self.settings.stream_maxlen,
+                              approximate=True)
+                else:  # through its class's fair queue (gateway/cluster/fair_share.py)
+                    queue_shared(pipe, job, self.settings, self.clock())
                 sent = True
                 await pipe.execute()
         except BaseException as exc:

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.redis_health import RedisHealth
 from gateway.cluster.subscriber import RESYNC, QueueItem, Subscriber
+from gateway.http.tracing import note_event
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.errors import DeadlineExceeded, InternalError, NoWorkerAvailable, Unavailable
@@ -99,6 +100,7 @@ class EventStream:
                     )
         event = self._pending.pop(self._expected)
         self._expected += 1
+        note_event(event)  # its request span's finish reasons, usage or error (tracing on)
         if is_terminal(event):
             self.finished = True
         return event

@@ -35,6 +35,7 @@ class KeyRecord:
     rpm: int = 0  # requests per minute
     tpm: int = 0  # tokens (prompt + completion) per minute
     created: float = 0.0
+    weight: float = 1.0  # its share of a priority class against other keys' (fair shares, gateway/http/tenants.py)
 
 
 current_key: contextvars.ContextVar[KeyRecord | None] = contextvars.ContextVar("current_key", default=None)
@@ -72,13 +73,15 @@ def save(path: Path, records: list[KeyRecord]) -> None:
     tmp.replace(path)
 
 
-def add(path: Path, name: str, *, rpm: int = 0, tpm: int = 0) -> str:
+def add(path: Path, name: str, *, rpm: int = 0, tpm: int = 0, weight: float = 1.0) -> str:
     """Create a key named `name`; returns the key itself (shown once, never stored)."""
     records = load(path)
     if any(r.name == name for r in records):
         raise KeyFileError(f"a key named {name!r} already exists (revoke it first)")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    save(path, [*records, KeyRecord(name, digest_of(key), rpm, tpm, time.time())])
+    if not weight > 0:
+        raise KeyFileError(f"a key's weight must be > 0, not {weight}")
+    save(path, [*records, KeyRecord(name, digest_of(key), rpm, tpm, time.time(), weight)])
     return key
 
 

@@ -12,6 +12,7 @@ from gateway.admin.dashboard import FLEET_PATH, PUBLIC_PATHS
 from gateway.cluster.redis_errors import redis_unavailable
 from gateway.http.api_keys import KeyStore, current_key
 from gateway.http.errors import error_response, record_error
+from gateway.http.tenants import TENANT_HEADER, note_requested
 from shared.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest, LLMFleetError, RateLimited
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ class ApiKeyMiddleware:
         self.open_paths = OPEN_PATHS if public_metrics else OPEN_PATHS - {"/metrics"}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.keys.enabled and scope["type"] == "http":  # the tenant of fair shares (gateway/http/tenants.py)
+            note_requested(Headers(scope=scope).get(TENANT_HEADER))
         if (not self.keys.enabled or scope["type"] != "http" or scope["path"] in self.open_paths
                 or scope["method"] == "OPTIONS"):
             await self.app(scope, receive, send)

@@ -31,6 +31,7 @@ from gateway.http.fields import (
     text_within,
     token_ids,
 )
+from gateway.http.tenants import note_requested
 from gateway.openai.structured import parse_constraint
 from gateway.openai.tools import MAX_CALL_TEXT_BYTES, ToolOptions, parse_tool_calls, parse_tools
 from gateway.replies.reasoning import ThinkingSwitch, parse_reasoning_format, parse_thinking_switch
@@ -201,7 +202,7 @@ def _generation(
         logit_bias=_logit_bias(body.get("logit_bias")),
         seed=integer(body, "seed", None, *INT64),
     )
-    string(body, "user", default="", max_len=MAX_USER_CHARS)
+    note_requested(string(body, "user", default="", max_len=MAX_USER_CHARS))  # the tenant, with keys off
     metadata(body)
     return CompletionOptions(
         model=model,

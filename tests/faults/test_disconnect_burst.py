@@ -57,8 +57,10 @@ def _running(client: redis.Redis) -> dict[str, float]:
 
 
 def _open_jobs(client: redis.Redis) -> int:
-    """Jobs in any job stream of the model: waiting, or taken and not yet acked (acked ones are deleted)."""
-    return sum(client.xlen(stream) for stream in client.scan_iter(match=f"{keys.PREFIX}jobs*:{MODEL}"))
+    """Jobs in any job stream of the model (waiting, or taken and not yet acked: acked ones are deleted) or waiting
+    in a fair queue for their tenant's turn."""
+    fair = sum(client.zcard(keys.fair_keys(MODEL, priority)[0]) for priority in keys.PRIORITY_ORDER)
+    return fair + sum(client.xlen(stream) for stream in client.scan_iter(match=f"{keys.PREFIX}jobs*:{MODEL}"))
 
 
 def _full_step_s(cluster: ProcessCluster) -> float:

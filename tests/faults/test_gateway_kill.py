@@ -26,7 +26,7 @@ from tests.support.sse import split_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 GRACE_S = 6.0
-STREAMS = 4
+STREAMS = 8  # chat streams on the gateway killed (issue 42), beside a background response and an abandoned one
 CHAT = {"model": MODEL, "stream": True, "temperature": 0, "max_tokens": 64, "ignore_eos": True,
         "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]}
 RESPONSE = {"model": MODEL, "stream": True, "background": True, "temperature": 0, "max_output_tokens": 64,
@@ -78,7 +78,7 @@ def _response_text(result: dict[str, Any]) -> str:
 
 def test_kill_9_of_a_gateway_its_clients_resume_on_another_and_the_abandoned_job_is_cancelled(start_cluster,
                                                                                               tmp_path) -> None:
-    cluster = start_cluster(1, LLMFLEET_SLOTS="8", LLMFLEET_ORPHAN_GRACE_S=str(GRACE_S),
+    cluster = start_cluster(1, LLMFLEET_SLOTS="12", LLMFLEET_ORPHAN_GRACE_S=str(GRACE_S),  # all 10 at once
                             LLMFLEET_STREAM_RETENTION_S="120")
     first = cluster.base_url
     _, second = start_extra_gateway(cluster, tmp_path / "gateway-2.log", wait_for="/ready")

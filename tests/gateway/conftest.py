@@ -25,6 +25,7 @@ from shared.messages import (
     TokenEvent,
     Usage,
 )
+from shared.redis_commands import release_fair, run_async
 from shared.registry import RegistryEntry
 from shared.settings import Settings
 from tests.support.sse import split_ids
@@ -98,6 +99,8 @@ class FakeWorker:
                 assert "BUSYGROUP" in str(exc)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            # as a worker with room for one job of each class: the fair queues release into the shared streams
+            await run_async(self.redis, release_fair(self.model, dict.fromkeys(keys.PRIORITY_ORDER, 1), maxlen=1000))
             got = None
             for stream in streams:
                 got = await self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {stream: ">"}, count=1)

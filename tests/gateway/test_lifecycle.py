@@ -211,7 +211,7 @@ def _hold_xadd_replies(broker: Any, written: asyncio.Event) -> None:
         real_execute = pipe.execute
 
         async def execute(*a: Any, **kw: Any) -> Any:
-            writes_job = any(command[0][0] == "XADD" for command in pipe.command_stack)
+            writes_job = any(command[0][0] in ("XADD", "EVAL") for command in pipe.command_stack)  # EVAL: fair queue
             result = await real_execute(*a, **kw)
             if writes_job:
                 written.set()

@@ -139,7 +139,7 @@ async def test_disconnect_over_real_sockets_publishes_cancel(base_url: str, work
 async def test_queue_limit_on_real_redis(base_url: str, worker: Any, redis: Redis) -> None:
     async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
         waiting = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)) for _ in range(2)]
-        while await redis.xlen(keys.jobs_stream("smollm2")) < 2:
+        while await redis.xlen(keys.jobs_stream("smollm2")) + await redis.zcard(keys.fair_keys("smollm2")[0]) < 2:
             await asyncio.sleep(0.01)
         refused = await client.post("/v1/chat/completions", json=CHAT)
         assert refused.status_code == 429 and refused.headers["retry-after"] == "2"

@@ -28,15 +28,20 @@ as a takeover: a new owner epoch fences the dead process off, and the streams re
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ResponseError
 
-from shared import keys
+from shared import codec, keys
+from shared.codec import WireFormatError
+from shared.messages import Job
 from shared.redis_sockets import COMMAND_TIMEOUT_S
+from worker.failover.resume import JournalState, JournalUnusable, read_journal
 
+log = logging.getLogger(__name__)
 DEAD_LETTER_MAXLEN = 10_000  # dead-lettered jobs kept per model (approximate trim)
 UNTAKEN_AFTER_S = 3.0  # an entry read this long ago and never taken: its reader stalled as it read it
 LOST_READ_AFTER_S = COMMAND_TIMEOUT_S + 1.0  # own entries idle this long and never taken: the read's reply was lost
@@ -134,6 +139,33 @@ def dead_letter(redis: Any, model: str, job_bytes: bytes, *, worker_id: str, del
     redis.xadd(keys.deadletter_stream(model), {keys.JOB_FIELD: job_bytes, "worker": worker_id,
                                                "deliveries": str(deliveries), "at": f"{time.time():.3f}"},
                maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+
+
+def read_for_takeover(redis: Any, job: Job, epoch: int, *, model: str, worker_id: str,
+                      max_deliveries: int) -> tuple[JournalState | None, int, str, int]:
+    """A job taken over with owner epoch `epoch`: its journal (read after the fence went up; None when unusable),
+    one past its last event's seq, why it is unusable ("" if not), and the deliveries it had when it is set aside
+    as a poison job (0: it is not). Takings (owner epochs) count, not reads: a read whose taking Redis refused
+    (OOM) never ran the job."""
+    journal, next_seq, problem = None, 0, ""
+    try:
+        journal = read_journal(redis, job.id)
+        next_seq = journal.next_seq
+    except JournalUnusable as exc:
+        log.warning("cannot resume job %s: %s", job.id, exc)
+        next_seq, problem = exc.next_seq, str(exc)
+    if (journal is None or not journal.terminal) and epoch > max_deliveries:
+        dead_letter(redis, model, codec.encode_job(job), worker_id=worker_id, deliveries=epoch - 1)  # this one not run
+        return journal, next_seq, problem, epoch - 1
+    return journal, next_seq, problem, 0
+
+
+def request_id_of(fields: dict) -> str | None:
+    """The request id of a job stream entry (None when it cannot be read)."""
+    try:
+        return codec.decode_job(fields[keys.JOB_FIELD.encode()]).id
+    except (WireFormatError, KeyError):
+        return None
 
 
 def _text(value: bytes | str) -> str:

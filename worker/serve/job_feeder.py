@@ -1,7 +1,8 @@
 """Brings jobs to the worker loop from a thread of its own, so the decode step never waits on Redis for them.
 
 Every Redis read the taking of a job needs happens here: new jobs (highest priority class first, this worker's
-placed jobs before the shared ones), other workers' overdue placed jobs (worker/failover/stealing.py), dead or silent
+placed jobs before the shared ones; each class's fair queue released into its shared stream first, as much as
+this worker has room for: shared/redis_commands.py FAIR_SCRIPT), other workers' overdue placed jobs (worker/failover/stealing.py), dead or silent
 workers' jobs (worker/failover/takeover.py, every RECLAIM_EVERY_S), the owner epoch (worker/failover/fencing.py), the journal of a
 job taken over (worker/failover/resume.py), the cancel marker, the dead-lettering of a poison job, and the LoRA desired
 set (worker/loras.py). The loop collects the results with `drain()` and starts or ends each job without Redis.
@@ -21,12 +22,12 @@ from redis.exceptions import RedisError, ResponseError
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.messages import Job
-from shared.redis_commands import queue_job_done, run, streams_with_waiting
+from shared.redis_commands import queue_job_done, release_calls, release_fair, run, streams_with_waiting
 from shared.settings import Settings
 from worker.failover.fencing import Grant, take_ownership
-from worker.failover.resume import JournalState, JournalUnusable, read_journal
+from worker.failover.resume import JournalState
 from worker.failover.stealing import Stealer, reclaim_streams
-from worker.failover.takeover import claim_own, claim_stalled, dead_letter
+from worker.failover.takeover import claim_own, claim_stalled, read_for_takeover, request_id_of
 from worker.loras import AdapterSet
 from worker.schedule.sequences import Priority
 
@@ -193,9 +194,7 @@ class JobFeeder:
         free = self._free()
         others = self.stealer.plan(free) if free > 0 and self.stealer.due() else {}
         busy = self._free_width() < self._slots
-        # busy: one round trip tells which streams hold a job, and only those are read (a read per stream, each
-        # waiting for the GIL behind the engine's step, made a new job wait tens of milliseconds)
-        waiting = run(self.redis, streams_with_waiting(self.read_order)) if busy and not others else None
+        waiting = self._release_and_look(free, look=busy and not others)
         if waiting is not None and not waiting:
             if not (readable := self._streams_with_room(free)):
                 with self._cond:
@@ -205,6 +204,30 @@ class JobFeeder:
                                             count=1, block=BUSY_BLOCK_MS) or []
             self._take(self._jobs(replies), takeover=False)
             return
+        replies = self._read_classes(free, others, waiting)
+        if not replies and busy:  # poll again soon, leave blocking to idle workers
+            with self._cond:
+                self._cond.wait(BUSY_POLL_S)
+            return
+        if not replies:
+            replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(self.read_order, ">"),
+                                            count=1, block=IDLE_BLOCK_MS) or []
+        self._take(self._jobs(replies), takeover=False)
+
+    def _release_and_look(self, free: int, *, look: bool) -> set[str] | None:
+        """Release each class's fair queue into its shared stream as far as this worker has room (FAIR_SCRIPT) and,
+        with `look` (busy: a read per stream, each waiting for the GIL behind the engine's step, made a new job
+        wait tens of milliseconds), which streams hold a job, in the same round trip (None: not looked)."""
+        rooms = {p: max(free, self._preemptible(i)) for i, p in enumerate(keys.PRIORITY_ORDER)}
+        if look:
+            releases = release_calls(self.model, rooms, maxlen=self.settings.stream_maxlen)
+            return run(self.redis, streams_with_waiting(self.read_order, releases))
+        run(self.redis, release_fair(self.model, rooms, maxlen=self.settings.stream_maxlen))
+        return None
+
+    def _read_classes(self, free: int, others: dict[str, list[tuple[str, int]]], waiting: set[str] | None) -> list:
+        """Read each class's streams (own, shared, the steal plan's) up to its room, those in `waiting` only when
+        looked at, highest class first."""
         replies = []
         for index, (priority, own, shared) in enumerate(zip(keys.PRIORITY_ORDER, self.own_streams, self.streams,
                                                             strict=True)):
@@ -220,14 +243,7 @@ class JobFeeder:
                 replies += reply
                 if room <= 0:
                     break
-        if not replies and busy:  # poll again soon, leave blocking to idle workers
-            with self._cond:
-                self._cond.wait(BUSY_POLL_S)
-            return
-        if not replies:
-            replies = self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, dict.fromkeys(self.read_order, ">"),
-                                            count=1, block=IDLE_BLOCK_MS) or []
-        self._take(self._jobs(replies), takeover=False)
+        return replies
 
     def _streams_with_room(self, free: int) -> list[str]:
         """This worker's own and the shared streams of every class a job of which it could start now (a free slot,
@@ -353,20 +369,10 @@ class JobFeeder:
         return taken
 
     def _read_journal(self, item: TakenJob) -> None:
-        """A takeover's journal (read after the fence went up); a poison job is dead-lettered here."""
-        try:
-            item.journal = read_journal(self.redis, item.job.id)
-            item.journal_next_seq = item.journal.next_seq
-        except JournalUnusable as exc:
-            log.warning("cannot resume job %s: %s", item.job.id, exc)
-            item.journal_next_seq, item.journal_problem = exc.next_seq, str(exc)
-        terminal = item.journal is not None and item.journal.terminal
-        # takings (owner epochs) count, not reads: a read whose taking Redis refused (OOM) never ran the job
-        if not terminal and item.grant.epoch > self.settings.max_deliveries:
-            tries = item.grant.epoch - 1  # this taking is not run
-            dead_letter(self.redis, self.model, codec.encode_job(item.job), worker_id=self.worker_id,
-                        deliveries=tries)
-            item.dead_lettered = tries
+        """A takeover's journal (read after the fence went up); a poison job is dead-lettered (takeover.py)."""
+        item.journal, item.journal_next_seq, item.journal_problem, item.dead_lettered = read_for_takeover(
+            self.redis, item.job, item.grant.epoch, model=self.model, worker_id=self.worker_id,
+            max_deliveries=self.settings.max_deliveries)
 
     def _ack(self, stream: str, message_id: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
@@ -381,14 +387,6 @@ class JobFeeder:
             log.warning("dropping undecodable job %s: %s", message_id, exc)
             self._ack(stream, message_id)
             return None
-
-
-def request_id_of(fields: dict) -> str | None:
-    """The request id of a job stream entry (None when it cannot be read)."""
-    try:
-        return codec.decode_job(fields[keys.JOB_FIELD.encode()]).id
-    except (WireFormatError, KeyError):
-        return None
 
 
 def _width(job: Job) -> int:

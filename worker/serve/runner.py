@@ -34,6 +34,8 @@ from worker.serve.heartbeat import Heartbeat
 from worker.serve.intake import JobIntake
 from worker.serve.job_feeder import JobFeeder, TakenJob
 from worker.serve.publisher import EventPublisher
+from worker.serve.tracing import JobTracer
+from worker.serve.warmup import warm_up, warmup_jobs
 
 log = logging.getLogger(__name__)
 EXPORTED_STATS = frozenset({  # SchedulerStats fields every gateway's /metrics shows per worker
@@ -81,6 +83,7 @@ class WorkerRunner:
             kv_tier_mib=settings.kv_tier_mib, kv_tier_dir=settings.kv_tier_dir)
         self.scheduler = new_scheduler(engine, config)
         self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60)
+        self.tracer = JobTracer(model, self.worker_id)  # spans of traced jobs (OTEL_EXPORTER_OTLP_ENDPOINT set)
         self.stop_requested = threading.Event()
         self.ready = threading.Event()  # set once registered and listening
         self._held: dict[str, HeldJob] = {}
@@ -162,6 +165,21 @@ class WorkerRunner:
             ensure_group(self.redis, stream)
         self.redis.sadd(keys.placed_workers(self.model), self.worker_id)
 
+    def _prepare_engine(self) -> None:
+        """Measure a full decode step's rate (admission's first estimate), then warm the request path up."""
+        self.decode_capacity = self.engine.measure_decode_rate(self.scheduler.config.max_sequences)
+        log.info("worker %s: a full decode step runs at %.0f tokens/s", self.worker_id, self.decode_capacity)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Run the worker's own first requests before it registers (LLMFLEET_WARM_UP), so a client's is not."""
+        if not self.settings.warm_up:
+            return
+        jobs = warmup_jobs(self.model, embedding_only=self.engine.embedding_only,
+                           chat=self.engine.chat_template is not None, worker_id=self.worker_id)
+        took = warm_up(self.intake, self.scheduler, self.publisher, jobs)
+        log.info("worker %s: warm-up requests took %.2f s", self.worker_id, took)
+
     def _read_facts(self, path: Path) -> None:
         """Read the model file's facts for Ollama's /api/tags and /api/show (the heartbeat publishes them)."""
         self.facts = facts_json(path)
@@ -173,8 +191,7 @@ class WorkerRunner:
         if self.feeder.orphans:
             log.info("worker %s: an earlier process under this id left %d jobs pending; taking them back",
                      self.worker_id, sum(len(ids) for ids in self.feeder.orphans.values()))
-        self.decode_capacity = self.engine.measure_decode_rate(self.scheduler.config.max_sequences)
-        log.info("worker %s: a full decode step runs at %.0f tokens/s", self.worker_id, self.decode_capacity)
+        self._prepare_engine()
         self._safe(lambda: self.adapters.sync(self.redis, force=True))  # the desired adapters, before registering
         if self.model_file is not None:  # a digest not cached beside the file takes a while: not on the way to ready
             threading.Thread(target=self._read_facts, args=(self.model_file,), name="model-facts", daemon=True).start()
@@ -260,7 +277,9 @@ class WorkerRunner:
         if not self.publisher.room(BACKPRESSURE_WAIT_S):  # the publish queue is full: wait for Redis
             self.publisher.flush(acks)
             return
-        ended = self.publisher.add_steps(self.scheduler.step(self.feeder.outranks))
+        events = self.scheduler.step(self.feeder.outranks)
+        self.tracer.observe(events)
+        ended = self.publisher.add_steps(events)
         acks.extend(self._release(rid) for rid in ended if rid in self._held)
         self.publisher.flush(acks)  # sealed: the publisher thread sends it with whatever else waits
 
@@ -306,8 +325,10 @@ class WorkerRunner:
                 resume: JournalState | None = None) -> None:
         """Start a job (or continue a reclaimed one from its journal) and hold it, or ack it when it ended at
         once with a terminal event."""
+        self.tracer.taken(job)
         width = self.intake.start(job, cancelled=cancelled, resume=resume)
         if width is None:
+            self.tracer.ended(job.id)
             acks.append(entry)
             return
         with self._lock:
@@ -316,6 +337,7 @@ class WorkerRunner:
     # ---- cancels and deadlines -------------------------------------------------------------------------
 
     def _release(self, request_id: str) -> tuple[str, str]:
+        self.tracer.ended(request_id)  # its spans, if the step that ended it did not write them
         with self._lock:
             held = self._held.pop(request_id)
             self.served += 1
@@ -335,6 +357,7 @@ class WorkerRunner:
             return
         self.scheduler.cancel(request_id)
         self.publisher.forget(request_id)
+        self.tracer.ended(request_id)
         with self._lock:
             self._held.pop(request_id, None)
         log.warning("fenced off: job %s was taken over by another worker (%s); dropping it without "

@@ -1,0 +1,96 @@
+"""Fair shares within a priority class (issue 42): tenant A sends a burst of N requests at once, tenant B one request
+a second meanwhile, same class. Prints B's median TTFT against its idle TTFT (target: within 2x) and A's token
+throughput against A's burst alone (target: within 10%), with fair shares on and, for contrast, off (first in,
+first out), each on a fresh one-worker cluster (bundled Redis, one gateway, SmolLM2 by default).
+
+    python bench/fair_shares.py [--burst 60] [--tokens 32] [--slots 8] [--model smollm2-135m] [--skip-fifo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from llmfleet.local_cluster import LocalCluster  # noqa: E402
+
+
+async def request(client: httpx.AsyncClient, model: str, tenant: str, tokens: int) -> float:
+    """One streamed completion for `tenant`: seconds to its first content chunk (it is read to its end)."""
+    body = {"model": model, "prompt": f"A note from {tenant}:", "max_tokens": tokens, "stream": True,
+            "ignore_eos": True, "temperature": 0}
+    started, first = time.perf_counter(), None
+    async with client.stream("POST", "/v1/completions", json=body, headers={"X-LLMFleet-Tenant": tenant}) as reply:
+        if reply.status_code != 200:
+            raise RuntimeError(f"{tenant}: {reply.status_code} {(await reply.aread()).decode()[:300]}")
+        async for line in reply.aiter_lines():
+            if first is None and line.startswith("data: {") and '"text":""' not in line.replace(" ", ""):
+                first = time.perf_counter() - started
+    return first if first is not None else time.perf_counter() - started
+
+
+async def burst(client: httpx.AsyncClient, model: str, n: int, tokens: int) -> float:
+    """A's n requests at once: tokens per second over the whole burst."""
+    started = time.perf_counter()
+    await asyncio.gather(*(request(client, model, "A", tokens) for _ in range(n)))
+    return n * tokens / (time.perf_counter() - started)
+
+
+async def scenario(base: str, model: str, n: int, tokens: int) -> dict[str, float]:
+    """Idle TTFT of B, A's burst alone, then A's burst with B probing once a second."""
+    async with httpx.AsyncClient(base_url=base, timeout=600, limits=httpx.Limits(max_connections=n + 8)) as client:
+        await request(client, model, "warm", 4)  # this client's own first request
+        idles = [await request(client, model, "B", tokens) for _ in range(3)]
+        print("idle B TTFTs (s):", " ".join(f"{t:.3f}" for t in idles), flush=True)
+        idle = statistics.median(idles)
+        alone = await burst(client, model, n, tokens)
+        a = asyncio.create_task(burst(client, model, n, tokens))
+        probes = []
+        while not a.done():
+            await asyncio.sleep(1.0)
+            if not a.done():
+                probes.append(await request(client, model, "B", tokens))
+        shared = await a
+    return {"idle_ttft": idle, "loaded_ttft": statistics.median(probes) if probes else float("nan"),
+            "probes": len(probes), "alone_tps": alone, "shared_tps": shared}
+
+
+def run(model: str, n: int, tokens: int, slots: int, fair: bool) -> dict[str, float]:
+    """One scenario on a fresh cluster with fair shares on or off."""
+    with tempfile.TemporaryDirectory() as logdir:
+        cluster = LocalCluster(Path(logdir), {"LLMFLEET_LOG_LEVEL": "WARNING", "LLMFLEET_SLOTS": str(slots),
+                                              "LLMFLEET_QUEUE_LIMIT": str(n * 2), "LLMFLEET_REQUEST_TIMEOUT_S": "86400",
+                                              "LLMFLEET_FAIR_SHARES": "1" if fair else "0"}, model=model)
+        try:
+            cluster.start(1)
+            return asyncio.run(scenario(cluster.base_url, model, n, tokens))
+        finally:
+            cluster.close()
+
+
+def main() -> None:
+    """Print B's TTFT ratio and A's throughput ratio, fair shares on and off."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--burst", type=int, default=60)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--slots", type=int, default=0, help="the worker's slots (0: auto, 64 for SmolLM2 here)")
+    parser.add_argument("--skip-fifo", action="store_true")
+    args = parser.parse_args()
+    for fair in (True,) if args.skip_fifo else (True, False):
+        r = run(args.model, args.burst, args.tokens, args.slots, fair)
+        print(f"fair shares {'on ' if fair else 'off'}: B TTFT idle {r['idle_ttft'] * 1000:.0f} ms, under A's burst "
+              f"{r['loaded_ttft'] * 1000:.0f} ms (median of {r['probes']}, {r['loaded_ttft'] / r['idle_ttft']:.2f}x); "
+              f"A {r['alone_tps']:.0f} tok/s alone, {r['shared_tps']:.0f} with B "
+              f"({r['shared_tps'] / r['alone_tps']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
