@@ -51,7 +51,7 @@ def test_missing_tensor(tmp_path: Path) -> None:
 
 def test_unsupported_architecture(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "arch.gguf", arch="mamba")
-    supported = "bert, gemma3, gpt-oss, llama, qwen2, qwen3, qwen3moe, smollm3"
+    supported = "bert, gemma3, gpt-oss, llama, qwen2, qwen3, qwen35, qwen35moe, qwen3moe, smollm3"
     with pytest.raises(ModelLoadError, match=rf"unsupported architecture 'mamba' \(supported: {supported}\)"):
         Model.from_file(path)
 
