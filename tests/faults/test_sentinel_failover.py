@@ -1,0 +1,116 @@
+"""kill -9 of the Redis primary under a live cluster that finds Redis through Sentinel (REDIS_SENTINELS): a
+primary, a replica and 3 sentinels as processes (tests/support/sentinel_bed.py), a gateway and a SmolLM2 worker.
+
+The sentinels promote the replica (down-after 1 s); every process follows it on its own: the stream that was open
+ends exactly once (completed with the undisturbed text, or an error the client sees, never silence), and new
+requests are served within 10 s of the kill with the same text an undisturbed run gives.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from llmfleet.local_cluster import LocalCluster
+from tests.faults.process_cluster import MODEL
+from tests.support.cluster import start_process_cluster
+from tests.support.sentinel_bed import SentinelBed
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+PROMPT = "The primary died, and the replica"
+NEW_REQUESTS_WITHIN_S = 10.0
+
+
+@pytest.fixture()
+def ha_cluster(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[tuple[SentinelBed, LocalCluster]]:
+    """The Sentinel bed, and a gateway and one worker pointed at its sentinels."""
+    (tmp_path / "redis").mkdir()
+    bed = SentinelBed(tmp_path / "redis").start()
+    try:
+        settings = {k: v for k, v in bed.settings.items() if k != "REDIS_URL"}
+        cluster = start_process_cluster(tmp_path / "cluster", 1, redis_url=bed.settings["REDIS_URL"],
+                                        LLMFLEET_REQUEST_TIMEOUT_S="60", **settings)
+        try:
+            yield bed, cluster
+        finally:
+            cluster.close()
+    finally:
+        bed.close()
+
+
+def _stream(base: str, max_tokens: int, outcome: dict[str, Any]) -> None:
+    """Stream one completion, noting each piece's arrival time, the text, the finish reason or the error."""
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+    outcome["times"], text = [], ""
+    try:
+        for chunk in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=max_tokens, temperature=0,
+                                               stream=True, extra_body={"ignore_eos": True}):
+            outcome["times"].append(time.monotonic())
+            text += chunk.choices[0].text if chunk.choices else ""
+            outcome["finish"] = (chunk.choices[0].finish_reason if chunk.choices else None) or outcome.get("finish")
+    except (openai.APIError, httpx.HTTPError) as exc:
+        outcome["error"] = f"{type(exc).__name__}: {getattr(exc, 'status_code', '')} {exc}"
+    outcome["text"] = text
+
+
+def _first_success_after(base: str, since: float, limit_s: float) -> tuple[float, list[str], dict[str, Any]]:
+    """Send short requests one after another until one completes: (seconds since `since`, the errors of those
+    that did not, the outcome)."""
+    failures: list[str] = []
+    while time.monotonic() - since < limit_s:
+        outcome: dict[str, Any] = {}
+        _stream(base, 8, outcome)
+        if "error" not in outcome and outcome.get("finish") == "length":
+            return time.monotonic() - since, failures, outcome
+        failures.append(outcome.get("error", "no finish"))
+        time.sleep(0.2)
+    raise AssertionError(f"no request served within {limit_s}s of the kill")
+
+
+def test_kill_primary_mid_stream_then_new_requests_follow_the_promoted_replica(ha_cluster) -> None:
+    bed, cluster = ha_cluster
+    base = cluster.base_url
+    undisturbed: dict[str, Any] = {}
+    _stream(base, 120, undisturbed)
+    assert "error" not in undisturbed and undisturbed["finish"] == "length", undisturbed.get("error")
+    short: dict[str, Any] = {}
+    _stream(base, 8, short)
+
+    disturbed: dict[str, Any] = {}
+    thread = threading.Thread(target=_stream, args=(base, 120, disturbed))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(disturbed.get("times", [])) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    bed.kill_primary()
+    killed_at = time.monotonic()
+    bed.wait_promoted()
+    promoted_s = time.monotonic() - killed_at
+
+    served_s, failures, served = _first_success_after(base, killed_at, 30)
+    thread.join(timeout=90)
+    assert not thread.is_alive(), "the open stream hung"
+    times = disturbed["times"]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    print(f"promoted {promoted_s:.2f}s after the kill; first new request served {served_s:.2f}s after it "
+          f"({len(failures)} refused before: {failures}); open stream: {disturbed.get('finish') or disturbed.get('error')}, "
+          f"{len(times)} pieces, longest silence {max(gaps):.2f}s, identical={disturbed['text'] == undisturbed['text']}")
+    # the open stream ended exactly once: completed with the undisturbed text, or with an error it was told
+    if "error" in disturbed:
+        assert disturbed.get("finish") != "length", disturbed
+    else:
+        assert disturbed["finish"] == "length" and disturbed["text"] == undisturbed["text"]
+    assert max(gaps) < promoted_s + 2.0  # no client silent longer than the failover + 2 s
+    assert served_s < NEW_REQUESTS_WITHIN_S
+    assert all(" 503 " in failure for failure in failures), failures  # refused as retryable, never a 404
+    assert served["text"] == short["text"]  # new requests give what they gave before the failover
+    after: dict[str, Any] = {}
+    _stream(base, 120, after)
+    assert "error" not in after and after["text"] == undisturbed["text"]
