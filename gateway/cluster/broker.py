@@ -32,6 +32,7 @@ from gateway.admin.metrics import FleetSnapshot, GatewayMetrics
 from gateway.cluster import admission
 from gateway.cluster.event_stream import EventStream, JobRef
 from gateway.cluster.loras import resolve_job
+from gateway.cluster.lost_jobs import QueuedEntry
 from gateway.cluster.placement import (
     Choice,
     PrefixMap,
@@ -189,7 +190,7 @@ class Broker:
             chain, choice = await self._place(job, workers)  # a placement on a worker is reserved from here on
         written = False
         try:
-            queue = await self._write(job, chain, choice)
+            queue, entry = await self._write(job, chain, choice)
             written = True
         finally:
             if choice.worker_id is not None:
@@ -203,9 +204,9 @@ class Broker:
         wait_until = None  # admitted with no live worker: its stream waits for one until then (not past its deadline)
         if job.id in self._awaiting_worker:
             wait_until = min(self.clock() + self.settings.worker_wait_s, job.deadline - 1.0)
-        return EventStream(self, job, queue, worker_wait_until=wait_until)
+        return EventStream(self, job, queue, worker_wait_until=wait_until, queued=entry)
 
-    async def _write(self, job: Job, chain: list[str], choice: Choice) -> asyncio.Queue[QueueItem]:
+    async def _write(self, job: Job, chain: list[str], choice: Choice) -> tuple[asyncio.Queue[QueueItem], QueuedEntry]:
         """Subscribe to the job's events, then write it to its stream (and its prefix chain to the map)."""
         channel = keys.events_channel(job.id)
         queue = await self.subscriber.subscribe(channel)
@@ -218,10 +219,10 @@ class Broker:
                     stream = keys.worker_jobs_stream(job.model, choice.worker_id, job.priority)
                     pipe.sadd(keys.placed_workers(job.model), choice.worker_id)
                     self.prefix_map.queue_record(pipe, job.model, chain, choice.worker_id, choice.tier)
-                pipe.xadd(stream, {keys.JOB_FIELD: codec.encode_job(job)}, maxlen=self.settings.stream_maxlen,
-                          approximate=True)
+                payload = codec.encode_job(job)
+                pipe.xadd(stream, {keys.JOB_FIELD: payload}, maxlen=self.settings.stream_maxlen, approximate=True)
                 sent = True
-                await pipe.execute()
+                entry_id = (await pipe.execute())[-1]
         except BaseException as exc:
             # a refused write (OOM, READONLY, MISCONF) discarded the whole transaction: the job is not in a stream
             if sent and write_refusal(exc.__cause__ or exc) is None:  # cancelled (the client went away) or no
@@ -230,7 +231,7 @@ class Broker:
                 self._cancel_behind(job, reason)  # the 503 does not wait on it: its connection may be held too
             await self.subscriber.unsubscribe(channel)
             raise
-        return queue
+        return queue, QueuedEntry(stream, entry_id, payload, self.settings.stream_maxlen)
 
     async def follow(self, job: JobRef) -> EventStream:
         """The events of a job already queued, from its journal's first one, then live (a resumed stream)."""
