@@ -114,3 +114,52 @@ def test_kill_primary_mid_stream_then_new_requests_follow_the_promoted_replica(h
     after: dict[str, Any] = {}
     _stream(base, 120, after)
     assert "error" not in after and after["text"] == undisturbed["text"]
+
+
+def test_every_client_builder_follows_the_promoted_replica(tmp_path: Path) -> None:
+    """The builders of the workers and node agents (connect), the batch runner (sync_client, async_client) and
+    the gateway (its blocking pool and health probe): each writes again within seconds of the kill, to the
+    promoted replica, through its ordinary retry (a ConnectionError while the sentinels name no primary)."""
+    import asyncio
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from batches.redis_clients import async_client, sync_client
+    from gateway.app import _probe_client, _redis_client
+    from shared.settings import Settings
+    from worker.serve.redis_client import connect
+
+    with SentinelBed(tmp_path) as bed:
+        settings = Settings.from_env(bed.settings)
+        clients = [connect(settings.redis_target), sync_client(settings.redis_target), _probe_client(settings)]
+        loop = asyncio.new_event_loop()
+        async_clients = [async_client(settings.redis_target), _redis_client(settings)]
+        for client in clients:
+            client.set("before", b"1")
+        for client in async_clients:
+            loop.run_until_complete(client.set("before", b"1"))
+        bed.kill_primary()
+        killed_at = time.monotonic()
+
+        def write(index: int) -> None:
+            key = f"after-{index}"
+            if index < len(clients):
+                clients[index].set(key, b"1")
+            else:
+                loop.run_until_complete(async_clients[index - len(clients)].set(key, b"1"))
+
+        for index in range(len(clients) + len(async_clients)):
+            while True:
+                try:
+                    write(index)
+                    break
+                except RedisConnectionError:
+                    assert time.monotonic() - killed_at < 15, f"client {index} never found the new primary"
+                    time.sleep(0.1)
+        assert bed.primary_address() == ("127.0.0.1", bed.replica_port)
+        for client in clients:
+            assert client.connection_pool.get_master_address() == ("127.0.0.1", bed.replica_port)
+            assert client.get("before") == b"1"  # replicated before the kill
+        for client in async_clients:
+            loop.run_until_complete(client.aclose())
+        loop.close()
