@@ -3,7 +3,8 @@ primary, a replica and 3 sentinels as processes (tests/support/sentinel_bed.py),
 
 The sentinels promote the replica (down-after 1 s); every process follows it on its own: the stream that was open
 ends exactly once (completed with the undisturbed text, or an error the client sees, never silence), and new
-requests are served within 10 s of the kill with the same text an undisturbed run gives.
+requests are served within 10 s of the kill with the same text an undisturbed run gives. A job the old primary
+never replicated is written again by the gateway and served.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import openai
 import pytest
 
 from llmfleet.local_cluster import LocalCluster
+from shared import keys
 from tests.faults.process_cluster import MODEL
 from tests.support.cluster import start_process_cluster
+from tests.support.processes import wait_until
 from tests.support.sentinel_bed import SentinelBed
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -163,3 +166,43 @@ def test_every_client_builder_follows_the_promoted_replica(tmp_path: Path) -> No
         for client in async_clients:
             loop.run_until_complete(client.aclose())
         loop.close()
+
+
+def test_a_job_the_promoted_replica_never_got_is_queued_again(smollm2_gguf_path: Path, tmp_path: Path) -> None:
+    """Replication held (the replica fell behind), a request queued with no worker running, the primary killed:
+    the promoted replica has no such job; the gateway writes it again once its pub/sub connection is back, and a
+    worker started afterwards serves it with the undisturbed text."""
+    (tmp_path / "redis").mkdir()
+    with SentinelBed(tmp_path / "redis", proxied_replication=True) as bed:
+        settings = {k: v for k, v in bed.settings.items() if k != "REDIS_URL"}
+        cluster = start_process_cluster(tmp_path / "cluster", 1, redis_url=bed.settings["REDIS_URL"],
+                                        LLMFLEET_REQUEST_TIMEOUT_S="90", **settings)
+        try:
+            undisturbed: dict[str, Any] = {}
+            _stream(cluster.base_url, 16, undisturbed)
+            cluster.stop(cluster.workers[0])  # drains and deregisters: the next job waits in its stream
+            primary, replica = bed.client(bed.primary_port), bed.client(bed.replica_port)
+
+            def queued(client: Any) -> int:
+                return sum(client.xlen(stream) for stream in keys.jobs_streams(MODEL))
+
+            wait_until(lambda: primary.info("replication")["master_repl_offset"]
+                       == replica.info("replication")["slave_repl_offset"], 10, "the replica to catch up")
+            bed.hold_replication()
+            outcome: dict[str, Any] = {}
+            thread = threading.Thread(target=_stream, args=(cluster.base_url, 16, outcome))
+            thread.start()
+            wait_until(lambda: queued(primary) == 1, 10, "the job on the primary")
+            assert queued(replica) == 0  # never replicated
+            bed.kill_primary()
+            bed.wait_promoted()
+            wait_until(lambda: queued(replica) == 1, 15, "the gateway to write the lost job again")
+            cluster.start_worker(0)
+            thread.join(timeout=120)
+            assert not thread.is_alive(), "the stream hung"
+            assert "error" not in outcome, outcome["error"]
+            assert outcome["text"] == undisturbed["text"] and outcome["finish"] == "length"
+            gateway_log = (tmp_path / "cluster" / "gateway.log").read_text()
+            assert "a failover lost it): queued again" in gateway_log
+        finally:
+            cluster.close()

@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 
+from bench.delay_proxy import DelayProxy
 from llmfleet.redis_server import free_port, redis_server_binary
 from tests.support.processes import wait_until
 
@@ -23,8 +24,10 @@ FAILOVER_TIMEOUT_MS = 3000
 class SentinelBed:
     """Primary, replica and 3 sentinels; `settings` are the env settings that point llmfleet at them."""
 
-    def __init__(self, logdir: Path | None = None) -> None:
+    def __init__(self, logdir: Path | None = None, *, proxied_replication: bool = False) -> None:
         self.dir = Path(logdir or tempfile.mkdtemp(prefix="llmfleet-sentinel-"))
+        self.proxied_replication = proxied_replication  # the replica reads the primary through a proxy
+        self.proxy: DelayProxy | None = None
         self.primary_port, self.replica_port = free_port(), free_port()
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -59,8 +62,11 @@ class SentinelBed:
         """Start everything; returns once the replica is in sync and every sentinel knows the replica and the two
         other sentinels (a failover needs both)."""
         self._spawn("primary", self._server_args(self.primary_port))
-        self._spawn("replica", [*self._server_args(self.replica_port),
-                                "--replicaof", "127.0.0.1", str(self.primary_port)])
+        upstream = self.primary_port
+        if self.proxied_replication:
+            self.proxy = DelayProxy("127.0.0.1", self.primary_port).start()
+            upstream = self.proxy.port
+        self._spawn("replica", [*self._server_args(self.replica_port), "--replicaof", "127.0.0.1", str(upstream)])
         for port in self.sentinel_ports:
             self._spawn(f"sentinel-{port}", [str(self._sentinel_conf(port)), "--sentinel"])
         wait_until(self._replica_synced, timeout_s, "the replica's sync", interval_s=0.1)
@@ -68,12 +74,13 @@ class SentinelBed:
                    interval_s=0.2)
         return self
 
-    def _client(self, port: int) -> redis.Redis:
+    def client(self, port: int) -> redis.Redis:
+        """A plain client of one server of the bed (the primary's or the replica's port), not through Sentinel."""
         return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
 
     def _replica_synced(self) -> bool:
         try:
-            with self._client(self.replica_port) as client:
+            with self.client(self.replica_port) as client:
                 return client.info("replication").get("master_link_status") == "up"
         except redis.RedisError:
             return False
@@ -81,7 +88,7 @@ class SentinelBed:
     def _sentinels_settled(self) -> bool:
         try:
             for port in self.sentinel_ports:
-                with self._client(port) as client:
+                with self.client(port) as client:
                     if len(client.sentinel_slaves(MASTER)) != 1 or len(client.sentinel_sentinels(MASTER)) != 2:
                         return False
             return True
@@ -92,13 +99,19 @@ class SentinelBed:
         """The primary the first sentinel that answers names (None when none names a healthy one)."""
         for port in self.sentinel_ports:
             try:
-                with self._client(port) as client:
+                with self.client(port) as client:
                     state: dict[str, Any] = client.sentinel_master(MASTER)
             except redis.RedisError:
                 continue
             if "s_down" not in state.get("flags", "") and "o_down" not in state.get("flags", ""):
                 return state["ip"], int(state["port"])
         return None
+
+    def hold_replication(self) -> None:
+        """From now on the replica receives nothing of what the primary writes (asynchronous replication that
+        fell behind: those writes are lost if the primary dies); needs proxied_replication."""
+        assert self.proxy is not None, "SentinelBed(proxied_replication=True)"
+        self.proxy.hold_open()
 
     def kill_primary(self) -> None:
         """kill -9 the primary redis-server (it stays dead)."""
@@ -116,6 +129,8 @@ class SentinelBed:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        if self.proxy is not None:
+            self.proxy.close()
 
     def __enter__(self) -> SentinelBed:
         return self.start()
