@@ -31,6 +31,7 @@ from tests.support.sentinel_bed import SentinelBed
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 PROMPT = "The primary died, and the replica"
 NEW_REQUESTS_WITHIN_S = 10.0
+STREAMS = 4  # open through the kill (a 2-core test machine: the issue's 16 would measure CPU, not Redis)
 
 
 @pytest.fixture()
@@ -79,40 +80,51 @@ def _first_success_after(base: str, since: float, limit_s: float) -> tuple[float
     raise AssertionError(f"no request served within {limit_s}s of the kill")
 
 
+def _open_streams(base: str, count: int, pieces: int) -> tuple[list[dict[str, Any]], list[threading.Thread]]:
+    """`count` 120-token streams, returned once each has sent `pieces` pieces."""
+    outcomes: list[dict[str, Any]] = [{} for _ in range(count)]
+    threads = [threading.Thread(target=_stream, args=(base, 120, o)) for o in outcomes]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: all(len(o.get("times", [])) >= pieces for o in outcomes), 90, "the streams to start")
+    return outcomes, threads
+
+
+def _ended_once(outcome: dict[str, Any], undisturbed: dict[str, Any]) -> float:
+    """Assert a stream ended exactly once (completed with the undisturbed text, or an error it was told); its
+    longest silence between pieces."""
+    if "error" in outcome:
+        assert outcome.get("finish") != "length", outcome
+    else:
+        assert outcome["finish"] == "length" and outcome["text"] == undisturbed["text"]
+    times = outcome["times"]
+    return max(b - a for a, b in zip(times, times[1:], strict=False))
+
+
 def test_kill_primary_mid_stream_then_new_requests_follow_the_promoted_replica(ha_cluster) -> None:
     bed, cluster = ha_cluster
     base = cluster.base_url
     undisturbed: dict[str, Any] = {}
+    short: dict[str, Any] = {}
     _stream(base, 120, undisturbed)
     assert "error" not in undisturbed and undisturbed["finish"] == "length", undisturbed.get("error")
-    short: dict[str, Any] = {}
     _stream(base, 8, short)
 
-    disturbed: dict[str, Any] = {}
-    thread = threading.Thread(target=_stream, args=(base, 120, disturbed))
-    thread.start()
-    deadline = time.monotonic() + 60
-    while len(disturbed.get("times", [])) < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    outcomes, threads = _open_streams(base, STREAMS, 5)
     bed.kill_primary()
     killed_at = time.monotonic()
     bed.wait_promoted()
     promoted_s = time.monotonic() - killed_at
-
     served_s, failures, served = _first_success_after(base, killed_at, 30)
-    thread.join(timeout=90)
-    assert not thread.is_alive(), "the open stream hung"
-    times = disturbed["times"]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    for thread in threads:
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "an open stream hung"
+    silences = [_ended_once(outcome, undisturbed) for outcome in outcomes]
+    completed = sum(o.get("finish") == "length" for o in outcomes)
     print(f"promoted {promoted_s:.2f}s after the kill; first new request served {served_s:.2f}s after it "
-          f"({len(failures)} refused before: {failures}); open stream: {disturbed.get('finish') or disturbed.get('error')}, "
-          f"{len(times)} pieces, longest silence {max(gaps):.2f}s, identical={disturbed['text'] == undisturbed['text']}")
-    # the open stream ended exactly once: completed with the undisturbed text, or with an error it was told
-    if "error" in disturbed:
-        assert disturbed.get("finish") != "length", disturbed
-    else:
-        assert disturbed["finish"] == "length" and disturbed["text"] == undisturbed["text"]
-    assert max(gaps) < promoted_s + 2.0  # no client silent longer than the failover + 2 s
+          f"({len(failures)} refused before: {failures}); open streams: {completed}/{STREAMS} completed identically, "
+          f"longest silence {max(silences):.2f}s")
+    assert max(silences) < promoted_s + 2.0  # no client silent longer than the failover + 2 s
     assert served_s < NEW_REQUESTS_WITHIN_S
     assert all(" 503 " in failure for failure in failures), failures  # refused as retryable, never a 404
     assert served["text"] == short["text"]  # new requests give what they gave before the failover
