@@ -10,6 +10,7 @@ never replicated is written again by the gateway and served.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ import pytest
 from llmfleet.local_cluster import LocalCluster
 from shared import keys
 from tests.faults.process_cluster import MODEL
+from tests.support.batches import start_batch_runner
 from tests.support.cluster import start_process_cluster
 from tests.support.processes import wait_until
 from tests.support.sentinel_bed import SentinelBed
@@ -215,3 +217,39 @@ def test_a_job_the_promoted_replica_never_got_is_queued_again(smollm2_gguf_path:
             assert "a failover lost it): queued again" in gateway_log
         finally:
             cluster.close()
+
+
+def _batch(base: str, lines: int) -> tuple[openai.OpenAI, str]:
+    """A /v1/completions batch of `lines` short requests; (the client, the batch id)."""
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=2, timeout=30)
+    data = "".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+                               "body": {"model": MODEL, "prompt": f"Fact number {i}:", "max_tokens": 24,
+                                        "temperature": 0}}) + "\n" for i in range(lines)).encode()
+    upload = client.files.create(file=("in.jsonl", data), purpose="batch")
+    return client, client.batches.create(input_file_id=upload.id, endpoint="/v1/completions",
+                                         completion_window="24h").id
+
+
+def test_a_batch_runs_on_through_the_primarys_death(ha_cluster) -> None:
+    """The batch runner follows the promoted replica too: the batch completes with every line exactly once."""
+    bed, cluster = ha_cluster
+    start_batch_runner(cluster, LLMFLEET_BATCH_CONCURRENCY="3")
+    client, batch_id = _batch(cluster.base_url, 9)
+    wait_until(lambda: client.batches.retrieve(batch_id).request_counts.completed >= 2, 120, "the batch to start")
+    bed.kill_primary()
+
+    def ended() -> bool:
+        try:
+            return client.batches.retrieve(batch_id).status in ("completed", "failed")
+        except openai.APIError:
+            return False
+
+    wait_until(ended, 180, "the batch to end")
+    done = client.batches.retrieve(batch_id)
+    assert done.status == "completed" and done.request_counts.total == 9, done
+    output = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
+    errors = [json.loads(line) for line in client.files.content(done.error_file_id).text.splitlines()] \
+        if done.error_file_id else []
+    print(f"batch across the failover: {done.request_counts.completed} completed, {len(errors)} failed")
+    assert sorted(item["custom_id"] for item in output + errors) == [f"c{i}" for i in range(9)]
+    assert all(item["response"]["status_code"] in (503, 504) for item in errors), errors  # retryable, if any
