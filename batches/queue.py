@@ -166,7 +166,7 @@ def enqueue_batch(connection: redis.Redis, batch_id: str, attempt: int = 0) -> s
 
 def requeue_batch(settings: Settings, batch_id: str) -> None:
     """Put a batch this runner stopped (SIGTERM) back in the queue; it is not counted as an attempt."""
-    connection = sync_client(settings.redis_url)
+    connection = sync_client(settings.redis_target)
     try:
         enqueue_batch(connection, batch_id)
         log.info("batch %s stopped and requeued", batch_id)

@@ -74,7 +74,7 @@ class BatchRun:
 
     async def run(self) -> str:
         """Run the batch to its end, or until it is stopped; returns the outcome."""
-        redis = async_client(self.settings.redis_url)  # bounded sockets (batches/redis_clients.py)
+        redis = async_client(self.settings.redis_target)  # bounded sockets (batches/redis_clients.py)
         try:
             if not await redis.set(keys.batch_lease(self.batch_id), self.runner_id, nx=True, px=self.lease_ms):
                 log.info("batch %s is held by another runner", self.batch_id)

@@ -9,9 +9,7 @@ from pathlib import Path
 
 from redis import Redis as SyncRedis
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.sentinel import Sentinel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -19,6 +17,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from batches.redis_clients import async_client, primary_options
 from gateway.admin.router import ROUTES as ADMIN_ROUTES
 from gateway.anthropic.router import ROUTES as ANTHROPIC_ROUTES
 from gateway.cluster.broker import Broker
@@ -36,7 +35,6 @@ from gateway.responses_api import serving as responses_serving
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
 from shared import tracing
 from shared.errors import LLMFleetError
-from shared.redis_sockets import RETRIES, RETRY_BASE_S, RETRY_CAP_S, socket_options
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -55,25 +53,23 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 def _redis_client(settings: Settings) -> Redis:
     """A client whose pool makes requests wait for a free connection instead of failing when all are busy, and
     whose sockets are bounded (shared/redis_sockets.py): a command on a connection a partition cut fails in
-    COMMAND_TIMEOUT_S (a 503) instead of hanging until TCP gives up."""
-    pool = BlockingConnectionPool.from_url(
-        settings.redis_url,
-        max_connections=settings.redis_max_connections,
-        timeout=POOL_WAIT_S,
-        **socket_options(settings.redis_url, keepalive=False),  # no keepalive here: shared/redis_sockets.py
-        # a pooled connection that died (Redis restarted) is redialled on its next use instead of failing the
-        # request; a timeout is not retried. No health_check_interval: its PING would race the shared pub/sub
-        # connection's reader
-        retry=Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), RETRIES,
-                    supported_errors=(RedisConnectionError,)),
-        retry_on_error=[RedisConnectionError],
-    )
-    return Redis(connection_pool=pool)
+    COMMAND_TIMEOUT_S (a 503) instead of hanging until TCP gives up. Under Sentinel each new connection dials
+    the primary the sentinels name (batches/redis_clients.py)."""
+    # no keepalive (shared/redis_sockets.py); a pooled connection that died (Redis restarted, or its primary
+    # failed over) is redialled on its next use instead of failing the request; a timeout is not retried. No
+    # health_check_interval: its PING would race the shared pub/sub connection's reader
+    return async_client(settings.redis_target, pool_class=BlockingConnectionPool,
+                        max_connections=settings.redis_max_connections, timeout=POOL_WAIT_S)
 
 
 def _probe_client(settings: Settings) -> SyncRedis:
     """The health probe's own blocking client (gateway/cluster/redis_health.py): a PING unanswered in DOWN_AFTER_S fails."""
-    return SyncRedis.from_url(settings.redis_url, socket_timeout=DOWN_AFTER_S, socket_connect_timeout=DOWN_AFTER_S)
+    bounds = {"socket_timeout": DOWN_AFTER_S, "socket_connect_timeout": DOWN_AFTER_S}
+    target = settings.redis_target
+    if not target.sentinel:
+        return SyncRedis.from_url(settings.redis_url, **bounds)
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=bounds)
+    return sentinel.master_for(target.master, **primary_options(target), **bounds)
 
 
 def create_app(settings: Settings | None = None, redis: Redis | None = None) -> Starlette:

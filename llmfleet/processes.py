@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared import tracing
+from shared.redis_target import RedisTarget
 from shared.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
     started = time.monotonic()
     engine = Engine.load(path, chat_template=read_chat_template(settings.chat_template))
     log.info("loaded %s in %.1fs; %d BLAS threads", path.name, time.monotonic() - started, threads)
-    client = connect(settings.redis_url)  # bounded sockets: worker/serve/redis_client.py
+    client = connect(settings.redis_target)  # bounded sockets: worker/serve/redis_client.py
     tracing.configure("llmfleet-worker")  # OpenTelemetry, when OTEL_EXPORTER_OTLP_ENDPOINT is set
     runner = WorkerRunner(engine, client, settings, model=served_as or model_id(model_name), worker_id=worker_id,
                           model_file=path)
@@ -124,14 +125,14 @@ def run_batch_runner(settings: Settings) -> int:
     from batches import queue
     from batches.redis_clients import sync_client
 
-    connection = sync_client(settings.redis_url)  # sockets bounded; rq's BLPOP blocks less than they wait
+    connection = sync_client(settings.redis_target)  # sockets bounded; rq's BLPOP blocks less than they wait
     # a running batch sends rq heartbeats every third of its lease: the registration must outlive that
     worker = queue.batch_worker(connection, ttl_s=max(queue.WORKER_TTL_S, math.ceil(settings.batch_lease_s)),
                                 settings=settings)
 
     def recover() -> None:
         """Every second: enqueue again the batches whose runner died."""
-        scan = sync_client(settings.redis_url)
+        scan = sync_client(settings.redis_target)
         suspects: dict[str, float] = {}
         while not worker.stopping.wait(1.0):
             try:
@@ -184,7 +185,7 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
         processes = max(1, workers * len(pinned) if pinned else (max_loaded or settings.pool_max_loaded or 1))
         settings = replace(settings, threads=max(1, (os.cpu_count() or 1) // processes))
     redis_server = None
-    if not os.environ.get("REDIS_URL"):
+    if not os.environ.get("REDIS_URL") and not settings.redis_target.sentinel:
         redis_server = BundledRedis().start()
         settings = replace(settings, redis_url=redis_server.url)
         log.info("started bundled redis-server on port %d", redis_server.port)
@@ -196,7 +197,7 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
     alive = None if redis_server is None else (lambda: redis_server.process.poll() is None)
     supervisor = Supervisor(gateway, [], batch_runner=batch_runner, drain_timeout_s=settings.drain_timeout_s,
                             redis_alive=alive, node=node,
-                            status=_status_writer(settings.redis_url, status_key, STATUS_TTL_S))
+                            status=_status_writer(settings.redis_target, status_key, STATUS_TTL_S))
     for signum in (signal.SIGINT, signal.SIGTERM):  # also when started with SIGINT ignored (a background job)
         signal.signal(signum, supervisor.on_signal)
     code, forced = 0, False
@@ -229,7 +230,7 @@ def _node(settings: Settings, entries: dict[str, str], env: dict[str, str], *, p
     from worker.serve.redis_client import connect
 
     budget = int(settings.pool_memory_mib * 1024 * 1024) if settings.pool_memory_mib else int(host_memory_bytes() * 0.8)
-    client = connect(settings.redis_url)  # the workers' bounds (shared/redis_sockets.py); no blocking command
+    client = connect(settings.redis_target)  # the workers' bounds (shared/redis_sockets.py); no blocking command
     return Node(client, settings, entries, env=env, pinned=pinned, memory_budget=budget,
                 max_loaded=settings.pool_max_loaded if max_loaded is None else max_loaded)
 
@@ -270,11 +271,11 @@ def run_node(settings: Settings, entries: dict[str, str], *, max_loaded: int | N
     return 0
 
 
-def _status_writer(redis_url: str, key: str, ttl_s: int) -> Callable[[dict[str, object]], None]:
+def _status_writer(target: RedisTarget, key: str, ttl_s: int) -> Callable[[dict[str, object]], None]:
     """A function that stores the supervisor's state in Redis for /ready (with a TTL)."""
-    import redis
+    from batches.redis_clients import sync_client
 
-    client = redis.Redis.from_url(redis_url, socket_connect_timeout=1, socket_timeout=1)
+    client = sync_client(target, socket_connect_timeout=1, socket_timeout=1)
 
     def write(fields: dict[str, object]) -> None:
         pipe = client.pipeline(transaction=False)
@@ -298,11 +299,10 @@ def healthcheck(role: str, settings: Settings) -> int:
                 return 0 if response.status == 200 else 1
         except (urllib.error.URLError, OSError):
             return 1
-    import redis
-
+    from batches.redis_clients import sync_client
     from shared.redis_commands import fresh_workers, run
 
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=3)
+    client = sync_client(settings.redis_target, socket_connect_timeout=3)
     host, now = socket.gethostname(), time.time()
     if role == "batch-runner":  # an rq worker of this host registered on the batch queue
         from rq import Worker

@@ -34,6 +34,7 @@ KEEPALIVE_COUNT = 3
 RETRIES = 2
 RETRY_BASE_S = 0.05
 RETRY_CAP_S = 0.5
+SENTINEL_TIMEOUT_S = 1.0  # a sentinel that does not answer a query this soon is skipped for the next
 
 
 def keepalive_options() -> dict[int, int]:

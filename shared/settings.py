@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.redis_target import RedisTarget, parse_sentinels
+
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _KV_DTYPES = ("float16", "float32")  # worker/engine/kv_pool.py KV_DTYPES
@@ -50,6 +52,13 @@ class Settings:
 
     redis_url: str = _setting("redis://localhost:6379/0", "The Redis every part shares. Unset under `llmfleet serve`: "
                               "it starts a bundled redis-server on a free local port.", secret=True)  # may hold a password
+    redis_sentinels: str = _setting("", "Redis high availability: comma-separated `host:port` of Redis Sentinels "
+                                    "(e.g. 3); every process then asks them for the primary of "
+                                    "REDIS_SENTINEL_MASTER and follows a failover to the promoted replica. "
+                                    "REDIS_URL then gives only password, database and TLS. Empty: REDIS_URL "
+                                    "alone (docs/operations/redis-ha.md).")
+    redis_sentinel_master: str = _setting("mymaster", "The Sentinel group name of the primary (sentinel.conf's "
+                                          "`sentinel monitor NAME ...`); read only with REDIS_SENTINELS.")
     redis_max_connections: int = _setting(64, "The gateway's Redis connection pool; requests wait for a free connection.")
     host: str = _setting("127.0.0.1", "The gateway's listen address.")
     port: int = _setting(8000, "The gateway's listen port.")
@@ -181,6 +190,7 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.redis_url.startswith(_REDIS_SCHEMES):
             _fail("redis_url", f"must start with one of {', '.join(_REDIS_SCHEMES)}")
+        self._check_sentinels()
         if not 0 < self.port < 65536:
             _fail("port", "must be in 1..65535")
         if self.api_key is not None and not self.api_key.strip():
@@ -200,6 +210,22 @@ class Settings:
         for name, choices in _CHOICES.items():
             if getattr(self, name) not in choices:
                 _fail(name, f"must be one of {', '.join(choices)}")
+
+    def _check_sentinels(self) -> None:
+        try:
+            sentinels = parse_sentinels(self.redis_sentinels)
+        except ValueError as exc:
+            _fail("redis_sentinels", str(exc))
+            return
+        if sentinels and self.redis_url.startswith("unix:"):
+            _fail("redis_url", "must be redis:// or rediss:// with REDIS_SENTINELS (a primary is found over TCP)")
+        if not self.redis_sentinel_master.strip():
+            _fail("redis_sentinel_master", "must not be blank")
+
+    @property
+    def redis_target(self) -> RedisTarget:
+        """Where every client of this process finds Redis: REDIS_URL, or the sentinels' primary."""
+        return RedisTarget(self.redis_url, parse_sentinels(self.redis_sentinels), self.redis_sentinel_master)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -221,6 +247,8 @@ class Settings:
 
 ENV: dict[str, str] = {
     "redis_url": "REDIS_URL",
+    "redis_sentinels": "REDIS_SENTINELS",
+    "redis_sentinel_master": "REDIS_SENTINEL_MASTER",
     "redis_max_connections": "LLMFLEET_REDIS_MAX_CONNECTIONS",
     "host": "LLMFLEET_HOST",
     "port": "LLMFLEET_PORT",
@@ -299,6 +327,7 @@ def doc(name: str) -> str:
 def allowed(name: str) -> str:
     """The values a setting accepts, read from the same tables __post_init__ checks."""
     bounds = {"redis_url": "a URL starting " + " or ".join(_REDIS_SCHEMES), "port": "1..65535",
+              "redis_sentinels": "comma-separated host:port (empty: none)", "redis_sentinel_master": "non-blank text",
               "api_key": "non-blank text", "slots": "an integer >= 0, or auto"}
     if name in bounds:
         return bounds[name]

@@ -35,6 +35,7 @@ from gateway.cluster import admission
 from gateway.cluster.event_stream import EventStream, JobRef
 from gateway.cluster.fair_share import queue_shared
 from gateway.cluster.loras import resolve_job
+from gateway.cluster.lost_jobs import QueuedEntry
 from gateway.cluster.placement import (
     Choice,
     PrefixMap,
@@ -194,7 +195,7 @@ class Broker:
             chain, choice = await self._place(job, workers)  # a placement on a worker is reserved from here on
         written = False
         try:
-            queue = await self._write(job, chain, choice)
+            queue, entry = await self._write(job, chain, choice)
             written = True
         finally:
             if choice.worker_id is not None:
@@ -208,26 +209,29 @@ class Broker:
         wait_until = None  # admitted with no live worker: its stream waits for one until then (not past its deadline)
         if job.id in self._awaiting_worker:
             wait_until = min(self.clock() + self.settings.worker_wait_s, job.deadline - 1.0)
-        return EventStream(self, job, queue, worker_wait_until=wait_until)
+        return EventStream(self, job, queue, worker_wait_until=wait_until, queued=entry)
 
-    async def _write(self, job: Job, chain: list[str], choice: Choice) -> asyncio.Queue[QueueItem]:
-        """Subscribe to the job's events, then write it to its stream (and its prefix chain to the map)."""
+    async def _write(self, job: Job, chain: list[str],
+                     choice: Choice) -> tuple[asyncio.Queue[QueueItem], QueuedEntry]:
+        """Subscribe to the job's events, then write it to its stream (and its prefix chain to the map), or to its
+        class's fair queue; and where it went (checked after a Redis failover: lost_jobs.py)."""
         channel = keys.events_channel(job.id)
         queue = await self.subscriber.subscribe(channel)
         sent = False  # the XADD is on its way: from here, a failure leaves it unknown whether the job was written
         try:
             with redis_unavailable(self.settings.retry_after_s):
                 pipe = self.redis.pipeline(transaction=True)
+                stream, payload = keys.jobs_stream(job.model, job.priority), codec.encode_job(job)
+                direct = choice.worker_id is not None or not self.settings.fair_shares
                 if choice.worker_id is not None:
                     stream = keys.worker_jobs_stream(job.model, choice.worker_id, job.priority)
                     pipe.sadd(keys.placed_workers(job.model), choice.worker_id)
                     self.prefix_map.queue_record(pipe, job.model, chain, choice.worker_id, choice.tier)
-                    pipe.xadd(stream, {keys.JOB_FIELD: codec.encode_job(job)}, maxlen=self.settings.stream_maxlen,
-                              approximate=True)
+                    pipe.xadd(stream, {keys.JOB_FIELD: payload}, maxlen=self.settings.stream_maxlen, approximate=True)
                 else:  # through its class's fair queue (gateway/cluster/fair_share.py)
                     queue_shared(pipe, job, self.settings, self.clock())
                 sent = True
-                await pipe.execute()
+                entry_id = (await pipe.execute())[-1]
         except BaseException as exc:
             # a refused write (OOM, READONLY, MISCONF) discarded the whole transaction: the job is not in a stream
             if sent and write_refusal(exc.__cause__ or exc) is None:  # cancelled (the client went away) or no
@@ -236,7 +240,8 @@ class Broker:
                 self._cancel_behind(job, reason)  # the 503 does not wait on it: its connection may be held too
             await self.subscriber.unsubscribe(channel)
             raise
-        return queue
+        fair_queue = "" if direct else keys.fair_keys(job.model, job.priority)[0]  # (its script's reply: no entry id)
+        return queue, QueuedEntry(stream, entry_id if direct else b"", payload, self.settings.stream_maxlen, fair_queue)
 
     async def follow(self, job: JobRef) -> EventStream:
         """The events of a job already queued, from its journal's first one, then live (a resumed stream)."""

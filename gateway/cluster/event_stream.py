@@ -20,6 +20,7 @@ from typing import NamedTuple, Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.cluster.lost_jobs import QueuedEntry, requeue_if_lost
 from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.redis_health import RedisHealth
 from gateway.cluster.subscriber import RESYNC, QueueItem, Subscriber
@@ -63,8 +64,9 @@ class EventStream:
     """The events of one submitted request, in seq order, ending after its terminal event."""
 
     def __init__(self, broker: StreamOwner, job: Job | JobRef, queue: asyncio.Queue[QueueItem], *,
-                 worker_wait_until: float | None = None) -> None:
+                 worker_wait_until: float | None = None, queued: QueuedEntry | None = None) -> None:
         self._broker = broker
+        self._queued = queued  # where this gateway wrote the job: queued again if a failover lost it
         self._worker_wait_until = worker_wait_until  # admitted with no live worker: wait for one until then
         self._queue = queue
         self.request_id = job.id
@@ -86,6 +88,7 @@ class EventStream:
             item = await self._receive()
             if item is RESYNC:
                 await self._fill_from_journal()
+                await self._requeue_if_lost()
                 continue
             event = self._decode(item)
             if event is None or event.seq < self._expected:
@@ -174,6 +177,14 @@ class EventStream:
         await self._broker.cancel(self.request_id, self.model, "no_worker", self.deadline)
         raise NoWorkerAvailable(f"no worker serving model '{self.model}' started within {waited:.0f} s "
                                 "(LLMFLEET_WORKER_WAIT_S); please retry", retry_after=self._broker.settings.retry_after_s)
+
+    async def _requeue_if_lost(self) -> None:
+        """After a lost pub/sub connection, a job that sent no event yet is written again if it left its stream
+        (a failover to a replica that never got it: gateway/cluster/lost_jobs.py)."""
+        if self._queued is None or self._expected or self._pending:
+            return
+        with redis_unavailable(self._broker.settings.retry_after_s):
+            self._queued = await requeue_if_lost(self._broker.redis, self._queued, self.request_id) or self._queued
 
     def _decode(self, item: QueueItem) -> Event | None:
         try:

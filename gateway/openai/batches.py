@@ -60,7 +60,7 @@ def _rq_connection(request: Request) -> redis.Redis:
     """The synchronous Redis client rq enqueues with (made on first use; bounded sockets, as the runners')."""
     state = request.app.state
     if getattr(state, "rq_redis", None) is None:
-        state.rq_redis = sync_client(_settings(request).redis_url)
+        state.rq_redis = sync_client(_settings(request).redis_target)
     return state.rq_redis
 
 

@@ -294,11 +294,15 @@ def redis_url_parts(env: dict[str, str]) -> tuple[str, int, int]:
 
 
 def redis_problems(docs: list[Doc]) -> list[str]:
-    """The Redis StatefulSet: one replica, append-only on, its --dir on a PersistentVolumeClaim."""
+    """Each Redis server's StatefulSet (the primary's, a replica's; not the sentinels'): one pod, append-only on,
+    its --dir on a PersistentVolumeClaim."""
     problems: list[str] = []
     for workload in (w for w in workloads(docs) if w["kind"] == "StatefulSet"):
-        for container in (c for c in pod_containers(workload) if c["image"].startswith("redis:")):
+        for container in (c for c in workload["spec"]["template"]["spec"]["containers"]
+                          if c["image"].startswith("redis:")):
             argv = [*container.get("command", []), *container.get("args", [])]
+            if "--sentinel" in argv:
+                continue
             claims = {c["metadata"]["name"] for c in workload["spec"].get("volumeClaimTemplates", [])}
             on_claims = [m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] in claims]
             if command_flag(container, "--appendonly") != "yes":

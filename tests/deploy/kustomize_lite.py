@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-SUPPORTED_FIELDS = frozenset({"apiVersion", "kind", "namespace", "resources", "secretGenerator", "images"})
+SUPPORTED_FIELDS = frozenset({"apiVersion", "kind", "namespace", "resources", "secretGenerator", "images", "patches"})
 CLUSTER_SCOPED_KINDS = frozenset({"Namespace"})
 WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "Job"})
 
@@ -32,6 +32,8 @@ def render(directory: Path) -> list[dict[str, Any]]:
         else:
             docs.extend(copy.deepcopy(doc) for doc in yaml.safe_load_all(path.read_text()) if doc is not None)
     docs.extend(_generate_secret(directory, spec) for spec in kustomization.get("secretGenerator", []))
+    for spec in kustomization.get("patches", []):
+        _apply_patch(directory, spec, docs)
     namespace = kustomization.get("namespace")
     if namespace:
         for doc in docs:
@@ -50,6 +52,29 @@ def render(directory: Path) -> list[dict[str, Any]]:
             raise KustomizeError(f"{directory}: {ident} is defined twice")
         seen.add(ident)
     return docs
+
+
+def _apply_patch(directory: Path, spec: dict[str, Any], docs: list[dict[str, Any]]) -> None:
+    """A strategic-merge patch from a file (`patches: [{path: ...}]`), maps only: it merges into the object of its
+    kind and name (a list in a patch would need kustomize's merge keys, not rendered here)."""
+    if set(spec) != {"path"}:
+        raise KustomizeError(f"{directory}: patches: only {{path: file}} entries are rendered here")
+    patch = yaml.safe_load((directory / spec["path"]).read_text())
+    target = next((d for d in docs if d["kind"] == patch["kind"] and d["metadata"]["name"] == patch["metadata"]["name"]),
+                  None)
+    if target is None:
+        raise KustomizeError(f"{directory}: patch {spec['path']} matches no object")
+    _merge(target, {k: v for k, v in patch.items() if k not in ("apiVersion", "kind")}, f"{directory}/{spec['path']}")
+
+
+def _merge(into: dict[str, Any], patch: dict[str, Any], where: str) -> None:
+    for key, value in patch.items():
+        if isinstance(value, list):
+            raise KustomizeError(f"{where}: a list ({key}) in a patch is not rendered here")
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value, where)
+        else:
+            into[key] = copy.deepcopy(value)
 
 
 def _generate_secret(directory: Path, spec: dict[str, Any]) -> dict[str, Any]:

@@ -115,3 +115,24 @@ def test_the_kubernetes_gateway_takes_its_keys_from_the_secret() -> None:
     assert "LLMFLEET_KEYS_FILE" in manifest and "secretName: llmfleet-api-keys" in manifest
     settings = Settings.from_env({"LLMFLEET_HOST": "0.0.0.0", "LLMFLEET_KEYS_FILE": "/etc/llmfleet/keys/keys.json"})
     assert check_exposure(settings) is None  # so it binds 0.0.0.0 in the pod and starts
+
+
+def test_the_ha_variant_runs_a_primary_a_replica_and_three_sentinels_every_process_asks(compose: dict) -> None:
+    from shared.settings import Settings
+
+    ha = yaml.safe_load((ROOT / "docker-compose.ha.yml").read_text())["services"]
+    sentinels = sorted(name for name, service in ha.items() if "--sentinel" in " ".join(service.get("command", [])))
+    assert sentinels == ["sentinel-1", "sentinel-2", "sentinel-3"]
+    replica = ha["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1:][:2] == ["redis", "6379"]
+    for name in ("redis", "redis-replica"):  # a primary restarted empty would empty its replica too
+        assert ha[name]["command"][ha[name]["command"].index("--appendonly") + 1] == "yes"
+    monitor = next(line.split() for line in ha["sentinel-1"]["command"][2].splitlines()
+                   if line.strip().startswith("sentinel monitor"))
+    for name in ("gateway", "worker", "worker-gemma", "batch-runner"):
+        assert name in compose["services"]
+        env = {k: v for k, v in {**compose["services"][name]["environment"], **ha[name]["environment"]}.items()
+               if "${" not in str(v)}  # what compose interpolates from the host's environment
+        target = Settings.from_env(env).redis_target
+        assert sorted(host for host, _ in target.sentinels) == sentinels and target.master == monitor[2]
+        assert set(sentinels) <= set(ha[name]["depends_on"])

@@ -30,7 +30,8 @@ from tests.deploy.keda_checks import capacity_problems, keda_problems, scaledobj
 from tests.deploy.kustomize_lite import KustomizeError, render
 
 ROOT = Path(__file__).resolve().parents[2]
-KUSTOMIZATIONS = {"base": ROOT / "deploy/k8s/base", "gemma": ROOT / "deploy/k8s/overlays/gemma"}
+KUSTOMIZATIONS = {"base": ROOT / "deploy/k8s/base", "gemma": ROOT / "deploy/k8s/overlays/gemma",
+                  "ha": ROOT / "deploy/k8s/overlays/ha"}
 OLDEST_K8S = "1.29"  # the oldest Kubernetes the manifests are checked against; the newest the validator ships too
 CHECKS = [env_problems, selector_problems, service_problems, probe_problems, grace_problems, image_problems,
           security_problems, keys_file_problems, redis_problems, keda_problems, capacity_problems]
@@ -83,6 +84,25 @@ def test_gemma_overlay_adds_only_gemma_workers(base: Docs) -> None:
     assert triggers[0]["metadata"]["valueLocation"] == 'llmfleet_model_jobs{model="gemma3-270m"}'
     assert triggers[1]["metadata"]["stream"] == "llmfleet:jobs:gemma3-270m"
 
+
+
+def test_ha_overlay_adds_a_replica_and_three_sentinels_that_every_pod_asks(base: Docs) -> None:
+    from shared.settings import Settings
+
+    ha = render(KUSTOMIZATIONS["ha"])
+    assert {kind for kind, _ in _names(ha) - _names(base)} == {"StatefulSet", "Service", "ConfigMap",
+                                                               "NetworkPolicy", "PodDisruptionBudget"}
+    sentinels = _get(ha, "StatefulSet", "redis-sentinel")
+    settings = _get(ha, "ConfigMap", "llmfleet-settings")["data"]
+    target = Settings.from_env(settings).redis_target
+    headless = f"{sentinels['spec']['serviceName']}.llmfleet.svc.cluster.local"
+    assert [h for h, _ in target.sentinels] == [f"redis-sentinel-{i}.{headless}" for i in range(3)]
+    assert sentinels["spec"]["replicas"] == 3
+    monitor = next(line.split() for line in _get(ha, "ConfigMap", "redis-sentinel")["data"]["sentinel.conf"].splitlines()
+                   if line.startswith("sentinel monitor"))
+    assert monitor[2] == target.master and monitor[3] == "redis-0.redis-headless.llmfleet.svc.cluster.local"
+    args = _get(ha, "StatefulSet", "redis-replica")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--replicaof") + 1:][:2] == monitor[3:5]
 
 @pytest.mark.skipif(kubernetes_validate is None, reason="kubernetes-validate is not installed (pip install -e '.[dev]')")
 @pytest.mark.parametrize("version", [OLDEST_K8S, "latest"])
@@ -264,7 +284,8 @@ def test_renderer_applies_namespace_and_images_and_refuses_what_it_cannot_render
     [doc] = render(tmp_path)
     assert doc["metadata"]["namespace"] == "ns"
     assert doc["spec"]["template"]["spec"]["containers"][0]["image"] == "r/llmfleet:1"
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({"resources": ["pod.yaml"], "patches": []}))
+    inline = [{"patch": "{}", "target": {"kind": "Deployment"}}]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({"resources": ["pod.yaml"], "patches": inline}))
     with pytest.raises(KustomizeError, match="patches"):
         render(tmp_path)
 

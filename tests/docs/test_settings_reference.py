@@ -72,7 +72,7 @@ def _outside(name: str) -> str | None:
         return None
     if text.startswith("one of"):
         return "no-such-value"
-    special = {"a URL starting": "http://host", "non-blank text": "   ", "1..65535": "65536",
+    special = {"a URL starting": "http://host", "non-blank text": "   ", "1..65535": "65536", "host:port": "no-port",
                "> LLMFLEET_HEARTBEAT_INTERVAL_S": str(Settings().heartbeat_interval_s), "or auto": "-1"}
     for bound, value in (*special.items(), (">= 1", "0"), ("> 0", "0"), (">= 0", "-1")):
         if bound in text:
