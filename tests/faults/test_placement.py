@@ -19,7 +19,7 @@ import openai
 import pytest
 import redis
 
-from gateway.cluster.placement import prefix_chain, prompt_text
+from gateway.cluster.placement import TIER_SEP, prefix_chain, prompt_text
 from shared import keys
 from shared.messages import ChatMessage, GenerateJob
 from tests.faults.process_cluster import MODEL, ProcessCluster, heartbeat_loads, wait_until
@@ -49,7 +49,7 @@ def _owner(client: redis.Redis, system: str, question: str) -> str | None:
     job = GenerateJob(id="x", model=MODEL, created=0, deadline=1, messages=[
         ChatMessage(role="system", content=system), ChatMessage(role="user", content=question)])
     value = client.get(keys.prefix_owner(MODEL, prefix_chain(prompt_text(job))[-1]))
-    return value.decode() if value else None
+    return value.decode().split(TIER_SEP)[0] if value else None  # "worker" or "worker<sep>its host KV tier"
 
 
 def _waiting_on(client: redis.Redis, worker_id: str) -> int:
