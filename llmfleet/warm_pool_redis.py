@@ -11,7 +11,15 @@ from redis import Redis
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.errors import ModelLoadFailed
-from shared.redis_commands import create_group, fresh_workers, queue_event, queue_job_done, queue_states, run
+from shared.redis_commands import (
+    create_group,
+    fresh_workers,
+    queue_event,
+    queue_job_done,
+    queue_states,
+    release_fair,
+    run,
+)
 from shared.registry import RegistryEntry
 from shared.warm_pool import NODE_TTL_S, NodeState
 
@@ -19,6 +27,7 @@ log = logging.getLogger(__name__)
 
 COMMANDS_MAXLEN = 1000
 FAIL_BATCH = 500
+RELEASE_MAXLEN = 100_000  # the shared stream's approximate trim when a failed load releases its fair queues
 RELEASE_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   if tonumber(ARGV[2]) > 0 then return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
@@ -86,6 +95,17 @@ def fail_waiting(redis: Redis, model: str, node_id: str, message: str, *, retry_
     journal and publish the error, ack and delete the entry. Returns how many jobs were ended."""
     consumer, ended = f"pool-{node_id}", 0
     error = ModelLoadFailed(message, retry_after=retry_after)
+    for _ in range(2):  # jobs still in a fair queue first go to their streams (a Redis without the script: round 2)
+        run(redis, release_fair(model, dict.fromkeys(keys.PRIORITY_ORDER, FAIL_BATCH), maxlen=RELEASE_MAXLEN))
+        ended += _fail_streams(redis, model, consumer, error, journal_ttl_s)
+    if ended:
+        log.info("ended %d waiting requests of %s with its load error", ended, model)
+    return ended
+
+
+def _fail_streams(redis: Redis, model: str, consumer: str, error: ModelLoadFailed, journal_ttl_s: int) -> int:
+    """Take up to FAIL_BATCH jobs of each of the model's shared streams and end each with `error`; how many."""
+    ended = 0
     for stream in keys.jobs_streams(model):
         run(redis, create_group(stream))  # whoever comes first creates it (a gateway usually did)
         replies = redis.xreadgroup(keys.JOBS_GROUP, consumer, {stream: ">"}, count=FAIL_BATCH)
@@ -102,8 +122,6 @@ def fail_waiting(redis: Redis, model: str, node_id: str, message: str, *, retry_
                     ended += 1
                 queue_job_done(pipe, stream, entry_id)
             pipe.execute()
-    if ended:
-        log.info("ended %d waiting requests of %s with its load error", ended, model)
     return ended
 
 
