@@ -9,7 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import block_kernels, interleaved_k_kernels, interleaved_kernels, mxfp4_kernels, ops
+from worker.engine import (
+    block_kernels,
+    delta_net_kernels,
+    interleaved_k_kernels,
+    interleaved_kernels,
+    mxfp4_kernels,
+    ops,
+)
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture, Encoder
 from worker.engine.config import ModelConfig
@@ -77,6 +84,8 @@ class Model:
             mxfp4_kernels.warm()
         if any(has_k_form(raw.kind, raw.shape[1]) for raw in contents.quantized.values()):
             interleaved_k_kernels.warm()
+        if config.recurrent_layers:
+            delta_net_kernels.warm()
         log.info("integer kernels: %s path (LLMFLEET_INT_KERNELS=%s forces one)", int_path(), "|".join(PATHS))
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: np.array(contents.tensors[name]) for name in keep if name in contents.tensors}

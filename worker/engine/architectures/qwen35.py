@@ -86,7 +86,6 @@ class Qwen35(Llama):
         d, v = config.d_model, config.vocab_size
         embedding = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D)
         output = ops.weight(take(tensors, "output.weight", (v, d), path)) if "output.weight" in tensors else embedding
-        delta_net_kernels.warm()
         return LlamaWeights(config=config, token_embedding=embedding, layers=layers,
                             output_norm=ops.asarray(take(tensors, "output_norm.weight", (d,), path)), output=output,
                             rotary=RotaryTable(config.rope_dim, config.rope_base, config.context_length,
