@@ -110,7 +110,7 @@ class RecurrentStates:
 
     def fork(self, parent_id: int, child_id: int, live: Callable[[int], bool]) -> None:
         """A child starts with a copy of its parent's state (a forked choice after the shared prompt)."""
-        self._copy(self._slot_of[parent_id], self._fresh(child_id, live))
+        self._copy(self._slot_of[parent_id], self._fresh(child_id, live, zero=False))
         self._absorbed[child_id] = self._absorbed[parent_id]
 
     def save(self, seq_id: int, key: int) -> None:
@@ -132,7 +132,7 @@ class RecurrentStates:
             source = self._checkpoints.get(keys[depth - 1])
             if source is not None:
                 self._checkpoints.move_to_end(keys[depth - 1])
-                self._copy(source, self._fresh(seq_id, live))
+                self._copy(source, self._fresh(seq_id, live, zero=False))
                 self._absorbed[seq_id] = depth * block_size
                 self.restored += 1
                 return depth * block_size
@@ -151,8 +151,8 @@ class RecurrentStates:
         if slot is not None:
             self._free.append(slot)
 
-    def _fresh(self, seq_id: int, live: Callable[[int], bool]) -> int:
-        """A zeroed slot for a sequence (its own, when it holds one)."""
+    def _fresh(self, seq_id: int, live: Callable[[int], bool], *, zero: bool = True) -> int:
+        """A slot for a sequence (its own, when it holds one), zeroed unless the caller overwrites it."""
         slot = self._slot_of.get(seq_id)
         if slot is None:
             if not self._free:
@@ -161,7 +161,7 @@ class RecurrentStates:
             if not self._free:
                 raise EngineError(f"all {self.slots} recurrent state slots are held by running sequences")
             slot = self._slot_of[seq_id] = self._free.pop()
-        for conv, matrices in zip(self.conv, self.matrices):
+        for conv, matrices in zip(self.conv, self.matrices) if zero else ():
             conv[slot] = 0.0  # (K-1, C)
             matrices[slot] = 0.0  # (Hv, Dv, Dk)
         return slot

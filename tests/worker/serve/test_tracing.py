@@ -4,6 +4,7 @@ span its job names, written when it ends; an untraced job costs nothing and writ
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -21,12 +22,18 @@ def _job(trace: str | None) -> GenerateJob:
     return GenerateJob(id="r1", model="m", created=now - 0.05, deadline=now + 60, prompt="secret words", trace=trace)
 
 
-def test_a_traced_jobs_spans_nest_under_its_gateway_span(monkeypatch: pytest.MonkeyPatch) -> None:
+def _taken_under_a_gateway_span(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, JobTracer]:
+    """An in-memory exporter, a gateway span, and a worker's tracer that took a job traced under that span."""
     exporter = in_memory_tracer(monkeypatch)
     with tracing.tracer().start_as_current_span("chat m") as gateway:
         parent = tracing.traceparent(gateway)
     tracer = JobTracer("m", "w1")
     tracer.taken(_job(parent))
+    return exporter, gateway, tracer
+
+
+def test_a_traced_jobs_spans_nest_under_its_gateway_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    exporter, gateway, tracer = _taken_under_a_gateway_span(monkeypatch)
     start = time.monotonic()
     timings = RequestTimings(arrived=start, admitted=start + 0.001, first_token=start + 0.01, finished=start + 0.02)
     tracer.observe([RequestDone("r1", ["stop"], 5, 3, 0, timings, [1])])
@@ -43,11 +50,7 @@ def test_a_traced_jobs_spans_nest_under_its_gateway_span(monkeypatch: pytest.Mon
 
 
 def test_a_job_ended_outside_the_scheduler_gets_its_queue_and_worker_spans(monkeypatch: pytest.MonkeyPatch) -> None:
-    exporter = in_memory_tracer(monkeypatch)
-    with tracing.tracer().start_as_current_span("chat m") as gateway:
-        parent = tracing.traceparent(gateway)
-    tracer = JobTracer("m", "w1")
-    tracer.taken(_job(parent))
+    exporter, gateway, tracer = _taken_under_a_gateway_span(monkeypatch)
     tracer.ended("r1")  # cancelled
     assert sorted(s.name for s in exporter.get_finished_spans()) == ["chat m", "queue wait", "worker m"]
 
