@@ -245,21 +245,24 @@ def cmd_healthcheck(args: argparse.Namespace) -> int:
         return 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="llmfleet", description="A self-hosted LLM-serving cluster.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _pull_command(sub: argparse._SubParsersAction) -> None:
+    """`llmfleet pull MODEL`."""
     p = sub.add_parser("pull", help="download a known model into the cache")
     p.add_argument("model", help="a known alias, e.g. smollm2-135m, all-minilm-l6-v2, all-minilm-l6-v2:f16")
     p.set_defaults(func=cmd_pull)
 
+
+def _convert_command(sub: argparse._SubParsersAction) -> None:
+    """`llmfleet convert DIRECTORY OUTPUT`."""
     p = sub.add_parser("convert", help="convert a sentence-transformers BERT folder (safetensors) to GGUF")
     p.add_argument("directory", help="the folder with config.json, model.safetensors, tokenizer.json")
     p.add_argument("output", help="the .gguf file to write")
     p.add_argument("--outtype", choices=["f32", "f16", "q8_0"], default="f32")
     p.set_defaults(func=cmd_convert)
 
+
+def _keys_command(sub: argparse._SubParsersAction) -> None:
+    """`llmfleet keys add|list|revoke`."""
     p = sub.add_parser("keys", help="manage API keys (LLMFLEET_KEYS_FILE, default ~/.config/llmfleet/keys.json)")
     p.add_argument("action", choices=["add", "list", "revoke"])
     p.add_argument("name", nargs="?", help="the key's name (add, revoke); logs and metrics show only this")
@@ -270,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file", default=None, help="the key file (default: LLMFLEET_KEYS_FILE or ~/.config/llmfleet/keys.json)")
     p.set_defaults(func=cmd_keys)
 
+
+def _generate_command(sub: argparse._SubParsersAction) -> None:
+    """`llmfleet generate`: the engine alone."""
     p = sub.add_parser("generate", help="generate with the engine alone (no Redis, no HTTP)")
     p.add_argument("--model", default="smollm2-135m", help="alias, path to a .gguf, or hf:owner/repo/file.gguf")
     p.add_argument("--prompt", required=True, help="raw text; special tokens like <|im_start|> are parsed")
@@ -279,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_flags(p)
     p.set_defaults(func=cmd_generate)
 
+
+def _serve_command(sub: argparse._SubParsersAction) -> None:
+    """`llmfleet serve`: everything on this machine."""
     p = sub.add_parser("serve", help="everything on this machine: Redis, the gateway and N workers per model")
     p.add_argument("--model", action="append", default=None, help="repeat to serve several models "
                    "(default smollm2-135m)")
@@ -288,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_flags(p, gateway=True, worker=True)
     p.set_defaults(func=cmd_serve)
 
+
+def _node_command(sub: argparse._SubParsersAction) -> None:
+    """`llmfleet node`: a node agent."""
     p = sub.add_parser("node", help="a node agent: a pool of workers for a catalogue of models, loaded on demand "
                        "(uses REDIS_URL)")
     p.add_argument("--model", action="append", default=None, metavar="[ID=]SOURCE",
@@ -297,10 +309,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_flags(p, gateway=False, worker=True)
     p.set_defaults(func=cmd_node)
 
+
+def _gateway_command(sub: argparse._SubParsersAction) -> None:
+    """`llmfleet gateway`."""
     p = sub.add_parser("gateway", help="the OpenAI-compatible HTTP gateway alone (uses REDIS_URL)")
     _add_server_flags(p, gateway=True, worker=False)
     p.set_defaults(func=cmd_gateway)
 
+
+def _worker_command(sub: argparse._SubParsersAction) -> None:
+    """`llmfleet worker`."""
     p = sub.add_parser("worker", help="one worker pinned to a model (uses REDIS_URL)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--served-as", default=None, metavar="ID", help="the model id to serve it under (default: its "
@@ -309,13 +327,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_flags(p, gateway=False, worker=True)
     p.set_defaults(func=cmd_worker)
 
+
+def _batch_runner_command(sub: argparse._SubParsersAction) -> None:
+    """`llmfleet batch-runner`."""
     p = sub.add_parser("batch-runner", help="execute /v1/batches: an rq worker on the batch queue (uses REDIS_URL)")
     p.set_defaults(func=cmd_batch_runner)
 
+
+def _healthcheck_command(sub: argparse._SubParsersAction) -> None:
+    """`llmfleet healthcheck ROLE`."""
     p = sub.add_parser("healthcheck", help="exit 0 if this host's gateway or worker is healthy (for containers)")
     p.add_argument("role", choices=["gateway", "worker", "batch-runner"])
     p.add_argument("--port", type=int, default=None, help="the gateway's port (LLMFLEET_PORT)")
     p.set_defaults(func=cmd_healthcheck)
+
+
+SUBCOMMANDS = (_pull_command, _convert_command, _keys_command, _generate_command, _serve_command, _node_command,
+               _gateway_command, _worker_command, _batch_runner_command, _healthcheck_command)  # in `--help`'s order
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand (one function each, above)."""
+    parser = argparse.ArgumentParser(prog="llmfleet", description="A self-hosted LLM-serving cluster.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_command in SUBCOMMANDS:
+        add_command(sub)
     return parser
 
 

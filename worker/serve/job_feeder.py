@@ -36,10 +36,11 @@ RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jo
 IDLE_BLOCK_MS = 200  # a read with nothing waiting anywhere blocks this long on this worker's streams
 FULL_WAIT_S = 0.05  # with no free slot, look again after this long (or when the loop frees one)
 BUSY_POLL_S = 0.01  # a busy worker looks for jobs this often: one round trip tells whether any stream holds one
-BUSY_BLOCK_MS = 10  # with none waiting, a busy worker blocks this long on the streams it has room for, so a new
+BUSY_BLOCK_MS = 50  # with none waiting, a busy worker blocks this long on the streams it has room for, so a new
 # job (one that outranks running work included) is taken the moment it is written, not at the next look; an idle
-# worker blocks IDLE_BLOCK_MS at a time, so it is ahead of a busy one in Redis's queue of blocked readers almost
-# always, and a new shared job goes to it
+# worker blocks IDLE_BLOCK_MS at a time, so it is ahead of a busy one in Redis's queue of blocked readers most of
+# the time, and a new shared job goes to it. Each timeout is a wake-up with two round trips (the look, the read)
+# that takes a core from the step's kernels: at 10 ms this thread was the worker's busiest after the kernels'
 
 
 @dataclass
