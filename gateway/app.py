@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 from redis import Redis as SyncRedis
@@ -79,10 +79,28 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
     pool refuses the 101st concurrent command); the gateway's own client uses a blocking pool.
     """
     settings = settings or Settings.from_env()
+    tracing.configure("llmfleet-gateway")  # OpenTelemetry, when OTEL_EXPORTER_OTLP_ENDPOINT is set (once a process)
+    app = Starlette(
+        routes=[*OPENAI_ROUTES, *LLAMACPP_ROUTES, *ANTHROPIC_ROUTES, *ADMIN_ROUTES, *RESPONSES_ROUTES, *OLLAMA_ROUTES],
+        middleware=_middleware(settings),
+        exception_handlers={
+            LLMFleetError: http_errors.handle_llmfleet_error,
+            HTTPException: http_errors.handle_http_exception,
+            ClientDisconnected: _client_gone,
+            ClientDisconnect: _client_gone,
+            Exception: http_errors.handle_unexpected,
+        },
+        lifespan=_lifespan(settings, redis),
+    )
+    app.state.settings = settings
+    return app
+
+
+def _lifespan(settings: Settings, redis: Redis | None) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    """Open Redis and the broker for the app's lifetime (`redis`: an injected client, left open)."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        """Open Redis and the broker for the app's lifetime."""
         client = redis if redis is not None else _redis_client(settings)
         probe = None if redis is not None else _probe_client(settings)
         broker = Broker(client, settings, ping=probe.ping if probe is not None else None)
@@ -101,29 +119,19 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
             if rq_redis is not None:
                 rq_redis.close()
 
+    return lifespan
+
+
+def _middleware(settings: Settings) -> list[Middleware]:
+    """CORS (outermost: preflights need no key), tracing, API keys and limits, the body cap."""
     origins = [origin.strip() for origin in settings.cors_origins.split(",") if origin.strip()]
     cors = [Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-                       allow_headers=["*"], max_age=600)] if origins else []  # outermost: preflights need no key
-    tracing.configure("llmfleet-gateway")  # OpenTelemetry, when OTEL_EXPORTER_OTLP_ENDPOINT is set (once a process)
-    app = Starlette(
-        routes=[*OPENAI_ROUTES, *LLAMACPP_ROUTES, *ANTHROPIC_ROUTES, *ADMIN_ROUTES, *RESPONSES_ROUTES, *OLLAMA_ROUTES],
-        middleware=[
-            *cors,
-            Middleware(TracingMiddleware),
-            Middleware(ApiKeyMiddleware, keys=KeyStore(
-                Path(settings.keys_file).expanduser() if settings.keys_file else None, settings.api_key),
-                       public_metrics=bool(settings.public_metrics)),
-            Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, upload_paths=UPLOAD_PATHS,
-                       max_upload_bytes=settings.max_file_bytes + UPLOAD_OVERHEAD_BYTES),
-        ],
-        exception_handlers={
-            LLMFleetError: http_errors.handle_llmfleet_error,
-            HTTPException: http_errors.handle_http_exception,
-            ClientDisconnected: _client_gone,
-            ClientDisconnect: _client_gone,
-            Exception: http_errors.handle_unexpected,
-        },
-        lifespan=lifespan,
-    )
-    app.state.settings = settings
-    return app
+                       allow_headers=["*"], max_age=600)] if origins else []
+    keys = KeyStore(Path(settings.keys_file).expanduser() if settings.keys_file else None, settings.api_key)
+    return [
+        *cors,
+        Middleware(TracingMiddleware),
+        Middleware(ApiKeyMiddleware, keys=keys, public_metrics=bool(settings.public_metrics)),
+        Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, upload_paths=UPLOAD_PATHS,
+                   max_upload_bytes=settings.max_file_bytes + UPLOAD_OVERHEAD_BYTES),
+    ]

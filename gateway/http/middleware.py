@@ -10,7 +10,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.admin.dashboard import FLEET_PATH, PUBLIC_PATHS
 from gateway.cluster.redis_errors import redis_unavailable
-from gateway.http.api_keys import KeyStore, current_key
+from gateway.http.api_keys import KeyRecord, KeyStore, current_key
 from gateway.http.errors import error_response, record_error
 from gateway.http.tenants import TENANT_HEADER, note_requested
 from shared.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest, LLMFleetError, RateLimited
@@ -37,58 +37,77 @@ class ApiKeyMiddleware:
                 or scope["method"] == "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
-        presented = _presented_key(headers)
-        record = None if presented is None else self.keys.lookup(presented)
+        record = await self._authenticate(scope, receive, send)
         if record is None:
-            error = AuthenticationFailed(
-                "You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY' "
-                "(or as X-Api-Key)." if presented is None else "Incorrect API key provided.")
-            response = error_response(error, scope["path"])
-            response.headers["WWW-Authenticate"] = "Bearer"
-            if scope["path"] not in UNMETERED_PATHS:  # a dashboard waiting for its key is not an error to list
-                record_error(scope["app"].state, error, scope["path"])
-            await response(scope, receive, send)
             return
-        limit_headers: dict[str, str] = {}
-        if (record.rpm or record.tpm) and scope["path"] not in UNMETERED_PATHS:
-            broker = scope["app"].state.broker
-            try:
-                with redis_unavailable(broker.settings.retry_after_s):
-                    states = await broker.limiter.admit(record)
-            except LLMFleetError as exc:  # raised outside the app's handlers: answer here
-                record_error(scope["app"].state, exc, scope["path"], key_name=record.name)
-                await error_response(exc, scope["path"])(scope, receive, send)
-                return
-            for state in states:
-                limit_headers.update(state.headers())
-            denied = [s for s in states if not s.allowed]
-            if denied:
-                broker.metrics.rate_limited.labels(record.name, denied[0].kind).inc()
-                log.info("key %s: %s per minute limit reached", record.name, denied[0].kind)
-                limited = RateLimited(
-                    f"Rate limit reached for {denied[0].kind} per minute ({denied[0].limit}) on key "
-                    f"'{record.name}'. Please try again in {max(s.retry_after_s for s in denied):g}s.",
-                    retry_after=max(s.retry_after_s for s in denied))
-                record_error(scope["app"].state, limited, scope["path"], key_name=record.name)
-                response = error_response(limited, scope["path"])
-                response.headers.update(limit_headers)
-                await response(scope, receive, send)
-                return
+        limit_headers = await self._limit(record, scope, receive, send)
+        if limit_headers is None:
+            return
         log.info("key %s: %s %s", record.name, scope["method"], scope["path"])
-
-        async def send_with_limits(message: Message) -> None:
-            """Add the rate-limit headers to the response's start."""
-            if message["type"] == "http.response.start" and limit_headers:
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  *((k.encode(), v.encode()) for k, v in limit_headers.items())]}
-            await send(message)
-
         token = current_key.set(record)
         try:
-            await self.app(scope, receive, send_with_limits)
+            await self.app(scope, receive, _with_headers(send, limit_headers))
         finally:
             current_key.reset(token)
+
+    async def _authenticate(self, scope: Scope, receive: Receive, send: Send) -> KeyRecord | None:
+        """The presented key's record, or None after answering 401."""
+        presented = _presented_key(Headers(scope=scope))
+        record = None if presented is None else self.keys.lookup(presented)
+        if record is not None:
+            return record
+        error = AuthenticationFailed(
+            "You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY' "
+            "(or as X-Api-Key)." if presented is None else "Incorrect API key provided.")
+        response = error_response(error, scope["path"])
+        response.headers["WWW-Authenticate"] = "Bearer"
+        if scope["path"] not in UNMETERED_PATHS:  # a dashboard waiting for its key is not an error to list
+            record_error(scope["app"].state, error, scope["path"])
+        await response(scope, receive, send)
+        return None
+
+    async def _limit(self, record: KeyRecord, scope: Scope, receive: Receive, send: Send) -> dict[str, str] | None:
+        """Apply the key's per-minute limits: the x-ratelimit-* headers to add, or None after answering 429 (or
+        503 when Redis cannot say)."""
+        if not (record.rpm or record.tpm) or scope["path"] in UNMETERED_PATHS:
+            return {}
+        broker = scope["app"].state.broker
+        try:
+            with redis_unavailable(broker.settings.retry_after_s):
+                states = await broker.limiter.admit(record)
+        except LLMFleetError as exc:  # raised outside the app's handlers: answer here
+            record_error(scope["app"].state, exc, scope["path"], key_name=record.name)
+            await error_response(exc, scope["path"])(scope, receive, send)
+            return None
+        limit_headers = {name: value for state in states for name, value in state.headers().items()}
+        denied = [s for s in states if not s.allowed]
+        if not denied:
+            return limit_headers
+        broker.metrics.rate_limited.labels(record.name, denied[0].kind).inc()
+        log.info("key %s: %s per minute limit reached", record.name, denied[0].kind)
+        limited = RateLimited(
+            f"Rate limit reached for {denied[0].kind} per minute ({denied[0].limit}) on key "
+            f"'{record.name}'. Please try again in {max(s.retry_after_s for s in denied):g}s.",
+            retry_after=max(s.retry_after_s for s in denied))
+        record_error(scope["app"].state, limited, scope["path"], key_name=record.name)
+        response = error_response(limited, scope["path"])
+        response.headers.update(limit_headers)
+        await response(scope, receive, send)
+        return None
+
+
+def _with_headers(send: Send, headers: dict[str, str]) -> Send:
+    """`send`, adding `headers` to the response's start."""
+    if not headers:
+        return send
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []),
+                                              *((k.encode(), v.encode()) for k, v in headers.items())]}
+        await send(message)
+
+    return send_with_headers
 
 
 def _presented_key(headers: Headers) -> str | None:
