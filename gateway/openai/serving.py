@@ -4,7 +4,7 @@
   gives the finished choices to other API shapes, such as Anthropic's messages).
 - stream_completion: waits for the FIRST event of every job before returning, so an early failure
   (context_length_exceeded, queue full in the worker, ...) still becomes a plain HTTP error; the returned
-  ChunkStream then yields OpenAI chunks, and a failure after that point becomes a final {"error": ...}
+  ChunkStream (chunk_stream.py) then yields OpenAI chunks, and a failure after that point becomes a final {"error": ...}
   chunk (the SSE layer appends [DONE]). start_stream and queued_comments are shared with Anthropic's stream.
 - run_embeddings: one embed job, one embeddings list.
 Whatever way a request ends, its jobs are closed in a `finally`: a job whose terminal event was not seen
@@ -18,7 +18,6 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,20 +26,17 @@ import msgspec
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
 from gateway.http.api_keys import current_key
-from gateway.http.error_log import ErrorLog, note_request
-from gateway.http.sse import Comment
+from gateway.http.error_log import note_request
 from gateway.openai import bodies
 from gateway.openai.bodies import ChoiceResult, ChunkHeader
+from gateway.openai.chunk_stream import ChunkStream
 from gateway.openai.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbedBody
-from gateway.replies.generation import STILL_WAITING, Generation, charge_key
-from gateway.replies.parser import ReplyParser, needs_parsing, whole_reply
-from gateway.replies.reasoning import BOTH_FIELDS, reasoning_keys
+from gateway.replies.generation import Generation, charge_key
+from gateway.replies.parser import needs_parsing, whole_reply
+from gateway.replies.reasoning import reasoning_keys
 from gateway.replies.streaming import (
-    OpenStream,
     StartedStream,
     new_record,
-    queued_comments,
-    record_streamed_error,
 )
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import DoneEvent, EmbedJob, ErrorEvent, GenerateJob, Timing, TokenEvent, Usage
@@ -280,100 +276,6 @@ def chunk_stream(broker: Broker, request: GenerateBody, settings: Settings, gene
                        reasoning=_uses_reasoning(request), reply_format=form,
                        errors=broker.errors, priming=priming, keepalive_s=settings.sse_keepalive_s,
                        reasoning_keys=reasoning_keys(settings.reasoning_fields))
-
-
-class ChunkStream(OpenStream):
-    """The OpenAI chunks of one streaming request, whose first events already arrived."""
-
-    def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
-                 tools: bool = False, timings: bool = False, errors: ErrorLog | None = None,
-                 priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0, reasoning: bool = False,
-                 reply_format: str = "default", reasoning_keys: tuple[str, ...] = BOTH_FIELDS) -> None:
-        self._generation = generation
-        self._reasoning_keys = reasoning_keys  # the delta fields reasoning goes out under (LLMFLEET_REASONING_FIELDS)
-        self._timings = timings
-        self._errors = errors
-        self._priming = priming  # still waiting for the first events: the stream opens with `: queued`
-        self._keepalive_s = keepalive_s
-        self._header = header
-        self._chat = chat
-        self._logprobs = logprobs
-        self._parsers = [ReplyParser(reasoning=reasoning, tools=tools, reply_format=reply_format)
-                         for _ in range(generation.choices)] \
-            if needs_parsing(reply_format, chat=chat, reasoning=reasoning, tools=tools) else None
-
-    def _record(self, error: LLMFleetError) -> None:
-        """Add an error sent after the stream began to the fleet's recent errors."""
-        record_streamed_error(self._errors, error, "/v1/chat/completions" if self._chat else "/v1/completions")
-
-    def __aiter__(self) -> AsyncIterator[dict[str, Any] | Comment]:
-        return self._chunks()
-
-    async def _chunks(self) -> AsyncIterator[dict[str, Any] | Comment]:
-        header, started = self._header, [False] * self._generation.choices
-        offsets = [bodies.TextOffsets() for _ in range(self._generation.choices)]
-        try:
-            async for comment in queued_comments(self._priming, self._keepalive_s):
-                yield comment
-            while (item := await self._generation.next_within(self._keepalive_s)) is not None:
-                if item is STILL_WAITING:  # no event for a while (failover, Redis pause): show the stream lives
-                    yield Comment("keep-alive")
-                    continue
-                index, event = item
-                if self._chat and not started[index]:
-                    started[index] = True
-                    yield bodies.chat_chunk(header, index, {"role": "assistant", "content": ""})
-                if not isinstance(event, TokenEvent):
-                    reason = event.finish_reason
-                    if self._parsers:
-                        for part in self._parsers[index].finish():
-                            yield bodies.chat_chunk(header, index, bodies.part_delta(part, self._reasoning_keys))
-                        reason = self._parsers[index].finish_reason(reason)
-                    if self._chat:
-                        yield bodies.chat_chunk(header, index, {}, finish_reason=reason)
-                    else:
-                        yield bodies.completion_chunk(header, index, "", finish_reason=reason)
-                    continue
-                entries = (event.logprobs or []) if self._logprobs else None
-                if not event.text and not entries:
-                    continue
-                if self._parsers:  # reasoning, content and tool calls, never a partial tag as content
-                    parts = self._parsers[index].feed(event.text)
-                    if parts == [event.text]:  # passed through unchanged: it keeps its logprobs
-                        yield bodies.chat_chunk(header, index, {"content": event.text}, entries)
-                        continue
-                    for part in parts:
-                        yield bodies.chat_chunk(header, index, bodies.part_delta(part, self._reasoning_keys))
-                    continue
-                if self._chat:
-                    yield bodies.chat_chunk(header, index, {"content": event.text}, entries)
-                    continue
-                logprobs = None if entries is None else bodies.completion_logprobs(entries, offsets[index])
-                yield bodies.completion_chunk(header, index, event.text, logprobs)
-            obj = "chat.completion.chunk" if self._chat else "text_completion"
-            usage = self._generation.usage
-            dropped = sum(parser.dropped for parser in self._parsers or [])
-            last = header.usage_chunk(obj, usage, dropped) if header.include_usage else None
-            if self._timings:  # as llama-server: the stream's last chunk carries the timings
-                last = last or header.chunk(obj, [])
-                last["timings"] = bodies.timings_body(usage, self._generation.timings)
-            self.ended()
-            if last is not None:
-                yield last
-            log.info("%s streamed: %d completion tokens", header.response_id, self._generation.usage.completion_tokens)
-        except LLMFleetError as exc:
-            log.info("%s failed after the stream began: %s %s", header.response_id, exc.status, exc.code)
-            self._record(exc)
-            self.ended()
-            yield exc.to_openai()
-        except Exception:  # a bug: still end the stream properly, with an error and [DONE]
-            log.exception("%s broke after the stream began", header.response_id)
-            error = InternalError("The server had an error while processing your request.")
-            self._record(error)
-            self.ended()
-            yield error.to_openai()
-        finally:
-            await self.aclose()
 
 
 async def run_embeddings(broker: Broker, request: EmbedBody, settings: Settings) -> dict[str, Any]:
