@@ -19,6 +19,7 @@ from shared.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from llmfleet.node import Node
+    from llmfleet.supervisor import Supervisor
 
 log = logging.getLogger("llmfleet")
 WORKER_SWITCH_INTERVAL_S = 0.001  # a worker's other threads get the GIL within this much of the step's Python code
@@ -180,10 +181,8 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
     for model in pinned:
         resolve(entries[model], progress=True)  # pull once here, so the workers do not race for it
     status_key = keys.supervisor_status(f"{socket.gethostname()}:{settings.port}")
-    settings = replace(settings, supervisor_key=status_key)
-    if not settings.threads:  # split the machine's cores among the workers (measured: see README)
-        processes = max(1, workers * len(pinned) if pinned else (max_loaded or settings.pool_max_loaded or 1))
-        settings = replace(settings, threads=max(1, (os.cpu_count() or 1) // processes))
+    settings = _split_cores(replace(settings, supervisor_key=status_key), workers * len(pinned) if pinned
+                            else (max_loaded or settings.pool_max_loaded or 1))
     redis_server = None
     if not os.environ.get("REDIS_URL") and not settings.redis_target.sentinel:
         redis_server = BundledRedis().start()
@@ -200,12 +199,27 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
                             status=_status_writer(settings.redis_target, status_key, STATUS_TTL_S))
     for signum in (signal.SIGINT, signal.SIGTERM):  # also when started with SIGINT ignored (a background job)
         signal.signal(signum, supervisor.on_signal)
+    try:
+        return _supervise(supervisor, f"http://{settings.host}:{settings.port}", list(entries))
+    finally:
+        if redis_server is not None:
+            redis_server.stop()
+
+
+def _split_cores(settings: Settings, processes: int) -> Settings:
+    """Unless LLMFLEET_THREADS is set, the machine's cores split among the worker processes (measured: see README)."""
+    if settings.threads:
+        return settings
+    return replace(settings, threads=max(1, (os.cpu_count() or 1) // max(1, processes)))
+
+
+def _supervise(supervisor: Supervisor, url: str, models: list[str]) -> int:
+    """Start and run the supervised processes until a signal; drain them (a second signal kills them)."""
     code, forced = 0, False
     try:
         supervisor.start()
-        url = f"http://{settings.host}:{settings.port}"
         code = supervisor.run(ready=lambda: _http_ready(url), on_ready=lambda: print(
-            f"llmfleet is serving {', '.join(entries)} at {url}/v1  (Ctrl-C drains and stops everything)", flush=True))
+            f"llmfleet is serving {', '.join(models)} at {url}/v1  (Ctrl-C drains and stops everything)", flush=True))
     except KeyboardInterrupt:  # a second signal
         forced, code = True, 130
     finally:
@@ -216,8 +230,6 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
                 forced, code = True, 130
         if forced:
             supervisor.kill_all()
-        if redis_server is not None:
-            redis_server.stop()
         log.info("serve stopped (exit %d)", code)
     return code
 
