@@ -1,0 +1,128 @@
+"""Placement under real bursts, with real processes (a redis-server, gateways, two SmolLM2 workers).
+
+A burst sent the moment the previous one ended splits evenly over two workers, every time (their heartbeats
+still showed the finished batch for up to an interval, and bursts split 15/1); a burst spread over two gateways
+never places more jobs on the workers' streams than they have slots (each gateway counted only its own
+placements and both filled every slot), and neither gateway's clients wait a wave longer than the other's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+import redis
+
+from shared import keys
+from tests.faults.process_cluster import MODEL, ProcessCluster, heartbeat_loads, wait_until
+from tests.support.cluster import start_extra_gateway
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+PLACED_REASONS = ("short", "new", "hit", "tier", "balance")  # llmfleet_placements_total reasons naming a worker
+
+
+def _jobs_started(cluster: ProcessCluster) -> list[int]:
+    """Generation jobs each worker has started so far (its "job <id> generate" log lines)."""
+    return [log.read_text(errors="replace").count(" generate model=") for log in cluster.logs]
+
+
+async def _chat(client: httpx.AsyncClient, base_url: str, question: str, max_tokens: int) -> float:
+    """One chat completion; how long it took (seconds). Raises on an error reply."""
+    started = time.monotonic()
+    reply = await client.post(base_url + "/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
+        "temperature": 0, "ignore_eos": True})
+    assert reply.status_code == 200, reply.text
+    return time.monotonic() - started
+
+
+async def _burst(bases: list[str], count: int, tag: str, max_tokens: int) -> list[tuple[int, float]]:
+    """`count` concurrent requests, request i through gateway i % len(bases); (gateway index, latency) each."""
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=count)) as client:
+        latencies = await asyncio.gather(*(
+            _chat(client, bases[i % len(bases)], f"{tag}, question {i}: count to ten.", max_tokens)
+            for i in range(count)))
+    return [(i % len(bases), latency) for i, latency in enumerate(latencies)]
+
+
+def test_bursts_sent_the_moment_a_batch_ended_split_evenly(start_cluster) -> None:
+    # the production registry cache (the tests' default is 0): a worker's heartbeat load is read up to 1 s late
+    cluster = start_cluster(2, LLMFLEET_SLOTS="16", LLMFLEET_STEAL_AFTER_S="120", LLMFLEET_REGISTRY_CACHE_S="1")
+    client = redis.Redis.from_url(cluster.redis.url)
+    wait_until(lambda: sum(heartbeat_loads(client).values()) == 0, 60, "both workers to be idle")
+    asyncio.run(_burst([cluster.base_url], 16, "Batch", 24))  # the batch the first burst follows
+    splits = []
+    for burst in range(6):  # each sent the moment the previous one ended (every client had its reply)
+        before = _jobs_started(cluster)
+        asyncio.run(_burst([cluster.base_url], 16, f"Burst {burst}", 24 + 8 * (burst % 2)))
+        splits.append([after - earlier for after, earlier in zip(_jobs_started(cluster), before, strict=True)])
+    print(f"\n6 bursts of 16 right after a batch on 2 workers: {splits}")
+    assert all(sum(split) == 16 and min(split) >= 6 for split in splits), splits
+
+
+def _over_placed(client: redis.Redis, workers: list[str], slots: int) -> int:
+    """The most jobs any worker has beyond its slots right now: those waiting on its own streams plus those it
+    holds (taken, not acked, from any stream of the model)."""
+    streams = [*keys.jobs_streams(MODEL), *(s for w in workers for s in keys.worker_jobs_streams(MODEL, w))]
+    held = dict.fromkeys(workers, 0)
+    waiting = dict.fromkeys(workers, 0)
+    for stream in streams:
+        if not client.exists(stream):
+            continue
+        pending = client.xpending(stream, keys.JOBS_GROUP)
+        for consumer in pending["consumers"]:
+            name = consumer["name"].decode()
+            held[name] = held.get(name, 0) + int(consumer["pending"])
+        owner = next((w for w in workers if stream in keys.worker_jobs_streams(MODEL, w)), None)
+        if owner is not None:
+            waiting[owner] += client.xlen(stream) - int(pending["pending"])
+    return max(held[w] + waiting[w] - slots for w in workers)
+
+
+def _placements(bases: list[str]) -> int:
+    """Jobs placed on a worker's own stream, over every gateway (llmfleet_placements_total)."""
+    total = 0.0
+    for base in bases:
+        for line in httpx.get(base + "/metrics").text.splitlines():
+            if line.startswith("llmfleet_placements_total{") and any(f'reason="{r}"' in line for r in PLACED_REASONS):
+                total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def test_a_burst_over_two_gateways_places_no_more_than_the_slots_and_waits_alike(start_cluster, tmp_path) -> None:
+    slots, requests = 32, 300
+    cluster = start_cluster(2, LLMFLEET_SLOTS=str(slots), LLMFLEET_STEAL_AFTER_S="120",
+                            LLMFLEET_REGISTRY_CACHE_S="1", LLMFLEET_QUEUE_LIMIT="1000",
+                            LLMFLEET_REQUEST_TIMEOUT_S="3600")  # admission by the measured rate: not the subject
+    _proc, second = start_extra_gateway(cluster, tmp_path / "gateway-2.log", wait_for="/ready")
+    bases = [cluster.base_url, second]
+    client = redis.Redis.from_url(cluster.redis.url)
+    workers = sorted(heartbeat_loads(client))
+    wait_until(lambda: sum(heartbeat_loads(client).values()) == 0, 60, "both workers to be idle")
+    placed_before = _placements(bases)  # (no warm-up: 300 queued at the rate 4 finished in 30 s would be refused)
+    peaks: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peaks.append(_over_placed(client, workers, slots))
+            done.wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        results = asyncio.run(_burst(bases, requests, "Load", 16))
+    finally:
+        done.set()
+        watcher.join(timeout=30)
+    placed = _placements(bases) - placed_before
+    p50 = [statistics.median(latency for g, latency in results if g == gateway) for gateway in range(2)]
+    print(f"\n{requests} requests over 2 gateways, 2 x {slots} slots: {placed} placed on workers' streams, "
+          f"most beyond a worker's slots {max(peaks)}, p50 {p50[0]:.2f} s / {p50[1]:.2f} s")
+    assert max(peaks) <= slots // 10, f"a worker had {max(peaks)} jobs beyond its {slots} slots"
+    assert placed <= 2 * slots * 1.1, f"{placed} jobs placed on the workers' streams for {2 * slots} slots"
+    assert max(p50) <= 1.2 * min(p50), f"per-gateway p50 {p50}"
