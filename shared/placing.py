@@ -15,7 +15,7 @@ rendezvous hash the gateway computes); nobody with room: nothing is written and 
 the shared stream. The prefix map's entries are set to the chosen worker in the same step.
 
 KEYS: each candidate's own streams (P each, in candidate order, class order), then other streams whose pending
-entries count (the shared streams), the prefix map keys of the chain, the placed-workers set.
+entries count (the shared streams, and the own streams of workers that are not candidates), the prefix map keys of the chain, the placed-workers set.
 ARGV: candidates, P, streams counted, prefix keys, the job's class index (1-based), group, maxlen, job field,
 job bytes, prefix TTL (ms), balance abs, balance rel, check balance (1/0), fallback reason, steps; then per
 candidate id, slots, tier, rank; then per step kind ("hit" or "tier"), target (worker id or tier), depth.
@@ -126,12 +126,14 @@ class Placed(NamedTuple):
 
 
 def place_args(model: str, priority: str, contenders: Sequence[Contender], steps: Sequence[Step],
-               prefix_keys: Sequence[str], job: bytes, *, maxlen: int, prefix_ttl_ms: int, balance_abs: int,
-               balance_rel: float, check_balance: bool, fallback: str) -> tuple[list[str], list[Any]]:
-    """(KEYS, ARGV) of PLACE_SCRIPT for one job of `model` in class `priority` (see the module docstring)."""
+               prefix_keys: Sequence[str], job: bytes, *, others: Sequence[str] = (), maxlen: int,
+               prefix_ttl_ms: int, balance_abs: int, balance_rel: float, check_balance: bool,
+               fallback: str) -> tuple[list[str], list[Any]]:
+    """(KEYS, ARGV) of PLACE_SCRIPT for one job of `model` in class `priority` (see the module docstring); the
+    own streams of `others` (workers that are not candidates: gone ones) count for the jobs taken from them."""
     classes = list(keys.PRIORITY_ORDER)
     own = [s for c in contenders for s in keys.worker_jobs_streams(model, c.worker_id)]
-    counted = [*own, *keys.jobs_streams(model)]
+    counted = [*own, *keys.jobs_streams(model), *(s for w in others for s in keys.worker_jobs_streams(model, w))]
     script_keys = [*counted, *prefix_keys, keys.placed_workers(model)]
     argv: list[Any] = [len(contenders), len(classes), len(counted), len(prefix_keys), classes.index(priority) + 1,
                        keys.JOBS_GROUP, maxlen, keys.JOB_FIELD, job, prefix_ttl_ms, balance_abs, balance_rel,

@@ -185,7 +185,7 @@ class Broker:
     async def _queue(self, job: Job, workers: list[RegistryEntry]) -> EventStream:
         """Place the job (gateway/cluster/placer.py), write it to its stream and subscribe to its events."""
         with redis_unavailable(self.settings.retry_after_s):
-            plan = await self.placer.plan(job, workers)
+            plan = await self.placer.plan(job, workers, self.queue_view.placed_workers(job.model))
         queue, entry, choice = await self._write(job, plan)
         self.queue_view.note_queued(job.model, choice.worker_id)
         if isinstance(job, GenerateJob):

@@ -10,7 +10,7 @@ killed mid-burst. `choose` (gateway/cluster/placement.py) is the same rule in Py
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -40,6 +40,7 @@ class Plan:
     owners: list[str | None]
     workers: list[RegistryEntry]
     seed: str  # rendezvous seed of ties: the chain's first hash, or the request id for a prompt with none
+    others: tuple[str, ...] = ()  # other workers whose own streams' pending entries count (gone ones' taken over)
 
 
 def contenders_of(workers: Sequence[RegistryEntry], seed: str) -> list[Contender]:
@@ -73,8 +74,9 @@ class Placer:
         self._prefix_map = prefix_map
         self._script = redis.register_script(PLACE_SCRIPT)  # EVALSHA; loaded again after a Redis restart
 
-    async def plan(self, job: Job, workers: list[RegistryEntry]) -> Plan | Choice:
-        """What placing `job` needs, or the Choice when placement does not apply (off, or one worker)."""
+    async def plan(self, job: Job, workers: list[RegistryEntry], others: Iterable[str] = ()) -> Plan | Choice:
+        """What placing `job` needs, or the Choice when placement does not apply (off, or one worker); `others`:
+        workers that are not candidates but may have placed streams (the jobs taken from them count)."""
         generation = placeable(job)
         if not self._settings.prefix_placement or generation is None:
             return Choice(None, "off")
@@ -82,7 +84,8 @@ class Placer:
             return Choice(None, "single")
         chain = prefix_chain(prompt_text(generation))
         owners = await self._prefix_map.owners(job.model, chain)
-        return Plan(chain, owners, workers, chain[0] if chain else job.id)
+        live = {w.worker_id for w in workers}
+        return Plan(chain, owners, workers, chain[0] if chain else job.id, tuple(sorted(set(others) - live)))
 
     async def place(self, job: Job, plan: Plan, payload: bytes) -> tuple[Choice, bytes]:
         """Choose and write in one script; (the choice, the entry id). A choice of no worker wrote nothing: the
@@ -90,7 +93,7 @@ class Placer:
         settings = self._settings
         script_keys, argv = place_args(
             job.model, job.priority, contenders_of(plan.workers, plan.seed), steps_of(plan.workers, plan.owners),
-            [keys.prefix_owner(job.model, digest) for digest in plan.chain], payload,
+            [keys.prefix_owner(job.model, digest) for digest in plan.chain], payload, others=plan.others,
             maxlen=settings.stream_maxlen, prefix_ttl_ms=self._prefix_map.ttl_ms,
             balance_abs=settings.placement_balance_abs, balance_rel=BALANCE_REL, check_balance=bool(plan.chain),
             fallback="new" if plan.chain else "short")

@@ -78,6 +78,12 @@ class QueueView:
         waiting = snapshot.state.waiting + self._queued.get(model, 0) - snapshot.queued_before
         return snapshot.state._replace(waiting=waiting, placed=self._placed_now(model, snapshot))
 
+    def placed_workers(self, model: str) -> set[str]:
+        """The workers with placed streams of the model as of the last read and this gateway's placements since
+        (placement counts the jobs other workers took from them: a dead worker's, taken over)."""
+        snapshot = self._snapshots.get(model)
+        return set(snapshot.state.placed if snapshot else ()) | set(self._placed.get(model, ()))
+
     def _placed_now(self, model: str, snapshot: _Snapshot | None) -> dict[str, int]:
         """Per worker: placed jobs waiting in the snapshot plus those this gateway placed since it."""
         placed = self._placed.get(model, {})

@@ -30,23 +30,28 @@ def _jobs_started(cluster: ProcessCluster) -> list[int]:
     return [log.read_text(errors="replace").count(" generate model=") for log in cluster.logs]
 
 
-async def _chat(client: httpx.AsyncClient, base_url: str, question: str, max_tokens: int) -> float:
-    """One chat completion; how long it took (seconds). Raises on an error reply."""
+async def _chat(client: httpx.AsyncClient, base_url: str, question: str, max_tokens: int,
+                after_s: float = 0.0) -> tuple[float, float]:
+    """One chat completion sent `after_s` from now; (its send time, its end time) (monotonic seconds). Raises on
+    an error reply."""
+    await asyncio.sleep(after_s)
     started = time.monotonic()
     reply = await client.post(base_url + "/v1/chat/completions", json={
         "model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
         "temperature": 0, "ignore_eos": True})
     assert reply.status_code == 200, reply.text
-    return time.monotonic() - started
+    return started, time.monotonic()
 
 
-async def _burst(bases: list[str], count: int, tag: str, max_tokens: int) -> list[tuple[int, float]]:
-    """`count` concurrent requests, request i through gateway i % len(bases); (gateway index, latency) each."""
-    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=count)) as client:
-        latencies = await asyncio.gather(*(
-            _chat(client, bases[i % len(bases)], f"{tag}, question {i}: count to ten.", max_tokens)
+async def _burst(bases: list[str], count: int, tag: str, max_tokens: int,
+                 spread_s: float = 0.0) -> list[tuple[int, float, float]]:
+    """`count` requests, request i through gateway i % len(bases), all at once or sent evenly over `spread_s`;
+    (gateway index, send time, end time) each."""
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=count)) as client:
+        times = await asyncio.gather(*(
+            _chat(client, bases[i % len(bases)], f"{tag}, question {i}: count to ten.", max_tokens, i * spread_s / count)
             for i in range(count)))
-    return [(i % len(bases), latency) for i, latency in enumerate(latencies)]
+    return [(i % len(bases), *sent_and_ended) for i, sent_and_ended in enumerate(times)]
 
 
 def test_bursts_sent_the_moment_a_batch_ended_split_evenly(start_cluster) -> None:
@@ -97,13 +102,14 @@ def test_a_burst_over_two_gateways_places_no_more_than_the_slots_and_waits_alike
     slots, requests = 32, 300
     cluster = start_cluster(2, LLMFLEET_SLOTS=str(slots), LLMFLEET_STEAL_AFTER_S="120",
                             LLMFLEET_REGISTRY_CACHE_S="1", LLMFLEET_QUEUE_LIMIT="1000",
-                            LLMFLEET_REQUEST_TIMEOUT_S="3600")  # admission by the measured rate: not the subject
+                            LLMFLEET_REQUEST_TIMEOUT_S="36000")  # admission by the measured rate: not the subject
     _proc, second = start_extra_gateway(cluster, tmp_path / "gateway-2.log", wait_for="/ready")
     bases = [cluster.base_url, second]
     client = redis.Redis.from_url(cluster.redis.url)
     workers = sorted(heartbeat_loads(client))
     wait_until(lambda: sum(heartbeat_loads(client).values()) == 0, 60, "both workers to be idle")
-    placed_before = _placements(bases)  # (no warm-up: 300 queued at the rate 4 finished in 30 s would be refused)
+    asyncio.run(_burst(bases, 4, "Warm-up", 4))  # each gateway's first request (a cold one started 0.8 s late)
+    placed_before = _placements(bases)
     peaks: list[int] = []
     done = threading.Event()
 
@@ -115,14 +121,19 @@ def test_a_burst_over_two_gateways_places_no_more_than_the_slots_and_waits_alike
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        results = asyncio.run(_burst(bases, requests, "Load", 16))
+        # one shared load: sent over 3 s, alternating gateways (sent in one instant, whichever gateway got the CPU
+        # first on a busy 2-core machine queued all its requests first, and its clients were served a wave earlier)
+        results = asyncio.run(_burst(bases, requests, "Load", 8, spread_s=3.0))
     finally:
         done.set()
         watcher.join(timeout=30)
     placed = _placements(bases) - placed_before
-    p50 = [statistics.median(latency for g, latency in results if g == gateway) for gateway in range(2)]
-    print(f"\n{requests} requests over 2 gateways, 2 x {slots} slots: {placed} placed on workers' streams, "
-          f"most beyond a worker's slots {max(peaks)}, p50 {p50[0]:.2f} s / {p50[1]:.2f} s")
+    last_sent = max(sent for _g, sent, _ended in results)
+    freed = sum(1 for _g, _sent, ended in results if ended < last_sent)  # slots freed while requests arrived
+    p50 = [statistics.median(ended - sent for g, sent, ended in results if g == gateway) for gateway in range(2)]
+    print(f"\n{requests} requests over 2 gateways, 2 x {slots} slots: {placed} placed on workers' streams "
+          f"({freed} ended while requests arrived), most beyond a worker's slots at any time {max(peaks)}, "
+          f"p50 {p50[0]:.2f} s / {p50[1]:.2f} s")
     assert max(peaks) <= slots // 10, f"a worker had {max(peaks)} jobs beyond its {slots} slots"
-    assert placed <= 2 * slots * 1.1, f"{placed} jobs placed on the workers' streams for {2 * slots} slots"
+    assert placed <= 2 * slots * 1.1 + freed, f"{placed} jobs placed on the workers' streams for {2 * slots} slots"
     assert max(p50) <= 1.2 * min(p50), f"per-gateway p50 {p50}"

@@ -104,6 +104,20 @@ async def test_two_gateways_placing_one_burst_fill_the_slots_once(redis_server: 
         await client.aclose()
 
 
+async def test_jobs_taken_over_from_a_gone_workers_stream_count(redis_server: Any) -> None:
+    redis = Redis.from_url(redis_server.url)
+    placer = Placer(redis, Settings(), PrefixMap(redis, ttl_s=60))
+    workers = [_worker("a", 8), _worker("b", 8)]
+    await _give(redis, "a", held=6, waiting=0, stream=keys.worker_jobs_stream(MODEL, "gone"))  # a took them over
+    await _give(redis, "b", held=0, waiting=0)
+    plan = await placer.plan(_job("r"), workers, others={"gone", "a"})
+    assert isinstance(plan, Plan) and plan.others == ("gone",)
+    chosen = [(await placer.place(_job(f"r{i}"), dataclasses.replace(plan, seed=f"r{i}"), b"job"))[0].worker_id
+              for i in range(6)]
+    assert chosen == ["b"] * 6  # 6 held by a, 0 by b: b catches up first
+    await redis.aclose()
+
+
 async def test_a_worker_that_finished_its_batch_counts_as_idle_at_once(redis_server: Any) -> None:
     redis = Redis.from_url(redis_server.url)
     placer = Placer(redis, Settings(), PrefixMap(redis, ttl_s=60))
