@@ -3,12 +3,16 @@
 A burst sent the moment the previous one ended splits evenly over two workers, every time (their heartbeats
 still showed the finished batch for up to an interval, and bursts split 15/1); a burst spread over two gateways
 never places more jobs on the workers' streams than they have slots (each gateway counted only its own
-placements and both filled every slot), and neither gateway's clients wait a wave longer than the other's.
+placements and both filled every slot), and neither gateway's clients wait a wave longer than the other's; a
+gateway killed mid-burst leaves nothing that skews the next burst (placement reserves nothing but the job).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import statistics
 import threading
 import time
@@ -137,3 +141,27 @@ def test_a_burst_over_two_gateways_places_no_more_than_the_slots_and_waits_alike
     assert max(peaks) <= slots // 10, f"a worker had {max(peaks)} jobs beyond its {slots} slots"
     assert placed <= 2 * slots * 1.1 + freed, f"{placed} jobs placed on the workers' streams for {2 * slots} slots"
     assert max(p50) <= 1.2 * min(p50), f"per-gateway p50 {p50}"
+
+
+def test_a_gateway_killed_mid_burst_leaves_nothing_that_skews_the_next(start_cluster, tmp_path) -> None:
+    cluster = start_cluster(2, LLMFLEET_SLOTS="16", LLMFLEET_STEAL_AFTER_S="120", LLMFLEET_ORPHAN_GRACE_S="1")
+    doomed, second = start_extra_gateway(cluster, tmp_path / "gateway-2.log", wait_for="/ready")
+    client = redis.Redis.from_url(cluster.redis.url)
+    wait_until(lambda: sum(heartbeat_loads(client).values()) == 0, 60, "both workers to be idle")
+
+    def burst_through_the_doomed_gateway() -> None:
+        with contextlib.suppress(httpx.HTTPError, AssertionError):  # its gateway is killed under it
+            asyncio.run(_burst([second], 16, "Doomed", 200))
+
+    thread = threading.Thread(target=burst_through_the_doomed_gateway)
+    thread.start()
+    wait_until(lambda: sum(heartbeat_loads(client).values()) >= 8, 60, "the doomed burst to run")
+    os.kill(doomed.pid, signal.SIGKILL)
+    thread.join(timeout=120)
+    # its jobs are cancelled once nobody listens (LLMFLEET_ORPHAN_GRACE_S); nothing else of it is left
+    wait_until(lambda: sum(heartbeat_loads(client).values()) == 0, 60, "the killed gateway's jobs to end")
+    before = _jobs_started(cluster)
+    asyncio.run(_burst([cluster.base_url], 16, "After", 16))
+    split = [after - earlier for after, earlier in zip(_jobs_started(cluster), before, strict=True)]
+    print(f"\n16 streams right after a gateway was killed mid-burst: {split}")
+    assert sum(split) == 16 and min(split) >= 6, split
