@@ -4,7 +4,8 @@ A burst sent the moment the previous one ended splits evenly over two workers, e
 still showed the finished batch for up to an interval, and bursts split 15/1); a burst spread over two gateways
 never places more jobs on the workers' streams than they have slots (each gateway counted only its own
 placements and both filled every slot), and neither gateway's clients wait a wave longer than the other's; a
-gateway killed mid-burst leaves nothing that skews the next burst (placement reserves nothing but the job).
+gateway killed mid-burst leaves nothing that skews the next burst (placement reserves nothing but the job), and
+after Redis restarted empty the placement script is loaded again and a burst splits evenly.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import httpx
 import pytest
 import redis
 
+from llmfleet.redis_server import BundledRedis
 from shared import keys
 from tests.faults.process_cluster import MODEL, ProcessCluster, heartbeat_loads, wait_until
 from tests.support.cluster import start_extra_gateway
@@ -165,3 +167,23 @@ def test_a_gateway_killed_mid_burst_leaves_nothing_that_skews_the_next(start_clu
     split = [after - earlier for after, earlier in zip(_jobs_started(cluster), before, strict=True)]
     print(f"\n16 streams right after a gateway was killed mid-burst: {split}")
     assert sum(split) == 16 and min(split) >= 6, split
+
+
+def test_after_redis_restarted_empty_a_burst_still_splits_evenly(start_cluster) -> None:
+    cluster = start_cluster(2, LLMFLEET_SLOTS="16", LLMFLEET_STEAL_AFTER_S="120")
+    server = cluster.redis
+    asyncio.run(_burst([cluster.base_url], 16, "Before", 8))  # the gateway has its placement script loaded
+    port = server.port
+    server.stop()
+    replacement = BundledRedis(port=port).start()  # the same port, nothing in it: no script, no streams
+    try:
+        client = redis.Redis.from_url(replacement.url)
+        wait_until(lambda: len(heartbeat_loads(client)) == 2 and sum(heartbeat_loads(client).values()) == 0, 60,
+                   "both workers registered again")
+        before = _jobs_started(cluster)
+        asyncio.run(_burst([cluster.base_url], 16, "After", 16))
+        split = [after - earlier for after, earlier in zip(_jobs_started(cluster), before, strict=True)]
+        print(f"\n16 streams after Redis restarted empty: {split}")
+        assert sum(split) == 16 and min(split) >= 6, split
+    finally:
+        replacement.stop()
