@@ -55,7 +55,7 @@ async def _give(redis: Redis, worker_id: str, *, held: int, waiting: int, stream
 async def test_the_script_chooses_as_choose_does_from_the_loads_in_redis(redis_server: Any) -> None:
     rng = random.Random(7)
     redis = Redis.from_url(redis_server.url)
-    placer = Placer(redis, Settings(), PrefixMap(redis, ttl_s=60))
+    placer = Placer(redis, dataclasses.replace(Settings(), placement_balance_abs=4), PrefixMap(redis, ttl_s=60))
     tiers = ["", "host-a:/t", "host-b:/t"]
     reasons: set[str] = set()
     for case in range(60):
@@ -72,7 +72,6 @@ async def test_the_script_chooses_as_choose_does_from_the_loads_in_redis(redis_s
                   for _ in chain]
         expected = choose(candidates, chain, owners, balance_abs=4, request_id=f"r{case}")
         plan = Plan(chain, owners, workers, chain[0] if chain else f"r{case}")
-        placer._settings = dataclasses.replace(Settings(), placement_balance_abs=4)
         choice, entry_id = await placer.place(_job(f"r{case}"), plan, b"job")
         reasons.add(choice.reason)
         assert (choice.worker_id, choice.reason, choice.depth) == (
