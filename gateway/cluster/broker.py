@@ -9,10 +9,10 @@ submit(job):
   2. its waiting jobs (the consumer group's lag) must be under LLMFLEET_QUEUE_LIMIT (else 429 QueueFull);
   3. subscribe to llmfleet:events:{id} and wait for Redis's confirmation;
   4. pick the stream (gateway/cluster/placement.py): with two or more live workers, a generation job goes to the
-     worker that has its prompt prefix cached, or else the least busy one, counting the placements under way
-     (reserved in the queue view until the XADD returns), on its stream llmfleet:jobs@w:{worker}@{priority}:{model}
-     (and the prefix map is refreshed in the same MULTI); anything else, or with no worker that has room, on
-     the shared llmfleet:jobs[@{priority}]:{model};
+     worker that has its prompt prefix cached, or else the least busy one, on its stream
+     llmfleet:jobs@w:{worker}@{priority}:{model}: one script counts every worker's jobs in Redis, chooses and
+     writes the job (and refreshes the prefix map) in one step (gateway/cluster/placer.py); anything else, or
+     with no worker that has room, on the shared llmfleet:jobs[@{priority}]:{model};
   5. XADD <stream> * job <bytes>   (approximately capped at LLMFLEET_STREAM_MAXLEN); a job for the shared stream
      goes through its class's fair queue instead, released into the stream in its tenant's turn
      (gateway/cluster/fair_share.py).
@@ -36,15 +36,8 @@ from gateway.cluster.event_stream import EventStream, JobRef
 from gateway.cluster.fair_share import queue_shared
 from gateway.cluster.loras import resolve_job
 from gateway.cluster.lost_jobs import QueuedEntry
-from gateway.cluster.placement import (
-    Choice,
-    PrefixMap,
-    candidates_of,
-    choose,
-    placeable,
-    prefix_chain,
-    prompt_text,
-)
+from gateway.cluster.placement import Choice, PrefixMap
+from gateway.cluster.placer import Placer, Plan
 from gateway.cluster.queue_view import READ_EVERY_S, QueueState, QueueView, read_queue_state
 from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.redis_health import RedisHealth
@@ -96,7 +89,7 @@ class Broker:
         self._awaiting_worker: set[str] = set()  # request ids admitted with no live worker, until queued
         self.queue_view = QueueView(lambda model: self.queue_state(model),  # admission's shared, briefly reused read
                                     max_age_s=min(READ_EVERY_S, settings.registry_cache_s))
-        self.prefix_map = PrefixMap(redis, ttl_s=settings.prefix_ttl_s)
+        self.placer = Placer(redis, settings, PrefixMap(redis, ttl_s=settings.prefix_ttl_s))
         self.streams = Streams(redis, settings, self.cancel, clock=clock)  # resumable streams' owners
 
     async def start(self) -> None:
@@ -190,18 +183,11 @@ class Broker:
         return self.settings.heartbeat_ttl_s + self.settings.heartbeat_interval_s + self.settings.registry_cache_s + 1
 
     async def _queue(self, job: Job, workers: list[RegistryEntry]) -> EventStream:
-        """Place the job (see _place), write it to its stream and subscribe to its events."""
+        """Place the job (gateway/cluster/placer.py), write it to its stream and subscribe to its events."""
         with redis_unavailable(self.settings.retry_after_s):
-            chain, choice = await self._place(job, workers)  # a placement on a worker is reserved from here on
-        written = False
-        try:
-            queue, entry = await self._write(job, chain, choice)
-            written = True
-        finally:
-            if choice.worker_id is not None:
-                self.queue_view.settle(job.model, choice.worker_id, written=written)
-        if choice.worker_id is None:
-            self.queue_view.note_queued(job.model, None)
+            plan = await self.placer.plan(job, workers, self.queue_view.placed_workers(job.model))
+        queue, entry, choice = await self._write(job, plan)
+        self.queue_view.note_queued(job.model, choice.worker_id)
         if isinstance(job, GenerateJob):
             self.metrics.placements.labels(job.model, choice.reason).inc()
         log.info("queued %s (placement %s%s)", job.describe(), choice.reason,
@@ -211,27 +197,23 @@ class Broker:
             wait_until = min(self.clock() + self.settings.worker_wait_s, job.deadline - 1.0)
         return EventStream(self, job, queue, worker_wait_until=wait_until, queued=entry)
 
-    async def _write(self, job: Job, chain: list[str],
-                     choice: Choice) -> tuple[asyncio.Queue[QueueItem], QueuedEntry]:
-        """Subscribe to the job's events, then write it to its stream (and its prefix chain to the map), or to its
-        class's fair queue; and where it went (checked after a Redis failover: lost_jobs.py)."""
+    async def _write(self, job: Job, plan: Plan | Choice) -> tuple[asyncio.Queue[QueueItem], QueuedEntry, Choice]:
+        """Subscribe to the job's events, then place it on a worker's stream (the script writes it), or else write
+        it to its class's fair queue or shared stream; and where it went (checked after a Redis failover:
+        lost_jobs.py) and why."""
         channel = keys.events_channel(job.id)
         queue = await self.subscriber.subscribe(channel)
-        sent = False  # the XADD is on its way: from here, a failure leaves it unknown whether the job was written
+        sent = False  # the write is on its way: from here, a failure leaves it unknown whether the job was written
         try:
             with redis_unavailable(self.settings.retry_after_s):
-                pipe = self.redis.pipeline(transaction=True)
                 stream, payload = keys.jobs_stream(job.model, job.priority), codec.encode_job(job)
+                sent = True
+                choice, entry_id = await self.placer.place(job, plan, payload) if isinstance(plan, Plan) else (plan, b"")
                 direct = choice.worker_id is not None or not self.settings.fair_shares
                 if choice.worker_id is not None:
                     stream = keys.worker_jobs_stream(job.model, choice.worker_id, job.priority)
-                    pipe.sadd(keys.placed_workers(job.model), choice.worker_id)
-                    self.prefix_map.queue_record(pipe, job.model, chain, choice.worker_id, choice.tier)
-                    pipe.xadd(stream, {keys.JOB_FIELD: payload}, maxlen=self.settings.stream_maxlen, approximate=True)
-                else:  # through its class's fair queue (gateway/cluster/fair_share.py)
-                    queue_shared(pipe, job, self.settings, self.clock())
-                sent = True
-                entry_id = (await pipe.execute())[-1]
+                else:  # no worker had room (the script wrote nothing), or placement does not apply
+                    entry_id = await self._write_shared(job)
         except BaseException as exc:
             # a refused write (OOM, READONLY, MISCONF) discarded the whole transaction: the job is not in a stream
             if sent and write_refusal(exc.__cause__ or exc) is None:  # cancelled (the client went away) or no
@@ -241,7 +223,14 @@ class Broker:
             await self.subscriber.unsubscribe(channel)
             raise
         fair_queue = "" if direct else keys.fair_keys(job.model, job.priority)[0]  # (its script's reply: no entry id)
-        return queue, QueuedEntry(stream, entry_id if direct else b"", payload, self.settings.stream_maxlen, fair_queue)
+        entry = QueuedEntry(stream, entry_id if direct else b"", payload, self.settings.stream_maxlen, fair_queue)
+        return queue, entry, choice
+
+    async def _write_shared(self, job: Job) -> bytes:
+        """Write the job to its class's shared stream, or through its fair queue (gateway/cluster/fair_share.py)."""
+        pipe = self.redis.pipeline(transaction=True)
+        queue_shared(pipe, job, self.settings, self.clock())
+        return (await pipe.execute())[-1]
 
     async def follow(self, job: JobRef) -> EventStream:
         """The events of a job already queued, from its journal's first one, then live (a resumed stream)."""
@@ -269,23 +258,6 @@ class Broker:
         task = asyncio.get_running_loop().create_task(self.cancel(job.id, job.model, reason, job.deadline))
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
-
-    async def _place(self, job: Job, workers: list[RegistryEntry]) -> tuple[list[str], Choice]:
-        """Where the job goes (see gateway/cluster/placement.py), and the prefix chain to record for it; a choice of a
-        worker is reserved in the queue view before anything else awaits (the caller settles it)."""
-        generation = placeable(job)
-        if not self.settings.prefix_placement or generation is None:
-            return [], Choice(None, "off")
-        if len(workers) < 2:
-            return [], Choice(None, "single")
-        chain = prefix_chain(prompt_text(generation))
-        owners = await self.prefix_map.owners(job.model, chain)
-        candidates = candidates_of(workers, self.queue_view.loads(job.model))  # counted now, not at admission
-        choice = choose(candidates, chain, owners, balance_abs=self.settings.placement_balance_abs,
-                        request_id=job.id)
-        if choice.worker_id is not None:
-            self.queue_view.reserve(job.model, choice.worker_id)
-        return chain, choice
 
     async def _admit(self, job: Job, keep_alive: float | None) -> tuple[Job, list[RegistryEntry]]:
         """Refuse the job unless the model can take it now; returns it with its LoRA adapters resolved and the

@@ -8,10 +8,11 @@ a partial last chunk is left out (like the worker's prefix cache, which keeps fu
 about 64 tokens, i.e. two KV blocks.
 
 `llmfleet:prefix:{model}:{h_i}` = the worker that last got a prompt with that prefix (EX LLMFLEET_PREFIX_TTL_S).
-A worker's load (`busy`) is counted as placement chooses, not as of the last read: the jobs it holds (its
-consumer's pending entries, or its heartbeat's load if higher), the jobs placed on it and not yet taken, and
-the placements this gateway chose and is still writing (gateway/cluster/queue_view.py `loads`, `reserve`). Without
-the last two, every request of a burst saw the same idle workers and went to the same one.
+A worker's load (`busy`) is the jobs it holds (its pending entries on the model's streams) plus the jobs placed on
+its own streams and not yet taken, counted in Redis as the job is placed: gateway/cluster/placer.py runs this
+choice as one script (shared/placing.py PLACE_SCRIPT) that counts, chooses and writes the job in one step, so every
+placement of every gateway counts every earlier one, and a worker's stale heartbeat counts for nothing. `choose`
+is that rule in Python (the script is tested to agree with it).
 choose():
   1. fewer than two live workers: the shared stream (nothing to choose);
   2. no full chunk (a short prompt, nothing to reuse): the least busy worker with room (ties: rendezvous hash
@@ -32,7 +33,7 @@ choose():
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -40,7 +41,6 @@ from redis.asyncio import Redis
 
 from shared import keys
 from shared.messages import GenerateJob, Job
-from shared.registry import RegistryEntry
 
 CHUNK_CHARS = 256
 MAX_CHUNKS = 64  # the chain covers at most the first 16 KiB characters (bounded work and map writes)
@@ -55,8 +55,8 @@ class Candidate:
 
     worker_id: str
     slots: int
-    running: int  # sequences in flight (its heartbeat's load, or the jobs it holds if more)
-    queued: int  # jobs placed on it and not taken yet (its streams, and this gateway's writes under way)
+    running: int  # jobs it holds (taken, not acked)
+    queued: int  # jobs placed on its own streams and not taken yet
     tier: str = ""  # its host KV tier ("" = none): workers with the same one share their prefixes' blocks
 
     @property
@@ -106,7 +106,8 @@ def prefix_chain(text: str, *, chunk_chars: int = CHUNK_CHARS, max_chunks: int =
     return chain
 
 
-def _rendezvous(worker_id: str, seed: str) -> str:
+def rendezvous(worker_id: str, seed: str) -> str:
+    """The worker's rendezvous hash on `seed` (the lowest wins a tie: every gateway breaks it the same way)."""
     return hashlib.sha256(f"{seed}/{worker_id}".encode()).hexdigest()
 
 
@@ -115,7 +116,7 @@ def least_busy(candidates: Sequence[Candidate], seed: str) -> Candidate | None:
     roomy = [c for c in candidates if c.has_room]
     if not roomy:
         return None
-    return min(roomy, key=lambda c: (c.busy, _rendezvous(c.worker_id, seed)))
+    return min(roomy, key=lambda c: (c.busy, rendezvous(c.worker_id, seed)))
 
 
 def imbalanced(candidates: Sequence[Candidate], balance_abs: int) -> bool:
@@ -166,20 +167,10 @@ class PrefixMap:
         values = await self._redis.mget([keys.prefix_owner(model, h) for h in chain])
         return [v.decode(errors="replace") if v else None for v in values]
 
-    def queue_record(self, pipe: object, model: str, chain: Sequence[str], worker_id: str, tier: str = "") -> None:
-        """Queue on `pipe` the writes that map every prefix of the chain to `worker_id` (and its host KV tier)."""
-        value = f"{worker_id}{TIER_SEP}{tier}" if tier else worker_id
-        for digest in chain:
-            pipe.set(keys.prefix_owner(model, digest), value, px=self._ttl_ms)  # type: ignore[attr-defined]
-
-
-def candidates_of(workers: Sequence[RegistryEntry], loads: Mapping[str, tuple[int, int]]) -> list[Candidate]:
-    """The live workers as placement counts them; loads[worker id] = (jobs held, jobs placed and not taken)."""
-    candidates = []
-    for worker in workers:
-        held, placed = loads.get(worker.worker_id, (0, 0))
-        candidates.append(Candidate(worker.worker_id, worker.slots, max(worker.load, held), placed, worker.kv_tier))
-    return candidates
+    @property
+    def ttl_ms(self) -> int:
+        """How long an entry is kept (milliseconds)."""
+        return self._ttl_ms
 
 
 def placeable(job: Job) -> GenerateJob | None:

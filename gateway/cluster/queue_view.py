@@ -14,11 +14,8 @@ too), so a burst still counts itself. A job admitted but not yet written is coun
 the read (it was written before the read's reply came; a job Redis wrote just after the read's XINFO is missed
 until the next read). Other gateways' jobs are seen at the next read.
 
-Placement (gateway/cluster/placement.py) counts a worker's load synchronously with its choice (`loads`): the last read,
-this gateway's jobs queued since, and its reservations, placements chosen whose XADD has not returned yet
-(`reserve` at the choice, `settle` when the write returned or failed). So concurrent placements count toward a
-worker before its jobs are read, and a burst of new streams spreads over idle workers instead of piling onto
-whichever one the last read showed least busy.
+Placement does not use this view: it counts each worker's jobs in Redis, in the same script that writes the
+job (gateway/cluster/placer.py), so every gateway's placements count toward a worker the moment they are made.
 """
 
 from __future__ import annotations
@@ -53,8 +50,7 @@ class _Snapshot:
 
 
 class QueueView:
-    """Admission's shared, briefly reused read of each model's queue plus this gateway's own jobs since, and
-    placement's per-worker loads with this gateway's reservations."""
+    """Admission's shared, briefly reused read of each model's queue plus this gateway's own jobs since."""
 
     def __init__(self, read: Callable[[str], Awaitable[QueueState]], *, max_age_s: float = READ_EVERY_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -65,7 +61,6 @@ class QueueView:
         self._reads: dict[str, asyncio.Future[_Snapshot]] = {}
         self._queued: dict[str, int] = {}  # model -> jobs this gateway queued, ever
         self._placed: dict[str, dict[str, int]] = {}  # model -> worker id -> jobs placed on its streams, ever
-        self._reserved: dict[str, dict[str, int]] = {}  # model -> worker id -> placements whose XADD is under way
 
     def note_queued(self, model: str, worker_id: str | None) -> None:
         """Count a job this gateway wrote to one of the model's streams (its worker's when placed)."""
@@ -73,30 +68,6 @@ class QueueView:
         if worker_id is not None:
             placed = self._placed.setdefault(model, {})
             placed[worker_id] = placed.get(worker_id, 0) + 1
-
-    def reserve(self, model: str, worker_id: str) -> None:
-        """Count a placement on `worker_id` from its choice on, before its job is written (see `settle`)."""
-        reserved = self._reserved.setdefault(model, {})
-        reserved[worker_id] = reserved.get(worker_id, 0) + 1
-
-    def settle(self, model: str, worker_id: str, *, written: bool) -> None:
-        """End a reservation: its job is in the worker's stream now (counted as queued) or was never written."""
-        reserved = self._reserved[model]
-        reserved[worker_id] -= 1
-        if not reserved[worker_id]:
-            del reserved[worker_id]
-        if written:
-            self.note_queued(model, worker_id)
-
-    def loads(self, model: str) -> dict[str, tuple[int, int]]:
-        """worker id -> (jobs it holds, jobs placed on it and not yet taken) as of now: the last read plus this
-        gateway's jobs queued since and its reservations (no await: placement counts and reserves in one step)."""
-        snapshot = self._snapshots.get(model)
-        held = snapshot.state.held if snapshot else {}
-        placed = self._placed_now(model, snapshot)
-        for worker_id, count in self._reserved.get(model, {}).items():
-            placed[worker_id] = placed.get(worker_id, 0) + count
-        return {w: (held.get(w, 0), placed.get(w, 0)) for w in held.keys() | placed.keys()}
 
     async def state(self, model: str) -> QueueState:
         """The model's QueueState from a read at most max_age_s old, plus the jobs this gateway queued since
@@ -106,6 +77,12 @@ class QueueView:
             snapshot = await self._fresh(model)
         waiting = snapshot.state.waiting + self._queued.get(model, 0) - snapshot.queued_before
         return snapshot.state._replace(waiting=waiting, placed=self._placed_now(model, snapshot))
+
+    def placed_workers(self, model: str) -> set[str]:
+        """The workers with placed streams of the model as of the last read and this gateway's placements since
+        (placement counts the jobs other workers took from them: a dead worker's, taken over)."""
+        snapshot = self._snapshots.get(model)
+        return set(snapshot.state.placed if snapshot else ()) | set(self._placed.get(model, ()))
 
     def _placed_now(self, model: str, snapshot: _Snapshot | None) -> dict[str, int]:
         """Per worker: placed jobs waiting in the snapshot plus those this gateway placed since it."""

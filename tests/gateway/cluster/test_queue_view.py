@@ -70,21 +70,3 @@ async def test_with_no_reuse_every_request_reads_unless_one_is_under_way() -> No
     await view.state("m")
     await view.state("m")
     assert reads.calls == 2
-
-
-async def test_placement_loads_count_reservations_from_the_choice_until_the_job_is_written() -> None:
-    reads = Reads()
-    view = QueueView(reads, max_age_s=0.0)
-    await view.state("m")
-    assert view.loads("m") == {"w1": (2, 1)}  # (held, placed and not taken) from the read
-    view.reserve("m", "w2")
-    view.reserve("m", "w2")
-    assert view.loads("m") == {"w1": (2, 1), "w2": (0, 2)}  # before any job of theirs is written
-    view.settle("m", "w2", written=True)  # now queued: counted as this gateway's own since the read
-    assert view.loads("m") == {"w1": (2, 1), "w2": (0, 2)}
-    view.settle("m", "w2", written=False)  # never written: nothing left of it
-    assert view.loads("m") == {"w1": (2, 1), "w2": (0, 1)}
-    reads.state = QueueState(4, 3, {"w1": 1}, {"w1": 2, "w2": 1})  # the worker took it
-    await view.state("m")
-    assert view.loads("m") == {"w1": (2, 1), "w2": (1, 0)}
-    assert (await view.state("m")).waiting == 4
