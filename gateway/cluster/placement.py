@@ -7,7 +7,7 @@ prompts that share their first k*CHUNK_CHARS characters share the first k hashes
 a partial last chunk is left out (like the worker's prefix cache, which keeps full blocks only). CHUNK_CHARS is
 about 64 tokens, i.e. two KV blocks.
 
-`llmfleet:prefix:{model}:{h_i}` = the worker that last got a prompt with that prefix (EX LLMFLEET_PREFIX_TTL_S).
+`llmfleet:{model}:prefix:{h_i}` = the worker that last got a prompt with that prefix (EX LLMFLEET_PREFIX_TTL_S).
 A worker's load (`busy`) is counted as placement chooses, not as of the last read: the jobs it holds (its
 consumer's pending entries, or its heartbeat's load if higher), the jobs placed on it and not yet taken, and
 the placements this gateway chose and is still writing (gateway/cluster/queue_view.py `loads`, `reserve`). Without
