@@ -30,6 +30,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(0, str(BENCH_DIR.parent))  # this tree's packages first (what its gateway and stand-ins run)
 
 from cluster_processes import PY, Cluster  # noqa: E402
 from relay_client import run_relay  # noqa: E402

@@ -19,18 +19,24 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 import uuid
 from array import array
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
-from shared import codec, keys
-from shared.errors import InvalidRequest
-from shared.messages import (
+# this tree's packages, not an installed (or editable-installed other checkout's) llmfleet: the gateway it serves
+# runs from this tree (`python -m` from its root), and both must spell the keys alike
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from shared import codec, keys  # noqa: E402
+from shared.errors import InvalidRequest  # noqa: E402
+from shared.messages import (  # noqa: E402
     CancelRequest,
     ChoiceEndEvent,
     DoneEvent,
@@ -38,9 +44,9 @@ from shared.messages import (
     TokenEvent,
     Usage,
 )
-from shared.redis_commands import create_group, queue_event, queue_job_done, release_fair, run_async
-from shared.registry import RegistryEntry
-from worker.wire_commands import queue_deregistration, queue_registration
+from shared.redis_commands import create_group, queue_event, queue_job_done, release_fair, run_async  # noqa: E402
+from shared.registry import RegistryEntry  # noqa: E402
+from worker.wire_commands import queue_deregistration, queue_registration  # noqa: E402
 
 log = logging.getLogger("standin")
 DEFAULT_MAX_TOKENS = 16
