@@ -1,7 +1,8 @@
 """A stand-in engine for gateway relay benchmarks: a live worker that streams numbered tokens at a fixed rate.
 
 It registers exactly as worker/serve/heartbeat.py does (registry hash with EXPIRE, llmfleet:workers and
-llmfleet:models sorted sets, lease renewal by XCLAIM), takes jobs from the model's stream with XREADGROUP
+llmfleet:models sorted sets, lease renewal by XCLAIM), takes jobs from its per-worker stream (where placement
+puts them) and the model's shared stream with XREADGROUP, releasing the fair queue into the shared stream first
 (group shared.keys.JOBS_GROUP, created with MKSTREAM when missing), and every 1/rate seconds emits one
 TokenEvent per choice of every held job, all of them journaled and published in ONE MULTI/EXEC per tick
 (as worker/serve/publisher.py does). After max_tokens tokens a job ends with ChoiceEnd + Done and is XACKed.
@@ -18,18 +19,24 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 import uuid
 from array import array
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
-from shared import codec, keys
-from shared.errors import InvalidRequest
-from shared.messages import (
+# this tree's packages, not an installed (or editable-installed other checkout's) llmfleet: the gateway it serves
+# runs from this tree (`python -m` from its root), and both must spell the keys alike
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from shared import codec, keys  # noqa: E402
+from shared.errors import InvalidRequest  # noqa: E402
+from shared.messages import (  # noqa: E402
     CancelRequest,
     ChoiceEndEvent,
     DoneEvent,
@@ -37,14 +44,15 @@ from shared.messages import (
     TokenEvent,
     Usage,
 )
-from shared.redis_commands import create_group, queue_event, queue_job_done, run_async
-from shared.registry import RegistryEntry
-from worker.wire_commands import queue_deregistration, queue_registration
+from shared.redis_commands import create_group, queue_event, queue_job_done, release_fair, run_async  # noqa: E402
+from shared.registry import RegistryEntry  # noqa: E402
+from worker.wire_commands import queue_deregistration, queue_registration  # noqa: E402
 
 log = logging.getLogger("standin")
 DEFAULT_MAX_TOKENS = 16
 INTAKE_BLOCK_MS = 100
 INTAKE_BATCH = 500
+STREAM_MAXLEN = 10_000  # the shared stream's cap when releasing the fair queue into it
 
 
 @dataclass
@@ -53,6 +61,7 @@ class HeldStream:
 
     job_id: str
     message_id: bytes
+    stream: str  # the job stream it came from (its per-worker stream or the shared one)
     n: int
     max_tokens: int
     prompt_tokens: int
@@ -88,6 +97,7 @@ class StandinWorker:
         self.journal_ttl_s = journal_ttl_s
         self.worker_id = f"{model}-standin-{uuid.uuid4().hex[:8]}"
         self.stream = keys.jobs_stream(model)
+        self.placed_stream = keys.worker_jobs_stream(model, self.worker_id)  # where placement puts its jobs
         self.started = time.time()
         self.held: dict[str, HeldStream] = {}
         self.stats = TickStats()
@@ -96,6 +106,8 @@ class StandinWorker:
     async def run(self) -> TickStats:
         """Register, serve until stop is set, then deregister."""
         await run_async(self.redis, create_group(self.stream))
+        await run_async(self.redis, create_group(self.placed_stream))
+        await self.redis.sadd(keys.placed_workers(self.model), self.worker_id)
         await self.beat()
         tasks = [asyncio.create_task(coro) for coro in
                  (self._heartbeat_loop(), self._intake_loop(), self._cancel_loop(), self._tick_loop())]
@@ -117,10 +129,11 @@ class StandinWorker:
                               started=self.started, load=len(self.held), served=self.stats.jobs)
         queue_registration(pipe, entry, ttl_s=self.ttl_s)
         await pipe.execute()
-        held = [h.message_id for h in self.held.values()]
-        for start in range(0, len(held), 500):
-            await self.redis.xclaim(self.stream, keys.JOBS_GROUP, self.worker_id, 0, held[start:start + 500],
-                                    justid=True)
+        for stream in (self.placed_stream, self.stream):
+            held = [h.message_id for h in self.held.values() if h.stream == stream]
+            for start in range(0, len(held), 500):
+                await self.redis.xclaim(stream, keys.JOBS_GROUP, self.worker_id, 0, held[start:start + 500],
+                                        justid=True)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -136,36 +149,37 @@ class StandinWorker:
             if free <= 0:
                 await asyncio.sleep(0.05)
                 continue
-            try:
-                reply = await self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {self.stream: ">"},
+            try:  # the fair queue's jobs into the shared stream as far as there is room, as a real worker does
+                await run_async(self.redis, release_fair(self.model, {"normal": free}, maxlen=STREAM_MAXLEN))
+                reply = await self.redis.xreadgroup(keys.JOBS_GROUP, self.worker_id, {self.placed_stream: ">", self.stream: ">"},
                                                     count=min(free, INTAKE_BATCH), block=INTAKE_BLOCK_MS)
             except RedisError as exc:
                 log.warning("intake failed: %s", exc)
                 await asyncio.sleep(0.5)
                 continue
-            for _stream, messages in reply or []:
+            for stream, messages in reply or []:
                 for message_id, fields in messages:
-                    await self._accept(message_id, fields)
+                    await self._accept(stream.decode() if isinstance(stream, bytes) else stream, message_id, fields)
 
-    async def _accept(self, message_id: bytes, fields: dict[bytes, bytes]) -> None:
+    async def _accept(self, stream: str, message_id: bytes, fields: dict[bytes, bytes]) -> None:
         """Hold a generate job; anything else ends at once with an error event."""
         try:
             job = codec.decode_job(fields[keys.JOB_FIELD.encode()])
         except (codec.WireFormatError, KeyError):
             pipe = self.redis.pipeline(transaction=True)
-            queue_job_done(pipe, self.stream, message_id)
+            queue_job_done(pipe, stream, message_id)
             await pipe.execute()
             return
         if not isinstance(job, GenerateJob):
             data = codec.encode_event(InvalidRequest("the stand-in engine only generates").to_event(job.id, 0))
             pipe = self.redis.pipeline(transaction=True)
             queue_event(pipe, job.id, 0, data, journal_ttl_s=self.journal_ttl_s, refresh_ttl=True)
-            queue_job_done(pipe, self.stream, message_id)
+            queue_job_done(pipe, stream, message_id)
             await pipe.execute()
             return
         prompt_tokens = len(job.prompt_token_ids or []) or len((job.prompt or "").split()) or 1
         max_tokens = DEFAULT_MAX_TOKENS if job.max_tokens is None else job.max_tokens
-        self.held[job.id] = HeldStream(job.id, message_id, job.n, max_tokens, prompt_tokens)
+        self.held[job.id] = HeldStream(job.id, message_id, stream, job.n, max_tokens, prompt_tokens)
         self.stats.jobs += 1
         self.stats.max_active = max(self.stats.max_active, len(self.held))
 
@@ -246,7 +260,7 @@ class StandinWorker:
             prompt_tokens=held.prompt_tokens, completion_tokens=completion, total_tokens=held.prompt_tokens + completion))
         queue_event(pipe, held.job_id, held.seq, codec.encode_event(done), journal_ttl_s=self.journal_ttl_s,
                     refresh_ttl=True)
-        queue_job_done(pipe, self.stream, held.message_id)
+        queue_job_done(pipe, held.stream, held.message_id)
         return held.n + 1
 
 

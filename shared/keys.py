@@ -1,39 +1,46 @@
 """Every Redis key, stream, field and channel name used by llmfleet, all under one prefix.
 
-Layout (values in brackets are what is stored there):
-  llmfleet:jobs:{model}          stream [field "job" = codec bytes of a GenerateJob / EmbedJob] of the normal
-                                 class; llmfleet:jobs@{priority}:{model} the same for critical, high and low;
+Redis Cluster: every name built from a model starts with llmfleet:{{model}} (`model_tag`): the model's name in
+literal braces, a hash tag, so all of one model's keys and channels hash to one slot and the scripts and
+MULTI/EXEC over several of them (fair queue, placement, stealing) never cross slots. Names without a model are
+used by themselves (one key per command) or are global indexes. Not yet cluster-ready: the per-request names
+(events, journal, owner, cancelled) carry no model tag, and the worker's fencing scripts (worker/failover/fencing.py:
+owner + journal + events channel + the model's job stream) and its cancel MGET combine them across slots.
+
+Layout (values in brackets are what is stored there; {{model}} is the model's name inside literal braces):
+  llmfleet:{{model}}:jobs        stream [field "job" = codec bytes of a GenerateJob / EmbedJob] of the normal
+                                 class; llmfleet:{{model}}:jobs@{priority} the same for critical, high and low;
                                  consumer group JOBS_GROUP, created at id 0 with MKSTREAM by whoever
                                  comes first (gateway or worker), BUSYGROUP ignored
-  llmfleet:jobs@w:{worker_id}@{priority}:{model}  stream, same fields and group: jobs the gateway placed on
+  llmfleet:{{model}}:jobs@w:{worker_id}@{priority}  stream, same fields and group: jobs the gateway placed on
                                  one worker (prefix-aware placement, gateway/cluster/placement.py); its worker reads it
                                  before the shared stream of the same class, idle workers steal from it when it
                                  lags, and the others drain it once the worker is dead
-  llmfleet:fair@{priority}:{model}  sorted set request id -> virtual start tag: the class's jobs waiting for their
+  llmfleet:{{model}}:fair@{priority}  sorted set request id -> virtual start tag: the class's jobs waiting for their
                                  tenant's fair share (shared/redis_commands.py FAIR_SCRIPT); their codec bytes in
-                                 hash llmfleet:fair-jobs@{priority}:{model}, the virtual time and each tenant's
-                                 finish tag in hash llmfleet:fair-state@{priority}:{model}; all three deleted when
+                                 hash llmfleet:{{model}}:fair-jobs@{priority}, the virtual time and each tenant's
+                                 finish tag in hash llmfleet:{{model}}:fair-state@{priority}; all three deleted when
                                  the queue empties, EXPIRE the latest job's deadline
-  llmfleet:placed:{model}        set of worker ids that have (or had) per-worker streams of the model; the gateway
+  llmfleet:{{model}}:placed      set of worker ids that have (or had) per-worker streams of the model; the gateway
                                  adds the id with every placed job, a worker at start; a dead worker's id is
                                  removed (with its streams) once they are empty and nothing is pending
-  llmfleet:prefix:{model}:{hash} string worker_id (+ "\x1f" + its host KV tier, if any), EX LLMFLEET_PREFIX_TTL_S:
+  llmfleet:{{model}}:prefix:{hash}  string worker_id (+ "\x1f" + its host KV tier, if any), EX LLMFLEET_PREFIX_TTL_S:
                                  the worker that last got a request whose prompt starts with the chunks that `hash`
                                  chains (written by the gateway)
   llmfleet:events:{request_id}   pub/sub channel [codec bytes of one event]; worker publishes, the
                                  gateway that submitted the request listens
   llmfleet:journal:{request_id}  stream [fields "seq" = decimal seq, "event" = codec bytes]; every event
                                  is appended here BEFORE it is published (same MULTI/EXEC)
-  llmfleet:cancel:{model}        pub/sub channel [codec bytes of a CancelRequest]; gateways publish,
+  llmfleet:{{model}}:cancel      pub/sub channel [codec bytes of a CancelRequest]; gateways publish,
                                  every worker of the model listens
   llmfleet:cancelled:{request_id} string "1" with a TTL; set with every cancel so a worker that takes
                                  the job later (or missed the publish) still sees it
   llmfleet:owner:{request_id}    string "<epoch>:<worker_id>" (then "done"), TTL request timeout + 60 s: the
                                  fence of the request's journal, channel and ack (worker/failover/fencing.py)
-  llmfleet:deadletter:{model}    stream [fields "job" = codec bytes, "worker", "deliveries", "at"]; jobs
+  llmfleet:{{model}}:deadletter  stream [fields "job" = codec bytes, "worker", "deliveries", "at"]; jobs
                                  delivered LLMFLEET_MAX_DELIVERIES times without an ack, set aside
   llmfleet:worker:{worker_id}    hash, the worker's registry entry, EXPIRE heartbeat TTL
-  llmfleet:kv-tier-drop:{model} integer, INCR'd by POST /admin/kv-tier/drop; every worker of the model GETs it with
+  llmfleet:{{model}}:kv-tier-drop  integer, INCR'd by POST /admin/kv-tier/drop; every worker of the model GETs it with
                                  each heartbeat and, when it grew, empties its host's KV tier file of the model
   llmfleet:workers               sorted set worker_id -> last heartbeat (unix s)
   llmfleet:models                sorted set model -> last heartbeat of any worker serving it (unix s)
@@ -50,18 +57,18 @@ Layout (values in brackets are what is stored there):
   llmfleet:batch:{id}:output     hash line index -> output JSONL line; llmfleet:batch:{id}:errors the same
                                  for failed lines; both deleted once the batch's files are written
   llmfleet:batch:{id}:lease      string runner id, PX LLMFLEET_BATCH_LEASE_S: the runner executing it
-  llmfleet:loras:{model}         hash adapter name -> JSON {"source": path or hf: name, "added": unix s}: the
+  llmfleet:{{model}}:loras       hash adapter name -> JSON {"source": path or hf: name, "added": unix s}: the
                                  LoRA adapters every worker of the model should hold (POST/DELETE /admin/loras)
-  llmfleet:loras-version:{model} integer, INCR with each write of that hash; workers report the one they follow
-  llmfleet:lora-errors:{model}   hash adapter name -> the load error a worker hit (the name was dropped from
+  llmfleet:{{model}}:loras-version  integer, INCR with each write of that hash; workers report the one they follow
+  llmfleet:{{model}}:lora-errors  hash adapter name -> the load error a worker hit (the name was dropped from
                                  the desired set); cleared by the next POST of that name
   llmfleet:model-facts           hash model -> JSON facts of its GGUF file (size, sha256 digest, details), written
                                  by its workers' heartbeats and node agents (worker/model_facts.py)
   llmfleet:nodes                 sorted set node_id -> last heartbeat of that node agent (unix s)
   llmfleet:node:{node_id}        hash, a node agent's state (shared/warm_pool.py NodeState), EXPIRE node TTL
-  llmfleet:pool:loading:{model}  string node_id, PX 10 s renewed while loading: the one node loading it now
+  llmfleet:{{model}}:pool:loading  string node_id, PX 10 s renewed while loading: the one node loading it now
                                  (SET NX: two nodes never both load what one load satisfies)
-  llmfleet:pool:failed:{model}   string [the load error's message], EX LLMFLEET_POOL_FAILURE_TTL_S
+  llmfleet:{{model}}:pool:failed  string [the load error's message], EX LLMFLEET_POOL_FAILURE_TTL_S
   llmfleet:pool:commands         stream [fields "op" = load/unload, "model", "force" = 0/1]; every node
                                  XREADs it (no group), MAXLEN ~ 1000
   llmfleet:pool:used             sorted set model -> last time a gateway admitted a request for it
@@ -100,11 +107,17 @@ ORPHANS = f"{PREFIX}orphans"
 PRIORITY_ORDER = PRIORITIES_HIGH_TO_LOW  # the order workers read a model's job streams in (shared/messages.py owns it)
 
 
+def model_tag(model: str) -> str:
+    """The start of every key named after one model: "llmfleet:{<model>}", whose braces are a Redis Cluster hash tag,
+    so all of them (and the scripts and transactions over several) live in one slot."""
+    return f"{PREFIX}{{{model}}}"
+
+
 def jobs_stream(model: str, priority: str = "normal") -> str:
     """The job stream of one model and priority class (the normal class keeps the plain name)."""
     if priority == "normal":
-        return f"{PREFIX}jobs:{model}"
-    return f"{PREFIX}jobs@{priority}:{model}"
+        return f"{model_tag(model)}:jobs"
+    return f"{model_tag(model)}:jobs@{priority}"
 
 
 def jobs_streams(model: str) -> list[str]:
@@ -114,7 +127,7 @@ def jobs_streams(model: str) -> list[str]:
 
 def worker_jobs_stream(model: str, worker_id: str, priority: str = "normal") -> str:
     """The stream of one priority class of the jobs placed on one worker."""
-    return f"{PREFIX}jobs@w:{worker_id}@{priority}:{model}"
+    return f"{model_tag(model)}:jobs@w:{worker_id}@{priority}"
 
 
 def worker_jobs_streams(model: str, worker_id: str) -> list[str]:
@@ -124,18 +137,19 @@ def worker_jobs_streams(model: str, worker_id: str) -> list[str]:
 
 def fair_keys(model: str, priority: str = "normal") -> list[str]:
     """One class's fair queue, its jobs, its state and the shared stream it releases into (FAIR_SCRIPT's KEYS)."""
-    return [f"{PREFIX}fair@{priority}:{model}", f"{PREFIX}fair-jobs@{priority}:{model}",
-            f"{PREFIX}fair-state@{priority}:{model}", jobs_stream(model, priority)]
+    tag = model_tag(model)
+    return [f"{tag}:fair@{priority}", f"{tag}:fair-jobs@{priority}", f"{tag}:fair-state@{priority}",
+            jobs_stream(model, priority)]
 
 
 def placed_workers(model: str) -> str:
     """The set of worker ids with per-worker job streams of one model."""
-    return f"{PREFIX}placed:{model}"
+    return f"{model_tag(model)}:placed"
 
 
 def prefix_owner(model: str, prefix_hash: str) -> str:
     """Which worker last got a prompt starting with the chunks one prefix hash chains."""
-    return f"{PREFIX}prefix:{model}:{prefix_hash}"
+    return f"{model_tag(model)}:prefix:{prefix_hash}"
 
 
 def events_channel(request_id: str) -> str:
@@ -160,7 +174,7 @@ def gateway_streams(gateway_id: str) -> str:
 
 def cancel_channel(model: str) -> str:
     """The pub/sub channel on which cancels of one model's requests are announced."""
-    return f"{PREFIX}cancel:{model}"
+    return f"{model_tag(model)}:cancel"
 
 
 def cancelled_marker(request_id: str) -> str:
@@ -185,7 +199,7 @@ def owner_key(request_id: str) -> str:
 
 def deadletter_stream(model: str) -> str:
     """The stream where one model's poison jobs are set aside."""
-    return f"{PREFIX}deadletter:{model}"
+    return f"{model_tag(model)}:deadletter"
 
 
 FILES_INDEX = f"{PREFIX}files"
@@ -226,22 +240,22 @@ def response_key(response_id: str) -> str:
 
 def kv_tier_drop(model: str) -> str:
     """The counter of a model's host-tier drops (INCR by the admin route; workers empty their tier when it grows)."""
-    return f"{PREFIX}kv-tier-drop:{model}"
+    return f"{model_tag(model)}:kv-tier-drop"
 
 
 def loras_desired(model: str) -> str:
     """The hash of LoRA adapters every worker of a model should have loaded (name -> JSON source)."""
-    return f"{PREFIX}loras:{model}"
+    return f"{model_tag(model)}:loras"
 
 
 def loras_version(model: str) -> str:
     """The counter of a model's desired-set changes (INCR with each write; workers report the one they follow)."""
-    return f"{PREFIX}loras-version:{model}"
+    return f"{model_tag(model)}:loras-version"
 
 
 def loras_errors(model: str) -> str:
     """The hash of adapter load errors of a model's workers (name -> message)."""
-    return f"{PREFIX}lora-errors:{model}"
+    return f"{model_tag(model)}:lora-errors"
 MODEL_FACTS = f"{PREFIX}model-facts"  # hash: model -> JSON of its file's size, digest, details (worker/model_facts.py)
 NODES_INDEX = f"{PREFIX}nodes"
 POOL_COMMANDS = f"{PREFIX}pool:commands"
@@ -256,7 +270,7 @@ def node_key(node_id: str) -> str:
 
 def pool_loading(model: str) -> str:
     """The claim of the one node loading `model` right now (SET NX with a TTL)."""
-    return f"{PREFIX}pool:loading:{model}"
+    return f"{model_tag(model)}:pool:loading"
 
 
 def rate_limit_key(key_name: str, kind: str) -> str:
@@ -266,4 +280,4 @@ def rate_limit_key(key_name: str, kind: str) -> str:
 
 def pool_failed(model: str) -> str:
     """The remembered error of `model`'s last failed load (expires: no load storm, then a new try)."""
-    return f"{PREFIX}pool:failed:{model}"
+    return f"{model_tag(model)}:pool:failed"

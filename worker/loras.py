@@ -1,10 +1,10 @@
 """The LoRA adapters one worker holds for its model, kept in step with the desired set in Redis.
 
-`POST /admin/loras` writes `llmfleet:loras:{model}` (name -> JSON source); every worker of the model reads that
-hash (with its version, `llmfleet:loras-version:{model}`, which every write bumps) at start and every LORA_SYNC_S,
+`POST /admin/loras` writes `llmfleet:{model}:loras` (name -> JSON source); every worker of the model reads that
+hash (with its version, `llmfleet:{model}:loras-version`, which every write bumps) at start and every LORA_SYNC_S,
 loads what it lacks and drops what was removed, then reports that version in its registry entry: the POST waits
 for every worker to report its own write's version, so no worker's state from before the write counts. A load
-that fails (bad file, wrong shapes, over the count or memory bound) is written to `llmfleet:lora-errors:{model}`
+that fails (bad file, wrong shapes, over the count or memory bound) is written to `llmfleet:{model}:lora-errors`
 and the name is taken out of the desired set, so the gateway's POST answers with the error and no worker retries
 it forever.
 Dropping an adapter only forgets its name: requests already running hold the adapter object, so it is never

@@ -1,6 +1,6 @@
 """`/admin/loras`: load, list and unload LoRA adapters at runtime, for every worker of a base model.
 
-POST writes the adapter into the model's desired set (`llmfleet:loras:{model}`, durable in Redis, so a worker
+POST writes the adapter into the model's desired set (`llmfleet:{model}:loras`, durable in Redis, so a worker
 that starts later or after a crash loads it too), then waits up to LORA_LOAD_WAIT_S until every live worker
 of the model reports it loaded (201), or one reports a load error (400 `lora_load_failed`, the engine's
 message naming the file and tensor); past the wait it answers 202 with the workers that have it so far.

@@ -8,7 +8,7 @@
 - POST /admin/models/unload {"model", "force": false}: refused (409 model_busy) while its workers have
   requests in flight or queued, unless forced: then its workers drain (finish what they hold) and exit.
 - POST /admin/kv-tier/drop {"model"}: every host empties its KV tier file of the model (its workers see the
-  `kv-tier-drop:{model}` counter grow at their next heartbeat, within LLMFLEET_HEARTBEAT_INTERVAL_S).
+  `{model}:kv-tier-drop` counter grow at their next heartbeat, within LLMFLEET_HEARTBEAT_INTERVAL_S).
 """
 
 from __future__ import annotations

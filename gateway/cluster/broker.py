@@ -10,9 +10,9 @@ submit(job):
   3. subscribe to llmfleet:events:{id} and wait for Redis's confirmation;
   4. pick the stream (gateway/cluster/placement.py): with two or more live workers, a generation job goes to the
      worker that has its prompt prefix cached, or else the least busy one, on its stream
-     llmfleet:jobs@w:{worker}@{priority}:{model}: one script counts every worker's jobs in Redis, chooses and
+     llmfleet:{model}:jobs@w:{worker}@{priority}: one script counts every worker's jobs in Redis, chooses and
      writes the job (and refreshes the prefix map) in one step (gateway/cluster/placer.py); anything else, or
-     with no worker that has room, on the shared llmfleet:jobs[@{priority}]:{model};
+     with no worker that has room, on the shared llmfleet:{model}:jobs[@{priority}];
   5. XADD <stream> * job <bytes>   (approximately capped at LLMFLEET_STREAM_MAXLEN); a job for the shared stream
      goes through its class's fair queue instead, released into the stream in its tenant's turn
      (gateway/cluster/fair_share.py).

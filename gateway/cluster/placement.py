@@ -7,7 +7,7 @@ prompts that share their first k*CHUNK_CHARS characters share the first k hashes
 a partial last chunk is left out (like the worker's prefix cache, which keeps full blocks only). CHUNK_CHARS is
 about 64 tokens, i.e. two KV blocks.
 
-`llmfleet:prefix:{model}:{h_i}` = the worker that last got a prompt with that prefix (EX LLMFLEET_PREFIX_TTL_S).
+`llmfleet:{model}:prefix:{h_i}` = the worker that last got a prompt with that prefix (EX LLMFLEET_PREFIX_TTL_S).
 A worker's load (`busy`) is the jobs it holds (its pending entries on the model's streams) plus the jobs placed on
 its own streams and not yet taken, counted in Redis as the job is placed: gateway/cluster/placer.py runs this
 choice as one script (shared/placing.py PLACE_SCRIPT) that counts, chooses and writes the job in one step, so every

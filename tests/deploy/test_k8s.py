@@ -82,7 +82,7 @@ def test_gemma_overlay_adds_only_gemma_workers(base: Docs) -> None:
     assert _names(gemma) - _names(base) == {("Deployment", name), ("ScaledObject", name), ("PodDisruptionBudget", name)}
     triggers = _get(gemma, "ScaledObject", name)["spec"]["triggers"]
     assert triggers[0]["metadata"]["valueLocation"] == 'llmfleet_model_jobs{model="gemma3-270m"}'
-    assert triggers[1]["metadata"]["stream"] == "llmfleet:jobs:gemma3-270m"
+    assert triggers[1]["metadata"]["stream"] == "llmfleet:{gemma3-270m}:jobs"
 
 
 
@@ -207,8 +207,8 @@ BROKEN: list[tuple[str, Callable[[Docs], None], Callable[[Docs], list[str]], str
      keys_file_problems, "is not a mounted Secret's key"),
     ("Redis without AOF", lambda d: _get(d, "StatefulSet", "redis")["spec"]["template"]["spec"]["containers"][0]
      .update(args=["redis-server", "--appendonly", "no", "--dir", "/data"]), redis_problems, "--appendonly yes"),
-    ("another stream", lambda d: _trigger(d).update(stream="llmfleet:jobs:smollm2"), keda_problems,
-     "the workers read ['llmfleet:jobs@critical:smollm2-135m'"),
+    ("another stream", lambda d: _trigger(d).update(stream="llmfleet:{smollm2}:jobs"), keda_problems,
+     "the workers read ['llmfleet:{smollm2-135m}:jobs@critical'"),
     ("another group", lambda d: _trigger(d).update(consumerGroup="worker"), keda_problems, "the workers' is 'workers'"),
     ("a misspelt metadata key", lambda d: _trigger(d).update(consumergroup="workers"), keda_problems,
      "unknown redis-streams metadata 'consumergroup'"),

@@ -6,10 +6,10 @@ from shared import keys
 
 
 def test_names() -> None:
-    assert keys.jobs_stream("m/x") == "llmfleet:jobs:m/x"
+    assert keys.jobs_stream("m/x") == "llmfleet:{m/x}:jobs"
     assert keys.events_channel("req-1") == "llmfleet:events:req-1"
     assert keys.journal_stream("req-1") == "llmfleet:journal:req-1"
-    assert keys.cancel_channel("m") == "llmfleet:cancel:m"
+    assert keys.cancel_channel("m") == "llmfleet:{m}:cancel"
     assert keys.cancelled_marker("req-1") == "llmfleet:cancelled:req-1"
     assert keys.worker_key("w1") == "llmfleet:worker:w1"
     for name in (keys.WORKERS_INDEX, keys.MODELS_INDEX):
@@ -86,3 +86,39 @@ def test_no_redis_name_is_built_outside_the_key_table() -> None:
                           if isinstance(node, ast.Constant) and isinstance(node.value, str)
                           and re.match(KEY_LIKE, node.value)]
     assert offenders == []
+
+
+def _model_names(model: str, worker_id: str = "w1") -> list[str]:
+    """Every name shared/keys.py builds from one model: its job path (streams of every class, per-worker streams,
+    fair queues, placement, prefixes, dead letters, cancels) and the model's other state."""
+    names = [*keys.jobs_streams(model), *keys.worker_jobs_streams(model, worker_id), keys.placed_workers(model),
+             keys.prefix_owner(model, "abc123"), keys.cancel_channel(model), keys.deadletter_stream(model),
+             keys.kv_tier_drop(model), keys.loras_desired(model), keys.loras_version(model),
+             keys.loras_errors(model), keys.pool_loading(model), keys.pool_failed(model)]
+    for priority in keys.PRIORITY_ORDER:
+        names += keys.fair_keys(model, priority)
+    return names
+
+
+def test_every_name_of_a_model_hashes_to_one_cluster_slot() -> None:
+    """Redis Cluster: the scripts and transactions over a model's keys (FAIR_SCRIPT, placement's XADD + SADD,
+    stealing's FORGET_SCRIPT) stay in one slot, for model names with colons, slashes, dots and at signs."""
+    from redis.crc import key_slot
+
+    for model in ("smollm2-135m", "qwen3:0.6b", "org/model.Q4_K_M", "m@v2"):
+        names = _model_names(model, worker_id="host-1:{odd}")
+        slots = {key_slot(name.encode()) for name in names}
+        assert len(slots) == 1, (model, sorted(slots))
+        assert key_slot(keys.model_tag(model).encode()) in slots
+    assert key_slot(keys.jobs_stream("a").encode()) != key_slot(keys.jobs_stream("b").encode())  # models spread
+
+
+def test_every_builder_named_after_a_model_starts_with_its_tag() -> None:
+    """No builder taking a model forgets the tag (a new key added without it would land in another slot)."""
+    import inspect
+
+    for name, value in vars(keys).items():
+        if inspect.isfunction(value) and value.__module__ == keys.__name__ and "model" in inspect.signature(value).parameters:
+            built = value(*["mdl" if p == "model" else "x" for p in inspect.signature(value).parameters])
+            for key in built if isinstance(built, list) else [built]:
+                assert key.startswith("llmfleet:{mdl}"), (name, key)

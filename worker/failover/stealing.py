@@ -1,7 +1,7 @@
 """Other workers' per-worker job streams (prefix-aware placement): draining dead ones, stealing from lagging ones.
 
 The gateway places a job on `jobs@w:{worker}@{priority}:{model}` (gateway/cluster/placement.py) and adds the worker to
-`placed:{model}`. Every worker reads its own streams first; with free slots left and nothing to read there or
+`{model}:placed`. Every worker reads its own streams first; with free slots left and nothing to read there or
 on the shared streams, it looks at the other members of the set:
   - a member with no registry entry (dead) or not "ready" (draining): its waiting jobs are read at once;
   - a live member: only its jobs that have waited past LLMFLEET_STEAL_AFTER_S (its worker is busy) are read.

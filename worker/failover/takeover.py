@@ -4,7 +4,7 @@ A worker takes over (XCLAIM) the pending entries of consumers whose registry ent
 (failover by heartbeat TTL), entries read but never taken past UNTAKEN_AFTER_S, and entries idle past the
 lease whatever their owner (XAUTOCLAIM). Every claim counts as a delivery; a job delivered more than
 LLMFLEET_MAX_DELIVERIES times without an ack is a poison job (each worker that took it died or stalled on it)
-and goes to `deadletter:{model}` instead.
+and goes to `{model}:deadletter` instead.
 
 Read but never taken: a worker owns a job (worker/failover/fencing.py) in the same turn as it reads it, within
 milliseconds. An entry pending for a live consumer for seconds with no owner naming that consumer was read by

@@ -1,0 +1,121 @@
+"""A Redis Cluster test bed of real processes: three primaries (cluster-enabled, no replicas) on free loopback
+ports, the 16,384 slots split in three, joined with CLUSTER MEET; ready once every node says cluster_state:ok."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import redis
+
+from llmfleet.redis_server import redis_server_binary
+from tests.support.processes import wait_until
+
+SLOTS = 16384
+BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000, so its port must be 55535 or less
+
+
+def cluster_port() -> int:
+    """A port whose cluster bus port is free too (both 55535 or less apart by BUS_OFFSET)."""
+    for _ in range(200):
+        port = random.randint(20000, 45000)
+        try:
+            for candidate in (port, port + BUS_OFFSET):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free pair of ports for a cluster node")
+
+
+class ClusterBed:
+    """Three cluster-enabled redis-server processes; `startup_nodes` is what a cluster client starts from."""
+
+    def __init__(self, primaries: int = 3) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="llmfleet-cluster-"))
+        self.ports = [cluster_port() for _ in range(primaries)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def startup_nodes(self) -> list[tuple[str, int]]:
+        """(host, port) of every primary."""
+        return [("127.0.0.1", port) for port in self.ports]
+
+    def _start_node(self, port: int) -> None:
+        node_dir = self.dir / str(port)
+        node_dir.mkdir()
+        args = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(node_dir), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", "2000"]
+        with (node_dir / "redis.log").open("ab") as out:
+            self.procs.append(subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def start(self, timeout_s: float = 30.0) -> ClusterBed:
+        """Start the nodes, give each a third of the slots, introduce them, wait for cluster_state:ok (stops
+        them all when that fails)."""
+        try:
+            return self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout_s: float) -> ClusterBed:
+        for port in self.ports:
+            self._start_node(port)
+        clients = [redis.Redis(port=port, socket_timeout=5) for port in self.ports]
+        wait_until(lambda: all(_answers(c) for c in clients), 10, "the cluster nodes to answer")
+        bounds = [SLOTS * i // len(clients) for i in range(len(clients) + 1)]
+        for client, low, high in zip(clients, bounds, bounds[1:]):
+            client.execute_command("CLUSTER ADDSLOTS", *range(low, high))  # ADDSLOTSRANGE needs Redis 7
+        for client in clients[1:]:
+            client.execute_command("CLUSTER MEET", "127.0.0.1", self.ports[0])
+        wait_until(lambda: all(_state(c) == "ok" for c in clients), timeout_s,
+                   "cluster_state:ok on every node")
+        wait_until(lambda: all(len(c.execute_command("CLUSTER NODES")) == len(clients) for c in clients),
+                   timeout_s, "every node to know every other")
+        for client in clients:
+            client.close()
+        return self
+
+    def client(self) -> redis.RedisCluster:
+        """A redis-py cluster client of the bed."""
+        return redis.RedisCluster(startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in self.startup_nodes],
+                                  socket_timeout=5)
+
+    def stop(self) -> None:
+        """Terminate every node and remove their directories."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> ClusterBed:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def _state(client: redis.Redis) -> str:
+    """cluster_state from CLUSTER INFO (redis-py parses it into a dict)."""
+    info = client.execute_command("CLUSTER INFO")
+    value = info.get("cluster_state", "") if isinstance(info, dict) else ""
+    return value.decode() if isinstance(value, bytes) else str(value)
