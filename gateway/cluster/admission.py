@@ -11,6 +11,9 @@ is expected to FINISH within a share of its deadline, by both measures:
   a full decode step it measured at start: a burst on fresh workers is judged too, not only counted.
 Otherwise it is refused at once with 429 and a Retry-After from the same estimate, instead of being admitted
 to time out in the queue. A request that finds a free slot starts at once and is always admitted.
+
+`decide` is the whole rule for a model with live workers, with no I/O: the broker (gateway/cluster/broker.py)
+reads the registry and the queue, and calls it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from shared.errors import InvalidRequest, QueueFull
+from shared.messages import GenerateJob, Job
 from shared.registry import RegistryEntry
 
 WAIT_SHARE_OF_DEADLINE = 0.5  # admit while the expected finish is under this share of the deadline
@@ -50,3 +55,31 @@ def expected_finish_s(workers: Sequence[RegistryEntry], waiting: int, tokens: in
 def retry_after_s(expected_finish: float, budget: float) -> float:
     """When trying again may be admitted: once the work ahead has shrunk below the budget (1 to 60 s)."""
     return float(min(MAX_RETRY_AFTER_S, max(1, math.ceil(expected_finish - budget))))
+
+
+def check_width(job: Job, workers: Sequence[RegistryEntry]) -> None:
+    """Raise InvalidRequest when the job's n is wider than any live worker runs at once."""
+    widest = max(w.slots for w in workers)
+    if isinstance(job, GenerateJob) and widest and job.n > widest:
+        raise InvalidRequest(f"n is {job.n}, but the workers of model '{job.model}' run at most {widest} "
+                             "sequences at once.", param="n")
+
+
+def decide(job: Job, workers: Sequence[RegistryEntry], waiting: int, in_flight: int, *, queue_limit: int,
+           request_timeout_s: float, default_max_tokens: int, retry_after: float) -> None:
+    """Admit `job` (its width already checked) for a model whose live `workers` are given, with `waiting` jobs ahead
+    of it (queued, and admitted but not yet written) and `in_flight` taken; raise QueueFull."""
+    model, generate = job.model, isinstance(job, GenerateJob)
+    if waiting >= queue_limit:
+        raise QueueFull(f"model '{model}' has {waiting} requests waiting, the limit is {queue_limit}; please retry",
+                        retry_after=retry_after)
+    tokens = 0
+    if generate:
+        tokens = (job.max_tokens if job.max_tokens is not None else default_max_tokens) * job.n
+    expected = expected_finish_s(workers, waiting, tokens, in_flight=in_flight)
+    budget = request_timeout_s * WAIT_SHARE_OF_DEADLINE
+    if expected > budget:
+        raise QueueFull(
+            f"model '{model}' has {waiting} requests waiting, about {expected:.0f} s of work at the "
+            f"rate its workers finish them; this one could not finish well before its deadline; "
+            "please retry", retry_after=retry_after_s(expected, budget))

@@ -50,7 +50,6 @@ from gateway.http.rate_limit import RateLimiter
 from gateway.http.tracing import traced
 from shared import codec, keys
 from shared.errors import (
-    InvalidRequest,
     ModelNotFound,
     NoWorkerAvailable,
     QueueFull,
@@ -269,60 +268,44 @@ class Broker:
         catalogued = model in await self.pool.catalogue()
         if catalogued:
             await self.pool.note_use(model, keep_alive)
-        if not any(w.model == model for w in live):
-            if catalogued:  # a node agent loads it: the queued job is the demand it sees
-                return await self._admit_cold(job)
-            if self.health.recently_failed(self.registry_grace_s()) and (not live or await self.registry.is_known(model)):
-                # Redis just failed: the registry is unknown, not empty; queue (the stream keeps it, keep-alives
-                # go out) for the workers that register again within a moment
-                log.info("no live worker of %s in the registry right after a Redis failure; queueing %s", model,
-                         job.id)
-                return await self._admit_by_count(job)
-            if await self.registry.is_known(model):
-                if self.settings.worker_wait_s > 0:  # scaled to zero, or its workers restarting: wait for one
-                    log.info("no live worker of %s; %s waits up to %.0fs for one", model, job.id,
-                             self.settings.worker_wait_s)
-                    admitted = await self._admit_by_count(job)
-                    self._awaiting_worker.add(job.id)
-                    return admitted
-                raise NoWorkerAvailable(
-                    f"no worker serving model '{model}' is alive right now; please retry",
-                    retry_after=self.settings.retry_after_s,
-                )
-            if not live:  # an empty registry proves nothing (starting up, or Redis came back empty): retryable
-                raise NoWorkerAvailable(
-                    "no worker is registered right now (the cluster is starting, or Redis restarted); please retry",
-                    retry_after=self.settings.retry_after_s,
-                )
-            raise ModelNotFound(f"The model '{model}' does not exist", param="model")
         workers = [w for w in live if w.model == model]
+        if not workers:
+            return await self._admit_without_worker(job, catalogued, registry_empty=not live)
         if isinstance(job, GenerateJob):
             job = resolve_job(job, workers)  # an adapter no live worker has: 404 naming it
-        widest = max(w.slots for w in workers)
-        if isinstance(job, GenerateJob) and widest and job.n > widest:
-            raise InvalidRequest(f"n is {job.n}, but the workers of model '{model}' run at most {widest} "
-                                 "sequences at once.", param="n")
+        admission.check_width(job, workers)
         state = await self.queue_view.state(model)
-        waiting, in_flight = state.waiting, state.in_flight
-        waiting += self._admitting.get(model, 0)  # admitted here, not yet in the stream: a burst's own requests
-        if waiting >= self.settings.queue_limit:
-            raise QueueFull(
-                f"model '{model}' has {waiting} requests waiting, the limit is {self.settings.queue_limit}; "
-                "please retry",
-                retry_after=self.settings.retry_after_s,
-            )
-        tokens = 0
-        if isinstance(job, GenerateJob):
-            tokens = (job.max_tokens if job.max_tokens is not None else self.settings.default_max_tokens) * job.n
-        expected = admission.expected_finish_s(workers, waiting, tokens, in_flight=in_flight)
-        budget = self.settings.request_timeout_s * admission.WAIT_SHARE_OF_DEADLINE
-        if expected > budget:
-            raise QueueFull(
-                f"model '{model}' has {waiting} requests waiting, about {expected:.0f} s of work at the "
-                f"rate its workers finish them; this one could not finish well before its deadline; "
-                "please retry", retry_after=admission.retry_after_s(expected, budget))
+        waiting = state.waiting + self._admitting.get(model, 0)  # admitted here, not yet in the stream: a burst's own
+        admission.decide(job, workers, waiting, state.in_flight, queue_limit=self.settings.queue_limit,
+                         request_timeout_s=self.settings.request_timeout_s,
+                         default_max_tokens=self.settings.default_max_tokens, retry_after=self.settings.retry_after_s)
         self._admitting[model] = self._admitting.get(model, 0) + 1  # no await since the count was read
         return job, workers
+
+    async def _admit_without_worker(self, job: Job, catalogued: bool, *,
+                                    registry_empty: bool) -> tuple[Job, list[RegistryEntry]]:
+        """A job for a model with no live worker: queued for a node agent's load, for the workers a Redis failure
+        hid, or for one that scales up (LLMFLEET_WORKER_WAIT_S); else 503 (known model) or 404."""
+        model = job.model
+        if catalogued:  # a node agent loads it: the queued job is the demand it sees
+            return await self._admit_cold(job)
+        if self.health.recently_failed(self.registry_grace_s()) and (registry_empty or await self.registry.is_known(model)):
+            # Redis just failed: the registry is unknown, not empty; queue (the stream keeps it, keep-alives
+            # go out) for the workers that register again within a moment
+            log.info("no live worker of %s in the registry right after a Redis failure; queueing %s", model, job.id)
+            return await self._admit_by_count(job)
+        if await self.registry.is_known(model):
+            if self.settings.worker_wait_s > 0:  # scaled to zero, or its workers restarting: wait for one
+                log.info("no live worker of %s; %s waits up to %.0fs for one", model, job.id, self.settings.worker_wait_s)
+                admitted = await self._admit_by_count(job)
+                self._awaiting_worker.add(job.id)
+                return admitted
+            raise NoWorkerAvailable(f"no worker serving model '{model}' is alive right now; please retry",
+                                    retry_after=self.settings.retry_after_s)
+        if registry_empty:  # an empty registry proves nothing (starting up, or Redis came back empty): retryable
+            raise NoWorkerAvailable("no worker is registered right now (the cluster is starting, or Redis restarted); "
+                                    "please retry", retry_after=self.settings.retry_after_s)
+        raise ModelNotFound(f"The model '{model}' does not exist", param="model")
 
     async def _admit_cold(self, job: Job) -> tuple[Job, list[RegistryEntry]]:
         """Admit a job for a catalogued model no worker serves yet (queue limit only: the node's load timeout

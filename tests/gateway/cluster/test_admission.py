@@ -13,7 +13,9 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.cluster.admission import expected_finish_s, retry_after_s
+from gateway.cluster.admission import check_width, decide, expected_finish_s, retry_after_s
+from shared.errors import InvalidRequest, QueueFull
+from shared.messages import GenerateJob
 from shared.registry import RegistryEntry
 
 pytestmark = pytest.mark.anyio
@@ -52,6 +54,26 @@ def test_fresh_workers_are_judged_by_half_their_measured_decode_capacity() -> No
     # a measured token rate above half the capacity wins
     busy = [_entry(4, 4, 0.0, decode_capacity=200.0, token_rate=150.0, tokens_left=1000.0)]
     assert expected_finish_s(busy, waiting=9, tokens=100) == 2000 / 150.0
+
+
+def test_decide_is_the_whole_rule_with_no_io() -> None:
+    job = GenerateJob(id="r", model="m", created=0, deadline=60, prompt="x", max_tokens=100, n=1)
+    limits = {"queue_limit": 10, "request_timeout_s": 40.0, "default_max_tokens": 50, "retry_after": 2.0}
+    idle = [_entry(4, 0, 1.0)]
+    decide(job, idle, waiting=0, in_flight=0, **limits)  # a free slot: admitted
+    with pytest.raises(QueueFull) as full:
+        decide(job, idle, waiting=10, in_flight=4, **limits)  # the count limit
+    assert full.value.retry_after == 2.0 and "limit is 10" in full.value.message
+    slow = [_entry(4, 4, 0.5, token_rate=10.0, tokens_left=400.0)]  # (400 + 3 x 100) / 10 = 70 s > 20 s
+    with pytest.raises(QueueFull) as late:
+        decide(job, slow, waiting=2, in_flight=4, **limits)
+    assert late.value.retry_after == retry_after_s(70.0, 20.0) == 50
+    unbounded = GenerateJob(id="r", model="m", created=0, deadline=60, prompt="x")  # counted at the default 50
+    decide(unbounded, [_entry(4, 4, 0.5, token_rate=10.0, tokens_left=0.0)], waiting=2, in_flight=4, **limits)
+    check_width(GenerateJob(id="r", model="m", created=0, deadline=60, prompt="x", n=4), idle)
+    with pytest.raises(InvalidRequest) as wide:
+        check_width(GenerateJob(id="r", model="m", created=0, deadline=60, prompt="x", n=5), idle)
+    assert wide.value.param == "n"
 
 
 async def _fill(client: httpx.AsyncClient, worker: Any, count: int = 8) -> tuple[list[asyncio.Task], list[Any]]:
