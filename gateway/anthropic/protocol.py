@@ -145,42 +145,65 @@ def _message(item: Any, param: str) -> list[dict[str, Any]]:
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise invalid(f"{param}.content", "expected a string or an array of content blocks.")
-    out: list[dict[str, Any]] = []
+    return _assistant_turn(content, param) if role == "assistant" else _user_turn(content, param)
+
+
+def _assistant_turn(content: list[Any], param: str) -> list[dict[str, Any]]:
+    """An assistant turn's blocks (text, thinking, tool_use) as one OpenAI assistant message."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     thoughts: list[str] = []
     for j, block in enumerate(content):
-        where = f"{param}.content[{j}]"
-        kind = block.get("type") if isinstance(block, dict) else None
+        where, kind = f"{param}.content[{j}]", _kind(block)
         if kind == "text":
             texts.append(_string(block, "text", where))
-        elif kind in UNSUPPORTED_BLOCKS:
-            raise _unsupported(kind, where)
-        elif kind == "thinking" and role == "assistant":
+        elif kind == "thinking":
             thoughts.append(_string(block, "thinking", where))
-        elif kind == "redacted_thinking" and role == "assistant":
+        elif kind == "redacted_thinking":
             continue  # encrypted by Anthropic: nothing a served model could read
-        elif kind == "tool_use" and role == "assistant":
+        elif kind == "tool_use":
             calls.append(_tool_use(block, where))
-        elif kind == "tool_result" and role == "user":
+        else:
+            raise _not_allowed(kind, where, "assistant", "text, tool_use, thinking")
+    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if calls:
+        message["tool_calls"] = calls
+    if thoughts:
+        message["reasoning_content"] = "\n".join(thoughts)
+    return [message]
+
+
+def _user_turn(content: list[Any], param: str) -> list[dict[str, Any]]:
+    """A user turn's blocks: its text, with each tool result a tool message between, in block order."""
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, block in enumerate(content):
+        where, kind = f"{param}.content[{j}]", _kind(block)
+        if kind == "text":
+            texts.append(_string(block, "text", where))
+        elif kind == "tool_result":
             if texts:
                 out.append({"role": "user", "content": "\n".join(texts)})
                 texts = []
             out.append(_tool_result(block, where))
         else:
-            allowed = "text, tool_use, thinking" if role == "assistant" else "text, tool_result"
-            raise invalid(f"{where}.type", f"{json.dumps(kind)} is not a block a {role} message may hold "
-                                           f"(supported: {allowed}).")
-    if role == "assistant":
-        message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
-        if calls:
-            message["tool_calls"] = calls
-        if thoughts:
-            message["reasoning_content"] = "\n".join(thoughts)
-        return [message]
+            raise _not_allowed(kind, where, "user", "text, tool_result")
     if texts or not out:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out
+
+
+def _kind(block: Any) -> Any:
+    """A content block's type (None for anything but an object)."""
+    return block.get("type") if isinstance(block, dict) else None
+
+
+def _not_allowed(kind: Any, where: str, role: str, allowed: str) -> InvalidRequest:
+    """The error for a block the role may not hold: an unsupported kind (image, document, ...) says so."""
+    if kind in UNSUPPORTED_BLOCKS:
+        return _unsupported(kind, where)
+    return invalid(f"{where}.type", f"{json.dumps(kind)} is not a block a {role} message may hold "
+                                    f"(supported: {allowed}).")
 
 
 def _unsupported(kind: str, where: str) -> InvalidRequest:

@@ -173,25 +173,22 @@ def _model(body: dict[str, Any]) -> str:
     return model
 
 
-def _generation(
-    body: dict[str, Any], settings: Settings, *, max_tokens: int | None, choices_per_n: int
-) -> CompletionOptions:
-    model, adapter = split_model(_model(body))
-    loras = tuple(parse_loras(body, adapter))
-    n = integer(body, "n", 1, 1, settings.max_n)
-    if n * choices_per_n > settings.max_n:
-        raise invalid("n", f"n times the number of prompts must be at most {settings.max_n}.")
-    stream = boolean(body, "stream", False)
+def _include_usage(body: dict[str, Any], stream: bool) -> bool:
+    """stream_options.include_usage (stream_options only with stream: true)."""
     options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not stream:
-            raise invalid("stream_options", "stream_options is only allowed when stream is true.")
-        if not isinstance(options, dict):
-            raise invalid("stream_options", "expected an object.")
-        include_usage = boolean(options, "include_usage", False)
+    if options is None:
+        return False
+    if not stream:
+        raise invalid("stream_options", "stream_options is only allowed when stream is true.")
+    if not isinstance(options, dict):
+        raise invalid("stream_options", "expected an object.")
+    return boolean(options, "include_usage", False)
+
+
+def _sampling(body: dict[str, Any]) -> Sampling:
+    """The sampling fields: OpenAI's documented limits here; the extensions' ranges are the engine's to check."""
     top_k = integer(body, "top_k", 0, *INT64)
-    sampling = Sampling(  # OpenAI's documented limits here; the extensions' ranges are the engine's to check
+    return Sampling(
         temperature=number(body, "temperature", 1.0, *TEMPERATURE_RANGE),
         top_p=number(body, "top_p", 1.0, *TOP_P_RANGE, lo_open=True),
         top_k=0 if top_k == -1 else top_k,  # -1 means off, as in llama.cpp
@@ -202,6 +199,19 @@ def _generation(
         logit_bias=_logit_bias(body.get("logit_bias")),
         seed=integer(body, "seed", None, *INT64),
     )
+
+
+def _generation(
+    body: dict[str, Any], settings: Settings, *, max_tokens: int | None, choices_per_n: int
+) -> CompletionOptions:
+    model, adapter = split_model(_model(body))
+    loras = tuple(parse_loras(body, adapter))
+    n = integer(body, "n", 1, 1, settings.max_n)
+    if n * choices_per_n > settings.max_n:
+        raise invalid("n", f"n times the number of prompts must be at most {settings.max_n}.")
+    stream = boolean(body, "stream", False)
+    include_usage = _include_usage(body, stream)
+    sampling = _sampling(body)
     note_requested(string(body, "user", default="", max_len=MAX_USER_CHARS))  # the tenant, with keys off
     metadata(body)
     return CompletionOptions(
