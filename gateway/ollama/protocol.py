@@ -281,42 +281,56 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         return []
     if not isinstance(value, list):
         raise invalid("messages", "expected an array of messages.")
-    out: list[dict[str, Any]] = []
-    unanswered: list[tuple[str, str]] = []  # (id, name) of calls no tool turn answered yet
-    made = 0
-    for i, item in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(item, dict):
-            raise invalid(where, "expected an object with 'role' and 'content'.")
-        role = item.get("role")
-        if role not in ROLES:
-            raise invalid(f"{where}.role", f"expected one of {', '.join(ROLES)}.")
-        if item.get("images"):
-            raise invalid(f"{where}.images", "images are not supported: the models llmfleet serves read text only.")
-        message: dict[str, Any] = {"role": role, "content": _string(item, "content")}
-        if role == "assistant" and item.get("thinking") is not None:
-            message["reasoning_content"] = _string(item, "thinking")
-        if item.get("tool_calls"):
-            if role != "assistant":
-                raise invalid(f"{where}.tool_calls", "only assistant messages carry tool_calls.")
-            message["tool_calls"] = []
-            for call in _tool_calls(item["tool_calls"], f"{where}.tool_calls"):
-                made += 1
-                call_id = f"call_{made}"
-                unanswered.append((call_id, call[0]))
-                message["tool_calls"].append({"id": call_id, "type": "function", "function": {
-                    "name": call[0], "arguments": json.dumps(call[1], ensure_ascii=False)}})
-        if role == "tool":
-            name = item.get("tool_name", item.get("name"))
-            match = next((c for c in unanswered if c[1] == name), unanswered[0] if unanswered else None)
-            if match is None:
-                made += 1
-                match = (f"call_{made}", "")
-            else:
-                unanswered.remove(match)
-            message["tool_call_id"] = match[0]
-        out.append(message)
-    return out
+    ids = _CallIds()
+    return [_message(item, f"messages[{i}]", ids) for i, item in enumerate(value)]
+
+
+class _CallIds:
+    """The ids of a conversation's tool calls, in order, and which of them no tool turn answered yet."""
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.unanswered: list[tuple[str, str]] = []  # (id, name)
+
+    def issue(self, name: str) -> str:
+        """A new call's id."""
+        self.made += 1
+        self.unanswered.append((f"call_{self.made}", name))
+        return f"call_{self.made}"
+
+    def answer(self, name: Any) -> str:
+        """The id a tool turn for `name` answers: its tool's earliest unanswered call, else the earliest one, else
+        a new id."""
+        match = next((c for c in self.unanswered if c[1] == name), self.unanswered[0] if self.unanswered else None)
+        if match is None:
+            self.made += 1
+            return f"call_{self.made}"
+        self.unanswered.remove(match)
+        return match[0]
+
+
+def _message(item: Any, where: str, ids: _CallIds) -> dict[str, Any]:
+    """One Ollama message as an OpenAI message."""
+    if not isinstance(item, dict):
+        raise invalid(where, "expected an object with 'role' and 'content'.")
+    role = item.get("role")
+    if role not in ROLES:
+        raise invalid(f"{where}.role", f"expected one of {', '.join(ROLES)}.")
+    if item.get("images"):
+        raise invalid(f"{where}.images", "images are not supported: the models llmfleet serves read text only.")
+    message: dict[str, Any] = {"role": role, "content": _string(item, "content")}
+    if role == "assistant" and item.get("thinking") is not None:
+        message["reasoning_content"] = _string(item, "thinking")
+    if item.get("tool_calls"):
+        if role != "assistant":
+            raise invalid(f"{where}.tool_calls", "only assistant messages carry tool_calls.")
+        message["tool_calls"] = [
+            {"id": ids.issue(name), "type": "function",
+             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+            for name, arguments in _tool_calls(item["tool_calls"], f"{where}.tool_calls")]
+    if role == "tool":
+        message["tool_call_id"] = ids.answer(item.get("tool_name", item.get("name")))
+    return message
 
 
 def _tool_calls(value: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
