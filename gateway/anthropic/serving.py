@@ -248,27 +248,34 @@ class MessageStream(OpenStream):
                 for piece in pieces:
                     for out in blocks.add(piece):
                         yield out
-            for out in blocks.close():
+            for out in self._closing(blocks, finish, stop):
                 yield out
-            if blocks.count == 0:
-                yield {"type": "ping"}
-            usage = self._generation.usage
-            delta = {"stop_reason": stop_reason(finish, stop, blocks.calls > 0), "stop_sequence": stop}
-            dropped = self._parser.dropped if self._parser is not None else 0
-            yield {"type": "message_delta", "delta": delta, "usage": usage_body(usage, dropped)}
             self.ended()
             yield {"type": "message_stop"}
-            log.info("%s streamed: %d completion tokens", self._id, usage.completion_tokens)
-        except LLMFleetError as exc:
-            log.info("%s failed after the stream began: %s %s", self._id, exc.status, exc.code)
-            record_streamed_error(self._errors, exc, "/v1/messages")
-            self.ended()
-            yield error_body(exc)
-        except Exception:  # a bug: still end the stream with an error event
-            log.exception("%s broke after the stream began", self._id)
-            error = InternalError("The server had an error while processing your request.")
-            record_streamed_error(self._errors, error, "/v1/messages")
-            self.ended()
-            yield error_body(error)
+            log.info("%s streamed: %d completion tokens", self._id, self._generation.usage.completion_tokens)
+        except Exception as exc:  # an LLMFleetError as itself; anything else is a bug, still ending the stream
+            yield self._failed(exc)
         finally:
             await self.aclose()
+
+    def _closing(self, blocks: _Blocks, finish: str | None, stop: str | None) -> list[dict[str, Any]]:
+        """The events that close the open block and carry the stop reason and usage (message_stop follows)."""
+        events = list(blocks.close())
+        if blocks.count == 0:
+            events.append({"type": "ping"})
+        delta = {"stop_reason": stop_reason(finish, stop, blocks.calls > 0), "stop_sequence": stop}
+        dropped = self._parser.dropped if self._parser is not None else 0
+        events.append({"type": "message_delta", "delta": delta, "usage": usage_body(self._generation.usage, dropped)})
+        return events
+
+    def _failed(self, exc: Exception) -> dict[str, Any]:
+        """The error event that ends a stream after it began (logged and kept with the fleet's recent errors)."""
+        if isinstance(exc, LLMFleetError):
+            log.info("%s failed after the stream began: %s %s", self._id, exc.status, exc.code)
+            error = exc
+        else:
+            log.exception("%s broke after the stream began", self._id)
+            error = InternalError("The server had an error while processing your request.")
+        record_streamed_error(self._errors, error, "/v1/messages")
+        self.ended()
+        return error_body(error)

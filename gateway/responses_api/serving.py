@@ -327,29 +327,30 @@ class ResponseStream(OpenStream):
                         yield out
             for out in output.close(finish):
                 yield out
-            status = bodies.status_of(finish)
-            final = prepared.body(status, output=output.items, usage=self._generation.usage,
-                                  dropped_tool_calls=self._parser.dropped)
-            await self._store(final)
-            self.ended()
-            yield {"type": "response.completed" if status == "completed" else "response.incomplete",
-                   "response": final}
+            yield await self._completed(finish)
             log.info("%s streamed: %d completion tokens", prepared.rid, self._generation.usage.completion_tokens)
-        except LLMFleetError as exc:
-            log.info("%s failed after the stream began: %s %s", prepared.rid, exc.status, exc.code)
-            final = await self._failed(exc, output)
-            self.ended()
-            yield bodies.error_event(exc, 0)
-            yield {"type": "response.failed", "response": final}
-        except Exception:  # a bug: still end the stream with an error event
-            log.exception("%s broke after the stream began", prepared.rid)
-            error = InternalError("The server had an error while processing your request.")
+        except Exception as exc:  # an LLMFleetError as itself; anything else is a bug, still ending the stream
+            error = exc if isinstance(exc, LLMFleetError) else InternalError(
+                "The server had an error while processing your request.")
+            if error is exc:
+                log.info("%s failed after the stream began: %s %s", prepared.rid, error.status, error.code)
+            else:
+                log.exception("%s broke after the stream began", prepared.rid)
             final = await self._failed(error, output)
             self.ended()
             yield bodies.error_event(error, 0)
             yield {"type": "response.failed", "response": final}
         finally:
             await self.aclose()
+
+    async def _completed(self, finish: str | None) -> dict[str, Any]:
+        """The final response, stored: response.completed, or response.incomplete (length, content filter)."""
+        status = bodies.status_of(finish)
+        final = self._prepared.body(status, output=self._output.items, usage=self._generation.usage,
+                                    dropped_tool_calls=self._parser.dropped)
+        await self._store(final)
+        self.ended()
+        return {"type": "response.completed" if status == "completed" else "response.incomplete", "response": final}
 
     async def _failed(self, error: LLMFleetError, output: Output) -> dict[str, Any]:
         record_streamed_error(self._errors, error, "/v1/responses")
