@@ -87,6 +87,25 @@ def _sampling(settings: Settings) -> dict[str, Schema]:
 
 
 def _request_schemas(settings: Settings) -> dict[str, Schema]:
+    """The request bodies of the OpenAI and llama-server routes."""
+    chat = _chat_request(settings)
+    model = {"model": _sampling(settings)["model"]}
+    return {
+        "ChatCompletionRequest": chat,
+        "ResponsesRequest": _responses_request(settings),
+        "CompletionRequest": _completion_request(settings),
+        "EmbeddingRequest": _embedding_request(settings),
+        "TokenizeRequest": object_schema({**model, "content": {"type": "string", "maxLength": 10_000},
+                                    "add_special": {"type": "boolean"}, "parse_special": {"type": "boolean"},
+                                    "with_pieces": {"type": "boolean"}}, ("content",)),
+        "DetokenizeRequest": object_schema({**model, "tokens": _token_ids(256, min_items=0)}, ("tokens",)),
+        "ApplyTemplateRequest": object_schema({**model, "messages": chat["properties"]["messages"],
+                                         "add_generation_prompt": {"type": "boolean"}}, ("messages",)),
+    }
+
+
+def _chat_request(settings: Settings) -> Schema:
+    """A chat completion's body."""
     limit = settings.max_tokens_limit
     text_part = object_schema({"type": {"const": "text"}, "text": {"type": "string", "maxLength": 10_000}}, ("type", "text"))
     content = {"anyOf": [{"type": "string", "maxLength": 10_000},
@@ -96,38 +115,33 @@ def _request_schemas(settings: Settings) -> dict[str, Schema]:
                  _text(MAX_NAME_BYTES)}, ("role", "content")),
         object_schema({"role": {"const": "assistant"}, "content": nullable(content)}, ("role",)),
     ]}
-    chat = object_schema({**_sampling(settings),
+    return object_schema({**_sampling(settings),
                     "messages": {"type": "array", "items": message, "minItems": 1, "maxItems": 16},
                     "max_tokens": nullable({"type": "integer", "minimum": 1, "maximum": limit}),
                     "max_completion_tokens": nullable({"type": "integer", "minimum": 1, "maximum": limit}),
                     "logprobs": nullable({"type": "boolean"})}, ("messages",))
+
+
+def _completion_request(settings: Settings) -> Schema:
+    """A text completion's body."""
     prompt = {"anyOf": [{"type": "string", "maxLength": 10_000},
                         {"type": "array", "items": {"type": "string", "maxLength": 10_000}, "minItems": 1,
                          "maxItems": 1},
                         _token_ids(256)]}
-    completion = object_schema({**_sampling(settings), "prompt": prompt,
-                          "max_tokens": nullable({"type": "integer", "minimum": 0, "maximum": limit}),
+    return object_schema({**_sampling(settings), "prompt": prompt,
+                          "max_tokens": nullable({"type": "integer", "minimum": 0, "maximum": settings.max_tokens_limit}),
                           "echo": nullable({"type": "boolean"}),
                           "logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 5})}, ("prompt",))
+
+
+def _embedding_request(settings: Settings) -> Schema:
+    """An embeddings request's body."""
     embed_input = {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 10_000},
                              {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 2_000},
                               "minItems": 1, "maxItems": 16},
                              _token_ids(256)]}
-    embeddings = object_schema({"model": _sampling(settings)["model"], "input": embed_input,
+    return object_schema({"model": _sampling(settings)["model"], "input": embed_input,
                           "encoding_format": nullable({"enum": ["float", "base64"]})}, ("input",))
-    model = {"model": _sampling(settings)["model"]}
-    return {
-        "ChatCompletionRequest": chat,
-        "ResponsesRequest": _responses_request(settings),
-        "CompletionRequest": completion,
-        "EmbeddingRequest": embeddings,
-        "TokenizeRequest": object_schema({**model, "content": {"type": "string", "maxLength": 10_000},
-                                    "add_special": {"type": "boolean"}, "parse_special": {"type": "boolean"},
-                                    "with_pieces": {"type": "boolean"}}, ("content",)),
-        "DetokenizeRequest": object_schema({**model, "tokens": _token_ids(256, min_items=0)}, ("tokens",)),
-        "ApplyTemplateRequest": object_schema({**model, "messages": chat["properties"]["messages"],
-                                         "add_generation_prompt": {"type": "boolean"}}, ("messages",)),
-    }
 
 
 def _responses_request(settings: Settings) -> Schema:
@@ -160,7 +174,8 @@ def _responses_request(settings: Settings) -> Schema:
                    ("input",))
 
 
-def _response_schemas() -> dict[str, Schema]:
+def _completion_bodies() -> dict[str, Schema]:
+    """A chat completion's and a text completion's reply."""
     usage = object_schema({"prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
                      "total_tokens": {"type": "integer"}}, ("prompt_tokens", "total_tokens"))
     finish = nullable({"enum": ["stop", "length", "tool_calls", "cancelled"]})
@@ -169,6 +184,18 @@ def _response_schemas() -> dict[str, Schema]:
                                               ("role",))}, ("index", "message", "finish_reason"))
     text_choice = object_schema({"index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": finish},
                           ("index", "text", "finish_reason"))
+    return {
+        "ChatCompletion": object_schema({"id": {"type": "string"}, "object": {"const": "chat.completion"},
+                                   "model": {"type": "string"}, "choices": {"type": "array", "items": chat_choice},
+                                   "usage": usage}, ("id", "object", "model", "choices", "usage")),
+        "Completion": object_schema({"id": {"type": "string"}, "object": {"const": "text_completion"},
+                               "model": {"type": "string"}, "choices": {"type": "array", "items": text_choice},
+                               "usage": usage}, ("id", "object", "model", "choices", "usage")),
+    }
+
+
+def _response_schemas() -> dict[str, Schema]:
+    """The reply bodies of the OpenAI and llama-server routes."""
     model = object_schema({"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
                      "owned_by": {"type": "string"}}, ("id", "object", "created", "owned_by"))
     piece = object_schema({"id": {"type": "integer"}, "piece": {"anyOf": [{"type": "string"},
@@ -179,12 +206,7 @@ def _response_schemas() -> dict[str, Schema]:
                                             "param": nullable({"type": "string"}),
                                             "code": nullable({"type": "string"})},
                                            ("message", "type", "param", "code"))}, ("error",)),
-        "ChatCompletion": object_schema({"id": {"type": "string"}, "object": {"const": "chat.completion"},
-                                   "model": {"type": "string"}, "choices": {"type": "array", "items": chat_choice},
-                                   "usage": usage}, ("id", "object", "model", "choices", "usage")),
-        "Completion": object_schema({"id": {"type": "string"}, "object": {"const": "text_completion"},
-                               "model": {"type": "string"}, "choices": {"type": "array", "items": text_choice},
-                               "usage": usage}, ("id", "object", "model", "choices", "usage")),
+        **_completion_bodies(),
         "EmbeddingList": object_schema({"object": {"const": "list"}, "model": {"type": "string"},
                                   "data": {"type": "array", "items": object_schema(
                                       {"object": {"const": "embedding"}, "index": {"type": "integer"},
@@ -205,10 +227,22 @@ def _response_schemas() -> dict[str, Schema]:
     }
 
 
-def openapi_document(settings: Settings) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of this gateway's API."""
+def _health_paths() -> dict[str, Any]:
+    """Liveness and readiness."""
     plain = {"200": {"description": "success", "content": {JSON: {"schema": {"type": "object"}}}},
              "503": {"description": "not ready", "content": {JSON: {"schema": {"type": "object"}}}}}
+    return {
+        "/health": {"get": {"summary": "The process is up (liveness)", "tags": ["health"],
+                            "responses": {"200": plain["200"]}}},
+        "/ready": {"get": {"summary": "Every model the deployment was started with can take a request",
+                           "tags": ["health"], "responses": plain}},
+        "/ready/gateway": {"get": {"summary": "This gateway can take and queue requests (Redis answers)",
+                                   "tags": ["health"], "responses": plain}},
+    }
+
+
+def openapi_document(settings: Settings) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of this gateway's API."""
     rid = ("response_id",)
     listing = operation("The input items a stored response read (a cursor page)", None, "ItemList", params=rid)
     listing["parameters"] += page_parameters()
@@ -235,12 +269,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                                           tag="llama-server")},
         "/apply-template": {"post": operation("Render the chat template (llama-server)", "ApplyTemplateRequest",
                                               "Rendered", tag="llama-server")},
-        "/health": {"get": {"summary": "The process is up (liveness)", "tags": ["health"],
-                            "responses": {"200": plain["200"]}}},
-        "/ready": {"get": {"summary": "Every model the deployment was started with can take a request",
-                           "tags": ["health"], "responses": plain}},
-        "/ready/gateway": {"get": {"summary": "This gateway can take and queue requests (Redis answers)",
-                                   "tags": ["health"], "responses": plain}},
+        **_health_paths(),
         **other_api_paths(),
     }
     return {
