@@ -12,7 +12,7 @@ from shared.redis_target import RedisTarget, parse_sentinels
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-_KV_DTYPES = ("float16", "float32")  # worker/engine/kv_pool.py KV_DTYPES
+_KV_DTYPES = ("float16", "float32")  # worker/engine/kv/pool.py KV_DTYPES
 REASONING_FORMATS = ("deepseek", "none")  # as llama-server's --reasoning-format
 REASONING_FIELDS = ("both", "reasoning", "reasoning_content")  # chat's reasoning output: vLLM's name, DeepSeek's, both
 _POSITIVE_INTS = (

@@ -51,7 +51,7 @@ MAX_USER_CHARS = 256  # `user`
 MAX_NAME_BYTES = 256  # messages[].name
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Sampling ranges, each written once: OpenAI's documented ones are checked here, the extensions' (min_p,
-# repetition_penalty) by the engine (worker/engine/sampling.py; tests/gateway/openai/test_ranges.py compares).
+# repetition_penalty) by the engine (worker/engine/decode/sampling.py; tests/gateway/openai/test_ranges.py compares).
 TEMPERATURE_RANGE = (0.0, 2.0)
 TOP_P_RANGE = (0.0, 1.0)  # the low end open: top_p 0 keeps no token
 PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty, frequency_penalty

@@ -14,14 +14,14 @@ import numpy as np
 
 from shared.errors import QueueFull
 from worker.engine import ops
-from worker.engine.batch_sampling import SampledToken, sample_batch
-from worker.engine.constraints import ConstraintError
+from worker.engine.decode.batch_sampling import SampledToken, sample_batch
 from worker.engine.embeddings import finish_pool, pool_chunk
 from worker.engine.engine import Engine
 from worker.engine.errors import StepInterrupted
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.kv_tier_link import open_tier
-from worker.engine.stopping import StopReason
+from worker.engine.kv.tier_link import open_tier
+from worker.engine.text.constraints import ConstraintError
+from worker.engine.text.stopping import StopReason
 from worker.schedule.admission import Admission
 from worker.schedule.hybrid import prefill_chunk
 from worker.schedule.pool_sizing import sized_pool

@@ -24,7 +24,7 @@ class SchedulerConfig:
     kv_budget_mib: float = 1024.0  # the KV pool, allocated once
     kv_dtype: str = "float16"  # its keys and values: float16 (half the bytes) or float32
     prefix_cache: bool = True  # keep full prompt blocks in the pool's free space for reuse
-    kv_tier_mib: float = 0.0  # the host's KV tier file of this model (worker/engine/kv_tier.py); 0 = none
+    kv_tier_mib: float = 0.0  # the host's KV tier file of this model (worker/engine/kv/tier.py); 0 = none
     kv_tier_dir: str = ""  # where it lives ("" = /dev/shm/llmfleet-kv)
     speculative_tokens: int = 6  # drafts checked per greedy sequence per step (prompt lookup); 0 = off
     speculative_max_batch: int = 4  # speculate only while at most this many sequences decode (weight-bound)

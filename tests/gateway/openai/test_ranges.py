@@ -12,7 +12,7 @@ from gateway.openai import protocol
 from gateway.openai.openapi import openapi_document
 from shared.errors import InvalidRequest
 from shared.settings import Settings
-from worker.engine import sampling as engine
+from worker.engine.decode import sampling as engine
 
 SETTINGS = Settings()
 STEP = 1e-3
