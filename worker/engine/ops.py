@@ -1,4 +1,5 @@
-"""Every array operation of the forward pass, in one place: norms, RoPE, activations, attention.
+"""The forward pass's array operations as the architectures call them: matmuls over every weight form, norms,
+RoPE, activations, attention (each on numpy or on a compiled kernel of kernels/).
 
 Model and architecture code call only these functions (plus array methods such as reshape), so a second
 array backend (CuPy on a GPU) replaces `xp` and this module, not the model.
@@ -19,6 +20,7 @@ from worker.engine.kernels import (
     k_activations,
     layer_kernels,
     mxfp4_matmul,
+    paged_attention,
 )
 from worker.engine.weights.interleaved_blocks import InterleavedBlocks
 from worker.engine.weights.interleaved_k_blocks import InterleavedK
@@ -285,7 +287,7 @@ def paged_attend_decode(q: Array, keys: Array, values: Array, tables: Array, len
     kernel makes no padded copy. `attend_decode` below is the same computation on gathered arrays. sinks (H,): a
     logit per head in each softmax's denominator only (gpt-oss's attention sinks), or None.
     """
-    return layer_kernels.paged_attend_decode(q, keys, values, tables, lengths, first_positions, sinks)  # (B, H*Dh)
+    return paged_attention.paged_attend_decode(q, keys, values, tables, lengths, first_positions, sinks)  # (B, H*Dh)
 
 
 def attend_decode(q: Array, keys: Array, values: Array, mask: Array) -> Array:

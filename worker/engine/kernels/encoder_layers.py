@@ -3,7 +3,7 @@
 numpy spent about as long on these as on the encoder's matmuls at MiniLM's size: bidirectional attention over
 short texts is thousands of tiny (T, T) products that numpy's stacked matmul runs one by one after gathering and
 padding the texts, and the residual add, LayerNorm and bias + GELU were eight to ten passes over memory each.
-Here each is one pass across the kernel threads (layer_kernels.py's threading set-up and launch lock):
+Here each is one pass across the kernel threads (numba_runtime.py's threading set-up and launch lock):
 - `attend_texts`: one task per (text, head) reads its queries, keys and values straight out of the fused QKV
   projection as BLAS leaves it (the transposed (3*H*Dh, N) block, bias added on the fly), softmaxes each row of
   scores in registers-sized buffers and writes its (T, Dh) slice of the (N, H*Dh) output; no padding.

@@ -5,8 +5,8 @@ numba vectorises simple loops by itself, but not a kernel that keeps several row
 say so: a `float32x8` is an SSA value of LLVM type <8 x float>, so the sums stay in registers and LLVM emits one
 AVX instruction per operation (on CPUs without AVX it splits them; the results are the same). Loads are
 unaligned and unchecked: callers index whole, C-contiguous arrays inside their bounds. numba's on-disk cache of
-the kernels that use these (layer_kernels.py, cache=True) is keyed on layer_kernels.py alone: after changing an intrinsic
-here, delete worker/engine/__pycache__/kernels.*.nbi/.nbc (a fresh checkout or image build has none).
+the kernels that use these (cache=True) is keyed on each kernel's own file alone: after changing an intrinsic
+here, delete worker/engine/kernels/__pycache__/*.nbi/.nbc (a fresh checkout or image build has none).
 """
 
 from __future__ import annotations
