@@ -44,7 +44,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # document (gateway/openai/openapi.py) states these same constants.
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_BYTES = 1024  # one stop sequence, UTF-8 (the worker holds back as much output as the longest one)
-MAX_LOGIT_BIAS = 1024  # logit_bias entries
+MAX_LOGIT_BIAS_ENTRIES = 1024  # entries in one logit_bias (each bias's size: LOGIT_BIAS_RANGE)
 MAX_TOKEN_ID_DIGITS = 10  # a logit_bias key: a token id in decimal
 MAX_MODEL_NAME = 256
 MAX_USER_CHARS = 256  # `user`
@@ -240,8 +240,8 @@ def _logit_bias(value: Any) -> dict[int, float]:
         return {}
     if not isinstance(value, dict):
         raise invalid("logit_bias", "expected an object mapping token ids to biases.")
-    if len(value) > MAX_LOGIT_BIAS:
-        raise invalid("logit_bias", f"at most {MAX_LOGIT_BIAS} entries are allowed.")
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise invalid("logit_bias", f"at most {MAX_LOGIT_BIAS_ENTRIES} entries are allowed.")
     bias: dict[int, float] = {}
     for key, amount in value.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS):

@@ -13,7 +13,8 @@ from worker.engine.decode.batch_sampling import LogitsProcessor, SampledToken, p
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this mean argmax
 MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs
-MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]; -100 bans the token outright
+MAX_LOGIT_BIAS_MAGNITUDE = 100.0  # one token's |bias|: OpenAI's range is [-100, 100]; -100 bans the token outright
+# (how many entries a request may carry is the gateway's rule: gateway/openai/protocol.py MAX_LOGIT_BIAS_ENTRIES)
 REPETITION_PENALTY_RANGE = (0.01, 100.0)  # 1 = off; near 0 would divide logits into overflow
 MAX_PRESENCE_FREQUENCY = 2.0  # OpenAI's range for presence/frequency penalties is [-2, 2]
 SEED_MODULUS = 2**64
@@ -66,9 +67,8 @@ class SamplingParams:
             _require(_finite(value) and -bound <= value <= bound, name, f"in [-{bound:g}, {bound:g}]", value)
         for token, bias in self.logit_bias.items():
             _require(0 <= token < vocab_size, "logit_bias", f"keyed by token ids in [0, {vocab_size})", token)
-            _require(
-                _finite(bias) and abs(bias) <= MAX_LOGIT_BIAS, "logit_bias", "values in [-100, 100]", bias
-            )
+            bound = MAX_LOGIT_BIAS_MAGNITUDE
+            _require(_finite(bias) and abs(bias) <= bound, "logit_bias", f"values in [-{bound:g}, {bound:g}]", bias)
         _require(self.seed is None or _is_int(self.seed), "seed", "an integer or null", self.seed)
         logprobs = self.logprobs
         _require(
@@ -111,7 +111,7 @@ class Sampler:
         bias = sorted(params.logit_bias.items())
         self.bias_ids = np.array([t for t, _ in bias], dtype=np.int64)  # (NB,)
         self.bias_values = np.array(
-            [-np.inf if b <= -MAX_LOGIT_BIAS else b for _, b in bias], np.float32
+            [-np.inf if b <= -MAX_LOGIT_BIAS_MAGNITUDE else b for _, b in bias], np.float32
         )  # (NB,)
 
     @property

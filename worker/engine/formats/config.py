@@ -9,7 +9,7 @@ from worker.engine.errors import ModelLoadError
 from worker.engine.formats.rope_scaling import RopeScaling, rope_scaling_from_metadata
 
 HYBRID_ATTENTION_EVERY = {"qwen35": 4, "qwen35moe": 4}  # llama.cpp's full_attention_interval where a hybrid's file names none
-KV_ELEMENT_BYTES = 2  # the KV pool keeps keys and values as float16 by default (kv_pool.KV_DTYPE), as llama.cpp does
+KV_ELEMENT_BYTES = 2  # the KV pool keeps keys and values as float16 by default (kv/pool.py KV_DTYPE), as llama.cpp does
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from worker.engine.ops import Array
 
 KV_DTYPE = np.float16  # the default (LLMFLEET_KV_DTYPE; the README says when float32 is the better choice)
 assert np.dtype(KV_DTYPE).itemsize == KV_ELEMENT_BYTES
-KV_DTYPES = ("float16", "float32")
+KV_DTYPES = ("float16", "float32")  # what a pool can hold; shared/settings.py lists them for LLMFLEET_KV_DTYPE (a test ties the two)
 DEFAULT_BLOCK_SIZE = 32  # tokens per block: prefix sharing granularity vs. gather chunk size (see bench/batching.py)
 DEFAULT_STATE_SLOTS = 64  # sequences a hybrid model's pool holds state for, unless told (zero pages until used)
 
