@@ -17,7 +17,7 @@ COPY batches ./batches
 RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 && rm -rf /var/lib/apt/lists/*
 RUN pip install . && useradd --create-home --uid 1000 llmfleet && mkdir -p /models && chown llmfleet /models
 # compile the engine's kernels into numba's cache beside the installed sources, so no worker compiles at start
-RUN python -c "from worker.engine.kernels import warm_up; warm_up()"
+RUN python -c "from worker.engine.kernels.layer_kernels import warm_up; warm_up()"
 
 USER llmfleet
 EXPOSE 8000

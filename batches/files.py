@@ -17,6 +17,7 @@ from redis.asyncio.client import Pipeline
 from batches import objects
 from shared import keys
 from shared.errors import InvalidRequest, NotFound
+from shared.redis_commands import reply_text
 
 META_FIELDS = ("id", "filename", "purpose", "bytes", "created_at", "owner")
 MAX_FILENAME = 256
@@ -62,7 +63,7 @@ class FileStore:
     async def content(self, file_id: str, owner: str | None = None) -> bytes:
         """The bytes of `file_id` (404 if there is none, or it is not `owner`'s)."""
         stored_owner, data = await self.redis.hmget(keys.file_key(file_id), ["owner", "data"])
-        if data is None or not visible_to({"owner": objects._text(stored_owner or b"")}, owner):
+        if data is None or not visible_to({"owner": reply_text(stored_owner or b"")}, owner):
             raise file_not_found(file_id)
         return bytes(data)
 
@@ -82,7 +83,7 @@ class FileStore:
         """A page of file objects, newest first unless order is 'asc', starting after the id `after`."""
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise InvalidRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}", param="limit")
-        ids = [objects._text(i) for i in await self.redis.zrange(keys.FILES_INDEX, 0, -1, desc=order != "asc")]
+        ids = [reply_text(i) for i in await self.redis.zrange(keys.FILES_INDEX, 0, -1, desc=order != "asc")]
         if after is not None:
             if after not in ids:
                 raise InvalidRequest(f"No such File object: {after}", param="after")

@@ -7,6 +7,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+from shared.redis_commands import reply_text
+
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_STATUSES = ("completed", "failed", "cancelled", "expired")
 TIMESTAMPS = ("created_at", "expires_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
@@ -26,11 +28,7 @@ def new_batch_id() -> str:
 
 def decode_hash(raw: Mapping[bytes | str, bytes | str]) -> dict[str, str]:
     """A Redis hash reply as str -> str."""
-    return {_text(k): _text(v) for k, v in raw.items()}
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return {reply_text(k): reply_text(v) for k, v in raw.items()}
 
 
 def _int_or_none(value: str | None) -> int | None:

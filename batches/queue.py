@@ -38,6 +38,7 @@ from rq.worker import WorkerStatus
 from batches import objects, runner
 from batches.redis_clients import sync_client
 from shared import keys
+from shared.redis_commands import reply_text
 from shared.redis_sockets import COMMAND_TIMEOUT_S, MAX_BLOCK_S
 from shared.settings import Settings
 
@@ -181,15 +182,15 @@ def recover_orphans(connection: redis.Redis, settings: Settings, suspects: dict[
     queue = batch_queue(connection)
     recovered = []
     for raw in connection.smembers(keys.BATCHES_ACTIVE):
-        batch_id = objects._text(raw)
+        batch_id = reply_text(raw)
         if connection.exists(keys.batch_lease(batch_id)):
             suspects.pop(batch_id, None)
             continue
         status, job_id = connection.hmget(keys.batch_key(batch_id), ["status", "rq_job"])
-        if status is None or objects._text(status) in objects.TERMINAL_STATUSES:
+        if status is None or reply_text(status) in objects.TERMINAL_STATUSES:
             connection.srem(keys.BATCHES_ACTIVE, batch_id)
             continue
-        job = queue.fetch_job(objects._text(job_id)) if job_id else None
+        job = queue.fetch_job(reply_text(job_id)) if job_id else None
         if job is not None and job.get_status() in WAITING:
             suspects.pop(batch_id, None)
             continue

@@ -17,6 +17,7 @@ from batches import objects
 from batches.files import queue_file, visible_to
 from shared import keys
 from shared.errors import InvalidRequest, NotFound
+from shared.redis_commands import reply_text
 
 MAX_LIST_LIMIT = 100
 LIST_SCAN = 200  # batch ids read from the index per round while filling a page
@@ -104,7 +105,7 @@ class BatchStore:
             ids = await self.redis.zrevrange(keys.BATCHES_INDEX, start, start + LIST_SCAN - 1)
             start += LIST_SCAN
             for batch_id in ids:
-                fields = objects.decode_hash(await self.redis.hgetall(keys.batch_key(objects._text(batch_id))))
+                fields = objects.decode_hash(await self.redis.hgetall(keys.batch_key(reply_text(batch_id))))
                 if fields and visible_to(fields, owner):
                     page.append(objects.batch_object(fields))
             if len(ids) < LIST_SCAN:
@@ -122,7 +123,7 @@ class BatchStore:
             return None
         if result is None:
             raise batch_not_found(batch_id)
-        return objects._text(result)
+        return reply_text(result)
 
     async def cancel(self, batch_id: str, owner: str | None = None) -> dict[str, Any]:
         """Ask for the batch to be cancelled: 'cancelling' now, 'cancelled' once its runner stopped."""
@@ -164,10 +165,10 @@ class BatchStore:
         pipe = self.redis.pipeline(transaction=True)
         for kind, lines in (("output", output), ("error", failed)):
             if lines:
-                data = "".join(objects._text(lines[i]) + "\n" for i in sorted(lines, key=int)).encode()
+                data = "".join(reply_text(lines[i]) + "\n" for i in sorted(lines, key=int)).encode()
                 file_id = f"file-{suffix}-{kind}"  # the same id if a resumed runner writes it again
                 queue_file(pipe, file_id, f"{batch_id}_{kind}.jsonl", "batch_output", data, now,
-                           objects._text(owner or b""))
+                           reply_text(owner or b""))
                 fields[f"{kind}_file_id"] = file_id
         if errors is not None:
             fields["errors"] = errors

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from worker.engine import block_kernels
+from worker.engine.kernels import float_matmul
 
 LAYER_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (out, in): fused QKV, O, gate+up, down
 HEAD_SHAPE = (49152, 576)
@@ -39,7 +39,7 @@ def _pass_ms(matrices: list, inputs: dict[int, np.ndarray], dense: list | None) 
     for i, (codes, scale, offset) in enumerate(matrices):
         x = inputs[codes.shape[1]]  # (N, in)
         if dense is None:
-            block_kernels.block_matmul(x, codes, scale, offset)  # (N, out)
+            float_matmul.block_matmul(x, codes, scale, offset)  # (N, out)
         else:
             _ = (dense[i] @ x.T).T  # (N, out)
     return (time.perf_counter() - start) * 1000
@@ -55,7 +55,7 @@ def main() -> None:
     matrices = _matrices(rng)
     dense = [(c.reshape(c.shape[0], -1, GROUP) * s[:, :, None] + m[:, :, None]).reshape(c.shape).astype(np.float32)
              for c, s, m in matrices]  # (out, in) each, 540 MB
-    block_kernels.warm({GROUP})
+    float_matmul.warm({GROUP})
     print(f"{'rows':>4} {'block codes ms':>16} {'float32 BLAS ms':>16}")
     for n in (int(r) for r in args.rows.split(",")):
         inputs = {cols: rng.standard_normal((n, cols)).astype(np.float32) for cols in (576, 1536)}  # (N, in)

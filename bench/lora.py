@@ -22,10 +22,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from worker.engine.decode.generation import GenerationParams  # noqa: E402
+from worker.engine.decode.sampling import SamplingParams  # noqa: E402
 from worker.engine.engine import Engine  # noqa: E402
-from worker.engine.generation import GenerationParams  # noqa: E402
 from worker.engine.lora import LoraAdapter  # noqa: E402
-from worker.engine.sampling import SamplingParams  # noqa: E402
 from worker.models import resolve  # noqa: E402
 from worker.schedule.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from worker.schedule.sequences import GenerationRequest, SequenceStep  # noqa: E402

@@ -1,4 +1,4 @@
-"""The MXFP4 integer matmul (mxfp4_kernels.mxfp4_matmul) against the Q4_0 one (interleaved_kernels.interleaved_matmul)
+"""The MXFP4 integer matmul (mxfp4_matmul.mxfp4_matmul) against the Q4_0 one (interleaved_matmul.interleaved_matmul)
 on one random (out, in) matrix of each, in the same run, calls alternating: ms per call (best of --repeats), the held
 matrix's bytes read per second (GB/s), and MXFP4's time over Q4_0's, per row count of x.
 
@@ -14,11 +14,11 @@ from collections.abc import Callable
 import numpy as np
 
 from tests.support.quant_data import random_blocks, random_mxfp4
-from worker.engine import interleaved_kernels, mxfp4_kernels
-from worker.engine.interleaved_blocks import interleave
-from worker.engine.interleaved_mxfp4 import interleave_mxfp4
-from worker.engine.mxfp4_blocks import decode_mxfp4
-from worker.engine.quant_blocks import decode_block_codes
+from worker.engine.kernels import interleaved_matmul, mxfp4_matmul
+from worker.engine.weights.interleaved_blocks import interleave
+from worker.engine.weights.interleaved_mxfp4 import interleave_mxfp4
+from worker.engine.weights.mxfp4_blocks import decode_mxfp4
+from worker.engine.weights.quant_blocks import decode_block_codes
 
 
 def main() -> None:
@@ -35,8 +35,8 @@ def main() -> None:
     q4 = interleave(q4_codes)
     mx = interleave_mxfp4(decode_mxfp4(random_mxfp4(out, cols, rng, (118, 130)), (out, cols)))
     kernels: dict[str, tuple[Callable[[np.ndarray], np.ndarray], int]] = {
-        "Q4_0": (lambda x: interleaved_kernels.interleaved_matmul(x, q4), q4.nbytes),
-        "MXFP4": (lambda x: mxfp4_kernels.mxfp4_matmul(x, mx), mx.nbytes),
+        "Q4_0": (lambda x: interleaved_matmul.interleaved_matmul(x, q4), q4.nbytes),
+        "MXFP4": (lambda x: mxfp4_matmul.mxfp4_matmul(x, mx), mx.nbytes),
     }
     print(f"{'kind':>6} {'shape':>11} {'rows':>5} {'bytes/w':>8} {'ms best':>8} {'GB/s':>7} {'vs Q4_0':>8}")
     for n in (int(r) for r in args.rows.split(",")):

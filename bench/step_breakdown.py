@@ -50,9 +50,9 @@ def measure(streams: int, steps: int, prompt_tokens: int = 16, model: str = "smo
     sys.path.insert(0, str(Path.cwd() / "bench"))  # the measured tree's own bench/engine.py
     from engine import matmul_chain_rate
 
+    from worker.engine.decode.generation import GenerationParams
+    from worker.engine.decode.sampling import SamplingParams
     from worker.engine.engine import Engine
-    from worker.engine.generation import GenerationParams
-    from worker.engine.sampling import SamplingParams
     from worker.models import resolve
     from worker.schedule.sequences import GenerationRequest
     engine = Engine.load(resolve(model))

@@ -23,10 +23,10 @@ from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker.engine.constraints import Constraint, SequenceConstraint  # noqa: E402
+from worker.engine.decode.generation import GenerationParams  # noqa: E402
+from worker.engine.decode.sampling import SamplingParams  # noqa: E402
 from worker.engine.engine import Engine  # noqa: E402
-from worker.engine.generation import GenerationParams  # noqa: E402
-from worker.engine.sampling import SamplingParams  # noqa: E402
+from worker.engine.text.constraints import Constraint, SequenceConstraint  # noqa: E402
 from worker.models import resolve  # noqa: E402
 from worker.schedule.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from worker.schedule.sequences import GenerationRequest, RequestFailed, SequenceStep  # noqa: E402

@@ -30,7 +30,7 @@ import numpy as np
 from gguf import GGUFWriter, RopeScalingType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from worker.engine.gguf_file import read_metadata  # noqa: E402
+from worker.engine.formats.gguf_file import read_metadata  # noqa: E402
 
 TYPES = ("F16", "Q8_0", "Q4_K_M", "Q4_0", "Q5_K_M", "Q6_K", "MXFP4_MOE")  # F16 here, the others by llama-quantize
 

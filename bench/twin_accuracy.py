@@ -24,10 +24,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.llama_oracle import LlamaServer  # noqa: E402
 from bench.synthetic_model import FAMILIES, default_tokenizer_source, make_twin  # noqa: E402
+from worker.engine.formats.gguf_file import read_metadata  # noqa: E402
 from worker.engine.forward_batch import BatchEntry  # noqa: E402
-from worker.engine.gguf_file import read_metadata  # noqa: E402
-from worker.engine.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 from worker.engine.model import Model  # noqa: E402
+from worker.engine.text.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 
 PROMPTS = ("The capital of France is", "def fibonacci(n):\n    return", "Once upon a time, in a land far away,",
            "Les données 2026: 12,345 résultats — ok?", "Write a haiku about spreadsheets and the sea.")

@@ -82,10 +82,10 @@ def local_file(source: str) -> Path | None:
 
 
 def weights_bytes(path: Path) -> int:
-    """What the engine holds for a GGUF's weights (worker.engine.load_budget.weights_bytes); the file's size when its
+    """What the engine holds for a GGUF's weights (worker.engine.formats.load_budget.weights_bytes); the file's size when its
     header cannot be read."""
     from worker.engine.errors import ModelLoadError
-    from worker.engine.load_budget import weights_bytes as held_weights_bytes
+    from worker.engine.formats.load_budget import weights_bytes as held_weights_bytes
 
     try:
         return held_weights_bytes(path)

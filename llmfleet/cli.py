@@ -98,9 +98,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     """Run one request through the worker's scheduler (no Redis, no HTTP); stream only the completion."""
     from llmfleet.processes import read_chat_template
+    from worker.engine.decode.generation import GenerationParams
+    from worker.engine.decode.sampling import SamplingParams
     from worker.engine.engine import Engine
-    from worker.engine.generation import GenerationParams
-    from worker.engine.sampling import SamplingParams
     from worker.local_generation import generate
 
     engine = Engine.load(resolve(args.model), chat_template=read_chat_template(args.chat_template))

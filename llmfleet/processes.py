@@ -58,7 +58,7 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
     from threadpoolctl import threadpool_limits
 
     from worker.engine.engine import Engine
-    from worker.engine.numba_runtime import set_threads
+    from worker.engine.kernels.numba_runtime import set_threads
     from worker.models import model_id, resolve
     from worker.serve.redis_client import connect
     from worker.serve.runner import WorkerRunner

@@ -231,7 +231,7 @@ def queue_states(models: list[str], *, create_missing_groups: bool = False) -> R
         if isinstance(members, Exception):
             raise members
         streams += [(model, "", s) for s in keys.jobs_streams(model)]
-        for worker_id in sorted(_text(m) for m in members):
+        for worker_id in sorted(reply_text(m) for m in members):
             streams += [(model, worker_id, s) for s in keys.worker_jobs_streams(model, worker_id)]
     fair = [(model, keys.fair_keys(model, p)[0]) for model in models for p in keys.PRIORITY_ORDER]
     replies = yield [*(call("zcard", queue) for _m, queue in fair), *(c for _m, _o, stream in streams for c in (
@@ -279,7 +279,7 @@ def _jobs_group(groups: object) -> dict[str, Any] | None:
     """The job consumer group among a stream's XINFO GROUPS reply (None: missing, or the reply is an error)."""
     if not isinstance(groups, list):
         return None
-    return next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
+    return next((g for g in groups if reply_text(g.get("name")) == keys.JOBS_GROUP), None)
 
 
 def _waiting_and_pending(group: dict[str, Any] | None, length: int) -> tuple[int, int]:
@@ -299,7 +299,7 @@ def _add_held(held: dict[str, int], consumers: object) -> None:
     for consumer in consumers:
         pending = int(consumer.get("pending") or 0)
         if pending:
-            name = _text(consumer.get("name"))
+            name = reply_text(consumer.get("name"))
             held[name] = held.get(name, 0) + pending
 
 
@@ -309,7 +309,7 @@ def fresh_workers(now: float, ttl_s: float) -> Rule[list[RegistryEntry]]:
     ids = yield [call("zrangebyscore", keys.WORKERS_INDEX, now - ttl_s, "+inf")]
     if isinstance(ids[0], Exception):
         raise ids[0]
-    ids = [_text(worker_id) for worker_id in ids[0]]
+    ids = [reply_text(worker_id) for worker_id in ids[0]]
     replies = yield [*(call("hgetall", keys.worker_key(w)) for w in ids),
                      call("zremrangebyscore", keys.WORKERS_INDEX, "-inf", now - FORGET_AFTER_TTLS * ttl_s)]
     workers = []
@@ -340,5 +340,6 @@ def queue_job_done(pipe: Any, stream: str, message_id: str | bytes) -> None:
     pipe.xdel(stream, message_id)
 
 
-def _text(value: object) -> str:
+def reply_text(value: object) -> str:
+    """A Redis reply's value as text, whichever way the client decodes responses (bytes, or str already)."""
     return value.decode() if isinstance(value, bytes) else str(value)

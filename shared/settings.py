@@ -12,7 +12,8 @@ from shared.redis_target import RedisTarget, parse_sentinels
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-_KV_DTYPES = ("float16", "float32")  # worker/engine/kv_pool.py KV_DTYPES
+KV_DTYPES = ("float16", "float32")  # what a KV pool can hold: the engine's own list (worker/engine/kv/pool.py, which
+# imports nothing of shared/) is checked equal by tests/worker/engine/kv/test_pool.py
 REASONING_FORMATS = ("deepseek", "none")  # as llama-server's --reasoning-format
 REASONING_FIELDS = ("both", "reasoning", "reasoning_content")  # chat's reasoning output: vLLM's name, DeepSeek's, both
 _POSITIVE_INTS = (
@@ -33,7 +34,7 @@ _NON_NEGATIVE = (
     "stream_retention_s", "orphan_grace_s", "kv_tier_mib", "warm_up", "fair_shares",
 )
 _CHOICES = {"log_level": _LOG_LEVELS, "reasoning_format": REASONING_FORMATS, "reasoning_fields": REASONING_FIELDS,
-            "kv_dtype": _KV_DTYPES}
+            "kv_dtype": KV_DTYPES}
 _LONGER_THAN_HEARTBEAT = ("heartbeat_ttl_s", "lease_s")
 
 

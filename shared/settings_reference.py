@@ -31,10 +31,10 @@ OTHERS: tuple[Other, ...] = (
           "form are cached, one file per model file (named by its size, mtime, first/last MiB and the layout "
           "version; checked by size and checksum before it is mapped, rebuilt when truncated or corrupt), beside "
           "what a first start derived (the start-up decode rate, a SentencePiece vocabulary's merges). Set empty: "
-          "build in memory, no cache.", "worker/engine/repack_cache.py"),
+          "build in memory, no cache.", "worker/engine/formats/repack_cache.py"),
     Other("LLMFLEET_INT_KERNELS", "from the CPU's flags", "`avx512vnni`, `avx2` or `generic`: the instruction path "
           "of the integer kernels that multiply quantized weights (all give the same bits; the worker logs the one "
-          "it uses at load; a path the CPU lacks is refused at start).", "worker/engine/simd_int.py"),
+          "it uses at load; a path the CPU lacks is refused at start).", "worker/engine/kernels/simd_int.py"),
     Other("LLMFLEET_PUBLISH", "`127.0.0.1`", "docker-compose only: the host address the gateway's port is "
           "published on; compose passes it to the gateway as LLMFLEET_PUBLISHED_HOST.", "docker-compose.yml"),
     Other("OPENBLAS_THREAD_TIMEOUT", "`20` (set by `llmfleet` unless given)", "How long OpenBLAS's idle threads spin after a call "
@@ -44,7 +44,7 @@ OTHERS: tuple[Other, ...] = (
     Other("GOMP_SPINCOUNT", "300,000 for a decoder, 10,000 for an encoder (set at model load unless given)",
           "How long libgomp's idle threads spin: a decoder's still spin when the next launch comes (not asleep "
           "while the gateway and Redis hold the cores); an encoder's BLAS threads need the cores.",
-          "worker/engine/numba_runtime.py"),
+          "worker/engine/kernels/numba_runtime.py"),
 )
 
 

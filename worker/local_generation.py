@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from worker.engine.decode.generation import GenerationParams, TokenOutput
 from worker.engine.engine import Engine
-from worker.engine.generation import GenerationParams, TokenOutput
 from worker.schedule.scheduler import Scheduler, SchedulerConfig
 from worker.schedule.sequences import GenerationRequest, RequestFailed, SequenceStep
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.engine.architectures import ARCHITECTURES
-from worker.engine.gguf_file import read_metadata, tensor_elements
+from worker.engine.formats.gguf_file import read_metadata, tensor_elements
 
 log = logging.getLogger(__name__)
 

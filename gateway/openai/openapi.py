@@ -16,7 +16,7 @@ from gateway.openai.openapi_other_apis import other_api_paths, other_api_schemas
 from gateway.openai.openapi_parts import JSON, Schema, nullable, object_schema, operation, resume_operation
 from gateway.openai.protocol import (
     LOGIT_BIAS_RANGE,
-    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_ENTRIES,
     MAX_MODEL_NAME,
     MAX_NAME_BYTES,
     MAX_STOP,
@@ -74,7 +74,7 @@ def _sampling(settings: Settings) -> dict[str, Schema]:
                                                                             "minimum": LOGIT_BIAS_RANGE[0],
                                                                             "maximum": LOGIT_BIAS_RANGE[1]},
                                  "propertyNames": {"pattern": f"^[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}$"},
-                                 "maxProperties": MAX_LOGIT_BIAS}),
+                                 "maxProperties": MAX_LOGIT_BIAS_ENTRIES}),
         "user": nullable({"type": "string", "maxLength": MAX_USER_CHARS}),
         "metadata": nullable({"type": "object", "maxProperties": MAX_METADATA_PAIRS,
                                "propertyNames": {"maxLength": MAX_METADATA_KEY_CHARS},

@@ -44,14 +44,14 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # document (gateway/openai/openapi.py) states these same constants.
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_BYTES = 1024  # one stop sequence, UTF-8 (the worker holds back as much output as the longest one)
-MAX_LOGIT_BIAS = 1024  # logit_bias entries
+MAX_LOGIT_BIAS_ENTRIES = 1024  # entries in one logit_bias (each bias's size: LOGIT_BIAS_RANGE)
 MAX_TOKEN_ID_DIGITS = 10  # a logit_bias key: a token id in decimal
 MAX_MODEL_NAME = 256
 MAX_USER_CHARS = 256  # `user`
 MAX_NAME_BYTES = 256  # messages[].name
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Sampling ranges, each written once: OpenAI's documented ones are checked here, the extensions' (min_p,
-# repetition_penalty) by the engine (worker/engine/sampling.py; tests/gateway/openai/test_ranges.py compares).
+# repetition_penalty) by the engine (worker/engine/decode/sampling.py; tests/gateway/openai/test_ranges.py compares).
 TEMPERATURE_RANGE = (0.0, 2.0)
 TOP_P_RANGE = (0.0, 1.0)  # the low end open: top_p 0 keeps no token
 PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty, frequency_penalty
@@ -250,8 +250,8 @@ def _logit_bias(value: Any) -> dict[int, float]:
         return {}
     if not isinstance(value, dict):
         raise invalid("logit_bias", "expected an object mapping token ids to biases.")
-    if len(value) > MAX_LOGIT_BIAS:
-        raise invalid("logit_bias", f"at most {MAX_LOGIT_BIAS} entries are allowed.")
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise invalid("logit_bias", f"at most {MAX_LOGIT_BIAS_ENTRIES} entries are allowed.")
     bias: dict[int, float] = {}
     for key, amount in value.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS):

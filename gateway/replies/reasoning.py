@@ -21,7 +21,7 @@ from gateway.http.fields import integer, invalid
 
 OPEN, CLOSE = "<think>", "</think>"
 FORMATS = ("none", "deepseek", "auto")  # llama-server's reasoning_format values ("auto" = "deepseek" here)
-# what the worker gives every chat template itself (worker/engine/chat_template.py RESERVED_TEMPLATE_VARIABLES)
+# what the worker gives every chat template itself (worker/engine/text/chat_template.py RESERVED_TEMPLATE_VARIABLES)
 RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 MAX_TEMPLATE_KWARGS_BYTES = 4096  # chat_template_kwargs as JSON
 MAX_THINKING_BUDGET = 1 << 20

@@ -91,7 +91,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
 
 def test_the_honour_table_names_every_key_each_architecture_reads() -> None:
     from worker.engine.architectures import ARCHITECTURES
-    from worker.engine.file_fields import DECODER_KEYS
+    from worker.engine.formats.file_fields import DECODER_KEYS
 
     text = (ROOT / "docs" / "models.md").read_text()
     rows: dict[str, str] = {}

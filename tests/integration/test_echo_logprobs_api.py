@@ -23,7 +23,7 @@ def client(cluster: Any) -> openai.OpenAI:
 def teacher_forced(engine: Any, ids: list[int]) -> np.ndarray:
     """Every prompt position's log-softmax (L, V), the whole prompt in one forward."""
     from worker.engine.forward_batch import BatchEntry
-    from worker.engine.kv_pool import KVPool
+    from worker.engine.kv.pool import KVPool
 
     pool = KVPool(engine.model.config, 1024, 16, enable_prefix_caching=False)
     pool.ensure(0, len(ids))

@@ -50,8 +50,8 @@ def _request_for(adapter_set: list[dict]) -> dict[str, Any]:
 
 def test_every_adapter_set_matches_llama_cpp_in_shared_batches(cluster: Any, adapters: httpx.Client,
                                                                lora_fixtures: Path) -> None:
-    from worker.engine.gguf_file import read_metadata
-    from worker.engine.gguf_tokenizer import tokenizer_from_gguf
+    from worker.engine.formats.gguf_file import read_metadata
+    from worker.engine.text.gguf_tokenizer import tokenizer_from_gguf
     from worker.models import pull
 
     reference = json.loads((lora_fixtures / "reference.json").read_text())

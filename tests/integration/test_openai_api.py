@@ -51,8 +51,8 @@ def test_chat_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
 
 def test_completion_token_ids_greedy_logprobs_match_llama_cpp(client: openai.OpenAI, smollm2_reference: dict,
                                                               smollm2_gguf_path: Any) -> None:
-    from worker.engine.gguf_file import read_metadata
-    from worker.engine.gguf_tokenizer import tokenizer_from_gguf
+    from worker.engine.formats.gguf_file import read_metadata
+    from worker.engine.text.gguf_tokenizer import tokenizer_from_gguf
 
     tokenizer = tokenizer_from_gguf(read_metadata(smollm2_gguf_path))
     case = smollm2_reference["greedy"][0]

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.engine.simd_int import PATHS, supported_paths
+from worker.engine.kernels.simd_int import PATHS, supported_paths
 
 REPO = Path(__file__).resolve().parents[2]
 _WRAPPER = (
     "import sys, numpy as np\n"
-    "from worker.engine.simd_int import int_path\n"
+    "from worker.engine.kernels.simd_int import int_path\n"
     "assert int_path() == sys.argv[1], int_path()\n"
     "{body}\n"
     "np.savez(sys.argv[2], *outputs)\n"

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from tests.support.reference_hybrid import delta_net, gated_attention
-from worker.engine.gguf_file import read_gguf
+from worker.engine.formats.gguf_file import read_gguf
 
 
 class ReferenceModel:

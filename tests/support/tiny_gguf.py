@@ -7,7 +7,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from worker.engine.tokenizer import byte_level_alphabet
+from worker.engine.text.tokenizer import byte_level_alphabet
 
 D_MODEL, N_HEADS, N_KV_HEADS, D_FF, N_LAYERS, CONTEXT = 32, 4, 2, 64, 2, 2048
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -22,8 +22,8 @@ def tiny_engine(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_chat_engine(tmp_path_factory: pytest.TempPathFactory):
     """The tiny Engine with a ChatML chat template (the tiny GGUF itself has none, like a base model)."""
-    from worker.engine.chat_template import CHATML_TEMPLATE
     from worker.engine.engine import Engine
+    from worker.engine.text.chat_template import CHATML_TEMPLATE
 
     path = write_tiny_gguf(tmp_path_factory.mktemp("tiny-chat-engine") / "tiny.gguf")
     return Engine.load(path, chat_template=CHATML_TEMPLATE)

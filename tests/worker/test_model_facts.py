@@ -13,7 +13,7 @@ import pytest
 
 from shared import keys
 from tests.support.tiny_gguf import write_tiny_gguf
-from worker.engine.gguf_file import tensor_elements
+from worker.engine.formats.gguf_file import tensor_elements
 from worker.model_facts import SIDECAR_SUFFIX, facts_json, file_digest, human_count, read_facts
 from worker.serve.heartbeat import Heartbeat
 

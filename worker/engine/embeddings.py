@@ -9,7 +9,7 @@ from typing import Literal
 import numpy as np
 
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.kv_pool import KVPool
+from worker.engine.kv.pool import KVPool
 from worker.engine.model import Model
 
 Pooling = Literal["mean", "last"]

@@ -10,20 +10,20 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine.chat_template import RESERVED_TEMPLATE_VARIABLES, ChatTemplate
-from worker.engine.constraints import Constraint, GrammarCompiler, SequenceConstraint
+from worker.engine.decode.generation import GenerationParams, GenerationState
 from worker.engine.embeddings import Pooling, embed, encode_batch
 from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.generation import GenerationParams, GenerationState
-from worker.engine.gguf_tokenizer import tokenizer_from_gguf
-from worker.engine.harmony import harmony_messages, is_harmony
 from worker.engine.measured_rate import rate_file, remember, remembered
 from worker.engine.model import Model
-from worker.engine.stopping import THINK_CLOSE, THINK_OPEN
-from worker.engine.thinking import ThinkingGate, ThinkingVocabulary, has_thinking_tokens
-from worker.engine.tokenizer import Tokenizer
-from worker.engine.tools import Tool, ToolTemplateSupport, prepare_messages, probe
+from worker.engine.text.chat_template import RESERVED_TEMPLATE_VARIABLES, ChatTemplate
+from worker.engine.text.constraints import Constraint, GrammarCompiler, SequenceConstraint
+from worker.engine.text.gguf_tokenizer import tokenizer_from_gguf
+from worker.engine.text.harmony import harmony_messages, is_harmony
+from worker.engine.text.stopping import THINK_CLOSE, THINK_OPEN
+from worker.engine.text.thinking import ThinkingGate, ThinkingVocabulary, has_thinking_tokens
+from worker.engine.text.tokenizer import Tokenizer
+from worker.engine.text.tools import Tool, ToolTemplateSupport, prepare_messages, probe
 
 MEASURED_ROWS = 8  # sequences of the start-up decode step that estimates a full step's rate
 

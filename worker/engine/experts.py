@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from worker.engine.interleaved_blocks import InterleavedBlocks
-from worker.engine.interleaved_k_blocks import TILE_ROWS, InterleavedK
-from worker.engine.interleaved_mxfp4 import InterleavedMXFP4
-from worker.engine.quant_blocks import BlockCodes
-from worker.engine.quantized import QuantizedLinear
+from worker.engine.weights.interleaved_blocks import InterleavedBlocks
+from worker.engine.weights.interleaved_k_blocks import TILE_ROWS, InterleavedK
+from worker.engine.weights.interleaved_mxfp4 import InterleavedMXFP4
+from worker.engine.weights.quant_blocks import BlockCodes
+from worker.engine.weights.quantized import QuantizedLinear
 
 SOFTMAX, SOFTMAX_WEIGHT = 0, 1  # gating: softmax over all experts, then top k; top k logits, then their softmax
 WEIGHT_SUM_FLOOR = 6.103515625e-5  # llama.cpp clamps a renormalising sum to the smallest normal float16

@@ -1,7 +1,7 @@
 """One forward step's batch description: tokens, positions, sequence spans and block tables, plus attention.
 
 Built once per step; architecture blocks call `attention()` per layer. Every row of the step, a decode token or one
-of a prompt chunk, is one query of the same compiled kernel (kernels.paged_attend_decode) over its own positions
+of a prompt chunk, is one query of the same compiled kernel (paged_attention.paged_attend_decode) over its own positions
 as the float16 pool holds them (this step's keys written first): a row's attention is the same computation whether
 it is decoded alone, prefilled in one chunk or in many, or re-prefilled after a failover (batch invariance).
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from worker.engine import ops
-from worker.engine.kv_pool import KVPool
+from worker.engine.kv.pool import KVPool
 from worker.engine.ops import Array, RotaryTable
 
 if TYPE_CHECKING:

@@ -19,9 +19,9 @@ import numpy as np
 
 from worker.engine import ops
 from worker.engine.architectures.common import unpermute_rope_rows
-from worker.engine.config import ModelConfig
 from worker.engine.errors import ModelLoadError
-from worker.engine.gguf_file import read_gguf
+from worker.engine.formats.config import ModelConfig
+from worker.engine.formats.gguf_file import read_gguf
 from worker.engine.lora_targets import LoraPart, LoraTarget
 from worker.engine.ops import Array
 

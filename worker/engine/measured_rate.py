@@ -2,7 +2,7 @@
 
 A worker publishes a full decode step's rate for admission's first guess before real rates arrive; measuring
 it runs two decode steps, which took 1-3 s of every start of a 1B-8B model. The first measurement on a machine
-is kept (worker/engine/derived_cache.py) per model file, kernel revision, kernel instruction path, kernel threads
+is kept (worker/engine/formats/derived_cache.py) per model file, kernel revision, kernel instruction path, kernel threads
 and step width, and read back by every later start. A remembered guess from a busy moment errs low, the safe side:
 admission queues less until the worker's real rates replace it.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numba
 
-from worker.engine.derived_cache import derived_path, keep_json, load_json
-from worker.engine.simd_int import int_path
+from worker.engine.formats.derived_cache import derived_path, keep_json, load_json
+from worker.engine.kernels.simd_int import int_path
 
 KERNEL_REVISION = 6  # raised when a kernel change moves the decode rate: a kept rate from an older one is not read
 

@@ -9,32 +9,32 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import (
-    block_kernels,
-    delta_net_kernels,
-    interleaved_k_kernels,
-    interleaved_kernels,
-    mxfp4_kernels,
-    ops,
-)
+from worker.engine import ops
 from worker.engine.architectures import architecture_for
 from worker.engine.architectures.base import Architecture, Encoder
-from worker.engine.config import ModelConfig
 from worker.engine.errors import ContextLengthError, EngineError, ModelLoadError, StepInterrupted
-from worker.engine.file_fields import TensorReads, refuse_unread_keys
+from worker.engine.formats.config import ModelConfig
+from worker.engine.formats.file_fields import TensorReads, refuse_unread_keys
+from worker.engine.formats.gguf_file import read_gguf
+from worker.engine.formats.load_budget import refuse_unless_it_fits
+from worker.engine.formats.repack_cache import cache_dir, cached_blocks
 from worker.engine.forward_batch import BatchEntry, ForwardBatch
-from worker.engine.gguf_file import read_gguf
-from worker.engine.k_blocks import has_k_form
-from worker.engine.kv_pool import DEFAULT_BLOCK_SIZE, DEFAULT_STATE_SLOTS, KVPool
-from worker.engine.load_budget import refuse_unless_it_fits
+from worker.engine.kernels import (
+    delta_net,
+    float_matmul,
+    interleaved_k_matmul,
+    interleaved_matmul,
+    mxfp4_matmul,
+)
+from worker.engine.kernels.numba_runtime import set_spin
+from worker.engine.kernels.simd_int import PATHS, int_path
+from worker.engine.kv.pool import DEFAULT_BLOCK_SIZE, DEFAULT_STATE_SLOTS, KVPool
 from worker.engine.lora import LoraAdapter, base_fold_tensors, load_adapter
-from worker.engine.mxfp4_blocks import MXFP4
-from worker.engine.numba_runtime import set_spin
 from worker.engine.ops import Array
-from worker.engine.quant_blocks import code_group
-from worker.engine.quantized import PendingLinear, materialize
-from worker.engine.repack_cache import cache_dir, cached_blocks
-from worker.engine.simd_int import PATHS, int_path
+from worker.engine.weights.k_blocks import has_k_form
+from worker.engine.weights.mxfp4_blocks import MXFP4
+from worker.engine.weights.quant_blocks import code_group
+from worker.engine.weights.quantized import PendingLinear, materialize
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +77,15 @@ class Model:
         if directory is not None:  # the weights are views of the repack file now: the GGUF pages read are not needed
             contents.drop_resident_pages()
         # compiled now, not in the first steps of each width (the float32 kernel serves float weights and LoRA)
-        block_kernels.warm(set())
+        float_matmul.warm(set())
         if any(not has_k_form(raw.kind, raw.shape[1]) and raw.kind != MXFP4 for raw in contents.quantized.values()):
-            interleaved_kernels.warm()
+            interleaved_matmul.warm()
         if any(raw.kind == MXFP4 for raw in contents.quantized.values()):
-            mxfp4_kernels.warm()
+            mxfp4_matmul.warm()
         if any(has_k_form(raw.kind, raw.shape[1]) for raw in contents.quantized.values()):
-            interleaved_k_kernels.warm()
+            interleaved_k_matmul.warm()
         if config.recurrent_layers:
-            delta_net_kernels.warm()
+            delta_net.warm()
         log.info("integer kernels: %s path (LLMFLEET_INT_KERNELS=%s forces one)", int_path(), "|".join(PATHS))
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: np.array(contents.tensors[name]) for name in keep if name in contents.tensors}

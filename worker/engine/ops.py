@@ -1,4 +1,5 @@
-"""Every array operation of the forward pass, in one place: norms, RoPE, activations, attention.
+"""The forward pass's array operations as the architectures call them: matmuls over every weight form, norms,
+RoPE, activations, attention (each on numpy or on a compiled kernel of kernels/).
 
 Model and architecture code call only these functions (plus array methods such as reshape), so a second
 array backend (CuPy on a GPU) replaces `xp` and this module, not the model.
@@ -10,20 +11,21 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import (
-    block_kernels,
-    interleaved_k_kernels,
-    interleaved_kernels,
-    k_activations,
-    kernels,
-    mxfp4_kernels,
-)
 from worker.engine.experts import Routing, StackedExperts, expert_rows
-from worker.engine.interleaved_blocks import InterleavedBlocks
-from worker.engine.interleaved_k_blocks import InterleavedK
-from worker.engine.interleaved_mxfp4 import InterleavedMXFP4
-from worker.engine.quantized import Blocks, PendingLinear, QuantizedLinear, StackedBlocks
-from worker.engine.rope_scaling import RopeScaling, rotary_cos_sin
+from worker.engine.formats.rope_scaling import RopeScaling, rotary_cos_sin
+from worker.engine.kernels import (
+    float_matmul,
+    interleaved_k_matmul,
+    interleaved_matmul,
+    k_activations,
+    layer_kernels,
+    mxfp4_matmul,
+    paged_attention,
+)
+from worker.engine.weights.interleaved_blocks import InterleavedBlocks
+from worker.engine.weights.interleaved_k_blocks import InterleavedK
+from worker.engine.weights.interleaved_mxfp4 import InterleavedMXFP4
+from worker.engine.weights.quantized import Blocks, PendingLinear, QuantizedLinear, StackedBlocks
 
 xp: Any = np  # the array module of the forward path
 Array = Any  # an array of the backend in `xp`
@@ -73,12 +75,12 @@ def _quantized_matmul(x: Array, blocks: Blocks) -> Array:
     if isinstance(blocks, StackedBlocks):
         return xp.concatenate([_quantized_matmul(x, part) for part in blocks.parts], axis=1)  # (N, out)
     if isinstance(blocks, InterleavedBlocks):
-        return interleaved_kernels.interleaved_matmul(x, blocks)  # (N, out)
+        return interleaved_matmul.interleaved_matmul(x, blocks)  # (N, out)
     if isinstance(blocks, InterleavedK):
-        return interleaved_k_kernels.interleaved_k_matmul(x, blocks)  # (N, out)
+        return interleaved_k_matmul.interleaved_k_matmul(x, blocks)  # (N, out)
     if isinstance(blocks, InterleavedMXFP4):
-        return mxfp4_kernels.mxfp4_matmul(x, blocks)  # (N, out)
-    return block_kernels.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
+        return mxfp4_matmul.mxfp4_matmul(x, blocks)  # (N, out)
+    return float_matmul.block_matmul(x, blocks.codes, blocks.scale, blocks.offset)  # (N, out)
 
 
 def asarray(values: Any, dtype: Any = None) -> Array:
@@ -93,11 +95,11 @@ def empty(shape: tuple[int, ...], dtype: Any = np.float32) -> Array:
 
 def linear(x: Array, weight: Weight) -> Array:
     """x @ weight.T for x (N, in) and weight (out, in): (N, out), C-ordered. Block codes and float32 matrices alike
-    go through block_kernels' canonical reduction, so each output row depends on its own input row only (never
+    go through float_matmul' canonical reduction, so each output row depends on its own input row only (never
     on the step's width: no BLAS, whose summation order depends on the shape)."""
     if isinstance(weight, QuantizedLinear):
         return _block_linear(x, weight)  # (N, out)
-    return block_kernels.float_matmul(x, weight)  # (N, out)
+    return float_matmul.float_matmul(x, weight)  # (N, out)
 
 
 def encoder_linear(x: Array, weight: Weight) -> Array:
@@ -119,10 +121,10 @@ def expert_linear(x: Array, experts: StackedExperts, routing: Routing, *, per_pa
             x = x * weight.column_scale  # (N or P, in)
         k_quant = isinstance(weight.blocks, InterleavedK)
         rows = (k_activations.quantize_rows(x) if k_quant
-                else interleaved_kernels.quantize_halves(x))  # quantized once per token, then gathered per pair
+                else interleaved_matmul.quantize_halves(x))  # quantized once per token, then gathered per pair
         if not per_pair:
             rows = type(rows)(*(np.ascontiguousarray(part[routing.pair_token]) for part in rows))
-        grouped = interleaved_k_kernels.interleaved_k_grouped if k_quant else mxfp4_kernels.mxfp4_grouped
+        grouped = interleaved_k_matmul.interleaved_k_grouped if k_quant else mxfp4_matmul.mxfp4_grouped
         return grouped(rows, weight.blocks, routing.experts, routing.starts, experts.rows)  # (P, rows)
     pairs = x if per_pair else x[routing.pair_token]  # (P, in)
     out = xp.empty((pairs.shape[0], experts.rows), np.float32)  # (P, rows)
@@ -135,7 +137,7 @@ def expert_linear(x: Array, experts: StackedExperts, routing: Routing, *, per_pa
 def lora_delta(x: Array, a: Array, b: Array) -> Array:
     """A low-rank update (x @ a.T) @ b.T for x (G, in), a (R, in), b (out, R): (G, out), C-ordered, in the
     canonical reduction (each row independent of the others in the group)."""
-    return block_kernels.float_matmul(block_kernels.float_matmul(x, a), b)  # (G, out)
+    return float_matmul.float_matmul(float_matmul.float_matmul(x, a), b)  # (G, out)
 
 
 def linear_rows(x: Array, weight: Weight) -> Array:
@@ -151,7 +153,7 @@ def contiguous(x: Array) -> Array:
 def rms_normalize(x: Array, eps: float) -> Array:
     """Root-mean-square normalisation over the last axis (the norm's weight is folded into the next matmul)."""
     if xp is np and x.dtype == np.float32 and x.ndim == 2:
-        return kernels.rms_rows(x, eps)  # (N, D), compiled: one fixed order per row
+        return layer_kernels.rms_rows(x, eps)  # (N, D), compiled: one fixed order per row
     scale = xp.einsum("nd,nd->n", x, x)[:, None]  # (N, 1)
     scale *= 1.0 / x.shape[1]
     scale += eps
@@ -162,7 +164,7 @@ def rms_normalize(x: Array, eps: float) -> Array:
 def rms_normalize_heads(x: Array, eps: float) -> Array:
     """RMS normalisation of every head vector of x (N, H, Dh) over Dh (QK-norm); a new array."""
     if xp is np and x.dtype == np.float32:
-        return kernels.rms_rows(x.reshape(-1, x.shape[2]), eps).reshape(x.shape)  # (N, H, Dh)
+        return layer_kernels.rms_rows(x.reshape(-1, x.shape[2]), eps).reshape(x.shape)  # (N, H, Dh)
     scale = xp.einsum("nhd,nhd->nh", x, x)[:, :, None]  # (N, H, 1)
     scale *= 1.0 / x.shape[2]
     scale += eps
@@ -201,7 +203,7 @@ class RotaryTable:
     def apply(self, x: Array, cos: Array, sin: Array) -> None:
         """Rotate the first rope_dim features of every head of x (N, H, Dh) in place."""
         if xp is np and x.dtype == np.float32 and cos.dtype == np.float32:
-            kernels.rotate(x, cos, sin, self.rope_dim)  # the same arithmetic, compiled
+            layer_kernels.rotate(x, cos, sin, self.rope_dim)  # the same arithmetic, compiled
             return
         half = self.rope_dim // 2
         x1 = x[:, :, :half]  # (N, H, R/2) view
@@ -217,7 +219,7 @@ def swiglu(gate_up: Array) -> Array:
     """SiLU(gate) * up for a fused (N, 2F) gate/up projection (the compiled kernel for row-major float32 input,
     5x numpy's four passes at 32 rows: 0.64 against 3.3 ms for SmolLM2's 30 layers)."""
     if xp is np and gate_up.flags.c_contiguous and gate_up.dtype == np.float32:
-        return kernels.swiglu(gate_up)  # (N, F)
+        return layer_kernels.swiglu(gate_up)  # (N, F)
     f = gate_up.shape[1] // 2
     gate = gate_up[:, :f]  # (N, F)
     out = xp.negative(gate)  # (N, F)
@@ -285,7 +287,7 @@ def paged_attend_decode(q: Array, keys: Array, values: Array, tables: Array, len
     kernel makes no padded copy. `attend_decode` below is the same computation on gathered arrays. sinks (H,): a
     logit per head in each softmax's denominator only (gpt-oss's attention sinks), or None.
     """
-    return kernels.paged_attend_decode(q, keys, values, tables, lengths, first_positions, sinks)  # (B, H*Dh)
+    return paged_attention.paged_attend_decode(q, keys, values, tables, lengths, first_positions, sinks)  # (B, H*Dh)
 
 
 def attend_decode(q: Array, keys: Array, values: Array, mask: Array) -> Array:

@@ -25,7 +25,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from shared import keys
-from shared.redis_commands import JOURNAL_MAXLEN
+from shared.redis_commands import JOURNAL_MAXLEN, reply_text
 
 DONE = "done"  # the owner value once a request's terminal event and ack are written
 
@@ -142,11 +142,11 @@ def take_ownership(redis: Any, stream: str, worker_id: str, takings: list[tuple[
             raise result  # e.g. NOGROUP: the caller's loop recreates the group
     grants = []
     for value, previous, deliveries in results:
-        status = _text(value)
+        status = reply_text(value)
         if status in ("lost", DONE):
-            grants.append(Grant(status, previous=_text(previous), deliveries=int(deliveries)))
+            grants.append(Grant(status, previous=reply_text(previous), deliveries=int(deliveries)))
         else:
-            grants.append(Grant("owner", status, _text(previous), int(deliveries)))
+            grants.append(Grant("owner", status, reply_text(previous), int(deliveries)))
     return grants
 
 
@@ -174,8 +174,4 @@ def renew_leases(redis: Any, stream: str, worker_id: str, leases: list[Lease]) -
     except NoScriptError:
         load_scripts(redis)
         lost = redis.evalsha(*args)
-    return [_text(entry_id) for entry_id in lost]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return [reply_text(entry_id) for entry_id in lost]

@@ -22,6 +22,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from shared import keys, redis_commands
+from shared.redis_commands import reply_text
 
 log = logging.getLogger(__name__)
 STEAL_EVERY_S = 0.25  # how often an idle worker looks at the other workers' streams
@@ -56,7 +57,7 @@ return 1
 
 def placed_members(redis: Any, model: str) -> list[str]:
     """Every worker id with per-worker streams of the model, sorted."""
-    return sorted(_text(m) for m in redis.smembers(keys.placed_workers(model)))
+    return sorted(reply_text(m) for m in redis.smembers(keys.placed_workers(model)))
 
 
 def member_states(redis: Any, members: list[str]) -> dict[str, str]:
@@ -64,7 +65,7 @@ def member_states(redis: Any, members: list[str]) -> dict[str, str]:
     pipe = redis.pipeline(transaction=False)
     for member in members:
         pipe.hget(keys.worker_key(member), "state")
-    return {m: _text(state) if state is not None else "" for m, state in zip(members, pipe.execute(), strict=True)}
+    return {m: reply_text(state) if state is not None else "" for m, state in zip(members, pipe.execute(), strict=True)}
 
 
 def ensure_group(redis: Any, stream: str) -> None:
@@ -78,11 +79,11 @@ def overdue(redis: Any, stream: str, *, count: int, older_than_ms: int, now_ms: 
         groups = redis.xinfo_groups(stream)
     except ResponseError:
         return 0  # no stream yet
-    group = next((g for g in groups if _text(g.get("name")) == keys.JOBS_GROUP), None)
+    group = next((g for g in groups if reply_text(g.get("name")) == keys.JOBS_GROUP), None)
     if group is None:
         return 0
-    entries = redis.xrange(stream, min="(" + _text(group["last-delivered-id"]), max="+", count=count)
-    return sum(1 for entry_id, _fields in entries if int(_text(entry_id).split("-")[0]) <= now_ms - older_than_ms)
+    entries = redis.xrange(stream, min="(" + reply_text(group["last-delivered-id"]), max="+", count=count)
+    return sum(1 for entry_id, _fields in entries if int(reply_text(entry_id).split("-")[0]) <= now_ms - older_than_ms)
 
 
 def redis_now_ms(redis: Any) -> int:
@@ -158,7 +159,3 @@ class Stealer:
     def forget_dead(self) -> None:
         """Forget dead workers whose streams are empty (see forget_dead)."""
         forget_dead(self.redis, self.model, self.worker_id)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -38,6 +38,7 @@ from redis.exceptions import ResponseError
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.messages import Job
+from shared.redis_commands import reply_text
 from shared.redis_sockets import COMMAND_TIMEOUT_S
 from worker.failover.resume import JournalState, JournalUnusable, read_journal
 
@@ -70,7 +71,7 @@ def claim_from_dead_workers(redis: Any, stream: str, worker_id: str, *, count: i
     """Pending entries of consumers whose registry entry has expired (failover by heartbeat TTL)."""
     claimed: list[Any] = []
     for consumer in redis.xinfo_consumers(stream, keys.JOBS_GROUP):
-        name = _text(consumer["name"])
+        name = reply_text(consumer["name"])
         if name == worker_id or redis.exists(keys.worker_key(name)):
             continue
         if not consumer.get("pending"):  # a dead worker that held nothing: forget it once it is long idle
@@ -99,14 +100,14 @@ def claim_untaken(redis: Any, stream: str, worker_id: str, *, count: int,
     for entry in pending:
         if len(claimed) >= count:
             break
-        holder, entry_id = _text(entry["consumer"]), _text(entry["message_id"])
+        holder, entry_id = reply_text(entry["consumer"]), reply_text(entry["message_id"])
         own = holder == worker_id
         if entry_id in skip or int(entry["time_since_delivered"]) < (own_idle_ms if own else idle_ms):
             continue
         found = redis.xrange(stream, min=entry_id, max=entry_id, count=1)
         request_id = request_id_of(found[0][1]) if found else None
         owner = redis.get(keys.owner_key(request_id)) if request_id else None
-        if owner is not None and (_text(owner) == "done" or _text(owner).split(":", 1)[-1] == holder):
+        if owner is not None and (reply_text(owner) == "done" or reply_text(owner).split(":", 1)[-1] == holder):
             continue  # taken by its reader (only the lease may move it), or ended and about to be acked
         # the min idle time: an entry delivered or renewed meanwhile (its reader took it after all) stays
         claimed += [e for e in redis.xclaim(stream, keys.JOBS_GROUP, worker_id, own_idle_ms if own else idle_ms,
@@ -125,7 +126,7 @@ def own_pending(redis: Any, streams: list[str], worker_id: str) -> dict[str, lis
         except ResponseError:
             continue  # no such stream or group yet
         if pending:
-            found[stream] = [_text(p["message_id"]) for p in pending]
+            found[stream] = [reply_text(p["message_id"]) for p in pending]
     return found
 
 
@@ -166,7 +167,3 @@ def request_id_of(fields: dict) -> str | None:
         return codec.decode_job(fields[keys.JOB_FIELD.encode()]).id
     except (WireFormatError, KeyError):
         return None
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -14,10 +14,10 @@ import itertools
 import logging
 import time
 
-from worker.engine.block_manager import BlockManager, NoFreeBlocks
-from worker.engine.kv_tier_link import PoolTier
+from worker.engine.kv.block_manager import BlockManager, NoFreeBlocks
+from worker.engine.kv.recurrent_state import RecurrentStates
+from worker.engine.kv.tier_link import PoolTier
 from worker.engine.lora import lora_set_key
-from worker.engine.recurrent_state import RecurrentStates
 from worker.schedule.hybrid import chain_keys, restore_prefix
 from worker.schedule.preemption import kv_victim, priority_victim, rank
 from worker.schedule.scheduler_config import SchedulerConfig

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from worker.engine.block_manager import BlockManager, chain_hash
-from worker.engine.kv_pool import KVPool
-from worker.engine.recurrent_state import RecurrentStates
+from worker.engine.kv.block_manager import BlockManager, chain_hash
+from worker.engine.kv.pool import KVPool
+from worker.engine.kv.recurrent_state import RecurrentStates
 from worker.schedule.sequences import ScheduledSequence
 
 

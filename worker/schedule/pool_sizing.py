@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from worker.engine.config import ModelConfig
-from worker.engine.kv_pool import KVPool
+from worker.engine.formats.config import ModelConfig
+from worker.engine.kv.pool import KVPool
+from worker.engine.kv.recurrent_state import RecurrentStates
 from worker.engine.model import Model
-from worker.engine.recurrent_state import RecurrentStates
 from worker.schedule.scheduler_config import SchedulerConfig, auto_slots
 
 MIB = 1 << 20

@@ -1,6 +1,6 @@
-"""Continuous batching: each step plans one batch (every decode, then prefill chunks, within the token and KV
-budgets), runs one forward and turns its rows into tokens, embeddings and events. Who waits, who runs and who is
-preempted is worker/schedule/admission.py's."""
+"""Continuous batching: each step schedules one batch (every decode, then prefill chunks, within the token and KV
+budgets: a SchedulerOutput), executes one forward and updates its sequences from the rows: tokens, embeddings and
+events. Who waits, who runs and who is preempted is worker/schedule/admission.py's."""
 
 from __future__ import annotations
 
@@ -14,20 +14,20 @@ import numpy as np
 
 from shared.errors import QueueFull
 from worker.engine import ops
-from worker.engine.batch_sampling import SampledToken, sample_batch
-from worker.engine.constraints import ConstraintError
+from worker.engine.decode.batch_sampling import SampledToken, sample_batch
 from worker.engine.embeddings import finish_pool, pool_chunk
 from worker.engine.engine import Engine
 from worker.engine.errors import StepInterrupted
-from worker.engine.forward_batch import BatchEntry
-from worker.engine.kv_tier_link import open_tier
-from worker.engine.stopping import StopReason
+from worker.engine.kv.tier_link import open_tier
+from worker.engine.text.constraints import ConstraintError
+from worker.engine.text.stopping import StopReason
 from worker.schedule.admission import Admission
 from worker.schedule.hybrid import prefill_chunk
 from worker.schedule.pool_sizing import sized_pool
-from worker.schedule.preemption import not_outranked, rank
+from worker.schedule.preemption import not_outranked
 from worker.schedule.prompt_scoring import PromptScored, PromptScorer
 from worker.schedule.scheduler_config import SchedulerConfig
+from worker.schedule.scheduler_output import SchedulerOutput
 from worker.schedule.sequences import (
     EmbeddingDone,
     EmbeddingRequest,
@@ -42,18 +42,10 @@ from worker.schedule.sequences import (
     SequenceStep,
 )
 
-__all__ = ["Scheduler", "SchedulerConfig", "StepEvent"]
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerOutput", "StepEvent"]
 
 log = logging.getLogger(__name__)
 
-
-def _output_kind(seq: ScheduledSequence, tokens: list[int]) -> str:
-    """What the forward returns for a plan row: pooled states, every row's logits (drafts), or the last."""
-    if seq.gen is None:
-        return "hidden"
-    if seq.state == SeqState.PREFILLING and seq.group.scorer is not None:
-        return "all"  # echo + logprobs: every prompt row is scored (worker.schedule.prompt_scoring)
-    return "all" if seq.state == SeqState.DECODING and len(tokens) > 1 else "last"
 
 StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone | PromptScored
 
@@ -179,37 +171,46 @@ class Scheduler:
         return bool(self.admission.waiting or self.admission.active or self._ready)
 
     def step(self, outranked: Callable[[int], bool] | None = None) -> list[StepEvent]:
-        """Admit, plan one batch within the token and KV budgets (preempting if needed), forward, sample.
-
-        `outranked(rank)` is asked between layers: True when a request ranked above `rank` (the step's lowest
-        priority) has arrived; the step then stops, undoes its KV growth and returns, so the next step can
-        prefill that request first (issue 25: priorities hold while work runs).
-        """
-        events: list[StepEvent] = self._ready
-        self._ready = []
-        self.admission.admit()
-        plan = self._plan()
-        if not plan:
+        """One step in three phases (as vLLM's): schedule a batch, execute its forward, update from the outputs.
+        `outranked(rank)`, asked between layers, is True once a request ranked above `rank` (the step's lowest) has
+        arrived: the step stops, undoes its KV growth and returns; the next prefills it first (issue 25)."""
+        events, self._ready = self._ready, []  # events that needed no forward go first
+        scheduled = self.schedule()
+        if scheduled is None:
             return events
-        entries = [BatchEntry(seq.seq_id, np.asarray(tokens, np.int64), seq.computed, _output_kind(seq, tokens),
-                              seq.group.request.loras) for seq, tokens in plan]
-        floor = min(rank(seq) for seq, _ in plan)
+        outputs = self.execute(scheduled, outranked, events)
+        if outputs is not None:
+            self.update(scheduled, outputs, events)
+        return events
+
+    def schedule(self) -> SchedulerOutput | None:
+        """Admit, then plan one batch within the token and KV budgets (preempting if needed); None: nothing runs."""
+        self.admission.admit()
+        return SchedulerOutput.of(plan) if (plan := self._plan()) else None
+
+    def execute(self, scheduled: SchedulerOutput, outranked: Callable[[int], bool] | None,
+                events: list[StepEvent]) -> list[np.ndarray | None] | None:
+        """The step's one forward; None when a higher priority stopped it (KV growth undone) or it failed (events)."""
+        floor = scheduled.floor
         interrupt = None if outranked is None or floor >= max(Priority) else (lambda: outranked(floor))
         try:
-            outputs = self.engine.model.forward(entries, self.kv_pool, interrupt)
+            return self.engine.model.forward(scheduled.entries, self.kv_pool, interrupt)
         except StepInterrupted:
-            self.admission.undo_step([seq for seq, _ in plan])
+            self.admission.undo_step(scheduled.sequences)
             self._refresh_gauges()
-            return events
+            return None
         except Exception as exc:  # the loop must survive anything one batch does
-            log.exception("forward failed; failing the %d requests in the batch", len(plan))
-            for group in {id(seq.group): seq.group for seq, _ in plan}.values():
+            log.exception("forward failed; failing the %d requests in the batch", len(scheduled.plan))
+            for group in {id(seq.group): seq.group for seq in scheduled.sequences}.values():
                 events.append(self._fail(group, f"engine error: {type(exc).__name__}"))
-            return events
+            return None
+
+    def update(self, scheduled: SchedulerOutput, outputs: list[np.ndarray | None], events: list[StepEvent]) -> None:
+        """The forward's rows into tokens, embeddings and events (drafts verified, prompts scored, rows sampled)."""
         self.stats.steps += 1
         now = time.monotonic()
         rows: list[tuple[ScheduledSequence, np.ndarray]] = []  # (sequence, its logits) to sample this step
-        for (seq, tokens), logits in zip(plan, outputs):
+        for (seq, tokens), logits in zip(scheduled.plan, outputs):
             if seq.state == SeqState.DECODING and len(tokens) > 1:
                 self._verify(seq, tokens, logits, now, events)
                 continue
@@ -231,7 +232,6 @@ class Scheduler:
         if rows:
             self._sample(rows, now, events)
         self._refresh_gauges()
-        return events
 
     def _sample(self, rows: list[tuple[ScheduledSequence, np.ndarray]], now: float, events: list[StepEvent]) -> None:
         """Sample every row of the step in one vectorised pass, then let each sequence take its token."""

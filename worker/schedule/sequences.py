@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine.generation import GenerationParams, GenerationState, TokenOutput
+from worker.engine.decode.generation import GenerationParams, GenerationState, TokenOutput
 from worker.engine.lora import LoraUse
-from worker.engine.stopping import StopReason
+from worker.engine.text.stopping import StopReason
 from worker.schedule.prompt_scoring import PromptScorer
 from worker.schedule.speculation import NgramProposer
 

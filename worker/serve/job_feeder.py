@@ -22,7 +22,14 @@ from redis.exceptions import RedisError, ResponseError
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.messages import Job
-from shared.redis_commands import queue_job_done, release_calls, release_fair, run, streams_with_waiting
+from shared.redis_commands import (
+    queue_job_done,
+    release_calls,
+    release_fair,
+    reply_text,
+    run,
+    streams_with_waiting,
+)
 from shared.settings import Settings
 from worker.failover.fencing import Grant, take_ownership
 from worker.failover.resume import JournalState
@@ -260,9 +267,9 @@ class JobFeeder:
         jobs = []
         for stream, messages in replies:
             for message_id, fields in messages:
-                job = self._decode(_text(stream), _text(message_id), fields)
+                job = self._decode(reply_text(stream), reply_text(message_id), fields)
                 if job is not None:
-                    jobs.append((_text(stream), _text(message_id), job))
+                    jobs.append((reply_text(stream), reply_text(message_id), job))
         return jobs
 
     def _read(self, stream: str, count: int, *, elsewhere: bool) -> list:
@@ -302,7 +309,7 @@ class JobFeeder:
                 continue
             free -= len(claimed)
             for message_id, fields in claimed:
-                mid = _text(message_id)
+                mid = reply_text(message_id)
                 job = self._decode(stream, mid, fields)  # None: trimmed away or unreadable, acked and dropped
                 if job is not None and not self._holds(job.id):
                     jobs.append((stream, mid, job))
@@ -317,7 +324,7 @@ class JobFeeder:
                 break
             batch, rest = self.orphans[stream][:free], self.orphans[stream][free:]
             for message_id, fields in claim_own(self.redis, stream, self.worker_id, batch):
-                mid = _text(message_id)
+                mid = reply_text(message_id)
                 job = self._decode(stream, mid, fields)
                 if job is not None and not self._holds(job.id):
                     jobs.append((stream, mid, job))
@@ -393,7 +400,3 @@ class JobFeeder:
 def _width(job: Job) -> int:
     """Slots a job occupies once started (n for a generation, 1 for anything else)."""
     return int(getattr(job, "n", 1) or 1)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

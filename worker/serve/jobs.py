@@ -10,14 +10,14 @@ import msgspec
 
 from shared.errors import ContextLengthExceeded, InvalidRequest, NoChatTemplate
 from shared.messages import ChatMessage, EmbedJob, GenerateJob, TextJob, TokenPiece
-from worker.engine.constraints import Constraint, ConstraintError
+from worker.engine.decode.generation import GenerationParams
+from worker.engine.decode.sampling import SamplingParams
 from worker.engine.engine import Engine
 from worker.engine.errors import ContextLengthError, NoChatTemplateError, TemplateError
-from worker.engine.generation import GenerationParams
-from worker.engine.harmony import answer_constraint, call_constraint
 from worker.engine.lora import LoraUse
-from worker.engine.sampling import SamplingParams
-from worker.engine.tools import Tool, call_grammar
+from worker.engine.text.constraints import Constraint, ConstraintError
+from worker.engine.text.harmony import answer_constraint, call_constraint
+from worker.engine.text.tools import Tool, call_grammar
 from worker.schedule.prompt_scoring import MAX_SCORED_PROMPT_TOKENS
 from worker.schedule.sequences import EmbeddingRequest, GenerationRequest, Priority
 

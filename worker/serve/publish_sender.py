@@ -24,7 +24,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from shared import codec, keys
 from shared.messages import Event, is_terminal
-from shared.redis_commands import queue_event, queue_job_done, write_refusal
+from shared.redis_commands import queue_event, queue_job_done, reply_text, write_refusal
 from worker.failover.fencing import is_noscript, load_scripts, queue_fenced_publish
 
 log = logging.getLogger(__name__)
@@ -256,7 +256,7 @@ class BatchSender:
             elif isinstance(result, ResponseError):
                 refused.append(result)
             elif result != 1:  # another worker took the request over: the runner drops it
-                owner = result.decode() if isinstance(result, bytes) else str(result)
+                owner = reply_text(result)
                 with self._cond:
                     self._fenced_off.append((write.request_id, owner))
                     self._dropped.add(write.request_id)

@@ -24,8 +24,8 @@ from shared.messages import (
     Usage,
     is_terminal,
 )
-from worker.engine.stopping import StopReason
-from worker.engine.tokenizer import Tokenizer
+from worker.engine.text.stopping import StopReason
+from worker.engine.text.tokenizer import Tokenizer
 from worker.schedule.prompt_scoring import PromptScored
 from worker.schedule.sequences import EmbeddingDone, RequestDone, RequestFailed, SequenceStep
 from worker.serve.publish_sender import DEFAULT_MAX_STEPS, BatchSender, RequestWrite, StepBatch

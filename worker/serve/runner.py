@@ -75,12 +75,7 @@ class WorkerRunner:
         self.streams = keys.jobs_streams(model)  # the shared streams, highest priority first
         self.own_streams = keys.worker_jobs_streams(model, self.worker_id)  # jobs placed on this worker
         self.read_order = [s for pair in zip(self.own_streams, self.streams, strict=True) for s in pair]
-        config = scheduler_config or SchedulerConfig(
-            max_sequences=settings.slots, max_batch_tokens=settings.max_batch_tokens,
-            max_prefill_tokens=settings.max_prefill_tokens, kv_budget_mib=settings.kv_budget_mib,
-            kv_dtype=settings.kv_dtype,
-            prefix_cache=bool(settings.prefix_cache), max_queue=settings.queue_limit,
-            kv_tier_mib=settings.kv_tier_mib, kv_tier_dir=settings.kv_tier_dir)
+        config = scheduler_config or SchedulerConfig.from_settings(settings)
         self.scheduler = new_scheduler(engine, config)
         self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60)
         self.tracer = JobTracer(model, self.worker_id)  # spans of traced jobs (OTEL_EXPORTER_OTLP_ENDPOINT set)

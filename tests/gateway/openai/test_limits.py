@@ -42,7 +42,7 @@ def test_the_openapi_document_states_the_limits_validation_applies() -> None:
     assert stop_text["maxLength"] == protocol.MAX_STOP_BYTES // 4  # characters of up to 4 bytes each
     assert str(protocol.MAX_STOP_BYTES) in stop_text["description"]
     bias = chat["logit_bias"]["anyOf"][0]
-    assert bias["maxProperties"] == protocol.MAX_LOGIT_BIAS == 1024  # the document said 300 while 1024 passed
+    assert bias["maxProperties"] == protocol.MAX_LOGIT_BIAS_ENTRIES == 1024  # the document said 300 while 1024 passed
     assert bias["propertyNames"]["pattern"] == f"^[0-9]{{1,{protocol.MAX_TOKEN_ID_DIGITS}}}$"
     assert chat["user"]["anyOf"][0]["maxLength"] == protocol.MAX_USER_CHARS
     assert chat["model"]["maxLength"] == protocol.MAX_MODEL_NAME

@@ -61,8 +61,8 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from gateway.app import create_app
     from llmfleet.redis_server import BundledRedis
     from tests.support.tiny_gguf import write_tiny_gguf
-    from worker.engine.chat_template import CHATML_TEMPLATE
     from worker.engine.engine import Engine
+    from worker.engine.text.chat_template import CHATML_TEMPLATE
     from worker.serve.runner import WorkerRunner
 
     try:

@@ -12,7 +12,7 @@ from gateway.openai import protocol
 from gateway.openai.openapi import openapi_document
 from shared.errors import InvalidRequest
 from shared.settings import Settings
-from worker.engine import sampling as engine
+from worker.engine.decode import sampling as engine
 
 SETTINGS = Settings()
 STEP = 1e-3
@@ -47,7 +47,7 @@ def test_openapi_states_the_protocols_range(request_schema: str, name: str) -> N
 
 def test_openapi_states_the_logit_bias_limits() -> None:
     stated = _schemas()["ChatCompletionRequest"]["properties"]["logit_bias"]["anyOf"][0]
-    assert stated["maxProperties"] == protocol.MAX_LOGIT_BIAS
+    assert stated["maxProperties"] == protocol.MAX_LOGIT_BIAS_ENTRIES
     low, high = protocol.LOGIT_BIAS_RANGE
     assert (stated["additionalProperties"]["minimum"], stated["additionalProperties"]["maximum"]) == (low, high)
 
@@ -87,7 +87,7 @@ def test_anthropics_temperature_range_is_its_constant() -> None:
 def test_the_engine_ranges_are_the_gateways() -> None:
     assert engine.REPETITION_PENALTY_RANGE == protocol.REPETITION_PENALTY_RANGE
     assert (-engine.MAX_PRESENCE_FREQUENCY, engine.MAX_PRESENCE_FREQUENCY) == protocol.PENALTY_RANGE
-    assert (-engine.MAX_LOGIT_BIAS, engine.MAX_LOGIT_BIAS) == protocol.LOGIT_BIAS_RANGE
+    assert (-engine.MAX_LOGIT_BIAS_MAGNITUDE, engine.MAX_LOGIT_BIAS_MAGNITUDE) == protocol.LOGIT_BIAS_RANGE
 
 
 @pytest.mark.parametrize("end", [0, 1])

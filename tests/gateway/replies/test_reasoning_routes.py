@@ -111,7 +111,7 @@ async def test_the_job_says_whether_stop_strings_skip_the_thinking(client: httpx
                                                                      skips: bool) -> None:
     task = asyncio.create_task(client.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, **body}))
     job = await worker.take()
-    assert job.reasoning is skips  # the worker matches stop strings in the answer only (worker/engine/stopping.py)
+    assert job.reasoning is skips  # the worker matches stop strings in the answer only (worker/engine/text/stopping.py)
     await worker.answer(job, PIECES)
     assert (await task).status_code == 200
 
@@ -138,7 +138,7 @@ async def test_the_job_says_whether_its_constraint_skips_the_thinking(client: ht
                                                                       body: dict, shaped: bool) -> None:
     task = asyncio.create_task(client.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, **body}))
     job = await worker.take()
-    assert job.reasoning is shaped  # the worker starts the constraint after </think> (worker/engine/thinking.py)
+    assert job.reasoning is shaped  # the worker starts the constraint after </think> (worker/engine/text/thinking.py)
     assert job.thinking_budget == body.get("thinking_budget_tokens")
     await worker.answer(job, ["{}"])
     assert (await task).status_code == 200

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.kv_pool import KVPool
+from worker.engine.kv.pool import KVPool
 from worker.engine.model import Model
 from worker.schedule.hybrid import chain_keys, restore_prefix
 

@@ -16,8 +16,8 @@ from worker.engine.experts import (
     expert_rows,
     route,
 )
-from worker.engine.gguf_file import QuantizedTensor
-from worker.engine.quantized import PendingLinear, QuantizedLinear, build_codes
+from worker.engine.formats.gguf_file import QuantizedTensor
+from worker.engine.weights.quantized import PendingLinear, QuantizedLinear, build_codes
 
 
 def reference_route(logits: np.ndarray, k: int, softmax_weight: bool = False, normalize: bool = True,

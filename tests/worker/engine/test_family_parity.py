@@ -31,7 +31,7 @@ from tests.support.reference_forward import ReferenceModel
 from worker.engine.engine import Engine
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.model import Model
-from worker.engine.thinking import has_thinking_tokens
+from worker.engine.text.thinking import has_thinking_tokens
 
 FAMILIES = ("llama3", "qwen3", "smollm3", "qwen3moe", "gpt-oss", "qwen35", "qwen35moe")
 PROMPTS = ("The capital of France is", "def fibonacci(n):\n    return", "Once upon a time, in a land far away,",

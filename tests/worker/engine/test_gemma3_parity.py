@@ -7,7 +7,7 @@ About the long prompt: llama.cpp computed the reference with its default float16
 numbers agree with an independent float64 forward to 0.000 on it, and llama-server itself, run on the same
 all-F32 file with `-ctk f32 -ctv f32`, moves up to 0.12 away from the reference and to within 0.011 of ours
 (log-probs of its top five at the first step). So past the window the reference carries ~0.1 of float16
-rounding. Our pool keeps float16 keys and values too (kv_pool.py), but llama.cpp also rounds the queries and the
+rounding. Our pool keeps float16 keys and values too (kv/pool.py), but llama.cpp also rounds the queries and the
 attention weights to float16, so the two roundings do not cancel: that prompt is held to LONG_PROMPT_TOLERANCE
 (measured over its 48 teacher-forced steps alone and batched: worst 0.186, mean 0.088, p90 0.135; with a
 float32 pool it was worst 0.126, mean 0.07) and to exact argmax, while every short prompt is held to the
@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.kv_pool import KVPool
+from worker.engine.kv.pool import KVPool
 from worker.engine.model import Model
 
 pytestmark = pytest.mark.slow

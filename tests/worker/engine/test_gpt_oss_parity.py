@@ -15,7 +15,7 @@ import pytest
 
 from bench.llama_oracle import LlamaServer, llama_server_binary
 from worker.engine.engine import Engine
-from worker.engine.tools import Tool
+from worker.engine.text.tools import Tool
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "description": "the city"},
                                             "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}

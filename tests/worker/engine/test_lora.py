@@ -17,8 +17,8 @@ from tests.support.lora_gguf import random_pairs, write_adapter
 from tests.support.tiny_gguf import D_FF, D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS
 from tests.worker.engine.test_reference_parity import check_step
 from worker.engine.errors import ModelLoadError
+from worker.engine.formats.gguf_file import read_gguf
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.gguf_file import read_gguf
 from worker.engine.lora import AdapterLoadError, LoraAdapter, check_scale, lora_set_key
 from worker.engine.model import Model
 

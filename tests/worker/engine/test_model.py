@@ -11,9 +11,9 @@ import pytest
 
 from worker.engine.errors import ContextLengthError
 from worker.engine.forward_batch import BatchEntry, OutputKind
-from worker.engine.kv_pool import KVPool
+from worker.engine.kernels.simd_int import int_path
+from worker.engine.kv.pool import KVPool
 from worker.engine.model import Model
-from worker.engine.simd_int import int_path
 
 
 def _tokens(model: Model, n: int, seed: int) -> np.ndarray:

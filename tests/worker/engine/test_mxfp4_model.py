@@ -15,10 +15,10 @@ from gguf.quants import dequantize, quantize
 
 from tests.support.tiny_gguf import write_tiny_gguf
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.interleaved_mxfp4 import InterleavedMXFP4
-from worker.engine.kv_pool import KVPool
+from worker.engine.kv.pool import KVPool
 from worker.engine.model import Model
-from worker.engine.quantized import QuantizedLinear
+from worker.engine.weights.interleaved_mxfp4 import InterleavedMXFP4
+from worker.engine.weights.quantized import QuantizedLinear
 
 
 def mxfp4_copy(source: Path, target: Path) -> Path:

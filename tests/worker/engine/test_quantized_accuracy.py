@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.interleaved_blocks import InterleavedBlocks
 from worker.engine.model import Model
-from worker.engine.quantized import QuantizedLinear
+from worker.engine.weights.interleaved_blocks import InterleavedBlocks
+from worker.engine.weights.quantized import QuantizedLinear
 
 FIXTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures"
 SYNTHETIC_1B = Path.home() / ".cache" / "llmfleet-peers" / "models" / "synthetic-llama-1b-Q4_K_M.gguf"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.kv_pool import KVPool
+from worker.engine.kv.pool import KVPool
 from worker.engine.model import Model
 
 pytestmark = pytest.mark.slow
@@ -124,8 +124,8 @@ def test_parity_through_prefix_hits_forks_chunks_and_preemption(smollm2_engine: 
 
 def test_greedy_generation_reproduces_reference_tokens(smollm2_engine: Any, smollm2_reference: dict) -> None:
     """Free-running greedy generation through the scheduler follows the reference until its first near-tie."""
-    from worker.engine.generation import GenerationParams
-    from worker.engine.sampling import SamplingParams
+    from worker.engine.decode.generation import GenerationParams
+    from worker.engine.decode.sampling import SamplingParams
     from worker.local_generation import generate
 
     case = smollm2_reference["greedy"][0]

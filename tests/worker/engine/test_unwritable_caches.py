@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.worker.engine.test_repack_cache import pendings
-from worker.engine import derived_cache, measured_rate, repack_cache
-from worker.engine.k_blocks import K_KINDS
+from tests.worker.engine.formats.test_repack_cache import pendings
+from worker.engine import measured_rate
+from worker.engine.formats import derived_cache, repack_cache
+from worker.engine.weights.k_blocks import K_KINDS
 
 WARNING = "cannot be written"
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tests.worker.schedule.test_scheduler import GREEDY, _events_by_choice, _prompt, _request, run_all
-from worker.engine.generation import GenerationParams
-from worker.engine.recurrent_state import RecurrentStates
-from worker.engine.sampling import SamplingParams
+from worker.engine.decode.generation import GenerationParams
+from worker.engine.decode.sampling import SamplingParams
+from worker.engine.kv.recurrent_state import RecurrentStates
 from worker.schedule.hybrid import aligned_chunk
 from worker.schedule.pool_sizing import hybrid_split
 from worker.schedule.scheduler import Scheduler, SchedulerConfig

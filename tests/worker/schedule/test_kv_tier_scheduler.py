@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from worker.engine.generation import GenerationParams
-from worker.engine.sampling import SamplingParams
+from worker.engine.decode.generation import GenerationParams
+from worker.engine.decode.sampling import SamplingParams
 from worker.schedule.scheduler import Scheduler, SchedulerConfig
 from worker.schedule.sequences import GenerationRequest, RequestDone, SequenceStep
 

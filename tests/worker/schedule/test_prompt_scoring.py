@@ -9,10 +9,10 @@ import pytest
 
 from shared.errors import InvalidRequest
 from shared.messages import GenerateJob
+from worker.engine.decode.generation import GenerationParams
+from worker.engine.decode.sampling import SamplingParams
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.generation import GenerationParams
-from worker.engine.kv_pool import KVPool
-from worker.engine.sampling import SamplingParams
+from worker.engine.kv.pool import KVPool
 from worker.schedule import prompt_scoring
 from worker.schedule.prompt_scoring import PromptScored, PromptScorer
 from worker.schedule.scheduler import Scheduler, SchedulerConfig

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from shared.errors import QueueFull
+from worker.engine.decode.generation import GenerationParams
+from worker.engine.decode.sampling import SamplingParams
 from worker.engine.forward_batch import BatchEntry
-from worker.engine.generation import GenerationParams
-from worker.engine.kv_pool import KVPool
-from worker.engine.sampling import SamplingParams
+from worker.engine.kv.pool import KVPool
 from worker.schedule.scheduler import Scheduler, SchedulerConfig
 from worker.schedule.sequences import GenerationRequest, Priority, RequestDone, SequenceStep
 

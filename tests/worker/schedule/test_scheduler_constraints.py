@@ -9,16 +9,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from worker.engine.constraints import Constraint, ConstraintError
-from worker.engine.generation import GenerationParams
-from worker.engine.sampling import SamplingParams
+from worker.engine.decode.generation import GenerationParams
+from worker.engine.decode.sampling import SamplingParams
+from worker.engine.text.constraints import Constraint, ConstraintError
 from worker.schedule.scheduler import Scheduler, SchedulerConfig
 from worker.schedule.sequences import GenerationRequest, RequestDone, RequestFailed, SequenceStep
 
 jsonschema = pytest.importorskip("jsonschema")
 
 # Bounded strings and integers: the tiny model's random weights would otherwise write very long strings and
-# fractions (a real model stops; tests/worker/engine/test_constraints_smollm2.py samples unbounded ones).
+# fractions (a real model stops; tests/worker/engine/text/test_constraints_smollm2.py samples unbounded ones).
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 999},
                                       "tag": {"type": "string", "maxLength": 6}},

@@ -144,7 +144,7 @@ def test_a_named_tool_is_one_call_whatever_parallel_tool_calls_says(tiny_engine:
                                                                     name: str | None, parallel_grammar: bool) -> None:
     """Issue 42: a named tool_choice closes its grammar after one call, even from a job that allows parallel ones."""
     from shared.messages import ToolSpec
-    from worker.engine.tools import Tool, call_grammar
+    from worker.engine.text.tools import Tool, call_grammar
     from worker.serve.jobs import tool_constraint
 
     tools = [ToolSpec(name="get_weather"), ToolSpec(name="add")]
@@ -161,9 +161,9 @@ def test_a_harmony_chat_job_gets_harmony_grammars_and_final_channel_stops(gpt_os
     """gpt-oss: the tool grammar and structured output hold harmony messages; stop strings see the final channel;
     a thinking budget (a `<think>` device) does not apply; a job's reasoning goes back to the template."""
     from shared.messages import OutputConstraint, ToolCall, ToolSpec
-    from worker.engine.constraints import Constraint
-    from worker.engine.harmony import answer_constraint, call_constraint
-    from worker.engine.tools import Tool
+    from worker.engine.text.constraints import Constraint
+    from worker.engine.text.harmony import answer_constraint, call_constraint
+    from worker.engine.text.tools import Tool
     from worker.serve.jobs import generation_request
 
     now = time.time()

@@ -9,8 +9,8 @@ import fakeredis
 
 from shared import keys
 from shared.registry import RegistryEntry
-from worker.engine.chat_template import CHATML_TEMPLATE, ChatTemplate
 from worker.engine.engine import Engine
+from worker.engine.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from worker.serve.heartbeat import Heartbeat
 
 THINKING_TEMPLATE = CHATML_TEMPLATE.replace("<|im_start|>assistant\\n", "<|im_start|>assistant\\n<think>\\n")

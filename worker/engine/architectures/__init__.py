@@ -13,8 +13,8 @@ from worker.engine.architectures.qwen3moe import Qwen3MoE
 from worker.engine.architectures.qwen35 import Qwen35
 from worker.engine.architectures.qwen35moe import Qwen35MoE
 from worker.engine.architectures.smollm3 import SmolLM3
-from worker.engine.config import ModelConfig
 from worker.engine.errors import ModelLoadError
+from worker.engine.formats.config import ModelConfig
 
 ARCHITECTURES: dict[str, Architecture | Encoder] = {
     arch.name: arch for arch in (Llama(), Qwen2(), Qwen3(), Qwen3MoE(), GptOss(), Qwen35(), Qwen35MoE(), SmolLM3(), Gemma3(), Bert())}

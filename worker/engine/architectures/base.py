@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from worker.engine.config import ModelConfig
+from worker.engine.formats.config import ModelConfig
 from worker.engine.forward_batch import ForwardBatch
 from worker.engine.lora_targets import LoraTarget
 from worker.engine.ops import Array

@@ -4,7 +4,7 @@ Learned absolute positions and token types (always type 0, as llama.cpp), LayerN
 bidirectional attention within each text, GELU (tanh form, as ggml), biases everywhere, no final norm and no
 output projection. It has no KV cache: a text is encoded whole in one forward, many texts side by side. The
 matmuls are ops.encoder_linear's (BLAS); attention, the residual adds with their LayerNorms and bias + GELU are the
-compiled kernels of encoder_kernels.py, which read the matmuls' outputs in the order BLAS leaves them.
+compiled kernels of encoder_layers.py, which read the matmuls' outputs in the order BLAS leaves them.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worker.engine import encoder_kernels, ops
+from worker.engine import ops
 from worker.engine.architectures.common import fuse_rows, scale_rows, take
-from worker.engine.config import ModelConfig
-from worker.engine.encoder_kernels import add_layer_norm, attend_texts, bias_gelu
+from worker.engine.formats.config import ModelConfig
+from worker.engine.kernels import encoder_layers
+from worker.engine.kernels.encoder_layers import add_layer_norm, attend_texts, bias_gelu
 from worker.engine.lora_targets import LoraTarget
 from worker.engine.ops import Array
 
@@ -103,7 +104,7 @@ class Bert:
                 out_norm_bias=ops.asarray(take(tensors, p + "layer_output_norm.bias", (d,), path)),  # (D,)
             ))
         positions = ops.dense(take(tensors, "position_embd.weight", (config.context_length, d), path))  # (P, D)
-        encoder_kernels.warm()  # compiled (or read from numba's cache) at load, not on the first request
+        encoder_layers.warm()  # compiled (or read from numba's cache) at load, not on the first request
         types = tensors.get("token_types.weight")
         type_zero = (ops.dense(types)[0] if types is not None else np.zeros(d, np.float32))  # (D,)
         return BertWeights(

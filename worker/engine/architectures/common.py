@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from worker.engine.errors import ModelLoadError
-from worker.engine.quantized import PendingLinear, fuse_pending_rows
+from worker.engine.weights.quantized import PendingLinear, fuse_pending_rows
 
 Matrix = Any  # np.ndarray | PendingLinear
 

@@ -15,8 +15,8 @@ import numpy as np
 
 from worker.engine import ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, take
-from worker.engine.config import ModelConfig
-from worker.engine.file_fields import DECODER_KEYS
+from worker.engine.formats.config import ModelConfig
+from worker.engine.formats.file_fields import DECODER_KEYS
 from worker.engine.forward_batch import ForwardBatch
 from worker.engine.lora_targets import LoraPart, LoraTarget
 from worker.engine.ops import Array, RotaryTable

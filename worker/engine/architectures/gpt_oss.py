@@ -16,9 +16,9 @@ from worker.engine import ops
 from worker.engine.architectures.common import take
 from worker.engine.architectures.llama import LlamaWeights
 from worker.engine.architectures.qwen3moe import EXPERT_KEYS, Qwen3MoE, expert_width
-from worker.engine.config import ModelConfig
 from worker.engine.experts import SOFTMAX_WEIGHT
-from worker.engine.file_fields import DECODER_KEYS
+from worker.engine.formats.config import ModelConfig
+from worker.engine.formats.file_fields import DECODER_KEYS
 from worker.engine.ops import Array, RotaryTable
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # llama-graph.cpp's LLM_FFN_SWIGLU_OAI_MOE constants

@@ -4,7 +4,7 @@ a post-attention norm and a dense SwiGLU FFN.
 
 A gated delta-net layer: one projection gives the mixed q/k/v channels, the output gate z, beta and alpha; the mixed
 channels pass a causal depthwise convolution (K taps) and SiLU; q and k are L2-normalised; the delta rule runs with
-decay exp(softplus(alpha + dt_bias) * A) and rate sigmoid(beta) (delta_net_kernels.py); the output is RMS-normed per
+decay exp(softplus(alpha + dt_bias) * A) and rate sigmoid(beta) (delta_net.py); the output is RMS-normed per
 head, times SiLU(z), and projected back. Its state lives in the pool's recurrent slots (recurrent_state.py).
 A gated attention layer: Qwen3's QK-normed attention whose query projection also yields a per-head gate, the output
 multiplied by sigmoid(gate); RoPE rotates a quarter of each head (interleaved M-RoPE, which for text positions is
@@ -19,16 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import delta_net_kernels, ops
+from worker.engine import ops
 from worker.engine.architectures.common import Arrays, fold_norm, fuse_rows, take, take_rows
 from worker.engine.architectures.llama import Llama, LlamaWeights
-from worker.engine.config import ModelConfig
 from worker.engine.errors import ModelLoadError
-from worker.engine.file_fields import DECODER_KEYS
+from worker.engine.formats.config import ModelConfig
+from worker.engine.formats.file_fields import DECODER_KEYS
 from worker.engine.forward_batch import ForwardBatch
+from worker.engine.kernels import delta_net
+from worker.engine.kv.recurrent_state import conv_channels
 from worker.engine.lora_targets import LoraPart, LoraTarget
 from worker.engine.ops import Array, RotaryTable
-from worker.engine.recurrent_state import conv_channels
 
 HYBRID_KEYS = frozenset({"ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank",
                          "ssm.group_count", "full_attention_interval", "attention.recurrent_layers",
@@ -172,17 +173,17 @@ class Qwen35(Llama):
         n, c = normed.shape[0], conv_channels(cfg)
         hk, hv, dk = cfg.delta_key_heads, cfg.delta_value_heads, cfg.delta_head_dim
         mixed_gate = ops.linear(normed, w.w_mixed_gate)  # (N, C + Hv*Dv)
-        decay, beta = delta_net_kernels.gates(ops.linear(normed, w.w_beta_alpha), w.dt_bias,
+        decay, beta = delta_net.gates(ops.linear(normed, w.w_beta_alpha), w.dt_bias,
                                               w.decay_rate)  # (N, Hv) x2: log decay (< 0), sigmoid(b)
         states, slots = batch.pool.states, batch.state_slots
         index = states.layer_index[layer]
-        conv = delta_net_kernels.short_conv(mixed_gate[:, :c], batch.starts, slots, states.conv[index],
+        conv = delta_net.short_conv(mixed_gate[:, :c], batch.starts, slots, states.conv[index],
                                             w.conv_taps)  # (N, C)
         qk = l2_normalize_heads(conv[:, : 2 * hk * dk].reshape(n, 2 * hk, dk), cfg.rms_eps)  # (N, 2*Hk, Dk)
         v = conv[:, 2 * hk * dk :].reshape(n, hv, dk)  # (N, Hv, Dv)
-        out = delta_net_kernels.gated_delta(qk[:, :hk], qk[:, hk:], v, decay, beta, batch.starts, slots,
+        out = delta_net.gated_delta(qk[:, :hk], qk[:, hk:], v, decay, beta, batch.starts, slots,
                                             states.matrices[index])  # (N, Hv, Dv)
-        out = delta_net_kernels.gated_norm(out, mixed_gate[:, c:], w.head_norm, cfg.rms_eps)  # (N, Hv*Dv)
+        out = delta_net.gated_norm(out, mixed_gate[:, c:], w.head_norm, cfg.rms_eps)  # (N, Hv*Dv)
         return ops.linear(out, w.w_out)  # (N, D)
 
     def gated_attention(self, weights: LlamaWeights, w: GatedAttentionLayer, layer: int, normed: Array,

@@ -14,9 +14,9 @@ from worker.engine import ops
 from worker.engine.architectures.common import fold_norm, fuse_rows, take
 from worker.engine.architectures.qwen3moe import EXPERT_KEYS, Qwen3MoE, RoutedFFN
 from worker.engine.architectures.qwen35 import HYBRID_KEYS, Qwen35
-from worker.engine.config import ModelConfig
 from worker.engine.errors import ModelLoadError
-from worker.engine.file_fields import DECODER_KEYS
+from worker.engine.formats.config import ModelConfig
+from worker.engine.formats.file_fields import DECODER_KEYS
 from worker.engine.forward_batch import ForwardBatch
 from worker.engine.lora_targets import LoraTarget
 from worker.engine.ops import Array

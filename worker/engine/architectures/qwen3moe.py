@@ -14,10 +14,10 @@ from worker.engine import ops
 from worker.engine.architectures.common import Arrays, dense, fold_norm, fuse_rows, take, take_rows
 from worker.engine.architectures.llama import AttentionWeights
 from worker.engine.architectures.qwen3 import Qwen3
-from worker.engine.config import ModelConfig
 from worker.engine.errors import ModelLoadError
 from worker.engine.experts import SOFTMAX, StackedExperts, combine, route
-from worker.engine.file_fields import DECODER_KEYS
+from worker.engine.formats.config import ModelConfig
+from worker.engine.formats.file_fields import DECODER_KEYS
 from worker.engine.forward_batch import ForwardBatch
 from worker.engine.lora_targets import LoraTarget
 from worker.engine.ops import Array

@@ -1,0 +1,148 @@
+"""worker.engine.kernels.interleaved_k_matmul and interleaved_k_blocks: Q4_K, Q5_K and Q6_K interleaved sixteen rows at a time hold
+the file's codes and tables exactly, and their integer matmuls equal the numpy reference bit for bit at every row
+count, on every instruction path this CPU has; a row's result does not depend on the rest of its step; the result
+stays close to float arithmetic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.kernel_paths import assert_every_path_gives, outputs_on_every_path
+from tests.support.quant_data import random_blocks
+from worker.engine.kernels import interleaved_k_matmul, k_activations
+from worker.engine.weights.interleaved_k_blocks import INTERLEAVED_K_KINDS, InterleavedK, interleave_k
+from worker.engine.weights.k_blocks import KBlocks, decode_k_blocks
+
+ROW_COUNTS = (1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 36, 64, 70)
+
+
+def decoded(kind: str, rows: int, cols: int, seed: int) -> KBlocks:
+    """A random (rows, cols) matrix of the kind in the file's super-block form, decoded from raw GGUF bytes."""
+    return decode_k_blocks(random_blocks(kind, rows, cols, np.random.default_rng(seed)), kind, (rows, cols))
+
+
+def matrix(kind: str, rows: int, cols: int, seed: int) -> InterleavedK:
+    """The same matrix interleaved."""
+    return interleave_k(decoded(kind, rows, cols, seed))
+
+
+def activations(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random x (rows, cols) with an outlier, a zero super-block and a row of zeros."""
+    x = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)  # (rows, cols)
+    x[0, 3] = 40.0
+    x[-1, :256] = 0.0
+    if rows > 2:
+        x[1] = 0.0
+    return x
+
+
+def test_quantization_is_int8_per_64_columns_and_equals_its_reference() -> None:
+    x = activations(5, 512, 1)
+    rows = k_activations.quantize_rows(x)
+    for got, expected in zip(rows, k_activations.reference_quantize(x)):
+        np.testing.assert_array_equal(got, expected)
+    q, dx, sums32, offsets = rows
+    assert dx.shape == (5, 8) and sums32.shape == (5, 16) and offsets.shape == (5, 64)
+    assert sums32.dtype == np.int16 and offsets.dtype == np.int32
+    assert q.dtype == np.int8 and np.abs(q).max() == 127 and not dx[-1, :4].any() and not q[-1, :256].any()
+    np.testing.assert_allclose(q[2].reshape(8, 64) * dx[2][:, None], x[2].reshape(8, 64), atol=float(dx[2].max()))
+    np.testing.assert_array_equal(sums32[3], q[3].reshape(16, 32).sum(axis=1))
+    np.testing.assert_array_equal(offsets[3], -32 * q[3].reshape(64, 8).sum(axis=1))
+
+
+@pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
+def test_interleaving_keeps_codes_tables_and_weights(kind: str) -> None:
+    """37 rows (a padded last group): the codes and float32 weights come back exactly, in the file's bytes a weight
+    (plus float32 scales)."""
+    plain = decoded(kind, 37, 512, 1)
+    blocks = interleave_k(plain)
+    assert blocks.shape == (37, 512) and blocks.low.shape == (3, 2, 32, 64) and blocks.kind == kind
+    assert (blocks.high is None) == (kind == "Q4_K") and (blocks.mins is None) == (kind == "Q6_K")
+    if blocks.high is not None:
+        assert blocks.high.shape == (3, 2, 8 if kind == "Q5_K" else 16, 64)
+    np.testing.assert_array_equal(blocks.code_rows(), plain.code_rows())
+    np.testing.assert_array_equal(blocks.dequantize(), plain.dequantize())
+    index = np.array([36, 0, 17, 17])
+    np.testing.assert_array_equal(blocks.rows(index), plain.rows(index))
+    assert blocks.nbytes / (48 * 512) == pytest.approx(plain.nbytes / (37 * 512))  # the same form, rows padded
+
+
+@pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
+def test_every_row_count_equals_the_reference_bit_for_bit(kind: str) -> None:
+    blocks = matrix(kind, 37, 512, 2)  # an odd number of weight rows
+    for n in ROW_COUNTS:
+        x = activations(n, 512, n)
+        np.testing.assert_array_equal(interleaved_k_matmul.interleaved_k_matmul(x, blocks),
+                                      interleaved_k_matmul.reference_matmul(x, blocks), err_msg=f"{kind} {n} rows")
+
+
+@pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
+def test_a_rows_result_is_the_same_alone_and_among_others(kind: str) -> None:
+    blocks = matrix(kind, 48, 768, 3)
+    x = activations(300, 768, 4)  # more than one launch of ROW_CHUNK rows, several passes of X_PASS
+    together = interleaved_k_matmul.interleaved_k_matmul(x, blocks)  # (300, 48)
+    for k in (0, 1, 31, 32, 33, 255, 256, 299):
+        np.testing.assert_array_equal(interleaved_k_matmul.interleaved_k_matmul(x[k : k + 1], blocks)[0], together[k])
+    np.testing.assert_array_equal(interleaved_k_matmul.interleaved_k_matmul(x[29:35], blocks), together[29:35])
+
+
+def largest(kind: str) -> InterleavedK:
+    """A (32, 512) matrix with every code and sub-scale at its largest (Q6_K's int8 sub-scales at -128)."""
+    rows, cols = 32, 512
+    supers = cols // 256
+    codes, d = np.full((rows, cols // 2), 0xFF, np.uint8), np.full((rows, supers), 0.01, np.float32)
+    if kind == "Q6_K":
+        plain = KBlocks(kind, codes, np.full((rows, cols // 16), -128, np.int8), d,
+                        high=np.full((rows, cols // 4), 0xFF, np.uint8))
+    else:
+        fifth = np.full((rows, cols // 8), 0xFF, np.uint8) if kind == "Q5_K" else None
+        plain = KBlocks(kind, codes, np.full((rows, cols // 32), 63, np.uint8), d, high=fifth,
+                        mins=np.full((rows, cols // 32), 63, np.uint8), dmin=np.full((rows, supers), 0.02, np.float32))
+    return interleave_k(plain)
+
+
+@pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_the_largest_codes_and_activations_stay_exact(kind: str, sign: float) -> None:
+    """Every code and sub-scale at its largest and every activation at +-127: Q4_K's sums of 16 products (16 * 15 *
+    127) and Q5_K's of 8 (8 * 31 * 127) stay within vpdpwssd's int16, and every quarter's integer sum within int32."""
+    blocks = largest(kind)
+    x = np.full((20, 512), sign, np.float32)  # (20, 512)
+    np.testing.assert_array_equal(interleaved_k_matmul.interleaved_k_matmul(x, blocks),
+                                  interleaved_k_matmul.reference_matmul(x, blocks))
+
+
+@pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
+def test_close_to_float_arithmetic(kind: str) -> None:
+    blocks = matrix(kind, 64, 1024, 5)
+    x = np.random.default_rng(6).standard_normal((3, 1024)).astype(np.float32)  # (3, 1024)
+    exact = x.astype(np.float64) @ blocks.dequantize().T.astype(np.float64)  # (3, 64)
+    error = np.abs(interleaved_k_matmul.interleaved_k_matmul(x, blocks) - exact).max() / np.abs(exact).max()
+    assert error < 0.02
+
+
+def test_a_matrix_that_does_not_fit_x_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        interleaved_k_matmul.interleaved_k_matmul(np.ones((2, 256), np.float32), matrix("Q4_K", 16, 512, 1))
+
+
+def test_every_path_gives_the_same_bits(tmp_path: Path) -> None:
+    """LLMFLEET_INT_KERNELS forces each path (vpdpbusd on avx512vnni, vpmaddubsw on avx2, portable vector code on
+    generic); every path this CPU has gives the reference's bits, the largest codes and activations included."""
+    body = (
+        "from tests.worker.engine.kernels.test_interleaved_k_matmul import matrix, activations, largest\n"
+        "from worker.engine.kernels import interleaved_k_matmul\n"
+        "from worker.engine.weights.interleaved_k_blocks import INTERLEAVED_K_KINDS\n"
+        "outputs = [interleaved_k_matmul.interleaved_k_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))\n"
+        "           for kind in INTERLEAVED_K_KINDS for n in (1, 5, 33)]\n"
+        "outputs += [interleaved_k_matmul.interleaved_k_matmul(np.full((3, 512), sign, np.float32), largest(kind))\n"
+        "            for kind in INTERLEAVED_K_KINDS for sign in (1.0, -1.0)]\n"
+    )
+    expected = [interleaved_k_matmul.reference_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))
+                for kind in INTERLEAVED_K_KINDS for n in (1, 5, 33)]
+    expected += [interleaved_k_matmul.reference_matmul(np.full((3, 512), sign, np.float32), largest(kind))
+                 for kind in INTERLEAVED_K_KINDS for sign in (1.0, -1.0)]
+    assert_every_path_gives(outputs_on_every_path(tmp_path, body), expected)

@@ -1,0 +1,351 @@
+"""Integer matmuls over interleaved Q4_K, Q5_K and Q6_K super-blocks (interleaved_k_blocks.py): x (N, C) times the
+matrix (R, C) transposed, with x quantized to int8 per 64 columns (int8_spans.quantize_span; llama.cpp's Q8_K has
+one scale per 256: the finer one keeps our error inside llama.cpp's) and every product of codes and activations
+summed in integers. One `vpdpbusd` (simd_wide.wdot4) multiplies four codes of each of sixteen weight rows into one x
+row's four activations; a sub-scale is applied to a few columns' sums in integers by `vpdpwssd`, which needs them
+within int16 (Q4_K: every 16 columns, 16 * 15 * 127 < 32768; Q5_K: every 8, 8 * 31 * 127; Q6_K: every 8 from
+-32 S8, so the sum is of (code - 32) * q, 8 * 32 * 127). On the avx2 path the same integers come from `vpmaddubsw`
+and `vpmaddwd`, on the generic path from portable LLVM vector code (simd_wide.py).
+
+THE REDUCTION (every step width computes exactly this, so a row's result never depends on the rest of its step):
+
+    activations, per x row k: q, dx[k, 4s + h] per 64 columns (quarter h of super-block s); S32[k, j], S16[k, j] and
+      S8[k, j]: the sums of q over columns 32j .. 32j + 31, 16j .. 16j + 15 and 8j .. 8j + 7;
+    per weight row r and x row k, over super-blocks s in order and their quarters h = 0..3 in order:
+      Q4_K, Q5_K: I = sum over blocks j = 2h, 2h + 1 of sc[j] * (sum over block j's columns of code * q)
+            M = m[2h] * S32[k, 8s + 2h] + m[2h + 1] * S32[k, 8s + 2h + 1]
+            t = fma(float(M), -dmin[r, s], float32(float(I) * d[r, s]))
+      Q6_K: I = sum over groups i = 4h .. 4h + 3 of sc[i] * (sum over group i's columns of code * q
+                                                              - 32 S16[k, 16s + i])
+            t = float32(float(I) * d[r, s])
+      acc = fma(t, dx[k, 4s + h], acc)       (integers exact in any order: |I| < 2**31)
+    out[k, r] = acc
+
+`reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (at most MAX_TASKS
+tasks a launch). For each group it carries up to X_PASS x rows over the super-blocks in turn: a super-block's codes
+are unpacked once (nibbles split, Q5_K's and Q6_K's high bits joined) into an L1 scratch, then met by the pass's x
+rows four at a time (each code vector loaded once for four rows). The same loop serves one row (decode: each weight
+byte is read once) and hundreds (prefill). Launches hold numba_runtime.launch_lock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from worker.engine.kernels.int8_spans import fma32
+from worker.engine.kernels.interleaved_k_single import carry, q4k_super_single, q6k_super_single
+from worker.engine.kernels.k_activations import Int8Rows, quantize_rows, reference_quantize
+from worker.engine.kernels.numba_runtime import aligned_bytes, aligned_floats, launch_lock
+from worker.engine.kernels.simd_int import KERNEL_CACHE
+from worker.engine.kernels.simd_wide import (
+    wdot4,
+    wdot_words,
+    wfbroadcast,
+    wfload,
+    wfloat,
+    wfma,
+    wfmul,
+    wfstore,
+    wfzero,
+    whigh4,
+    wload_codes,
+    wload_widened,
+    wload_word_pairs,
+    wlow4,
+    wlow_words,
+    wmadd_words,
+    wpair_splat,
+    wquad_splat,
+    wsplat_at,
+    wstore_codes,
+    wtop_bits,
+    wzero,
+)
+from worker.engine.weights.interleaved_k_blocks import (
+    INTERLEAVED_K_KINDS,
+    TILE_ROWS,
+    VECTOR_BYTES,
+    InterleavedK,
+    interleave_k,
+)
+from worker.engine.weights.k_blocks import KBlocks, code_bytes
+from worker.engine.weights.quant_blocks import QK_K
+
+ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
+X_PASS = 64  # x rows a pass carries over a group's super-blocks (their chains, 68 * 16 float32, stay in L1)
+X_TILE = 4  # x rows met by each code vector load
+MAX_TASKS = 64  # parallel tasks a launch splits its row groups into at most (one scratch allocation each)
+UNPACKED = 64 * VECTOR_BYTES  # bytes of one super-block's codes of sixteen rows, one a byte
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def _unpack(flat_low, flat_high, table, scratch, bits):  # pragma: no cover (compiled)
+    """Super-block `table`'s codes, one a byte, into scratch: vector 8j + c holds columns 32j + 4c .. 32j + 4c + 3
+    (c < 8) of each row, from the file's bytes (k_blocks.py): byte i of a Q4_K or Q5_K part p holds columns 64p + i
+    and 64p + 32 + i, of a Q6_K quarter q = 2t + m columns 128t + 32m + i and 128t + 64 + 32m + i, in its low and
+    high nibbles; Q5_K's fifth-bit byte i holds column 32j + i in bit j, Q6_K's byte 32t + i columns 128t + 32k + i
+    in bits 2k, 2k + 1. `bits` (a constant): 4, 5 or 6."""
+    for v in range(32):
+        packed = wload_codes(flat_low, (table * 32 + v) * VECTOR_BYTES)  # (64,) code bytes 4v .. 4v + 3
+        low, high = wlow4(packed), whigh4(packed)  # (64,) each
+        quarter, c = v // 8, v % 8
+        first = 4 * (quarter // 2) + quarter % 2 if bits == 6 else 2 * quarter  # the low nibbles' block
+        second = first + 2 if bits == 6 else first + 1  # the high nibbles' block
+        if bits == 5:
+            fifth = wload_codes(flat_high, (table * 8 + c) * VECTOR_BYTES)  # (64,)
+            low, high = wtop_bits(low, fifth, first, 1), wtop_bits(high, fifth, second, 1)
+        elif bits == 6:
+            top = wload_codes(flat_high, (table * 16 + 8 * (first // 4) + c) * VECTOR_BYTES)  # (64,)
+            low, high = wtop_bits(low, top, 2 * (first % 4), 3), wtop_bits(high, top, 2 * (second % 4), 3)
+        wstore_codes(scratch, (8 * first + c) * VECTOR_BYTES, low)
+        wstore_codes(scratch, (8 * second + c) * VECTOR_BYTES, high)
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def _products(scratch, at, flat_q, a0, a1, a2, a3, v0, v1, v2, v3, first, count):  # pragma: no cover (compiled)
+    """v_i + (lane r: the products of row r's codes in scratch vectors first .. first + count - 1 from `at` (four
+    columns each) and x row i's activations from flat_q[a_i]) for four x rows."""
+    for c in range(first, first + count):
+        code = wload_codes(scratch, at + c * VECTOR_BYTES)  # (64,)
+        v0 = wdot4(v0, code, wquad_splat(flat_q, a0 + 4 * c))  # (16,)
+        v1 = wdot4(v1, code, wquad_splat(flat_q, a1 + 4 * c))  # (16,)
+        v2 = wdot4(v2, code, wquad_splat(flat_q, a2 + 4 * c))  # (16,)
+        v3 = wdot4(v3, code, wquad_splat(flat_q, a3 + 4 * c))  # (16,)
+    return v0, v1, v2, v3
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def _q45k_quarter(scratch, flat_scales, flat_mins, table, h, flat_q, flat_sums, a0, a1, a2, a3, m0, m1, m2, m3,
+                  fifth):  # pragma: no cover (compiled)
+    """I and M of quarter h (the module docstring's) for four x rows (activations from a_i, S32 pairs at m_i).
+    `fifth` (a constant): Q5_K's codes, below 32, take the sub-scale every 8 columns (8 * 31 * 127 < 32768), Q4_K's
+    every 16."""
+    i0, i1, i2, i3 = wzero(), wzero(), wzero(), wzero()  # (16,) int32 each
+    for b in range(2):
+        j = 2 * h + b
+        sub = wload_widened(flat_scales, (table * 8 + j) * TILE_ROWS)  # (16,) block j's sub-scale of each row
+        for t in range(2):
+            at, col = (8 * j + 4 * t) * VECTOR_BYTES, 32 * j + 16 * t
+            for first in range(0, 4, 2 if fifth else 4):
+                zero = wzero()
+                v0, v1, v2, v3 = _products(scratch, at, flat_q, a0 + col, a1 + col, a2 + col, a3 + col, zero, zero,
+                                           zero, zero, first, 2 if fifth else 4)  # (16,) int32 each
+                i0, i1 = wdot_words(i0, v0, sub), wdot_words(i1, v1, sub)
+                i2, i3 = wdot_words(i2, v2, sub), wdot_words(i3, v3, sub)
+    mins = wload_word_pairs(flat_mins, (table * 4 + h) * 2 * TILE_ROWS)  # (16,) the quarter's two mins of each row
+    n0 = wmadd_words(mins, wpair_splat(flat_sums, m0 + 2 * h))  # (16,) int32: M of x row 0
+    n1 = wmadd_words(mins, wpair_splat(flat_sums, m1 + 2 * h))
+    n2 = wmadd_words(mins, wpair_splat(flat_sums, m2 + 2 * h))
+    n3 = wmadd_words(mins, wpair_splat(flat_sums, m3 + 2 * h))
+    return i0, i1, i2, i3, n0, n1, n2, n3  # (16,) int32 each
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def _q6k_quarter(scratch, flat_scales, table, h, flat_q, flat_offsets, a0, a1, a2, a3, o0, o1, o2,
+                 o3):  # pragma: no cover (compiled)
+    """I of quarter h (the module docstring's) for four x rows (activations from a_i, -32 S8 from o_i): each group's
+    two runs of 8 columns start from -32 S8, so their sums of (code - 32) * q stay within 8 * 32 * 127 < 32768 and
+    vpdpwssd applies the signed sub-scale (its high word cleared)."""
+    i0, i1, i2, i3 = wzero(), wzero(), wzero(), wzero()  # (16,) int32 each
+    for g in range(4 * h, 4 * h + 4):
+        sub = wlow_words(wload_widened(flat_scales, (table * 16 + g) * TILE_ROWS))  # (16,) group g's sub-scale
+        at, col = 4 * g * VECTOR_BYTES, 16 * g
+        for e in range(2):
+            run = 2 * g + e
+            v0, v1, v2, v3 = _products(scratch, at, flat_q, a0 + col, a1 + col, a2 + col, a3 + col,
+                                       wsplat_at(flat_offsets, o0 + run), wsplat_at(flat_offsets, o1 + run),
+                                       wsplat_at(flat_offsets, o2 + run), wsplat_at(flat_offsets, o3 + run), 2 * e,
+                                       2)  # (16,) int32 each
+            i0, i1 = wdot_words(i0, v0, sub), wdot_words(i1, v1, sub)
+            i2, i3 = wdot_words(i2, v2, sub), wdot_words(i3, v3, sub)
+    return i0, i1, i2, i3
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s, cols,
+           x0, n, chains, bits, single):  # pragma: no cover (compiled)
+    """Carry the chains of x rows x0 .. x0 + n - 1 over super-block s (its codes unpacked in scratch; its tables at
+    `table`), four x rows at a time (a short last tile repeats its last row into spare chains). Constants: `bits`,
+    the codes' (4, 5 or 6: Q4_K, Q5_K, Q6_K); `single`, n is 1."""
+    six = bits == 6
+    d = wfload(flat_d, table * TILE_ROWS)  # (16,)
+    negative = wfzero() if six else wfmul(wfload(flat_dmin, table * TILE_ROWS), wfbroadcast(np.float32(-1.0)))
+    for i in range(0, n, X_TILE):
+        k0, k1 = x0 + i, x0 + min(i + 1, n - 1)
+        k2, k3 = x0 + min(i + 2, n - 1), x0 + min(i + 3, n - 1)
+        a0, a1, a2, a3 = k0 * cols + s * QK_K, k1 * cols + s * QK_K, k2 * cols + s * QK_K, k3 * cols + s * QK_K
+        for h in range(4):
+            column = 4 * s + h
+            if six:
+                o = cols // 8
+                i0, i1, i2, i3 = _q6k_quarter(scratch, flat_scales, table, h, flat_q, flat_offsets, a0, a1, a2, a3,
+                                              k0 * o + 32 * s, k1 * o + 32 * s, k2 * o + 32 * s, k3 * o + 32 * s)
+                t0, t1, t2, t3 = wfmul(wfloat(i0), d), wfmul(wfloat(i1), d), wfmul(wfloat(i2), d), wfmul(wfloat(i3), d)
+            else:
+                m = cols // 32
+                i0, i1, i2, i3, n0, n1, n2, n3 = _q45k_quarter(
+                    scratch, flat_scales, flat_mins, table, h, flat_q, flat_sums, a0, a1, a2, a3, k0 * m + 8 * s,
+                    k1 * m + 8 * s, k2 * m + 8 * s, k3 * m + 8 * s, bits == 5)
+                t0 = wfma(wfloat(n0), negative, wfmul(wfloat(i0), d))  # (16,)
+                t1 = wfma(wfloat(n1), negative, wfmul(wfloat(i1), d))
+                t2 = wfma(wfloat(n2), negative, wfmul(wfloat(i2), d))
+                t3 = wfma(wfloat(n3), negative, wfmul(wfloat(i3), d))
+            carry(chains, i, t0, dx[k0, column])
+            if not single:  # (a constant: with one x row the other three rows' work is dead code)
+                carry(chains, i + 1, t1, dx[k1, column])
+                carry(chains, i + 2, t2, dx[k2, column])
+                carry(chains, i + 3, t3, dx[k3, column])
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits, single):  # pragma: no cover (compiled)
+    """Carry the chains of x rows x0 .. x0 + n - 1 over row group g's super-blocks in turn, each unpacked once
+    (matrix: the flat low, high, scales, mins, d and dmin; xs: the flat q, S32, -32 S8 and dx (N, C/64))."""
+    flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin = matrix
+    flat_q, flat_sums, flat_offsets, dx = xs
+    for s in range(supers):
+        table = g * supers + s
+        if single and bits == 4:  # (constants) one row of Q4_K or Q6_K: straight from the packed bytes
+            q4k_super_single(flat_low, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, dx, s,
+                              cols, x0, chains)
+            continue
+        if single and bits == 6:
+            q6k_super_single(flat_low, flat_high, flat_scales, flat_d, table, flat_q, flat_offsets, dx, s, cols, x0,
+                              chains)
+            continue
+        _unpack(flat_low, flat_high, table, scratch, bits)
+        if single:
+            _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s,
+                   cols, x0, n, chains, bits, True)
+        else:
+            _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s,
+                   cols, x0, n, chains, bits, False)
+
+
+@njit(parallel=True, nogil=True, cache=KERNEL_CACHE)
+def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, parts, starts, span, out):  # pragma: no cover
+    """out[k, :16 span] for x rows starts[i] .. starts[i + 1] - 1 against the `span` row groups from
+    parts[i] * span on (a dense matrix: one part, 0; stacked experts: each used expert's rows), the module
+    docstring's reduction. Tasks take runs of (part, group) items."""
+    supers = low.shape[1]
+    cols = q.shape[1]
+    width = out.shape[1]
+    bits = 4 if high.size == 0 else 5 if high.shape[2] == 8 else 6  # Q4_K, Q5_K (8 bit planes) or Q6_K (16)
+    flat_low, flat_high, flat_scales = low.reshape(-1), high.reshape(-1), scales.reshape(-1)
+    flat_mins, flat_d, flat_dmin = mins.reshape(-1), d.reshape(-1), dmin.reshape(-1)
+    flat_q, flat_sums, flat_offsets, flat_out = q.reshape(-1), sums32.reshape(-1), offsets.reshape(-1), out.reshape(-1)
+    items = len(parts) * span
+    tasks = min(items, MAX_TASKS)
+    for task in prange(tasks):
+        scratch = aligned_bytes(UNPACKED)  # (4096,) a super-block's codes, one a byte
+        chains = aligned_floats((X_PASS + X_TILE) * TILE_ROWS)  # (68 * 16,) slots past n are spares
+        for item in range(task * items // tasks, (task + 1) * items // tasks):
+            part, local = item // span, item % span
+            g = parts[part] * span + local
+            for x0 in range(starts[part], starts[part + 1], X_PASS):
+                n = min(X_PASS, starts[part + 1] - x0)
+                chains[:] = 0
+                matrix = (flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin)
+                xs = (flat_q, flat_sums, flat_offsets, dx)
+                if bits == 4:  # (each call compiles its own constants)
+                    _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 4, n == 1)
+                elif bits == 5:
+                    _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 5, n == 1)
+                else:
+                    _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 6, n == 1)
+                for i in range(n):
+                    wfstore(flat_out, (x0 + i) * width + local * TILE_ROWS, wfload(chains, i * TILE_ROWS))
+
+
+_EMPTY_BYTES = np.zeros((0, 0, 0, 0), np.uint8)
+_EMPTY_FLOATS = np.zeros((0, 0, 0), np.float32)
+
+
+def interleaved_k_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
+    """x (N, C) times the interleaved Q4_K, Q5_K or Q6_K matrix (R, C) transposed: (N, R), row-major."""
+    n_rows, cols = x.shape
+    if blocks.shape[1] != cols:
+        raise ValueError(f"{blocks.kind} matrix {blocks.shape} does not fit x {x.shape}")
+    rows = quantize_rows(x)
+    groups = blocks.low.shape[0]
+    out = np.empty((n_rows, groups * TILE_ROWS), np.float32)  # (N, 16 G)
+    for first in range(0, n_rows, ROW_CHUNK):
+        _launch(blocks, rows, _DENSE, np.array([first, min(n_rows, first + ROW_CHUNK)], np.int64), groups, out)
+    return out if groups * TILE_ROWS == blocks.out else np.ascontiguousarray(out[:, : blocks.out])  # (N, R)
+
+
+def interleaved_k_grouped(rows: Int8Rows, blocks: InterleavedK, parts: np.ndarray, starts: np.ndarray,
+                          part_rows: int) -> np.ndarray:
+    """Stacked experts: x rows starts[i] .. starts[i + 1] - 1 (quantized) times the (part_rows, C) block of rows
+    from parts[i] * part_rows on, transposed, each expert's codes read once for all of its rows: (P, part_rows)."""
+    if part_rows % TILE_ROWS:
+        raise ValueError(f"experts of {part_rows} rows are not whole groups of {TILE_ROWS}")
+    out = np.empty((rows.q.shape[0], part_rows), np.float32)  # (P, part_rows)
+    _launch(blocks, rows, np.ascontiguousarray(parts, np.int64), np.ascontiguousarray(starts, np.int64),
+            part_rows // TILE_ROWS, out)
+    return out
+
+
+_DENSE = np.zeros(1, np.int64)  # a dense matrix is one part: rows from 0
+
+
+def _launch(blocks: InterleavedK, rows: Int8Rows, parts: np.ndarray, starts: np.ndarray, span: int,
+            out: np.ndarray) -> None:
+    """One kernel launch (under the launch lock) writing out's rows starts[0] .. starts[-1] - 1."""
+    high = blocks.high if blocks.high is not None else _EMPTY_BYTES
+    mins = blocks.mins if blocks.mins is not None else _EMPTY_BYTES
+    dmin = blocks.dmin if blocks.dmin is not None else _EMPTY_FLOATS
+    with launch_lock:
+        _matmul(blocks.low, high, blocks.scales, mins, blocks.d, dmin, rows.q, rows.dx, rows.sums32, rows.offsets,
+                parts, starts, span, out)
+
+
+def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
+    """interleaved_k_matmul's arithmetic in numpy, step by step: (N, R)."""
+    rows_q = reference_quantize(x)
+    q = rows_q.q.astype(np.int64)  # (N, C)
+    n_rows, cols = q.shape
+    supers = cols // QK_K
+    codes = blocks.code_rows().astype(np.int64)  # (R, C)
+    scales = blocks.row_lanes(blocks.scales, np.arange(blocks.out)).reshape(blocks.out, -1)  # (R, S * V)
+    group = 16 if blocks.kind == "Q6_K" else 32
+    sums = np.einsum("rgc,kgc->rkg", codes.reshape(blocks.out, -1, group), q.reshape(n_rows, -1, group))  # (R, N, g)
+    if blocks.kind == "Q6_K":
+        sums = sums + rows_q.offsets.astype(np.int64).reshape(n_rows, -1, 2).sum(axis=2)[None]  # -32 S16
+    weighted = (sums * scales.astype(np.int64)[:, None, :]).reshape(blocks.out, n_rows, supers, 4, -1).sum(axis=4)  # I
+    d = blocks.row_lanes(blocks.d[:, :, None], np.arange(blocks.out)).reshape(blocks.out, supers)  # (R, S)
+    t = (weighted.astype(np.float32) * d[:, None, :, None]).astype(np.float32)  # (R, N, S, 4)
+    if blocks.kind != "Q6_K":
+        assert blocks.mins is not None and blocks.dmin is not None
+        m = blocks.row_lanes(blocks.mins, np.arange(blocks.out)).reshape(blocks.out, supers, 4, 2).astype(np.int64)
+        s32 = rows_q.sums32.astype(np.int64).reshape(n_rows, supers, 4, 2)  # (N, S, h, b)
+        mins = np.einsum("rshb,kshb->rksh", m, s32)  # (R, N, S, 4)
+        dmin = blocks.row_lanes(blocks.dmin[:, :, None], np.arange(blocks.out)).reshape(blocks.out, supers)  # (R, S)
+        t = fma32(mins.astype(np.float32), -dmin[:, None, :, None], t)
+    dx = rows_q.dx.reshape(n_rows, supers, 4)  # (N, S, 4)
+    acc = np.zeros((blocks.out, n_rows), np.float32)  # (R, N)
+    for s in range(supers):
+        for h in range(4):
+            acc = fma32(t[:, :, s, h], dx[None, :, s, h], acc)
+    return np.ascontiguousarray(acc.T)  # (N, R)
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) the kernel for every kind, for writeable and for read-only (mapped)
+    arrays, at one row and at several."""
+    rng = np.random.default_rng(0)
+    for kind in INTERLEAVED_K_KINDS:
+        low, high = code_bytes(np.zeros((TILE_ROWS, QK_K), np.uint8), kind)  # (16, 128), high bits or None
+        supers = np.zeros((TILE_ROWS, 1), np.float32)  # (16, 1)
+        if kind == "Q6_K":
+            blocks = KBlocks(kind, low, np.zeros((TILE_ROWS, 16), np.int8), supers, high=high)
+        else:
+            blocks = KBlocks(kind, low, np.zeros((TILE_ROWS, 8), np.uint8), supers, high=high,
+                             mins=np.zeros((TILE_ROWS, 8), np.uint8), dmin=supers)
+        matrix = interleave_k(blocks)
+        for writeable in (True, False):
+            for array in matrix.arrays().values():
+                array.flags.writeable = writeable
+            for rows in (1, 2):
+                interleaved_k_matmul(rng.standard_normal((rows, QK_K)).astype(np.float32), matrix)

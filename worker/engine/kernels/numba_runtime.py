@@ -1,0 +1,56 @@
+"""The compiled kernels' threading set-up, shared by layer_kernels.py and float_matmul.py (a leaf: it imports no kernel).
+
+Parallel kernels prefer numba's OpenMP layer (layer_kernels.py says why); launches go through one process-wide lock,
+because numba's `workqueue` layer must not be entered by two threads at once. Every compiled entry point is
+`nogil`: while a step's kernels run, the worker's other threads (job feeder, publisher, cancel listener,
+heartbeat) run too, instead of waiting for the kernel to return the GIL. The layer's priority is set on import
+and the threads' spin by a model load (`set_spin`), both before the first parallel call. Kernels take their vector
+scratch from a 64-byte boundary here (`aligned_bytes`, `aligned_floats`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numba
+import numpy as np
+from numba import njit
+
+SPIN_WITH_BLAS = 10000  # OpenMP spin rounds when BLAS threads share the step (an encoder's matmuls)
+SPIN_ALONE = 300000  # libgomp's own default: bridges the Python between a decoder step's launches
+_SPIN_GIVEN = "GOMP_SPINCOUNT" in os.environ  # an operator's value is kept
+numba.config.THREADING_LAYER_PRIORITY = ["omp", "workqueue", "tbb"]  # before the first parallel call
+launch_lock = threading.Lock()  # workqueue is not re-entrant across threads: every parallel launch holds it
+
+
+def set_spin(with_blas: bool) -> None:
+    """How long idle OpenMP threads spin before they sleep, unless GOMP_SPINCOUNT was given; libgomp reads it once,
+    at numba's first parallel launch, so a model load sets it before then. A decoder's steps are launches with a
+    little Python between them: a helper thread asleep at each launch is woken late when the gateway, Redis or
+    the publisher hold its core (a served 1B stream took 10-20% longer). An encoder's BLAS threads alternate with
+    the kernels': spinning helpers would take their cores (a step 278 ms against 72), so it spins briefly."""
+    if not _SPIN_GIVEN:
+        os.environ["GOMP_SPINCOUNT"] = str(SPIN_WITH_BLAS if with_blas else SPIN_ALONE)
+
+
+def set_threads(count: int) -> None:
+    """Threads the parallel kernels use (at most the cores numba saw at start-up)."""
+    numba.set_num_threads(max(1, min(count, numba.config.NUMBA_NUM_THREADS)))
+
+
+@njit(inline="always", cache=True)
+def aligned_bytes(count):  # pragma: no cover (compiled)
+    """An uninitialised uint8 scratch of `count` bytes from a 64-byte boundary (numba aligns arrays to 32 bytes; a
+    512-bit load across two cache lines costs two)."""
+    raw = np.empty(count + 64, np.uint8)
+    skip = (64 - raw.ctypes.data % 64) % 64
+    return raw[skip : skip + count]
+
+
+@njit(inline="always", cache=True)
+def aligned_floats(count):  # pragma: no cover (compiled)
+    """An uninitialised float32 scratch of `count` values from a 64-byte boundary (as aligned_bytes)."""
+    raw = np.empty(count + 16, np.float32)
+    skip = ((64 - raw.ctypes.data % 64) % 64) // 4
+    return raw[skip : skip + count]

@@ -1,0 +1,242 @@
+"""One worker's KV pool joined to its host's tier (worker/engine/kv/tier.py): full blocks go out from a writer thread,
+the tier's blocks come in at admission, before prefill.
+
+A block's tier key follows the pool's hash chain (a block's tokens and the key of the block before it) with a stable
+digest, blake2b-128 from a namespace of the model file's key and the KV layout (Python's hash() differs between
+processes). Only base-model chains go to the tier (a LoRA adapter set's KV stays in the worker's pool).
+
+Out: when a sequence's blocks fill (Admission.commit), each is pinned in the pool and queued; the writer thread copies
+it into a staging buffer, checksums it and writes it; the step's thread unpins written blocks at its next admission
+(`settle`). The step never waits for the tier: past `max_pending` queued blocks, new ones are not offered. In
+(`fill`): the tier blocks that extend the pool's own cached run of a prompt are copied into fresh pool blocks and
+registered in the pool's prefix cache, so the allocation that follows finds them as hits and prefills only the rest.
+Bytes are copied as they are: batch-invariant numerics make a block any worker computed the block this one would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import socket
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from worker.engine.formats.repack_cache import model_key
+from worker.engine.kv.pool import KVPool
+from worker.engine.kv.tier import TierFile, TierStats, key_words
+
+KV_NUMERICS = 1  # bump whenever a change to the forward changes the bits of keys or values (old tiers are replaced)
+CHAINS_KEPT = 1024  # sequences whose last chain key is remembered (a forgotten one is recomputed from its tokens)
+DEFAULT_DIR = "/dev/shm/llmfleet-kv"
+EXPORTED = ("lookups", "hits", "misses", "tokens_hit", "blocks_written", "evictions", "skipped", "bytes_used",
+            "bytes_total")
+log = logging.getLogger(__name__)
+
+
+class PoolTier:
+    """A KV pool's link to a TierFile: offer() and a writer thread out, fill() in."""
+
+    def __init__(self, pool: KVPool, tier: TierFile, namespace: bytes, max_pending: int | None = None) -> None:
+        self.pool = pool
+        self.tier = tier
+        self.namespace = namespace
+        self.max_pending = max(1, pool.n_blocks // 4) if max_pending is None else max_pending
+        self._queue: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._pending = 0  # blocks pinned for the writer and not yet settled
+        self._chains: OrderedDict[int, tuple[int, bytes]] = OrderedDict()  # seq -> (blocks keyed, last key)
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread = threading.Thread(target=self._write_loop, name="kv-tier-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def identity(self) -> str:
+        """Which host tier this is, as placement compares it: "host:directory"."""
+        return f"{socket.gethostname()}:{self.tier.path.parent}"
+
+    @property
+    def stats(self) -> TierStats:
+        """This process's tier counters and the file's gauges."""
+        return self.tier.stats
+
+    def exported(self) -> dict[str, float]:
+        """The counters and gauges a worker publishes for /metrics (`kv_tier_*`)."""
+        stats = self.tier.stats
+        stats.bytes_used = self.tier.bytes_used()
+        return {f"kv_tier_{name}": float(getattr(stats, name)) for name in EXPORTED}
+
+    # ---- keys ----------------------------------------------------------------------------------------------
+
+    def _keys(self, token_ids: Sequence[int], first: int, last: int, parent: bytes | None = None) -> list[bytes]:
+        """Chain keys of blocks first..last-1 of token_ids (parent: the key of block first-1, computed if None)."""
+        size = self.pool.block_size
+        if parent is None:
+            parent, start = self.namespace, 0
+        else:
+            start = first
+        keys: list[bytes] = []
+        tokens = np.asarray(token_ids[: last * size], np.int64)  # (last * BS,)
+        for i in range(start, last):
+            parent = hashlib.blake2b(parent + tokens[i * size : (i + 1) * size].tobytes(), digest_size=16).digest()
+            if i >= first:
+                keys.append(parent)
+        return keys
+
+    # ---- out -----------------------------------------------------------------------------------------------
+
+    def offer(self, seq_id: int, table: Sequence[int], token_ids: Sequence[int], first: int, last: int) -> None:
+        """Blocks first..last-1 of a sequence (table: its block table) are full and computed: queue them."""
+        self.settle()
+        known = self._chains.pop(seq_id, None)
+        parent = known[1] if known is not None and known[0] == first and first > 0 else None
+        keys = self._keys(token_ids, first, last, parent)
+        self._chains[seq_id] = (last, keys[-1])
+        while len(self._chains) > CHAINS_KEPT:
+            self._chains.popitem(last=False)
+        for i, key in zip(range(first, last), keys, strict=True):
+            if self._pending >= self.max_pending:
+                self.tier.stats.skipped += 1
+                continue
+            self.pool.blocks.pin(table[i])
+            self._pending += 1
+            self._idle.clear()
+            self._queue.put((table[i], key))
+
+    def settle(self) -> None:
+        """Unpin the blocks the writer is done with (the step's thread only: the BlockManager is not shared)."""
+        while True:
+            try:
+                block = self._done.get_nowait()
+            except queue.Empty:
+                return
+            self.pool.blocks.unpin(block)
+            self._pending -= 1
+
+    def _write_loop(self) -> None:
+        staging = np.empty(self.tier.block_bytes, np.uint8)  # (block_bytes,)
+        while (item := self._queue.get()) is not None:
+            block, key = item
+            try:
+                if self.tier.has(key):
+                    self.tier.stats.duplicates += 1
+                else:
+                    self._gather(block, staging)
+                    self.tier.put(key, staging)
+            except Exception:  # the writer must outlive any one block
+                self.tier.warn("writer", "KV tier writer: a block write failed; it is skipped", exc_info=True)
+            finally:
+                self._done.put(block)
+                if self._queue.empty():
+                    self._idle.set()
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every queued block is written, then settle (tests, a draining worker)."""
+        done = self._idle.wait(timeout_s)
+        self.settle()
+        return done
+
+    def close(self) -> None:
+        """Stop the writer once the queue is written, and close the file."""
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+        self.settle()
+        self.tier.close()
+
+    # ---- block bytes ---------------------------------------------------------------------------------------
+
+    def _layers(self, staging: np.ndarray) -> np.ndarray:
+        pool = self.pool
+        shape = (2, len(pool.keys), pool.keys[0].shape[0], pool.block_size, pool.keys[0].shape[3])
+        return staging.view(pool.dtype).reshape(shape)  # (2, L, Hkv, BS, Dh)
+
+    def _gather(self, block: int, staging: np.ndarray) -> None:
+        """Copy one pool block, every layer's keys then values, into staging (block_bytes,) uint8."""
+        view = self._layers(staging)  # (2, L, Hkv, BS, Dh)
+        for layer, (keys, values) in enumerate(zip(self.pool.keys, self.pool.values)):
+            view[0, layer] = keys[:, block]  # (Hkv, BS, Dh)
+            view[1, layer] = values[:, block]  # (Hkv, BS, Dh)
+
+    def _scatter(self, staging: np.ndarray, block: int) -> None:
+        """The reverse of _gather: staging's bytes into one pool block."""
+        view = self._layers(staging)  # (2, L, Hkv, BS, Dh)
+        for layer, (keys, values) in enumerate(zip(self.pool.keys, self.pool.values)):
+            keys[:, block] = view[0, layer]  # (Hkv, BS, Dh)
+            values[:, block] = view[1, layer]  # (Hkv, BS, Dh)
+
+    # ---- in ------------------------------------------------------------------------------------------------
+
+    def fill(self, token_ids: Sequence[int]) -> int:
+        """Copy the tier's blocks that extend the pool's cached run of token_ids into the pool's prefix cache (all
+        but the block holding the last token, which is always run); returns the tokens added."""
+        self.settle()
+        blocks, size = self.pool.blocks, self.pool.block_size
+        usable = (len(token_ids) - 1) // size
+        hits, parent = blocks.cached_run(token_ids)
+        if len(hits) >= usable:
+            return 0
+        for block in hits:  # not evicted by the blocks taken below
+            blocks.pin(block)
+        adopted: list[int] = []
+        try:
+            if blocks.blocks_for(len(token_ids)) - len(hits) > blocks.num_free_blocks:
+                return 0  # it does not fit yet: admission waits, and asks again
+            self.tier.stats.lookups += 1
+            keys = self._keys(token_ids, 0, usable)
+            slots = self.tier.valid_slots()
+            staging = np.empty(self.tier.block_bytes, np.uint8)  # (block_bytes,)
+            for i in range(len(hits), usable):
+                slot = slots.get(key_words(keys[i]))
+                if slot is None:
+                    break
+                block = blocks.take_pinned()
+                if not self.tier.get(keys[i], slot, staging):
+                    blocks.unpin(block)
+                    break
+                self._scatter(staging, block)
+                parent = blocks.register(block, parent, token_ids[i * size : (i + 1) * size])
+                adopted.append(block)
+                if parent is None:
+                    break
+        finally:
+            for block in [*hits, *adopted]:
+                blocks.unpin(block)
+        stats = self.tier.stats
+        stats.hits += bool(adopted)
+        stats.misses += not adopted
+        stats.tokens_hit += len(adopted) * size
+        return len(adopted) * size
+
+
+def tier_layout(pool: KVPool, source: Path) -> dict[str, object]:
+    """What a tier's blocks depend on: the model file, the KV numerics, dtype, block size and shapes."""
+    return {"model": model_key(source), "numerics": KV_NUMERICS, "dtype": pool.dtype.name,
+            "block_size": pool.block_size, "layers": [list(k.shape[::3]) for k in pool.keys]}
+
+
+def open_tier(pool: KVPool, source: Path | None, directory: str, mib: float) -> PoolTier | None:
+    """The pool's link to its host tier in `directory` (empty: LLMFLEET_KV_TIER_DIR, else /dev/shm/llmfleet-kv; mib:
+    the file's size; 0, no model file or a hybrid model, whose blocks need its recurrent state too: None). A tier
+    that cannot be opened (a read-only or full directory) is one log line and None: the worker serves without."""
+    if mib <= 0 or source is None or not pool.blocks.enable_prefix_caching or pool.states is not None:
+        return None
+    try:
+        layout = tier_layout(pool, source)
+        digest = hashlib.sha256(repr(sorted(layout.items())).encode()).hexdigest()
+        path = Path(directory or os.environ.get("LLMFLEET_KV_TIER_DIR") or DEFAULT_DIR) / (
+            f"{layout['model']}-{digest[:12]}.kvtier")
+        block_bytes = 2 * sum(k[:, 0].nbytes for k in pool.keys)  # keys and values of every layer
+        tier = TierFile(path, layout, block_bytes, int(mib * (1 << 20)))
+    except (OSError, ValueError) as exc:
+        log.warning("KV tier in %s is off for this worker: %s (LLMFLEET_KV_TIER_DIR, LLMFLEET_KV_TIER_MIB)",
+                    directory or os.environ.get("LLMFLEET_KV_TIER_DIR") or DEFAULT_DIR,
+                    getattr(exc, "strerror", None) or exc)
+        return None
+    log.info("KV tier %s: %d blocks of %d bytes (pid %d)", path, tier.n_slots, tier.block_bytes, os.getpid())
+    return PoolTier(pool, tier, hashlib.blake2b(path.name.encode(), digest_size=16).digest())
