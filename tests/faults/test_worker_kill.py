@@ -20,7 +20,7 @@ import openai
 import pytest
 import redis
 
-from tests.faults.process_cluster import MODEL, heartbeat_loads
+from tests.faults.process_cluster import MODEL, job_holders
 from tests.faults.process_cluster import wait_until as _wait
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -79,16 +79,12 @@ def test_kill_9_mid_stream_is_invisible(start_cluster, served: str, twin_path: C
     base, workers, client = cluster.base_url, cluster.workers, redis.Redis.from_url(cluster.redis.url)
     undisturbed = _run_all(base, served)
     assert all("error" not in r for r in undisturbed.values()), undisturbed
-    # a worker's heartbeat reports its finished jobs for up to an interval more, and placement counts the higher
-    # of that and its pending entries: start the second round from two idle workers, so each gets one stream
-    _wait(lambda: max(heartbeat_loads(client).values(), default=0) == 0, 10, "both workers to report idle")
+    # start the second round from two idle workers (placement counts pending entries), so each gets one stream
+    _wait(lambda: not job_holders(client, served), 10, "both workers to hold nothing")
     killed_at: list[float] = []
 
-    def kill_a_worker() -> None:
-        def loads() -> list[int]:
-            return list(heartbeat_loads(client).values())
-
-        _wait(lambda: len(loads()) == 2 and min(loads()) > 0, 5, "both workers to report a stream")
+    def kill_a_worker() -> None:  # pending entries, read now (a heartbeat's load is up to an interval late)
+        _wait(lambda: len(set(job_holders(client, served))) == 2, 15, "both workers to hold a stream")
         os.kill(workers[0].pid, signal.SIGKILL)
         killed_at.append(time.monotonic())
 
