@@ -1,5 +1,6 @@
-"""Functions stay short: none in the product is over MAX_FUNCTION_LINES, apart from the compiled kernels (a numba
-kernel is one loop nest the compiler sees whole; a factory is measured without the kernel it returns)."""
+"""Modules and functions stay small: no module of the product over MAX_MODULE_LINES, no function over
+MAX_FUNCTION_LINES apart from the compiled kernels (a numba kernel is one loop nest the compiler sees whole; a
+factory is measured without the kernel it returns)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "worker", "shared", "llmfleet", "batches")
 MAX_FUNCTION_LINES = 40
+MAX_MODULE_LINES = 400
 
 
 def _compiled(node: ast.AST) -> bool:
@@ -33,6 +35,12 @@ def _long_functions() -> dict[str, int]:
                 if function and (lines := _length(node)) > MAX_FUNCTION_LINES:
                     found[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = lines
     return found
+
+
+def test_no_module_is_over_the_limit() -> None:
+    sizes = {str(path.relative_to(ROOT)): path.read_text().count("\n")
+             for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+    assert {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES} == {}
 
 
 def test_no_function_outside_the_compiled_kernels_is_over_the_limit() -> None:
