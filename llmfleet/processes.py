@@ -168,9 +168,7 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
     import socket
 
     from llmfleet import catalogue as catalogues
-    from llmfleet.child import Child
     from llmfleet.redis_server import BundledRedis
-    from llmfleet.supervisor import STATUS_TTL_S, Supervisor
     from shared import keys
     from worker.models import resolve
 
@@ -188,15 +186,8 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
         redis_server = BundledRedis().start()
         settings = replace(settings, redis_url=redis_server.url)
         log.info("started bundled redis-server on port %d", redis_server.port)
-    env = {**os.environ, **settings_env(settings)}
-    cli = [sys.executable, "-m", "llmfleet.cli"]
-    gateway = Child("gateway", [*cli, "gateway"], env)
-    batch_runner = Child("batch-runner", [*cli, "batch-runner"], env)
-    node = _node(settings, entries, env, pinned=pinned, max_loaded=max_loaded)
     alive = None if redis_server is None else (lambda: redis_server.process.poll() is None)
-    supervisor = Supervisor(gateway, [], batch_runner=batch_runner, drain_timeout_s=settings.drain_timeout_s,
-                            redis_alive=alive, node=node,
-                            status=_status_writer(settings.redis_target, status_key, STATUS_TTL_S))
+    supervisor = _supervisor(settings, entries, status_key, pinned=pinned, max_loaded=max_loaded, redis_alive=alive)
     for signum in (signal.SIGINT, signal.SIGTERM):  # also when started with SIGINT ignored (a background job)
         signal.signal(signum, supervisor.on_signal)
     try:
@@ -204,6 +195,22 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
     finally:
         if redis_server is not None:
             redis_server.stop()
+
+
+def _supervisor(settings: Settings, entries: dict[str, str], status_key: str, *, pinned: dict[str, int], max_loaded: int | None,
+                redis_alive: Callable[[], bool] | None) -> Supervisor:
+    """The gateway, the batch runner and the node agent as supervised children, with the status they report."""
+    from llmfleet.child import Child
+    from llmfleet.supervisor import STATUS_TTL_S, Supervisor
+
+    env = {**os.environ, **settings_env(settings)}
+    cli = [sys.executable, "-m", "llmfleet.cli"]
+    gateway = Child("gateway", [*cli, "gateway"], env)
+    batch_runner = Child("batch-runner", [*cli, "batch-runner"], env)
+    node = _node(settings, entries, env, pinned=pinned, max_loaded=max_loaded)
+    return Supervisor(gateway, [], batch_runner=batch_runner, drain_timeout_s=settings.drain_timeout_s,
+                      redis_alive=redis_alive, node=node,
+                      status=_status_writer(settings.redis_target, status_key, STATUS_TTL_S))
 
 
 def _split_cores(settings: Settings, processes: int) -> Settings:

@@ -49,6 +49,37 @@ LOST_READ_AFTER_S = COMMAND_TIMEOUT_S + 1.0  # own entries idle this long and ne
 OWN_PENDING_MAX = 10_000  # entries an earlier process under the same id may have left, per stream
 
 
+def pending_counts(redis: Any, streams: list[str]) -> list[int]:
+    """Each stream's pending entries in the jobs group, in one round trip (-1 where Redis could not say: a stream
+    or group not there yet); a stream with none has nothing a reclaim could take."""
+    pipe = redis.pipeline(transaction=False)
+    for stream in streams:
+        pipe.xpending(stream, keys.JOBS_GROUP)
+    return [int(reply["pending"]) if isinstance(reply, dict) else -1 for reply in pipe.execute(raise_on_error=False)]
+
+
+def claim_from_streams(redis: Any, streams: list[str], worker_id: str, *, count: int, ttl_s: float, lease_s: float,
+                       skip: dict[str, list[str]], required: set[str]) -> list[tuple[str, str, Any]]:
+    """claim_stalled over `streams` in turn, up to `count` entries in all: (stream, entry id, fields); the entries in
+    `skip` (per stream) are left alone. NOGROUP on a stream in `required` raises (it is recreated); on another, that
+    stream is skipped (forgotten meanwhile)."""
+    found: list[tuple[str, str, Any]] = []
+    for stream in streams:
+        if count <= 0:
+            break
+        try:
+            claimed = claim_stalled(redis, stream, worker_id, count=count, ttl_s=ttl_s, lease_s=lease_s,
+                                    request_id_of=request_id_of, skip=frozenset(skip.get(stream, ())))
+        except ResponseError as exc:
+            if stream in required:
+                raise
+            log.debug("skipping %s in the reclaim: %s", stream, exc)
+            continue
+        count -= len(claimed)
+        found += [(stream, reply_text(message_id), fields) for message_id, fields in claimed]
+    return found
+
+
 def claim_stalled(redis: Any, stream: str, worker_id: str, *, count: int, ttl_s: float, lease_s: float,
                   request_id_of: Callable[[dict], str | None] | None = None,
                   skip: frozenset[str] = frozenset()) -> list[Any]:

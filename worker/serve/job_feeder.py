@@ -34,12 +34,14 @@ from shared.settings import Settings
 from worker.failover.fencing import Grant, take_ownership
 from worker.failover.resume import JournalState
 from worker.failover.stealing import Stealer, reclaim_streams
-from worker.failover.takeover import claim_own, claim_stalled, read_for_takeover, request_id_of
+from worker.failover.takeover import claim_from_streams, claim_own, pending_counts, read_for_takeover
 from worker.loras import AdapterSet
 from worker.schedule.sequences import Priority
 
 log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jobs (failover: TTL + this)
+SWEEP_EVERY = 20  # every this many reclaims, every stream is looked at (dead consumers holding nothing forgotten);
+# in between only those with pending entries: the look was 3-4 round trips a stream, most of this thread's CPU
 IDLE_BLOCK_MS = 200  # a read with nothing waiting anywhere blocks this long on this worker's streams
 FULL_WAIT_S = 0.05  # with no free slot, look again after this long (or when the loop frees one)
 BUSY_POLL_S = 0.01  # a busy worker looks for jobs this often: one round trip tells whether any stream holds one
@@ -96,6 +98,7 @@ class JobFeeder:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._last_reclaim = 0.0
+        self._reclaims = 0  # reclaims so far (every SWEEP_EVERY-th looks at every stream)
         self._failures = 0
         self._thread = threading.Thread(target=self._run, name="job-feeder", daemon=True)
 
@@ -293,26 +296,18 @@ class JobFeeder:
         free -= len(jobs)
         if self._recovering():  # after a Redis outage every registry entry looked expired: wait a TTL
             free = 0
-        for stream in reclaim_streams(self.redis, self.model):
-            if free <= 0:
-                break
-            try:
-                # this worker's own entries whose read lost its reply come back here too (takeover.py); those an
-                # earlier process or a failed taking left are _claim_orphans' (skipped)
-                claimed = claim_stalled(self.redis, stream, self.worker_id, count=free,
-                                        ttl_s=self.settings.heartbeat_ttl_s, lease_s=self.settings.lease_s,
-                                        request_id_of=request_id_of, skip=frozenset(self.orphans.get(stream, ())))
-            except ResponseError as exc:
-                if stream in self.streams or stream in self.own_streams:
-                    raise  # NOGROUP on a stream of this worker: recreated
-                log.debug("skipping %s in the reclaim: %s", stream, exc)  # forgotten meanwhile
-                continue
-            free -= len(claimed)
-            for message_id, fields in claimed:
-                mid = reply_text(message_id)
-                job = self._decode(stream, mid, fields)  # None: trimmed away or unreadable, acked and dropped
-                if job is not None and not self._holds(job.id):
-                    jobs.append((stream, mid, job))
+        streams = reclaim_streams(self.redis, self.model)
+        self._reclaims += 1
+        if self._reclaims % SWEEP_EVERY:  # skip the streams with nothing pending (one round trip for all)
+            streams = [s for s, n in zip(streams, pending_counts(self.redis, streams), strict=True) if n != 0]
+        # this worker's own entries whose read lost its reply come back here too (takeover.py); those an earlier
+        # process or a failed taking left are _claim_orphans' (skipped)
+        for stream, mid, fields in claim_from_streams(
+                self.redis, streams, self.worker_id, count=free, ttl_s=self.settings.heartbeat_ttl_s,
+                lease_s=self.settings.lease_s, skip=self.orphans, required={*self.streams, *self.own_streams}):
+            job = self._decode(stream, mid, fields)  # None: trimmed away or unreadable, acked and dropped
+            if job is not None and not self._holds(job.id):
+                jobs.append((stream, mid, job))
         self._take(jobs, takeover=True)
 
     def _claim_orphans(self, free: int) -> list[tuple[str, str, Job]]:

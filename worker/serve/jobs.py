@@ -38,6 +38,30 @@ def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
     return engine.encode_prompt(job.prompt or "")
 
 
+def _max_tokens(engine: Engine, job: GenerateJob, prompt_tokens: int, default_max_tokens: int, param: str) -> int:
+    """The job's max_tokens (or the default, cut to the context left), checked against the context length."""
+    max_tokens = job.max_tokens
+    if max_tokens is None:  # at least 1: a prompt that fills the context is a 400 below, not a forward past it
+        left = max(engine.context_length - prompt_tokens, 1)
+        max_tokens = min(default_max_tokens, left) if default_max_tokens > 0 else left
+    try:
+        engine.check_fits(prompt_tokens, max_tokens)  # the one context-length rule, with OpenAI's wording
+    except ContextLengthError as exc:
+        raise ContextLengthExceeded(str(exc), param=param) from None
+    return max_tokens
+
+
+def _checked_sampling(engine: Engine, job: GenerateJob) -> SamplingParams:
+    """The job's sampling parameters, validated against the vocabulary (a 400 naming the field)."""
+    sampling = sampling_params(job)
+    try:
+        sampling.validate(engine.model.config.vocab_size)
+    except ValueError as exc:
+        name = str(exc).split(" ", 1)[0]  # validate's messages start with the field's name
+        raise InvalidRequest(str(exc), param=name if hasattr(sampling, name) else None) from None
+    return sampling
+
+
 def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: int = 0,
                        loras: tuple[LoraUse, ...] = ()) -> GenerationRequest:
     """Build the scheduler request of a generate job, checking it against the model's limits; a job without
@@ -50,20 +74,8 @@ def generation_request(engine: Engine, job: GenerateJob, *, default_max_tokens: 
     param = "messages" if job.messages is not None else "prompt"
     if not prompt_ids:
         raise InvalidRequest("the prompt is empty", param=param)
-    max_tokens = job.max_tokens
-    if max_tokens is None:  # at least 1: a prompt that fills the context is a 400 below, not a forward past it
-        left = max(engine.context_length - len(prompt_ids), 1)
-        max_tokens = min(default_max_tokens, left) if default_max_tokens > 0 else left
-    try:
-        engine.check_fits(len(prompt_ids), max_tokens)  # the one context-length rule, with OpenAI's wording
-    except ContextLengthError as exc:
-        raise ContextLengthExceeded(str(exc), param=param) from None
-    sampling = sampling_params(job)
-    try:
-        sampling.validate(engine.model.config.vocab_size)
-    except ValueError as exc:
-        name = str(exc).split(" ", 1)[0]  # validate's messages start with the field's name
-        raise InvalidRequest(str(exc), param=name if hasattr(sampling, name) else None) from None
+    max_tokens = _max_tokens(engine, job, len(prompt_ids), default_max_tokens, param)
+    sampling = _checked_sampling(engine, job)
     harmony = _harmony_chat(engine, job)
     params = GenerationParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(job.stop),
                               ignore_eos=job.ignore_eos, constraint=output_constraint(engine, job),

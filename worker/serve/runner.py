@@ -87,28 +87,34 @@ class WorkerRunner:
         self._lost: set[tuple[str, str]] = set()  # (stream, entry) whose lease renewal was refused: to drop
         self.served = 0  # requests that ended here (any way)
         self.decode_capacity = 0.0  # tokens/s of a full decode step, measured when run() starts
-        tier = getattr(self.scheduler, "tier", None)  # the host KV tier (None: off, or an embedding model)
-        self.heartbeat = Heartbeat(redis, worker_id=self.worker_id, model=model, slots=self.scheduler.config.max_sequences,
-                                   interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
-                                   gauges=self._gauges, held_jobs=self._leases, stats=self._stats,
-                                   on_lost=self._lost_leases, loras=lambda: self.adapters.snapshot(),
-                                   opens_thinking=engine.opens_thinking,
-                                   opens_thinking_disabled=engine.opens_thinking_disabled,
-                                   harmony=engine.harmony,
-                                   facts=lambda: self.facts,
-                                   drop_tier=tier and tier.tier.drop, kv_tier=tier.identity if tier else "")
+        self.heartbeat = self._new_heartbeat()
         self.cancels = CancelListener(redis, model, held=self._held_ids)
         self.adapters = AdapterSet(engine.model, model, max_count=settings.max_loras,
                                    max_bytes=int(settings.lora_memory_mib * (1 << 20)))
-        self.intake = JobIntake(engine, self.scheduler, self.publisher, self.adapters, redis,
-                                default_max_tokens=settings.default_max_tokens,
-                                causal_embeddings=bool(settings.causal_embeddings))
-        self.feeder = JobFeeder(redis, settings, model=model, worker_id=self.worker_id, streams=self.streams,
-                                own_streams=self.own_streams, adapters=self.adapters, free_width=self._free_width,
-                                accepting=lambda: self.heartbeat.state == "ready" and not self.stop_requested.is_set(),
-                                holds=lambda request_id: request_id in self._held, ensure_group=self.ensure_group,
-                                journal_ttl_s=self.publisher.journal_ttl_s, slots=self.scheduler.config.max_sequences,
-                                outranked_width=self._outranked_width, recovering=self.heartbeat.recovering)
+        self.intake = JobIntake(engine, self.scheduler, self.publisher, self.adapters, redis, causal_embeddings=bool(
+            settings.causal_embeddings), default_max_tokens=settings.default_max_tokens)
+        self.feeder = self._new_feeder()
+
+    def _new_heartbeat(self) -> Heartbeat:
+        """The registry entry's writer: slots, load, leases, stats, adapters and what the gateway needs to know."""
+        engine, settings = self.engine, self.settings
+        tier = getattr(self.scheduler, "tier", None)  # the host KV tier (None: off, or an embedding model)
+        return Heartbeat(self.redis, worker_id=self.worker_id, model=self.model,
+                         slots=self.scheduler.config.max_sequences, interval_s=settings.heartbeat_interval_s,
+                         ttl_s=settings.heartbeat_ttl_s, gauges=self._gauges, held_jobs=self._leases,
+                         stats=self._stats, on_lost=self._lost_leases, loras=lambda: self.adapters.snapshot(),
+                         opens_thinking=engine.opens_thinking, opens_thinking_disabled=engine.opens_thinking_disabled,
+                         harmony=engine.harmony, facts=lambda: self.facts,
+                         drop_tier=tier and tier.tier.drop, kv_tier=tier.identity if tier else "")
+
+    def _new_feeder(self) -> JobFeeder:
+        """The thread that takes jobs from the model's streams as far as there is room."""
+        return JobFeeder(self.redis, self.settings, model=self.model, worker_id=self.worker_id, streams=self.streams,
+                         own_streams=self.own_streams, adapters=self.adapters, free_width=self._free_width,
+                         accepting=lambda: self.heartbeat.state == "ready" and not self.stop_requested.is_set(),
+                         holds=lambda request_id: request_id in self._held, ensure_group=self.ensure_group,
+                         journal_ttl_s=self.publisher.journal_ttl_s, slots=self.scheduler.config.max_sequences,
+                         outranked_width=self._outranked_width, recovering=self.heartbeat.recovering)
 
     # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
 
@@ -181,6 +187,19 @@ class WorkerRunner:
 
     def run(self) -> None:
         """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
+        self._start()
+        drain_until = math.inf
+        try:
+            while True:
+                drain_until = self._note_drain(drain_until)
+                if self._drained(drain_until):
+                    return
+                self._safe(self.run_once)
+        finally:
+            self._stop(drain_until)
+
+    def _start(self) -> None:
+        """Take back what an earlier process under this id left, load, register and start the threads."""
         self.ensure_group()
         self.feeder.orphans = own_pending(self.redis, reclaim_streams(self.redis, self.model), self.worker_id)
         if self.feeder.orphans:
@@ -197,30 +216,36 @@ class WorkerRunner:
         self.feeder.start()
         self.ready.set()
         log.info("worker %s serving %s with %d slots", self.worker_id, self.model, self.scheduler.config.max_sequences)
-        drain_until = math.inf
-        try:
-            while True:
-                if self.stop_requested.is_set() and self.heartbeat.state != "draining":
-                    self.heartbeat.state = "draining"
-                    self._safe(self.heartbeat.beat)
-                    drain_until = time.monotonic() + self.settings.drain_timeout_s
-                    log.info("worker %s draining %d jobs", self.worker_id, len(self._held))
-                if self.heartbeat.state == "draining" and not self._held and not self.publisher.backlog:
-                    return
-                if time.monotonic() > drain_until:  # unacked, they resume on another worker once we deregister
-                    log.warning("worker %s: drain timeout (LLMFLEET_DRAIN_TIMEOUT_S=%g); leaving %d jobs to the "
-                                "other workers", self.worker_id, self.settings.drain_timeout_s, len(self._held))
-                    return
-                self._safe(self.run_once)
-        finally:
-            self.feeder.stop()
-            self.cancels.stop()
-            self.publisher.sender.close(timeout_s=max(0.0, min(5.0, drain_until - time.monotonic())))
-            self.heartbeat.stop()
-            self._safe(self.heartbeat.deregister)
-            if getattr(self.scheduler, "tier", None) is not None:  # its queued blocks written, the file kept
-                self.scheduler.tier.close()
-            log.info("worker %s stopped", self.worker_id)
+
+    def _note_drain(self, drain_until: float) -> float:
+        """Once a stop is requested: say so in the registry (draining) and start the drain timeout."""
+        if not self.stop_requested.is_set() or self.heartbeat.state == "draining":
+            return drain_until
+        self.heartbeat.state = "draining"
+        self._safe(self.heartbeat.beat)
+        log.info("worker %s draining %d jobs", self.worker_id, len(self._held))
+        return time.monotonic() + self.settings.drain_timeout_s
+
+    def _drained(self, drain_until: float) -> bool:
+        """Whether a draining worker is done: nothing held and nothing left to send, or the drain timed out."""
+        if self.heartbeat.state == "draining" and not self._held and not self.publisher.backlog:
+            return True
+        if time.monotonic() > drain_until:  # unacked, they resume on another worker once we deregister
+            log.warning("worker %s: drain timeout (LLMFLEET_DRAIN_TIMEOUT_S=%g); leaving %d jobs to the other "
+                        "workers", self.worker_id, self.settings.drain_timeout_s, len(self._held))
+            return True
+        return False
+
+    def _stop(self, drain_until: float) -> None:
+        """Stop the threads (the publisher sends what it can until the drain deadline, at most 5 s), deregister."""
+        self.feeder.stop()
+        self.cancels.stop()
+        self.publisher.sender.close(timeout_s=max(0.0, min(5.0, drain_until - time.monotonic())))
+        self.heartbeat.stop()
+        self._safe(self.heartbeat.deregister)
+        if getattr(self.scheduler, "tier", None) is not None:  # its queued blocks written, the file kept
+            self.scheduler.tier.close()
+        log.info("worker %s stopped", self.worker_id)
 
     def _safe(self, fn: Callable[[], None]) -> None:
         """Run one part of the loop; Redis trouble and bugs are logged and retried with backoff, never fatal."""

@@ -88,3 +88,20 @@ def test_an_own_entry_whose_read_lost_its_reply_is_claimed_back_past_the_bound(
                             skip=frozenset({skipped}))
     assert [e[0].decode() for e in claimed] == [lost]  # not the taken one, not the skipped one
     assert take_ownership(client, STREAM, "w1", [("r5", lost)], ttl_s=60)[0].owner == "1:w1"
+
+
+def test_pending_counts_reads_every_stream_in_one_round_trip(client: redis.Redis) -> None:
+    other = keys.jobs_stream("m", "high")
+    client.xgroup_create(other, keys.JOBS_GROUP, id="0", mkstream=True)
+    _read(client, "w1", "r1")
+    _read(client, "w2", "r2")
+    client.xadd(other, {keys.JOB_FIELD: b"r3"})  # waiting, not read: nothing pending
+    assert takeover.pending_counts(client, [STREAM, other, keys.jobs_stream("never-made")]) == [2, 0, -1]
+
+
+def test_claim_from_streams_skips_a_forgotten_stream_and_raises_for_a_required_one(client: redis.Redis) -> None:
+    gone = keys.jobs_stream("gone")
+    assert takeover.claim_from_streams(client, [gone, STREAM], "w9", count=4, ttl_s=1.0, lease_s=60.0, skip={},
+                                       required=set()) == []
+    with pytest.raises(redis.ResponseError):
+        takeover.claim_from_streams(client, [gone], "w9", count=4, ttl_s=1.0, lease_s=60.0, skip={}, required={gone})

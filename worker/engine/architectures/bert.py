@@ -77,32 +77,8 @@ class Bert:
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> BertWeights:
         """Map GGUF tensors (llama.cpp's bert names) to fused, matmul-ready weights."""
-        d, f, v, dh = config.d_model, config.d_ff, config.vocab_size, config.head_dim
-        inner = config.n_heads * dh
-        scale = np.float32(1.0 / np.sqrt(dh))
-        layers = []
-        for i in range(config.n_layers):
-            p = f"blk.{i}."
-            wq = take(tensors, p + "attn_q.weight", (inner, d), path)  # (H*Dh, D)
-            wq = scale_rows(wq, scale)  # (H*Dh, D)
-            bqkv = np.concatenate([take(tensors, p + "attn_q.bias", (inner,), path) * scale,
-                                   take(tensors, p + "attn_k.bias", (inner,), path),
-                                   take(tensors, p + "attn_v.bias", (inner,), path)])  # (3*H*Dh,)
-            layers.append(BertLayer(
-                wqkv=ops.weight(fuse_rows(wq, take(tensors, p + "attn_k.weight", (inner, d), path),
-                                          take(tensors, p + "attn_v.weight", (inner, d), path))),  # (3*H*Dh, D)
-                bqkv=ops.asarray(bqkv, np.float32),
-                wo=ops.weight(take(tensors, p + "attn_output.weight", (d, inner), path)),  # (D, H*Dh)
-                bo=ops.asarray(take(tensors, p + "attn_output.bias", (d,), path)),  # (D,)
-                attn_norm_weight=ops.asarray(take(tensors, p + "attn_output_norm.weight", (d,), path)),  # (D,)
-                attn_norm_bias=ops.asarray(take(tensors, p + "attn_output_norm.bias", (d,), path)),  # (D,)
-                w_up=ops.weight(take(tensors, p + "ffn_up.weight", (f, d), path)),  # (F, D)
-                b_up=ops.asarray(take(tensors, p + "ffn_up.bias", (f,), path)),  # (F,)
-                w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
-                b_down=ops.asarray(take(tensors, p + "ffn_down.bias", (d,), path)),  # (D,)
-                out_norm_weight=ops.asarray(take(tensors, p + "layer_output_norm.weight", (d,), path)),  # (D,)
-                out_norm_bias=ops.asarray(take(tensors, p + "layer_output_norm.bias", (d,), path)),  # (D,)
-            ))
+        d, v = config.d_model, config.vocab_size
+        layers = [self._layer(tensors, config, path, i) for i in range(config.n_layers)]
         positions = ops.dense(take(tensors, "position_embd.weight", (config.context_length, d), path))  # (P, D)
         encoder_layers.warm()  # compiled (or read from numba's cache) at load, not on the first request
         types = tensors.get("token_types.weight")
@@ -115,6 +91,33 @@ class Bert:
             embed_norm_weight=ops.asarray(take(tensors, "token_embd_norm.weight", (d,), path)),  # (D,)
             embed_norm_bias=ops.asarray(take(tensors, "token_embd_norm.bias", (d,), path)),  # (D,)
             layers=tuple(layers),
+        )
+
+    @staticmethod
+    def _layer(tensors: dict[str, np.ndarray], config: ModelConfig, path: str, i: int) -> BertLayer:
+        """Block i: Q/K/V and their biases fused, the query scale folded into Q's rows and bias."""
+        d, f, dh = config.d_model, config.d_ff, config.head_dim
+        inner = config.n_heads * dh
+        scale = np.float32(1.0 / np.sqrt(dh))
+        p = f"blk.{i}."
+        wq = scale_rows(take(tensors, p + "attn_q.weight", (inner, d), path), scale)  # (H*Dh, D)
+        bqkv = np.concatenate([take(tensors, p + "attn_q.bias", (inner,), path) * scale,
+                               take(tensors, p + "attn_k.bias", (inner,), path),
+                               take(tensors, p + "attn_v.bias", (inner,), path)])  # (3*H*Dh,)
+        return BertLayer(
+            wqkv=ops.weight(fuse_rows(wq, take(tensors, p + "attn_k.weight", (inner, d), path),
+                                      take(tensors, p + "attn_v.weight", (inner, d), path))),  # (3*H*Dh, D)
+            bqkv=ops.asarray(bqkv, np.float32),
+            wo=ops.weight(take(tensors, p + "attn_output.weight", (d, inner), path)),  # (D, H*Dh)
+            bo=ops.asarray(take(tensors, p + "attn_output.bias", (d,), path)),  # (D,)
+            attn_norm_weight=ops.asarray(take(tensors, p + "attn_output_norm.weight", (d,), path)),  # (D,)
+            attn_norm_bias=ops.asarray(take(tensors, p + "attn_output_norm.bias", (d,), path)),  # (D,)
+            w_up=ops.weight(take(tensors, p + "ffn_up.weight", (f, d), path)),  # (F, D)
+            b_up=ops.asarray(take(tensors, p + "ffn_up.bias", (f,), path)),  # (F,)
+            w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
+            b_down=ops.asarray(take(tensors, p + "ffn_down.bias", (d,), path)),  # (D,)
+            out_norm_weight=ops.asarray(take(tensors, p + "layer_output_norm.weight", (d,), path)),  # (D,)
+            out_norm_bias=ops.asarray(take(tensors, p + "layer_output_norm.bias", (d,), path)),  # (D,)
         )
 
     def lora_targets(self, config: ModelConfig) -> tuple[LoraTarget, ...]:

@@ -80,38 +80,16 @@ class Gemma3:
 
     def load(self, tensors: dict[str, np.ndarray], config: ModelConfig, path: str) -> Gemma3Weights:
         """Map GGUF tensors to fused, matmul-ready weights (Q/K rows are already in half-rotation order)."""
-        d, f, v, dh = config.d_model, config.d_ff, config.vocab_size, config.head_dim
-        q_dim, kv_dim = config.n_heads * dh, config.n_kv_heads * dh
-        query_scale = np.float32(1.0 / np.sqrt(dh))
+        d, v = config.d_model, config.vocab_size
         global_rotary = RotaryTable(config.rope_dim, config.rope_base, config.context_length, config.rope_scaling)
         local_rotary = (RotaryTable(config.rope_dim, config.rope_base_swa or LOCAL_ROPE_BASE, config.context_length)
                         if config.sliding_window > 0 else global_rotary)
         pattern = config.sliding_window_pattern or SLIDING_WINDOW_PATTERN
         layers = []
         for i in range(config.n_layers):
-            p = f"blk.{i}."
             local = config.sliding_window > 0 and not is_global_layer(i, pattern)
-            attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
-            ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
-            layers.append(Gemma3Layer(
-                wqkv=ops.weight(fold_norm(fuse_rows(
-                    take(tensors, p + "attn_q.weight", (q_dim, d), path),
-                    take(tensors, p + "attn_k.weight", (kv_dim, d), path),
-                    take(tensors, p + "attn_v.weight", (kv_dim, d), path),
-                ), attn_norm)),  # (H*Dh + 2*Hkv*Dh, D)
-                q_norm=ops.asarray(take(tensors, p + "attn_q_norm.weight", (dh,), path) * query_scale),  # (Dh,)
-                k_norm=ops.asarray(take(tensors, p + "attn_k_norm.weight", (dh,), path)),  # (Dh,)
-                wo=ops.weight(take(tensors, p + "attn_output.weight", (d, q_dim), path)),  # (D, H*Dh)
-                post_attention_norm=ops.asarray(take(tensors, p + "post_attention_norm.weight", (d,), path)),
-                w_gate_up=ops.weight(fold_norm(fuse_rows(
-                    take(tensors, p + "ffn_gate.weight", (f, d), path),
-                    take(tensors, p + "ffn_up.weight", (f, d), path),
-                ), ffn_norm)),  # (2F, D)
-                w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
-                post_ffw_norm=ops.asarray(take(tensors, p + "post_ffw_norm.weight", (d,), path)),  # (D,)
-                window=config.sliding_window if local else 0,
-                rotary=local_rotary if local else global_rotary,
-            ))
+            layers.append(self._layer(tensors, config, path, i, local_rotary if local else global_rotary,
+                                      window=config.sliding_window if local else 0))
         embedding = ops.weight(take(tensors, "token_embd.weight", (v, d), path))  # (V, D) rows looked up
         output = (ops.weight(take(tensors, "output.weight", (v, d), path))
                   if "output.weight" in tensors else embedding)  # (V, D)
@@ -122,6 +100,36 @@ class Gemma3:
             layers=tuple(layers),
             output_norm=ops.asarray(take(tensors, "output_norm.weight", (d,), path)),
             output=output,
+        )
+
+    @staticmethod
+    def _layer(tensors: dict[str, np.ndarray], config: ModelConfig, path: str, i: int, rotary: RotaryTable, *,
+               window: int) -> Gemma3Layer:
+        """Block i: Q/K/V fused with the attention norm folded in, the query scale in the q-norm, gate and up fused."""
+        d, f, dh = config.d_model, config.d_ff, config.head_dim
+        q_dim, kv_dim = config.n_heads * dh, config.n_kv_heads * dh
+        p = f"blk.{i}."
+        attn_norm = take(tensors, p + "attn_norm.weight", (d,), path)  # (D,)
+        ffn_norm = take(tensors, p + "ffn_norm.weight", (d,), path)  # (D,)
+        return Gemma3Layer(
+            wqkv=ops.weight(fold_norm(fuse_rows(
+                take(tensors, p + "attn_q.weight", (q_dim, d), path),
+                take(tensors, p + "attn_k.weight", (kv_dim, d), path),
+                take(tensors, p + "attn_v.weight", (kv_dim, d), path),
+            ), attn_norm)),  # (H*Dh + 2*Hkv*Dh, D)
+            q_norm=ops.asarray(take(tensors, p + "attn_q_norm.weight", (dh,), path)
+                               * np.float32(1.0 / np.sqrt(dh))),  # (Dh,) the query scale folded in
+            k_norm=ops.asarray(take(tensors, p + "attn_k_norm.weight", (dh,), path)),  # (Dh,)
+            wo=ops.weight(take(tensors, p + "attn_output.weight", (d, q_dim), path)),  # (D, H*Dh)
+            post_attention_norm=ops.asarray(take(tensors, p + "post_attention_norm.weight", (d,), path)),  # (D,)
+            w_gate_up=ops.weight(fold_norm(fuse_rows(
+                take(tensors, p + "ffn_gate.weight", (f, d), path),
+                take(tensors, p + "ffn_up.weight", (f, d), path),
+            ), ffn_norm)),  # (2F, D)
+            w_down=ops.weight(take(tensors, p + "ffn_down.weight", (d, f), path)),  # (D, F)
+            post_ffw_norm=ops.asarray(take(tensors, p + "post_ffw_norm.weight", (d,), path)),  # (D,)
+            window=window,
+            rotary=rotary,
         )
 
     def lora_targets(self, config: ModelConfig) -> tuple[LoraTarget, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from worker.engine.errors import ModelLoadError
@@ -80,25 +81,11 @@ class ModelConfig:
         arch = metadata.get("general.architecture")
         if not isinstance(arch, str):
             raise ModelLoadError(path, "metadata has no general.architecture")
-
-        def need(key: str) -> Any:
-            full = f"{arch}.{key}"
-            if full not in metadata:
-                raise ModelLoadError(path, f"metadata key {full} is missing")
-            return metadata[full]
-
-        d_model = int(need("embedding_length"))
-        n_heads = int(need("attention.head_count"))
-        n_kv_heads = int(metadata.get(f"{arch}.attention.head_count_kv", n_heads))
-        head_dim = int(metadata.get(f"{arch}.attention.key_length", d_model // n_heads))
+        need = partial(_required, metadata, arch, path)
+        d_model, n_heads = int(need("embedding_length")), int(need("attention.head_count"))
+        n_kv_heads, head_dim = _kv_shape(metadata, arch, d_model, n_heads, path)
         tokens = metadata.get("tokenizer.ggml.tokens")
         vocab = int(metadata.get(f"{arch}.vocab_size", len(tokens) if isinstance(tokens, list) else 0))
-        if n_kv_heads <= 0 or n_heads % n_kv_heads:
-            raise ModelLoadError(path, f"head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")
-        value_dim = int(metadata.get(f"{arch}.attention.value_length", head_dim))
-        if value_dim != head_dim:
-            raise ModelLoadError(path, f"metadata {arch}.attention.value_length = {value_dim} differs from key_length "
-                                       f"{head_dim}: the engine's KV pool holds keys and values of one width")
         context_length = int(metadata.get(f"{arch}.context_length", 2048))
         n_layers = int(need("block_count")) - _int_key(metadata, f"{arch}.nextn_predict_layers", path)  # MTP heads
         return cls(
@@ -122,19 +109,50 @@ class ModelConfig:
             layer_norm_eps=float(metadata.get(f"{arch}.attention.layer_norm_epsilon", 1e-12)),
             pooling_type=int(metadata.get(f"{arch}.pooling_type", 0) or 0),
             rope_scaling=rope_scaling_from_metadata(metadata, arch, context_length, path),
-            n_experts=_int_key(metadata, f"{arch}.expert_count", path),
-            n_experts_used=_int_key(metadata, f"{arch}.expert_used_count", path),
-            d_ff_expert=_int_key(metadata, f"{arch}.expert_feed_forward_length", path),
-            d_ff_shared=_int_key(metadata, f"{arch}.expert_shared_feed_forward_length", path),
-            expert_weights_scale=float(metadata.get(f"{arch}.expert_weights_scale", 0.0) or 0.0),
-            recurrent=_recurrent_layers(metadata, arch, n_layers, path),
-            conv_kernel=_int_key(metadata, f"{arch}.ssm.conv_kernel", path),
-            delta_key_heads=_int_key(metadata, f"{arch}.ssm.group_count", path),
-            delta_value_heads=_int_key(metadata, f"{arch}.ssm.time_step_rank", path),
-            delta_head_dim=_int_key(metadata, f"{arch}.ssm.state_size", path),
-            delta_inner=_int_key(metadata, f"{arch}.ssm.inner_size", path),
             rope_sections=tuple(int(v) for v in metadata.get(f"{arch}.rope.dimension_sections", ()) or ()),
+            **_expert_fields(metadata, arch, path),
+            **_recurrent_fields(metadata, arch, n_layers, path),
         )
+
+
+def _required(metadata: dict[str, Any], arch: str, path: str, key: str) -> Any:
+    """The value of `{arch}.{key}`, refused by name when absent."""
+    full = f"{arch}.{key}"
+    if full not in metadata:
+        raise ModelLoadError(path, f"metadata key {full} is missing")
+    return metadata[full]
+
+
+def _kv_shape(metadata: dict[str, Any], arch: str, d_model: int, n_heads: int, path: str) -> tuple[int, int]:
+    """(KV heads, head width), refused unless the query heads share KV heads evenly and values are as wide as keys."""
+    n_kv_heads = int(metadata.get(f"{arch}.attention.head_count_kv", n_heads))
+    head_dim = int(metadata.get(f"{arch}.attention.key_length", d_model // n_heads))
+    if n_kv_heads <= 0 or n_heads % n_kv_heads:
+        raise ModelLoadError(path, f"head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")
+    value_dim = int(metadata.get(f"{arch}.attention.value_length", head_dim))
+    if value_dim != head_dim:
+        raise ModelLoadError(path, f"metadata {arch}.attention.value_length = {value_dim} differs from key_length "
+                                   f"{head_dim}: the engine's KV pool holds keys and values of one width")
+    return n_kv_heads, head_dim
+
+
+def _expert_fields(metadata: dict[str, Any], arch: str, path: str) -> dict[str, Any]:
+    """A mixture of experts' sizes (all 0 for a dense file)."""
+    return {"n_experts": _int_key(metadata, f"{arch}.expert_count", path),
+            "n_experts_used": _int_key(metadata, f"{arch}.expert_used_count", path),
+            "d_ff_expert": _int_key(metadata, f"{arch}.expert_feed_forward_length", path),
+            "d_ff_shared": _int_key(metadata, f"{arch}.expert_shared_feed_forward_length", path),
+            "expert_weights_scale": float(metadata.get(f"{arch}.expert_weights_scale", 0.0) or 0.0)}
+
+
+def _recurrent_fields(metadata: dict[str, Any], arch: str, n_layers: int, path: str) -> dict[str, Any]:
+    """A hybrid's recurrent layers and their gated delta-net sizes (none for an attention-only file)."""
+    return {"recurrent": _recurrent_layers(metadata, arch, n_layers, path),
+            "conv_kernel": _int_key(metadata, f"{arch}.ssm.conv_kernel", path),
+            "delta_key_heads": _int_key(metadata, f"{arch}.ssm.group_count", path),
+            "delta_value_heads": _int_key(metadata, f"{arch}.ssm.time_step_rank", path),
+            "delta_head_dim": _int_key(metadata, f"{arch}.ssm.state_size", path),
+            "delta_inner": _int_key(metadata, f"{arch}.ssm.inner_size", path)}
 
 
 def _recurrent_layers(metadata: dict[str, Any], arch: str, n_layers: int, path: str) -> tuple[bool, ...]:

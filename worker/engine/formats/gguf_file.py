@@ -191,11 +191,23 @@ def read_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFContents:
     """Read a GGUF file: float tensors as arrays (F32 as read-only views of the mapping, other types dequantized to
     float32; shape row-major, GGUF's reversed). With keep_quantized, each 2-D or 3-D (stacked experts) tensor of a
     type with a block form (quant_blocks.py) is left undecoded in `quantized`, its bytes a view of the mapping."""
-    import gguf
-    from gguf.constants import GGML_QUANT_SIZES
-    from gguf.quants import dequantize
-
     buffer = _open(path)
+    metadata, raw, types = _read_layout(buffer, path)
+    tensors: dict[str, np.ndarray] = {}
+    quantized: dict[str, QuantizedTensor] = {}
+    for name, data in raw.items():
+        kept = _kept_quantized(data, types[name]) if keep_quantized else None
+        if kept is not None:
+            quantized[name] = kept
+        else:
+            tensors[name] = _decoded(data, types[name], name, path)
+    return GGUFContents(path=str(path), metadata=metadata, tensors=tensors, quantized=quantized, mapping=buffer)
+
+
+def _read_layout(buffer: Any, path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
+    """The metadata, each tensor's bytes (a view of the mapping, shaped by its dims) and its GGML type."""
+    import gguf
+
     cursor = _Cursor(buffer)
     raw: dict[str, np.ndarray] = {}
     types: dict[str, Any] = {}
@@ -216,25 +228,31 @@ def read_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFContents:
             raw[name] = _tensor_data(buffer, data_start + offset, dims, types[name])
     except (struct.error, IndexError, KeyError, ValueError, UnicodeDecodeError, OverflowError) as exc:
         raise ModelLoadError(path, f"corrupt or truncated GGUF ({type(exc).__name__}: {exc})") from None
-    tensors: dict[str, np.ndarray] = {}
-    quantized: dict[str, QuantizedTensor] = {}
-    for name, data in raw.items():
-        kind = types[name].name
-        if keep_quantized and data.ndim in (2, 3) and kind not in _NUMPY_TYPES:
-            rows = data.reshape(-1, data.shape[-1])  # (out, bytes) or stacked experts (E * out, bytes)
-            cols = rows.shape[1] // GGML_QUANT_SIZES[types[name]][1] * GGML_QUANT_SIZES[types[name]][0]
-            if code_group(kind, cols) is not None:
-                quantized[name] = QuantizedTensor(kind, (rows.shape[0], cols), rows)
-                continue
-        if kind == "F32":
-            tensors[name] = data  # a read-only view of the mapping: no copy
-            continue
-        shape = data.shape[:-1] + (-1,)
-        try:
-            array = dequantize(data, types[name])
-        except NotImplementedError:
-            raise ModelLoadError(path, f"tensor {name}: type {kind} cannot be dequantized") from None
-        except (ValueError, IndexError, TypeError) as exc:
-            raise ModelLoadError(path, f"tensor {name}: malformed data ({exc})") from None
-        tensors[name] = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
-    return GGUFContents(path=str(path), metadata=metadata, tensors=tensors, quantized=quantized, mapping=buffer)
+    return metadata, raw, types
+
+
+def _kept_quantized(data: np.ndarray, kind: Any) -> QuantizedTensor | None:
+    """A 2-D or 3-D tensor of a type with a block form, left undecoded (its bytes a view); else None."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    if data.ndim not in (2, 3) or kind.name in _NUMPY_TYPES:
+        return None
+    rows = data.reshape(-1, data.shape[-1])  # (out, bytes) or stacked experts (E * out, bytes)
+    cols = rows.shape[1] // GGML_QUANT_SIZES[kind][1] * GGML_QUANT_SIZES[kind][0]
+    return QuantizedTensor(kind.name, (rows.shape[0], cols), rows) if code_group(kind.name, cols) is not None else None
+
+
+def _decoded(data: np.ndarray, kind: Any, name: str, path: str | Path) -> np.ndarray:
+    """A tensor as float32: F32 as a read-only view of the mapping (no copy), other types dequantized."""
+    from gguf.quants import dequantize
+
+    if kind.name == "F32":
+        return data
+    shape = data.shape[:-1] + (-1,)
+    try:
+        array = dequantize(data, kind)
+    except NotImplementedError:
+        raise ModelLoadError(path, f"tensor {name}: type {kind.name} cannot be dequantized") from None
+    except (ValueError, IndexError, TypeError) as exc:
+        raise ModelLoadError(path, f"tensor {name}: malformed data ({exc})") from None
+    return np.ascontiguousarray(array, dtype=np.float32).reshape(shape)

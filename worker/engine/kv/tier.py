@@ -246,40 +246,12 @@ class TierFile:
         """Store one block's bytes under its chain key; False when it was present, under way, or not written."""
         if not self.writable:
             return False
-        k0, k1 = key_words(key)
-        with self._locked() as usable:
-            if not usable:
-                self.stats.skipped += 1
-                return False
-            index = self._index
-            same = (index["k0"] == k0) & (index["k1"] == k1) & (index["state"] != EMPTY)  # (S,)
-            if same.any():
-                slot = int(np.argmax(same))
-                if index["state"][slot] == VALID or index["claimed"][slot] >= time.time() - STALE_WRITE_S:
-                    self.stats.duplicates += 1
-                    return False
-            slot = self._victim()
-            if slot < 0:
-                return False
-            self.stats.evictions += int(index["state"][slot] == VALID)
-            entry = index[slot : slot + 1]
-            entry["state"], entry["k0"], entry["k1"] = WRITING, k0, k1
-            entry["gen"] += np.uint64(1)
-            entry["claimed"] = time.time()
-            gen = int(entry["gen"][0])
+        claimed = self._claim(key)
+        if claimed is None:
+            return False
+        slot, gen = claimed
         crc = zlib.crc32(data, zlib.crc32(key))
-        try:
-            written = os.pwrite(self._fd, data, self.data_offset + slot * self.slot_bytes)
-            if written != len(data):
-                raise OSError(errno.ENOSPC, "short write")
-        except OSError as exc:
-            self.writable = False
-            self.warn("write", "KV tier %s cannot be written (%s); this worker stops writing to it (reads go on)",
-                      self.path.name, exc.strerror or type(exc).__name__)
-            with self._locked():
-                if self._map is not None and int(self._index["gen"][slot]) == gen:
-                    self._index[slot : slot + 1]["state"] = EMPTY
-            self.stats.skipped += 1
+        if not self._write(slot, gen, data):
             return False
         with self._locked() as usable:
             entry = self._index[slot : slot + 1]
@@ -289,6 +261,48 @@ class TierFile:
             self._counters[0] += np.uint64(1)
         self.stats.blocks_written += 1
         return True
+
+    def _claim(self, key: bytes) -> tuple[int, int] | None:
+        """A slot marked WRITING for `key` and its generation; None when the key is there or being written, or the
+        file cannot be locked."""
+        k0, k1 = key_words(key)
+        with self._locked() as usable:
+            if not usable:
+                self.stats.skipped += 1
+                return None
+            index = self._index
+            same = (index["k0"] == k0) & (index["k1"] == k1) & (index["state"] != EMPTY)  # (S,)
+            if same.any():
+                slot = int(np.argmax(same))
+                if index["state"][slot] == VALID or index["claimed"][slot] >= time.time() - STALE_WRITE_S:
+                    self.stats.duplicates += 1
+                    return None
+            slot = self._victim()
+            if slot < 0:
+                return None
+            self.stats.evictions += int(index["state"][slot] == VALID)
+            entry = index[slot : slot + 1]
+            entry["state"], entry["k0"], entry["k1"] = WRITING, k0, k1
+            entry["gen"] += np.uint64(1)
+            entry["claimed"] = time.time()
+            return slot, int(entry["gen"][0])
+
+    def _write(self, slot: int, gen: int, data: np.ndarray) -> bool:
+        """The block's bytes into its claimed slot; a failed write stops this worker's writing (reads go on)."""
+        try:
+            written = os.pwrite(self._fd, data, self.data_offset + slot * self.slot_bytes)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, "short write")
+            return True
+        except OSError as exc:
+            self.writable = False
+            self.warn("write", "KV tier %s cannot be written (%s); this worker stops writing to it (reads go on)",
+                      self.path.name, exc.strerror or type(exc).__name__)
+            with self._locked():
+                if self._map is not None and int(self._index["gen"][slot]) == gen:
+                    self._index[slot : slot + 1]["state"] = EMPTY
+            self.stats.skipped += 1
+            return False
 
     def get(self, key: bytes, slot: int, out: np.ndarray) -> bool:
         """Read the block of `key` in `slot` into out (block_bytes,) uint8; False (never torn bytes) if it is not

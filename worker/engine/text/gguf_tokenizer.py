@@ -170,6 +170,24 @@ def _rendered_markers(tokens: Sequence[str], types: list[int], eog: frozenset[in
     return types, eog
 
 
+def _hf_tokenizer(parts: _ModelParts, tokens: list[str], types: list[int], *,
+                  encode_special_text: bool) -> tokenizers.Tokenizer:
+    """One HF tokenizer over the vocabulary's parts, its control tokens special and its user-defined ones added;
+    encode_special_text=True reads control-token text as plain text."""
+    hf = tokenizers.Tokenizer(parts.bpe)
+    if parts.normalizer is not None:
+        hf.normalizer = parts.normalizer
+    if parts.pre_tokenizer is not None:
+        hf.pre_tokenizer = parts.pre_tokenizer
+    hf.decoder = parts.decoder
+    hf.add_special_tokens([AddedToken(text, special=True, normalized=False)
+                          for text, kind in zip(tokens, types, strict=True) if kind == TOKEN_CONTROL and text])
+    hf.add_tokens([AddedToken(text, special=False, normalized=False)
+                   for text, kind in zip(tokens, types, strict=True) if kind == TOKEN_USER_DEFINED and text])
+    hf.encode_special_tokens = encode_special_text
+    return hf
+
+
 def tokenizer_from_gguf(metadata: Mapping[str, Any], *, source: str = "GGUF metadata") -> Tokenizer:
     """Build the tokenizer a GGUF file's `tokenizer.ggml.*` keys describe (for gpt2 and llama: two HF instances
     plus byte tables)."""
@@ -194,36 +212,12 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], *, source: str = "GGUF meta
             source, f"tokenizer model {model_name!r} is not supported (only 'gpt2', 'llama' and 'bert')"
         )
 
-    special_tokens = [
-        AddedToken(text, special=True, normalized=False)
-        for text, kind in zip(tokens, types, strict=True)
-        if kind == TOKEN_CONTROL and text
-    ]
-    user_tokens = [
-        AddedToken(text, special=False, normalized=False)
-        for text, kind in zip(tokens, types, strict=True)
-        if kind == TOKEN_USER_DEFINED and text
-    ]
-
-    def make_hf(encode_special_text: bool) -> tokenizers.Tokenizer:
-        """One HF tokenizer; encode_special_text=True reads control-token text as plain text."""
-        hf = tokenizers.Tokenizer(parts.bpe)
-        if parts.normalizer is not None:
-            hf.normalizer = parts.normalizer
-        if parts.pre_tokenizer is not None:
-            hf.pre_tokenizer = parts.pre_tokenizer
-        hf.decoder = parts.decoder
-        hf.add_special_tokens(special_tokens)
-        hf.add_tokens(user_tokens)
-        hf.encode_special_tokens = encode_special_text
-        return hf
-
     return Tokenizer(
         tokens=tokens,
         token_types=types,
         token_bytes=parts.token_bytes,
-        hf_parse_special=make_hf(False),
-        hf_plain=make_hf(True),
+        hf_parse_special=_hf_tokenizer(parts, tokens, types, encode_special_text=False),
+        hf_plain=_hf_tokenizer(parts, tokens, types, encode_special_text=True),
         model_name=model_name,
         pre_tokenizer_name=parts.pre_name,
         bos_token_id=bos_id,
