@@ -25,6 +25,7 @@ import openai
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llmfleet.local_cluster import LocalCluster, wait_until  # noqa: E402
+from worker.models import model_id  # noqa: E402
 
 WORDS_TEXT = ("harbour ship tide cargo crane pilot berth anchor weather storm wind wave crew captain dock quay "
               "manifest customs container vessel route chart beacon lighthouse signal radio channel buoy draft keel hull deck rope "
@@ -33,9 +34,9 @@ WORDS = WORDS_TEXT.split()
 
 
 def system_prompt(seed: int, tokens: int) -> str:
-    """About `tokens` tokens of seeded words (SmolLM2's tokenizer: ~1.2 tokens a word)."""
+    """About `tokens` tokens of seeded words (SmolLM2's tokenizer: ~1.08 tokens a word)."""
     rng = random.Random(seed)
-    return f"You are assistant {seed}. Notes: " + " ".join(rng.choice(WORDS) for _ in range(int(tokens / 1.2)))
+    return f"You are assistant {seed}. Notes: " + " ".join(rng.choice(WORDS) for _ in range(int(tokens / 1.08)))
 
 
 def ttft(base: str, model: str, prompt: str) -> tuple[float, int, int]:
@@ -69,18 +70,19 @@ def main() -> None:
     settings = {"LLMFLEET_THREADS": "1", "LLMFLEET_REGISTRY_CACHE_S": "0", "LLMFLEET_KV_TIER_DIR": str(tier_dir),
                 "LLMFLEET_HEARTBEAT_TTL_S": "2", "LLMFLEET_MAX_PREFILL_TOKENS": "512"}
     cluster = LocalCluster(logdir, settings, model=args.model)
+    served = model_id(args.model)  # a path is served under its file's stem
     shared = system_prompt(1, args.tokens)
     try:
         cluster.start(1)
         base = cluster.base_url
-        ttft(base, args.model, "Warm up the kernels.")
-        cold_a, n, _ = ttft(base, args.model, shared + " Question one?")
+        ttft(base, served, "Warm up the kernels.")
+        cold_a, n, _ = ttft(base, served, shared + " Question one?")
         print(f"cold prefill on A: {n} prompt tokens, TTFT {cold_a:.2f}s")
         cluster.start_worker(1)
         cluster.wait_ready(2)
         cluster.stop(cluster.workers[0])
         wait_for_new_worker(cluster, 0)
-        tier_b, _, cached = ttft(base, args.model, shared + " Question two?")
+        tier_b, _, cached = ttft(base, served, shared + " Question two?")
         print(f"same prefix on B (A stopped): TTFT {tier_b:.2f}s ({cached} tokens from the tier) = "
               f"{tier_b / cold_a:.3f} x cold")
         killed = time.time()
@@ -88,8 +90,8 @@ def main() -> None:
         cluster.workers[1].wait()
         cluster.start_worker(2)
         wait_for_new_worker(cluster, killed)
-        restart, _, cached = ttft(base, args.model, shared + " Question three?")
-        cold_c, _, _ = ttft(base, args.model, system_prompt(2, args.tokens) + " Question four?")
+        restart, _, cached = ttft(base, served, shared + " Question three?")
+        cold_c, _, _ = ttft(base, served, system_prompt(2, args.tokens) + " Question four?")
         print(f"after kill -9 and a restart: TTFT {restart:.2f}s ({cached} tokens from the tier) = "
               f"{restart / cold_c:.3f} x a cold prefill on the same worker ({cold_c:.2f}s)")
         used = sum(f.stat().st_blocks * 512 for f in tier_dir.glob("*.kvtier"))

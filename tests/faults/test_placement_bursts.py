@@ -75,23 +75,32 @@ def test_bursts_sent_the_moment_a_batch_ended_split_evenly(start_cluster) -> Non
     assert all(sum(split) == 16 and min(split) >= 6 for split in splits), splits
 
 
-def _over_placed(client: redis.Redis, workers: list[str], slots: int) -> int:
-    """The most jobs any worker has beyond its slots right now: those waiting on its own streams plus those it
-    holds (taken, not acked, from any stream of the model)."""
+def _beyond_slots(client: redis.Redis, workers: list[str], slots: int) -> tuple[int, int]:
+    """(the most jobs waiting on a worker's own streams beyond the room it had, the most jobs a worker holds beyond
+    its slots), from one atomic snapshot. The first is placement's: only gateways write there. The second is not: a
+    worker frees a slot when a request ends and acks its job when the background sender writes the last event, so
+    on a loaded machine it still holds (pending) finished jobs beside the new ones it took for the freed slots; it
+    never runs more than its slots. Placement counts those finished jobs as busy: it errs towards the shared
+    stream, which any worker with room reads."""
     streams = [*keys.jobs_streams(MODEL), *(s for w in workers for s in keys.worker_jobs_streams(MODEL, w))]
+    pipe = client.pipeline(transaction=True)
+    for stream in streams:
+        pipe.xlen(stream)
+        pipe.xpending(stream, keys.JOBS_GROUP)
+    replies = pipe.execute(raise_on_error=False)
     held = dict.fromkeys(workers, 0)
     waiting = dict.fromkeys(workers, 0)
-    for stream in streams:
-        if not client.exists(stream):
+    for stream, length, pending in zip(streams, replies[::2], replies[1::2], strict=True):
+        if isinstance(pending, Exception) or not length:
             continue
-        pending = client.xpending(stream, keys.JOBS_GROUP)
         for consumer in pending["consumers"]:
             name = consumer["name"].decode()
             held[name] = held.get(name, 0) + int(consumer["pending"])
         owner = next((w for w in workers if stream in keys.worker_jobs_streams(MODEL, w)), None)
         if owner is not None:
-            waiting[owner] += client.xlen(stream) - int(pending["pending"])
-    return max(held[w] + waiting[w] - slots for w in workers)
+            waiting[owner] += length - int(pending["pending"])
+    placed_beyond = max(min(waiting[w], max(0, held[w] + waiting[w] - slots)) for w in workers)
+    return placed_beyond, max(held[w] - slots for w in workers)
 
 
 def _placements(bases: list[str]) -> int:
@@ -104,8 +113,6 @@ def _placements(bases: list[str]) -> int:
     return int(total)
 
 
-@pytest.mark.xfail(strict=False, reason="in the full suite on a loaded 2-core machine a worker once held 26 jobs beyond "
-                   "its 32 slots (passes alone); not yet explained, issue 44 stays open on it")
 def test_a_burst_over_two_gateways_places_no_more_than_the_slots_and_waits_alike(start_cluster, tmp_path) -> None:
     slots, requests = 32, 300
     cluster = start_cluster(2, LLMFLEET_SLOTS=str(slots), LLMFLEET_STEAL_AFTER_S="120",
@@ -118,12 +125,12 @@ def test_a_burst_over_two_gateways_places_no_more_than_the_slots_and_waits_alike
     wait_until(lambda: sum(heartbeat_loads(client).values()) == 0, 60, "both workers to be idle")
     asyncio.run(_burst(bases, 4, "Warm-up", 4))  # each gateway's first request (a cold one started 0.8 s late)
     placed_before = _placements(bases)
-    peaks: list[int] = []
+    peaks: list[tuple[int, int]] = []
     done = threading.Event()
 
     def watch() -> None:
         while not done.is_set():
-            peaks.append(_over_placed(client, workers, slots))
+            peaks.append(_beyond_slots(client, workers, slots))
             done.wait(0.05)
 
     watcher = threading.Thread(target=watch)
@@ -140,9 +147,11 @@ def test_a_burst_over_two_gateways_places_no_more_than_the_slots_and_waits_alike
     freed = sum(1 for _g, _sent, ended in results if ended < last_sent)  # slots freed while requests arrived
     p50 = [statistics.median(ended - sent for g, sent, ended in results if g == gateway) for gateway in range(2)]
     print(f"\n{requests} requests over 2 gateways, 2 x {slots} slots: {placed} placed on workers' streams "
-          f"({freed} ended while requests arrived), most beyond a worker's slots at any time {max(peaks)}, "
-          f"p50 {p50[0]:.2f} s / {p50[1]:.2f} s")
-    assert max(peaks) <= slots // 10, f"a worker had {max(peaks)} jobs beyond its {slots} slots"
+          f"({freed} ended while requests arrived), most placed beyond a worker's room at any time "
+          f"{max(p for p, _h in peaks)} (most held beyond its slots, finished jobs not yet acked: "
+          f"{max(h for _p, h in peaks)}), p50 {p50[0]:.2f} s / {p50[1]:.2f} s")
+    over = max(p for p, _h in peaks)
+    assert over <= slots // 10, f"a worker had {over} jobs placed on its streams beyond its {slots} slots"
     assert placed <= 2 * slots * 1.1 + freed, f"{placed} jobs placed on the workers' streams for {2 * slots} slots"
     assert max(p50) <= 1.2 * min(p50), f"per-gateway p50 {p50}"
 
