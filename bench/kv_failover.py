@@ -124,15 +124,18 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=2000)
     parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--modes", default="tier,no tier", help="which runs, comma-separated (the baseline: no tier)")
     args = parser.parse_args()
     print(f"== {Path(args.model).name}: {args.streams} streams of ~{args.tokens}-token prompts, kill -9 of their "
           f"worker mid-decode; LLMFLEET_HEARTBEAT_TTL_S=2; load average {os.getloadavg()[0]:.2f}", flush=True)
     results = {}
-    for mode, mib in (("tier", "2048"), ("no tier", "0")):
+    for mode, mib in [(m, "2048" if m == "tier" else "0") for m in args.modes.split(",")]:
         results[mode] = got = run_mode(args, mib)
         print(f"{mode:8s}: detection {got['detection']:.2f}s, longest silence {got['silence']:.2f}s, silence - "
               f"detection {got['silence'] - got['detection']:.2f}s; texts equal {got['same']}/{args.streams}; "
               f"tier tokens hit {max(got['hits'], default=0):.0f}; errors {len(got['errors'])}", flush=True)
+    if len(results) < 2:
+        return
     tier, cold = results["tier"], results["no tier"]
     print(f"resume cost with the tier {tier['silence'] - tier['detection']:.2f}s vs a re-prefill "
           f"{cold['silence'] - cold['detection']:.2f}s (aim: <= 0.5 s beyond detection)")

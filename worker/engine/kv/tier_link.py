@@ -16,6 +16,7 @@ Bytes are copied as they are: batch-invariant numerics make a block any worker c
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import queue
@@ -184,28 +185,28 @@ class PoolTier:
         for block in hits:  # not evicted by the blocks taken below
             blocks.pin(block)
         adopted: list[int] = []
+        taken: list[int] = []
         try:
             if blocks.blocks_for(len(token_ids)) - len(hits) > blocks.num_free_blocks:
                 return 0  # it does not fit yet: admission waits, and asks again
             self.tier.stats.lookups += 1
             keys = self._keys(token_ids, 0, usable)
             slots = self.tier.valid_slots()
+            present = list(itertools.takewhile(lambda slot: slot is not None,
+                                               (slots.get(key_words(keys[i])) for i in range(len(hits), usable))))
+            taken += [blocks.take_pinned() for _ in present]
+            self.pool.populate(taken)  # their pages at once, not a fault per 4 KiB as they are written
             staging = np.empty(self.tier.block_bytes, np.uint8)  # (block_bytes,)
-            for i in range(len(hits), usable):
-                slot = slots.get(key_words(keys[i]))
-                if slot is None:
-                    break
-                block = blocks.take_pinned()
+            for i, slot, block in zip(range(len(hits), usable), present, taken):
                 if not self.tier.get(keys[i], slot, staging):
-                    blocks.unpin(block)
                     break
                 self._scatter(staging, block)
                 parent = blocks.register(block, parent, token_ids[i * size : (i + 1) * size])
                 adopted.append(block)
-                if parent is None:
+                if parent is None:  # registered already: the run ends here
                     break
         finally:
-            for block in [*hits, *adopted]:
+            for block in [*hits, *taken]:  # those taken and not read go back to the free list
                 blocks.unpin(block)
         stats = self.tier.stats
         stats.hits += bool(adopted)
