@@ -25,12 +25,13 @@ def get_weather(city: Annotated[str, Field(max_length=40)], unit: Literal["celsi
     return f"21 degrees {unit}"
 
 
-def _agent(cluster: Any, api: str, max_tokens: int, behaviour: str) -> Any:
+def weather_agent(base_url: str, api: str, max_tokens: int, behaviour: str, model_name: str = MODEL) -> Any:
+    """An agent forced to call get_weather, on one of the SDK's two model classes against base_url."""
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    model = (agents.OpenAIChatCompletionsModel(MODEL, client) if api == "chat"
-             else agents.OpenAIResponsesModel(MODEL, client))
+    client = AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=180)
+    model = (agents.OpenAIChatCompletionsModel(model_name, client) if api == "chat"
+             else agents.OpenAIResponsesModel(model_name, client))
     settings = agents.ModelSettings(tool_choice="required", max_tokens=max_tokens, temperature=0)
     return agents.Agent(name="weather", instructions="Use the weather tool.", model=model, tools=[get_weather],
                         model_settings=settings, tool_use_behavior=behaviour)
@@ -39,9 +40,14 @@ def _agent(cluster: Any, api: str, max_tokens: int, behaviour: str) -> Any:
 @pytest.mark.parametrize("api", ["chat", "responses"])
 @pytest.mark.parametrize("max_tokens", [60, 200])
 def test_an_agent_with_a_forced_tool_runs_it_and_ends(cluster: Any, api: str, max_tokens: int) -> None:
+    run_forced(cluster.base_url, api, max_tokens)
+
+
+def run_forced(base_url: str, api: str, max_tokens: int, model_name: str = MODEL) -> None:
+    """Run the forced agent to its first tool call: the tool ran and its result is the run's output."""
     CALLS.clear()
-    result = agents.Runner.run_sync(_agent(cluster, api, max_tokens, "stop_on_first_tool"), ASK[0]["content"],
-                                    run_config=agents.RunConfig(tracing_disabled=True))
+    result = agents.Runner.run_sync(weather_agent(base_url, api, max_tokens, "stop_on_first_tool", model_name),
+                                    ASK[0]["content"], run_config=agents.RunConfig(tracing_disabled=True))
     assert len(CALLS) >= 1 and result.final_output == f"21 degrees {CALLS[0][1]}"
 
 
@@ -51,7 +57,7 @@ def test_the_tools_result_goes_back_to_the_model(cluster: Any, api: str) -> None
     answer or call again (its text is noise), so a run that reaches max_turns still proves every turn was accepted."""
     CALLS.clear()
     try:
-        result = agents.Runner.run_sync(_agent(cluster, api, 60, "run_llm_again"), ASK[0]["content"], max_turns=3,
+        result = agents.Runner.run_sync(weather_agent(cluster.base_url, api, 60, "run_llm_again"), ASK[0]["content"], max_turns=3,
                                         run_config=agents.RunConfig(tracing_disabled=True))
     except agents.MaxTurnsExceeded:
         assert len(CALLS) >= 2  # the second turn was accepted and called the tool again

@@ -1,7 +1,8 @@
 """The harmony end-to-end tests (test_harmony_api.py) that hold on a model writing noise, run on the tiny gpt-oss
 twin itself (bench/synthetic_model.py: the `gpt-oss` architecture with MXFP4 experts, sinks and sliding windows,
 gpt-oss's tokenizer keys and template): a forced tool call and its round trip, streamed and collected, and structured
-output in the final channel, with the unmodified openai client. The twin's text is noise; the protocol must hold."""
+output in the final channel, with the unmodified openai client; and the OpenAI Agents SDK's forced tool call on both
+of its model classes. The twin's text is noise; the protocol must hold."""
 
 from __future__ import annotations
 
@@ -37,3 +38,11 @@ def twin_cluster(twin_path: Callable[[str, str], Path],
 def client(twin_cluster: LocalCluster) -> openai.OpenAI:
     """The official client against the twin's cluster."""
     return openai.OpenAI(base_url=twin_cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=180)
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_the_agents_sdk_runs_a_forced_tool_on_the_twin(twin_cluster: LocalCluster, api: str) -> None:
+    pytest.importorskip("agents", reason="the OpenAI Agents SDK (openai-agents, in the dev extra) is not installed")
+    from tests.integration.test_agents_sdk_api import run_forced
+
+    run_forced(twin_cluster.base_url, api, 200, MODEL)
