@@ -1,7 +1,8 @@
 """The harmony end-to-end tests (test_harmony_api.py) that hold on a model writing noise, run on the tiny gpt-oss
 twin itself (bench/synthetic_model.py: the `gpt-oss` architecture with MXFP4 experts, sinks and sliding windows,
 gpt-oss's tokenizer keys and template): a forced tool call and its round trip, streamed and collected, and structured
-output in the final channel, with the unmodified openai client; and the OpenAI Agents SDK's forced tool call on both
+output in the final channel, on chat completions and the Responses API (reasoning effort kept, the call's output sent
+back by previous_response_id), with the unmodified openai client; and the OpenAI Agents SDK's forced tool call on both
 of its model classes. The twin's text is noise; the protocol must hold."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from llmfleet.local_cluster import LocalCluster
 from tests.integration.test_harmony_api import (  # noqa: F401 (collected here against the twin)
     MODEL,
     test_a_forced_call_and_its_round_trip,
+    test_responses_api_calls_and_formats,
     test_structured_output_is_the_final_channel,
 )
 from tests.support.cluster import serving_file_as
