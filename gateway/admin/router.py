@@ -7,8 +7,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin import dashboard, lora_routes, model_routes, readiness
-from gateway.admin.metrics import CONTENT_TYPE, FleetSnapshot
 from gateway.cluster.broker import Broker
+from gateway.cluster.metrics import CONTENT_TYPE, FleetSnapshot
 from shared.errors import LLMFleetError
 
 

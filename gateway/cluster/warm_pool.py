@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from gateway.cluster.queue_view import QueueState
-from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.registry import Registry
+from gateway.http.redis_errors import redis_unavailable
 from shared import keys
 from shared.errors import ModelLoadFailed
 from shared.settings import Settings

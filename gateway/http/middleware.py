@@ -9,9 +9,9 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.admin.dashboard import FLEET_PATH, PUBLIC_PATHS
-from gateway.cluster.redis_errors import redis_unavailable
 from gateway.http.api_keys import KeyRecord, KeyStore, current_key
 from gateway.http.errors import error_response, record_error
+from gateway.http.redis_errors import redis_unavailable
 from gateway.http.tenants import TENANT_HEADER, note_requested
 from shared.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest, LLMFleetError, RateLimited
 

@@ -22,9 +22,9 @@ from batches.input import URLS, parse_input
 from batches.queue import enqueue_batch
 from batches.redis_clients import sync_client
 from batches.store import BatchStore
-from gateway.cluster.redis_errors import redis_unavailable
 from gateway.http.api_keys import current_key
 from gateway.http.fields import integer, invalid, metadata, parse_json_object, string
+from gateway.http.redis_errors import redis_unavailable
 from shared.errors import BodyTooLarge, InvalidRequest, NotFound
 from shared.settings import Settings
 
