@@ -22,7 +22,7 @@ from gateway.cluster.broker import Broker
 from gateway.cluster.loras import ADAPTER_NAME, adapters_of
 from gateway.http.fields import invalid, parse_json_object, string
 from gateway.http.redis_errors import redis_unavailable
-from gateway.openai.bodies import OWNED_BY
+from gateway.replies.bodies import OWNED_BY
 from shared import keys
 from shared.errors import LoraLimitReached, LoraLoadFailed, LoraNotFound, ModelNotFound
 from shared.registry import RegistryEntry

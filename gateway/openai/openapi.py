@@ -14,7 +14,7 @@ from typing import Any
 from gateway.http.fields import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
 from gateway.openai.openapi_other_apis import other_api_paths, other_api_schemas, page_parameters
 from gateway.openai.openapi_parts import JSON, Schema, nullable, object_schema, operation, resume_operation
-from gateway.openai.protocol import (
+from gateway.replies.protocol import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_MODEL_NAME,

@@ -15,11 +15,10 @@ from gateway.cluster.broker import Broker
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.request_body import app_state, request_body
 from gateway.http.sse import SSEResponse
-from gateway.openai import bodies, protocol, serving
 from gateway.openai.batches import BATCH_ROUTES
 from gateway.openai.openapi import openapi_document
-from gateway.openai.protocol import ChatRequest, CompletionRequest
-from gateway.replies import resume
+from gateway.replies import bodies, protocol, resume, serving
+from gateway.replies.protocol import ChatRequest, CompletionRequest
 from gateway.replies.tool_calls import dropped_headers
 from shared.errors import ModelNotFound
 
