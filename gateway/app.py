@@ -18,6 +18,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from batches.redis_clients import async_client, primary_options
+from batches.routes import ROUTES as BATCH_ROUTES
+from batches.routes import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.admin.router import ROUTES as ADMIN_ROUTES
 from gateway.anthropic.router import ROUTES as ANTHROPIC_ROUTES
 from gateway.cluster.broker import Broker
@@ -29,7 +31,6 @@ from gateway.http.middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from gateway.http.tracing import TracingMiddleware
 from gateway.llamacpp.router import ROUTES as LLAMACPP_ROUTES
 from gateway.ollama.router import ROUTES as OLLAMA_ROUTES
-from gateway.openai.batches import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.openai.router import ROUTES as OPENAI_ROUTES
 from gateway.responses_api import serving as responses_serving
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
@@ -81,7 +82,7 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
     settings = settings or Settings.from_env()
     tracing.configure("llmfleet-gateway")  # OpenTelemetry, when OTEL_EXPORTER_OTLP_ENDPOINT is set (once a process)
     app = Starlette(
-        routes=[*OPENAI_ROUTES, *LLAMACPP_ROUTES, *ANTHROPIC_ROUTES, *ADMIN_ROUTES, *RESPONSES_ROUTES, *OLLAMA_ROUTES],
+        routes=[*OPENAI_ROUTES, *BATCH_ROUTES, *LLAMACPP_ROUTES, *ANTHROPIC_ROUTES, *ADMIN_ROUTES, *RESPONSES_ROUTES, *OLLAMA_ROUTES],
         middleware=_middleware(settings),
         exception_handlers={
             LLMFleetError: http_errors.handle_llmfleet_error,

@@ -7,6 +7,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin import dashboard, lora_routes, model_routes, readiness
+from gateway.admin.openapi import openapi_document
 from gateway.cluster.broker import Broker
 from gateway.cluster.metrics import CONTENT_TYPE, FleetSnapshot
 from shared.errors import LLMFleetError
@@ -51,12 +52,18 @@ async def gateway_ready(request: Request) -> Response:
     return JSONResponse({"ready": redis_ok, "redis": redis_ok}, status_code=200 if redis_ok else 503)
 
 
+async def openapi_json(request: Request) -> Response:
+    """GET /openapi.json: the gateway's OpenAPI document, with its configured limits."""
+    return JSONResponse(openapi_document(request.app.state.settings))
+
+
 ROUTES = [
     *lora_routes.ROUTES,
     Route("/metrics", metrics, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
     Route("/ready/gateway", gateway_ready, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
     *dashboard.ROUTES,
     *model_routes.ROUTES,
 ]

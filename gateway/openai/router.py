@@ -10,13 +10,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.admin import lora_routes
 from gateway.cluster.broker import Broker
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.request_body import app_state, request_body
 from gateway.http.sse import SSEResponse
-from gateway.openai.batches import BATCH_ROUTES
-from gateway.openai.openapi import openapi_document
 from gateway.replies import bodies, protocol, resume, serving
 from gateway.replies.protocol import ChatRequest, CompletionRequest
 from gateway.replies.tool_calls import dropped_headers
@@ -84,7 +81,7 @@ async def list_models(request: Request) -> Response:
     whether it is loaded), then the live ones' LoRA adapters (`<base>:<adapter>`)."""
     broker = request.app.state.broker
     data = list((await _model_objects(broker)).values())
-    data += lora_routes.adapter_objects(await broker.registry.live_models())
+    data += bodies.adapter_objects(await broker.registry.live_models())
     return JSONResponse(bodies.model_list(data))
 
 
@@ -94,16 +91,11 @@ async def get_model(request: Request) -> Response:
     broker = request.app.state.broker
     found = (await _model_objects(broker)).get(model)
     if found is None:
-        found = next((a for a in lora_routes.adapter_objects(await broker.registry.live_models())
+        found = next((a for a in bodies.adapter_objects(await broker.registry.live_models())
                       if a["id"] == model), None)
     if found is None:
         raise ModelNotFound(f"The model '{model}' does not exist", param="model")
     return JSONResponse(found)
-
-
-async def openapi_json(request: Request) -> Response:
-    """GET /openapi.json: the gateway's OpenAPI document, with its configured limits."""
-    return JSONResponse(openapi_document(request.app.state.settings))
 
 
 OPENAI_ROUTES = [  # served under /v1 and, as llama-server does, without the prefix
@@ -114,10 +106,8 @@ OPENAI_ROUTES = [  # served under /v1 and, as llama-server does, without the pre
     ("/embeddings", embeddings, "POST"),
     ("/models", list_models, "GET"),
     ("/models/{model:path}", get_model, "GET"),
-    *BATCH_ROUTES,
 ]
 ROUTES = [
     *(Route(prefix + path, endpoint, methods=[method]) for prefix in ("/v1", "") for path, endpoint, method
       in OPENAI_ROUTES),
-    Route("/openapi.json", openapi_json, methods=["GET"]),
 ]

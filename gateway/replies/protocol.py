@@ -41,7 +41,7 @@ from shared.settings import Settings
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Bounds on the free-text fields besides the prompt (max_prompt_chars) and tools (gateway/replies/tools.py); the OpenAPI
-# document (gateway/openai/openapi.py) states these same constants.
+# document (gateway/admin/openapi.py) states these same constants.
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_BYTES = 1024  # one stop sequence, UTF-8 (the worker holds back as much output as the longest one)
 MAX_LOGIT_BIAS_ENTRIES = 1024  # entries in one logit_bias (each bias's size: LOGIT_BIAS_RANGE)

@@ -31,8 +31,6 @@ FLOORS: list[set[str]] = [
 STILL_OPEN: set[tuple[str, str]] = {
     ("gateway.http", "gateway.cluster"), ("gateway.http", "gateway.admin"), ("gateway.http", "gateway.anthropic"),
     ("gateway.http", "gateway.ollama"),
-    ("gateway.openai", "gateway.responses_api"),
-    ("gateway.openai", "gateway.admin"), ("gateway.openai", "batches"),
 }
 
 
