@@ -21,6 +21,8 @@ from batches.redis_clients import async_client, primary_options
 from batches.routes import ROUTES as BATCH_ROUTES
 from batches.routes import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.admin.router import ROUTES as ADMIN_ROUTES
+from gateway.admin.router import UNMETERED_PATHS, open_paths
+from gateway.anthropic import errors as anthropic_errors
 from gateway.anthropic.router import ROUTES as ANTHROPIC_ROUTES
 from gateway.cluster.broker import Broker
 from gateway.cluster.redis_health import DOWN_AFTER_S
@@ -30,6 +32,7 @@ from gateway.http.disconnect import ClientDisconnected
 from gateway.http.middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from gateway.http.tracing import TracingMiddleware
 from gateway.llamacpp.router import ROUTES as LLAMACPP_ROUTES
+from gateway.ollama import errors as ollama_errors
 from gateway.ollama.router import ROUTES as OLLAMA_ROUTES
 from gateway.openai.router import ROUTES as OPENAI_ROUTES
 from gateway.responses_api import serving as responses_serving
@@ -41,6 +44,10 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 POOL_WAIT_S = 5.0
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for 'the client went away'; nobody receives it
+ERROR_SHAPES = (  # the APIs whose errors are not OpenAI-shaped, for gateway/http/errors.py
+    http_errors.ErrorShape(anthropic_errors.is_anthropic_path, anthropic_errors.error_body),
+    http_errors.ErrorShape(ollama_errors.is_ollama_path, ollama_errors.error_body),
+)
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -94,6 +101,7 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
         lifespan=_lifespan(settings, redis),
     )
     app.state.settings = settings
+    app.state.error_shapes = ERROR_SHAPES
     return app
 
 
@@ -132,7 +140,8 @@ def _middleware(settings: Settings) -> list[Middleware]:
     return [
         *cors,
         Middleware(TracingMiddleware),
-        Middleware(ApiKeyMiddleware, keys=keys, public_metrics=bool(settings.public_metrics)),
+        Middleware(ApiKeyMiddleware, keys=keys, open_paths=open_paths(bool(settings.public_metrics)),
+                   unmetered_paths=UNMETERED_PATHS),
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, upload_paths=UPLOAD_PATHS,
                    max_upload_bytes=settings.max_file_bytes + UPLOAD_OVERHEAD_BYTES),
     ]

@@ -12,6 +12,14 @@ from gateway.cluster.broker import Broker
 from gateway.cluster.metrics import CONTENT_TYPE, FleetSnapshot
 from shared.errors import LLMFleetError
 
+OPEN_PATHS = frozenset({"/health", "/ready", "/ready/gateway", "/metrics", "/openapi.json", *dashboard.PUBLIC_PATHS})
+UNMETERED_PATHS = frozenset({dashboard.FLEET_PATH})  # a key is needed, but no rate limit (the dashboard polls it)
+
+
+def open_paths(public_metrics: bool) -> frozenset[str]:
+    """The paths that need no API key (gateway/http/middleware.py): /metrics among them unless configured closed."""
+    return OPEN_PATHS if public_metrics else OPEN_PATHS - {"/metrics"}
+
 
 async def metrics(request: Request) -> Response:
     """GET /metrics: Prometheus text of this gateway's requests and the whole fleet's workers and queues."""
