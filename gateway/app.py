@@ -115,7 +115,9 @@ def _lifespan(settings: Settings, redis: Redis | None) -> Callable[[Starlette], 
         broker = Broker(client, settings, ping=probe.ping if probe is not None else None)
         responses_serving.install(broker, settings)  # finish a dead gateway's background responses
         await broker.start()
-        app.state.broker = broker
+        app.state.broker = broker  # submit, cancel, events; what routes read of the fleet, by name:
+        app.state.registry = broker.registry
+        app.state.pool = broker.pool
         try:
             yield
         finally:

@@ -12,10 +12,10 @@ from starlette.routing import Route
 
 from gateway.cluster.broker import Broker
 from gateway.http.disconnect import unless_disconnected
-from gateway.http.request_body import app_state, request_body
 from gateway.http.sse import SSEResponse
 from gateway.replies import bodies, protocol, resume, serving
 from gateway.replies.protocol import ChatRequest, CompletionRequest
+from gateway.replies.request_body import app_state, request_body
 from gateway.replies.tool_calls import dropped_headers
 from shared.errors import ModelNotFound
 
