@@ -20,7 +20,8 @@ def _modules_after_import(statement: str) -> set[str]:
 
 def test_shared_imports_no_redis_and_no_numpy() -> None:
     loaded = _modules_after_import("import shared.codec, shared.errors, shared.keys, shared.messages, shared.settings, "
-                                   "shared.redis_commands, shared.redis_sockets, shared.registry, shared.warm_pool")
+                                   "shared.redis_commands, shared.redis_sockets, shared.registry, shared.warm_pool, "
+                                   "shared.warm_pool_commands")
     assert not loaded & {"redis", "numpy", "starlette", "gateway", "worker"}
 
 
