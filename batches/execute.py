@@ -1,6 +1,6 @@
 """Run one line of a batch through the normal job path, exactly as the gateway runs that request.
 
-The body is validated by the gateway's own parsers and executed by gateway/openai/serving.py (same jobs, same
+The body is validated by the gateway's own parsers and executed by gateway/replies/serving.py (same jobs, same
 response bodies), with priority 'low' and never streamed. A line that is refused for a while (queue full,
 no worker alive right now: 429 / 503) waits and tries again, until it runs or the runner gives up on it
 (cancel, expiry, shutdown); any other error is that line's result and goes to the error file.
@@ -16,7 +16,7 @@ from typing import Any
 from batches import objects
 from batches.input import BatchLine
 from gateway.cluster.broker import Broker
-from gateway.openai import protocol, serving
+from gateway.replies import protocol, serving
 from shared.errors import InternalError, InvalidRequest, LLMFleetError
 from shared.settings import Settings
 

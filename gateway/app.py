@@ -18,7 +18,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from batches.redis_clients import async_client, primary_options
+from batches.routes import ROUTES as BATCH_ROUTES
+from batches.routes import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.admin.router import ROUTES as ADMIN_ROUTES
+from gateway.admin.router import UNMETERED_PATHS, open_paths
+from gateway.anthropic import errors as anthropic_errors
 from gateway.anthropic.router import ROUTES as ANTHROPIC_ROUTES
 from gateway.cluster.broker import Broker
 from gateway.cluster.redis_health import DOWN_AFTER_S
@@ -28,8 +32,8 @@ from gateway.http.disconnect import ClientDisconnected
 from gateway.http.middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from gateway.http.tracing import TracingMiddleware
 from gateway.llamacpp.router import ROUTES as LLAMACPP_ROUTES
+from gateway.ollama import errors as ollama_errors
 from gateway.ollama.router import ROUTES as OLLAMA_ROUTES
-from gateway.openai.batches import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATHS
 from gateway.openai.router import ROUTES as OPENAI_ROUTES
 from gateway.responses_api import serving as responses_serving
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
@@ -40,6 +44,10 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 POOL_WAIT_S = 5.0
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for 'the client went away'; nobody receives it
+ERROR_SHAPES = (  # the APIs whose errors are not OpenAI-shaped, for gateway/http/errors.py
+    http_errors.ErrorShape(anthropic_errors.is_anthropic_path, anthropic_errors.error_body),
+    http_errors.ErrorShape(ollama_errors.is_ollama_path, ollama_errors.error_body),
+)
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -81,7 +89,7 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
     settings = settings or Settings.from_env()
     tracing.configure("llmfleet-gateway")  # OpenTelemetry, when OTEL_EXPORTER_OTLP_ENDPOINT is set (once a process)
     app = Starlette(
-        routes=[*OPENAI_ROUTES, *LLAMACPP_ROUTES, *ANTHROPIC_ROUTES, *ADMIN_ROUTES, *RESPONSES_ROUTES, *OLLAMA_ROUTES],
+        routes=[*OPENAI_ROUTES, *BATCH_ROUTES, *LLAMACPP_ROUTES, *ANTHROPIC_ROUTES, *ADMIN_ROUTES, *RESPONSES_ROUTES, *OLLAMA_ROUTES],
         middleware=_middleware(settings),
         exception_handlers={
             LLMFleetError: http_errors.handle_llmfleet_error,
@@ -93,6 +101,7 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
         lifespan=_lifespan(settings, redis),
     )
     app.state.settings = settings
+    app.state.error_shapes = ERROR_SHAPES
     return app
 
 
@@ -106,7 +115,9 @@ def _lifespan(settings: Settings, redis: Redis | None) -> Callable[[Starlette], 
         broker = Broker(client, settings, ping=probe.ping if probe is not None else None)
         responses_serving.install(broker, settings)  # finish a dead gateway's background responses
         await broker.start()
-        app.state.broker = broker
+        app.state.broker = broker  # submit, cancel, events; what routes read of the fleet, by name:
+        app.state.registry = broker.registry
+        app.state.pool = broker.pool
         try:
             yield
         finally:
@@ -131,7 +142,8 @@ def _middleware(settings: Settings) -> list[Middleware]:
     return [
         *cors,
         Middleware(TracingMiddleware),
-        Middleware(ApiKeyMiddleware, keys=keys, public_metrics=bool(settings.public_metrics)),
+        Middleware(ApiKeyMiddleware, keys=keys, open_paths=open_paths(bool(settings.public_metrics)),
+                   unmetered_paths=UNMETERED_PATHS),
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, upload_paths=UPLOAD_PATHS,
                    max_upload_bytes=settings.max_file_bytes + UPLOAD_OVERHEAD_BYTES),
     ]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from redis import Redis
 
 from shared import codec, keys
+from shared import warm_pool_commands as pool_wire
 from shared.codec import WireFormatError
 from shared.errors import ModelLoadFailed
 from shared.redis_commands import (
@@ -21,11 +22,10 @@ from shared.redis_commands import (
     run,
 )
 from shared.registry import RegistryEntry
-from shared.warm_pool import NODE_TTL_S, NodeState
+from shared.warm_pool import NodeState
 
 log = logging.getLogger(__name__)
 
-COMMANDS_MAXLEN = 1000
 FAIL_BATCH = 500
 RELEASE_MAXLEN = 100_000  # the shared stream's approximate trim when a failed load releases its fair queues
 RELEASE_SCRIPT = """
@@ -81,13 +81,14 @@ def release_load(redis: Redis, model: str, node_id: str, *, keep_s: float = 0.0)
 
 def remembered_failure(redis: Redis, model: str) -> str | None:
     """The message of `model`'s remembered load failure, if any."""
-    raw = redis.get(keys.pool_failed(model))
-    return raw.decode(errors="replace") if raw is not None else None
+    return run(redis, pool_wire.remembered_failure(model))
 
 
 def record_failure(redis: Redis, model: str, message: str, ttl_s: float) -> None:
     """Remember that `model` failed to load (gateways refuse its requests with this message until it expires)."""
-    redis.set(keys.pool_failed(model), message.encode(), ex=max(1, int(ttl_s)))
+    pipe = redis.pipeline(transaction=False)
+    pool_wire.queue_failure(pipe, model, message, ttl_s)
+    pipe.execute()
 
 
 def fail_waiting(redis: Redis, model: str, node_id: str, message: str, *, retry_after: float, journal_ttl_s: int) -> int:
@@ -143,39 +144,27 @@ def read_commands(redis: Redis, after: bytes) -> tuple[list[dict[str, str]], byt
 
 
 def add_command(redis: Redis, op: str, model: str, *, force: bool = False) -> None:
-    """Queue an admin command for the node agents (load / unload)."""
-    redis.xadd(keys.POOL_COMMANDS, {"op": op, "model": model, "force": "1" if force else "0"},
-               maxlen=COMMANDS_MAXLEN, approximate=True)
+    """Queue an admin command for the node agents (load / unload); a load forgets a remembered failure, as the
+    gateway's does (shared/warm_pool_commands.py)."""
+    pipe = redis.pipeline(transaction=True)
+    pool_wire.queue_command(pipe, op, model, force=force)
+    pipe.execute()
 
 
 def usage(redis: Redis) -> tuple[dict[str, float], dict[str, float]]:
     """Each model's last use by a gateway (unix s) and the keep-alive of its latest request (s; -1 = forever)."""
-    pipe = redis.pipeline(transaction=False)
-    pipe.zrange(keys.POOL_USED, 0, -1, withscores=True)
-    pipe.hgetall(keys.POOL_KEEP_ALIVE)
-    used, keep = pipe.execute()
-    used_at = {m.decode(errors="replace"): float(score) for m, score in used}
-    keep_alive = {}
-    for model, raw in keep.items():
-        try:
-            keep_alive[model.decode(errors="replace")] = float(raw)
-        except ValueError:
-            continue
-    return used_at, keep_alive
+    return run(redis, pool_wire.usage())
 
 
 def publish_state(redis: Redis, state: NodeState) -> None:
     """Write the node's state hash (with its TTL) and its score in the nodes index."""
     pipe = redis.pipeline(transaction=True)
-    pipe.hset(keys.node_key(state.node_id), mapping=state.to_hash())
-    pipe.expire(keys.node_key(state.node_id), int(NODE_TTL_S) + 1)
-    pipe.zadd(keys.NODES_INDEX, {state.node_id: state.heartbeat})
+    pool_wire.queue_node_state(pipe, state)
     pipe.execute()
 
 
 def remove_state(redis: Redis, node_id: str) -> None:
     """Remove the node's state (clean shutdown)."""
     pipe = redis.pipeline(transaction=True)
-    pipe.delete(keys.node_key(node_id))
-    pipe.zrem(keys.NODES_INDEX, node_id)
+    pool_wire.queue_node_removal(pipe, node_id)
     pipe.execute()

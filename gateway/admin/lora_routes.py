@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -20,9 +19,8 @@ from starlette.routing import Route
 
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import ADAPTER_NAME, adapters_of
-from gateway.cluster.redis_errors import redis_unavailable
 from gateway.http.fields import invalid, parse_json_object, string
-from gateway.openai.bodies import OWNED_BY
+from gateway.http.redis_errors import redis_unavailable
 from shared import keys
 from shared.errors import LoraLimitReached, LoraLoadFailed, LoraNotFound, ModelNotFound
 from shared.registry import RegistryEntry
@@ -30,17 +28,6 @@ from shared.registry import RegistryEntry
 LORA_LOAD_WAIT_S = 30.0
 POLL_S = 0.2
 MAX_SOURCE = 4096
-
-
-def adapter_objects(live: dict[str, list[RegistryEntry]]) -> list[dict[str, Any]]:
-    """/v1/models entries of the loaded adapters: id `<base>:<adapter>`, with their parent (as vLLM lists them)."""
-    objects = []
-    for model, workers in sorted(live.items()):
-        created = int(min(w.started for w in workers))
-        for name in adapters_of(model, workers):
-            objects.append({"id": f"{model}:{name}", "object": "model", "created": created, "owned_by": OWNED_BY,
-                            "parent": model, "root": name})
-    return objects
 
 
 async def _live_workers_of(broker: Broker, model: str) -> list[RegistryEntry]:

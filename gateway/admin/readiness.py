@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from gateway.cluster.broker import Broker
 from gateway.cluster.registry import RECHECK_S
+from gateway.cluster.served_models import required_models
 from shared.errors import LLMFleetError
-from shared.settings import Settings
 from shared.warm_pool import LOADING
 
 READY = "ready"
@@ -56,11 +56,6 @@ class Readiness:
         return body
 
 
-def required_models(settings: Settings, pinned: set[str]) -> set[str]:
-    """LLMFLEET_REQUIRED_MODELS and the node agents' pinned models."""
-    return {name.strip() for name in settings.required_models.split(",") if name.strip()} | pinned
-
-
 async def assess(broker: Broker) -> Readiness:
     """Read the registry, the node agents and remembered load failures once; Redis away is not ready."""
     if not await broker.ping():
@@ -82,14 +77,3 @@ async def assess(broker: Broker) -> Readiness:
     except LLMFleetError:  # Redis went away between the ping and the reads
         return Readiness(redis=False)
     return Readiness(redis=True, workers=sum(len(w) for w in live.values()), nodes=len(nodes), models=states)
-
-
-async def default_models(broker: Broker) -> list[str]:
-    """The models a request without `model` may mean: those served now, else the required or catalogued ones
-    (a request queued for a model still loading is served once it is)."""
-    live = sorted(await broker.registry.live_models())
-    if live:
-        return live
-    nodes = await broker.pool.nodes()
-    required = required_models(broker.settings, {m for node in nodes for m in node.pinned})
-    return sorted(required or {m for node in nodes for m in node.catalogue})

@@ -7,9 +7,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin import dashboard, lora_routes, model_routes, readiness
-from gateway.admin.metrics import CONTENT_TYPE, FleetSnapshot
+from gateway.admin.openapi import openapi_document
 from gateway.cluster.broker import Broker
+from gateway.cluster.metrics import CONTENT_TYPE, FleetSnapshot
 from shared.errors import LLMFleetError
+
+OPEN_PATHS = frozenset({"/health", "/ready", "/ready/gateway", "/metrics", "/openapi.json", *dashboard.PUBLIC_PATHS})
+UNMETERED_PATHS = frozenset({dashboard.FLEET_PATH})  # a key is needed, but no rate limit (the dashboard polls it)
+
+
+def open_paths(public_metrics: bool) -> frozenset[str]:
+    """The paths that need no API key (gateway/http/middleware.py): /metrics among them unless configured closed."""
+    return OPEN_PATHS if public_metrics else OPEN_PATHS - {"/metrics"}
 
 
 async def metrics(request: Request) -> Response:
@@ -51,12 +60,18 @@ async def gateway_ready(request: Request) -> Response:
     return JSONResponse({"ready": redis_ok, "redis": redis_ok}, status_code=200 if redis_ok else 503)
 
 
+async def openapi_json(request: Request) -> Response:
+    """GET /openapi.json: the gateway's OpenAPI document, with its configured limits."""
+    return JSONResponse(openapi_document(request.app.state.settings))
+
+
 ROUTES = [
     *lora_routes.ROUTES,
     Route("/metrics", metrics, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
     Route("/ready/gateway", gateway_ready, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
     *dashboard.ROUTES,
     *model_routes.ROUTES,
 ]

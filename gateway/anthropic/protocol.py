@@ -1,7 +1,7 @@
 """Anthropic Messages API requests (/v1/messages, /v1/messages/count_tokens) as the gateway's chat requests.
 
-A body is translated into the OpenAI chat body the gateway already validates (gateway/openai/protocol.py, tools in
-gateway/openai/tools.py), so both APIs make the same jobs and share every limit and check. Anthropic's own structure
+A body is translated into the OpenAI chat body the gateway already validates (gateway/replies/protocol.py, tools in
+gateway/replies/tools.py), so both APIs make the same jobs and share every limit and check. Anthropic's own structure
 (roles, content blocks, tools, tool_choice) is checked here first, with Anthropic's field paths in the messages:
 - system: a string or text blocks; messages: user / assistant turns whose content is a string or blocks:
   text, tool_use (assistant), tool_result (user; becomes a tool turn, `is_error` results are prefixed "Error: "),
@@ -9,7 +9,7 @@ gateway/openai/tools.py), so both APIs make the same jobs and share every limit 
   redacted_thinking is dropped). image and document blocks are refused (the served models read text only), as
   is a final assistant turn (prefill: the chat templates close every turn, so it could not be continued).
 - max_tokens is required (not for count_tokens); temperature in [0, 1], top_p, top_k, stop_sequences, stream;
-  output_config.format {type: json_schema, schema} is structured output (gateway/openai/structured.py);
+  output_config.format {type: json_schema, schema} is structured output (gateway/replies/structured.py);
   output_config.effort (low | medium | high) is the chat route's reasoning_effort.
 - tools [{name, description, input_schema}] (Anthropic's server tools are refused); tool_choice {type: auto |
   any | tool (with name) | none, disable_parallel_tool_use}. thinking {type: disabled} renders the chat template
@@ -27,14 +27,14 @@ from typing import Any
 
 from gateway.http.fields import bounded_int, invalid, is_number, text_within
 from gateway.http.tenants import note_requested
-from gateway.openai.protocol import MAX_STOP_BYTES, ChatRequest, parse_chat
-from gateway.openai.tools import MAX_CALL_TEXT_BYTES
+from gateway.replies.protocol import MAX_STOP_BYTES, ChatRequest, parse_chat
+from gateway.replies.tools import MAX_CALL_TEXT_BYTES
 from shared.errors import InvalidRequest
 from shared.settings import Settings
 
 MAX_STOP_SEQUENCES = 16
 MAX_USER_ID_BYTES = 256  # metadata.user_id
-TEMPERATURE_RANGE = (0.0, 1.0)  # Anthropic's (OpenAI's is 0..2: gateway/openai/protocol.py)
+TEMPERATURE_RANGE = (0.0, 1.0)  # Anthropic's (OpenAI's is 0..2: gateway/replies/protocol.py)
 UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "container_upload")
 EFFORTS = ("low", "medium", "high")  # output_config.effort
 
@@ -247,7 +247,7 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _tools(value: Any) -> list[dict[str, Any]] | None:
-    """Anthropic's client tools as OpenAI function tools (names and schemas are checked by gateway/openai/tools.py)."""
+    """Anthropic's client tools as OpenAI function tools (names and schemas are checked by gateway/replies/tools.py)."""
     if value is None:
         return None
     if not isinstance(value, list):

@@ -8,9 +8,9 @@ from starlette.routing import Route
 
 from gateway.anthropic import protocol, serving
 from gateway.http.disconnect import unless_disconnected
-from gateway.http.request_body import app_state, request_body
 from gateway.http.sse import SSEResponse
 from gateway.replies import resume
+from gateway.replies.request_body import app_state, request_body
 from gateway.replies.tool_calls import dropped_headers
 
 

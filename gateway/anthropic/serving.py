@@ -1,6 +1,6 @@
 """Anthropic Messages API responses: one message body, the named SSE event stream, and count_tokens.
 
-Generation goes through gateway/openai/serving.py like every chat request (the same admission, deadlines, metrics,
+Generation goes through gateway/replies/serving.py like every chat request (the same admission, deadlines, metrics,
 rate-limit charges and cancellation on disconnect); this module only shapes what comes back:
 - a message {id "msg_...", type, role, model, content [text, tool_use {id "toolu_...", name, input}],
   stop_reason end_turn | max_tokens | stop_sequence | tool_use, stop_sequence, usage};
@@ -29,11 +29,11 @@ from gateway.anthropic.errors import error_body
 from gateway.cluster.broker import Broker
 from gateway.http.error_log import ErrorLog, note_request
 from gateway.http.sse import Comment
-from gateway.openai import serving
-from gateway.openai.bodies import ChoiceResult
-from gateway.openai.protocol import ChatRequest
+from gateway.replies import serving
+from gateway.replies.bodies import ChoiceResult
 from gateway.replies.generation import STILL_WAITING, Generation
 from gateway.replies.parser import Part, ReplyParser, needs_parsing
+from gateway.replies.protocol import ChatRequest
 from gateway.replies.reasoning import Reasoning
 from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from gateway.replies.tool_calls import ArgumentsDelta, CallStart

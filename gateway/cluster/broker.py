@@ -30,16 +30,15 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.admin.metrics import FleetSnapshot, GatewayMetrics
 from gateway.cluster import admission
 from gateway.cluster.event_stream import EventStream, JobRef
 from gateway.cluster.fair_share import queue_shared
 from gateway.cluster.loras import resolve_job
 from gateway.cluster.lost_jobs import QueuedEntry
+from gateway.cluster.metrics import FleetSnapshot, GatewayMetrics
 from gateway.cluster.placement import Choice, PrefixMap
 from gateway.cluster.placer import Placer, Plan
 from gateway.cluster.queue_view import READ_EVERY_S, QueueState, QueueView, read_queue_state
-from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.redis_health import RedisHealth
 from gateway.cluster.registry import RECHECK_S, Registry
 from gateway.cluster.streams import Streams
@@ -47,6 +46,7 @@ from gateway.cluster.subscriber import QueueItem, Subscriber
 from gateway.cluster.warm_pool import WarmPool
 from gateway.http.error_log import ErrorLog
 from gateway.http.rate_limit import RateLimiter
+from gateway.http.redis_errors import redis_unavailable
 from gateway.http.tracing import traced
 from shared import codec, keys
 from shared.errors import (

@@ -21,9 +21,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.cluster.lost_jobs import QueuedEntry, requeue_if_lost
-from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.redis_health import RedisHealth
 from gateway.cluster.subscriber import RESYNC, QueueItem, Subscriber
+from gateway.http.redis_errors import redis_unavailable
 from gateway.http.tracing import note_event
 from shared import codec, keys
 from shared.codec import WireFormatError

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from gateway.cluster.redis_errors import redis_unavailable
+from gateway.http.redis_errors import redis_unavailable
 from shared.redis_commands import QueueState, queue_states, run_async
 
 READ_EVERY_S = 0.0  # a read is reused this long (0: shared only by requests that arrive while it is under way)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 
-from gateway.cluster.redis_errors import redis_unavailable
+from gateway.http.redis_errors import redis_unavailable
 from shared import keys
 from shared.redis_commands import fresh_workers, run_async
 from shared.registry import RegistryEntry

@@ -31,7 +31,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, WatchError
 
-from gateway.cluster.redis_errors import redis_unavailable
+from gateway.http.redis_errors import redis_unavailable
 from shared import keys
 from shared.settings import Settings
 

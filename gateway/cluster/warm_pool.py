@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from gateway.cluster.queue_view import QueueState
-from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.registry import Registry
-from shared import keys
+from gateway.http.redis_errors import redis_unavailable
+from shared import warm_pool_commands as pool_wire
 from shared.errors import ModelLoadFailed
+from shared.redis_commands import run_async
 from shared.settings import Settings
-from shared.warm_pool import FAILED, LOADING, NODE_TTL_S, READY, UNLOADED, NodeState
+from shared.warm_pool import FAILED, LOADING, READY, UNLOADED, NodeState
 
 NODES_CACHE_S = 1.0
 NOTE_USE_EVERY_S = 1.0  # a model's last-use mark is written at most this often by one gateway
-COMMANDS_MAXLEN = 1000
 
 
 @dataclass(frozen=True)
@@ -71,14 +71,7 @@ class WarmPool:
         if self._read_at is not None and now - self._read_at < NODES_CACHE_S:
             return self._nodes
         with redis_unavailable(self._settings.retry_after_s):
-            ids = await self._redis.zrangebyscore(keys.NODES_INDEX, now - NODE_TTL_S, "+inf")
-            pipe = self._redis.pipeline(transaction=False)
-            for node_id in ids:
-                pipe.hgetall(keys.node_key(node_id.decode()))
-            pipe.zremrangebyscore(keys.NODES_INDEX, "-inf", now - 10 * NODE_TTL_S)
-            replies = await pipe.execute()
-        nodes = [NodeState.from_hash(i.decode(), fields or {}) for i, fields in zip(ids, replies, strict=False)]
-        self._nodes = [n for n in nodes if n is not None and n.heartbeat >= now - NODE_TTL_S]
+            self._nodes = await run_async(self._redis, pool_wire.live_nodes(now))
         self._read_at = now
         return self._nodes
 
@@ -95,47 +88,31 @@ class WarmPool:
         self._noted[model] = now
         with redis_unavailable(self._settings.retry_after_s):
             pipe = self._redis.pipeline(transaction=False)
-            pipe.zadd(keys.POOL_USED, {model: self._clock()})
-            if keep_alive is not None:
-                pipe.hset(keys.POOL_KEEP_ALIVE, model, repr(keep_alive))
+            pool_wire.queue_use(pipe, model, self._clock(), keep_alive)
             await pipe.execute()
 
     async def keep_alives(self) -> dict[str, float]:
         """Each model's keep-alive (seconds, -1 = forever) as its latest request that named one set it."""
         with redis_unavailable(self._settings.retry_after_s):
-            values = await self._redis.hgetall(keys.POOL_KEEP_ALIVE)
-        out = {}
-        for model, value in values.items():
-            try:
-                out[model.decode(errors="replace")] = float(value)
-            except ValueError:
-                continue
-        return out
+            return await run_async(self._redis, pool_wire.keep_alives())
 
     async def check_failure(self, model: str) -> None:
         """Raise the remembered load failure of `model` (503 model_load_failed, Retry-After its remaining time)."""
         with redis_unavailable(self._settings.retry_after_s):
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.get(keys.pool_failed(model))
-            pipe.pttl(keys.pool_failed(model))
-            message, ttl_ms = await pipe.execute()
-        if message is not None:
-            raise ModelLoadFailed(message.decode(errors="replace"), retry_after=max(1.0, (ttl_ms or 1000) / 1000))
+            failure = await run_async(self._redis, pool_wire.failure_with_ttl(model))
+        if failure is not None:
+            raise ModelLoadFailed(failure[0], retry_after=failure[1])
 
     async def remembered_failure(self, model: str) -> str | None:
         """The remembered load failure of `model`, if any."""
         with redis_unavailable(self._settings.retry_after_s):
-            message = await self._redis.get(keys.pool_failed(model))
-        return None if message is None else message.decode(errors="replace")
+            return await run_async(self._redis, pool_wire.remembered_failure(model))
 
     async def command(self, op: str, model: str, *, force: bool = False) -> None:
         """Queue an admin command (load / unload) for the node agents; a load forgets a remembered failure."""
         with redis_unavailable(self._settings.retry_after_s):
             pipe = self._redis.pipeline(transaction=True)
-            if op == "load":
-                pipe.delete(keys.pool_failed(model))
-            pipe.xadd(keys.POOL_COMMANDS, {"op": op, "model": model, "force": "1" if force else "0"},
-                      maxlen=COMMANDS_MAXLEN, approximate=True)
+            pool_wire.queue_command(pipe, op, model, force=force)
             await pipe.execute()
 
     async def statuses(self, queue_state: Callable[[str], Awaitable[QueueState]]) -> list[ModelStatus]:
@@ -147,14 +124,9 @@ class WarmPool:
         catalogued = {model for node in nodes for model in node.catalogue}
         models = sorted(catalogued | set(live))
         with redis_unavailable(self._settings.retry_after_s):
-            pipe = self._redis.pipeline(transaction=False)
-            for model in models:
-                pipe.get(keys.pool_failed(model))
-                pipe.zscore(keys.POOL_USED, model)
-            replies = await pipe.execute()
+            marks = await run_async(self._redis, pool_wire.failures_and_uses(models))
         statuses = []
-        for i, model in enumerate(models):
-            failed, used = replies[2 * i:2 * i + 2]
+        for model, (failed, used) in zip(models, marks, strict=True):
             slots = [(node.node_id, node.models[model]) for node in nodes if model in node.models]
             workers = live.get(model, [])
             loading = sum(1 for _, slot in slots if slot.state == LOADING)

@@ -24,7 +24,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.cluster.redis_errors import redis_unavailable
+from gateway.http.redis_errors import redis_unavailable
 from shared import keys
 
 log = logging.getLogger(__name__)

@@ -1,21 +1,35 @@
-"""Every failure as an OpenAI-shaped JSON error response, Starlette's own 404/405 included (Anthropic-shaped on
-the Messages API's paths, see gateway/anthropic/errors.py; Ollama-shaped on /api/..., see gateway/ollama/errors.py)."""
+"""Every failure as an OpenAI-shaped JSON error response, Starlette's own 404/405 included, unless an API above
+registered its own shape for its paths: app.py puts them on `app.state.error_shapes` (Anthropic's on the Messages
+API's paths, gateway/anthropic/errors.py; Ollama's on /api/..., gateway/ollama/errors.py)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.anthropic.errors import error_body, is_anthropic_path
 from gateway.http.api_keys import current_key
 from gateway.http.error_log import make_entry
-from gateway.ollama import errors as ollama_errors
 from shared.errors import InternalError, LLMFleetError, MethodNotAllowed, NotFound
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ErrorShape:
+    """An API's own error body, used on the paths it claims (registered by app.py on app.state.error_shapes)."""
+
+    claims: Callable[[str], bool]  # the request's path -> whether this shape answers it
+    body: Callable[[LLMFleetError], dict[str, Any]]
+
+
+def _shapes(app_state: object) -> Sequence[ErrorShape]:
+    return getattr(app_state, "error_shapes", ())
 
 
 def record_error(app_state: object, error: LLMFleetError, path: str, *, streamed: bool = False,
@@ -29,14 +43,11 @@ def record_error(app_state: object, error: LLMFleetError, path: str, *, streamed
                              key=key_name or (key.name if key is not None else None), streamed=streamed))
 
 
-def error_response(error: LLMFleetError, path: str = "") -> JSONResponse:
-    """The JSON response for `error` on a request to `path`, with Retry-After where it has one."""
-    if is_anthropic_path(path):
-        body = error_body(error)
-    elif ollama_errors.is_ollama_path(path):
-        body = ollama_errors.error_body(error)
-    else:
-        body = error.to_openai()
+def error_response(error: LLMFleetError, path: str = "", app_state: object = None) -> JSONResponse:
+    """The JSON response for `error` on a request to `path`, with Retry-After where it has one: in the shape
+    registered on `app_state` for the path, else OpenAI's."""
+    shape = next((shape for shape in _shapes(app_state) if shape.claims(path)), None)
+    body = error.to_openai() if shape is None else shape.body(error)
     return JSONResponse(body, status_code=error.status, headers=error.headers())
 
 
@@ -44,23 +55,24 @@ async def handle_llmfleet_error(request: Request, exc: Exception) -> Response:
     """LLMFleetError -> its status and body (and an entry in the recent errors)."""
     assert isinstance(exc, LLMFleetError)
     record_error(request.app.state, exc, request.url.path)
-    return error_response(exc, request.url.path)
+    return error_response(exc, request.url.path, request.app.state)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
-    """Starlette's routing errors (unknown URL, wrong method) in OpenAI's shape."""
+    """Starlette's routing errors (unknown URL, wrong method) in OpenAI's shape (or the path's API's)."""
     assert isinstance(exc, HTTPException)
     where = f"({request.method} {request.url.path})"
     if exc.status_code == 404:
-        return error_response(NotFound(f"Invalid URL {where}"), request.url.path)
+        return error_response(NotFound(f"Invalid URL {where}"), request.url.path, request.app.state)
     if exc.status_code == 405:
-        response = error_response(MethodNotAllowed(f"Method not allowed {where}"), request.url.path)
+        response = error_response(MethodNotAllowed(f"Method not allowed {where}"), request.url.path,
+                                  request.app.state)
         response.headers.update(exc.headers or {})
         return response
     error = LLMFleetError(str(exc.detail))
     error.status = exc.status_code
     error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    return error_response(error, request.url.path)
+    return error_response(error, request.url.path, request.app.state)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
@@ -68,4 +80,4 @@ async def handle_unexpected(request: Request, exc: Exception) -> Response:
     log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
     error = InternalError("The server had an error while processing your request.")
     record_error(request.app.state, error, request.url.path)
-    return error_response(error, request.url.path)
+    return error_response(error, request.url.path, request.app.state)

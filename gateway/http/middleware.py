@@ -1,5 +1,5 @@
-"""ASGI middleware: API-key check and request-body cap; both answer in OpenAI's error shape (Anthropic's on
-the Messages API's paths)."""
+"""ASGI middleware: API-key check and request-body cap; both answer in OpenAI's error shape (or the one an API
+registered for its paths: gateway/http/errors.py). Which paths need no key is given by app.py (admin's)."""
 
 from __future__ import annotations
 
@@ -8,27 +8,26 @@ import logging
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.admin.dashboard import FLEET_PATH, PUBLIC_PATHS
-from gateway.cluster.redis_errors import redis_unavailable
 from gateway.http.api_keys import KeyRecord, KeyStore, current_key
 from gateway.http.errors import error_response, record_error
+from gateway.http.redis_errors import redis_unavailable
 from gateway.http.tenants import TENANT_HEADER, note_requested
 from shared.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest, LLMFleetError, RateLimited
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/ready/gateway", "/metrics", "/openapi.json", *PUBLIC_PATHS})  # /metrics: unless configured closed
-UNMETERED_PATHS = frozenset({FLEET_PATH})  # a key is needed, but no rate limit applies (the dashboard polls it)
 
 
 class ApiKeyMiddleware:
     """Require a known key (`Authorization: Bearer <key>` or `X-Api-Key: <key>`) on everything but the open
     paths and CORS preflights; apply the key's rate limits and add OpenAI's x-ratelimit-* headers."""
 
-    def __init__(self, app: ASGIApp, keys: KeyStore, *, public_metrics: bool = True) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyStore, *, open_paths: frozenset[str] = frozenset(),
+                 unmetered_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.keys = keys
-        self.open_paths = OPEN_PATHS if public_metrics else OPEN_PATHS - {"/metrics"}
+        self.open_paths = open_paths  # no key needed
+        self.unmetered_paths = unmetered_paths  # a key is needed, but no rate limit applies
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self.keys.enabled and scope["type"] == "http":  # the tenant of fair shares (gateway/http/tenants.py)
@@ -59,9 +58,9 @@ class ApiKeyMiddleware:
         error = AuthenticationFailed(
             "You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY' "
             "(or as X-Api-Key)." if presented is None else "Incorrect API key provided.")
-        response = error_response(error, scope["path"])
+        response = error_response(error, scope["path"], scope["app"].state)
         response.headers["WWW-Authenticate"] = "Bearer"
-        if scope["path"] not in UNMETERED_PATHS:  # a dashboard waiting for its key is not an error to list
+        if scope["path"] not in self.unmetered_paths:  # a dashboard waiting for its key is not an error to list
             record_error(scope["app"].state, error, scope["path"])
         await response(scope, receive, send)
         return None
@@ -69,7 +68,7 @@ class ApiKeyMiddleware:
     async def _limit(self, record: KeyRecord, scope: Scope, receive: Receive, send: Send) -> dict[str, str] | None:
         """Apply the key's per-minute limits: the x-ratelimit-* headers to add, or None after answering 429 (or
         503 when Redis cannot say)."""
-        if not (record.rpm or record.tpm) or scope["path"] in UNMETERED_PATHS:
+        if not (record.rpm or record.tpm) or scope["path"] in self.unmetered_paths:
             return {}
         broker = scope["app"].state.broker
         try:
@@ -77,7 +76,7 @@ class ApiKeyMiddleware:
                 states = await broker.limiter.admit(record)
         except LLMFleetError as exc:  # raised outside the app's handlers: answer here
             record_error(scope["app"].state, exc, scope["path"], key_name=record.name)
-            await error_response(exc, scope["path"])(scope, receive, send)
+            await error_response(exc, scope["path"], scope["app"].state)(scope, receive, send)
             return None
         limit_headers = {name: value for state in states for name, value in state.headers().items()}
         denied = [s for s in states if not s.allowed]
@@ -90,7 +89,7 @@ class ApiKeyMiddleware:
             f"'{record.name}'. Please try again in {max(s.retry_after_s for s in denied):g}s.",
             retry_after=max(s.retry_after_s for s in denied))
         record_error(scope["app"].state, limited, scope["path"], key_name=record.name)
-        response = error_response(limited, scope["path"])
+        response = error_response(limited, scope["path"], scope["app"].state)
         response.headers.update(limit_headers)
         await response(scope, receive, send)
         return None
@@ -142,10 +141,11 @@ class BodyLimitMiddleware:
         declared = Headers(scope=scope).get("content-length")
         if declared is not None:
             if not declared.strip().isdigit():
-                await error_response(InvalidRequest("Invalid Content-Length header."), scope["path"])(scope, receive, send)
+                error = InvalidRequest("Invalid Content-Length header.")
+                await error_response(error, scope["path"], scope["app"].state)(scope, receive, send)
                 return
             if int(declared) > self.max_bytes:
-                await error_response(self._too_large(), scope["path"])(scope, receive, send)
+                await error_response(self._too_large(), scope["path"], scope["app"].state)(scope, receive, send)
                 return
         received = 0
 

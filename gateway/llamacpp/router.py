@@ -9,8 +9,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.http.disconnect import unless_disconnected
-from gateway.http.request_body import app_state, request_body
 from gateway.llamacpp import tokenization
+from gateway.replies.request_body import app_state, request_body
 
 
 def _tokenizer_route(operation: str) -> Callable[[Request], Awaitable[Response]]:

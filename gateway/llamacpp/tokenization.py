@@ -11,9 +11,9 @@ from typing import Any
 
 from gateway.cluster.broker import Broker
 from gateway.http.fields import boolean, invalid, is_int, string
-from gateway.openai.protocol import MAX_MODEL_NAME, parse_messages
-from gateway.openai.serving import new_request_id
 from gateway.replies.generation import Generation
+from gateway.replies.protocol import MAX_MODEL_NAME, parse_messages
+from gateway.replies.serving import new_request_id
 from shared.errors import InternalError, InvalidRequest, LLMFleetError
 from shared.messages import DoneEvent, ErrorEvent, TextJob
 from shared.settings import Settings

@@ -2,7 +2,7 @@
 requests: every Ollama field, default and limit is read here.
 
 As gateway/anthropic/protocol.py does for the Messages API, a body is translated into the OpenAI body the gateway already
-validates (gateway/openai/protocol.py, gateway/openai/tools.py, gateway/openai/structured.py), so both APIs make the same jobs and share
+validates (gateway/replies/protocol.py, gateway/replies/tools.py, gateway/replies/structured.py), so both APIs make the same jobs and share
 every limit; Ollama's own structure is checked here first, with Ollama's field names in the messages
 (gateway/ollama/errors.py renames the OpenAI fields in errors raised later).
 - options: temperature, top_p, top_k, min_p, num_predict (-1 and -2: up to the context), stop, seed,
@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from gateway.http.fields import invalid, is_int, is_number, keep_alive_seconds, text_within
-from gateway.openai.protocol import (
+from gateway.replies.protocol import (
     MAX_STOP_BYTES,
     ChatRequest,
     CompletionRequest,

@@ -13,10 +13,10 @@ from starlette.routing import Route
 
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.fields import boolean, parse_json_object
-from gateway.http.request_body import request_body
 from gateway.http.sse import HEADERS, SSEResponse
 from gateway.ollama import models, protocol, serving
 from gateway.ollama import pull as pulling
+from gateway.replies.request_body import request_body
 from gateway.replies.tool_calls import dropped_headers
 from shared.settings import Settings
 

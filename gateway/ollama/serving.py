@@ -1,4 +1,4 @@
-"""Serve validated Ollama requests on the gateway's job layer (gateway/openai/serving.py); no Starlette here.
+"""Serve validated Ollama requests on the gateway's job layer (gateway/replies/serving.py); no Starlette here.
 
 Generation goes through the same functions as chat completions (admission, deadlines, metrics, rate-limit
 charges, cancellation when the client goes away, failover by journal replay); this module only shapes what
@@ -32,10 +32,10 @@ from gateway.http.fields import invalid
 from gateway.ollama.errors import error_body
 from gateway.ollama.models import context_length
 from gateway.ollama.protocol import OllamaEmbedding, OllamaGeneration
-from gateway.openai import serving
-from gateway.openai.protocol import ChatRequest
+from gateway.replies import serving
 from gateway.replies.generation import Generation
 from gateway.replies.parser import ReplyParser
+from gateway.replies.protocol import ChatRequest
 from gateway.replies.reasoning import Reasoning
 from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from shared.errors import InternalError, LLMFleetError, ModelNotFound

@@ -6,20 +6,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.admin import lora_routes
-from gateway.cluster.broker import Broker
 from gateway.http.disconnect import unless_disconnected
-from gateway.http.request_body import app_state, request_body
 from gateway.http.sse import SSEResponse
-from gateway.openai import bodies, protocol, serving
-from gateway.openai.batches import BATCH_ROUTES
-from gateway.openai.openapi import openapi_document
-from gateway.openai.protocol import ChatRequest, CompletionRequest
-from gateway.replies import resume
+from gateway.replies import bodies, protocol, resume, serving
+from gateway.replies.protocol import ChatRequest, CompletionRequest
+from gateway.replies.request_body import app_state, request_body
 from gateway.replies.tool_calls import dropped_headers
 from shared.errors import ModelNotFound
 
@@ -70,10 +66,11 @@ async def embeddings(request: Request) -> Response:
     return JSONResponse(body)
 
 
-async def _model_objects(broker: Broker) -> dict[str, dict]:
-    """Every model a live worker serves or a live node may load, with whether it is loaded."""
-    live = await broker.registry.live_models()
-    catalogue = await broker.pool.catalogue()
+async def _model_objects(state: State) -> dict[str, dict]:
+    """Every model a live worker serves or a live node may load, with whether it is loaded (the app's registry
+    and warm pool, on app.state)."""
+    live = await state.registry.live_models()
+    catalogue = await state.pool.catalogue()
     now = int(time.time())
     objects = {m: bodies.model_object(m, int(min(w.started for w in live[m])) if m in live else now,
                                       loaded=m in live) for m in sorted(set(live) | catalogue)}
@@ -83,28 +80,23 @@ async def _model_objects(broker: Broker) -> dict[str, dict]:
 async def list_models(request: Request) -> Response:
     """GET /v1/models: the models that have a live worker or are in a live node agent's catalogue (each with
     whether it is loaded), then the live ones' LoRA adapters (`<base>:<adapter>`)."""
-    broker = request.app.state.broker
-    data = list((await _model_objects(broker)).values())
-    data += lora_routes.adapter_objects(await broker.registry.live_models())
+    state = request.app.state
+    data = list((await _model_objects(state)).values())
+    data += bodies.adapter_objects(await state.registry.live_models())
     return JSONResponse(bodies.model_list(data))
 
 
 async def get_model(request: Request) -> Response:
     """GET /v1/models/{model}"""
     model = request.path_params["model"]
-    broker = request.app.state.broker
-    found = (await _model_objects(broker)).get(model)
+    state = request.app.state
+    found = (await _model_objects(state)).get(model)
     if found is None:
-        found = next((a for a in lora_routes.adapter_objects(await broker.registry.live_models())
+        found = next((a for a in bodies.adapter_objects(await state.registry.live_models())
                       if a["id"] == model), None)
     if found is None:
         raise ModelNotFound(f"The model '{model}' does not exist", param="model")
     return JSONResponse(found)
-
-
-async def openapi_json(request: Request) -> Response:
-    """GET /openapi.json: the gateway's OpenAPI document, with its configured limits."""
-    return JSONResponse(openapi_document(request.app.state.settings))
 
 
 OPENAI_ROUTES = [  # served under /v1 and, as llama-server does, without the prefix
@@ -115,10 +107,8 @@ OPENAI_ROUTES = [  # served under /v1 and, as llama-server does, without the pre
     ("/embeddings", embeddings, "POST"),
     ("/models", list_models, "GET"),
     ("/models/{model:path}", get_model, "GET"),
-    *BATCH_ROUTES,
 ]
 ROUTES = [
     *(Route(prefix + path, endpoint, methods=[method]) for prefix in ("/v1", "") for path, endpoint, method
       in OPENAI_ROUTES),
-    Route("/openapi.json", openapi_json, methods=["GET"]),
 ]

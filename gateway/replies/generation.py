@@ -15,9 +15,9 @@ from collections import deque
 import anyio
 from redis.exceptions import RedisError
 
-from gateway.admin.metrics import RequestTracker
 from gateway.cluster.broker import Broker
 from gateway.cluster.event_stream import EventStream, JobRef
+from gateway.cluster.metrics import RequestTracker
 from gateway.http.api_keys import KeyRecord, current_key
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import (

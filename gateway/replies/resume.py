@@ -13,10 +13,10 @@ from starlette.requests import Request
 
 from gateway.cluster.broker import Broker
 from gateway.cluster.event_stream import JobRef
-from gateway.cluster.redis_errors import redis_unavailable
 from gateway.cluster.streams import CANCELLED, DONE, StreamRecord
 from gateway.http.api_keys import current_key
 from gateway.http.error_log import note_request
+from gateway.http.redis_errors import redis_unavailable
 from gateway.replies.generation import Generation
 from shared import keys
 from shared.errors import InvalidRequest, StreamNotFound

@@ -114,7 +114,7 @@ def response_body(request: ResponsesRequest, rid: str, created: float, *, status
 
 def parallel_tool_calls(request: ResponsesRequest) -> bool:
     """The parallel_tool_calls the response ran with: as sent, else false where a call is forced (required or a
-    named function, as gateway/openai/tools.py defaults it); a named function is always one call."""
+    named function, as gateway/replies/tools.py defaults it); a named function is always one call."""
     if isinstance(request.tool_choice, dict):
         return False
     sent = request.chat_fields.get("parallel_tool_calls")

@@ -1,6 +1,6 @@
 """Responses API request fields, defaults and limits, read in one place (hand-written, no pydantic).
 
-A /v1/responses body becomes the same ChatRequest a /v1/chat/completions body does (gateway/openai/protocol.py reads
+A /v1/responses body becomes the same ChatRequest a /v1/chat/completions body does (gateway/replies/protocol.py reads
 the shared fields and limits), as the Anthropic route does, so both make the same jobs:
 - input: a string (one user message) or items: messages {role user | system | developer | assistant, content a
   string or parts input_text / output_text (refusal parts count as text)}, function_call {call_id, name,
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.http.fields import boolean, integer, invalid, string
-from gateway.openai.protocol import ChatRequest, parse_chat
-from gateway.openai.structured import SCHEMA_NAME, json_schema_constraint
+from gateway.replies.protocol import ChatRequest, parse_chat
+from gateway.replies.structured import SCHEMA_NAME, json_schema_constraint
 from gateway.responses_api.items import reference_id
 from shared.errors import InvalidRequest
 from shared.messages import OutputConstraint
@@ -275,7 +275,7 @@ def to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def parse_tools(value: Any) -> list[dict[str, Any]]:
-    """Function tools in the flat Responses shape (names and schemas are checked again by gateway/openai/tools.py)."""
+    """Function tools in the flat Responses shape (names and schemas are checked again by gateway/replies/tools.py)."""
     if value is None:
         return []
     if not isinstance(value, list):

@@ -10,9 +10,9 @@ from starlette.routing import Route
 from gateway.cluster.broker import Broker
 from gateway.http.api_keys import current_key
 from gateway.http.disconnect import unless_disconnected
-from gateway.http.request_body import request_body
 from gateway.http.sse import SSEResponse
 from gateway.replies import resume
+from gateway.replies.request_body import request_body
 from gateway.replies.tool_calls import dropped_headers
 from gateway.responses_api import bodies, items, serving
 from gateway.responses_api.protocol import parse_request

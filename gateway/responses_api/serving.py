@@ -1,6 +1,6 @@
-"""Serve Responses API requests on the chat jobs (gateway/openai/serving.py; no Starlette here).
+"""Serve Responses API requests on the chat jobs (gateway/replies/serving.py; no Starlette here).
 
-Generation goes through gateway/openai/serving.py like every chat request: the same admission, placement, deadlines,
+Generation goes through gateway/replies/serving.py like every chat request: the same admission, placement, deadlines,
 metrics, key charges, cancellation on disconnect and failover (the event stream resumes from the journal).
 This module loads the history of previous_response_id, names the response before its job starts (the job's
 request id is the response id's digits), stores the record (`in_progress` first, so any gateway can cancel it,
@@ -33,11 +33,10 @@ from gateway.cluster.broker import Broker
 from gateway.cluster.streams import StreamRecord
 from gateway.http.api_keys import current_key
 from gateway.http.sse import Comment
-from gateway.openai import serving
-from gateway.openai.protocol import ChatRequest
-from gateway.replies import resume
+from gateway.replies import resume, serving
 from gateway.replies.generation import Generation
 from gateway.replies.parser import ReplyParser
+from gateway.replies.protocol import ChatRequest
 from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from gateway.responses_api import bodies
 from gateway.responses_api.items import resolve_references, with_ids

@@ -18,7 +18,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gateway.cluster.redis_errors import redis_unavailable
+from gateway.http.redis_errors import redis_unavailable
 from shared import keys
 from shared.errors import PreviousResponseNotFound, ResponseNotFound
 from shared.settings import Settings

@@ -217,7 +217,7 @@ def fixed_request_id(monkeypatch: pytest.MonkeyPatch) -> None:
     """Request ids req-0123, req-0124, ... (tests that assert on ids and the bodies built from them)."""
     import itertools
 
-    from gateway.openai import serving
+    from gateway.replies import serving
 
     ids = itertools.count(123)
     monkeypatch.setattr(serving, "new_request_id", lambda: f"req-{next(ids):04d}")

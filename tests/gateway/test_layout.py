@@ -45,7 +45,7 @@ def test_the_newcomers_walk_names_real_files_in_request_order() -> None:
     order = [p for p in named if p.startswith("gateway/")]
     first = {p: order.index(p) for p in order}
     assert first["gateway/http/middleware.py"] < first["gateway/openai/router.py"] \
-        < first["gateway/openai/protocol.py"] < first["gateway/openai/serving.py"] \
+        < first["gateway/replies/protocol.py"] < first["gateway/replies/serving.py"] \
         < first["gateway/cluster/broker.py"] < first["gateway/cluster/subscriber.py"] < first["gateway/http/sse.py"]
 
 

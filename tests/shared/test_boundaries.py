@@ -3,11 +3,11 @@ no Redis, Starlette or shared/; and no import circle between the files of our pa
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.import_graph import import_circles, import_graph, imported_names
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,8 @@ def _modules_after_import(statement: str) -> set[str]:
 
 def test_shared_imports_no_redis_and_no_numpy() -> None:
     loaded = _modules_after_import("import shared.codec, shared.errors, shared.keys, shared.messages, shared.settings, "
-                                   "shared.redis_commands, shared.redis_sockets, shared.registry, shared.warm_pool")
+                                   "shared.redis_commands, shared.redis_sockets, shared.registry, shared.warm_pool, "
+                                   "shared.warm_pool_commands")
     assert not loaded & {"redis", "numpy", "starlette", "gateway", "worker"}
 
 
@@ -35,93 +36,10 @@ def test_no_pickle_in_our_sources() -> None:
             assert "pickle" not in path.read_text(), path
 
 
-# --- the import graph of our packages: no circle between files -----------------------------------------------
-
-GRAPH_PACKAGES = ("gateway", "worker", "shared", "llmfleet", "batches")
+# --- the import graph of our packages (tests/support/import_graph.py): no circle between files ----------------
 
 # Circles allowed to remain: none (issue 24 broke the last ones). Add one only with a reason beside it.
 KNOWN_CIRCLES: set[frozenset[str]] = set()
-
-
-def _module_files() -> dict[str, Path]:
-    """Dotted module name -> file, for every module of GRAPH_PACKAGES (a package is its __init__.py)."""
-    found = {}
-    for package in GRAPH_PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-    return found
-
-
-def _imported_names(module: str, path: Path) -> Iterator[str]:
-    """Every module name an import statement anywhere in the file names (module level, inside functions, under
-    TYPE_CHECKING: each ties the two files together), relative imports resolved; `from a import b` yields a.b."""
-    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
-            yield from (f"{base}.{alias.name}" for alias in node.names)  # a.b, or a where b is not a module
-
-
-def import_graph() -> dict[str, set[str]]:
-    """module -> the modules of our packages it imports (the nearest enclosing module of each imported name)."""
-    files = _module_files()
-    graph: dict[str, set[str]] = {module: set() for module in files}
-    for module, path in files.items():
-        for name in _imported_names(module, path):
-            while name and name not in files:
-                name = name.rpartition(".")[0]
-            if name and name != module:
-                graph[module].add(name)
-    return graph
-
-
-def import_circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
-    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    circles = []
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = set()
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.add(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    circles.append(frozenset(component))
-    return circles
 
 
 def _describe(circle: frozenset[str], graph: dict[str, set[str]]) -> str:
@@ -143,16 +61,16 @@ def test_the_circle_finder_finds_circles_and_resolves_imports_to_files(tmp_path:
     (package / "__init__.py").write_text("from pkg.first import x\n")
     (package / "first.py").write_text("from . import second\nfrom .second import y\nx = 1\n")
     (package / "second.py").write_text("def f():\n    from pkg import first\n    import pkg.first as again\n")
-    assert sorted(_imported_names("pkg.first", package / "first.py")) == ["pkg.second", "pkg.second.y"]
-    assert sorted(_imported_names("pkg", package / "__init__.py")) == ["pkg.first.x"]
-    assert sorted(_imported_names("pkg.second", package / "second.py")) == ["pkg.first", "pkg.first"]
+    assert sorted(imported_names("pkg.first", package / "first.py")) == ["pkg.second", "pkg.second.y"]
+    assert sorted(imported_names("pkg", package / "__init__.py")) == ["pkg.first.x"]
+    assert sorted(imported_names("pkg.second", package / "second.py")) == ["pkg.first", "pkg.first"]
 
 
 def test_the_engine_imports_no_redis_starlette_shared_or_the_rest_of_the_worker() -> None:
     forbidden = ("redis", "starlette", "shared", "gateway", "llmfleet", "batches", "uvicorn", "msgpack")
     for path in (ROOT / "worker" / "engine").rglob("*.py"):
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        for name in _imported_names(module, path):
+        for name in imported_names(module, path):
             top = name.split(".")[0]
             assert top not in forbidden, f"{path.relative_to(ROOT)} imports {name}"
             assert top != "worker" or name.startswith("worker.engine"), f"{path.relative_to(ROOT)} imports {name}"

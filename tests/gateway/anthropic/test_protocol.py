@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.anthropic import protocol as anthropic
-from gateway.openai import protocol, serving
+from gateway.replies import protocol, serving
 from shared.errors import InvalidRequest
 from shared.messages import ChatMessage, GenerateJob, ToolCall
 from shared.settings import Settings

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+from types import SimpleNamespace
 
 import fakeredis
 import httpx
 import pytest
 
-from gateway.app import create_app
+from gateway.app import ERROR_SHAPES, create_app
+from gateway.http.errors import ErrorShape, error_response
 from shared import keys
+from shared.errors import NotFound
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -258,3 +262,16 @@ async def test_api_key_required_when_configured(keyed_client) -> None:
     response = await keyed_client.get("/v1/models", headers={"Authorization": "Bearer sk-right"})
     assert response.status_code == 200
     assert (await keyed_client.get("/health")).status_code == 200  # probes need no key
+
+
+def test_an_error_takes_the_shape_registered_for_its_path_else_openais() -> None:
+    """http/ knows no API's error shape: app.py registers Anthropic's and Ollama's on app.state.error_shapes."""
+    error = NotFound("no such thing")
+    plain = json.loads(error_response(error, "/api/tags").body)
+    assert plain == error.to_openai()
+    state = SimpleNamespace(error_shapes=(ErrorShape(lambda path: path.startswith("/x/"), lambda e: {"x": e.message}),))
+    assert json.loads(error_response(error, "/x/y", state).body) == {"x": "no such thing"}
+    assert json.loads(error_response(error, "/v1/chat/completions", state).body) == error.to_openai()
+    registered = SimpleNamespace(error_shapes=ERROR_SHAPES)
+    assert json.loads(error_response(error, "/api/tags", registered).body) == {"error": "no such thing"}
+    assert json.loads(error_response(error, "/v1/messages", registered).body)["type"] == "error"

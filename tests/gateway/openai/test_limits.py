@@ -8,10 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.admin.openapi import openapi_document
 from gateway.http.fields import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
-from gateway.openai import protocol
-from gateway.openai.openapi import openapi_document
-from gateway.openai.tools import MAX_CALL_TEXT_BYTES
+from gateway.replies import protocol
+from gateway.replies.tools import MAX_CALL_TEXT_BYTES
 from shared.errors import InvalidRequest
 from shared.settings import Settings
 

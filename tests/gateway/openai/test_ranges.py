@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from gateway.admin.openapi import openapi_document
 from gateway.anthropic import protocol as anthropic_protocol
-from gateway.openai import protocol
-from gateway.openai.openapi import openapi_document
+from gateway.replies import protocol
 from shared.errors import InvalidRequest
 from shared.settings import Settings
 from worker.engine.decode import sampling as engine

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from gateway.openai import serving
+from gateway.replies import serving
 from shared.errors import ContextLengthExceeded, InternalError
 from shared.messages import TokenLogprob, TopLogprob
 from tests.support.sse import split_id, split_ids

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.openai import protocol, serving
+from gateway.replies import protocol, serving
 from gateway.responses_api.protocol import chat_request, parse_request
 from shared.errors import InvalidRequest
 from shared.messages import ChatMessage, GenerateJob, ToolCall

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.shared.test_boundaries import import_graph
+from tests.support.import_graph import import_graph
 
 ROOT = Path(__file__).resolve().parents[3]
 ENGINE = "worker.engine"

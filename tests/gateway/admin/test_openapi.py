@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.openai.openapi import openapi_document
+from gateway.admin.openapi import openapi_document
 from shared.settings import Settings
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is in the dev extra")
@@ -42,7 +42,7 @@ def _document() -> dict[str, Any]:
 
 
 # the OpenAI-shaped operations (the Anthropic, Ollama and admin entries answer in their own shapes; the batch API
-# needs a batch runner): tests/gateway/openai/test_openapi_routes.py checks the document lists every route
+# needs a batch runner): tests/gateway/admin/test_openapi_routes.py checks the document lists every route
 schema = schemathesis.openapi.from_dict(_document()).include(tag_regex="^(openai|llama-server|health)$")
 
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.openai import protocol, serving
+from gateway.replies import protocol, serving
 from shared.messages import ToolCall
 from shared.settings import Settings
 

@@ -9,9 +9,11 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.cluster.loras import adapters_of
 from gateway.replies.reasoning import BOTH_FIELDS, Reasoning
 from gateway.replies.tool_calls import CallStart, Item
 from shared.messages import Timing, TokenLogprob, Usage
+from shared.registry import RegistryEntry
 
 SYSTEM_FINGERPRINT = "fp_llmfleet"
 OWNED_BY = "llmfleet"
@@ -292,3 +294,14 @@ def model_object(model: str, created: int, *, loaded: bool = True) -> dict[str, 
 def model_list(models: list[dict[str, Any]]) -> dict[str, Any]:
     """The /v1/models list."""
     return {"object": "list", "data": models}
+
+
+def adapter_objects(live: dict[str, list[RegistryEntry]]) -> list[dict[str, Any]]:
+    """/v1/models entries of the loaded adapters: id `<base>:<adapter>`, with their parent (as vLLM lists them)."""
+    objects = []
+    for model, workers in sorted(live.items()):
+        created = int(min(w.started for w in workers))
+        for name in adapters_of(model, workers):
+            objects.append({"id": f"{model}:{name}", "object": "model", "created": created, "owned_by": OWNED_BY,
+                            "parent": model, "root": name})
+    return objects

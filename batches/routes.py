@@ -15,6 +15,7 @@ import redis
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from batches import objects
 from batches.files import FileStore, file_not_found
@@ -22,9 +23,9 @@ from batches.input import URLS, parse_input
 from batches.queue import enqueue_batch
 from batches.redis_clients import sync_client
 from batches.store import BatchStore
-from gateway.cluster.redis_errors import redis_unavailable
 from gateway.http.api_keys import current_key
 from gateway.http.fields import integer, invalid, metadata, parse_json_object, string
+from gateway.http.redis_errors import redis_unavailable
 from shared.errors import BodyTooLarge, InvalidRequest, NotFound
 from shared.settings import Settings
 
@@ -205,3 +206,5 @@ BATCH_ROUTES = [  # (path, endpoint, method), served under /v1 and without the p
     ("/batches/{batch_id}", get_batch, "GET"),
     ("/batches/{batch_id}/cancel", cancel_batch, "POST"),
 ]
+ROUTES = [Route(prefix + path, endpoint, methods=[method]) for prefix in ("/v1", "") for path, endpoint, method
+          in BATCH_ROUTES]  # gateway/app.py mounts them after OpenAI's

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.openai.openapi_parts import Schema, object_schema, operation, resume_operation
+from gateway.admin.openapi_parts import Schema, object_schema, operation, resume_operation
 from gateway.responses_api.items import MAX_LIMIT
 
 ANY_OBJECT: Schema = {"type": "object"}

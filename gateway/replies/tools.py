@@ -1,7 +1,7 @@
 """Tool-calling fields of a chat request: tools, tool_choice, parallel_tool_calls, and tool history in messages.
 
 Shapes and sizes are checked here; each tool's parameters schema is compiled by the worker, which names
-`tools[i].function.parameters` in a 400 when one does not compile (see gateway/openai/structured.py).
+`tools[i].function.parameters` in a 400 when one does not compile (see gateway/replies/structured.py).
 
 parallel_tool_calls left unset (or null) is true with tool_choice auto (OpenAI's default) and false where a
 call is forced (required or a named function), as llama-server defaults it: a forced reply is one call and ends
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.http.fields import boolean, invalid, text_within
-from gateway.openai.structured import SCHEMA_NAME, json_schema_constraint
+from gateway.replies.structured import SCHEMA_NAME, json_schema_constraint
 from shared.messages import ToolCall, ToolChoice, ToolSpec
 
 MAX_TOOLS = 128

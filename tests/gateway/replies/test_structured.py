@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.openai import protocol, serving
-from gateway.openai.structured import parse_constraint
+from gateway.replies import protocol, serving
+from gateway.replies.structured import parse_constraint
 from shared.messages import OutputConstraint
 from shared.settings import Settings
 

@@ -4,7 +4,7 @@ Each parse_* function takes the decoded JSON object and returns a typed request,
 InvalidRequest that names the offending `param`. Unknown fields are ignored, as OpenAI does; known
 fields llmfleet cannot honour (non-text content, suffix, best_of > 1, dimensions, the legacy functions) are
 refused rather than silently ignored. Structured output (response_format and llama.cpp's json_schema,
-grammar, regex) is read by gateway/openai/structured.py, tools and tool_choice by gateway/openai/tools.py. Extensions
+grammar, regex) is read by gateway/replies/structured.py, tools and tool_choice by gateway/replies/tools.py. Extensions
 beyond OpenAI: top_k, min_p, repetition_penalty, ignore_eos, priority, cache_prompt, lora (gateway/cluster/loras.py). Only OpenAI's
 documented limits are checked here (temperature, top_p, penalties, logit_bias, top_logprobs, ...); the
 ranges of the extensions (top_k, min_p, repetition_penalty) are checked once, by the engine's
@@ -32,16 +32,16 @@ from gateway.http.fields import (
     token_ids,
 )
 from gateway.http.tenants import note_requested
-from gateway.openai.structured import parse_constraint
-from gateway.openai.tools import MAX_CALL_TEXT_BYTES, ToolOptions, parse_tool_calls, parse_tools
 from gateway.replies.reasoning import ThinkingSwitch, parse_reasoning_format, parse_thinking_switch
+from gateway.replies.structured import parse_constraint
+from gateway.replies.tools import MAX_CALL_TEXT_BYTES, ToolOptions, parse_tool_calls, parse_tools
 from shared.errors import InvalidRequest
 from shared.messages import PRIORITIES_LOW_TO_HIGH, ChatMessage, LoraRef, OutputConstraint, Sampling
 from shared.settings import Settings
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-# Bounds on the free-text fields besides the prompt (max_prompt_chars) and tools (gateway/openai/tools.py); the OpenAPI
-# document (gateway/openai/openapi.py) states these same constants.
+# Bounds on the free-text fields besides the prompt (max_prompt_chars) and tools (gateway/replies/tools.py); the OpenAPI
+# document (gateway/admin/openapi.py) states these same constants.
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_BYTES = 1024  # one stop sequence, UTF-8 (the worker holds back as much output as the longest one)
 MAX_LOGIT_BIAS_ENTRIES = 1024  # entries in one logit_bias (each bias's size: LOGIT_BIAS_RANGE)

@@ -1,4 +1,4 @@
-"""The building blocks of the gateway's OpenAPI document (gateway/openai/openapi.py and the other APIs' entries in
+"""The building blocks of the gateway's OpenAPI document (gateway/admin/openapi.py and the other APIs' entries in
 openapi_other_apis.py): schema helpers and one operation's shape."""
 
 from __future__ import annotations

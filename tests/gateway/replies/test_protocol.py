@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.openai import protocol, serving
+from gateway.replies import protocol, serving
 from shared.errors import InvalidRequest
 from shared.messages import ChatMessage
 from shared.settings import Settings

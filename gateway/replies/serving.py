@@ -27,12 +27,12 @@ from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
 from gateway.http.api_keys import current_key
 from gateway.http.error_log import note_request
-from gateway.openai import bodies
-from gateway.openai.bodies import ChoiceResult, ChunkHeader
-from gateway.openai.chunk_stream import ChunkStream
-from gateway.openai.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbedBody
+from gateway.replies import bodies
+from gateway.replies.bodies import ChoiceResult, ChunkHeader
+from gateway.replies.chunk_stream import ChunkStream
 from gateway.replies.generation import Generation, charge_key
 from gateway.replies.parser import needs_parsing, whole_reply
+from gateway.replies.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbedBody
 from gateway.replies.reasoning import reasoning_keys
 from gateway.replies.streaming import (
     StartedStream,

@@ -1,6 +1,6 @@
 """The OpenAI chunks of one streaming chat or completion request (`data: {...}` bodies for gateway/http/sse.py).
 
-Its first events already arrived (gateway/openai/serving.py `stream_completion` waited for them), so a failure
+Its first events already arrived (gateway/replies/serving.py `stream_completion` waited for them), so a failure
 from here on is a final {"error": ...} chunk; the SSE layer appends [DONE].
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from gateway.http.error_log import ErrorLog
 from gateway.http.sse import Comment
-from gateway.openai import bodies
-from gateway.openai.bodies import ChunkHeader
+from gateway.replies import bodies
+from gateway.replies.bodies import ChunkHeader
 from gateway.replies.generation import STILL_WAITING, Generation
 from gateway.replies.parser import ReplyParser, needs_parsing
 from gateway.replies.reasoning import BOTH_FIELDS

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from gateway.admin import readiness
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
+from gateway.cluster.served_models import default_models
 from gateway.http.error_log import note_request
 from gateway.http.fields import parse_json_object
 from shared.errors import InvalidRequest
@@ -28,13 +28,14 @@ async def request_body(request: Request) -> dict:
     if isinstance(model, str):
         note.model = model
     if model is None:
-        served = await readiness.default_models(request.app.state.broker)
+        state = request.app.state
+        served = await default_models(state.registry, state.pool, state.settings)
         if len(served) != 1:
             raise InvalidRequest(f"Missing required parameter: 'model' ({len(served)} models are served: "
                                  f"{', '.join(served) or 'none'}).", param="model")
         body["model"] = note.model = served[0]
     elif isinstance(model, str) and request.app.state.settings.any_model_name:
-        live = sorted(await request.app.state.broker.registry.live_models())
+        live = sorted(await request.app.state.registry.live_models())
         base, adapter = split_model(model)
         if len(live) == 1 and base not in live and model not in live:
             body["model"] = note.model = live[0] if adapter is None else f"{live[0]}:{adapter}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.openai.bodies import TextOffsets, completion_logprobs
+from gateway.replies.bodies import TextOffsets, completion_logprobs
 from shared.messages import TokenLogprob
 
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from gateway.admin.openapi import openapi_document
 from gateway.app import create_app
-from gateway.openai.openapi import openapi_document
 from shared.settings import Settings
 
 NOT_DOCUMENTED = {  # path -> why it is left out of the document

@@ -3,7 +3,7 @@
 It describes what the gateway accepts: a body valid under these schemas is not refused for its shape (it may
 still be refused for a rule between fields, e.g. top_logprobs without logprobs, with a 400 in OpenAI's shape).
 The OpenAI routes are also served without the /v1 prefix; the document lists the /v1 ones. The Anthropic,
-Ollama and admin routes are listed too (gateway/openai/openapi_other_apis.py), each with its API's error shape;
+Ollama and admin routes are listed too (gateway/admin/openapi_other_apis.py), each with its API's error shape;
 not listed: this document, the dashboard (HTML) and /metrics (Prometheus' text format).
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.admin.openapi_other_apis import other_api_paths, other_api_schemas, page_parameters
+from gateway.admin.openapi_parts import JSON, Schema, nullable, object_schema, operation, resume_operation
 from gateway.http.fields import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
-from gateway.openai.openapi_other_apis import other_api_paths, other_api_schemas, page_parameters
-from gateway.openai.openapi_parts import JSON, Schema, nullable, object_schema, operation, resume_operation
-from gateway.openai.protocol import (
+from gateway.replies.protocol import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_MODEL_NAME,
