@@ -156,11 +156,11 @@ def print_relay(r: RelayResult, streams: int, rate: float, tokens: int, standin:
 
 
 PROFILE_STAGES = {  # label -> the frame (function (file) prefix) whose inclusive time it is
-    "admission: parse, queue the job, wait for the first event": "stream_completion (gateway/openai/serving.py",
+    "admission: parse, queue the job, wait for the first event": "stream_completion (gateway/replies/serving.py",
     "pub/sub read + RESP parse (dispatcher task)": "Subscriber._run (gateway/cluster/subscriber.py",
     "event decode (shared.codec)": "decode_event (shared/codec.py",
     "per-event wait (asyncio.wait_for on the queue)": "EventStream._receive (gateway/cluster/event_stream.py",
-    "chunk dicts (gateway/openai/bodies.py)": "completion_chunk (gateway/openai/bodies.py",
+    "chunk dicts (gateway/replies/bodies.py)": "completion_chunk (gateway/replies/bodies.py",
     "json.dumps + SSE framing": "event (gateway/http/sse.py",
     "send path (Starlette/uvicorn h11 send)": "RequestResponseCycle.send (uvicorn/",
     "  of which socket send() syscalls": "_SelectorSocketTransport.write (asyncio/selector_events.py",

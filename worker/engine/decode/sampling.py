@@ -14,7 +14,7 @@ from worker.engine.decode.batch_sampling import LogitsProcessor, SampledToken, p
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this mean argmax
 MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 MAX_LOGIT_BIAS_MAGNITUDE = 100.0  # one token's |bias|: OpenAI's range is [-100, 100]; -100 bans the token outright
-# (how many entries a request may carry is the gateway's rule: gateway/openai/protocol.py MAX_LOGIT_BIAS_ENTRIES)
+# (how many entries a request may carry is the gateway's rule: gateway/replies/protocol.py MAX_LOGIT_BIAS_ENTRIES)
 REPETITION_PENALTY_RANGE = (0.01, 100.0)  # 1 = off; near 0 would divide logits into overflow
 MAX_PRESENCE_FREQUENCY = 2.0  # OpenAI's range for presence/frequency penalties is [-2, 2]
 SEED_MODULUS = 2**64
