@@ -10,7 +10,7 @@ from gateway.anthropic import protocol, serving
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.sse import SSEResponse
 from gateway.replies import resume
-from gateway.replies.request_body import app_state, request_body
+from gateway.replies.request_body import app_state, registry_and_pool, request_body
 from gateway.replies.tool_calls import dropped_headers
 
 
@@ -18,11 +18,13 @@ async def messages(request: Request) -> Response:
     """POST /v1/messages (Anthropic's Messages API)."""
     broker, settings = app_state(request)
     raw = await request_body(request)
+    registry, _pool = registry_and_pool(request)
     parsed = protocol.parse_messages(raw, settings)
     if parsed.params.stream:
-        stream = await unless_disconnected(request.receive, serving.stream_message(broker, parsed, settings, raw))
+        stream = await unless_disconnected(request.receive,
+                                           serving.stream_message(broker, registry, parsed, settings, raw))
         return SSEResponse(stream, named=True, ids=stream.stream_id is not None)
-    body = await unless_disconnected(request.receive, serving.create_message(broker, parsed, settings))
+    body = await unless_disconnected(request.receive, serving.create_message(broker, registry, parsed, settings))
     return JSONResponse(body, headers=dropped_headers(body["usage"].get("dropped_tool_calls", 0)))
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from gateway.anthropic.errors import error_body
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import Registry
 from gateway.http.error_log import ErrorLog, note_request
 from gateway.http.sse import Comment
 from gateway.replies import serving
@@ -107,18 +108,19 @@ def message_body(response_id: str, model: str, choice: ChoiceResult, usage: Usag
     }
 
 
-async def create_message(broker: Broker, request: ChatRequest, settings: Settings) -> dict[str, Any]:
+async def create_message(broker: Broker, registry: Registry, request: ChatRequest,
+                         settings: Settings) -> dict[str, Any]:
     """Run a request to the end and answer with one message."""
-    done = await serving.collect_completion(broker, request, settings)
+    done = await serving.collect_completion(broker, registry, request, settings)
     return message_body(message_id(done.request_id), request.params.model, done.choices[0], done.usage)
 
 
-async def stream_message(broker: Broker, request: ChatRequest, settings: Settings,
+async def stream_message(broker: Broker, registry: Registry, request: ChatRequest, settings: Settings,
                          body: dict[str, Any] | None = None) -> MessageStream:
     """Start a request and wait a moment for its first event (errors until then are raised); then stream it.
     With the request's `body` it is resumable (GET /v1/messages/{id}/stream)."""
     request_id = serving.new_request_id()
-    started = await serving.start_stream(broker, request, settings, request_id=request_id,
+    started = await serving.start_stream(broker, registry, request, settings, request_id=request_id,
                                          resumable=("anthropic", message_id(request_id), body) if body else None)
     stream = message_stream(broker, request, settings, started.generation, request_id, started.reply_format,
                             started.priming)

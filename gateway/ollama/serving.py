@@ -27,6 +27,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import Registry
+from gateway.cluster.warm_pool import WarmPool
 from gateway.http.error_log import ErrorLog
 from gateway.http.fields import invalid
 from gateway.ollama.errors import error_body
@@ -101,43 +103,44 @@ def reply(request: OllamaGeneration, when: float, text: str, calls: list[dict[st
     return body
 
 
-async def check_context(broker: Broker, request: OllamaGeneration) -> None:
+async def check_context(registry: Registry, request: OllamaGeneration) -> None:
     """options.num_ctx may not exceed the model's context (skipped while no live worker says what it is)."""
     if request.num_ctx is None:
         return
-    context = await context_length(broker, request.served_model)
+    context = await context_length(registry, request.served_model)
     if context is not None and request.num_ctx > context:
         raise invalid("options.num_ctx", f"{request.num_ctx} is larger than the model's context length "
                                          f"({context} tokens).")
 
 
-async def load_only(broker: Broker, request: OllamaGeneration) -> dict[str, Any]:
+async def load_only(registry: Registry, pool: WarmPool, request: OllamaGeneration) -> dict[str, Any]:
     """An empty chat or prompt: mark the model used (loading it if it is pooled and not loaded), or with keep_alive
     0 unload it; done_reason "load" or "unload"."""
     model = request.served_model
-    live, catalogue = await broker.registry.live_models(), await broker.pool.catalogue()
-    if model not in live and model not in catalogue and not await broker.registry.is_known(model):
+    live, catalogue = await registry.live_models(), await pool.catalogue()
+    if model not in live and model not in catalogue and not await registry.is_known(model):
         raise ModelNotFound(f"model '{request.model}' not found", param="model")
     reason = "load"
     if request.keep_alive == 0:
         reason = "unload"
         if model in catalogue:
-            await broker.pool.command("unload", model)
+            await pool.command("unload", model)
     elif model in catalogue:
-        await broker.pool.note_use(model, request.keep_alive)
+        await pool.note_use(model, request.keep_alive)
         if model not in live:
-            await broker.pool.command("load", model)
+            await pool.command("load", model)
     body = reply(request, time.time(), "")
     body.update({"done": True, "done_reason": reason})
     return body
 
 
-async def run_generation(broker: Broker, request: OllamaGeneration, settings: Settings) -> dict[str, Any]:
+async def run_generation(broker: Broker, registry: Registry, request: OllamaGeneration,
+                         settings: Settings) -> dict[str, Any]:
     """Run a chat or generate request to the end and answer with one object."""
     assert request.request is not None
     started = time.monotonic()
-    await check_context(broker, request)
-    done = await serving.collect_completion(broker, request.request, settings)
+    await check_context(registry, request)
+    done = await serving.collect_completion(broker, registry, request.request, settings)
     choice = done.choices[0]
     body = reply(request, done.created, choice.text or "", tool_calls(choice.tool_calls or []), choice.reasoning)
     body.update(done_fields(choice.finish_reason, done.usage, done.timings, time.monotonic() - started,
@@ -145,12 +148,13 @@ async def run_generation(broker: Broker, request: OllamaGeneration, settings: Se
     return body
 
 
-async def stream_generation(broker: Broker, request: OllamaGeneration, settings: Settings) -> ReplyStream:
+async def stream_generation(broker: Broker, registry: Registry, request: OllamaGeneration,
+                            settings: Settings) -> ReplyStream:
     """Start a chat or generate request and wait a moment for its first event (errors until then are raised)."""
     assert request.request is not None
     started_at = time.monotonic()
-    await check_context(broker, request)
-    started = await serving.start_stream(broker, request.request, settings)
+    await check_context(registry, request)
+    started = await serving.start_stream(broker, registry, request.request, settings)
     chat = isinstance(request.request, ChatRequest)
     parser = ReplyParser(reasoning=chat and request.request.reasoning, tools=chat and request.request.tools.active,
                          reply_format=started.reply_format)

@@ -25,6 +25,7 @@ import msgspec
 
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
+from gateway.cluster.registry import Registry
 from gateway.http.api_keys import current_key
 from gateway.http.error_log import note_request
 from gateway.replies import bodies
@@ -121,13 +122,13 @@ def _uses_reasoning(request: GenerateBody) -> bool:
     return isinstance(request, ChatRequest) and request.reasoning
 
 
-async def reply_format(broker: Broker, request: GenerateBody) -> str:
+async def reply_format(registry: Registry, request: GenerateBody) -> str:
     """How a chat reply to this request is written (gateway/replies/parser.py ReplyFormat), as its model's workers
     say in the registry: "harmony" when their chat template writes harmony (gpt-oss), "opened" when it ends the
     generation prompt with `<think>` (with and without enable_thinking), else "default"."""
     if not isinstance(request, ChatRequest):
         return "default"
-    workers = (await broker.registry.live_models()).get(split_model(request.params.model)[0], [])
+    workers = (await registry.live_models()).get(split_model(request.params.model)[0], [])
     if any(worker.harmony for worker in workers):
         return "harmony"
     if not request.reasoning:
@@ -152,7 +153,7 @@ class Collected:
     timings: list[Timing]  # the workers' timings (llama-server's `timings` object is built from them)
 
 
-async def collect_completion(broker: Broker, request: GenerateBody, settings: Settings, *,
+async def collect_completion(broker: Broker, registry: Registry, request: GenerateBody, settings: Settings, *,
                              request_id: str | None = None, stream_id: str | None = None) -> Collected:
     """Queue the request's jobs and collect their events into finished choices (tool calls parsed out); an API
     that names its response before the job starts (the Responses API) passes the request id, and a background
@@ -165,17 +166,17 @@ async def collect_completion(broker: Broker, request: GenerateBody, settings: Se
         note_request().request_id = request_id  # queued: from here on the id is in the logs
         if stream_id is not None:
             generation.retain()
-        return await collect_generation(broker, request, generation, request_id, now)
+        return await collect_generation(registry, request, generation, request_id, now)
     finally:
         if stream_id is not None:
             await broker.streams.finish(stream_id)
 
 
-async def collect_generation(broker: Broker, request: GenerateBody, generation: Generation, request_id: str,
+async def collect_generation(registry: Registry, request: GenerateBody, generation: Generation, request_id: str,
                              now: float) -> Collected:
     """Collect a started (or followed) generation's events into finished choices; closes it."""
     try:
-        form = await reply_format(broker, request)  # after admission (see start_stream)
+        form = await reply_format(registry, request)  # after admission (see start_stream)
         parsed = needs_parsing(form, chat=isinstance(request, ChatRequest), reasoning=_uses_reasoning(request),
                                tools=_uses_tools(request))
         want_logprobs = _wants_logprobs(request)
@@ -203,9 +204,10 @@ async def collect_generation(broker: Broker, request: GenerateBody, generation: 
     return Collected(request_id, now, choices, generation.usage, generation.timings)
 
 
-async def run_completion(broker: Broker, request: GenerateBody, settings: Settings) -> dict[str, Any]:
+async def run_completion(broker: Broker, registry: Registry, request: GenerateBody,
+                         settings: Settings) -> dict[str, Any]:
     """Queue the request's jobs and collect their events into one response body."""
-    done = await collect_completion(broker, request, settings)
+    done = await collect_completion(broker, registry, request, settings)
     head = (_response_id(request, done.request_id), int(done.created), request.params.model, done.choices, done.usage)
     body = bodies.chat_completion(*head, reasoning_keys(settings.reasoning_fields)) \
         if isinstance(request, ChatRequest) else bodies.text_completion(*head)
@@ -214,7 +216,7 @@ async def run_completion(broker: Broker, request: GenerateBody, settings: Settin
     return body
 
 
-async def start_stream(broker: Broker, request: GenerateBody, settings: Settings, *,
+async def start_stream(broker: Broker, registry: Registry, request: GenerateBody, settings: Settings, *,
                        request_id: str | None = None, resumable: Resumable | None = None) -> StartedStream:
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is raised
     (a plain HTTP error); a request still queued after `sse_queued_after_s` is returned with its priming task.
@@ -234,7 +236,7 @@ async def start_stream(broker: Broker, request: GenerateBody, settings: Settings
     priming = asyncio.create_task(generation.prime())
     try:
         # after admission, whose registry read it reuses: a Redis outage is admission's fast 503, not a wait here
-        form = await reply_format(broker, request)
+        form = await reply_format(registry, request)
         if record is not None:
             generation.retain()
             await broker.streams.note_format(record.stream_id, form)
@@ -251,14 +253,14 @@ async def start_stream(broker: Broker, request: GenerateBody, settings: Settings
                          None if record is None else record.stream_id)
 
 
-async def stream_completion(broker: Broker, request: GenerateBody, settings: Settings,
+async def stream_completion(broker: Broker, registry: Registry, request: GenerateBody, settings: Settings,
                             body: dict[str, Any] | None = None) -> ChunkStream:
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is a plain
     HTTP error; a request still queued after `sse_queued_after_s` gets its stream at once (`: queued`, then
     keep-alives) and any failure from then on as an error chunk. With the request's `body` it is resumable."""
     request_id = new_request_id()
     api = "chat" if isinstance(request, ChatRequest) else "completion"
-    started = await start_stream(broker, request, settings, request_id=request_id,
+    started = await start_stream(broker, registry, request, settings, request_id=request_id,
                                  resumable=(api, _response_id(request, request_id), body) if body else None)
     stream = chunk_stream(broker, request, settings, started.generation, request_id, started.created,
                           started.reply_format, started.priming)

@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import Registry
 from gateway.cluster.streams import StreamRecord
 from gateway.http.api_keys import current_key
 from gateway.http.sse import Comment
@@ -115,16 +116,17 @@ async def _save_final(store: ResponseStore, prepared: Prepared, body: dict[str, 
         await store.save_quietly(prepared.record(body))
 
 
-async def _run(broker: Broker, store: ResponseStore, prepared: Prepared, settings: Settings, *,
+async def _run(broker: Broker, registry: Registry, store: ResponseStore, prepared: Prepared, settings: Settings, *,
                background: bool = False, follow: Generation | None = None) -> dict[str, Any]:
     """Run the job to the end (or `follow` one already running) and store the result; a failure or cancellation
     is stored too. A background response's stream record is written: it can be streamed and adopted."""
     try:
         if follow is not None:
-            done = await serving.collect_generation(broker, prepared.chat, follow, prepared.request_id,
+            done = await serving.collect_generation(registry, prepared.chat, follow, prepared.request_id,
                                                     prepared.created)
         else:
-            done = await serving.collect_completion(broker, prepared.chat, settings, request_id=prepared.request_id,
+            done = await serving.collect_completion(broker, registry, prepared.chat, settings,
+                                                    request_id=prepared.request_id,
                                                     stream_id=prepared.rid if background else None)
     except LLMFleetError as exc:
         await _save_final(store, prepared, prepared.body("failed", error=exc))
@@ -145,16 +147,16 @@ async def _run(broker: Broker, store: ResponseStore, prepared: Prepared, setting
     return body
 
 
-async def create_response(broker: Broker, store: ResponseStore, request: ResponsesRequest,
+async def create_response(broker: Broker, registry: Registry, store: ResponseStore, request: ResponsesRequest,
                           settings: Settings) -> dict[str, Any]:
     """Run a request to the end and answer with one response object."""
     prepared = await prepare(store, request, settings)
     await _save_running(store, prepared)
-    return await _run(broker, store, prepared, settings)
+    return await _run(broker, registry, store, prepared, settings)
 
 
-async def start_background(broker: Broker, store: ResponseStore, request: ResponsesRequest, settings: Settings,
-                           raw: dict[str, Any] | None = None) -> dict[str, Any]:
+async def start_background(broker: Broker, registry: Registry, store: ResponseStore, request: ResponsesRequest,
+                           settings: Settings, raw: dict[str, Any] | None = None) -> dict[str, Any]:
     """Store the response `in_progress`, run it in a task of this gateway, and answer at once. With the request
     body `raw` its events can be streamed (GET ...?stream=true) and another gateway finishes it if this one dies."""
     prepared = await prepare(store, request, settings)
@@ -165,7 +167,7 @@ async def start_background(broker: Broker, store: ResponseStore, request: Respon
             stream_id=prepared.rid, api="responses", body=raw, request_id=prepared.request_id,
             job_ids=[prepared.request_id], model=prepared.chat.params.model, created=prepared.created,
             deadline=prepared.deadline, key=key.name if key is not None else None, background=True))
-    _in_background(_run(broker, store, prepared, settings, background=raw is not None), prepared.rid)
+    _in_background(_run(broker, registry, store, prepared, settings, background=raw is not None), prepared.rid)
     return body
 
 
@@ -184,7 +186,7 @@ def _in_background(work: Coroutine[Any, Any, dict[str, Any]], rid: str) -> None:
     task.add_done_callback(_BACKGROUND.discard)
 
 
-def install(broker: Broker, settings: Settings) -> None:
+def install(broker: Broker, registry: Registry, settings: Settings) -> None:
     """Let this gateway finish the background responses of a dead gateway, and mark a response whose stream
     nobody resumed (its job cancelled) as cancelled."""
     store = ResponseStore(broker.redis, settings)
@@ -194,7 +196,7 @@ def install(broker: Broker, settings: Settings) -> None:
         prepared = await _prepared_again(store, record, settings)
         generation = await resume.follow(broker, record, 1)
         try:
-            await _run(broker, store, prepared, settings, follow=generation)
+            await _run(broker, registry, store, prepared, settings, follow=generation)
         finally:
             await broker.streams.finish(record.stream_id)
 
@@ -224,18 +226,19 @@ async def cancel_response(broker: Broker, store: ResponseStore, rid: str, key: s
     return {**record.response, "status": "cancelled"}
 
 
-async def stream_response(broker: Broker, store: ResponseStore, request: ResponsesRequest,
+async def stream_response(broker: Broker, registry: Registry, store: ResponseStore, request: ResponsesRequest,
                           settings: Settings, raw: dict[str, Any] | None = None) -> ResponseStream:
     """Start a request and wait a moment for its first event (errors until then are raised); then stream it.
     With the request body `raw` it is resumable; a background one runs in a task of this gateway (and survives
     the client) while the stream follows it."""
     if request.background and raw is not None:
-        body = await start_background(broker, store, request, settings, raw)
+        body = await start_background(broker, registry, store, request, settings, raw)
         return await reopen_stream(broker, store, body["id"], settings, after=-1)
     prepared = await prepare(store, request, settings)
     await _save_running(store, prepared)
     try:
-        started = await serving.start_stream(broker, prepared.chat, settings, request_id=prepared.request_id,
+        started = await serving.start_stream(broker, registry, prepared.chat, settings,
+                                             request_id=prepared.request_id,
                                              resumable=("responses", prepared.rid, raw) if raw else None)
     except LLMFleetError as exc:
         await _save_final(store, prepared, prepared.body("failed", error=exc))
