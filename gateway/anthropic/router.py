@@ -42,8 +42,8 @@ async def resume_message(request: Request) -> Response:
     after = resume.last_event_id(request)
     record = await resume.reopen(broker, request.path_params["message_id"], ("anthropic",), after)
     parsed = protocol.parse_messages(record.body, settings)
-    generation = await resume.follow(broker, record, 1)
-    stream = serving.message_stream(broker, parsed, settings, generation, record.request_id, record.reply_format)
+    request_events = await resume.follow(broker, record, 1)
+    stream = serving.message_stream(broker, parsed, settings, request_events, record.request_id, record.reply_format)
     stream.resumable(broker.streams, record.stream_id)
     return SSEResponse(stream, named=True, ids=True, after=after)
 

@@ -35,10 +35,10 @@ from gateway.ollama.errors import error_body
 from gateway.ollama.models import context_length
 from gateway.ollama.protocol import OllamaEmbedding, OllamaGeneration
 from gateway.replies import serving
-from gateway.replies.generation import Generation
 from gateway.replies.parser import ReplyParser
 from gateway.replies.protocol import ChatRequest
 from gateway.replies.reasoning import Reasoning
+from gateway.replies.request_events import RequestEvents
 from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from shared.errors import InternalError, LLMFleetError, ModelNotFound
 from shared.messages import Timing, TokenEvent, Usage
@@ -158,17 +158,17 @@ async def stream_generation(broker: Broker, registry: Registry, request: OllamaG
     chat = isinstance(request.request, ChatRequest)
     parser = ReplyParser(reasoning=chat and request.request.reasoning, tools=chat and request.request.tools.active,
                          reply_format=started.reply_format)
-    return ReplyStream(started.generation, request, started_at=started_at, parser=parser, priming=started.priming,
+    return ReplyStream(started.request_events, request, started_at=started_at, parser=parser, priming=started.priming,
                        keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 
 
 class ReplyStream(OpenStream):
     """The reply objects of one streamed chat or generate request, whose first worker event already arrived."""
 
-    def __init__(self, generation: Generation, request: OllamaGeneration, *, started_at: float, parser: ReplyParser,
+    def __init__(self, request_events: RequestEvents, request: OllamaGeneration, *, started_at: float, parser: ReplyParser,
                  priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0,
                  errors: ErrorLog | None = None) -> None:
-        self._generation = generation
+        self._request_events = request_events
         self._request = request
         self._started_at = started_at
         self._parser = parser  # thinking split off, then tool calls held until whole
@@ -197,7 +197,7 @@ class ReplyStream(OpenStream):
             async for _comment in queued_comments(self._priming, self._keepalive_s):
                 yield reply(self._request, time.time(), "")
             finish = None
-            while (item := await self._generation.next()) is not None:
+            while (item := await self._request_events.next()) is not None:
                 _, event = item
                 for body in self._objects_of(event.text if isinstance(event, TokenEvent) else None):
                     yield body
@@ -207,10 +207,10 @@ class ReplyStream(OpenStream):
             if calls:
                 yield reply(self._request, time.time(), "", calls)
             last = reply(self._request, time.time(), "")
-            last.update(done_fields(finish, self._generation.usage, self._generation.timings,
+            last.update(done_fields(finish, self._request_events.usage, self._request_events.timings,
                                     time.monotonic() - self._started_at, self._parser.dropped))
             yield last
-            log.info("%s streamed: %d completion tokens", path, self._generation.usage.completion_tokens)
+            log.info("%s streamed: %d completion tokens", path, self._request_events.usage.completion_tokens)
         except LLMFleetError as exc:
             log.info("%s failed after the stream began: %s %s", path, exc.status, exc.code)
             record_streamed_error(self._errors, exc, path)

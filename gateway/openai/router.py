@@ -54,8 +54,8 @@ async def resume_stream(request: Request) -> Response:
                                  after)
     parse = protocol.parse_chat if chat else protocol.parse_completion
     parsed = parse(record.body, settings)
-    generation = await resume.follow(broker, record, parsed.params.n)
-    stream = serving.chunk_stream(broker, parsed, settings, generation, record.request_id, record.created,
+    request_events = await resume.follow(broker, record, parsed.params.n)
+    stream = serving.chunk_stream(broker, parsed, settings, request_events, record.request_id, record.created,
                                   record.reply_format)
     stream.resumable(broker.streams, record.stream_id)
     return SSEResponse(stream, ids=True, after=after)

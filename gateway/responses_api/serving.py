@@ -1,6 +1,6 @@
 """Serve Responses API requests on the chat jobs (gateway/replies/serving.py; no Starlette here).
 
-Generation goes through gateway/replies/serving.py like every chat request: the same admission, placement, deadlines,
+RequestEvents goes through gateway/replies/serving.py like every chat request: the same admission, placement, deadlines,
 metrics, key charges, cancellation on disconnect and failover (the event stream resumes from the journal).
 This module loads the history of previous_response_id, names the response before its job starts (the job's
 request id is the response id's digits), stores the record (`in_progress` first, so any gateway can cancel it,
@@ -35,9 +35,9 @@ from gateway.cluster.streams import StreamRecord
 from gateway.http.api_keys import current_key
 from gateway.http.sse import Comment
 from gateway.replies import resume, serving
-from gateway.replies.generation import Generation
 from gateway.replies.parser import ReplyParser
 from gateway.replies.protocol import ChatRequest
+from gateway.replies.request_events import RequestEvents
 from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from gateway.responses_api import bodies
 from gateway.responses_api.items import resolve_references, with_ids
@@ -117,12 +117,12 @@ async def _save_final(store: ResponseStore, prepared: Prepared, body: dict[str, 
 
 
 async def _run(broker: Broker, registry: Registry, store: ResponseStore, prepared: Prepared, settings: Settings, *,
-               background: bool = False, follow: Generation | None = None) -> dict[str, Any]:
+               background: bool = False, follow: RequestEvents | None = None) -> dict[str, Any]:
     """Run the job to the end (or `follow` one already running) and store the result; a failure or cancellation
     is stored too. A background response's stream record is written: it can be streamed and adopted."""
     try:
         if follow is not None:
-            done = await serving.collect_generation(registry, prepared.chat, follow, prepared.request_id,
+            done = await serving.collect_events(registry, prepared.chat, follow, prepared.request_id,
                                                     prepared.created)
         else:
             done = await serving.collect_completion(broker, registry, prepared.chat, settings,
@@ -194,9 +194,9 @@ def install(broker: Broker, registry: Registry, settings: Settings) -> None:
     async def adopt(record: StreamRecord) -> None:
         """Follow a dead gateway's background response from its journal to the end, and store it."""
         prepared = await _prepared_again(store, record, settings)
-        generation = await resume.follow(broker, record, 1)
+        request_events = await resume.follow(broker, record, 1)
         try:
-            await _run(broker, registry, store, prepared, settings, follow=generation)
+            await _run(broker, registry, store, prepared, settings, follow=request_events)
         finally:
             await broker.streams.finish(record.stream_id)
 
@@ -254,8 +254,8 @@ async def reopen_stream(broker: Broker, store: ResponseStore, rid: str, settings
     its first event: a background response is only followed, any other is taken over (gateway/replies/resume.py)."""
     record = await resume.reopen(broker, rid, ("responses",), after)
     prepared = await _prepared_again(store, record, settings)
-    generation = await resume.follow(broker, record, 1)
-    started = serving.StartedStream(generation, record.request_id, record.created, None, record.reply_format)
+    request_events = await resume.follow(broker, record, 1)
+    started = serving.StartedStream(request_events, record.request_id, record.created, None, record.reply_format)
     stream = _response_stream(broker, store, settings, prepared, started)
     stream.resumable(broker.streams, rid, follower=record.background)
     return stream
@@ -274,7 +274,7 @@ class ResponseStream(OpenStream):
 
     def __init__(self, started: serving.StartedStream, prepared: Prepared, store: ResponseStore, *,
                  parser: ReplyParser, keepalive_s: float, broker: Broker) -> None:
-        self._generation: Generation = started.generation
+        self._request_events: RequestEvents = started.request_events
         self._priming = started.priming
         self._prepared = prepared
         self._store_client = store
@@ -292,7 +292,7 @@ class ResponseStream(OpenStream):
         if not self._stored and not self.detached:
             self._output.close("cancelled")
             await self._store(self._prepared.body("cancelled", output=self._output.items,
-                                                  usage=self._generation.usage))
+                                                  usage=self._request_events.usage))
 
     async def _store(self, final: dict[str, Any]) -> None:
         self._stored = True
@@ -317,7 +317,7 @@ class ResponseStream(OpenStream):
             yield {"type": "response.created", "response": prepared.body("in_progress")}
             yield {"type": "response.in_progress", "response": prepared.body("in_progress")}
             finish = None
-            while (item := await self._generation.next()) is not None:
+            while (item := await self._request_events.next()) is not None:
                 _, event = item
                 if isinstance(event, TokenEvent):
                     pieces = self._parser.feed(event.text)
@@ -330,7 +330,7 @@ class ResponseStream(OpenStream):
             for out in output.close(finish):
                 yield out
             yield await self._completed(finish)
-            log.info("%s streamed: %d completion tokens", prepared.rid, self._generation.usage.completion_tokens)
+            log.info("%s streamed: %d completion tokens", prepared.rid, self._request_events.usage.completion_tokens)
         except Exception as exc:  # an LLMFleetError as itself; anything else is a bug, still ending the stream
             error = exc if isinstance(exc, LLMFleetError) else InternalError(
                 "The server had an error while processing your request.")
@@ -348,7 +348,7 @@ class ResponseStream(OpenStream):
     async def _completed(self, finish: str | None) -> dict[str, Any]:
         """The final response, stored: response.completed, or response.incomplete (length, content filter)."""
         status = bodies.status_of(finish)
-        final = self._prepared.body(status, output=self._output.items, usage=self._generation.usage,
+        final = self._prepared.body(status, output=self._output.items, usage=self._request_events.usage,
                                     dropped_tool_calls=self._parser.dropped)
         await self._store(final)
         self.ended()
@@ -357,6 +357,6 @@ class ResponseStream(OpenStream):
     async def _failed(self, error: LLMFleetError, output: Output) -> dict[str, Any]:
         record_streamed_error(self._errors, error, "/v1/responses")
         output.close("length")  # what was streamed so far, closed as incomplete
-        final = self._prepared.body("failed", output=output.items, usage=self._generation.usage, error=error)
+        final = self._prepared.body("failed", output=output.items, usage=self._request_events.usage, error=error)
         await self._store(final)
         return final
