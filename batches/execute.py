@@ -16,6 +16,7 @@ from typing import Any
 from batches import objects
 from batches.input import BatchLine
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import Registry
 from gateway.replies import protocol, serving
 from shared.errors import InternalError, InvalidRequest, LLMFleetError
 from shared.settings import Settings
@@ -26,12 +27,12 @@ RETRY_STATUSES = (429, 503)
 RETRY_MAX_S = 5.0
 
 
-async def run_line(broker: Broker, settings: Settings, line: BatchLine) -> tuple[bool, str]:
+async def run_line(broker: Broker, registry: Registry, settings: Settings, line: BatchLine) -> tuple[bool, str]:
     """Execute one request; (ok, its output-file line or error-file line)."""
     line_id = f"batch_req_{secrets.token_hex(16)}"
     request_id = f"req_{secrets.token_hex(16)}"
     try:
-        body = await _execute_with_retries(broker, settings, line)
+        body = await _execute_with_retries(broker, registry, settings, line)
     except LLMFleetError as exc:
         log.info("batch line %d (%s) failed: %s %s", line.index, request_id, exc.status, exc.code)
         return False, objects.output_line(line_id, line.custom_id, request_id, exc.status, exc.to_openai())
@@ -42,11 +43,12 @@ async def run_line(broker: Broker, settings: Settings, line: BatchLine) -> tuple
     return True, objects.output_line(line_id, line.custom_id, request_id, 200, body)
 
 
-async def _execute_with_retries(broker: Broker, settings: Settings, line: BatchLine) -> dict[str, Any]:
+async def _execute_with_retries(broker: Broker, registry: Registry, settings: Settings,
+                                line: BatchLine) -> dict[str, Any]:
     delay = 0.2
     while True:
         try:
-            return await execute(broker, settings, line)
+            return await execute(broker, registry, settings, line)
         except LLMFleetError as exc:
             if exc.status not in RETRY_STATUSES:
                 raise
@@ -56,19 +58,19 @@ async def _execute_with_retries(broker: Broker, settings: Settings, line: BatchL
             delay = min(RETRY_MAX_S, delay * 2)
 
 
-async def execute(broker: Broker, settings: Settings, line: BatchLine) -> dict[str, Any]:
+async def execute(broker: Broker, registry: Registry, settings: Settings, line: BatchLine) -> dict[str, Any]:
     """The response body of one line's request (raises its LLMFleetError)."""
     body = dict(line.body)
     body.pop("stream_options", None)
     body["stream"] = False
     body["priority"] = "low"
     if "model" not in body:  # as the routes do: the one model served, when there is exactly one
-        live = sorted(await broker.registry.live_models())
+        live = sorted(await registry.live_models())
         if len(live) != 1:
             raise InvalidRequest("Missing required parameter: 'model'.", param="model")
         body["model"] = live[0]
     if line.url == "/v1/embeddings":
         return await serving.run_embeddings(broker, protocol.parse_embeddings(body, settings), settings)
     if line.url == "/v1/chat/completions":
-        return await serving.run_completion(broker, protocol.parse_chat(body, settings), settings)
-    return await serving.run_completion(broker, protocol.parse_completion(body, settings), settings)
+        return await serving.run_completion(broker, registry, protocol.parse_chat(body, settings), settings)
+    return await serving.run_completion(broker, registry, protocol.parse_completion(body, settings), settings)

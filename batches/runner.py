@@ -34,6 +34,8 @@ from batches.input import BatchLine, parse_input
 from batches.redis_clients import async_client
 from batches.store import BatchStore
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import Registry
+from gateway.cluster.warm_pool import WarmPool
 from gateway.http.tenants import requested_tenant
 from shared import keys
 from shared.errors import InvalidRequest, NotFound
@@ -131,14 +133,15 @@ class BatchRun:
         queue: asyncio.Queue[BatchLine] = asyncio.Queue()
         for line in pending:
             queue.put_nowait(line)
-        broker = Broker(redis, self.settings)
+        registry = Registry(redis, self.settings)  # as gateway/app.py builds them: admission reads both
+        broker = Broker(redis, self.settings, registry, WarmPool(redis, self.settings, registry))
         await broker.start()
         requested_tenant.set(f"batch {self.batch_id}")  # its lines share their class fairly with other tenants
 
         async def work() -> None:
             while not queue.empty():
                 line = queue.get_nowait()
-                ok, text = await run_line(broker, self.settings, line)
+                ok, text = await run_line(broker, registry, self.settings, line)
                 await self._record(store, line.index, ok, text)
 
         tasks = [asyncio.create_task(work()) for _ in range(min(self.settings.batch_concurrency, len(pending)))]

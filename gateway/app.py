@@ -25,7 +25,10 @@ from gateway.admin.router import UNMETERED_PATHS, open_paths
 from gateway.anthropic import errors as anthropic_errors
 from gateway.anthropic.router import ROUTES as ANTHROPIC_ROUTES
 from gateway.cluster.broker import Broker
+from gateway.cluster.lora_set import LoraSet
 from gateway.cluster.redis_health import DOWN_AFTER_S
+from gateway.cluster.registry import Registry
+from gateway.cluster.warm_pool import WarmPool
 from gateway.http import errors as http_errors
 from gateway.http.api_keys import KeyStore
 from gateway.http.disconnect import ClientDisconnected
@@ -112,12 +115,14 @@ def _lifespan(settings: Settings, redis: Redis | None) -> Callable[[Starlette], 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         client = redis if redis is not None else _redis_client(settings)
         probe = None if redis is not None else _probe_client(settings)
-        broker = Broker(client, settings, ping=probe.ping if probe is not None else None)
-        responses_serving.install(broker, settings)  # finish a dead gateway's background responses
+        registry = Registry(client, settings)  # which workers are alive, which models known
+        pool = WarmPool(client, settings, registry)  # the node agents' catalogues and load / unload commands
+        broker = Broker(client, settings, registry, pool, ping=probe.ping if probe is not None else None)
+        responses_serving.install(broker, registry, settings)  # finish a dead gateway's background responses
         await broker.start()
-        app.state.broker = broker  # submit, cancel, events; what routes read of the fleet, by name:
-        app.state.registry = broker.registry
-        app.state.pool = broker.pool
+        app.state.broker = broker  # submit, cancel, events (admission reads the registry and pool it was handed)
+        app.state.registry, app.state.pool = registry, pool  # what routes read of the fleet
+        app.state.loras = LoraSet(client, settings)  # the adapters each model should have (the admin API's)
         try:
             yield
         finally:

@@ -23,6 +23,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import Registry
+from gateway.replies.request_body import registry_and_pool
 from shared.registry import RegistryEntry
 
 PAGE_PATH = "/dashboard"
@@ -75,11 +77,11 @@ def worker_view(entry: RegistryEntry, now: float) -> dict[str, Any]:
     }
 
 
-async def fleet_view(broker: Broker) -> dict[str, Any]:
+async def fleet_view(broker: Broker, registry: Registry) -> dict[str, Any]:
     """What GET /dashboard/fleet.json answers (see the module docstring)."""
     now = broker.clock()
-    workers = await broker.registry.reporting_workers()
-    models = sorted(set(await broker.registry.known_models()) | {w.model for w in workers})
+    workers = await registry.reporting_workers()
+    models = sorted(set(await registry.known_models()) | {w.model for w in workers})
     queues = []
     for model in models:
         serving = [w for w in workers if w.model == model]
@@ -99,7 +101,7 @@ async def fleet_view(broker: Broker) -> dict[str, Any]:
 async def fleet(request: Request) -> Response:
     """GET /dashboard/fleet.json: the fleet now (workers, queues, recent errors)."""
     started = time.monotonic()
-    body = await fleet_view(request.app.state.broker)
+    body = await fleet_view(request.app.state.broker, registry_and_pool(request)[0])
     body["elapsed_ms"] = round((time.monotonic() - started) * 1000, 2)
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
 

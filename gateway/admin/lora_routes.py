@@ -10,29 +10,34 @@ DELETE takes it out of the set: new requests naming it get a 404 at once, runnin
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.cluster.broker import Broker
+from gateway.cluster.lora_set import LoraSet
 from gateway.cluster.loras import ADAPTER_NAME, adapters_of
+from gateway.cluster.registry import Registry
 from gateway.http.fields import invalid, parse_json_object, string
-from gateway.http.redis_errors import redis_unavailable
-from shared import keys
+from gateway.replies.request_body import registry_and_pool
 from shared.errors import LoraLimitReached, LoraLoadFailed, LoraNotFound, ModelNotFound
 from shared.registry import RegistryEntry
+from shared.settings import Settings
 
 LORA_LOAD_WAIT_S = 30.0
 POLL_S = 0.2
 MAX_SOURCE = 4096
 
 
-async def _live_workers_of(broker: Broker, model: str) -> list[RegistryEntry]:
+def _loras(request: Request) -> LoraSet:
+    """The app's desired-adapter sets (built at startup: gateway/app.py)."""
+    return request.app.state.loras
+
+
+async def _live_workers_of(registry: Registry, model: str) -> list[RegistryEntry]:
     """The model's live workers, read fresh (not the admission cache); 404 when it has none."""
-    workers = [w for w in await broker.registry.reporting_workers() if w.model == model and w.state == "ready"]
+    workers = [w for w in await registry.reporting_workers() if w.model == model and w.state == "ready"]
     if not workers:
         raise ModelNotFound(f"The model '{model}' has no live worker", param="model")
     return workers
@@ -40,7 +45,8 @@ async def _live_workers_of(broker: Broker, model: str) -> list[RegistryEntry]:
 
 async def load_lora(request: Request) -> Response:
     """POST /admin/loras {"model", "name", "path" (a .gguf on the workers' disk, or hf:owner/repo/file.gguf)}"""
-    broker: Broker = request.app.state.broker
+    settings: Settings = request.app.state.settings
+    registry, loras = registry_and_pool(request)[0], _loras(request)
     body = parse_json_object(await request.body())
     model = string(body, "model", max_len=256)
     name = string(body, "name", max_len=64)
@@ -49,26 +55,19 @@ async def load_lora(request: Request) -> Response:
     source = body.get("path", body.get("source"))
     if not isinstance(source, str) or not source.strip() or len(source) > MAX_SOURCE:
         raise invalid("path", "expected the adapter's .gguf path on the workers, or hf:owner/repo/file.gguf.")
-    await _live_workers_of(broker, model)
-    redis, limit = broker.redis, broker.settings.max_loras
-    with redis_unavailable(broker.settings.retry_after_s):
-        desired = await redis.hkeys(keys.loras_desired(model))
-        if len(desired) >= limit and name.encode() not in desired:
-            raise LoraLimitReached(f"model '{model}' already has {len(desired)} LoRA adapters (LLMFLEET_MAX_LORAS="
-                                   f"{limit}); DELETE one first")
-        pipe = redis.pipeline(transaction=True)
-        pipe.hdel(keys.loras_errors(model), name)
-        pipe.hset(keys.loras_desired(model), name, json.dumps({"source": source, "added": time.time()}))
-        pipe.incr(keys.loras_version(model))
-        version = (await pipe.execute())[-1]
+    await _live_workers_of(registry, model)
+    desired, limit = await loras.names(model), settings.max_loras
+    if len(desired) >= limit and name.encode() not in desired:
+        raise LoraLimitReached(f"model '{model}' already has {len(desired)} LoRA adapters (LLMFLEET_MAX_LORAS="
+                               f"{limit}); DELETE one first")
+    version = await loras.add(model, name, source)
     deadline = time.monotonic() + LORA_LOAD_WAIT_S
     while True:
         await asyncio.sleep(POLL_S)
-        with redis_unavailable(broker.settings.retry_after_s):
-            error = await redis.hget(keys.loras_errors(model), name)
+        error = await loras.load_error(model, name)
         if error is not None:
-            raise LoraLoadFailed(error.decode(errors="replace"), param="path")
-        workers = await _live_workers_of(broker, model)
+            raise LoraLoadFailed(error, param="path")
+        workers = await _live_workers_of(registry, model)
         # only workers that followed our write count: one still showing the state before it (a DELETE of the same
         # name it has not followed yet) would drop the adapter a moment after this answer said it was loaded
         loaded = sorted(w.worker_id for w in workers if w.loras_version >= version and name in w.loras)
@@ -80,35 +79,25 @@ async def load_lora(request: Request) -> Response:
 
 async def list_loras(request: Request) -> Response:
     """GET /admin/loras[?model=]: every model's desired adapters and which live workers hold them."""
-    broker: Broker = request.app.state.broker
-    live = await broker.registry.live_models()
+    registry, loras = registry_and_pool(request)[0], _loras(request)
+    live = await registry.live_models()
     wanted = request.query_params.get("model")
-    models = sorted({wanted} if wanted else set(live) | set(await broker.registry.known_models()))
+    models = sorted({wanted} if wanted else set(live) | set(await registry.known_models()))
     data = []
     for model in models:
-        with redis_unavailable(broker.settings.retry_after_s):
-            desired = await broker.redis.hgetall(keys.loras_desired(model))
+        sources = await loras.sources(model)
         workers = live.get(model, [])
-        names = sorted({n.decode(errors="replace") for n in desired} | set(adapters_of(model, workers)))
-        for name in names:
-            raw = desired.get(name.encode())
-            source = json.loads(raw).get("source") if raw else None
-            data.append({"object": "lora", "model": model, "name": name, "id": f"{model}:{name}", "source": source,
-                         "loaded_by": sorted(w.worker_id for w in workers if name in w.loras),
-                         "desired": raw is not None})
+        for name in sorted(set(sources) | set(adapters_of(model, workers))):
+            data.append({"object": "lora", "model": model, "name": name, "id": f"{model}:{name}",
+                         "source": sources.get(name), "loaded_by": sorted(w.worker_id for w in workers if name in w.loras),
+                         "desired": name in sources})
     return JSONResponse({"object": "list", "data": data})
 
 
 async def delete_lora(request: Request) -> Response:
     """DELETE /admin/loras/{model}/{name}: unload it everywhere (requests running with it finish with it)."""
-    broker: Broker = request.app.state.broker
     model, name = request.path_params["model"], request.path_params["name"]
-    with redis_unavailable(broker.settings.retry_after_s):
-        pipe = broker.redis.pipeline(transaction=True)
-        pipe.hdel(keys.loras_desired(model), name)
-        pipe.incr(keys.loras_version(model))
-        removed, _version = await pipe.execute()
-    if not removed:
+    if not await _loras(request).remove(model, name):
         raise LoraNotFound(f"The LoRA adapter '{name}' is not loaded for model '{model}'", param="name")
     return JSONResponse({"object": "lora", "model": model, "name": name, "deleted": True})
 

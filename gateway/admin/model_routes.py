@@ -21,8 +21,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.cluster.broker import Broker
-from gateway.cluster.warm_pool import ModelStatus
+from gateway.cluster.warm_pool import ModelStatus, WarmPool
 from gateway.http.fields import boolean, number, parse_json_object, string
+from gateway.replies.request_body import registry_and_pool
 from shared import keys
 from shared.errors import ModelBusy, ModelLoadFailed, ModelNotFound
 from shared.warm_pool import FAILED, READY, UNLOADED
@@ -31,41 +32,42 @@ POLL_S = 0.25
 MAX_WAIT_S = 600.0
 
 
-async def _status(broker: Broker, model: str) -> ModelStatus | None:
-    return next((s for s in await broker.pool.statuses(broker.queue_state) if s.model == model), None)
+async def _status(pool: WarmPool, broker: Broker, model: str) -> ModelStatus | None:
+    return next((s for s in await pool.statuses(broker.queue_state) if s.model == model), None)
 
 
-async def _model(request: Request) -> tuple[Broker, dict, str, ModelStatus]:
+async def _model(request: Request) -> tuple[Broker, WarmPool, dict, str, ModelStatus]:
     """The body, and the named model's status; 404 when no live node or worker knows the model."""
     broker: Broker = request.app.state.broker
+    _registry, pool = registry_and_pool(request)
     body = parse_json_object(await request.body())
     model = string(body, "model", max_len=512)
-    status = await _status(broker, model)
+    status = await _status(pool, broker, model)
     if status is None:
         raise ModelNotFound(f"The model '{model}' is in no live node's catalogue and no worker serves it",
                             param="model")
-    return broker, body, model, status
+    return broker, pool, body, model, status
 
 
 async def list_pool_models(request: Request) -> Response:
     """GET /admin/models"""
     broker: Broker = request.app.state.broker
-    statuses = await broker.pool.statuses(broker.queue_state)
+    statuses = await registry_and_pool(request)[1].statuses(broker.queue_state)
     return JSONResponse({"object": "list", "data": [s.to_json() for s in statuses]})
 
 
 async def load_model(request: Request) -> Response:
     """POST /admin/models/load"""
-    broker, body, model, status = await _model(request)
+    broker, pool, body, model, status = await _model(request)
     wait = boolean(body, "wait", True)
     timeout = number(body, "timeout", broker.settings.pool_load_timeout_s, 0, MAX_WAIT_S)
     if status.status != READY:
         if not status.catalogued:
             raise ModelNotFound(f"The model '{model}' is in no live node's catalogue", param="model")
-        await broker.pool.command("load", model)
+        await pool.command("load", model)
     deadline = time.monotonic() + (timeout if wait else 0)
     while True:
-        status = await _status(broker, model) or status
+        status = await _status(pool, broker, model) or status
         if status.status == READY:
             return JSONResponse(status.to_json())
         if status.status == FAILED:
@@ -78,18 +80,18 @@ async def load_model(request: Request) -> Response:
 
 async def unload_model(request: Request) -> Response:
     """POST /admin/models/unload"""
-    broker, body, model, status = await _model(request)
+    broker, pool, body, model, status = await _model(request)
     force = boolean(body, "force", False)
     if (status.in_flight or status.queued) and not force:
         raise ModelBusy(f"model '{model}' has {status.in_flight} sequences in flight and {status.queued} requests "
                         "queued; retry when it is idle, or send \"force\": true to drain them and unload",
                         param="model")
     if status.replicas or status.loading:
-        await broker.pool.command("unload", model, force=force)
+        await pool.command("unload", model, force=force)
     deadline = time.monotonic() + broker.settings.drain_timeout_s + 10
     while status.replicas and time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
-        status = await _status(broker, model) or status
+        status = await _status(pool, broker, model) or status
     body_out = status.to_json()
     if not status.replicas and status.status == READY:
         body_out["status"] = UNLOADED

@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.cluster.broker import Broker
-from gateway.cluster.registry import RECHECK_S
+from gateway.cluster.registry import RECHECK_S, Registry
 from gateway.cluster.served_models import required_models
+from gateway.cluster.warm_pool import WarmPool
 from shared.errors import LLMFleetError
 from shared.warm_pool import LOADING
 
@@ -56,19 +57,19 @@ class Readiness:
         return body
 
 
-async def assess(broker: Broker) -> Readiness:
+async def assess(broker: Broker, registry: Registry, pool: WarmPool) -> Readiness:
     """Read the registry, the node agents and remembered load failures once; Redis away is not ready."""
     if not await broker.ping():
         return Readiness(redis=False)
     try:
-        live = await broker.registry.live_models(RECHECK_S)  # a worker that just registered counts at once
-        nodes = await broker.pool.nodes()
+        live = await registry.live_models(RECHECK_S)  # a worker that just registered counts at once
+        nodes = await pool.nodes()
         required = required_models(broker.settings, {m for node in nodes for m in node.pinned})
         states: dict[str, str] = {}
         for model in sorted(required):
             if model in live:
                 states[model] = READY
-            elif await broker.pool.remembered_failure(model) is not None:
+            elif await pool.remembered_failure(model) is not None:
                 states[model] = FAILED
             elif any(node.models.get(model) and node.models[model].state == LOADING for node in nodes):
                 states[model] = LOADING

@@ -9,7 +9,8 @@ from starlette.routing import Route
 from gateway.admin import dashboard, lora_routes, model_routes, readiness
 from gateway.admin.openapi import openapi_document
 from gateway.cluster.broker import Broker
-from gateway.cluster.metrics import CONTENT_TYPE, FleetSnapshot
+from gateway.cluster.metrics import CONTENT_TYPE, FleetSnapshot, fleet_snapshot
+from gateway.replies.request_body import registry_and_pool
 from shared.errors import LLMFleetError
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/ready/gateway", "/metrics", "/openapi.json", *dashboard.PUBLIC_PATHS})
@@ -24,8 +25,9 @@ def open_paths(public_metrics: bool) -> frozenset[str]:
 async def metrics(request: Request) -> Response:
     """GET /metrics: Prometheus text of this gateway's requests and the whole fleet's workers and queues."""
     broker: Broker = request.app.state.broker
+    registry, _pool = registry_and_pool(request)
     try:
-        snapshot = await broker.fleet_snapshot()
+        snapshot = await fleet_snapshot(registry, broker.queue_state)
     except LLMFleetError:  # Redis away: still export this gateway's own numbers
         snapshot = FleetSnapshot()
     return Response(broker.metrics.render(snapshot), media_type=CONTENT_TYPE)
@@ -41,7 +43,7 @@ async def ready(request: Request) -> Response:
     with none required, Redis answers and a worker or node agent is alive. See gateway/admin/readiness.py.
     `degraded`: a required model failed to load, or `serve` gave up on (or misses) a worker."""
     broker: Broker = request.app.state.broker
-    verdict = await readiness.assess(broker)
+    verdict = await readiness.assess(broker, *registry_and_pool(request))
     body = verdict.to_json()
     supervisor = await broker.supervisor_status() if verdict.redis else None
     failed = any(state == readiness.FAILED for state in verdict.models.values())  # a required model's load failed

@@ -10,7 +10,7 @@ from gateway.anthropic import protocol, serving
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.sse import SSEResponse
 from gateway.replies import resume
-from gateway.replies.request_body import app_state, request_body
+from gateway.replies.request_body import app_state, registry_and_pool, request_body
 from gateway.replies.tool_calls import dropped_headers
 
 
@@ -18,11 +18,13 @@ async def messages(request: Request) -> Response:
     """POST /v1/messages (Anthropic's Messages API)."""
     broker, settings = app_state(request)
     raw = await request_body(request)
+    registry, _pool = registry_and_pool(request)
     parsed = protocol.parse_messages(raw, settings)
     if parsed.params.stream:
-        stream = await unless_disconnected(request.receive, serving.stream_message(broker, parsed, settings, raw))
+        stream = await unless_disconnected(request.receive,
+                                           serving.stream_message(broker, registry, parsed, settings, raw))
         return SSEResponse(stream, named=True, ids=stream.stream_id is not None)
-    body = await unless_disconnected(request.receive, serving.create_message(broker, parsed, settings))
+    body = await unless_disconnected(request.receive, serving.create_message(broker, registry, parsed, settings))
     return JSONResponse(body, headers=dropped_headers(body["usage"].get("dropped_tool_calls", 0)))
 
 
@@ -40,8 +42,8 @@ async def resume_message(request: Request) -> Response:
     after = resume.last_event_id(request)
     record = await resume.reopen(broker, request.path_params["message_id"], ("anthropic",), after)
     parsed = protocol.parse_messages(record.body, settings)
-    generation = await resume.follow(broker, record, 1)
-    stream = serving.message_stream(broker, parsed, settings, generation, record.request_id, record.reply_format)
+    request_events = await resume.follow(broker, record, 1)
+    stream = serving.message_stream(broker, parsed, settings, request_events, record.request_id, record.reply_format)
     stream.resumable(broker.streams, record.stream_id)
     return SSEResponse(stream, named=True, ids=True, after=after)
 

@@ -1,6 +1,6 @@
 """Anthropic Messages API responses: one message body, the named SSE event stream, and count_tokens.
 
-Generation goes through gateway/replies/serving.py like every chat request (the same admission, deadlines, metrics,
+RequestEvents goes through gateway/replies/serving.py like every chat request (the same admission, deadlines, metrics,
 rate-limit charges and cancellation on disconnect); this module only shapes what comes back:
 - a message {id "msg_...", type, role, model, content [text, tool_use {id "toolu_...", name, input}],
   stop_reason end_turn | max_tokens | stop_sequence | tool_use, stop_sequence, usage};
@@ -27,14 +27,15 @@ from typing import Any
 
 from gateway.anthropic.errors import error_body
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import Registry
 from gateway.http.error_log import ErrorLog, note_request
 from gateway.http.sse import Comment
 from gateway.replies import serving
 from gateway.replies.bodies import ChoiceResult
-from gateway.replies.generation import STILL_WAITING, Generation
 from gateway.replies.parser import Part, ReplyParser, needs_parsing
 from gateway.replies.protocol import ChatRequest
 from gateway.replies.reasoning import Reasoning
+from gateway.replies.request_events import STILL_WAITING, RequestEvents
 from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from gateway.replies.tool_calls import ArgumentsDelta, CallStart
 from shared.errors import InternalError, LLMFleetError
@@ -107,29 +108,30 @@ def message_body(response_id: str, model: str, choice: ChoiceResult, usage: Usag
     }
 
 
-async def create_message(broker: Broker, request: ChatRequest, settings: Settings) -> dict[str, Any]:
+async def create_message(broker: Broker, registry: Registry, request: ChatRequest,
+                         settings: Settings) -> dict[str, Any]:
     """Run a request to the end and answer with one message."""
-    done = await serving.collect_completion(broker, request, settings)
+    done = await serving.collect_completion(broker, registry, request, settings)
     return message_body(message_id(done.request_id), request.params.model, done.choices[0], done.usage)
 
 
-async def stream_message(broker: Broker, request: ChatRequest, settings: Settings,
+async def stream_message(broker: Broker, registry: Registry, request: ChatRequest, settings: Settings,
                          body: dict[str, Any] | None = None) -> MessageStream:
     """Start a request and wait a moment for its first event (errors until then are raised); then stream it.
     With the request's `body` it is resumable (GET /v1/messages/{id}/stream)."""
     request_id = serving.new_request_id()
-    started = await serving.start_stream(broker, request, settings, request_id=request_id,
+    started = await serving.start_stream(broker, registry, request, settings, request_id=request_id,
                                          resumable=("anthropic", message_id(request_id), body) if body else None)
-    stream = message_stream(broker, request, settings, started.generation, request_id, started.reply_format,
+    stream = message_stream(broker, request, settings, started.request_events, request_id, started.reply_format,
                             started.priming)
     stream.resumable(broker.streams, started.stream_id)
     return stream
 
 
-def message_stream(broker: Broker, request: ChatRequest, settings: Settings, generation: Generation, request_id: str,
+def message_stream(broker: Broker, request: ChatRequest, settings: Settings, request_events: RequestEvents, request_id: str,
                    reply_format: str, priming: asyncio.Task[None] | None = None) -> MessageStream:
-    """The named events of a request's generation (a new one, or a resumed one from its journal's start)."""
-    return MessageStream(generation, message_id(request_id), request.params.model, tools=request.tools.active,
+    """The named events of a request's events (a new request, or a resumed one from its journal's start)."""
+    return MessageStream(request_events, message_id(request_id), request.params.model, tools=request.tools.active,
                          reasoning=request.reasoning, priming=priming, reply_format=reply_format,
                          keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 
@@ -148,7 +150,7 @@ async def count_tokens(broker: Broker, request: ChatRequest, settings: Settings)
                 return {"input_tokens": event.usage.prompt_tokens}
         raise InternalError("the event stream ended without a terminal event")
     finally:
-        await Generation([stream], 1).close()
+        await RequestEvents([stream], 1).close()
 
 
 class _Blocks:
@@ -201,10 +203,10 @@ class _Blocks:
 class MessageStream(OpenStream):
     """The named SSE events of one streamed message, whose first worker event already arrived."""
 
-    def __init__(self, generation: Generation, response_id: str, model: str, *, tools: bool, reasoning: bool = False,
+    def __init__(self, request_events: RequestEvents, response_id: str, model: str, *, tools: bool, reasoning: bool = False,
                  reply_format: str = "default", priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0,
                  errors: ErrorLog | None = None) -> None:
-        self._generation = generation
+        self._request_events = request_events
         self._id = response_id
         self._model = model
         self._parser = ReplyParser(reasoning=reasoning, tools=tools, reply_format=reply_format) \
@@ -233,7 +235,7 @@ class MessageStream(OpenStream):
             async for comment in queued_comments(self._priming, self._keepalive_s):
                 yield comment  # SSE comments: the event sequence itself starts once the job does
             yield self._start()
-            while (item := await self._generation.next_within(self._keepalive_s)) is not None:
+            while (item := await self._request_events.next_within(self._keepalive_s)) is not None:
                 if item is STILL_WAITING:  # no event for a while (failover, Redis pause): show the stream lives
                     yield Comment("keep-alive")
                     continue
@@ -252,7 +254,7 @@ class MessageStream(OpenStream):
                 yield out
             self.ended()
             yield {"type": "message_stop"}
-            log.info("%s streamed: %d completion tokens", self._id, self._generation.usage.completion_tokens)
+            log.info("%s streamed: %d completion tokens", self._id, self._request_events.usage.completion_tokens)
         except Exception as exc:  # an LLMFleetError as itself; anything else is a bug, still ending the stream
             yield self._failed(exc)
         finally:
@@ -265,7 +267,7 @@ class MessageStream(OpenStream):
             events.append({"type": "ping"})
         delta = {"stop_reason": stop_reason(finish, stop, blocks.calls > 0), "stop_sequence": stop}
         dropped = self._parser.dropped if self._parser is not None else 0
-        events.append({"type": "message_delta", "delta": delta, "usage": usage_body(self._generation.usage, dropped)})
+        events.append({"type": "message_delta", "delta": delta, "usage": usage_body(self._request_events.usage, dropped)})
         return events
 
     def _failed(self, exc: Exception) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from gateway.cluster.event_stream import EventStream, JobRef
 from gateway.cluster.fair_share import queue_shared
 from gateway.cluster.loras import resolve_job
 from gateway.cluster.lost_jobs import QueuedEntry
-from gateway.cluster.metrics import FleetSnapshot, GatewayMetrics
+from gateway.cluster.metrics import GatewayMetrics
 from gateway.cluster.placement import Choice, PrefixMap
 from gateway.cluster.placer import Placer, Plan
 from gateway.cluster.queue_view import READ_EVERY_S, QueueState, QueueView, read_queue_state
@@ -69,14 +69,14 @@ CANCEL_WAIT_S = 5.0  # a cancel not written by then is given up (the job's deadl
 class Broker:
     """Queues jobs on Redis streams and follows their events over the shared pub/sub connection."""
 
-    def __init__(self, redis: Redis, settings: Settings, *, clock: Callable[[], float] = time.time,
-                 ping: Callable[[], object] | None = None) -> None:
+    def __init__(self, redis: Redis, settings: Settings, registry: Registry, pool: WarmPool, *,
+                 clock: Callable[[], float] = time.time, ping: Callable[[], object] | None = None) -> None:
         self.redis = redis
         self.settings = settings
         self.clock = clock
         self.health = RedisHealth(ping)  # `ping`: a blocking PING of the same Redis, for the health probe
-        self.registry = Registry(redis, settings, clock=clock)
-        self.pool = WarmPool(redis, settings, self.registry, clock=clock)
+        self._registry = registry  # admission reads them; routes read them from app.state (gateway/app.py)
+        self._pool = pool
         self.metrics = GatewayMetrics()
         self.limiter = RateLimiter(redis)
         self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s, on_error=self.health.note_error,
@@ -262,12 +262,12 @@ class Broker:
         """Refuse the job unless the model can take it now; returns it with its LoRA adapters resolved and the
         model's live workers."""
         model = job.model
-        live = await self.registry.live_workers()
+        live = await self._registry.live_workers()
         if not any(w.model == model for w in live):  # none in the cached read: one that just registered counts
-            live = await self.registry.live_workers(RECHECK_S)
-        catalogued = model in await self.pool.catalogue()
+            live = await self._registry.live_workers(RECHECK_S)
+        catalogued = model in await self._pool.catalogue()
         if catalogued:
-            await self.pool.note_use(model, keep_alive)
+            await self._pool.note_use(model, keep_alive)
         workers = [w for w in live if w.model == model]
         if not workers:
             return await self._admit_without_worker(job, catalogued, registry_empty=not live)
@@ -289,12 +289,12 @@ class Broker:
         model = job.model
         if catalogued:  # a node agent loads it: the queued job is the demand it sees
             return await self._admit_cold(job)
-        if self.health.recently_failed(self.registry_grace_s()) and (registry_empty or await self.registry.is_known(model)):
+        if self.health.recently_failed(self.registry_grace_s()) and (registry_empty or await self._registry.is_known(model)):
             # Redis just failed: the registry is unknown, not empty; queue (the stream keeps it, keep-alives
             # go out) for the workers that register again within a moment
             log.info("no live worker of %s in the registry right after a Redis failure; queueing %s", model, job.id)
             return await self._admit_by_count(job)
-        if await self.registry.is_known(model):
+        if await self._registry.is_known(model):
             if self.settings.worker_wait_s > 0:  # scaled to zero, or its workers restarting: wait for one
                 log.info("no live worker of %s; %s waits up to %.0fs for one", model, job.id, self.settings.worker_wait_s)
                 admitted = await self._admit_by_count(job)
@@ -311,9 +311,9 @@ class Broker:
         """Admit a job for a catalogued model no worker serves yet (queue limit only: the node's load timeout
         bounds the wait); a remembered load failure is its 503."""
         model = job.model
-        await self.pool.check_failure(model)
+        await self._pool.check_failure(model)
         if isinstance(job, GenerateJob) and job.loras:  # adapters are named by loaded workers only
-            await self.pool.command("load", model)
+            await self._pool.command("load", model)
             raise NoWorkerAvailable(f"model '{model}' is being loaded; its LoRA adapters can be used once it is "
                                     "ready; please retry", retry_after=self.settings.retry_after_s)
         return await self._admit_by_count(job)
@@ -332,18 +332,9 @@ class Broker:
     async def has_live_worker(self, model: str) -> bool:
         """Whether a worker of `model` is alive now (a fresh registry read); True when Redis cannot tell."""
         try:
-            return any(w.model == model for w in await self.registry.live_workers(RECHECK_S))
+            return any(w.model == model for w in await self._registry.live_workers(RECHECK_S))
         except Unavailable:
             return True
-
-    async def fleet_snapshot(self) -> FleetSnapshot:
-        """Live workers, and the waiting and all jobs of their models and of the known ones with no live worker
-        (scaled to zero: the queued jobs an autoscaler starts one for), for /metrics."""
-        workers = await self.registry.live_workers()
-        models = {w.model for w in workers} | set(await self.registry.known_models())
-        states = {model: await self.queue_state(model) for model in sorted(models)}
-        return FleetSnapshot(workers, {model: s.waiting for model, s in states.items()},
-                             {model: s.waiting + s.in_flight for model, s in states.items()})
 
     async def waiting(self, model: str) -> int:
         """Jobs of `model` queued but not yet taken by any worker, over all its priority classes."""

@@ -11,14 +11,16 @@ Two sources, one scrape:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.cluster.registry import Registry
 from shared.messages import Timing, Usage
+from shared.redis_commands import QueueState
 from shared.registry import RegistryEntry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -59,6 +61,16 @@ class FleetSnapshot:
     workers: list[RegistryEntry] = field(default_factory=list)
     waiting: dict[str, int] = field(default_factory=dict)
     jobs: dict[str, int] = field(default_factory=dict)  # waiting + held by a worker, over every stream of the model
+
+
+async def fleet_snapshot(registry: Registry, queue_state: Callable[[str], Awaitable[QueueState]]) -> FleetSnapshot:
+    """Live workers, and the waiting and all jobs of their models and of the known ones with no live worker
+    (scaled to zero: the queued jobs an autoscaler starts one for), for /metrics; `queue_state` is the broker's."""
+    workers = await registry.live_workers()
+    models = {w.model for w in workers} | set(await registry.known_models())
+    states = {model: await queue_state(model) for model in sorted(models)}
+    return FleetSnapshot(workers, {model: s.waiting for model, s in states.items()},
+                         {model: s.waiting + s.in_flight for model, s in states.items()})
 
 
 class _FleetCollector(Collector):

@@ -7,13 +7,18 @@ A worker is live when all of these hold:
   - its state field is absent or "ready" ("draining" workers finish what they have but take nothing new).
 A model is known (503 when it has no live worker, rather than 404) while its score in the sorted set
 llmfleet:models, refreshed by every heartbeat of a worker serving it, is within LLMFLEET_MODEL_MEMORY_S.
+A model's file facts (size, digest, details: worker/model_facts.py) are what its workers published in the hash
+llmfleet:model-facts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -22,6 +27,8 @@ from shared import keys
 from shared.redis_commands import fresh_workers, run_async
 from shared.registry import RegistryEntry
 from shared.settings import Settings
+
+log = logging.getLogger(__name__)
 
 WorkerInfo = RegistryEntry  # one live worker's registry entry
 RECHECK_S = 0.1  # a cached read this old is read again where a model has no live worker in it (admission) and for
@@ -80,3 +87,17 @@ class Registry:
             names = await self._redis.zrangebyscore(keys.MODELS_INDEX, self._clock() - self._settings.model_memory_s,
                                                     "+inf")
         return sorted(name.decode(errors="replace") for name in names)
+
+    async def model_facts(self) -> dict[str, dict[str, Any]]:
+        """Every model's published file facts (worker/model_facts.py); an unreadable entry is skipped."""
+        raw = await self._redis.hgetall(keys.MODEL_FACTS)
+        out = {}
+        for name, value in raw.items():
+            try:
+                facts = json.loads(value)
+            except ValueError:
+                log.warning("unreadable model facts ignored")
+                continue
+            if isinstance(facts, dict):
+                out[name.decode(errors="replace") if isinstance(name, bytes) else name] = facts
+        return out

@@ -11,8 +11,8 @@ from typing import Any
 
 from gateway.cluster.broker import Broker
 from gateway.http.fields import boolean, invalid, is_int, string
-from gateway.replies.generation import Generation
 from gateway.replies.protocol import MAX_MODEL_NAME, parse_messages
+from gateway.replies.request_events import RequestEvents
 from gateway.replies.serving import new_request_id
 from shared.errors import InternalError, InvalidRequest, LLMFleetError
 from shared.messages import DoneEvent, ErrorEvent, TextJob
@@ -69,7 +69,7 @@ async def run_text_job(broker: Broker, job: TextJob) -> DoneEvent:
                 return event
         raise InternalError("the event stream ended without a terminal event")
     finally:
-        await Generation([stream], 1).close()
+        await RequestEvents([stream], 1).close()
 
 
 BUILDERS = {"tokenize": tokenize_job, "detokenize": detokenize_job, "apply_template": apply_template_job}

@@ -13,20 +13,17 @@ SHA-256 of its name as digest.
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import Registry
+from gateway.cluster.warm_pool import WarmPool
 from gateway.ollama.protocol import served_name
-from shared import keys
 from shared.errors import ModelNotFound
 from shared.settings import Settings
 from shared.warm_pool import READY
-
-log = logging.getLogger(__name__)
 
 VERSION = "0.12.0"  # the Ollama API level llmfleet answers for (what /api/version reports)
 FOREVER = datetime(2318, 1, 1, tzinfo=UTC)  # Ollama's expires_at of a model kept loaded forever
@@ -53,32 +50,17 @@ def details(facts: dict[str, Any] | None = None) -> dict[str, Any]:
             "quantization_level": str(facts.get("quantization_level", ""))}
 
 
-async def model_facts(broker: Broker) -> dict[str, dict[str, Any]]:
-    """Every model's published file facts (worker/model_facts.py); an unreadable entry is skipped."""
-    raw = await broker.redis.hgetall(keys.MODEL_FACTS)
-    out = {}
-    for name, value in raw.items():
-        try:
-            facts = json.loads(value)
-        except ValueError:
-            log.warning("unreadable model facts ignored")
-            continue
-        if isinstance(facts, dict):
-            out[name.decode(errors="replace") if isinstance(name, bytes) else name] = facts
-    return out
-
-
-async def context_length(broker: Broker, model: str) -> int | None:
+async def context_length(registry: Registry, model: str) -> int | None:
     """The model's context length as its live workers publish it (the smallest), None while none does."""
-    workers = (await broker.registry.live_models()).get(model, [])
+    workers = (await registry.live_models()).get(model, [])
     lengths = [int(w.stats["context_length"]) for w in workers if w.stats.get("context_length")]
     return min(lengths) if lengths else None
 
 
-async def tags(broker: Broker) -> dict[str, Any]:
+async def tags(registry: Registry, pool: WarmPool) -> dict[str, Any]:
     """/api/tags: the models with a live worker or in a live node agent's catalogue."""
-    live, catalogue = await broker.registry.live_models(), await broker.pool.catalogue()
-    facts = await model_facts(broker)
+    live, catalogue = await registry.live_models(), await pool.catalogue()
+    facts = await registry.model_facts()
     now = time.time()
     models = []
     for model in sorted(set(live) | catalogue):
@@ -90,12 +72,13 @@ async def tags(broker: Broker) -> dict[str, Any]:
     return {"models": models}
 
 
-async def running(broker: Broker, settings: Settings) -> dict[str, Any]:
-    """/api/ps: the models a live worker serves, with the memory and keep-alive the warm pool knows of."""
-    live = await broker.registry.live_models()
-    facts = await model_facts(broker)
-    pooled = {s.model: s for s in await broker.pool.statuses(broker.queue_state) if s.status == READY}
-    keep_alive = await broker.pool.keep_alives()
+async def running(broker: Broker, registry: Registry, pool: WarmPool, settings: Settings) -> dict[str, Any]:
+    """/api/ps: the models a live worker serves, with the memory and keep-alive the warm pool knows of (the
+    broker reads each model's queue)."""
+    live = await registry.live_models()
+    facts = await registry.model_facts()
+    pooled = {s.model: s for s in await pool.statuses(broker.queue_state) if s.status == READY}
+    keep_alive = await pool.keep_alives()
     models = []
     for model in sorted(live):
         status = pooled.get(model)
@@ -107,19 +90,19 @@ async def running(broker: Broker, settings: Settings) -> dict[str, Any]:
         memory = status.memory_bytes if status is not None else 0
         models.append({"name": model, "model": model, "size": memory, "digest": digest(model, facts.get(model)),
                        "details": details(facts.get(model)), "expires_at": expires, "size_vram": 0,
-                       "context_length": await context_length(broker, model)})
+                       "context_length": await context_length(registry, model)})
     return {"models": models}
 
 
-async def show(broker: Broker, name: str) -> dict[str, Any]:
+async def show(registry: Registry, pool: WarmPool, name: str) -> dict[str, Any]:
     """/api/show: one model's details and model_info (its context length once a worker published it)."""
     model = served_name(name)
-    live = await broker.registry.live_models()
-    if model not in live and model not in await broker.pool.catalogue() and not await broker.registry.is_known(model):
+    live = await registry.live_models()
+    if model not in live and model not in await pool.catalogue() and not await registry.is_known(model):
         raise ModelNotFound(f"model '{name}' not found", param="model")
-    known = (await model_facts(broker)).get(model)
+    known = (await registry.model_facts()).get(model)
     info: dict[str, Any] = dict(known.get("model_info", {})) if known else {"general.architecture": "llmfleet"}
-    context = await context_length(broker, model)
+    context = await context_length(registry, model)
     if context is not None:  # what the worker serves (the file's own may be larger)
         info[f"{info.get('general.architecture', 'llmfleet')}.context_length"] = context
     started = min((w.started for w in live.get(model, [])), default=time.time())

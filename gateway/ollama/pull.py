@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.cluster.broker import Broker
+from gateway.cluster.warm_pool import WarmPool
 from shared.errors import ModelNotFound, PullFailed
 
 if TYPE_CHECKING:
@@ -66,13 +66,13 @@ def _known(name: str) -> str | None:
     return None
 
 
-async def resolve_target(broker: Broker, name: str) -> PullTarget:
+async def resolve_target(pool: WarmPool, name: str) -> PullTarget:
     """The model a pull names; an unknown one is a 404 that lists the names that can be pulled."""
     known = _known(name)
     if known is not None:
         return PullTarget(name, known)
     catalogue: dict[str, str] = {}
-    for node in await broker.pool.nodes():
+    for node in await pool.nodes():
         catalogue.update(node.catalogue)
     source = catalogue.get(name, catalogue.get(name.removesuffix(":latest")))
     if source is not None:

@@ -16,7 +16,7 @@ from gateway.http.fields import boolean, parse_json_object
 from gateway.http.sse import HEADERS, SSEResponse
 from gateway.ollama import models, protocol, serving
 from gateway.ollama import pull as pulling
-from gateway.replies.request_body import request_body
+from gateway.replies.request_body import registry_and_pool, request_body
 from gateway.replies.tool_calls import dropped_headers
 from shared.settings import Settings
 
@@ -49,14 +49,15 @@ def _settings(request: Request) -> Settings:
 
 
 async def _generation(request: Request, parsed: protocol.OllamaGeneration) -> Response:
-    broker = request.app.state.broker
+    broker, (registry, pool) = request.app.state.broker, registry_and_pool(request)
     if parsed.request is None:
-        return JSONResponse(await serving.load_only(broker, parsed))
+        return JSONResponse(await serving.load_only(registry, pool, parsed))
     if parsed.stream:
         stream = await unless_disconnected(request.receive,
-                                           serving.stream_generation(broker, parsed, _settings(request)))
+                                           serving.stream_generation(broker, registry, parsed, _settings(request)))
         return NDJSONResponse(stream)
-    body = await unless_disconnected(request.receive, serving.run_generation(broker, parsed, _settings(request)))
+    body = await unless_disconnected(request.receive,
+                                     serving.run_generation(broker, registry, parsed, _settings(request)))
     return JSONResponse(body, headers=dropped_headers(body.get("dropped_tool_calls", 0)))
 
 
@@ -88,25 +89,26 @@ async def embeddings(request: Request) -> Response:
 
 async def tags(request: Request) -> Response:
     """GET /api/tags"""
-    return JSONResponse(await models.tags(request.app.state.broker))
+    return JSONResponse(await models.tags(*registry_and_pool(request)))
 
 
 async def running(request: Request) -> Response:
     """GET /api/ps"""
-    return JSONResponse(await models.running(request.app.state.broker, _settings(request)))
+    return JSONResponse(await models.running(request.app.state.broker, *registry_and_pool(request),
+                                             _settings(request)))
 
 
 async def show(request: Request) -> Response:
     """POST /api/show"""
     body = await request_body(request)
-    return JSONResponse(await models.show(request.app.state.broker, protocol.model_name(body)))
+    return JSONResponse(await models.show(*registry_and_pool(request), protocol.model_name(body)))
 
 
 async def pull(request: Request) -> Response:
     """POST /api/pull: a model `llmfleet pull` or a node's catalogue knows, with Ollama's progress objects (the
     name is required: a pull never defaults to the model served)."""
     body = parse_json_object(await request.body())
-    target = await pulling.resolve_target(request.app.state.broker, protocol.model_name(body))
+    target = await pulling.resolve_target(registry_and_pool(request)[1], protocol.model_name(body))
     if not boolean(body, "stream", True):
         return JSONResponse(await unless_disconnected(request.receive, pulling.pull_to_end(target)))
     return StreamingResponse(_pull_lines(pulling.progress_lines(target)), media_type=MEDIA_TYPE, headers=HEADERS)

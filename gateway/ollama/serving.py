@@ -27,16 +27,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import Registry
+from gateway.cluster.warm_pool import WarmPool
 from gateway.http.error_log import ErrorLog
 from gateway.http.fields import invalid
 from gateway.ollama.errors import error_body
 from gateway.ollama.models import context_length
 from gateway.ollama.protocol import OllamaEmbedding, OllamaGeneration
 from gateway.replies import serving
-from gateway.replies.generation import Generation
 from gateway.replies.parser import ReplyParser
 from gateway.replies.protocol import ChatRequest
 from gateway.replies.reasoning import Reasoning
+from gateway.replies.request_events import RequestEvents
 from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from shared.errors import InternalError, LLMFleetError, ModelNotFound
 from shared.messages import Timing, TokenEvent, Usage
@@ -101,43 +103,44 @@ def reply(request: OllamaGeneration, when: float, text: str, calls: list[dict[st
     return body
 
 
-async def check_context(broker: Broker, request: OllamaGeneration) -> None:
+async def check_context(registry: Registry, request: OllamaGeneration) -> None:
     """options.num_ctx may not exceed the model's context (skipped while no live worker says what it is)."""
     if request.num_ctx is None:
         return
-    context = await context_length(broker, request.served_model)
+    context = await context_length(registry, request.served_model)
     if context is not None and request.num_ctx > context:
         raise invalid("options.num_ctx", f"{request.num_ctx} is larger than the model's context length "
                                          f"({context} tokens).")
 
 
-async def load_only(broker: Broker, request: OllamaGeneration) -> dict[str, Any]:
+async def load_only(registry: Registry, pool: WarmPool, request: OllamaGeneration) -> dict[str, Any]:
     """An empty chat or prompt: mark the model used (loading it if it is pooled and not loaded), or with keep_alive
     0 unload it; done_reason "load" or "unload"."""
     model = request.served_model
-    live, catalogue = await broker.registry.live_models(), await broker.pool.catalogue()
-    if model not in live and model not in catalogue and not await broker.registry.is_known(model):
+    live, catalogue = await registry.live_models(), await pool.catalogue()
+    if model not in live and model not in catalogue and not await registry.is_known(model):
         raise ModelNotFound(f"model '{request.model}' not found", param="model")
     reason = "load"
     if request.keep_alive == 0:
         reason = "unload"
         if model in catalogue:
-            await broker.pool.command("unload", model)
+            await pool.command("unload", model)
     elif model in catalogue:
-        await broker.pool.note_use(model, request.keep_alive)
+        await pool.note_use(model, request.keep_alive)
         if model not in live:
-            await broker.pool.command("load", model)
+            await pool.command("load", model)
     body = reply(request, time.time(), "")
     body.update({"done": True, "done_reason": reason})
     return body
 
 
-async def run_generation(broker: Broker, request: OllamaGeneration, settings: Settings) -> dict[str, Any]:
+async def run_generation(broker: Broker, registry: Registry, request: OllamaGeneration,
+                         settings: Settings) -> dict[str, Any]:
     """Run a chat or generate request to the end and answer with one object."""
     assert request.request is not None
     started = time.monotonic()
-    await check_context(broker, request)
-    done = await serving.collect_completion(broker, request.request, settings)
+    await check_context(registry, request)
+    done = await serving.collect_completion(broker, registry, request.request, settings)
     choice = done.choices[0]
     body = reply(request, done.created, choice.text or "", tool_calls(choice.tool_calls or []), choice.reasoning)
     body.update(done_fields(choice.finish_reason, done.usage, done.timings, time.monotonic() - started,
@@ -145,26 +148,27 @@ async def run_generation(broker: Broker, request: OllamaGeneration, settings: Se
     return body
 
 
-async def stream_generation(broker: Broker, request: OllamaGeneration, settings: Settings) -> ReplyStream:
+async def stream_generation(broker: Broker, registry: Registry, request: OllamaGeneration,
+                            settings: Settings) -> ReplyStream:
     """Start a chat or generate request and wait a moment for its first event (errors until then are raised)."""
     assert request.request is not None
     started_at = time.monotonic()
-    await check_context(broker, request)
-    started = await serving.start_stream(broker, request.request, settings)
+    await check_context(registry, request)
+    started = await serving.start_stream(broker, registry, request.request, settings)
     chat = isinstance(request.request, ChatRequest)
     parser = ReplyParser(reasoning=chat and request.request.reasoning, tools=chat and request.request.tools.active,
                          reply_format=started.reply_format)
-    return ReplyStream(started.generation, request, started_at=started_at, parser=parser, priming=started.priming,
+    return ReplyStream(started.request_events, request, started_at=started_at, parser=parser, priming=started.priming,
                        keepalive_s=settings.sse_keepalive_s, errors=broker.errors)
 
 
 class ReplyStream(OpenStream):
     """The reply objects of one streamed chat or generate request, whose first worker event already arrived."""
 
-    def __init__(self, generation: Generation, request: OllamaGeneration, *, started_at: float, parser: ReplyParser,
+    def __init__(self, request_events: RequestEvents, request: OllamaGeneration, *, started_at: float, parser: ReplyParser,
                  priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0,
                  errors: ErrorLog | None = None) -> None:
-        self._generation = generation
+        self._request_events = request_events
         self._request = request
         self._started_at = started_at
         self._parser = parser  # thinking split off, then tool calls held until whole
@@ -193,7 +197,7 @@ class ReplyStream(OpenStream):
             async for _comment in queued_comments(self._priming, self._keepalive_s):
                 yield reply(self._request, time.time(), "")
             finish = None
-            while (item := await self._generation.next()) is not None:
+            while (item := await self._request_events.next()) is not None:
                 _, event = item
                 for body in self._objects_of(event.text if isinstance(event, TokenEvent) else None):
                     yield body
@@ -203,10 +207,10 @@ class ReplyStream(OpenStream):
             if calls:
                 yield reply(self._request, time.time(), "", calls)
             last = reply(self._request, time.time(), "")
-            last.update(done_fields(finish, self._generation.usage, self._generation.timings,
+            last.update(done_fields(finish, self._request_events.usage, self._request_events.timings,
                                     time.monotonic() - self._started_at, self._parser.dropped))
             yield last
-            log.info("%s streamed: %d completion tokens", path, self._generation.usage.completion_tokens)
+            log.info("%s streamed: %d completion tokens", path, self._request_events.usage.completion_tokens)
         except LLMFleetError as exc:
             log.info("%s failed after the stream began: %s %s", path, exc.status, exc.code)
             record_streamed_error(self._errors, exc, path)

@@ -15,9 +15,9 @@ from gateway.http.error_log import ErrorLog
 from gateway.http.sse import Comment
 from gateway.replies import bodies
 from gateway.replies.bodies import ChunkHeader
-from gateway.replies.generation import STILL_WAITING, Generation
 from gateway.replies.parser import ReplyParser, needs_parsing
 from gateway.replies.reasoning import BOTH_FIELDS
+from gateway.replies.request_events import STILL_WAITING, RequestEvents
 from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from shared.errors import InternalError, LLMFleetError
 from shared.messages import TokenEvent
@@ -28,11 +28,11 @@ log = logging.getLogger(__name__)
 class ChunkStream(OpenStream):
     """The OpenAI chunks of one streaming request, whose first events already arrived."""
 
-    def __init__(self, generation: Generation, header: ChunkHeader, *, chat: bool, logprobs: bool,
+    def __init__(self, request_events: RequestEvents, header: ChunkHeader, *, chat: bool, logprobs: bool,
                  tools: bool = False, timings: bool = False, errors: ErrorLog | None = None,
                  priming: asyncio.Task[None] | None = None, keepalive_s: float = 10.0, reasoning: bool = False,
                  reply_format: str = "default", reasoning_keys: tuple[str, ...] = BOTH_FIELDS) -> None:
-        self._generation = generation
+        self._request_events = request_events
         self._reasoning_keys = reasoning_keys  # the delta fields reasoning goes out under (LLMFLEET_REASONING_FIELDS)
         self._timings = timings
         self._errors = errors
@@ -42,7 +42,7 @@ class ChunkStream(OpenStream):
         self._chat = chat
         self._logprobs = logprobs
         self._parsers = [ReplyParser(reasoning=reasoning, tools=tools, reply_format=reply_format)
-                         for _ in range(generation.choices)] \
+                         for _ in range(request_events.choices)] \
             if needs_parsing(reply_format, chat=chat, reasoning=reasoning, tools=tools) else None
 
     def _record(self, error: LLMFleetError) -> None:
@@ -53,12 +53,12 @@ class ChunkStream(OpenStream):
         return self._chunks()
 
     async def _chunks(self) -> AsyncIterator[dict[str, Any] | Comment]:
-        header, started = self._header, [False] * self._generation.choices
-        offsets = [bodies.TextOffsets() for _ in range(self._generation.choices)]
+        header, started = self._header, [False] * self._request_events.choices
+        offsets = [bodies.TextOffsets() for _ in range(self._request_events.choices)]
         try:
             async for comment in queued_comments(self._priming, self._keepalive_s):
                 yield comment
-            while (item := await self._generation.next_within(self._keepalive_s)) is not None:
+            while (item := await self._request_events.next_within(self._keepalive_s)) is not None:
                 if item is STILL_WAITING:  # no event for a while (failover, Redis pause): show the stream lives
                     yield Comment("keep-alive")
                     continue
@@ -76,7 +76,7 @@ class ChunkStream(OpenStream):
             self.ended()
             if last is not None:
                 yield last
-            log.info("%s streamed: %d completion tokens", header.response_id, self._generation.usage.completion_tokens)
+            log.info("%s streamed: %d completion tokens", header.response_id, self._request_events.usage.completion_tokens)
         except LLMFleetError as exc:
             log.info("%s failed after the stream began: %s %s", header.response_id, exc.status, exc.code)
             self._record(exc)
@@ -123,8 +123,8 @@ class ChunkStream(OpenStream):
         """The usage chunk (stream_options.include_usage) and llama-server's timings, if asked for."""
         obj = "chat.completion.chunk" if self._chat else "text_completion"
         dropped = sum(parser.dropped for parser in self._parsers or [])
-        last = self._header.usage_chunk(obj, self._generation.usage, dropped) if self._header.include_usage else None
+        last = self._header.usage_chunk(obj, self._request_events.usage, dropped) if self._header.include_usage else None
         if self._timings:  # as llama-server: the stream's last chunk carries the timings
             last = last or self._header.chunk(obj, [])
-            last["timings"] = bodies.timings_body(self._generation.usage, self._generation.timings)
+            last["timings"] = bodies.timings_body(self._request_events.usage, self._request_events.timings)
         return last

@@ -6,7 +6,9 @@ from starlette.requests import Request
 
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
+from gateway.cluster.registry import Registry
 from gateway.cluster.served_models import default_models
+from gateway.cluster.warm_pool import WarmPool
 from gateway.http.error_log import note_request
 from gateway.http.fields import parse_json_object
 from shared.errors import InvalidRequest
@@ -16,6 +18,12 @@ from shared.settings import Settings
 def app_state(request: Request) -> tuple[Broker, Settings]:
     """The app's broker and settings."""
     return request.app.state.broker, request.app.state.settings
+
+
+def registry_and_pool(request: Request) -> tuple[Registry, WarmPool]:
+    """The app's worker registry and warm pool, built at startup (gateway/app.py) and read here, not through
+    the broker."""
+    return request.app.state.registry, request.app.state.pool
 
 
 async def request_body(request: Request) -> dict:
@@ -28,14 +36,13 @@ async def request_body(request: Request) -> dict:
     if isinstance(model, str):
         note.model = model
     if model is None:
-        state = request.app.state
-        served = await default_models(state.registry, state.pool, state.settings)
+        served = await default_models(*registry_and_pool(request), request.app.state.settings)
         if len(served) != 1:
             raise InvalidRequest(f"Missing required parameter: 'model' ({len(served)} models are served: "
                                  f"{', '.join(served) or 'none'}).", param="model")
         body["model"] = note.model = served[0]
     elif isinstance(model, str) and request.app.state.settings.any_model_name:
-        live = sorted(await request.app.state.registry.live_models())
+        live = sorted(await registry_and_pool(request)[0].live_models())
         base, adapter = split_model(model)
         if len(live) == 1 and base not in live and model not in live:
             body["model"] = note.model = live[0] if adapter is None else f"{live[0]}:{adapter}"

@@ -17,7 +17,7 @@ from gateway.cluster.streams import CANCELLED, DONE, StreamRecord
 from gateway.http.api_keys import current_key
 from gateway.http.error_log import note_request
 from gateway.http.redis_errors import redis_unavailable
-from gateway.replies.generation import Generation
+from gateway.replies.request_events import RequestEvents
 from shared import keys
 from shared.errors import InvalidRequest, StreamNotFound
 
@@ -63,6 +63,6 @@ async def reopen(broker: Broker, stream_id: str, apis: tuple[str, ...], after: i
     return record
 
 
-async def follow(broker: Broker, record: StreamRecord, n: int) -> Generation:
+async def follow(broker: Broker, record: StreamRecord, n: int) -> RequestEvents:
     """The events of the stream's jobs from their journals' first, then live."""
-    return await Generation.follow(broker, [JobRef(job, record.model, record.deadline) for job in record.job_ids], n)
+    return await RequestEvents.follow(broker, [JobRef(job, record.model, record.deadline) for job in record.job_ids], n)

@@ -25,15 +25,16 @@ import msgspec
 
 from gateway.cluster.broker import Broker
 from gateway.cluster.loras import split_model
+from gateway.cluster.registry import Registry
 from gateway.http.api_keys import current_key
 from gateway.http.error_log import note_request
 from gateway.replies import bodies
 from gateway.replies.bodies import ChoiceResult, ChunkHeader
 from gateway.replies.chunk_stream import ChunkStream
-from gateway.replies.generation import Generation, charge_key
 from gateway.replies.parser import needs_parsing, whole_reply
 from gateway.replies.protocol import ChatRequest, CompletionOptions, CompletionRequest, EmbedBody
 from gateway.replies.reasoning import reasoning_keys
+from gateway.replies.request_events import RequestEvents, charge_key
 from gateway.replies.streaming import (
     StartedStream,
     new_record,
@@ -121,13 +122,13 @@ def _uses_reasoning(request: GenerateBody) -> bool:
     return isinstance(request, ChatRequest) and request.reasoning
 
 
-async def reply_format(broker: Broker, request: GenerateBody) -> str:
+async def reply_format(registry: Registry, request: GenerateBody) -> str:
     """How a chat reply to this request is written (gateway/replies/parser.py ReplyFormat), as its model's workers
     say in the registry: "harmony" when their chat template writes harmony (gpt-oss), "opened" when it ends the
     generation prompt with `<think>` (with and without enable_thinking), else "default"."""
     if not isinstance(request, ChatRequest):
         return "default"
-    workers = (await broker.registry.live_models()).get(split_model(request.params.model)[0], [])
+    workers = (await registry.live_models()).get(split_model(request.params.model)[0], [])
     if any(worker.harmony for worker in workers):
         return "harmony"
     if not request.reasoning:
@@ -152,7 +153,7 @@ class Collected:
     timings: list[Timing]  # the workers' timings (llama-server's `timings` object is built from them)
 
 
-async def collect_completion(broker: Broker, request: GenerateBody, settings: Settings, *,
+async def collect_completion(broker: Broker, registry: Registry, request: GenerateBody, settings: Settings, *,
                              request_id: str | None = None, stream_id: str | None = None) -> Collected:
     """Queue the request's jobs and collect their events into finished choices (tool calls parsed out); an API
     that names its response before the job starts (the Responses API) passes the request id, and a background
@@ -161,27 +162,27 @@ async def collect_completion(broker: Broker, request: GenerateBody, settings: Se
     request_id, now = request_id or new_request_id(), time.time()
     jobs = build_jobs(request, settings, request_id, now)
     try:
-        generation = await Generation.start(broker, jobs, keep_alive=request.params.keep_alive)
+        request_events = await RequestEvents.start(broker, jobs, keep_alive=request.params.keep_alive)
         note_request().request_id = request_id  # queued: from here on the id is in the logs
         if stream_id is not None:
-            generation.retain()
-        return await collect_generation(broker, request, generation, request_id, now)
+            request_events.retain()
+        return await collect_events(registry, request, request_events, request_id, now)
     finally:
         if stream_id is not None:
             await broker.streams.finish(stream_id)
 
 
-async def collect_generation(broker: Broker, request: GenerateBody, generation: Generation, request_id: str,
+async def collect_events(registry: Registry, request: GenerateBody, request_events: RequestEvents, request_id: str,
                              now: float) -> Collected:
-    """Collect a started (or followed) generation's events into finished choices; closes it."""
+    """Collect a started (or followed) request's events into finished choices; closes them."""
     try:
-        form = await reply_format(broker, request)  # after admission (see start_stream)
+        form = await reply_format(registry, request)  # after admission (see start_stream)
         parsed = needs_parsing(form, chat=isinstance(request, ChatRequest), reasoning=_uses_reasoning(request),
                                tools=_uses_tools(request))
         want_logprobs = _wants_logprobs(request)
-        choices = [ChoiceResult(index=i, logprobs=[] if want_logprobs else None) for i in range(generation.choices)]
+        choices = [ChoiceResult(index=i, logprobs=[] if want_logprobs else None) for i in range(request_events.choices)]
         parts: list[list[str]] = [[] for _ in choices]
-        while (item := await generation.next()) is not None:
+        while (item := await request_events.next()) is not None:
             index, event = item
             if isinstance(event, TokenEvent):
                 parts[index].append(event.text)
@@ -198,14 +199,15 @@ async def collect_generation(broker: Broker, request: GenerateBody, generation: 
                 choice.reasoning, choice.text, choice.tool_calls = reply.reasoning, reply.content, reply.calls or None
                 choice.finish_reason, choice.dropped_calls = reply.finish_reason, reply.dropped
     finally:
-        await generation.close()
-    log.info("%s done: %d choices, %d completion tokens", request_id, len(choices), generation.usage.completion_tokens)
-    return Collected(request_id, now, choices, generation.usage, generation.timings)
+        await request_events.close()
+    log.info("%s done: %d choices, %d completion tokens", request_id, len(choices), request_events.usage.completion_tokens)
+    return Collected(request_id, now, choices, request_events.usage, request_events.timings)
 
 
-async def run_completion(broker: Broker, request: GenerateBody, settings: Settings) -> dict[str, Any]:
+async def run_completion(broker: Broker, registry: Registry, request: GenerateBody,
+                         settings: Settings) -> dict[str, Any]:
     """Queue the request's jobs and collect their events into one response body."""
-    done = await collect_completion(broker, request, settings)
+    done = await collect_completion(broker, registry, request, settings)
     head = (_response_id(request, done.request_id), int(done.created), request.params.model, done.choices, done.usage)
     body = bodies.chat_completion(*head, reasoning_keys(settings.reasoning_fields)) \
         if isinstance(request, ChatRequest) else bodies.text_completion(*head)
@@ -214,7 +216,7 @@ async def run_completion(broker: Broker, request: GenerateBody, settings: Settin
     return body
 
 
-async def start_stream(broker: Broker, request: GenerateBody, settings: Settings, *,
+async def start_stream(broker: Broker, registry: Registry, request: GenerateBody, settings: Settings, *,
                        request_id: str | None = None, resumable: Resumable | None = None) -> StartedStream:
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is raised
     (a plain HTTP error); a request still queued after `sse_queued_after_s` is returned with its priming task.
@@ -225,53 +227,53 @@ async def start_stream(broker: Broker, request: GenerateBody, settings: Settings
     if record is not None:
         await broker.streams.open(record)
     try:
-        generation = await Generation.start(broker, jobs, keep_alive=request.params.keep_alive)
+        request_events = await RequestEvents.start(broker, jobs, keep_alive=request.params.keep_alive)
     except BaseException:
         if record is not None:  # never queued (or cancelled on the way): nothing to resume
             await broker.streams.finish(record.stream_id)
         raise
     note_request().request_id = request_id  # queued: from here on the id is in the logs
-    priming = asyncio.create_task(generation.prime())
+    priming = asyncio.create_task(request_events.prime())
     try:
         # after admission, whose registry read it reuses: a Redis outage is admission's fast 503, not a wait here
-        form = await reply_format(broker, request)
+        form = await reply_format(registry, request)
         if record is not None:
-            generation.retain()
+            request_events.retain()
             await broker.streams.note_format(record.stream_id, form)
         await asyncio.wait({priming}, timeout=settings.sse_queued_after_s)
         if priming.done():
             priming.result()  # raises the early failure
     except BaseException:
         priming.cancel()
-        await generation.close()
+        await request_events.close()
         if record is not None:
             await broker.streams.finish(record.stream_id)
         raise
-    return StartedStream(generation, request_id, now, None if priming.done() else priming, form,
+    return StartedStream(request_events, request_id, now, None if priming.done() else priming, form,
                          None if record is None else record.stream_id)
 
 
-async def stream_completion(broker: Broker, request: GenerateBody, settings: Settings,
+async def stream_completion(broker: Broker, registry: Registry, request: GenerateBody, settings: Settings,
                             body: dict[str, Any] | None = None) -> ChunkStream:
     """Queue the request's jobs and wait a moment for their first events, so that an early failure is a plain
     HTTP error; a request still queued after `sse_queued_after_s` gets its stream at once (`: queued`, then
     keep-alives) and any failure from then on as an error chunk. With the request's `body` it is resumable."""
     request_id = new_request_id()
     api = "chat" if isinstance(request, ChatRequest) else "completion"
-    started = await start_stream(broker, request, settings, request_id=request_id,
+    started = await start_stream(broker, registry, request, settings, request_id=request_id,
                                  resumable=(api, _response_id(request, request_id), body) if body else None)
-    stream = chunk_stream(broker, request, settings, started.generation, request_id, started.created,
+    stream = chunk_stream(broker, request, settings, started.request_events, request_id, started.created,
                           started.reply_format, started.priming)
     stream.resumable(broker.streams, started.stream_id)
     return stream
 
 
-def chunk_stream(broker: Broker, request: GenerateBody, settings: Settings, generation: Generation, request_id: str,
+def chunk_stream(broker: Broker, request: GenerateBody, settings: Settings, request_events: RequestEvents, request_id: str,
                  created: float, form: str, priming: asyncio.Task[None] | None = None) -> ChunkStream:
-    """The OpenAI chunks of a request's generation (a new one, or a resumed one from its journal's start)."""
+    """The OpenAI chunks of a request's events (a new request, or a resumed one from its journal's start)."""
     header = ChunkHeader(_response_id(request, request_id), int(created), request.params.model,
                          request.params.include_usage)
-    return ChunkStream(generation, header, chat=isinstance(request, ChatRequest),
+    return ChunkStream(request_events, header, chat=isinstance(request, ChatRequest),
                        logprobs=_wants_logprobs(request), tools=_uses_tools(request), timings=request.params.timings,
                        reasoning=_uses_reasoning(request), reply_format=form,
                        errors=broker.errors, priming=priming, keepalive_s=settings.sse_keepalive_s,
@@ -298,4 +300,4 @@ async def run_embeddings(broker: Broker, request: EmbedBody, settings: Settings)
                 return bodies.embedding_list(request.model, vectors, event.usage, request.encoding_format)
         raise InternalError("the event stream ended without a terminal event")
     finally:
-        await Generation([stream], 1).close()
+        await RequestEvents([stream], 1).close()

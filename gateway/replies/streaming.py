@@ -16,7 +16,7 @@ from gateway.cluster.streams import StreamRecord, Streams
 from gateway.http.api_keys import current_key
 from gateway.http.error_log import ErrorLog, make_entry
 from gateway.http.sse import Comment
-from gateway.replies.generation import CLOSE_TIMEOUT_S, Generation
+from gateway.replies.request_events import CLOSE_TIMEOUT_S, RequestEvents
 from shared.errors import LLMFleetError
 from shared.messages import GenerateJob
 
@@ -25,7 +25,7 @@ from shared.messages import GenerateJob
 class StartedStream:
     """A streaming request whose jobs are queued: its first events came, or `priming` still waits for them."""
 
-    generation: Generation
+    request_events: RequestEvents
     request_id: str
     created: float
     priming: asyncio.Task[None] | None
@@ -68,10 +68,10 @@ def record_streamed_error(errors: ErrorLog | None, error: LLMFleetError, path: s
 
 
 class OpenStream:
-    """What every streamed response holds: the request's generation, the task still waiting for its first
+    """What every streamed response holds: the request's events, the task still waiting for its first
     events while it is queued (the stream then opens with `: queued`), and, when resumable, its record's id."""
 
-    _generation: Generation
+    _request_events: RequestEvents
     _priming: asyncio.Task[None] | None
     _streams: Streams | None = None
     _stream_id: str | None = None
@@ -110,20 +110,20 @@ class OpenStream:
         if self._priming is not None:
             self._priming.cancel()
         if self._streams is None or self._stream_id is None:
-            await self._generation.close()
+            await self._request_events.close()
             return False
         if self._follower:
-            await self._generation.close(cancel=False, charge=False)
+            await self._request_events.close(cancel=False, charge=False)
             return True
         if self._ended:
             first = await self._streams.finish(self._stream_id)
-            await self._generation.close(charge=first)
+            await self._request_events.close(charge=first)
             return False
         detached = await self._streams.detach(self._stream_id)
-        await self._generation.close(cancel=not detached, charge=False)
+        await self._request_events.close(cancel=not detached, charge=False)
         return detached
 
     @property
     def buffered(self) -> bool:
         """True when more events already wait, so the SSE writer can join them into one send."""
-        return self._generation.buffered
+        return self._request_events.buffered

@@ -23,7 +23,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Protocol
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+from shared.tool_call_tags import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+
 DROPPED_HEADER = "x-llmfleet-dropped-tool-calls"  # a non-streamed reply's count of calls begun but not returned
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 
@@ -58,7 +59,7 @@ class ToolCallParser:
 
     def __init__(self) -> None:
         self._buffer = ""
-        self._state = "content"  # content | head (before the arguments value) | arguments | tail (before CLOSE)
+        self._state = "content"  # content | head (before the arguments value) | arguments | tail (before TOOL_CALL_CLOSE)
         self._depth, self._in_string, self._escaped = 0, False, False
         self._pending: dict[str, str] | None = None  # the call being generated, until its arguments are complete
         self.calls: list[dict[str, str]] = []  # {"id", "name", "arguments"} of every complete call released
@@ -77,12 +78,12 @@ class ToolCallParser:
         """The reply ended: release the content held; a call whose arguments are unfinished is dropped (so is
         whitespace or a partial tag after calls)."""
         held, self._buffer, self._pending = self._buffer, "", None
-        if self._state == "content" and held and not (self.calls and OPEN.startswith(held.strip())):
+        if self._state == "content" and held and not (self.calls and TOOL_CALL_OPEN.startswith(held.strip())):
             return self._noted([held])
         if self._state == "content" and held.strip():
             self.dropped += 1  # the start of a further `<tool_call>` tag
         if self._state == "head" and held.strip() and not held.lstrip().startswith("{"):
-            return self._noted([OPEN + held])  # never became a call: it was text after all
+            return self._noted([TOOL_CALL_OPEN + held])  # never became a call: it was text after all
         if self._state in ("head", "arguments"):
             self.dropped += 1  # a call cut short, before or inside its arguments
         return []
@@ -100,9 +101,9 @@ class ToolCallParser:
     def _step(self, out: list[Item]) -> bool:
         """Advance one state as far as the buffer allows; True if the state changed."""
         if self._state == "content":
-            at = self._buffer.find(OPEN)
+            at = self._buffer.find(TOOL_CALL_OPEN)
             if at < 0:
-                keep = _partial_suffix(self._buffer, OPEN)
+                keep = _partial_suffix(self._buffer, TOOL_CALL_OPEN)
                 keep = max(keep, len(self._buffer) - len(self._buffer[: len(self._buffer) - keep].rstrip()))
                 release = self._buffer[: len(self._buffer) - keep]
                 if release and not (self.calls and not release.strip()):
@@ -112,7 +113,7 @@ class ToolCallParser:
             content = self._buffer[:at].rstrip()  # whitespace before a call is not content
             if content:
                 out.append(content)
-            self._buffer, self._state = self._buffer[at + len(OPEN):], "head"
+            self._buffer, self._state = self._buffer[at + len(TOOL_CALL_OPEN):], "head"
             return True
         if self._state == "head":
             match = _HEAD.match(self._buffer)
@@ -124,10 +125,10 @@ class ToolCallParser:
             return True
         if self._state == "arguments":
             return self._step_arguments(out)
-        at = self._buffer.find(CLOSE)  # tail: the object's "}" and the closing tag
+        at = self._buffer.find(TOOL_CALL_CLOSE)  # tail: the object's "}" and the closing tag
         if at < 0:
             return False
-        self._buffer, self._state = self._buffer[at + len(CLOSE):], "content"
+        self._buffer, self._state = self._buffer[at + len(TOOL_CALL_CLOSE):], "content"
         return True
 
     def _step_arguments(self, out: list[Item]) -> bool:

@@ -8,11 +8,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import Registry
 from gateway.http.api_keys import current_key
 from gateway.http.disconnect import unless_disconnected
 from gateway.http.sse import SSEResponse
 from gateway.replies import resume
-from gateway.replies.request_body import request_body
+from gateway.replies.request_body import registry_and_pool, request_body
 from gateway.replies.tool_calls import dropped_headers
 from gateway.responses_api import bodies, items, serving
 from gateway.responses_api.protocol import parse_request
@@ -23,6 +24,10 @@ from shared.settings import Settings
 def _state(request: Request) -> tuple[Broker, ResponseStore, Settings]:
     broker, settings = request.app.state.broker, request.app.state.settings
     return broker, ResponseStore(broker.redis, settings), settings
+
+
+def _registry(request: Request) -> Registry:
+    return registry_and_pool(request)[0]
 
 
 def _key_name() -> str | None:
@@ -36,12 +41,13 @@ async def create(request: Request) -> Response:
     raw = await request_body(request)
     parsed = parse_request(raw, settings)
     if parsed.stream:
-        stream = await unless_disconnected(request.receive, serving.stream_response(broker, store, parsed, settings,
-                                                                                  raw))
+        stream = await unless_disconnected(request.receive, serving.stream_response(
+            broker, _registry(request), store, parsed, settings, raw))
         return SSEResponse(stream, named=True, ids=stream.stream_id is not None)
     if parsed.background:
-        return JSONResponse(await serving.start_background(broker, store, parsed, settings, raw))
-    body = await unless_disconnected(request.receive, serving.create_response(broker, store, parsed, settings))
+        return JSONResponse(await serving.start_background(broker, _registry(request), store, parsed, settings, raw))
+    body = await unless_disconnected(request.receive, serving.create_response(broker, _registry(request), store,
+                                                                              parsed, settings))
     return JSONResponse(body, headers=dropped_headers((body["usage"] or {}).get("dropped_tool_calls", 0)))
 
 

@@ -1,6 +1,6 @@
 """Serve Responses API requests on the chat jobs (gateway/replies/serving.py; no Starlette here).
 
-Generation goes through gateway/replies/serving.py like every chat request: the same admission, placement, deadlines,
+RequestEvents goes through gateway/replies/serving.py like every chat request: the same admission, placement, deadlines,
 metrics, key charges, cancellation on disconnect and failover (the event stream resumes from the journal).
 This module loads the history of previous_response_id, names the response before its job starts (the job's
 request id is the response id's digits), stores the record (`in_progress` first, so any gateway can cancel it,
@@ -30,13 +30,14 @@ from typing import Any
 import anyio
 
 from gateway.cluster.broker import Broker
+from gateway.cluster.registry import Registry
 from gateway.cluster.streams import StreamRecord
 from gateway.http.api_keys import current_key
 from gateway.http.sse import Comment
 from gateway.replies import resume, serving
-from gateway.replies.generation import Generation
 from gateway.replies.parser import ReplyParser
 from gateway.replies.protocol import ChatRequest
+from gateway.replies.request_events import RequestEvents
 from gateway.replies.streaming import OpenStream, queued_comments, record_streamed_error
 from gateway.responses_api import bodies
 from gateway.responses_api.items import resolve_references, with_ids
@@ -115,16 +116,17 @@ async def _save_final(store: ResponseStore, prepared: Prepared, body: dict[str, 
         await store.save_quietly(prepared.record(body))
 
 
-async def _run(broker: Broker, store: ResponseStore, prepared: Prepared, settings: Settings, *,
-               background: bool = False, follow: Generation | None = None) -> dict[str, Any]:
+async def _run(broker: Broker, registry: Registry, store: ResponseStore, prepared: Prepared, settings: Settings, *,
+               background: bool = False, follow: RequestEvents | None = None) -> dict[str, Any]:
     """Run the job to the end (or `follow` one already running) and store the result; a failure or cancellation
     is stored too. A background response's stream record is written: it can be streamed and adopted."""
     try:
         if follow is not None:
-            done = await serving.collect_generation(broker, prepared.chat, follow, prepared.request_id,
+            done = await serving.collect_events(registry, prepared.chat, follow, prepared.request_id,
                                                     prepared.created)
         else:
-            done = await serving.collect_completion(broker, prepared.chat, settings, request_id=prepared.request_id,
+            done = await serving.collect_completion(broker, registry, prepared.chat, settings,
+                                                    request_id=prepared.request_id,
                                                     stream_id=prepared.rid if background else None)
     except LLMFleetError as exc:
         await _save_final(store, prepared, prepared.body("failed", error=exc))
@@ -145,16 +147,16 @@ async def _run(broker: Broker, store: ResponseStore, prepared: Prepared, setting
     return body
 
 
-async def create_response(broker: Broker, store: ResponseStore, request: ResponsesRequest,
+async def create_response(broker: Broker, registry: Registry, store: ResponseStore, request: ResponsesRequest,
                           settings: Settings) -> dict[str, Any]:
     """Run a request to the end and answer with one response object."""
     prepared = await prepare(store, request, settings)
     await _save_running(store, prepared)
-    return await _run(broker, store, prepared, settings)
+    return await _run(broker, registry, store, prepared, settings)
 
 
-async def start_background(broker: Broker, store: ResponseStore, request: ResponsesRequest, settings: Settings,
-                           raw: dict[str, Any] | None = None) -> dict[str, Any]:
+async def start_background(broker: Broker, registry: Registry, store: ResponseStore, request: ResponsesRequest,
+                           settings: Settings, raw: dict[str, Any] | None = None) -> dict[str, Any]:
     """Store the response `in_progress`, run it in a task of this gateway, and answer at once. With the request
     body `raw` its events can be streamed (GET ...?stream=true) and another gateway finishes it if this one dies."""
     prepared = await prepare(store, request, settings)
@@ -165,7 +167,7 @@ async def start_background(broker: Broker, store: ResponseStore, request: Respon
             stream_id=prepared.rid, api="responses", body=raw, request_id=prepared.request_id,
             job_ids=[prepared.request_id], model=prepared.chat.params.model, created=prepared.created,
             deadline=prepared.deadline, key=key.name if key is not None else None, background=True))
-    _in_background(_run(broker, store, prepared, settings, background=raw is not None), prepared.rid)
+    _in_background(_run(broker, registry, store, prepared, settings, background=raw is not None), prepared.rid)
     return body
 
 
@@ -184,7 +186,7 @@ def _in_background(work: Coroutine[Any, Any, dict[str, Any]], rid: str) -> None:
     task.add_done_callback(_BACKGROUND.discard)
 
 
-def install(broker: Broker, settings: Settings) -> None:
+def install(broker: Broker, registry: Registry, settings: Settings) -> None:
     """Let this gateway finish the background responses of a dead gateway, and mark a response whose stream
     nobody resumed (its job cancelled) as cancelled."""
     store = ResponseStore(broker.redis, settings)
@@ -192,9 +194,9 @@ def install(broker: Broker, settings: Settings) -> None:
     async def adopt(record: StreamRecord) -> None:
         """Follow a dead gateway's background response from its journal to the end, and store it."""
         prepared = await _prepared_again(store, record, settings)
-        generation = await resume.follow(broker, record, 1)
+        request_events = await resume.follow(broker, record, 1)
         try:
-            await _run(broker, store, prepared, settings, follow=generation)
+            await _run(broker, registry, store, prepared, settings, follow=request_events)
         finally:
             await broker.streams.finish(record.stream_id)
 
@@ -224,18 +226,19 @@ async def cancel_response(broker: Broker, store: ResponseStore, rid: str, key: s
     return {**record.response, "status": "cancelled"}
 
 
-async def stream_response(broker: Broker, store: ResponseStore, request: ResponsesRequest,
+async def stream_response(broker: Broker, registry: Registry, store: ResponseStore, request: ResponsesRequest,
                           settings: Settings, raw: dict[str, Any] | None = None) -> ResponseStream:
     """Start a request and wait a moment for its first event (errors until then are raised); then stream it.
     With the request body `raw` it is resumable; a background one runs in a task of this gateway (and survives
     the client) while the stream follows it."""
     if request.background and raw is not None:
-        body = await start_background(broker, store, request, settings, raw)
+        body = await start_background(broker, registry, store, request, settings, raw)
         return await reopen_stream(broker, store, body["id"], settings, after=-1)
     prepared = await prepare(store, request, settings)
     await _save_running(store, prepared)
     try:
-        started = await serving.start_stream(broker, prepared.chat, settings, request_id=prepared.request_id,
+        started = await serving.start_stream(broker, registry, prepared.chat, settings,
+                                             request_id=prepared.request_id,
                                              resumable=("responses", prepared.rid, raw) if raw else None)
     except LLMFleetError as exc:
         await _save_final(store, prepared, prepared.body("failed", error=exc))
@@ -251,8 +254,8 @@ async def reopen_stream(broker: Broker, store: ResponseStore, rid: str, settings
     its first event: a background response is only followed, any other is taken over (gateway/replies/resume.py)."""
     record = await resume.reopen(broker, rid, ("responses",), after)
     prepared = await _prepared_again(store, record, settings)
-    generation = await resume.follow(broker, record, 1)
-    started = serving.StartedStream(generation, record.request_id, record.created, None, record.reply_format)
+    request_events = await resume.follow(broker, record, 1)
+    started = serving.StartedStream(request_events, record.request_id, record.created, None, record.reply_format)
     stream = _response_stream(broker, store, settings, prepared, started)
     stream.resumable(broker.streams, rid, follower=record.background)
     return stream
@@ -271,7 +274,7 @@ class ResponseStream(OpenStream):
 
     def __init__(self, started: serving.StartedStream, prepared: Prepared, store: ResponseStore, *,
                  parser: ReplyParser, keepalive_s: float, broker: Broker) -> None:
-        self._generation: Generation = started.generation
+        self._request_events: RequestEvents = started.request_events
         self._priming = started.priming
         self._prepared = prepared
         self._store_client = store
@@ -289,7 +292,7 @@ class ResponseStream(OpenStream):
         if not self._stored and not self.detached:
             self._output.close("cancelled")
             await self._store(self._prepared.body("cancelled", output=self._output.items,
-                                                  usage=self._generation.usage))
+                                                  usage=self._request_events.usage))
 
     async def _store(self, final: dict[str, Any]) -> None:
         self._stored = True
@@ -314,7 +317,7 @@ class ResponseStream(OpenStream):
             yield {"type": "response.created", "response": prepared.body("in_progress")}
             yield {"type": "response.in_progress", "response": prepared.body("in_progress")}
             finish = None
-            while (item := await self._generation.next()) is not None:
+            while (item := await self._request_events.next()) is not None:
                 _, event = item
                 if isinstance(event, TokenEvent):
                     pieces = self._parser.feed(event.text)
@@ -327,7 +330,7 @@ class ResponseStream(OpenStream):
             for out in output.close(finish):
                 yield out
             yield await self._completed(finish)
-            log.info("%s streamed: %d completion tokens", prepared.rid, self._generation.usage.completion_tokens)
+            log.info("%s streamed: %d completion tokens", prepared.rid, self._request_events.usage.completion_tokens)
         except Exception as exc:  # an LLMFleetError as itself; anything else is a bug, still ending the stream
             error = exc if isinstance(exc, LLMFleetError) else InternalError(
                 "The server had an error while processing your request.")
@@ -345,7 +348,7 @@ class ResponseStream(OpenStream):
     async def _completed(self, finish: str | None) -> dict[str, Any]:
         """The final response, stored: response.completed, or response.incomplete (length, content filter)."""
         status = bodies.status_of(finish)
-        final = self._prepared.body(status, output=self._output.items, usage=self._generation.usage,
+        final = self._prepared.body(status, output=self._output.items, usage=self._request_events.usage,
                                     dropped_tool_calls=self._parser.dropped)
         await self._store(final)
         self.ended()
@@ -354,6 +357,6 @@ class ResponseStream(OpenStream):
     async def _failed(self, error: LLMFleetError, output: Output) -> dict[str, Any]:
         record_streamed_error(self._errors, error, "/v1/responses")
         output.close("length")  # what was streamed so far, closed as incomplete
-        final = self._prepared.body("failed", output=output.items, usage=self._generation.usage, error=error)
+        final = self._prepared.body("failed", output=output.items, usage=self._request_events.usage, error=error)
         await self._store(final)
         return final

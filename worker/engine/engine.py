@@ -23,7 +23,7 @@ from worker.engine.text.harmony import harmony_messages, is_harmony
 from worker.engine.text.stopping import THINK_CLOSE, THINK_OPEN
 from worker.engine.text.thinking import ThinkingGate, ThinkingVocabulary, has_thinking_tokens
 from worker.engine.text.tokenizer import Tokenizer
-from worker.engine.text.tools import Tool, ToolTemplateSupport, prepare_messages, probe
+from worker.engine.text.tools import CallTags, Tool, ToolTemplateSupport, prepare_messages, probe
 
 MEASURED_ROWS = 8  # sequences of the start-up decode step that estimates a full step's rate
 
@@ -38,6 +38,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)  # one llguidance tokenizer per engine
+        self._tool_support: dict[CallTags, ToolTemplateSupport] = {}  # probed once per tool-call format
 
     @classmethod
     def load(cls, path: str | Path, *, chat_template: str | None = None) -> Engine:
@@ -109,25 +110,30 @@ class Engine:
         """The tables of the thinking gate for this tokenizer (built on first use)."""
         return ThinkingVocabulary(self.tokenizer, self.model.config.vocab_size)
 
-    @cached_property
-    def tool_support(self) -> ToolTemplateSupport:
-        """What the chat template renders natively in the canonical tool-call format (probed on first use)."""
-        return probe(self.chat_template) if self.chat_template is not None else ToolTemplateSupport(False, False)
+    def tool_support(self, tags: CallTags) -> ToolTemplateSupport:
+        """What the chat template renders natively in the tool-call format of `tags` (probed on first use)."""
+        if tags not in self._tool_support:
+            self._tool_support[tags] = (probe(self.chat_template, tags) if self.chat_template is not None
+                                        else ToolTemplateSupport(False, False))
+        return self._tool_support[tags]
 
     def encode_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                    tools: Sequence[Tool] = (), template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+                    tools: Sequence[Tool] = (), template_kwargs: Mapping[str, Any] | None = None,
+                    tool_call_tags: CallTags | None = None) -> list[int]:
         """Render messages (and tools) through the model's chat template, then tokenize (no extra BOS: the
         template has it)."""
         text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                template_kwargs=template_kwargs)
+                                template_kwargs=template_kwargs, tool_call_tags=tool_call_tags)
         return self.tokenizer.encode(text, parse_special=True, add_bos=False)
 
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                    tools: Sequence[Tool] = (), template_kwargs: Mapping[str, Any] | None = None) -> str:
+                    tools: Sequence[Tool] = (), template_kwargs: Mapping[str, Any] | None = None,
+                    tool_call_tags: CallTags | None = None) -> str:
         """The prompt text of messages (and tools) under the model's chat template; tools and tool-call history
-        go natively or as text, as tools.prepare_messages says (a harmony template takes them, and an assistant
-        turn's `reasoning`, natively; other templates never see `reasoning`). `template_kwargs` are extra template
-        variables (a request's chat_template_kwargs, e.g. enable_thinking); they never replace the template's own."""
+        go natively or as text, as tools.prepare_messages says, in the format of `tool_call_tags` (required with
+        either, unless the template is harmony's, which takes them, and an assistant turn's `reasoning`,
+        natively; other templates never see `reasoning`). `template_kwargs` are extra template variables (a
+        request's chat_template_kwargs, e.g. enable_thinking); they never replace the template's own."""
         if self.chat_template is None:
             raise NoChatTemplateError("the model has no chat template (it is a base model); configure one "
                                       "(--chat-template FILE) or send raw prompts")
@@ -137,7 +143,11 @@ class Engine:
         else:
             messages = [{k: v for k, v in m.items() if k != "reasoning"} for m in messages]
             if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
-                messages, tools_variable = prepare_messages(messages, tools, self.tool_support)
+                if tool_call_tags is None:
+                    raise ValueError("tools or tool-call history need the tool-call tags (a worker passes the "
+                                     "wire contract's)")
+                messages, tools_variable = prepare_messages(messages, tools, self.tool_support(tool_call_tags),
+                                                            tool_call_tags)
         extra = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARIABLES}
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools_variable,
                                          **extra)

@@ -10,6 +10,7 @@ import msgspec
 
 from shared.errors import ContextLengthExceeded, InvalidRequest, NoChatTemplate
 from shared.messages import ChatMessage, EmbedJob, GenerateJob, TextJob, TokenPiece
+from shared.tool_call_tags import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from worker.engine.decode.generation import GenerationParams
 from worker.engine.decode.sampling import SamplingParams
 from worker.engine.engine import Engine
@@ -17,9 +18,11 @@ from worker.engine.errors import ContextLengthError, NoChatTemplateError, Templa
 from worker.engine.lora import LoraUse
 from worker.engine.text.constraints import Constraint, ConstraintError
 from worker.engine.text.harmony import answer_constraint, call_constraint
-from worker.engine.text.tools import Tool, call_grammar
+from worker.engine.text.tools import CallTags, Tool, call_grammar
 from worker.schedule.prompt_scoring import MAX_SCORED_PROMPT_TOKENS
 from worker.schedule.sequences import EmbeddingRequest, GenerationRequest, Priority
+
+TOOL_CALL_TAGS = CallTags(TOOL_CALL_OPEN, TOOL_CALL_CLOSE)  # the wire contract's, handed to the engine on each use
 
 
 def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
@@ -28,7 +31,8 @@ def prompt_ids_of(engine: Engine, job: GenerateJob) -> list[int]:
         messages = [_chat_message(m) for m in job.messages]
         with _template_errors(job.model):
             return engine.encode_chat(messages, add_generation_prompt=job.add_generation_prompt,
-                                      tools=offered_tools(job), template_kwargs=job.template_kwargs)
+                                      tools=offered_tools(job), template_kwargs=job.template_kwargs,
+                                      tool_call_tags=TOOL_CALL_TAGS)
     if job.prompt_token_ids is not None:
         vocab = engine.model.config.vocab_size
         bad = [t for t in job.prompt_token_ids if not 0 <= t < vocab]
@@ -125,7 +129,8 @@ def text_answer(engine: Engine, job: TextJob) -> dict[str, Any]:
         return {"text": tokenizer.decode(job.tokens or [], skip_special=False)}
     messages = [_chat_message(m) for m in job.messages or []]
     with _template_errors(job.model):
-        return {"text": engine.render_chat(messages, add_generation_prompt=job.add_generation_prompt)}
+        return {"text": engine.render_chat(messages, add_generation_prompt=job.add_generation_prompt,
+                                           tool_call_tags=TOOL_CALL_TAGS)}
 
 
 @contextmanager
@@ -193,7 +198,7 @@ def tool_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:
     if _harmony_chat(engine, job):  # one call a turn: `<|call|>` ends it
         return _compiled(engine, call_constraint(tools, mode), "tools")
     parallel = job.parallel_tool_calls and job.tool_choice != "named"
-    return _compiled(engine, call_grammar(tools, mode, parallel), "tools")
+    return _compiled(engine, call_grammar(tools, mode, parallel, TOOL_CALL_TAGS), "tools")
 
 
 def output_constraint(engine: Engine, job: GenerateJob) -> Constraint | None:

@@ -61,7 +61,7 @@ async def test_admission_waiting_on_redis_as_it_goes_down_is_a_503_within_a_seco
         await asyncio.sleep(30)  # a SIGSTOPped Redis: connected, never answering
         return []
 
-    broker.registry.live_workers = paused
+    app.state.registry.live_workers = paused
     redis.answering = False
     started = time.monotonic()
     response = await client.post("/v1/chat/completions", json=CHAT)

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from gateway.app import create_app
 from gateway.http import api_keys
-from gateway.replies.generation import charge_key
+from gateway.replies.request_events import charge_key
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio

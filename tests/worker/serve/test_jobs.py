@@ -145,7 +145,7 @@ def test_a_named_tool_is_one_call_whatever_parallel_tool_calls_says(tiny_engine:
     """Issue 42: a named tool_choice closes its grammar after one call, even from a job that allows parallel ones."""
     from shared.messages import ToolSpec
     from worker.engine.text.tools import Tool, call_grammar
-    from worker.serve.jobs import tool_constraint
+    from worker.serve.jobs import TOOL_CALL_TAGS, tool_constraint
 
     tools = [ToolSpec(name="get_weather"), ToolSpec(name="add")]
     now = time.time()
@@ -154,7 +154,7 @@ def test_a_named_tool_is_one_call_whatever_parallel_tool_calls_says(tiny_engine:
                       messages=[ChatMessage(role="user", content="hello")])
     offered = [Tool("get_weather"), Tool("add")] if name is None else [Tool("get_weather")]
     mode = "auto" if choice == "auto" else "required"
-    assert tool_constraint(tiny_engine, job) == call_grammar(offered, mode, parallel_grammar)
+    assert tool_constraint(tiny_engine, job) == call_grammar(offered, mode, parallel_grammar, TOOL_CALL_TAGS)
 
 
 def test_a_harmony_chat_job_gets_harmony_grammars_and_final_channel_stops(gpt_oss_engine: Any) -> None:

@@ -2,14 +2,15 @@
 
 One file per (model file key, KV layout) in LLMFLEET_KV_TIER_DIR (default /dev/shm/llmfleet-kv), at most
 LLMFLEET_KV_TIER_MIB. Layout: a 4 KiB header (magic, version, slot size and count, the layout as JSON, then a
-generation counter and an LRU clock), an index of one 48-byte entry per slot (state, checksum, a generation that
-changes whenever the slot is claimed, last use, claim time, the 16-byte chain key), then the slots, 4 KiB aligned.
+change counter and an LRU clock), an index of one 48-byte entry per slot (state, checksum, a claim count that
+grows whenever the slot is claimed or the tier dropped, last use, claim time, the 16-byte chain key), then the
+slots, 4 KiB aligned.
 
 The index is memory-mapped; block bytes are moved with pread/pwrite, so a full tmpfs is an ENOSPC on a write and a
 truncated file a short read, never a SIGBUS. Writers claim a slot (LRU, by bytes: every slot is one block) under an
 flock, write the bytes without it, then publish the checksum and VALID under the flock again if the slot is still
 theirs; a key already present or being written is not written twice. Readers take no lock: a block is used only if
-its state is VALID, its checksum (crc32 over key and bytes) matches the bytes read and its generation did not
+its state is VALID, its checksum (crc32 over key and bytes) matches the bytes read and its claim count did not
 change meanwhile, so a block torn by a kill -9 mid-write (left WRITING) or overwritten while read is never used. A
 slot left WRITING for STALE_WRITE_S is reclaimed. A file of another version, layout or size, or truncated, is
 replaced (temporary file, rename) with one log line. Every problem is logged once per process and skipped.
@@ -39,11 +40,11 @@ MAGIC = b"LLMFKVT1"
 FORMAT_VERSION = 1  # bump when the header, index or slot format changes
 HEADER_BYTES = 4096
 _HEAD = struct.Struct("<8sIIQQQI")  # magic, version, reserved, slot bytes, slots, data offset, layout JSON bytes
-_COUNTERS = 3072  # offset of the generation counter and the LRU clock (u64 each) in the header
+_COUNTERS = 3072  # offset of the change counter and the LRU clock (u64 each) in the header
 PAGE = 4096
 EMPTY, WRITING, VALID = 0, 1, 2
 STALE_WRITE_S = 30.0  # a slot WRITING this long belongs to a dead writer: it may be claimed again
-ENTRY = np.dtype([("state", "<u4"), ("crc", "<u4"), ("gen", "<u8"), ("used", "<u8"), ("claimed", "<f8"),
+ENTRY = np.dtype([("state", "<u4"), ("crc", "<u4"), ("claims", "<u8"), ("used", "<u8"), ("claimed", "<f8"),
                   ("k0", "<u8"), ("k1", "<u8")])
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class TierFile:
         self._close()
         self._fd = fd
         self._map = mmap.mmap(fd, self.data_offset)
-        self._counters = np.ndarray((2,), np.uint64, self._map, _COUNTERS)  # generation, LRU clock
+        self._counters = np.ndarray((2,), np.uint64, self._map, _COUNTERS)  # change counter, LRU clock
         self._index = np.ndarray((self.n_slots,), ENTRY, self._map, HEADER_BYTES)  # (S,)
         self._ino = os.fstat(fd).st_ino
 
@@ -249,13 +250,13 @@ class TierFile:
         claimed = self._claim(key)
         if claimed is None:
             return False
-        slot, gen = claimed
+        slot, claims = claimed
         crc = zlib.crc32(data, zlib.crc32(key))
-        if not self._write(slot, gen, data):
+        if not self._write(slot, claims, data):
             return False
         with self._locked() as usable:
             entry = self._index[slot : slot + 1]
-            if not usable or int(entry["gen"][0]) != gen or entry["state"][0] != WRITING:
+            if not usable or int(entry["claims"][0]) != claims or entry["state"][0] != WRITING:
                 return False  # reclaimed as stale meanwhile, or the file went away
             entry["crc"], entry["used"], entry["state"] = crc, self._tick(), VALID
             self._counters[0] += np.uint64(1)
@@ -263,7 +264,7 @@ class TierFile:
         return True
 
     def _claim(self, key: bytes) -> tuple[int, int] | None:
-        """A slot marked WRITING for `key` and its generation; None when the key is there or being written, or the
+        """A slot marked WRITING for `key` and its claim count; None when the key is there or being written, or the
         file cannot be locked."""
         k0, k1 = key_words(key)
         with self._locked() as usable:
@@ -283,11 +284,11 @@ class TierFile:
             self.stats.evictions += int(index["state"][slot] == VALID)
             entry = index[slot : slot + 1]
             entry["state"], entry["k0"], entry["k1"] = WRITING, k0, k1
-            entry["gen"] += np.uint64(1)
+            entry["claims"] += np.uint64(1)
             entry["claimed"] = time.time()
-            return slot, int(entry["gen"][0])
+            return slot, int(entry["claims"][0])
 
-    def _write(self, slot: int, gen: int, data: np.ndarray) -> bool:
+    def _write(self, slot: int, claims: int, data: np.ndarray) -> bool:
         """The block's bytes into its claimed slot; a failed write stops this worker's writing (reads go on)."""
         try:
             written = os.pwrite(self._fd, data, self.data_offset + slot * self.slot_bytes)
@@ -299,7 +300,7 @@ class TierFile:
             self.warn("write", "KV tier %s cannot be written (%s); this worker stops writing to it (reads go on)",
                       self.path.name, exc.strerror or type(exc).__name__)
             with self._locked():
-                if self._map is not None and int(self._index["gen"][slot]) == gen:
+                if self._map is not None and int(self._index["claims"][slot]) == claims:
                     self._index[slot : slot + 1]["state"] = EMPTY
             self.stats.skipped += 1
             return False
@@ -331,7 +332,7 @@ class TierFile:
             self.warn("short", "KV tier %s: a block could not be read whole (truncated file?); it is skipped",
                       self.path.name)
             return False
-        if int(index["gen"][slot]) != int(entry["gen"][0]) or index["state"][slot] != VALID:
+        if int(index["claims"][slot]) != int(entry["claims"][0]) or index["state"][slot] != VALID:
             return False  # overwritten while read
         if zlib.crc32(out, zlib.crc32(key)) != int(entry["crc"][0]):
             self.stats.skipped += 1
@@ -347,7 +348,7 @@ class TierFile:
             if not usable:
                 return
             self._index["state"] = EMPTY
-            self._index["gen"] += np.uint64(1)
+            self._index["claims"] += np.uint64(1)
             self._index["used"] = 0
             self._counters[0] += np.uint64(1)
             with contextlib.suppress(OSError):  # freeing the pages: a reader sees short reads (misses) meanwhile

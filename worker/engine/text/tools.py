@@ -1,9 +1,10 @@
 """Tool calling in the engine: tools and past calls in the prompt, and the grammar that holds calls to schema.
 
-One canonical call format (Hermes / Qwen style), whatever the model:
-    <tool_call>
+One canonical call format (Hermes / Qwen style), whatever the model, between the tags the caller gives
+(CallTags; a worker passes the wire contract's, shared/tool_call_tags.py, which the engine does not import):
+    <open tag>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
+    <close tag>
 A chat template that renders tools itself in this format (probed once, as llama.cpp's minja does) gets the
 tools and the call history as they are; any other template gets the tool list and one format instruction
 in the system prompt, past calls as text and tool results as user turns.
@@ -20,15 +21,22 @@ from worker.engine.errors import TemplateError
 from worker.engine.text.chat_template import ChatTemplate
 from worker.engine.text.constraints import JSON_WHITESPACE, Constraint, narrow_schema
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 ToolMode = Literal["auto", "required"]
 _PROBE_TOOL, _PROBE_CALL, _PROBE_RESULT = "llmfleet_probe_tool", "llmfleet_probe_call", "llmfleet_probe_result"
 INSTRUCTION = (
     "You can call the following tools (functions). Their signatures, as JSON schemas:\n{tools}\n\n"
     "To call tools, reply with one block per call and nothing after the calls, each block holding a JSON object "
     "with the tool's name and its arguments:\n"
-    f'{OPEN}\n{{"name": <function-name>, "arguments": <arguments-json-object>}}\n{CLOSE}'
+    '{open}\n{"name": <function-name>, "arguments": <arguments-json-object>}\n{close}'
 )
+
+
+@dataclass(frozen=True)
+class CallTags:
+    """The tags around one tool call in a reply's text, as the caller's contract names them."""
+
+    open: str
+    close: str
 
 
 @dataclass(frozen=True)
@@ -54,10 +62,11 @@ class ToolTemplateSupport:
     history: bool  # assistant `tool_calls` and `tool` role messages
 
 
-def probe(template: ChatTemplate) -> ToolTemplateSupport:
-    """Render probe conversations to learn whether the template handles tools and tool history itself."""
+def probe(template: ChatTemplate, tags: CallTags) -> ToolTemplateSupport:
+    """Render probe conversations to learn whether the template handles tools and tool history itself (in the
+    format of `tags`)."""
     tool = Tool(_PROBE_TOOL, "probe", '{"type":"object","properties":{"x":{"type":"string"}}}')
-    tools = _renders(template, [{"role": "user", "content": "hi"}], [tool.openai()], (_PROBE_TOOL, OPEN))
+    tools = _renders(template, [{"role": "user", "content": "hi"}], [tool.openai()], (_PROBE_TOOL, tags.open))
     call = {"id": "call_1", "type": "function", "function": {"name": _PROBE_CALL, "arguments": {"x": "y"}}}
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
                {"role": "tool", "tool_call_id": "call_1", "name": _PROBE_CALL, "content": _PROBE_RESULT}]
@@ -74,15 +83,16 @@ def _renders(template: ChatTemplate, messages: list[dict[str, Any]], tools: list
     return all(needle in text for needle in needles)
 
 
-def prepare_messages(messages: list[dict[str, Any]], tools: Sequence[Tool], support: ToolTemplateSupport
-                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def prepare_messages(messages: list[dict[str, Any]], tools: Sequence[Tool], support: ToolTemplateSupport,
+                     tags: CallTags) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """Messages and the `tools` template variable for a conversation with tools (none: history only)."""
     if tools and support.tools:
-        return ([native_message(m) for m in messages] if support.history else _as_text(messages)), [t.openai() for t in tools]
-    out = _as_text(messages) if not support.history else [native_message(m) for m in messages]
+        native = [native_message(m) for m in messages] if support.history else _as_text(messages, tags)
+        return native, [t.openai() for t in tools]
+    out = _as_text(messages, tags) if not support.history else [native_message(m) for m in messages]
     if tools:
         listing = "\n".join(json.dumps(t.openai(), ensure_ascii=False) for t in tools)
-        instruction = INSTRUCTION.replace("{tools}", listing)
+        instruction = INSTRUCTION.replace("{open}", tags.open).replace("{close}", tags.close).replace("{tools}", listing)
         if out and out[0]["role"] in ("system", "developer"):
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{instruction}"}
         else:
@@ -90,13 +100,13 @@ def prepare_messages(messages: list[dict[str, Any]], tools: Sequence[Tool], supp
     return out, None
 
 
-def _call_text(name: str, arguments: str) -> str:
+def _call_text(name: str, arguments: str, tags: CallTags) -> str:
     """One call in the canonical format (arguments kept as sent when they are JSON)."""
     try:
         json.loads(arguments)
     except ValueError:
         arguments = json.dumps(arguments)
-    return f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": {arguments}}}\n{CLOSE}'
+    return f'{tags.open}\n{{"name": {json.dumps(name)}, "arguments": {arguments}}}\n{tags.close}'
 
 
 def native_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -115,13 +125,13 @@ def native_message(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "tool_calls": converted}
 
 
-def _as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _as_text(messages: list[dict[str, Any]], tags: CallTags) -> list[dict[str, Any]]:
     """Past calls as canonical text in the assistant turn; tool results as user turns (adjacent ones joined)."""
     out: list[dict[str, Any]] = []
     for message in messages:
         role, content = message["role"], message.get("content") or ""
         if role == "assistant" and message.get("tool_calls"):
-            calls = "\n".join(_call_text(c["name"], c["arguments"]) for c in message["tool_calls"])
+            calls = "\n".join(_call_text(c["name"], c["arguments"], tags) for c in message["tool_calls"])
             out.append({"role": "assistant", "content": f"{content}\n{calls}" if content else calls})
             continue
         if role == "tool":
@@ -145,15 +155,15 @@ def call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
     return {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE, "lenient": lenient}}
 
 
-def call_grammar(tools: Sequence[Tool], mode: ToolMode, parallel: bool) -> Constraint:
+def call_grammar(tools: Sequence[Tool], mode: ToolMode, parallel: bool, tags: CallTags) -> Constraint:
     """The Lark grammar of a reply: only calls (required, or a named tool), or free text that switches to calls
-    at the first <tool_call> (auto: the text before it is free, the calls are held to their schemas)."""
-    body = f'%json {json.dumps(call_schema(tools))} "\\n"? "{CLOSE}"'
-    more = f' ("\\n" "{OPEN}" call)*' if parallel else ""
+    at the first open tag (auto: the text before it is free, the calls are held to their schemas)."""
+    body = f'%json {json.dumps(call_schema(tools))} "\\n"? "{tags.close}"'
+    more = f' ("\\n" "{tags.open}" call)*' if parallel else ""
     if mode == "required":
-        start = f'start: "{OPEN}" call{more}'
+        start = f'start: "{tags.open}" call{more}'
     else:  # lazy: TEXT is any text without the trigger; `text` ends at it (and takes it)
         start = (f"start: text call{more} | TEXT\n"
-                 f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*{OPEN}(.|\\n)*/\n"
-                 f'text[stop="{OPEN}"]: /(.|\\n)*/')
+                 f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*{tags.open}(.|\\n)*/\n"
+                 f'text[stop="{tags.open}"]: /(.|\\n)*/')
     return Constraint("lark", f'{start}\ncall: "\\n"? {body}\n')

@@ -48,7 +48,7 @@ async def charge_key(broker: Broker, key: KeyRecord, tokens: int) -> None:
         log.warning("could not charge %d tokens to key %s: %s", tokens, key.name, type(exc).__name__)
 
 
-class Generation:
+class RequestEvents:
     """Events of several jobs as one sequence of (global choice index, token or choice-end event)."""
 
     def __init__(self, streams: list[EventStream], n: int, tracker: RequestTracker | None = None) -> None:
@@ -80,7 +80,7 @@ class Generation:
         return not self._queue.empty() if self._tasks else self._streams[0].buffered
 
     @classmethod
-    async def start(cls, broker: Broker, jobs: list[GenerateJob], *, keep_alive: float | None = None) -> Generation:
+    async def start(cls, broker: Broker, jobs: list[GenerateJob], *, keep_alive: float | None = None) -> RequestEvents:
         """Submit every job (with the request's keep_alive, if any); if one cannot be queued, cancel the ones
         that were and re-raise."""
         streams: list[EventStream] = []
@@ -90,12 +90,12 @@ class Generation:
         except BaseException:
             await cls(streams, 1).close()
             raise
-        generation = cls(streams, jobs[0].n, broker.metrics.track(jobs[0].model))
-        generation._key, generation._broker = current_key.get(), broker
-        return generation
+        request_events = cls(streams, jobs[0].n, broker.metrics.track(jobs[0].model))
+        request_events._key, request_events._broker = current_key.get(), broker
+        return request_events
 
     @classmethod
-    async def follow(cls, broker: Broker, jobs: list[JobRef], n: int) -> Generation:
+    async def follow(cls, broker: Broker, jobs: list[JobRef], n: int) -> RequestEvents:
         """The events of jobs already queued (a resumed stream), each from its journal's first one; the request's
         API key (the resuming client's, which must be the same) is charged if this stream is the one that ends."""
         streams: list[EventStream] = []
@@ -105,9 +105,9 @@ class Generation:
         except BaseException:
             await cls(streams, 1).close(cancel=False)
             raise
-        generation = cls(streams, n)
-        generation._key, generation._broker = current_key.get(), broker
-        return generation
+        request_events = cls(streams, n)
+        request_events._key, request_events._broker = current_key.get(), broker
+        return request_events
 
     def retain(self) -> None:
         """Keep the jobs' journals LLMFLEET_STREAM_RETENTION_S after they end (a resumable stream)."""
