@@ -90,7 +90,8 @@ class Registry:
 
     async def model_facts(self) -> dict[str, dict[str, Any]]:
         """Every model's published file facts (worker/model_facts.py); an unreadable entry is skipped."""
-        raw = await self._redis.hgetall(keys.MODEL_FACTS)
+        with redis_unavailable(self._settings.retry_after_s):
+            raw = await self._redis.hgetall(keys.MODEL_FACTS)
         out = {}
         for name, value in raw.items():
             try:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.cluster.registry import RECHECK_S, Registry
+from shared.errors import Unavailable
 from shared.settings import Settings
 from tests.gateway.conftest import MODEL, FakeWorker
 
@@ -34,3 +36,14 @@ async def test_a_recheck_is_never_older_than_the_configured_cache(redis) -> None
     assert await registry.live_workers(RECHECK_S) == []
     await FakeWorker(redis).register()
     assert [w.model for w in await registry.live_workers(RECHECK_S)] == [MODEL]
+
+
+async def test_model_facts_while_redis_cannot_be_reached_is_a_503(redis, monkeypatch) -> None:
+    registry = Registry(redis, Settings())
+
+    async def refused(*_args: object) -> None:
+        raise RedisConnectionError("Connection refused")
+
+    monkeypatch.setattr(redis, "hgetall", refused)
+    with pytest.raises(Unavailable):  # the API's 503 with Retry-After, not a 500
+        await registry.model_facts()
