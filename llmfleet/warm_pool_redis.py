@@ -118,7 +118,7 @@ def _fail_streams(redis: Redis, model: str, consumer: str, error: ModelLoadFaile
                 except WireFormatError:
                     job = None
                 if job is not None:
-                    queue_event(pipe, job.id, 0, codec.encode_event(error.to_event(job.id, 0)),
+                    queue_event(pipe, model, job.id, 0, codec.encode_event(error.to_event(job.id, 0)),
                                 journal_ttl_s=journal_ttl_s, refresh_ttl=True)
                     ended += 1
                 queue_job_done(pipe, stream, entry_id)

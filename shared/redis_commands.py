@@ -323,14 +323,16 @@ def fresh_workers(now: float, ttl_s: float) -> Rule[list[RegistryEntry]]:
     return workers
 
 
-def queue_event(pipe: Any, request_id: str, seq: int, data: bytes, *, journal_ttl_s: int, refresh_ttl: bool) -> None:
-    """Queue one encoded event: journal it first (so a gap is always refillable), then publish it."""
-    journal = keys.journal_stream(request_id)
+def queue_event(pipe: Any, model: str, request_id: str, seq: int, data: bytes, *, journal_ttl_s: int,
+                refresh_ttl: bool) -> None:
+    """Queue one encoded event of a job of `model`: journal it first (so a gap is always refillable), then publish
+    it."""
+    journal = keys.journal_stream(model, request_id)
     pipe.xadd(journal, {keys.JOURNAL_SEQ_FIELD: str(seq), keys.JOURNAL_EVENT_FIELD: data},
               maxlen=JOURNAL_MAXLEN, approximate=True)
     if refresh_ttl:
         pipe.expire(journal, journal_ttl_s)
-    pipe.publish(keys.events_channel(request_id), data)
+    pipe.publish(keys.events_channel(model, request_id), data)
 
 
 def queue_job_done(pipe: Any, stream: str, message_id: str | bytes) -> None:

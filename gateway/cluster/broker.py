@@ -200,7 +200,7 @@ class Broker:
         """Subscribe to the job's events, then place it on a worker's stream (the script writes it), or else write
         it to its class's fair queue or shared stream; and where it went (checked after a Redis failover:
         lost_jobs.py) and why."""
-        channel = keys.events_channel(job.id)
+        channel = keys.events_channel(job.model, job.id)
         queue = await self.subscriber.subscribe(channel)
         sent = False  # the write is on its way: from here, a failure leaves it unknown whether the job was written
         try:
@@ -233,7 +233,7 @@ class Broker:
 
     async def follow(self, job: JobRef) -> EventStream:
         """The events of a job already queued, from its journal's first one, then live (a resumed stream)."""
-        queue = await self.subscriber.subscribe(keys.events_channel(job.id))
+        queue = await self.subscriber.subscribe(keys.events_channel(job.model, job.id))
         return EventStream.following(self, job, queue)
 
     async def cancel(self, request_id: str, model: str, reason: str, deadline: float) -> None:
@@ -242,7 +242,7 @@ class Broker:
         notice = codec.encode(CancelRequest(id=request_id, model=model, reason=reason))
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.set(keys.cancelled_marker(request_id), b"1", ex=ttl)
+            pipe.set(keys.cancelled_marker(model, request_id), b"1", ex=ttl)
             pipe.publish(keys.cancel_channel(model), notice)
             async with asyncio.timeout(CANCEL_WAIT_S):  # a connection a partition left silent: the reply ends late
                 await pipe.execute()

@@ -1,7 +1,7 @@
 """Job ownership with epochs, so a worker that stalled past its lease cannot write into a stream that
 another worker now owns.
 
-`llmfleet:owner:{request_id}` = "<epoch>:<worker_id>" is set by TAKE_SCRIPT each time a worker takes a job
+`llmfleet:{model}:owner:{request_id}` = "<epoch>:<worker_id>" is set by TAKE_SCRIPT each time a worker takes a job
 (its first delivery or a takeover); the epoch counts the takings of that request (1, 2, ...). TAKE grants
 ownership only to the consumer that holds the job's entry in the group's pending list at that moment, and
 returns the entry's delivery count and the previous owner. The epoch, not the delivery count, is what the poison-job
@@ -120,16 +120,17 @@ def load_scripts(redis: Any) -> None:
         redis.script_load(script)
 
 
-def take_ownership(redis: Any, stream: str, worker_id: str, takings: list[tuple[str, str]], *,
+def take_ownership(redis: Any, stream: str, worker_id: str, model: str, takings: list[tuple[str, str]], *,
                    ttl_s: int) -> list[Grant]:
-    """Take each (request id, entry id) with a new owner epoch, in one round trip; one Grant per taking."""
+    """Take each (request id, entry id) of a job of `model` (the stream's) with a new owner epoch, in one round
+    trip; one Grant per taking."""
     if not takings:
         return []
 
     def attempt() -> list[Any]:
         pipe = redis.pipeline(transaction=False)
         for request_id, entry_id in takings:
-            pipe.evalsha(TAKE_SHA, 2, keys.owner_key(request_id), stream, keys.JOBS_GROUP, worker_id, entry_id,
+            pipe.evalsha(TAKE_SHA, 2, keys.owner_key(model, request_id), stream, keys.JOBS_GROUP, worker_id, entry_id,
                          max(1, int(ttl_s)))
         return pipe.execute(raise_on_error=False)
 
@@ -150,22 +151,22 @@ def take_ownership(redis: Any, stream: str, worker_id: str, takings: list[tuple[
     return grants
 
 
-def queue_fenced_publish(pipe: Any, request_id: str, owner: str, events: list[tuple[int, bytes]], *, ttl_s: int,
+def queue_fenced_publish(pipe: Any, model: str, request_id: str, owner: str, events: list[tuple[int, bytes]], *, ttl_s: int,
                          refresh_ttl: bool, stream: str, ack_id: str | None) -> None:
     """Queue one request's events (journal, then publish) and its ack, all refused unless `owner` owns it."""
     flat: list[Any] = []
     for seq, data in events:
         flat += [str(seq), data]
-    pipe.evalsha(PUBLISH_SHA, 4, keys.owner_key(request_id), keys.journal_stream(request_id),
-                 keys.events_channel(request_id), stream, owner, max(1, int(ttl_s)), JOURNAL_MAXLEN,
+    pipe.evalsha(PUBLISH_SHA, 4, keys.owner_key(model, request_id), keys.journal_stream(model, request_id),
+                 keys.events_channel(model, request_id), stream, owner, max(1, int(ttl_s)), JOURNAL_MAXLEN,
                  "1" if refresh_ttl else "0", ack_id or "", keys.JOBS_GROUP, *flat)
 
 
-def renew_leases(redis: Any, stream: str, worker_id: str, leases: list[Lease]) -> list[str]:
+def renew_leases(redis: Any, stream: str, worker_id: str, model: str, leases: list[Lease]) -> list[str]:
     """Renew the lease (XCLAIM JUSTID) of every held job still owned; returns the entry ids owned by another."""
     if not leases:
         return []
-    args: list[Any] = [RENEW_SHA, 1 + len(leases), stream, *(keys.owner_key(lease.request_id) for lease in leases),
+    args: list[Any] = [RENEW_SHA, 1 + len(leases), stream, *(keys.owner_key(model, lease.request_id) for lease in leases),
                        keys.JOBS_GROUP, worker_id]
     for lease in leases:
         args += [lease.entry_id, lease.owner]

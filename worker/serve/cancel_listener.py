@@ -1,10 +1,10 @@
 """Cancels of one model's requests, found two ways by a background thread and handed to the loop.
 
 - fast path: the model's cancel channel (pub/sub), which a gateway publishes on when a client goes away;
-- safety net: the cancel marker (`llmfleet:cancelled:{id}`, set with a TTL before every publish) of every job
-  this worker holds, read with one MGET every MARKER_POLL_S. Pub/sub keeps nothing for a subscriber that was
-  disconnected (a Redis restart, a network blip), and a cancel may be published while the job is being taken
-  (read, not yet held): the next poll finds its marker. Neither check runs on the decode step's path.
+- safety net: the cancel marker (`llmfleet:{model}:cancelled:{id}`, set with a TTL before every publish) of every
+  job this worker holds, read with one MGET every MARKER_POLL_S (one slot on a Redis Cluster: the model's hash
+  tag). Pub/sub keeps nothing for a subscriber that was disconnected (a Redis restart, a network blip), and a
+  cancel may be published while the job is being taken (read, not yet held): the next poll finds its marker. Neither check runs on the decode step's path.
 The worker also checks the marker when it takes a job (worker/serve/runner.py), so a job cancelled while it waited
 never starts.
 """
@@ -35,6 +35,7 @@ class CancelListener:
     def __init__(self, redis: Redis, model: str, held: Callable[[], list[str]] | None = None) -> None:
         self._redis = redis
         self._pubsub = redis.pubsub(ignore_subscribe_messages=True)
+        self._model = model
         self._channel = keys.cancel_channel(model)
         self._held = held or list  # the request ids this worker holds (their markers are polled)
         self._ids: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -69,7 +70,7 @@ class CancelListener:
         held = self._held()
         if not held:
             return []
-        values = self._redis.mget([keys.cancelled_marker(request_id) for request_id in held])
+        values = self._redis.mget([keys.cancelled_marker(self._model, request_id) for request_id in held])
         cancelled = [request_id for request_id, value in zip(held, values, strict=True) if value is not None]
         for request_id in cancelled:
             self._ids.put(request_id)

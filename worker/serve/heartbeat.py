@@ -142,8 +142,9 @@ class Heartbeat:
         by_stream: dict[str, list[Lease]] = {}
         for lease in self._held_jobs():
             by_stream.setdefault(lease.stream, []).append(lease)
-        lost = [(stream, entry_id) for stream, leases in by_stream.items()  # XCLAIM by the owner resets the idle
-                for entry_id in renew_leases(self.redis, stream, self.worker_id, leases)]  # time others respect
+        # XCLAIM by the owner resets the idle time others respect
+        lost = [(stream, entry_id) for stream, leases in by_stream.items()
+                for entry_id in renew_leases(self.redis, stream, self.worker_id, self.model, leases)]
         if lost:
             self._on_lost(lost)
 
