@@ -79,12 +79,12 @@ Layout (values in brackets are what is stored there; {{model}} is the model's na
   llmfleet:ratelimit:{key_name}:{kind}  string [GCRA's theoretical arrival time], PX until it no longer
                                  limits: one API key's request or token limit, shared by every gateway
   llmfleet:gateways              sorted set gateway_id -> last heartbeat (unix s): the gateways alive
-  llmfleet:gateway-streams:{gateway_id}  set of the resumable stream ids a gateway serves (or runs in background)
-  llmfleet:stream:{stream_id}    hash [record = JSON: API, request body, request and job ids, model, created,
+  llmfleet:{streams}:gateway-streams:{gateway_id}  set of the resumable stream ids a gateway serves (or runs in background)
+  llmfleet:{streams}:stream:{stream_id}  hash [record = JSON: API, request body, request and job ids, model, created,
                                  deadline, key name; owner = gateway id, "" (nobody listens), "done" or
                                  "cancelled"; background = 1 for a background response], EXPIRE the deadline +
                                  retention, then LLMFLEET_STREAM_RETENTION_S once it ended (gateway/cluster/streams.py)
-  llmfleet:orphans               sorted set stream_id -> when its jobs are cancelled unless a client resumes it
+  llmfleet:{streams}:orphans     sorted set stream_id -> when its jobs are cancelled unless a client resumes it
   rq:queue:llmfleet-batches      rq's own keys (rq:job:*, rq:worker:*, ...): one rq job per batch, JSON
 """
 
@@ -102,7 +102,12 @@ WORKERS_INDEX = f"{PREFIX}workers"
 MODELS_INDEX = f"{PREFIX}models"
 ERRORS_LIST = f"{PREFIX}errors"
 GATEWAYS_INDEX = f"{PREFIX}gateways"
-ORPHANS = f"{PREFIX}orphans"
+# The resumable streams' names share one hash tag: a change of a stream's owner is one WATCH/MULTI over its record,
+# the orphans set and a gateway's set (gateway/cluster/streams.py), so on a Redis Cluster they live in one slot (one
+# node carries every stream record: a few writes per streamed request, never per token). No model's key ends in
+# these suffixes, so a model named "streams" shares only the slot.
+STREAMS_TAG = f"{PREFIX}{{streams}}"
+ORPHANS = f"{STREAMS_TAG}:orphans"
 
 
 PRIORITY_ORDER = PRIORITIES_HIGH_TO_LOW  # the order workers read a model's job streams in (shared/messages.py owns it)
@@ -165,12 +170,12 @@ def journal_stream(model: str, request_id: str) -> str:
 
 def stream_record(stream_id: str) -> str:
     """The hash of one resumable stream: what it renders and who listens (gateway/cluster/streams.py)."""
-    return f"{PREFIX}stream:{stream_id}"
+    return f"{STREAMS_TAG}:stream:{stream_id}"
 
 
 def gateway_streams(gateway_id: str) -> str:
     """The set of the resumable streams one gateway serves."""
-    return f"{PREFIX}gateway-streams:{gateway_id}"
+    return f"{STREAMS_TAG}:gateway-streams:{gateway_id}"
 
 
 def cancel_channel(model: str) -> str:

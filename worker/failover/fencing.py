@@ -13,7 +13,10 @@ current owner) and drops the job. The ack turns the value into "done", so a writ
 end is refused too. The heartbeat renews leases with RENEW_SCRIPT, which XCLAIMs only the entries the
 worker still owns and names the others. A missing owner key (Redis restarted empty: the job stream went
 with it, so nobody can have taken the job over) lets the holder go on and sets the key again.
-Scripts run with EVALSHA; NOSCRIPT (a restarted Redis forgot them) loads them and tries again.
+Scripts run with EVALSHA; NOSCRIPT (a restarted Redis forgot them) loads them and tries again. Every script's keys
+carry the request's model hash tag (shared/keys.py), so each call stays in one Redis Cluster slot; pipelines send
+EVALSHA through execute_command (redis-py's cluster pipeline refuses its evalsha(), though it routes the command by
+its keys), and SCRIPT LOAD on a cluster client reaches every primary.
 """
 
 from __future__ import annotations
@@ -130,7 +133,7 @@ def take_ownership(redis: Any, stream: str, worker_id: str, model: str, takings:
     def attempt() -> list[Any]:
         pipe = redis.pipeline(transaction=False)
         for request_id, entry_id in takings:
-            pipe.evalsha(TAKE_SHA, 2, keys.owner_key(model, request_id), stream, keys.JOBS_GROUP, worker_id, entry_id,
+            pipe.execute_command("EVALSHA", TAKE_SHA, 2, keys.owner_key(model, request_id), stream, keys.JOBS_GROUP, worker_id, entry_id,
                          max(1, int(ttl_s)))
         return pipe.execute(raise_on_error=False)
 
@@ -157,9 +160,10 @@ def queue_fenced_publish(pipe: Any, model: str, request_id: str, owner: str, eve
     flat: list[Any] = []
     for seq, data in events:
         flat += [str(seq), data]
-    pipe.evalsha(PUBLISH_SHA, 4, keys.owner_key(model, request_id), keys.journal_stream(model, request_id),
-                 keys.events_channel(model, request_id), stream, owner, max(1, int(ttl_s)), JOURNAL_MAXLEN,
-                 "1" if refresh_ttl else "0", ack_id or "", keys.JOBS_GROUP, *flat)
+    pipe.execute_command("EVALSHA", PUBLISH_SHA, 4, keys.owner_key(model, request_id),
+                         keys.journal_stream(model, request_id), keys.events_channel(model, request_id), stream, owner,
+                         max(1, int(ttl_s)), JOURNAL_MAXLEN, "1" if refresh_ttl else "0", ack_id or "", keys.JOBS_GROUP,
+                         *flat)
 
 
 def renew_leases(redis: Any, stream: str, worker_id: str, model: str, leases: list[Lease]) -> list[str]:
