@@ -339,7 +339,21 @@ def queue_event(pipe: Any, model: str, request_id: str, seq: int, data: bytes, *
               maxlen=JOURNAL_MAXLEN, approximate=True)
     if refresh_ttl:
         pipe.expire(journal, journal_ttl_s)
-    pipe.publish(keys.events_channel(model, request_id), data)
+    publish(pipe, keys.events_channel(model, request_id), data)
+
+
+def sharded(client: Any) -> bool:
+    """Whether a client (or its pipeline) talks to a Redis Cluster (REDIS_CLUSTER=1), where llmfleet's channels use
+    sharded pub/sub: SPUBLISH reaches the subscribers on the node that owns the channel's slot only."""
+    return type(client).__module__ in ("redis.cluster", "redis.asyncio.cluster")
+
+
+def publish(pipe: Any, channel: str, data: bytes) -> None:
+    """Queue (or send) a publish on `channel`: SPUBLISH on a Redis Cluster, else PUBLISH."""
+    if sharded(pipe):
+        pipe.spublish(channel, data)
+    else:
+        pipe.publish(channel, data)
 
 
 def queue_job_done(pipe: Any, stream: str, message_id: str | bytes) -> None:

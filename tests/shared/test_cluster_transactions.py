@@ -141,3 +141,72 @@ async def _detach_and_reap(async_cluster: redis.asyncio.RedisCluster) -> None:
     now[0] += 6.0
     await streams._sweep()
     assert cancels == ["req-" + sid]
+
+
+def test_the_cluster_setting_refuses_sentinels_and_unix_sockets_and_old_nodes() -> None:
+    from batches.redis_clients import cluster_version_problem
+
+    assert Settings.from_env({"REDIS_CLUSTER": "1"}).redis_target.cluster
+    for env in ({"REDIS_SENTINELS": "h:26379"}, {"REDIS_URL": "unix:///tmp/redis.sock"}):
+        with pytest.raises(ValueError, match="REDIS_CLUSTER|REDIS_URL"):
+            Settings.from_env({"REDIS_CLUSTER": "1", **env})
+    assert cluster_version_problem({"a:1": "7.0.15", "b:2": "7.2.4"}) is None
+    assert "b:2 (6.2.6)" in (cluster_version_problem({"a:1": "7.0.15", "b:2": "6.2.6"}) or "")
+
+
+def test_cancels_and_events_travel_by_sharded_pub_sub(bed: ClusterBed, cluster: redis.RedisCluster) -> None:
+    """A gateway's SPUBLISHed cancel reaches a worker's CancelListener; a worker's event reaches the gateway's
+    per-node subscriber (gateway/cluster/sharded_subscriber.py)."""
+    import time
+
+    from gateway.cluster.sharded_subscriber import ClusterSubscriber, node_clients
+    from shared.messages import CancelRequest
+    from shared.redis_commands import publish
+    from worker.serve.cancel_listener import CancelListener
+
+    if not bed.sharded:
+        pytest.skip(f"the bed's redis-server {bed.version} has no sharded pub/sub (7.0 or later needed)")
+    model = MODELS[0]
+    listener = CancelListener(cluster, model)
+    listener.start()
+    try:
+        publish(cluster, keys.cancel_channel(model), codec.encode(CancelRequest(id="r-9", model=model, reason="x")))
+        deadline = time.monotonic() + 5
+        while not (seen := listener.drain()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen == ["r-9"]
+    finally:
+        listener.stop()
+
+    async def events() -> bytes:
+        client = redis.asyncio.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in bed.startup_nodes])
+        host, port = bed.startup_nodes[0]
+        subscriber = ClusterSubscriber(client, node_clients(f"redis://{host}:{port}/0"))
+        try:
+            await subscriber.start()
+            queue = await subscriber.subscribe(keys.events_channel(model, "r-9"))
+            await client.spublish(keys.events_channel(model, "r-9"), b"event")
+            async with asyncio.timeout(5):
+                return await queue.get()  # type: ignore[return-value]
+        finally:
+            await subscriber.close()
+            await client.aclose()
+
+    assert asyncio.run(events()) == b"event"
+
+
+def test_the_batches_api_answers_501_on_a_cluster() -> None:
+    import fakeredis
+    import httpx
+
+    from gateway.app import create_app
+
+    app = create_app(Settings(redis_cluster=1), redis=fakeredis.FakeAsyncRedis())
+
+    async def get() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await client.get("/v1/batches")
+
+    response = asyncio.run(get())
+    assert response.status_code == 501 and response.json()["error"]["code"] == "batches_unavailable"

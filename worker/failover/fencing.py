@@ -28,7 +28,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from shared import keys
-from shared.redis_commands import JOURNAL_MAXLEN, reply_text
+from shared.redis_commands import JOURNAL_MAXLEN, reply_text, sharded
 
 DONE = "done"  # the owner value once a request's terminal event and ack are written
 
@@ -83,8 +83,12 @@ end
 return lost
 """
 
+# the same on a Redis Cluster: sharded pub/sub (Redis 7), the events channel being KEYS[3], in the script's slot
+SPUBLISH_SCRIPT = PUBLISH_SCRIPT.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
+
 _SCRIPTS = {hashlib.sha1(s.encode()).hexdigest(): s for s in (TAKE_SCRIPT, PUBLISH_SCRIPT, RENEW_SCRIPT)}
 TAKE_SHA, PUBLISH_SHA, RENEW_SHA = _SCRIPTS
+SPUBLISH_SHA = hashlib.sha1(SPUBLISH_SCRIPT.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -118,8 +122,8 @@ def is_noscript(error: object) -> bool:
 
 
 def load_scripts(redis: Any) -> None:
-    """SCRIPT LOAD every fencing script."""
-    for script in _SCRIPTS.values():
+    """SCRIPT LOAD every fencing script (on a Redis Cluster: on every primary, the sharded PUBLISH among them)."""
+    for script in (*_SCRIPTS.values(), *((SPUBLISH_SCRIPT,) if sharded(redis) else ())):
         redis.script_load(script)
 
 
@@ -160,7 +164,7 @@ def queue_fenced_publish(pipe: Any, model: str, request_id: str, owner: str, eve
     flat: list[Any] = []
     for seq, data in events:
         flat += [str(seq), data]
-    pipe.execute_command("EVALSHA", PUBLISH_SHA, 4, keys.owner_key(model, request_id),
+    pipe.execute_command("EVALSHA", SPUBLISH_SHA if sharded(pipe) else PUBLISH_SHA, 4, keys.owner_key(model, request_id),
                          keys.journal_stream(model, request_id), keys.events_channel(model, request_id), stream, owner,
                          max(1, int(ttl_s)), JOURNAL_MAXLEN, "1" if refresh_ttl else "0", ack_id or "", keys.JOBS_GROUP,
                          *flat)

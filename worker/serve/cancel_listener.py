@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from shared import codec, keys
 from shared.codec import WireFormatError
 from shared.messages import CancelRequest
+from shared.redis_commands import sharded
 
 log = logging.getLogger(__name__)
 MARKER_POLL_S = 0.1  # how often the markers of the held jobs are read (one MGET)
@@ -34,7 +35,8 @@ class CancelListener:
 
     def __init__(self, redis: Redis, model: str, held: Callable[[], list[str]] | None = None) -> None:
         self._redis = redis
-        self._pubsub = redis.pubsub(ignore_subscribe_messages=True)
+        self._pubsub = redis.pubsub(ignore_subscribe_messages=True)  # a ClusterPubSub on a Redis Cluster
+        self._sharded = sharded(redis)
         self._model = model
         self._channel = keys.cancel_channel(model)
         self._held = held or list  # the request ids this worker holds (their markers are polled)
@@ -44,10 +46,18 @@ class CancelListener:
         self._last_poll = 0.0
 
     def start(self) -> None:
-        """Subscribe (confirmed) and start listening."""
-        self._pubsub.subscribe(self._channel)
-        self._pubsub.get_message(timeout=5.0)  # the subscribe confirmation
+        """Subscribe (confirmed) and start listening (SSUBSCRIBE on a Redis Cluster: the channel is sharded)."""
+        if self._sharded:
+            self._pubsub.ssubscribe(self._channel)
+        else:
+            self._pubsub.subscribe(self._channel)
+        self._next_message(timeout=5.0)  # the subscribe confirmation
         self._thread.start()
+
+    def _next_message(self, timeout: float) -> dict | None:
+        if self._sharded:
+            return self._pubsub.get_sharded_message(timeout=timeout)
+        return self._pubsub.get_message(timeout=timeout)
 
     def drain(self) -> list[str]:
         """Request ids cancelled since the last drain."""
@@ -79,7 +89,7 @@ class CancelListener:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                message = self._pubsub.get_message(timeout=MARKER_POLL_S)
+                message = self._next_message(timeout=MARKER_POLL_S)
                 if time.monotonic() - self._last_poll >= MARKER_POLL_S:
                     self._last_poll = time.monotonic()
                     self.poll_markers()
@@ -87,7 +97,7 @@ class CancelListener:
                 log.warning("cancel listener lost Redis: %s", exc)
                 self._stop.wait(0.2)
                 continue
-            if not message or message.get("type") != "message":
+            if not message or message.get("type") not in ("message", "smessage"):
                 continue
             try:
                 notice = codec.decode(message["data"])
