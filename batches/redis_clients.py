@@ -21,6 +21,7 @@ from typing import Any
 import redis
 from redis.asyncio import BlockingConnectionPool as AsyncBlockingPool
 from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
@@ -74,6 +75,9 @@ def sync_client(target: Target, **extra: Any) -> redis.Redis:
     target = _target(target)
     options: dict[str, Any] = {**socket_options(target.url), "retry": _retry(),
                                "retry_on_error": [RedisConnectionError], **extra}
+    if target.cluster:  # REDIS_CLUSTER: the URL is a seed node; the client finds the others and follows the slots
+        options.pop("retry_on_error")  # the cluster client retries ConnectionError itself (its nodes may move)
+        return redis.RedisCluster.from_url(target.url, **options)
     if not target.sentinel:
         return redis.Redis.from_url(target.url, **options)
     sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs())
@@ -88,6 +92,9 @@ def async_client(target: Target, **extra: Any) -> AsyncRedis:
     pool_class = extra.pop("pool_class", None)
     options: dict[str, Any] = {**socket_options(target.url, keepalive=False), "retry": async_retry(),
                                "retry_on_error": [RedisConnectionError], **extra}
+    if target.cluster:  # a pool per node (max_connections each); no blocking pool: it waits on none
+        options.pop("timeout", None)
+        return AsyncRedisCluster.from_url(target.url, **options)
     if not target.sentinel:
         if pool_class is None:
             return AsyncRedis.from_url(target.url, **options)
@@ -96,3 +103,35 @@ def async_client(target: Target, **extra: Any) -> AsyncRedis:
     sentinel_pool = BlockingSentinelPool if pool_class is not None else AsyncSentinelPool
     return sentinel.master_for(target.master, connection_pool_class=sentinel_pool, **primary_options(target),
                                **options)
+
+
+MIN_CLUSTER_VERSION = (7, 0)  # sharded pub/sub (SPUBLISH, SSUBSCRIBE)
+
+
+def old_cluster_nodes(versions: dict[str, str]) -> list[str]:
+    """The nodes (name -> redis_version) older than MIN_CLUSTER_VERSION, as "host:port (version)"."""
+    def parsed(version: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    return [f"{name} ({version})" for name, version in sorted(versions.items()) if parsed(version) < MIN_CLUSTER_VERSION]
+
+
+def cluster_version_problem(versions: dict[str, str]) -> str | None:
+    """The one line a process refuses to start with when a cluster node cannot run sharded pub/sub (None: fine)."""
+    old = old_cluster_nodes(versions)
+    if not old:
+        return None
+    return (f"REDIS_CLUSTER=1 needs Redis 7.0 or later on every node (sharded pub/sub); too old: {', '.join(old)}")
+
+
+def cluster_versions(client: redis.RedisCluster) -> dict[str, str]:
+    """Every node's redis_version (sync cluster client)."""
+    return {node.name: str(client.info("server", target_nodes=node).get("redis_version", "0"))
+            for node in client.get_nodes()}
+
+
+async def async_cluster_versions(client: AsyncRedisCluster) -> dict[str, str]:
+    """Every node's redis_version (asyncio cluster client; initializes it)."""
+    await client.initialize()  # redis-py 8.1: a MULTI as an uninitialized async cluster client's first command fails
+    return {node.name: str((await client.info("server", target_nodes=node)).get("redis_version", "0"))
+            for node in client.get_nodes()}
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import redis
 from starlette.datastructures import UploadFile
@@ -26,7 +27,7 @@ from batches.store import BatchStore
 from gateway.http.api_keys import current_key
 from gateway.http.fields import integer, invalid, metadata, parse_json_object, string
 from gateway.http.redis_errors import redis_unavailable
-from shared.errors import BodyTooLarge, InvalidRequest, NotFound
+from shared.errors import BodyTooLarge, InvalidRequest, LLMFleetError, NotFound
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 PURPOSES = ("batch",)
 UPLOAD_OVERHEAD_BYTES = 64 * 1024  # multipart framing and the small fields around an uploaded file
 UPLOAD_PATHS = frozenset({"/v1/files", "/files"})
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _settings(request: Request) -> Settings:
@@ -206,5 +208,26 @@ BATCH_ROUTES = [  # (path, endpoint, method), served under /v1 and without the p
     ("/batches/{batch_id}", get_batch, "GET"),
     ("/batches/{batch_id}/cancel", cancel_batch, "POST"),
 ]
-ROUTES = [Route(prefix + path, endpoint, methods=[method]) for prefix in ("/v1", "") for path, endpoint, method
-          in BATCH_ROUTES]  # gateway/app.py mounts them after OpenAI's
+
+
+class BatchesOnCluster(LLMFleetError):
+    """The Files and Batches APIs on a Redis Cluster: their runner is an rq worker, and rq needs one Redis."""
+
+    http_status = 501
+    error_type = "invalid_request_error"
+    error_code = "batches_unavailable"
+
+
+def _refused_on_cluster(endpoint: Endpoint) -> Endpoint:
+    """The endpoint, answering 501 when the gateway runs on a Redis Cluster (REDIS_CLUSTER=1)."""
+    async def guarded(request: Request) -> Response:
+        """The endpoint, unless REDIS_CLUSTER is set."""
+        if _settings(request).redis_cluster:
+            raise BatchesOnCluster("The Files and Batches APIs are not available on a Redis Cluster "
+                                   "(REDIS_CLUSTER=1): the batch runner needs a single Redis (rq).")
+        return await endpoint(request)
+    return guarded
+
+
+ROUTES = [Route(prefix + path, _refused_on_cluster(endpoint), methods=[method]) for prefix in ("/v1", "")
+          for path, endpoint, method in BATCH_ROUTES]  # gateway/app.py mounts them after OpenAI's

@@ -68,7 +68,7 @@ def run_requests(client: redis.Redis, model: str, count: int, max_tokens: int, v
     """Send `count` requests at once; the arrival times of each one's tokens."""
     ids = [f"lat-{uuid.uuid4().hex[:10]}" for _ in range(count)]
     pubsub = client.pubsub()
-    pubsub.subscribe(*(keys.events_channel(rid) for rid in ids))
+    pubsub.subscribe(*(keys.events_channel(model, rid) for rid in ids))
     for _ in ids:
         pubsub.get_message(timeout=5)
     now = time.time()

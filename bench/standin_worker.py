@@ -173,7 +173,7 @@ class StandinWorker:
         if not isinstance(job, GenerateJob):
             data = codec.encode_event(InvalidRequest("the stand-in engine only generates").to_event(job.id, 0))
             pipe = self.redis.pipeline(transaction=True)
-            queue_event(pipe, job.id, 0, data, journal_ttl_s=self.journal_ttl_s, refresh_ttl=True)
+            queue_event(pipe, self.model, job.id, 0, data, journal_ttl_s=self.journal_ttl_s, refresh_ttl=True)
             queue_job_done(pipe, stream, message_id)
             await pipe.execute()
             return
@@ -230,7 +230,7 @@ class StandinWorker:
                     data = codec.encode_event(TokenEvent(id=held.job_id, seq=held.seq, index=index,
                                                          text=f"{held.sent}{text_tail}",
                                                          token_ids=[1 + held.sent % 1000]))
-                    queue_event(pipe, held.job_id, held.seq, data, journal_ttl_s=self.journal_ttl_s,
+                    queue_event(pipe, self.model, held.job_id, held.seq, data, journal_ttl_s=self.journal_ttl_s,
                                 refresh_ttl=held.seq == 0)
                     held.seq += 1
                     events += 1
@@ -252,14 +252,14 @@ class StandinWorker:
         reason = "cancelled" if held.cancelled else "length"
         for index in range(held.n):
             end = ChoiceEndEvent(id=held.job_id, seq=held.seq, index=index, finish_reason=reason)
-            queue_event(pipe, held.job_id, held.seq, codec.encode_event(end), journal_ttl_s=self.journal_ttl_s,
-                        refresh_ttl=held.seq == 0)
+            queue_event(pipe, self.model, held.job_id, held.seq, codec.encode_event(end),
+                        journal_ttl_s=self.journal_ttl_s, refresh_ttl=held.seq == 0)
             held.seq += 1
         completion = held.sent * held.n
         done = DoneEvent(id=held.job_id, seq=held.seq, usage=Usage(
             prompt_tokens=held.prompt_tokens, completion_tokens=completion, total_tokens=held.prompt_tokens + completion))
-        queue_event(pipe, held.job_id, held.seq, codec.encode_event(done), journal_ttl_s=self.journal_ttl_s,
-                    refresh_ttl=True)
+        queue_event(pipe, self.model, held.job_id, held.seq, codec.encode_event(done),
+                    journal_ttl_s=self.journal_ttl_s, refresh_ttl=True)
         queue_job_done(pipe, held.stream, held.message_id)
         return held.n + 1
 

@@ -8,6 +8,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 from redis import Redis as SyncRedis
+from redis import RedisCluster as SyncRedisCluster
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.sentinel import Sentinel
 from starlette.applications import Starlette
@@ -42,6 +43,7 @@ from gateway.responses_api import serving as responses_serving
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
 from shared import tracing
 from shared.errors import LLMFleetError
+from shared.redis_commands import sharded
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -73,10 +75,12 @@ def _redis_client(settings: Settings) -> Redis:
                         max_connections=settings.redis_max_connections, timeout=POOL_WAIT_S)
 
 
-def _probe_client(settings: Settings) -> SyncRedis:
+def _probe_client(settings: Settings) -> SyncRedis | SyncRedisCluster:
     """The health probe's own blocking client (gateway/cluster/redis_health.py): a PING unanswered in DOWN_AFTER_S fails."""
     bounds = {"socket_timeout": DOWN_AFTER_S, "socket_connect_timeout": DOWN_AFTER_S}
     target = settings.redis_target
+    if target.cluster:  # PING goes to every node: Redis "answers" only while all of them do
+        return SyncRedisCluster.from_url(settings.redis_url, **bounds)
     if not target.sentinel:
         return SyncRedis.from_url(settings.redis_url, **bounds)
     sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=bounds)
@@ -114,6 +118,8 @@ def _lifespan(settings: Settings, redis: Redis | None) -> Callable[[Starlette], 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         client = redis if redis is not None else _redis_client(settings)
+        if sharded(client):  # the slots first: redis-py 8.1 fails a MULTI sent as an async cluster client's first command
+            await client.initialize()  # type: ignore[attr-defined]
         probe = None if redis is not None else _probe_client(settings)
         registry = Registry(client, settings)  # which workers are alive, which models known
         pool = WarmPool(client, settings, registry)  # the node agents' catalogues and load / unload commands

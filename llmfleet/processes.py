@@ -63,6 +63,8 @@ def run_worker(model_name: str, settings: Settings, *, served_as: str | None = N
     from worker.serve.redis_client import connect
     from worker.serve.runner import WorkerRunner
 
+    if cluster_refused(settings):
+        return 2
     threads = settings.threads or os.cpu_count() or 1
     blas_limits = threadpool_limits(limits=threads, user_api="blas")  # noqa: F841 (kept for the process's life)
     set_threads(threads)  # the compiled attention kernel's threads
@@ -104,13 +106,35 @@ def exposure_refused(settings: Settings) -> bool:
     return False
 
 
+def cluster_refused(settings: Settings) -> bool:
+    """True (after printing the one line why) when REDIS_CLUSTER is set and a node of the cluster is older than
+    Redis 7.0 (no sharded pub/sub); an unreachable cluster is left to the process's own retries."""
+    if not settings.redis_cluster:
+        return False
+    from redis.exceptions import RedisError
+
+    from batches.redis_clients import cluster_version_problem, cluster_versions, sync_client
+
+    try:
+        client = sync_client(settings.redis_target, socket_connect_timeout=3)
+        problem = cluster_version_problem(cluster_versions(client))
+        client.close()
+    except RedisError as exc:
+        log.warning("could not read the Redis Cluster's versions (%s); starting anyway", type(exc).__name__)
+        return False
+    if problem:
+        print(f"llmfleet: {problem}", file=sys.stderr)
+    return problem is not None
+
+
 def run_gateway(settings: Settings) -> int:
-    """Serve the OpenAI-compatible HTTP API with uvicorn (refused, exit 2, when it would be open by accident)."""
+    """Serve the OpenAI-compatible HTTP API with uvicorn (refused, exit 2, when it would be open by accident or its
+    Redis Cluster is too old)."""
     import uvicorn
 
     from gateway.app import create_app
 
-    if exposure_refused(settings):
+    if exposure_refused(settings) or cluster_refused(settings):
         return 2
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
                 log_level=settings.log_level.lower(), timeout_graceful_shutdown=int(settings.drain_timeout_s))
@@ -126,6 +150,10 @@ def run_batch_runner(settings: Settings) -> int:
     from batches import queue
     from batches.redis_clients import sync_client
 
+    if settings.redis_cluster:
+        print("llmfleet: the batch runner cannot run on a Redis Cluster (REDIS_CLUSTER=1): rq needs a single Redis; "
+              "the gateways answer the Batches API with 501 there", file=sys.stderr)
+        return 2
     connection = sync_client(settings.redis_target)  # sockets bounded; rq's BLPOP blocks less than they wait
     # a running batch sends rq heartbeats every third of its lease: the registration must outlive that
     worker = queue.batch_worker(connection, ttl_s=max(queue.WORKER_TTL_S, math.ceil(settings.batch_lease_s)),
@@ -172,7 +200,7 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
     from shared import keys
     from worker.models import resolve
 
-    if exposure_refused(settings):  # before anything starts: its gateway would refuse, and be restarted
+    if exposure_refused(settings) or cluster_refused(settings):  # before anything starts: its gateway would refuse
         return 2
     entries = catalogues.build(model_names, catalogue_file)
     pinned = {} if lazy else {catalogues.parse_entry(name)[0]: workers for name in model_names}
@@ -260,6 +288,8 @@ def run_node(settings: Settings, entries: dict[str, str], *, max_loaded: int | N
 
     from llmfleet.node import TICK_S
 
+    if cluster_refused(settings):
+        return 2
     env = {**os.environ, **settings_env(settings)}
     node = _node(settings, entries, env, pinned={m: 1 for m in entries} if eager else {}, max_loaded=max_loaded)
     stopping: list[int] = []

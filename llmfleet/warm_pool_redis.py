@@ -118,7 +118,7 @@ def _fail_streams(redis: Redis, model: str, consumer: str, error: ModelLoadFaile
                 except WireFormatError:
                     job = None
                 if job is not None:
-                    queue_event(pipe, job.id, 0, codec.encode_event(error.to_event(job.id, 0)),
+                    queue_event(pipe, model, job.id, 0, codec.encode_event(error.to_event(job.id, 0)),
                                 journal_ttl_s=journal_ttl_s, refresh_ttl=True)
                     ended += 1
                 queue_job_done(pipe, stream, entry_id)
@@ -146,9 +146,7 @@ def read_commands(redis: Redis, after: bytes) -> tuple[list[dict[str, str]], byt
 def add_command(redis: Redis, op: str, model: str, *, force: bool = False) -> None:
     """Queue an admin command for the node agents (load / unload); a load forgets a remembered failure, as the
     gateway's does (shared/warm_pool_commands.py)."""
-    pipe = redis.pipeline(transaction=True)
-    pool_wire.queue_command(pipe, op, model, force=force)
-    pipe.execute()
+    run(redis, pool_wire.send_command(op, model, force=force))
 
 
 def usage(redis: Redis) -> tuple[dict[str, float], dict[str, float]]:
@@ -158,13 +156,13 @@ def usage(redis: Redis) -> tuple[dict[str, float], dict[str, float]]:
 
 def publish_state(redis: Redis, state: NodeState) -> None:
     """Write the node's state hash (with its TTL) and its score in the nodes index."""
-    pipe = redis.pipeline(transaction=True)
+    pipe = redis.pipeline(transaction=False)  # the hash and the index are in two slots; every beat writes both
     pool_wire.queue_node_state(pipe, state)
     pipe.execute()
 
 
 def remove_state(redis: Redis, node_id: str) -> None:
     """Remove the node's state (clean shutdown)."""
-    pipe = redis.pipeline(transaction=True)
+    pipe = redis.pipeline(transaction=False)  # two slots; an index entry left over is forgotten by its age
     pool_wire.queue_node_removal(pipe, node_id)
     pipe.execute()

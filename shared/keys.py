@@ -2,10 +2,11 @@
 
 Redis Cluster: every name built from a model starts with llmfleet:{{model}} (`model_tag`): the model's name in
 literal braces, a hash tag, so all of one model's keys and channels hash to one slot and the scripts and
-MULTI/EXEC over several of them (fair queue, placement, stealing) never cross slots. Names without a model are
-used by themselves (one key per command) or are global indexes. Not yet cluster-ready: the per-request names
-(events, journal, owner, cancelled) carry no model tag, and the worker's fencing scripts (worker/failover/fencing.py:
-owner + journal + events channel + the model's job stream) and its cancel MGET combine them across slots.
+MULTI/EXEC over several of them (fair queue, placement, stealing) never cross slots. The per-request names (events,
+journal, owner, cancelled) carry the tag of the request's model (the job's `model`: the base model, whose job streams
+hold it), so the worker's fencing scripts (owner + journal + events channel + job stream) and one turn's MULTI/EXEC
+of all a worker's requests stay in its model's slot. Names without a model are used by themselves (one key per
+command) or are global indexes. Changing a name is a wire-contract change: every process upgrades together.
 
 Layout (values in brackets are what is stored there; {{model}} is the model's name inside literal braces):
   llmfleet:{{model}}:jobs        stream [field "job" = codec bytes of a GenerateJob / EmbedJob] of the normal
@@ -27,15 +28,15 @@ Layout (values in brackets are what is stored there; {{model}} is the model's na
   llmfleet:{{model}}:prefix:{hash}  string worker_id (+ "\x1f" + its host KV tier, if any), EX LLMFLEET_PREFIX_TTL_S:
                                  the worker that last got a request whose prompt starts with the chunks that `hash`
                                  chains (written by the gateway)
-  llmfleet:events:{request_id}   pub/sub channel [codec bytes of one event]; worker publishes, the
-                                 gateway that submitted the request listens
-  llmfleet:journal:{request_id}  stream [fields "seq" = decimal seq, "event" = codec bytes]; every event
+  llmfleet:{{model}}:events:{request_id}  pub/sub channel [codec bytes of one event]; worker publishes, the
+                                 gateway that submitted the request listens (sharded pub/sub on a Redis Cluster)
+  llmfleet:{{model}}:journal:{request_id}  stream [fields "seq" = decimal seq, "event" = codec bytes]; every event
                                  is appended here BEFORE it is published (same MULTI/EXEC)
   llmfleet:{{model}}:cancel      pub/sub channel [codec bytes of a CancelRequest]; gateways publish,
                                  every worker of the model listens
-  llmfleet:cancelled:{request_id} string "1" with a TTL; set with every cancel so a worker that takes
+  llmfleet:{{model}}:cancelled:{request_id}  string "1" with a TTL; set with every cancel so a worker that takes
                                  the job later (or missed the publish) still sees it
-  llmfleet:owner:{request_id}    string "<epoch>:<worker_id>" (then "done"), TTL request timeout + 60 s: the
+  llmfleet:{{model}}:owner:{request_id}  string "<epoch>:<worker_id>" (then "done"), TTL request timeout + 60 s: the
                                  fence of the request's journal, channel and ack (worker/failover/fencing.py)
   llmfleet:{{model}}:deadletter  stream [fields "job" = codec bytes, "worker", "deliveries", "at"]; jobs
                                  delivered LLMFLEET_MAX_DELIVERIES times without an ack, set aside
@@ -78,12 +79,12 @@ Layout (values in brackets are what is stored there; {{model}} is the model's na
   llmfleet:ratelimit:{key_name}:{kind}  string [GCRA's theoretical arrival time], PX until it no longer
                                  limits: one API key's request or token limit, shared by every gateway
   llmfleet:gateways              sorted set gateway_id -> last heartbeat (unix s): the gateways alive
-  llmfleet:gateway-streams:{gateway_id}  set of the resumable stream ids a gateway serves (or runs in background)
-  llmfleet:stream:{stream_id}    hash [record = JSON: API, request body, request and job ids, model, created,
+  llmfleet:{streams}:gateway-streams:{gateway_id}  set of the resumable stream ids a gateway serves (or runs in background)
+  llmfleet:{streams}:stream:{stream_id}  hash [record = JSON: API, request body, request and job ids, model, created,
                                  deadline, key name; owner = gateway id, "" (nobody listens), "done" or
                                  "cancelled"; background = 1 for a background response], EXPIRE the deadline +
                                  retention, then LLMFLEET_STREAM_RETENTION_S once it ended (gateway/cluster/streams.py)
-  llmfleet:orphans               sorted set stream_id -> when its jobs are cancelled unless a client resumes it
+  llmfleet:{streams}:orphans     sorted set stream_id -> when its jobs are cancelled unless a client resumes it
   rq:queue:llmfleet-batches      rq's own keys (rq:job:*, rq:worker:*, ...): one rq job per batch, JSON
 """
 
@@ -101,7 +102,12 @@ WORKERS_INDEX = f"{PREFIX}workers"
 MODELS_INDEX = f"{PREFIX}models"
 ERRORS_LIST = f"{PREFIX}errors"
 GATEWAYS_INDEX = f"{PREFIX}gateways"
-ORPHANS = f"{PREFIX}orphans"
+# The resumable streams' names share one hash tag: a change of a stream's owner is one WATCH/MULTI over its record,
+# the orphans set and a gateway's set (gateway/cluster/streams.py), so on a Redis Cluster they live in one slot (one
+# node carries every stream record: a few writes per streamed request, never per token). No model's key ends in
+# these suffixes, so a model named "streams" shares only the slot.
+STREAMS_TAG = f"{PREFIX}{{streams}}"
+ORPHANS = f"{STREAMS_TAG}:orphans"
 
 
 PRIORITY_ORDER = PRIORITIES_HIGH_TO_LOW  # the order workers read a model's job streams in (shared/messages.py owns it)
@@ -152,24 +158,24 @@ def prefix_owner(model: str, prefix_hash: str) -> str:
     return f"{model_tag(model)}:prefix:{prefix_hash}"
 
 
-def events_channel(request_id: str) -> str:
-    """The pub/sub channel carrying one request's events."""
-    return f"{PREFIX}events:{request_id}"
+def events_channel(model: str, request_id: str) -> str:
+    """The pub/sub channel carrying one request's events (`model`: the job's base model, as its job stream's)."""
+    return f"{model_tag(model)}:events:{request_id}"
 
 
-def journal_stream(request_id: str) -> str:
+def journal_stream(model: str, request_id: str) -> str:
     """The capped stream keeping the events already published for one request."""
-    return f"{PREFIX}journal:{request_id}"
+    return f"{model_tag(model)}:journal:{request_id}"
 
 
 def stream_record(stream_id: str) -> str:
     """The hash of one resumable stream: what it renders and who listens (gateway/cluster/streams.py)."""
-    return f"{PREFIX}stream:{stream_id}"
+    return f"{STREAMS_TAG}:stream:{stream_id}"
 
 
 def gateway_streams(gateway_id: str) -> str:
     """The set of the resumable streams one gateway serves."""
-    return f"{PREFIX}gateway-streams:{gateway_id}"
+    return f"{STREAMS_TAG}:gateway-streams:{gateway_id}"
 
 
 def cancel_channel(model: str) -> str:
@@ -177,9 +183,9 @@ def cancel_channel(model: str) -> str:
     return f"{model_tag(model)}:cancel"
 
 
-def cancelled_marker(request_id: str) -> str:
+def cancelled_marker(model: str, request_id: str) -> str:
     """The key that marks one request as cancelled."""
-    return f"{PREFIX}cancelled:{request_id}"
+    return f"{model_tag(model)}:cancelled:{request_id}"
 
 
 def worker_key(worker_id: str) -> str:
@@ -192,9 +198,9 @@ def supervisor_status(name: str) -> str:
     return f"{PREFIX}supervisor:{name}"
 
 
-def owner_key(request_id: str) -> str:
+def owner_key(model: str, request_id: str) -> str:
     """Who may write one request's events now ("<epoch>:<worker_id>", or "done")."""
-    return f"{PREFIX}owner:{request_id}"
+    return f"{model_tag(model)}:owner:{request_id}"
 
 
 def deadletter_stream(model: str) -> str:

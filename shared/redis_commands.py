@@ -166,26 +166,32 @@ class FairJob(NamedTuple):
 def queue_fair(pipe: Any, model: str, priority: str, job: FairJob, *, maxlen: int) -> None:
     """Queue the script call that puts a job in its class's fair queue and releases the head of that queue into
     the shared stream while it has fewer than GATEWAY_READY jobs waiting (an idle worker wakes to it)."""
-    pipe.eval(FAIR_SCRIPT, 4, *keys.fair_keys(model, priority), "enqueue", GATEWAY_READY, maxlen, keys.JOBS_GROUP,
-              job.request_id, job.data, job.tenant, job.cost, max(job.weight, 1e-6), max(1, job.ttl_s))
+    pipe.execute_command("EVAL", FAIR_SCRIPT, 4, *keys.fair_keys(model, priority), "enqueue", GATEWAY_READY, maxlen,
+                         keys.JOBS_GROUP, job.request_id, job.data, job.tenant, job.cost, max(job.weight, 1e-6),
+                         max(1, job.ttl_s))  # not pipe.eval(): redis-py's sync cluster pipeline lacks it
 
 
 def release_calls(model: str, rooms: dict[str, int], *, maxlen: int) -> list[Call]:
     """The script calls (by digest) that release each class's fair queue into its shared stream until the stream
     has as many jobs waiting as `rooms` says for that class (a worker's free slots for it, read right after)."""
-    return [call("evalsha", FAIR_SHA, 4, *keys.fair_keys(model, priority), "release", room, maxlen, keys.JOBS_GROUP)
-            for priority, room in rooms.items() if room > 0]
+    # EVALSHA through execute_command: redis-py's cluster pipeline refuses evalsha() (it routes the command by its keys)
+    return [call("execute_command", "EVALSHA", FAIR_SHA, 4, *keys.fair_keys(model, priority), "release", room, maxlen,
+                 keys.JOBS_GROUP) for priority, room in rooms.items() if room > 0]
 
 
-def released(replies: list[Any]) -> Rule[int]:
-    """How many jobs the replies of `release_calls` released; where Redis lacks the script (restarted: a gateway's
-    next enqueue or this load brings it back), it is loaded for the next look, and a class whose call failed
+def released(replies: list[Any], releases: Sequence[Call]) -> Rule[int]:
+    """How many jobs the replies of `releases` (release_calls) released; where Redis lacks the script (restarted: a
+    gateway's next enqueue or this brings it back), it is loaded for the next look by an EVAL of the same keys that
+    releases nothing (so on a Redis Cluster it reaches the node that said NOSCRIPT), and a class whose call failed
     releases nothing now (its jobs wait for the next look)."""
     for reply in replies:
         if isinstance(reply, Exception):
             log.debug("releasing a fair queue failed: %s", reply)
-    if any(isinstance(reply, Exception) and _no_script(reply) for reply in replies):
-        yield [call("script_load", FAIR_SCRIPT)]
+    loads = [call("execute_command", "EVAL", FAIR_SCRIPT, 4, *release.args[3:7], "release", 0, *release.args[9:])
+             for release, reply in zip(releases, replies, strict=False)
+             if isinstance(reply, Exception) and _no_script(reply)]
+    if loads:
+        yield loads
     return sum(reply for reply in replies if isinstance(reply, int))
 
 
@@ -196,8 +202,9 @@ def _no_script(error: Exception) -> bool:
 
 def release_fair(model: str, rooms: dict[str, int], *, maxlen: int) -> Rule[int]:
     """Run `release_calls` in one round; how many jobs were released (see `released`)."""
-    replies = yield release_calls(model, rooms, maxlen=maxlen)
-    return (yield from released(replies))
+    releases = release_calls(model, rooms, maxlen=maxlen)
+    replies = yield releases
+    return (yield from released(replies, releases))
 
 
 def create_group(stream: str) -> Rule[bool]:
@@ -265,7 +272,7 @@ def streams_with_waiting(streams: list[str], releases: Sequence[Call] = ()) -> R
     missing or whose replies are errors counts as one (the read that follows meets the error, as it would have
     without this look)."""
     replies = yield [*releases, *(c for stream in streams for c in (call("xinfo_groups", stream), call("xlen", stream)))]
-    yield from released(replies[:len(releases)])
+    yield from released(replies[:len(releases)], releases)
     replies = replies[len(releases):]
     found = set()
     for stream, groups, length in zip(streams, replies[::2], replies[1::2], strict=True):
@@ -323,14 +330,30 @@ def fresh_workers(now: float, ttl_s: float) -> Rule[list[RegistryEntry]]:
     return workers
 
 
-def queue_event(pipe: Any, request_id: str, seq: int, data: bytes, *, journal_ttl_s: int, refresh_ttl: bool) -> None:
-    """Queue one encoded event: journal it first (so a gap is always refillable), then publish it."""
-    journal = keys.journal_stream(request_id)
+def queue_event(pipe: Any, model: str, request_id: str, seq: int, data: bytes, *, journal_ttl_s: int,
+                refresh_ttl: bool) -> None:
+    """Queue one encoded event of a job of `model`: journal it first (so a gap is always refillable), then publish
+    it."""
+    journal = keys.journal_stream(model, request_id)
     pipe.xadd(journal, {keys.JOURNAL_SEQ_FIELD: str(seq), keys.JOURNAL_EVENT_FIELD: data},
               maxlen=JOURNAL_MAXLEN, approximate=True)
     if refresh_ttl:
         pipe.expire(journal, journal_ttl_s)
-    pipe.publish(keys.events_channel(request_id), data)
+    publish(pipe, keys.events_channel(model, request_id), data)
+
+
+def sharded(client: Any) -> bool:
+    """Whether a client (or its pipeline) talks to a Redis Cluster (REDIS_CLUSTER=1), where llmfleet's channels use
+    sharded pub/sub: SPUBLISH reaches the subscribers on the node that owns the channel's slot only."""
+    return type(client).__module__ in ("redis.cluster", "redis.asyncio.cluster")
+
+
+def publish(pipe: Any, channel: str, data: bytes) -> None:
+    """Queue (or send) a publish on `channel`: SPUBLISH on a Redis Cluster, else PUBLISH."""
+    if sharded(pipe):
+        pipe.spublish(channel, data)
+    else:
+        pipe.publish(channel, data)
 
 
 def queue_job_done(pipe: Any, stream: str, message_id: str | bytes) -> None:

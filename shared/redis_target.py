@@ -1,5 +1,6 @@
-"""Where the Redis every process shares is found: one URL (REDIS_URL), or a Redis Sentinel group (REDIS_SENTINELS
-and REDIS_SENTINEL_MASTER) that names the current primary and follows a failover to the promoted replica.
+"""Where the Redis every process shares is found: one URL (REDIS_URL), a Redis Sentinel group (REDIS_SENTINELS
+and REDIS_SENTINEL_MASTER) that names the current primary and follows a failover to the promoted replica, or a
+Redis Cluster (REDIS_CLUSTER=1) that REDIS_URL names one node of.
 
 Pure parsing, no redis import (the client builders are batches/redis_clients.py's and worker/serve/redis_client.py's).
 With sentinels, REDIS_URL still gives the primary's password, username, database number and TLS (`rediss://`);
@@ -37,6 +38,7 @@ class RedisTarget:
     url: str
     sentinels: tuple[Address, ...] = ()
     master: str = "mymaster"
+    cluster: bool = False  # REDIS_CLUSTER=1: `url` names one node of a Redis Cluster (a seed)
 
     @property
     def sentinel(self) -> bool:
@@ -47,4 +49,4 @@ class RedisTarget:
         """Where it points, for a log line (no password)."""
         if self.sentinel:
             return f"sentinel group {self.master!r} via " + ",".join(f"{h}:{p}" for h, p in self.sentinels)
-        return self.url.rpartition("@")[2]
+        return ("Redis Cluster via " if self.cluster else "") + self.url.rpartition("@")[2]

@@ -31,7 +31,7 @@ _NON_NEGATIVE = (
     "deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
     "public_metrics", "any_model_name", "worker_wait_s", "prefix_placement", "placement_balance_abs",
     "pool_max_loaded", "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings",
-    "stream_retention_s", "orphan_grace_s", "kv_tier_mib", "warm_up", "fair_shares",
+    "stream_retention_s", "orphan_grace_s", "kv_tier_mib", "warm_up", "fair_shares", "redis_cluster",
 )
 _CHOICES = {"log_level": _LOG_LEVELS, "reasoning_format": REASONING_FORMATS, "reasoning_fields": REASONING_FIELDS,
             "kv_dtype": KV_DTYPES}
@@ -60,6 +60,10 @@ class Settings:
                                     "alone (docs/operations/redis-ha.md).")
     redis_sentinel_master: str = _setting("mymaster", "The Sentinel group name of the primary (sentinel.conf's "
                                           "`sentinel monitor NAME ...`); read only with REDIS_SENTINELS.")
+    redis_cluster: int = _setting(0, "1: the Redis is a Redis Cluster (7.0 or later: events use sharded pub/sub); "
+                                  "REDIS_URL names any one node of it, a seed, and gives password and TLS. Not with "
+                                  "REDIS_SENTINELS or a unix: URL; the Batches API and batch runner refuse it (rq "
+                                  "cannot run on a cluster). 0: one Redis (docs/operations/capacity.md).")
     redis_max_connections: int = _setting(64, "The gateway's Redis connection pool; requests wait for a free connection.")
     host: str = _setting("127.0.0.1", "The gateway's listen address.")
     port: int = _setting(8000, "The gateway's listen port.")
@@ -222,11 +226,16 @@ class Settings:
             _fail("redis_url", "must be redis:// or rediss:// with REDIS_SENTINELS (a primary is found over TCP)")
         if not self.redis_sentinel_master.strip():
             _fail("redis_sentinel_master", "must not be blank")
+        if self.redis_cluster and sentinels:
+            _fail("redis_cluster", "cannot be combined with REDIS_SENTINELS (a cluster fails over by itself)")
+        if self.redis_cluster and self.redis_url.startswith("unix:"):
+            _fail("redis_url", "must be redis:// or rediss:// with REDIS_CLUSTER=1 (cluster nodes are found over TCP)")
 
     @property
     def redis_target(self) -> RedisTarget:
         """Where every client of this process finds Redis: REDIS_URL, or the sentinels' primary."""
-        return RedisTarget(self.redis_url, parse_sentinels(self.redis_sentinels), self.redis_sentinel_master)
+        return RedisTarget(self.redis_url, parse_sentinels(self.redis_sentinels), self.redis_sentinel_master,
+                           cluster=bool(self.redis_cluster))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -250,6 +259,7 @@ ENV: dict[str, str] = {
     "redis_url": "REDIS_URL",
     "redis_sentinels": "REDIS_SENTINELS",
     "redis_sentinel_master": "REDIS_SENTINEL_MASTER",
+    "redis_cluster": "REDIS_CLUSTER",
     "redis_max_connections": "LLMFLEET_REDIS_MAX_CONNECTIONS",
     "host": "LLMFLEET_HOST",
     "port": "LLMFLEET_PORT",

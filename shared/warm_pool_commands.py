@@ -32,13 +32,14 @@ def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def queue_command(pipe: Any, op: str, model: str, *, force: bool = False) -> None:
-    """Queue an admin command (load / unload) for the node agents, in a transaction: a load first forgets the
-    model's remembered load failure (else every node would skip it), whichever client sends it."""
+def send_command(op: str, model: str, *, force: bool = False) -> Rule[None]:
+    """Send an admin command (load / unload) for the node agents (errors raised): a load first forgets the model's
+    remembered load failure (else every node would skip it), whichever client sends it. Two rounds, not one MULTI:
+    the two keys are in different Redis Cluster slots, and the failure is gone before any node reads the command."""
     if op == "load":
-        pipe.delete(keys.pool_failed(model))
-    pipe.xadd(keys.POOL_COMMANDS, {"op": op, "model": model, "force": "1" if force else "0"},
-              maxlen=COMMANDS_MAXLEN, approximate=True)
+        _raise_errors((yield [call("delete", keys.pool_failed(model))]))
+    _raise_errors((yield [call("xadd", keys.POOL_COMMANDS, {"op": op, "model": model, "force": "1" if force else "0"},
+                               maxlen=COMMANDS_MAXLEN, approximate=True)]))
 
 
 def queue_failure(pipe: Any, model: str, message: str, ttl_s: float) -> None:

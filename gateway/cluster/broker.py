@@ -26,6 +26,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -41,6 +42,7 @@ from gateway.cluster.placer import Placer, Plan
 from gateway.cluster.queue_view import READ_EVERY_S, QueueState, QueueView, read_queue_state
 from gateway.cluster.redis_health import RedisHealth
 from gateway.cluster.registry import RECHECK_S, Registry
+from gateway.cluster.sharded_subscriber import ClusterSubscriber, node_clients
 from gateway.cluster.streams import Streams
 from gateway.cluster.subscriber import QueueItem, Subscriber
 from gateway.cluster.warm_pool import WarmPool
@@ -56,7 +58,7 @@ from shared.errors import (
     Unavailable,
 )
 from shared.messages import CancelRequest, GenerateJob, Job
-from shared.redis_commands import write_refusal
+from shared.redis_commands import publish, sharded, write_refusal
 from shared.registry import RegistryEntry
 from shared.settings import Settings
 
@@ -79,8 +81,9 @@ class Broker:
         self._pool = pool
         self.metrics = GatewayMetrics()
         self.limiter = RateLimiter(redis)
-        self.subscriber = Subscriber(redis, retry_after_s=settings.retry_after_s, on_error=self.health.note_error,
-                                     on_answer=self.health.note_answer)  # Redis answers: no "down" 503s after a pause
+        self.subscriber = _subscriber(redis, settings, retry_after_s=settings.retry_after_s,
+                                      on_error=self.health.note_error,
+                                      on_answer=self.health.note_answer)  # Redis answers: no "down" 503s after a pause
         self.health.on_recovered = self.subscriber.check_now  # a pub/sub connection that lived through it is suspect
         self.errors = ErrorLog(redis, retry_after_s=settings.retry_after_s)
         self._cancels: set[asyncio.Task[None]] = set()  # cancels of jobs whose write failed, under way
@@ -200,7 +203,7 @@ class Broker:
         """Subscribe to the job's events, then place it on a worker's stream (the script writes it), or else write
         it to its class's fair queue or shared stream; and where it went (checked after a Redis failover:
         lost_jobs.py) and why."""
-        channel = keys.events_channel(job.id)
+        channel = keys.events_channel(job.model, job.id)
         queue = await self.subscriber.subscribe(channel)
         sent = False  # the write is on its way: from here, a failure leaves it unknown whether the job was written
         try:
@@ -233,7 +236,7 @@ class Broker:
 
     async def follow(self, job: JobRef) -> EventStream:
         """The events of a job already queued, from its journal's first one, then live (a resumed stream)."""
-        queue = await self.subscriber.subscribe(keys.events_channel(job.id))
+        queue = await self.subscriber.subscribe(keys.events_channel(job.model, job.id))
         return EventStream.following(self, job, queue)
 
     async def cancel(self, request_id: str, model: str, reason: str, deadline: float) -> None:
@@ -242,8 +245,8 @@ class Broker:
         notice = codec.encode(CancelRequest(id=request_id, model=model, reason=reason))
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.set(keys.cancelled_marker(request_id), b"1", ex=ttl)
-            pipe.publish(keys.cancel_channel(model), notice)
+            pipe.set(keys.cancelled_marker(model, request_id), b"1", ex=ttl)
+            publish(pipe, keys.cancel_channel(model), notice)  # SPUBLISH on a Redis Cluster
             async with asyncio.timeout(CANCEL_WAIT_S):  # a connection a partition left silent: the reply ends late
                 await pipe.execute()
         except (RedisError, OSError, TimeoutError, RuntimeError) as exc:  # RuntimeError: uvloop, a closed transport
@@ -343,3 +346,10 @@ class Broker:
     async def queue_state(self, model: str) -> QueueState:
         """The model's jobs by state (waiting, in flight, per worker), read now (see gateway/cluster/queue_view.py)."""
         return await read_queue_state(self.redis, model, self.settings.retry_after_s)
+
+
+def _subscriber(redis: Redis, settings: Settings, **options: Any) -> Subscriber | ClusterSubscriber:
+    """One pub/sub connection; on a Redis Cluster, one per primary with sharded pub/sub (sharded_subscriber.py)."""
+    if not sharded(redis):
+        return Subscriber(redis, **options)
+    return ClusterSubscriber(redis, node_clients(settings.redis_url), **options)  # type: ignore[arg-type]

@@ -132,13 +132,14 @@ class EventStream:
             if not self.finished and cancel:
                 await self._broker.cancel(self.request_id, self.model, reason, self.deadline)
         finally:
-            await self._broker.subscriber.unsubscribe(keys.events_channel(self.request_id), self._queue)
+            await self._broker.subscriber.unsubscribe(keys.events_channel(self.model, self.request_id), self._queue)
             if self.finished:
                 await self._expire_journal()
 
     async def _expire_journal(self) -> None:
         """A finished journal goes now, or, for a resumable stream, after the retention time."""
-        journal, retention = keys.journal_stream(self.request_id), self._broker.settings.stream_retention_s
+        journal = keys.journal_stream(self.model, self.request_id)
+        retention = self._broker.settings.stream_retention_s
         with contextlib.suppress(RedisError, OSError):  # else it expires on its own
             if self.retain and retention > 0:
                 await self._broker.redis.expire(journal, max(1, math.ceil(retention)))
@@ -196,7 +197,7 @@ class EventStream:
 
     async def _fill_from_journal(self) -> None:
         with redis_unavailable(self._broker.settings.retry_after_s):
-            entries = await self._broker.redis.xrange(keys.journal_stream(self.request_id))
+            entries = await self._broker.redis.xrange(keys.journal_stream(self.model, self.request_id))
         field = keys.JOURNAL_EVENT_FIELD.encode()
         for _entry_id, fields in entries:
             event = self._decode(fields.get(field, b""))

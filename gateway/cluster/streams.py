@@ -1,11 +1,11 @@
 """Resumable streams: what each one renders, which gateway listens to it, and cancelling what nobody listens to.
 
-Every streamed chat, completions, Messages or Responses request has a record, `llmfleet:stream:{stream_id}` (the id
+Every streamed chat, completions, Messages or Responses request has a record, `llmfleet:{streams}:stream:{stream_id}` (the id
 its client sees: chatcmpl-..., cmpl-..., msg_..., resp_...), written BEFORE its job is queued: the request body (a
 resuming gateway parses it again and renders the same SSE events), its request and job ids, model, created time,
 deadline and API key name, and `owner`:
-- a gateway id: that gateway's client listens (the id is also in `llmfleet:gateway-streams:{gateway_id}`);
-- "": nobody listens (the client left, or its gateway died); `llmfleet:orphans` holds when its jobs are cancelled;
+- a gateway id: that gateway's client listens (the id is also in `llmfleet:{streams}:gateway-streams:{gateway_id}`);
+- "": nobody listens (the client left, or its gateway died); `llmfleet:{streams}:orphans` holds when its jobs are cancelled;
 - "done" / "cancelled": it ended; the record (and the journal) stay LLMFLEET_STREAM_RETENTION_S for late resumes.
 A resume (any gateway) takes `owner` and drops the orphan entry, so a resumed stream is never cancelled. Every
 gateway heartbeats `llmfleet:gateways` every LLMFLEET_HEARTBEAT_INTERVAL_S and sweeps: a gateway silent for
@@ -275,7 +275,9 @@ class Streams:
         due = last_beat + self.settings.orphan_grace_s
         for raw in held:
             await self._bury_one(gateway, raw.decode(), due)
-        pipe = self.redis.pipeline(transaction=True)
+        # two slots (the gateways index is not the streams' tag): in order, not one MULTI; a sweep that fails between
+        # them buries the gateway again next time, with nothing left to bury
+        pipe = self.redis.pipeline(transaction=False)
         pipe.delete(keys.gateway_streams(gateway))
         pipe.zrem(keys.GATEWAYS_INDEX, gateway)
         await pipe.execute()

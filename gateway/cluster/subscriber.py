@@ -51,8 +51,10 @@ class Subscriber:
 
     def __init__(self, redis: Redis, *, confirm_timeout_s: float = 5.0, retry_after_s: float = 2.0,
                  on_error: Callable[[], None] | None = None, ping_every_s: float = PING_EVERY_S,
-                 dead_after_s: float = DEAD_AFTER_S, on_answer: Callable[[], None] | None = None) -> None:
+                 dead_after_s: float = DEAD_AFTER_S, on_answer: Callable[[], None] | None = None,
+                 sharded: bool = False) -> None:
         self._redis = redis
+        self._sharded = sharded  # SSUBSCRIBE (one node of a Redis Cluster: gateway/cluster/sharded_subscriber.py)
         self._on_error = on_error or (lambda: None)  # told of every failure of the connection
         self._on_answer = on_answer or (lambda: None)  # told whenever Redis delivered on it (it answers now)
         self._confirm_timeout_s = confirm_timeout_s
@@ -75,6 +77,10 @@ class Subscriber:
     def active(self) -> int:
         """How many channels currently have a listener."""
         return len(self._queues)
+
+    def listens_to(self, channel: str) -> bool:
+        """Whether `channel` has a listener here."""
+        return channel.encode() in self._queues
 
     async def start(self) -> None:
         """Start the dispatcher; it connects (and reconnects) in the background."""
@@ -124,7 +130,8 @@ class Subscriber:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancel that lands as the wait ends
             async with asyncio.timeout(self._confirm_timeout_s):
                 await self._connected.wait()
-                await self._pubsub.subscribe(key)  # on a stale connection the send itself may never finish
+                # on a stale connection the send itself may never finish
+                await (self._pubsub.ssubscribe(key) if self._sharded else self._pubsub.subscribe(key))
                 await asyncio.shield(confirmed)
         except (TimeoutError, RedisError, OSError) as exc:
             await self.unsubscribe(channel)
@@ -155,14 +162,21 @@ class Subscriber:
         if self._pubsub is None:
             return
         if not self._connected.is_set():  # between dials: only forget it, so that the next dial skips it
-            self._pubsub.channels.pop(key, None)
+            self._channels().pop(key, None)
             return
         try:
             async with asyncio.timeout(self._confirm_timeout_s):
-                await self._pubsub.unsubscribe(key)
+                await self._unsubscribe(key)
         except (TimeoutError, RedisError, OSError) as exc:
             log.warning("unsubscribe failed (%s); the next dial drops the channel", type(exc).__name__)
-            self._pubsub.channels.pop(key, None)
+            self._channels().pop(key, None)
+
+    def _channels(self) -> dict[bytes, Any]:
+        """The channels redis-py subscribes again at each dial."""
+        return self._pubsub.shard_channels if self._sharded else self._pubsub.channels
+
+    async def _unsubscribe(self, *keys: bytes) -> None:
+        await (self._pubsub.sunsubscribe(*keys) if self._sharded else self._pubsub.unsubscribe(*keys))
 
     async def _run(self) -> None:
         backoff = 0.05
@@ -192,9 +206,9 @@ class Subscriber:
         first = self._pubsub.connection is None
         async with asyncio.timeout(self._confirm_timeout_s):  # a Redis that accepts and never answers
             await self._pubsub.connect()
-            stale = [channel for channel in self._pubsub.channels if channel not in self._queues]
+            stale = [channel for channel in self._channels() if channel not in self._queues]
             if stale:
-                await self._pubsub.unsubscribe(*stale)
+                await self._unsubscribe(*stale)
         if not first:
             self.reconnects += 1
             log.warning("pub/sub connection re-established; resyncing %d streams from journals", len(self._queues))
@@ -256,13 +270,13 @@ class Subscriber:
         channel = message.get("channel")
         if isinstance(channel, str):
             channel = channel.encode()
-        if kind == "message":
+        if kind in ("message", "smessage"):
             queue = self._queues.get(channel)  # type: ignore[arg-type]
             if queue is not None:
                 queue.put_nowait(message["data"])
                 for tap in self._taps.get(channel, ()):  # type: ignore[call-overload]
                     tap.put_nowait(message["data"])
-        elif kind == "subscribe":
+        elif kind in ("subscribe", "ssubscribe"):
             future = self._confirmations.get(channel)  # type: ignore[arg-type]
             if future is not None and not future.done():
                 future.set_result(None)

@@ -111,9 +111,7 @@ class WarmPool:
     async def command(self, op: str, model: str, *, force: bool = False) -> None:
         """Queue an admin command (load / unload) for the node agents; a load forgets a remembered failure."""
         with redis_unavailable(self._settings.retry_after_s):
-            pipe = self._redis.pipeline(transaction=True)
-            pool_wire.queue_command(pipe, op, model, force=force)
-            await pipe.execute()
+            await run_async(self._redis, pool_wire.send_command(op, model, force=force))
 
     async def statuses(self, queue_state: Callable[[str], Awaitable[QueueState]]) -> list[ModelStatus]:
         """Every catalogued or served model's pool status; `queue_state(model)` is the broker's (waiting, taken

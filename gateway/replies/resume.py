@@ -54,7 +54,7 @@ async def reopen(broker: Broker, stream_id: str, apis: tuple[str, ...], after: i
         raise StreamNotFound(f"Stream '{stream_id}' was cancelled: nobody resumed it within "
                              f"{broker.settings.orphan_grace_s:g}s.")
     with redis_unavailable(broker.settings.retry_after_s):
-        journals = await broker.redis.exists(*(keys.journal_stream(job) for job in record.job_ids))
+        journals = await broker.redis.exists(*(keys.journal_stream(record.model, job) for job in record.job_ids))
     if journals < len(record.job_ids) and (after >= 0 or owner == DONE):  # events the client saw are gone
         raise StreamNotFound(gone)
     if not record.background:

@@ -107,7 +107,7 @@ def test_kill_9_of_a_gateway_its_clients_resume_on_another_and_the_abandoned_job
     killed_at = time.monotonic()
 
     request_id = "req-" + abandoned["events"][0][1]["id"].removeprefix("chatcmpl-")
-    wait_until(lambda: cluster.client.exists(keys.cancelled_marker(request_id)), GRACE_S + 10,
+    wait_until(lambda: cluster.client.exists(keys.cancelled_marker(MODEL, request_id)), GRACE_S + 10,
                "the abandoned stream's cancel")
     cancelled_after = time.monotonic() - killed_at
     assert GRACE_S - 3.5 <= cancelled_after <= GRACE_S + 1.0, cancelled_after  # its last heartbeat + the grace

@@ -137,7 +137,7 @@ def _journals(client: redis.Redis) -> list[bytes]:
     """The request journals in Redis. With LLMFLEET_STREAM_RETENTION_S=0 a gateway deletes a request's journal once
     its stream ended, so after every stream ended none is left, unless a fenced-off worker's late publish wrote one
     again (a worker journals each event in the same MULTI as it publishes it)."""
-    return list(client.scan_iter(keys.journal_stream("*")))
+    return list(client.scan_iter(keys.journal_stream(MODEL, "*")))
 
 
 def test_worker_partitioned_20s_mid_stream(netns_cluster) -> None:

@@ -50,7 +50,7 @@ def test_a_job_every_holder_dies_on_is_dead_lettered_and_the_client_told(start_c
     killed: list[int] = []
     for epoch in (1, 2):  # the first taking, then the takeover after the first death
         def taken(epoch: int = epoch) -> bool:
-            owners = client.keys(keys.owner_key("*"))
+            owners = client.keys(keys.owner_key(MODEL, "*"))
             return bool(owners) and (client.get(owners[0]) or b"").startswith(f"{epoch}:".encode())
 
         _wait(taken, 120, f"the job to be taken (owner epoch {epoch})")

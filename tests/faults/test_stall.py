@@ -51,7 +51,7 @@ def test_a_stalled_worker_is_fenced_off_and_the_stream_resumes(start_cluster) ->
 
     published: list[tuple[str, int, str]] = []
     pubsub = client.pubsub()
-    pubsub.psubscribe(**{keys.events_channel("*"): lambda m: published.append(_identity(m["data"]))})
+    pubsub.psubscribe(**{keys.events_channel(MODEL, "*"): lambda m: published.append(_identity(m["data"]))})
     assert pubsub.get_message(timeout=5)["type"] == "psubscribe"  # listening before the request is sent
     tap = pubsub.run_in_thread(sleep_time=0.01, daemon=True)
     disturbed: dict = {}
@@ -65,7 +65,7 @@ def test_a_stalled_worker_is_fenced_off_and_the_stream_resumes(start_cluster) ->
         cluster.workers[holder].send_signal(signal.SIGSTOP)
         stopped_at, chunks_at_stop = time.monotonic(), len(disturbed["times"])
         try:
-            _wait(lambda: (client.get(keys.owner_key(request_id)) or b"").startswith(b"2:"), 30,
+            _wait(lambda: (client.get(keys.owner_key(MODEL, request_id)) or b"").startswith(b"2:"), 30,
                   "the other worker to take the job over (owner epoch 2)")
             taken_over_at = time.monotonic()
             _wait(lambda: len(disturbed["times"]) >= chunks_at_stop + 10, 60, "the stream to resume")

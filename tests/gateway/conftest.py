@@ -109,7 +109,7 @@ class FakeWorker:
             if got:
                 entry_id, fields = got[0][1][0]
                 job = codec.decode_job(fields[keys.JOB_FIELD.encode()])
-                numsub = await self.redis.pubsub_numsub(keys.events_channel(job.id))
+                numsub = await self.redis.pubsub_numsub(keys.events_channel(job.model, job.id))
                 assert numsub[0][1] == 1, "the gateway must subscribe before it queues the job"
                 self.entries[job.id] = (got[0][0].decode(), entry_id)
                 return job
@@ -127,11 +127,11 @@ class FakeWorker:
         data = codec.encode_event(event)
         pipe = self.redis.pipeline(transaction=True)
         if journal:
-            stream = keys.journal_stream(event.id)
+            stream = keys.journal_stream(self.model, event.id)
             pipe.xadd(stream, {keys.JOURNAL_SEQ_FIELD: event.seq, keys.JOURNAL_EVENT_FIELD: data}, maxlen=1000)
             pipe.expire(stream, 60)
         if publish:
-            pipe.publish(keys.events_channel(event.id), data)
+            pipe.publish(keys.events_channel(self.model, event.id), data)
         await pipe.execute()
         if isinstance(event, DoneEvent) or type(event).__name__ == "ErrorEvent":
             entry = self.entries.get(event.id)

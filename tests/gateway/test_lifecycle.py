@@ -90,8 +90,8 @@ async def test_client_leaving_a_stream_publishes_cancel(app_client, worker, redi
     assert b'"content":"Hel"' in b"".join(m.get("body", b"") for m in sent)
     notice = await _next_cancel(cancels)
     assert (notice.id, notice.model, notice.reason) == (job.id, "smollm2", "client_disconnected")
-    assert await redis.get(keys.cancelled_marker(job.id)) == b"1"
-    assert 0 < await redis.ttl(keys.cancelled_marker(job.id)) <= 5 + 60 + 1
+    assert await redis.get(keys.cancelled_marker(job.model, job.id)) == b"1"
+    assert 0 < await redis.ttl(keys.cancelled_marker(job.model, job.id)) <= 5 + 60 + 1
     assert app.state.broker.subscriber.active == 0
 
 
@@ -115,8 +115,8 @@ async def test_finished_requests_publish_no_cancel_and_drop_their_journal(client
     await worker.answer(job, ["ok"])
     assert (await task).status_code == 200
     assert await cancels.get_message(ignore_subscribe_messages=True, timeout=0.05) is None
-    assert await redis.exists(keys.journal_stream(job.id)) == 0
-    assert await redis.exists(keys.cancelled_marker(job.id)) == 0
+    assert await redis.exists(keys.journal_stream(job.model, job.id)) == 0
+    assert await redis.exists(keys.cancelled_marker(job.model, job.id)) == 0
 
 
 async def test_a_gap_is_refilled_from_the_journal(client, worker) -> None:
@@ -167,7 +167,7 @@ async def test_after_a_reconnect_events_are_read_back_from_the_journal(app_clien
     ):
         await worker.send(event, publish=False)
     # what the connection delivers once a re-dial subscribed the channel again
-    app.state.broker.subscriber._dispatch({"type": "subscribe", "channel": keys.events_channel(job.id).encode()})
+    app.state.broker.subscriber._dispatch({"type": "subscribe", "channel": keys.events_channel(job.model, job.id).encode()})
     assert (await task).json()["choices"][0]["message"]["content"] == "X"
 
 
@@ -183,7 +183,7 @@ async def test_a_worker_deadline_error_is_504(client, worker) -> None:
 async def test_unreadable_events_fail_the_request(client, worker, redis) -> None:
     task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
     job = await worker.take()
-    await redis.publish(keys.events_channel(job.id), b"\x93garbage")
+    await redis.publish(keys.events_channel(job.model, job.id), b"\x93garbage")
     response = await task
     assert response.status_code == 500
     assert response.json()["error"]["type"] == "server_error"
@@ -237,7 +237,7 @@ async def test_leaving_while_the_job_is_written_cancels_it(app_client, worker, r
     entries = await redis.xrange(keys.jobs_stream("smollm2"))  # in its stream, its write never confirmed
     job = codec.decode_job(entries[0][1][keys.JOB_FIELD.encode()])
     assert (await _next_cancel(cancels)).id == job.id
-    assert await redis.get(keys.cancelled_marker(job.id)) == b"1"  # a worker taking it ends it unstarted
+    assert await redis.get(keys.cancelled_marker(job.model, job.id)) == b"1"  # a worker taking it ends it unstarted
     assert app.state.broker.subscriber.active == 0
 
 

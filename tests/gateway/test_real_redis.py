@@ -133,7 +133,7 @@ async def test_disconnect_over_real_sockets_publishes_cancel(base_url: str, work
     await pubsub.aclose()
     assert isinstance(notice, CancelRequest) and notice.id == job.id
     assert GRACE_S - 0.1 <= cancelled_after <= GRACE_S + 1.0, cancelled_after
-    assert await redis.get(keys.cancelled_marker(job.id)) == b"1"
+    assert await redis.get(keys.cancelled_marker(job.model, job.id)) == b"1"
 
 
 async def test_queue_limit_on_real_redis(base_url: str, worker: Any, redis: Redis) -> None:

@@ -200,7 +200,7 @@ def test_a_job_a_stopping_worker_read_loads_its_model_again(pool: PoolCluster) -
 
     def events() -> list:
         return [codec.decode_event(f[keys.JOURNAL_EVENT_FIELD.encode()])
-                for _id, f in client.xrange(keys.journal_stream(job.id))]
+                for _id, f in client.xrange(keys.journal_stream(job.model, job.id))]
 
     wait_until(lambda: any(isinstance(e, DoneEvent | ErrorEvent) for e in events()), 120,
                f"the job to be served\n{pool.log_tails()}")

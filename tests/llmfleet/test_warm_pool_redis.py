@@ -59,7 +59,7 @@ def test_a_failed_load_ends_every_waiting_job_with_its_error(client: redis.Redis
     assert warm_pool_redis.fail_waiting(client, "m", "n1", "model 'm' could not be loaded: bad file", retry_after=30,
                                    journal_ttl_s=60) == 3
     for request_id in ids:
-        [(_, fields)] = client.xrange(keys.journal_stream(request_id))
+        [(_, fields)] = client.xrange(keys.journal_stream("m", request_id))
         event = codec.decode_event(fields[b"event"])
         assert isinstance(event, ErrorEvent) and event.seq == 0 and event.status == 503
         assert event.code == "model_load_failed" and "bad file" in event.message

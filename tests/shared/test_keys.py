@@ -7,10 +7,10 @@ from shared import keys
 
 def test_names() -> None:
     assert keys.jobs_stream("m/x") == "llmfleet:{m/x}:jobs"
-    assert keys.events_channel("req-1") == "llmfleet:events:req-1"
-    assert keys.journal_stream("req-1") == "llmfleet:journal:req-1"
+    assert keys.events_channel("m", "req-1") == "llmfleet:{m}:events:req-1"
+    assert keys.journal_stream("m", "req-1") == "llmfleet:{m}:journal:req-1"
     assert keys.cancel_channel("m") == "llmfleet:{m}:cancel"
-    assert keys.cancelled_marker("req-1") == "llmfleet:cancelled:req-1"
+    assert keys.cancelled_marker("m", "req-1") == "llmfleet:{m}:cancelled:req-1"
     assert keys.worker_key("w1") == "llmfleet:worker:w1"
     for name in (keys.WORKERS_INDEX, keys.MODELS_INDEX):
         assert name.startswith(keys.PREFIX)

@@ -124,12 +124,12 @@ def test_fresh_workers_are_those_within_the_ttl_draining_ones_included(clients: 
 def test_an_event_is_journalled_before_it_is_published(clients: tuple[Any, Any]) -> None:
     sync, _aio = clients
     pipe = sync.pipeline()
-    queue_event(pipe, "req-1", 3, b"event", journal_ttl_s=60, refresh_ttl=True)
+    queue_event(pipe, "m", "req-1", 3, b"event", journal_ttl_s=60, refresh_ttl=True)
     assert [c[0][0] for c in pipe.command_stack] == ["XADD", "EXPIRE", "PUBLISH"]
     pipe.execute()
-    [(_id, fields)] = sync.xrange(keys.journal_stream("req-1"))
+    [(_id, fields)] = sync.xrange(keys.journal_stream("m", "req-1"))
     assert fields == {keys.JOURNAL_SEQ_FIELD.encode(): b"3", keys.JOURNAL_EVENT_FIELD.encode(): b"event"}
-    assert 0 < sync.ttl(keys.journal_stream("req-1")) <= 60
+    assert 0 < sync.ttl(keys.journal_stream("m", "req-1")) <= 60
 
 
 @pytest.mark.parametrize(("error", "kind", "said"), [

@@ -1,9 +1,13 @@
 """A Redis Cluster test bed of real processes: three primaries (cluster-enabled, no replicas) on free loopback
-ports, the 16,384 slots split in three, joined with CLUSTER MEET; ready once every node says cluster_state:ok."""
+ports, the 16,384 slots split in three, joined with CLUSTER MEET; ready once every node says cluster_state:ok.
+
+It runs a redis-server 7.0 or later found on PATH (or /usr/bin/redis-server: sharded pub/sub, which llmfleet's
+REDIS_CLUSTER mode needs) before the bundled 6.2 one; `sharded` says whether it can."""
 
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -16,6 +20,25 @@ from llmfleet.redis_server import redis_server_binary
 from tests.support.processes import wait_until
 
 SLOTS = 16384
+SHARDED_PUBSUB = (7, 0)
+
+
+def server_version(binary: str) -> tuple[int, ...]:
+    """`redis-server --version`'s v=X.Y.Z as a tuple ((0,) when unreadable)."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return (0,)
+    found = re.search(r"v=(\d+)\.(\d+)\.(\d+)", out)
+    return tuple(int(part) for part in found.groups()) if found else (0,)
+
+
+def cluster_binary() -> str:
+    """A redis-server for the bed: one >= 7.0 on PATH or at /usr/bin, else the bundled (6.2) one."""
+    for candidate in (shutil.which("redis-server"), "/usr/bin/redis-server"):
+        if candidate and Path(candidate).is_file() and server_version(candidate) >= SHARDED_PUBSUB:
+            return candidate
+    return redis_server_binary()
 BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000, so its port must be 55535 or less
 
 
@@ -40,6 +63,13 @@ class ClusterBed:
         self.dir = Path(tempfile.mkdtemp(prefix="llmfleet-cluster-"))
         self.ports = [cluster_port() for _ in range(primaries)]
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.binary = cluster_binary()
+        self.version = server_version(self.binary)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the nodes run sharded pub/sub (Redis 7.0 or later), as REDIS_CLUSTER=1 needs."""
+        return self.version >= SHARDED_PUBSUB
 
     @property
     def startup_nodes(self) -> list[tuple[str, int]]:
@@ -49,7 +79,7 @@ class ClusterBed:
     def _start_node(self, port: int) -> None:
         node_dir = self.dir / str(port)
         node_dir.mkdir()
-        args = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        args = [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", str(node_dir), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "2000"]
         with (node_dir / "redis.log").open("ab") as out:

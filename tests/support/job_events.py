@@ -15,7 +15,7 @@ from shared.messages import DoneEvent, ErrorEvent
 def submit(client: redis.Redis, message: Any) -> Any:
     """Subscribe to the request's events (confirmed), then enqueue on its model's shared stream; returns the pubsub."""
     pubsub = client.pubsub()
-    pubsub.subscribe(keys.events_channel(message.id))
+    pubsub.subscribe(keys.events_channel(message.model, message.id))
     confirmation = pubsub.get_message(timeout=2)  # wait for Redis to confirm, as the gateway does
     assert confirmation is not None and confirmation["type"] == "subscribe"
     client.xadd(keys.jobs_stream(message.model), {keys.JOB_FIELD: codec.encode_job(message)})

@@ -1,7 +1,7 @@
 """Job ownership with epochs, so a worker that stalled past its lease cannot write into a stream that
 another worker now owns.
 
-`llmfleet:owner:{request_id}` = "<epoch>:<worker_id>" is set by TAKE_SCRIPT each time a worker takes a job
+`llmfleet:{model}:owner:{request_id}` = "<epoch>:<worker_id>" is set by TAKE_SCRIPT each time a worker takes a job
 (its first delivery or a takeover); the epoch counts the takings of that request (1, 2, ...). TAKE grants
 ownership only to the consumer that holds the job's entry in the group's pending list at that moment, and
 returns the entry's delivery count and the previous owner. The epoch, not the delivery count, is what the poison-job
@@ -13,7 +13,10 @@ current owner) and drops the job. The ack turns the value into "done", so a writ
 end is refused too. The heartbeat renews leases with RENEW_SCRIPT, which XCLAIMs only the entries the
 worker still owns and names the others. A missing owner key (Redis restarted empty: the job stream went
 with it, so nobody can have taken the job over) lets the holder go on and sets the key again.
-Scripts run with EVALSHA; NOSCRIPT (a restarted Redis forgot them) loads them and tries again.
+Scripts run with EVALSHA; NOSCRIPT (a restarted Redis forgot them) loads them and tries again. Every script's keys
+carry the request's model hash tag (shared/keys.py), so each call stays in one Redis Cluster slot; pipelines send
+EVALSHA through execute_command (redis-py's cluster pipeline refuses its evalsha(), though it routes the command by
+its keys), and SCRIPT LOAD on a cluster client reaches every primary.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from shared import keys
-from shared.redis_commands import JOURNAL_MAXLEN, reply_text
+from shared.redis_commands import JOURNAL_MAXLEN, reply_text, sharded
 
 DONE = "done"  # the owner value once a request's terminal event and ack are written
 
@@ -80,8 +83,12 @@ end
 return lost
 """
 
+# the same on a Redis Cluster: sharded pub/sub (Redis 7), the events channel being KEYS[3], in the script's slot
+SPUBLISH_SCRIPT = PUBLISH_SCRIPT.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
+
 _SCRIPTS = {hashlib.sha1(s.encode()).hexdigest(): s for s in (TAKE_SCRIPT, PUBLISH_SCRIPT, RENEW_SCRIPT)}
 TAKE_SHA, PUBLISH_SHA, RENEW_SHA = _SCRIPTS
+SPUBLISH_SHA = hashlib.sha1(SPUBLISH_SCRIPT.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -115,21 +122,22 @@ def is_noscript(error: object) -> bool:
 
 
 def load_scripts(redis: Any) -> None:
-    """SCRIPT LOAD every fencing script."""
-    for script in _SCRIPTS.values():
+    """SCRIPT LOAD every fencing script (on a Redis Cluster: on every primary, the sharded PUBLISH among them)."""
+    for script in (*_SCRIPTS.values(), *((SPUBLISH_SCRIPT,) if sharded(redis) else ())):
         redis.script_load(script)
 
 
-def take_ownership(redis: Any, stream: str, worker_id: str, takings: list[tuple[str, str]], *,
+def take_ownership(redis: Any, stream: str, worker_id: str, model: str, takings: list[tuple[str, str]], *,
                    ttl_s: int) -> list[Grant]:
-    """Take each (request id, entry id) with a new owner epoch, in one round trip; one Grant per taking."""
+    """Take each (request id, entry id) of a job of `model` (the stream's) with a new owner epoch, in one round
+    trip; one Grant per taking."""
     if not takings:
         return []
 
     def attempt() -> list[Any]:
         pipe = redis.pipeline(transaction=False)
         for request_id, entry_id in takings:
-            pipe.evalsha(TAKE_SHA, 2, keys.owner_key(request_id), stream, keys.JOBS_GROUP, worker_id, entry_id,
+            pipe.execute_command("EVALSHA", TAKE_SHA, 2, keys.owner_key(model, request_id), stream, keys.JOBS_GROUP, worker_id, entry_id,
                          max(1, int(ttl_s)))
         return pipe.execute(raise_on_error=False)
 
@@ -150,22 +158,23 @@ def take_ownership(redis: Any, stream: str, worker_id: str, takings: list[tuple[
     return grants
 
 
-def queue_fenced_publish(pipe: Any, request_id: str, owner: str, events: list[tuple[int, bytes]], *, ttl_s: int,
+def queue_fenced_publish(pipe: Any, model: str, request_id: str, owner: str, events: list[tuple[int, bytes]], *, ttl_s: int,
                          refresh_ttl: bool, stream: str, ack_id: str | None) -> None:
     """Queue one request's events (journal, then publish) and its ack, all refused unless `owner` owns it."""
     flat: list[Any] = []
     for seq, data in events:
         flat += [str(seq), data]
-    pipe.evalsha(PUBLISH_SHA, 4, keys.owner_key(request_id), keys.journal_stream(request_id),
-                 keys.events_channel(request_id), stream, owner, max(1, int(ttl_s)), JOURNAL_MAXLEN,
-                 "1" if refresh_ttl else "0", ack_id or "", keys.JOBS_GROUP, *flat)
+    pipe.execute_command("EVALSHA", SPUBLISH_SHA if sharded(pipe) else PUBLISH_SHA, 4, keys.owner_key(model, request_id),
+                         keys.journal_stream(model, request_id), keys.events_channel(model, request_id), stream, owner,
+                         max(1, int(ttl_s)), JOURNAL_MAXLEN, "1" if refresh_ttl else "0", ack_id or "", keys.JOBS_GROUP,
+                         *flat)
 
 
-def renew_leases(redis: Any, stream: str, worker_id: str, leases: list[Lease]) -> list[str]:
+def renew_leases(redis: Any, stream: str, worker_id: str, model: str, leases: list[Lease]) -> list[str]:
     """Renew the lease (XCLAIM JUSTID) of every held job still owned; returns the entry ids owned by another."""
     if not leases:
         return []
-    args: list[Any] = [RENEW_SHA, 1 + len(leases), stream, *(keys.owner_key(lease.request_id) for lease in leases),
+    args: list[Any] = [RENEW_SHA, 1 + len(leases), stream, *(keys.owner_key(model, lease.request_id) for lease in leases),
                        keys.JOBS_GROUP, worker_id]
     for lease in leases:
         args += [lease.entry_id, lease.owner]

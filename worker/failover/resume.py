@@ -42,10 +42,10 @@ class JournalUnusable(Exception):
         self.next_seq = next_seq
 
 
-def read_journal(redis: Redis, request_id: str) -> JournalState:
-    """Replay the journal of a request into a JournalState, or raise JournalUnusable."""
+def read_journal(redis: Redis, model: str, request_id: str) -> JournalState:
+    """Replay the journal of a request of `model` into a JournalState, or raise JournalUnusable."""
     state = JournalState()
-    entries = redis.xrange(keys.journal_stream(request_id))
+    entries = redis.xrange(keys.journal_stream(model, request_id))
     event_field, seq_field = keys.JOURNAL_EVENT_FIELD.encode(), keys.JOURNAL_SEQ_FIELD.encode()
     highest = max((_seq(fields.get(seq_field)) for _entry, fields in entries), default=-1)
     for _entry, fields in entries:

@@ -58,8 +58,8 @@ def pending_counts(redis: Any, streams: list[str]) -> list[int]:
     return [int(reply["pending"]) if isinstance(reply, dict) else -1 for reply in pipe.execute(raise_on_error=False)]
 
 
-def claim_from_streams(redis: Any, streams: list[str], worker_id: str, *, count: int, ttl_s: float, lease_s: float,
-                       skip: dict[str, list[str]], required: set[str]) -> list[tuple[str, str, Any]]:
+def claim_from_streams(redis: Any, streams: list[str], worker_id: str, *, model: str, count: int, ttl_s: float,
+                       lease_s: float, skip: dict[str, list[str]], required: set[str]) -> list[tuple[str, str, Any]]:
     """claim_stalled over `streams` in turn, up to `count` entries in all: (stream, entry id, fields); the entries in
     `skip` (per stream) are left alone. NOGROUP on a stream in `required` raises (it is recreated); on another, that
     stream is skipped (forgotten meanwhile)."""
@@ -68,7 +68,7 @@ def claim_from_streams(redis: Any, streams: list[str], worker_id: str, *, count:
         if count <= 0:
             break
         try:
-            claimed = claim_stalled(redis, stream, worker_id, count=count, ttl_s=ttl_s, lease_s=lease_s,
+            claimed = claim_stalled(redis, stream, worker_id, count=count, ttl_s=ttl_s, lease_s=lease_s, model=model,
                                     request_id_of=request_id_of, skip=frozenset(skip.get(stream, ())))
         except ResponseError as exc:
             if stream in required:
@@ -81,15 +81,15 @@ def claim_from_streams(redis: Any, streams: list[str], worker_id: str, *, count:
 
 
 def claim_stalled(redis: Any, stream: str, worker_id: str, *, count: int, ttl_s: float, lease_s: float,
-                  request_id_of: Callable[[dict], str | None] | None = None,
+                  model: str = "", request_id_of: Callable[[dict], str | None] | None = None,
                   skip: frozenset[str] = frozenset()) -> list[Any]:
     """Claim up to `count` entries of dead consumers (at once), of stalled readers or lost reads that were never
-    taken (with `request_id_of`, which names an entry's request; not the own entries in `skip`), and of silent
-    ones (after the lease)."""
+    taken (with `request_id_of`, which names an entry's request of `model`, the stream's; not the own entries in
+    `skip`), and of silent ones (after the lease)."""
     claimed = claim_from_dead_workers(redis, stream, worker_id, count=count, ttl_s=ttl_s, lease_s=lease_s)
     if len(claimed) < count and request_id_of is not None and lease_s > UNTAKEN_AFTER_S:
-        claimed += claim_untaken(redis, stream, worker_id, count=count - len(claimed), request_id_of=request_id_of,
-                                 skip=skip)
+        claimed += claim_untaken(redis, stream, worker_id, model=model, count=count - len(claimed),
+                                 request_id_of=request_id_of, skip=skip)
     if len(claimed) < count:
         reply = redis.xautoclaim(stream, keys.JOBS_GROUP, worker_id, start_id="0-0",
                                  min_idle_time=int(lease_s * 1000), count=count - len(claimed))
@@ -119,7 +119,7 @@ def claim_from_dead_workers(redis: Any, stream: str, worker_id: str, *, count: i
     return claimed[:count]
 
 
-def claim_untaken(redis: Any, stream: str, worker_id: str, *, count: int,
+def claim_untaken(redis: Any, stream: str, worker_id: str, *, model: str, count: int,
                   request_id_of: Callable[[dict], str | None], skip: frozenset[str] = frozenset()) -> list[Any]:
     """Entries read and never taken (no owner names their reader): by other consumers over UNTAKEN_AFTER_S ago,
     by this one over LOST_READ_AFTER_S ago (its read's reply was lost), except the entry ids in `skip`."""
@@ -137,7 +137,7 @@ def claim_untaken(redis: Any, stream: str, worker_id: str, *, count: int,
             continue
         found = redis.xrange(stream, min=entry_id, max=entry_id, count=1)
         request_id = request_id_of(found[0][1]) if found else None
-        owner = redis.get(keys.owner_key(request_id)) if request_id else None
+        owner = redis.get(keys.owner_key(model, request_id)) if request_id else None
         if owner is not None and (reply_text(owner) == "done" or reply_text(owner).split(":", 1)[-1] == holder):
             continue  # taken by its reader (only the lease may move it), or ended and about to be acked
         # the min idle time: an entry delivered or renewed meanwhile (its reader took it after all) stays
@@ -181,7 +181,7 @@ def read_for_takeover(redis: Any, job: Job, epoch: int, *, model: str, worker_id
     (OOM) never ran the job."""
     journal, next_seq, problem = None, 0, ""
     try:
-        journal = read_journal(redis, job.id)
+        journal = read_journal(redis, job.model, job.id)
         next_seq = journal.next_seq
     except JournalUnusable as exc:
         log.warning("cannot resume job %s: %s", job.id, exc)

@@ -95,7 +95,10 @@ class Heartbeat:
     def beat(self) -> None:
         """Write the registry entry and renew the lease on every job this worker holds."""
         now = time.time()
-        pipe = self.redis.pipeline(transaction=True)
+        # not a MULTI: the registry hash, the two indexes, the facts hash and the model's tier counter are in different
+        # Redis Cluster slots. Nothing needs them together: every beat rewrites them all, and a reader skips an index
+        # entry whose hash is missing. A refused write (OOM) is raised by execute() as a MULTI's was.
+        pipe = self.redis.pipeline(transaction=False)
         gauges = self._gauges()
         stats = self._stats()
         loaded = gauges.get("load", 0) > 0
@@ -113,7 +116,7 @@ class Heartbeat:
         facts = self._facts()
         if facts is not None:  # every beat: a Redis that restarted empty has them again at once
             pipe.hset(keys.MODEL_FACTS, self.model, facts)
-        if self._drop_tier is not None:  # last in the MULTI: its reply is the last
+        if self._drop_tier is not None:  # last in the pipeline: its reply is the last
             pipe.get(keys.kv_tier_drop(self.model))
         refused: ResponseError | None = None
         try:
@@ -142,8 +145,9 @@ class Heartbeat:
         by_stream: dict[str, list[Lease]] = {}
         for lease in self._held_jobs():
             by_stream.setdefault(lease.stream, []).append(lease)
-        lost = [(stream, entry_id) for stream, leases in by_stream.items()  # XCLAIM by the owner resets the idle
-                for entry_id in renew_leases(self.redis, stream, self.worker_id, leases)]  # time others respect
+        # XCLAIM by the owner resets the idle time others respect
+        lost = [(stream, entry_id) for stream, leases in by_stream.items()
+                for entry_id in renew_leases(self.redis, stream, self.worker_id, self.model, leases)]
         if lost:
             self._on_lost(lost)
 
@@ -155,7 +159,7 @@ class Heartbeat:
 
     def deregister(self) -> None:
         """Remove the registry entry (clean shutdown)."""
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = self.redis.pipeline(transaction=False)  # two slots; a leftover index entry is forgotten by its age
         queue_deregistration(pipe, self.worker_id)
         pipe.execute()
 

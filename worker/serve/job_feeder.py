@@ -303,7 +303,7 @@ class JobFeeder:
         # this worker's own entries whose read lost its reply come back here too (takeover.py); those an earlier
         # process or a failed taking left are _claim_orphans' (skipped)
         for stream, mid, fields in claim_from_streams(
-                self.redis, streams, self.worker_id, count=free, ttl_s=self.settings.heartbeat_ttl_s,
+                self.redis, streams, self.worker_id, model=self.model, count=free, ttl_s=self.settings.heartbeat_ttl_s,
                 lease_s=self.settings.lease_s, skip=self.orphans, required={*self.streams, *self.own_streams}):
             job = self._decode(stream, mid, fields)  # None: trimmed away or unreadable, acked and dropped
             if job is not None and not self._holds(job.id):
@@ -351,7 +351,7 @@ class JobFeeder:
         taken: list[TakenJob] = []
         for stream in dict.fromkeys(s for s, _mid, _job in jobs):  # each stream once, in reading order
             mine = [(mid, job) for s, mid, job in jobs if s == stream]
-            grants = take_ownership(self.redis, stream, self.worker_id, [(job.id, mid) for mid, job in mine],
+            grants = take_ownership(self.redis, stream, self.worker_id, self.model, [(job.id, mid) for mid, job in mine],
                                     ttl_s=self.journal_ttl_s)
             for (mid, job), grant in zip(mine, grants, strict=True):
                 if grant.status == "lost":
@@ -364,7 +364,7 @@ class JobFeeder:
             return taken
         pipe = self.redis.pipeline(transaction=False)
         for item in taken:
-            pipe.exists(keys.cancelled_marker(item.job.id))
+            pipe.exists(keys.cancelled_marker(self.model, item.job.id))
         for item, cancelled in zip(taken, pipe.execute(), strict=True):
             item.cancelled = bool(cancelled)
             if item.takeover:

@@ -88,8 +88,9 @@ def merge(batches: list[StepBatch]) -> StepBatch:
 class BatchSender:
     """Holds sealed step batches and sends them, in order, one transaction per send (thread or caller)."""
 
-    def __init__(self, redis: Redis, journal_ttl_s: int, *, max_steps: int = DEFAULT_MAX_STEPS) -> None:
+    def __init__(self, redis: Redis, journal_ttl_s: int, *, model: str, max_steps: int = DEFAULT_MAX_STEPS) -> None:
         self.redis = redis
+        self.model = model  # every write's names carry its hash tag: one transaction stays in one cluster slot
         self.journal_ttl_s = journal_ttl_s
         self.max_steps = max_steps
         self._queued: list[StepBatch] = []  # oldest first; a failed send puts its batch back at the front
@@ -280,16 +281,16 @@ class BatchSender:
             if write.owner:
                 continue
             for event in write.events:  # not fenced: plain commands
-                queue_event(pipe, event.id, event.seq, codec.encode_event(event), journal_ttl_s=self.journal_ttl_s,
+                queue_event(pipe, self.model, event.id, event.seq, codec.encode_event(event), journal_ttl_s=self.journal_ttl_s,
                             refresh_ttl=event.seq == 0 or is_terminal(event))
         for stream, entry_id in batch.plain_acks:
             queue_job_done(pipe, stream, entry_id)
         for write in batch.writes:
             if not write.owner:
                 continue
-            stream, entry_id = write.ack or (keys.journal_stream(write.request_id), "")
+            stream, entry_id = write.ack or (keys.journal_stream(self.model, write.request_id), "")
             fenced.append((len(pipe.command_stack), write))
-            queue_fenced_publish(pipe, write.request_id, write.owner,
+            queue_fenced_publish(pipe, self.model, write.request_id, write.owner,
                                  [(e.seq, codec.encode_event(e)) for e in write.events], ttl_s=self.journal_ttl_s,
                                  refresh_ttl=any(e.seq == 0 or is_terminal(e) for e in write.events),
                                  stream=stream, ack_id=entry_id or None)

@@ -37,9 +37,10 @@ StepEvent = SequenceStep | RequestDone | RequestFailed | EmbeddingDone | PromptS
 class EventPublisher:
     """Numbers every request's events from 0 and seals a step's worth of them for one MULTI/EXEC."""
 
-    def __init__(self, redis: Redis, tokenizer: Tokenizer, journal_ttl_s: float, *,
+    def __init__(self, redis: Redis, tokenizer: Tokenizer, journal_ttl_s: float, *, model: str,
                  max_steps: int = DEFAULT_MAX_STEPS) -> None:
         self.redis = redis
+        self.model = model  # the worker's (base) model: every request's journal, channel and owner are in its slot
         self.tokenizer = tokenizer
         self.journal_ttl_s = max(1, int(journal_ttl_s))
         self._next_seq: dict[str, int] = {}
@@ -47,7 +48,7 @@ class EventPublisher:
         self._acks: list[tuple[str, str]] = []  # (stream, entry id) of jobs whose terminal event is queued
         self._owners: dict[str, str] = {}  # request id -> the owner value its writes are fenced with
         self._entries: dict[tuple[str, str], str] = {}  # (stream, entry id) -> request id (ack goes with its write)
-        self.sender = BatchSender(redis, self.journal_ttl_s, max_steps=max_steps)
+        self.sender = BatchSender(redis, self.journal_ttl_s, model=model, max_steps=max_steps)
         self.threaded = False  # True once start() runs the sender in its own thread
 
     def next_seq(self, request_id: str) -> int:

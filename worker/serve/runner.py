@@ -77,7 +77,7 @@ class WorkerRunner:
         self.read_order = [s for pair in zip(self.own_streams, self.streams, strict=True) for s in pair]
         config = scheduler_config or SchedulerConfig.from_settings(settings)
         self.scheduler = new_scheduler(engine, config)
-        self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60)
+        self.publisher = EventPublisher(redis, engine.tokenizer, settings.request_timeout_s + 60, model=model)
         self.tracer = JobTracer(model, self.worker_id)  # spans of traced jobs (OTEL_EXPORTER_OTLP_ENDPOINT set)
         self.stop_requested = threading.Event()
         self.ready = threading.Event()  # set once registered and listening

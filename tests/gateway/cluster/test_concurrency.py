@@ -22,7 +22,7 @@ async def test_many_concurrent_streams(app_client, worker, redis, settings) -> N
     tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=b)) for b in bodies]
     jobs = [await worker.take() for _ in range(N)]
     assert app.state.broker.subscriber.active == N
-    channels = await redis.pubsub_channels(keys.events_channel("*"))
+    channels = await redis.pubsub_channels(keys.events_channel("smollm2", "*"))
     assert len(channels) == N
     for job in jobs:
         await worker.answer(job, [job.messages[0].content, "!"])  # type: ignore[index]
@@ -35,4 +35,4 @@ async def test_many_concurrent_streams(app_client, worker, redis, settings) -> N
         else:
             assert response.json()["choices"][0]["message"]["content"] == f"{question}!"
     assert app.state.broker.subscriber.active == 0
-    assert await redis.pubsub_channels(keys.events_channel("*")) == []
+    assert await redis.pubsub_channels(keys.events_channel("smollm2", "*")) == []

@@ -62,7 +62,7 @@ async def test_with_no_worker_by_the_end_of_the_wait_the_request_is_a_503_and_it
     assert 0.5 <= waited < 3
     [(_stream, [(_entry, fields)])] = await redis.xread({keys.jobs_stream("smollm2"): "0"})
     job = codec.decode_job(fields[keys.JOB_FIELD.encode()])
-    assert await redis.exists(keys.cancelled_marker(job.id))  # a worker that starts later drops it
+    assert await redis.exists(keys.cancelled_marker(job.model, job.id))  # a worker that starts later drops it
 
 
 async def test_a_worker_that_registered_but_is_busy_leaves_the_job_to_the_queue(app_client, redis) -> None:

@@ -88,7 +88,7 @@ async def test_a_client_that_left_resumes_the_running_job_and_it_is_not_cancelle
     text = "".join(json.loads(f.split("data: ", 1)[1])["choices"][0]["delta"].get("content", "")
                    for f in [*got, *_frames(response.content)] if '"choices":[{' in f)
     assert text == "Hello"
-    assert not await redis.exists(keys.cancelled_marker(job.id))
+    assert not await redis.exists(keys.cancelled_marker(job.model, job.id))
     assert await redis.hget(keys.stream_record(stream_id), "owner") == b"done"
 
 
@@ -107,7 +107,7 @@ async def test_a_stream_whose_journal_is_gone_is_a_404_not_a_silent_wait(client,
     """As after a Redis restart that kept the record but lost the events (or a journal past its retention)."""
     whole = await _streamed(client, worker, "/v1/chat/completions", CHAT)
     stream_id = json.loads(_frames(whole)[0].split("data: ", 1)[1])["id"]
-    await redis.delete(keys.journal_stream("req-" + stream_id.removeprefix("chatcmpl-")))
+    await redis.delete(keys.journal_stream("smollm2", "req-" + stream_id.removeprefix("chatcmpl-")))
     again = await client.get(f"/v1/chat/completions/{stream_id}/stream", headers={"Last-Event-ID": "1"})
     assert again.status_code == 404 and again.json()["error"]["code"] == "stream_not_found"
 

@@ -252,7 +252,7 @@ async def test_cancel_stops_a_running_response_from_any_request(sdk, client, wor
     await worker.token(job, "Once")
     cancelled = await client.post("/v1/responses/resp_0123/cancel")
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-    assert await redis.exists(f"llmfleet:cancelled:{job.id}")
+    assert await redis.exists(keys.cancelled_marker(job.model, job.id))
     await worker.send(ChoiceEndEvent(id=job.id, seq=worker.next_seq(job.id), finish_reason="cancelled"))
     await worker.done(job)
     response = await task

@@ -11,7 +11,7 @@ from worker.failover.resume import JournalUnusable, read_journal
 
 
 def _append(client: fakeredis.FakeRedis, event: TokenEvent | ChoiceEndEvent) -> None:
-    client.xadd(keys.journal_stream("r"), {"seq": str(event.seq), "event": codec.encode_event(event)})
+    client.xadd(keys.journal_stream("m", "r"), {"seq": str(event.seq), "event": codec.encode_event(event)})
 
 
 def test_progress_per_choice_and_duplicates_skipped() -> None:
@@ -21,7 +21,7 @@ def test_progress_per_choice_and_duplicates_skipped() -> None:
                   TokenEvent(id="r", seq=1, index=1, text="b", token_ids=[6]),  # a replayed write
                   ChoiceEndEvent(id="r", seq=2, index=0, finish_reason="stop")]:
         _append(client, event)
-    state = read_journal(client, "r")
+    state = read_journal(client, "m", "r")
     assert (state.next_seq, state.tokens, state.ended, state.terminal) == (3, {0: [5], 1: [6]}, {0}, False)
 
 
@@ -31,9 +31,9 @@ def test_a_gapped_or_unreadable_journal_still_names_the_next_seq() -> None:
     _append(client, TokenEvent(id="r", seq=0, text="a", token_ids=[5]))
     _append(client, TokenEvent(id="r", seq=4, text="b", token_ids=[6]))
     with pytest.raises(JournalUnusable) as gap:
-        read_journal(client, "r")
+        read_journal(client, "m", "r")
     assert gap.value.next_seq == 5
-    client.xadd(keys.journal_stream("r"), {"seq": "7", "event": b"\xff not msgpack"})
+    client.xadd(keys.journal_stream("m", "r"), {"seq": "7", "event": b"\xff not msgpack"})
     with pytest.raises(JournalUnusable) as unreadable:
-        read_journal(client, "r")
+        read_journal(client, "m", "r")
     assert unreadable.value.next_seq == 8

@@ -39,31 +39,31 @@ def _request_id(fields: dict) -> str:
 
 def test_an_entry_read_and_never_taken_moves_to_the_claimer_and_its_reader_is_refused(client: redis.Redis) -> None:
     entry = _read(client, "stalled", "r1")
-    assert claim_untaken(client, STREAM, "thief", count=5, request_id_of=_request_id) == []  # just read
+    assert claim_untaken(client, STREAM, "thief", model="m", count=5, request_id_of=_request_id) == []  # just read
     time.sleep(0.3)
-    claimed = claim_untaken(client, STREAM, "thief", count=5, request_id_of=_request_id)
+    claimed = claim_untaken(client, STREAM, "thief", model="m", count=5, request_id_of=_request_id)
     assert [e[0].decode() for e in claimed] == [entry]
-    assert take_ownership(client, STREAM, "stalled", [("r1", entry)], ttl_s=60)[0].status == "lost"
-    assert take_ownership(client, STREAM, "thief", [("r1", entry)], ttl_s=60)[0].owner == "1:thief"
+    assert take_ownership(client, STREAM, "stalled", "m", [("r1", entry)], ttl_s=60)[0].status == "lost"
+    assert take_ownership(client, STREAM, "thief", "m", [("r1", entry)], ttl_s=60)[0].owner == "1:thief"
 
 
 def test_an_entry_its_reader_took_stays_until_the_lease(client: redis.Redis) -> None:
     entry = _read(client, "busy", "r2")
-    take_ownership(client, STREAM, "busy", [("r2", entry)], ttl_s=60)
+    take_ownership(client, STREAM, "busy", "m", [("r2", entry)], ttl_s=60)
     time.sleep(0.3)
-    assert claim_untaken(client, STREAM, "thief", count=5, request_id_of=_request_id) == []
-    client.set(keys.owner_key("r2"), "done")  # ended, only the ack missing: not claimed either
-    assert claim_untaken(client, STREAM, "thief", count=5, request_id_of=_request_id) == []
+    assert claim_untaken(client, STREAM, "thief", model="m", count=5, request_id_of=_request_id) == []
+    client.set(keys.owner_key("m", "r2"), "done")  # ended, only the ack missing: not claimed either
+    assert claim_untaken(client, STREAM, "thief", model="m", count=5, request_id_of=_request_id) == []
     pending = client.xpending_range(STREAM, keys.JOBS_GROUP, min="-", max="+", count=5)
     assert [p["consumer"].decode() for p in pending] == ["busy"]
 
 
 def test_an_entry_taken_by_an_earlier_owner_and_read_again_by_a_stalled_worker_is_claimed(client: redis.Redis) -> None:
     entry = _read(client, "first", "r3")
-    take_ownership(client, STREAM, "first", [("r3", entry)], ttl_s=60)
+    take_ownership(client, STREAM, "first", "m", [("r3", entry)], ttl_s=60)
     client.xclaim(STREAM, keys.JOBS_GROUP, "second", 0, [entry])  # the first died; the second reclaimed it and stopped
     time.sleep(0.3)
-    claimed = claim_stalled(client, STREAM, "thief", count=5, ttl_s=60, lease_s=60, request_id_of=_request_id)
+    claimed = claim_stalled(client, STREAM, "thief", count=5, ttl_s=60, lease_s=60, model="m", request_id_of=_request_id)
     assert [e[0].decode() for e in claimed] == [entry]
 
 
@@ -71,7 +71,7 @@ def test_without_a_way_to_name_requests_only_the_lease_applies(client: redis.Red
     _read(client, "stalled", "r4")
     time.sleep(0.3)
     assert claim_stalled(client, STREAM, "thief", count=5, ttl_s=60, lease_s=60) == []
-    assert claim_untaken(client, STREAM, "stalled", count=5, request_id_of=_request_id) == []  # its own entry
+    assert claim_untaken(client, STREAM, "stalled", model="m", count=5, request_id_of=_request_id) == []  # its own entry
 
 
 def test_an_own_entry_whose_read_lost_its_reply_is_claimed_back_past_the_bound(
@@ -79,15 +79,15 @@ def test_an_own_entry_whose_read_lost_its_reply_is_claimed_back_past_the_bound(
     monkeypatch.setattr(takeover, "LOST_READ_AFTER_S", 0.5)
     lost = _read(client, "w1", "r5")  # delivered to w1, but the reply never reached it
     taken = _read(client, "w1", "r6")
-    take_ownership(client, STREAM, "w1", [("r6", taken)], ttl_s=60)  # running (or ended, the final ack on its way)
+    take_ownership(client, STREAM, "w1", "m", [("r6", taken)], ttl_s=60)  # running (or ended, the final ack on its way)
     skipped = _read(client, "w1", "r7")  # one the caller takes back on its own (an orphan)
     time.sleep(0.3)  # past UNTAKEN_AFTER_S, within the bound: a reply could still be arriving
-    assert claim_untaken(client, STREAM, "w1", count=5, request_id_of=_request_id, skip=frozenset({skipped})) == []
+    assert claim_untaken(client, STREAM, "w1", model="m", count=5, request_id_of=_request_id, skip=frozenset({skipped})) == []
     time.sleep(0.3)
-    claimed = claim_stalled(client, STREAM, "w1", count=5, ttl_s=60, lease_s=60, request_id_of=_request_id,
+    claimed = claim_stalled(client, STREAM, "w1", count=5, ttl_s=60, lease_s=60, model="m", request_id_of=_request_id,
                             skip=frozenset({skipped}))
     assert [e[0].decode() for e in claimed] == [lost]  # not the taken one, not the skipped one
-    assert take_ownership(client, STREAM, "w1", [("r5", lost)], ttl_s=60)[0].owner == "1:w1"
+    assert take_ownership(client, STREAM, "w1", "m", [("r5", lost)], ttl_s=60)[0].owner == "1:w1"
 
 
 def test_pending_counts_reads_every_stream_in_one_round_trip(client: redis.Redis) -> None:
@@ -101,7 +101,7 @@ def test_pending_counts_reads_every_stream_in_one_round_trip(client: redis.Redis
 
 def test_claim_from_streams_skips_a_forgotten_stream_and_raises_for_a_required_one(client: redis.Redis) -> None:
     gone = keys.jobs_stream("gone")
-    assert takeover.claim_from_streams(client, [gone, STREAM], "w9", count=4, ttl_s=1.0, lease_s=60.0, skip={},
+    assert takeover.claim_from_streams(client, [gone, STREAM], "w9", model="m", count=4, ttl_s=1.0, lease_s=60.0, skip={},
                                        required=set()) == []
     with pytest.raises(redis.ResponseError):
-        takeover.claim_from_streams(client, [gone], "w9", count=4, ttl_s=1.0, lease_s=60.0, skip={}, required={gone})
+        takeover.claim_from_streams(client, [gone], "w9", model="m", count=4, ttl_s=1.0, lease_s=60.0, skip={}, required={gone})

@@ -31,7 +31,7 @@ def _job(rid: str, max_tokens: int = LONG) -> GenerateJob:
 
 def _mark(client: redis.Redis, rid: str) -> None:
     """What the gateway's cancel writes first: the marker (the publish may be lost)."""
-    client.set(keys.cancelled_marker(rid), b"1", ex=60)
+    client.set(keys.cancelled_marker(MODEL, rid), b"1", ex=60)
 
 
 @pytest.fixture()

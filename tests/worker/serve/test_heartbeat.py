@@ -134,7 +134,7 @@ def test_a_refused_beat_keeps_the_worker_alive_and_its_jobs_its_own(redis_server
     client.xgroup_create(stream, keys.JOBS_GROUP, id="0", mkstream=True)
     entry = client.xadd(stream, {"job": b"x"}).decode()
     client.xreadgroup(keys.JOBS_GROUP, "w1", {stream: ">"})
-    [grant] = take_ownership(client, stream, "w1", [("r", entry)], ttl_s=60)
+    [grant] = take_ownership(client, stream, "w1", "m", [("r", entry)], ttl_s=60)
     lease = Lease(entry, "r", grant.owner, stream)
     beat = Heartbeat(client, worker_id="w1", model="m", slots=2, interval_s=0.2, ttl_s=2.0,
                      gauges=lambda: {"load": 1, "served": 0}, held_jobs=lambda: [lease])

@@ -68,7 +68,7 @@ def test_generate_events_are_numbered_and_terminal_once(worker: WorkerRunner, cl
     assert [e.finish_reason for e in events if isinstance(e, ChoiceEndEvent)] == ["length", "length"]
     done = events[-1]
     assert isinstance(done, DoneEvent) and done.usage.prompt_tokens == 3 and done.usage.completion_tokens == 10
-    journal = client.xrange(keys.journal_stream("g1"))
+    journal = client.xrange(keys.journal_stream(MODEL, "g1"))
     assert len(journal) == len(events)  # everything published is journaled
     time.sleep(0.3)
     assert client.xpending(keys.jobs_stream(MODEL), keys.JOBS_GROUP)["pending"] == 0  # acked
@@ -128,7 +128,7 @@ def test_embeddings_of_a_causal_model_are_a_400_ended_once(worker: WorkerRunner,
     error = events[0]
     assert (error.status, error.type, error.param) == (400, "invalid_request_error", "model")
     assert f"{MODEL!r} is a generative model" in error.message and "LLMFLEET_CAUSAL_EMBEDDINGS=1" in error.message
-    assert client.xlen(keys.journal_stream("e2")) == 1  # the one terminal event, journaled
+    assert client.xlen(keys.journal_stream(MODEL, "e2")) == 1  # the one terminal event, journaled
     time.sleep(0.3)
     assert client.xpending(keys.jobs_stream(MODEL), keys.JOBS_GROUP)["pending"] == 0  # acked: not redelivered
     assert worker.scheduler.stats.active == 0
@@ -257,21 +257,21 @@ def test_a_worker_whose_job_was_taken_over_is_fenced_off(worker: WorkerRunner, c
         client.xclaim(stream, keys.JOBS_GROUP, "other", 0, [entry], justid=True)
 
     other_worker_holds_it()
-    grant = take_ownership(client, stream, "other", [("fenced", entry)], ttl_s=60)[0]
+    grant = take_ownership(client, stream, "other", MODEL, [("fenced", entry)], ttl_s=60)[0]
     assert grant.epoch == 2 and grant.previous.endswith(":" + worker.worker_id)
     deadline = time.monotonic() + 10
     while "fenced" in worker._held and time.monotonic() < deadline:
         other_worker_holds_it()
         time.sleep(0.05)
     assert "fenced" not in worker._held and worker.scheduler.stats.active == 0
-    seen = client.xlen(keys.journal_stream("fenced"))
+    seen = client.xlen(keys.journal_stream(MODEL, "fenced"))
     for _ in range(10):
         other_worker_holds_it()
         time.sleep(0.05)
-    assert client.xlen(keys.journal_stream("fenced")) == seen  # the stale worker wrote nothing more
+    assert client.xlen(keys.journal_stream(MODEL, "fenced")) == seen  # the stale worker wrote nothing more
     pending = client.xpending_range(stream, keys.JOBS_GROUP, min="-", max="+", count=5)
     assert [(p["message_id"].decode(), p["consumer"]) for p in pending] == [(entry, b"other")]  # nor acked it
-    assert client.get(keys.owner_key("fenced")) == grant.owner.encode()
+    assert client.get(keys.owner_key(MODEL, "fenced")) == grant.owner.encode()
     assert "fenced off: job fenced" in caplog.text
 
 
@@ -284,11 +284,11 @@ def test_a_poison_job_is_dead_lettered_and_its_client_told(tiny_engine: Any, cli
     live.ensure_group()
     pubsub = submit(client, job("poison"))
     entry = client.xreadgroup(keys.JOBS_GROUP, "ghost-1", {stream: ">"}, count=1)[0][1][0][0]
-    take_ownership(client, stream, "ghost-1", [("poison", entry.decode())], ttl_s=60)
+    take_ownership(client, stream, "ghost-1", MODEL, [("poison", entry.decode())], ttl_s=60)
     for ghost in ("ghost-2", "ghost-3"):  # two takeovers, each holder died too: three takings
         client.xclaim(stream, keys.JOBS_GROUP, ghost, 0, [entry])
-        take_ownership(client, stream, ghost, [("poison", entry.decode())], ttl_s=60)
-    client.xadd(keys.journal_stream("poison"), {"seq": "0", "event": codec.encode_event(
+        take_ownership(client, stream, ghost, MODEL, [("poison", entry.decode())], ttl_s=60)
+    client.xadd(keys.journal_stream(MODEL, "poison"), {"seq": "0", "event": codec.encode_event(
         TokenEvent(id="poison", seq=0, text="a", token_ids=[5]))})  # what the first holder got out
     events = run_until_collected(live, pubsub)
     assert len(events) == 1 and isinstance(events[0], ErrorEvent) and events[0].seq == 1
@@ -385,7 +385,7 @@ def test_a_critical_job_starts_before_fifty_queued_low_ones(tiny_engine: Any, cl
             pass  # the one slot is taken
         listener = client.pubsub()
         ids = [f"low-{i}" for i in range(50)] + ["critical"]
-        listener.subscribe(*(keys.events_channel(rid) for rid in ids))
+        listener.subscribe(*(keys.events_channel(MODEL, rid) for rid in ids))
         for _ in ids:
             assert listener.get_message(timeout=2)["type"] == "subscribe"
         for rid in ids:
@@ -416,7 +416,7 @@ def test_a_worker_restarted_under_its_own_id_takes_its_jobs_back_at_once(tiny_en
     WorkerRunner(tiny_engine, client, slow_lease, model=MODEL, worker_id="same").ensure_group()
     pubsub = submit(client, job("mine"))
     entry = client.xreadgroup(keys.JOBS_GROUP, "same", {keys.jobs_stream(MODEL): ">"}, count=1)[0][1][0][0]
-    [grant] = take_ownership(client, keys.jobs_stream(MODEL), "same", [("mine", entry.decode())], ttl_s=60)
+    [grant] = take_ownership(client, keys.jobs_stream(MODEL), "same", MODEL, [("mine", entry.decode())], ttl_s=60)
     assert grant.epoch == 1  # the predecessor owned it, then died (kill -9)
     restarted = WorkerRunner(tiny_engine, client, slow_lease, model=MODEL, worker_id="same")
     started = time.monotonic()
@@ -427,7 +427,7 @@ def test_a_worker_restarted_under_its_own_id_takes_its_jobs_back_at_once(tiny_en
         assert isinstance(events[-1], DoneEvent) and events[-1].usage.completion_tokens == 5
         assert [e.seq for e in events] == list(range(len(events)))
         assert time.monotonic() - started < 15  # not the 30 s lease
-        assert client.get(keys.owner_key("mine")) == b"done"
+        assert client.get(keys.owner_key(MODEL, "mine")) == b"done"
     finally:
         restarted.stop_requested.set()
         thread.join(timeout=10)

@@ -75,10 +75,10 @@ def test_a_takeover_after_the_echo_went_out_neither_repeats_nor_loses_it(tiny_en
     sent = TokenEvent(id="taken", seq=0, text="x", token_ids=[5, 6, 7, 8], echo=True,
                       logprobs=[TokenLogprob(token_id=t, token="x", logprob=None if t == 5 else -1.0)
                                 for t in (5, 6, 7, 8)])
-    client.xadd(keys.journal_stream("taken"), {"seq": "0", "event": codec.encode_event(sent)})
+    client.xadd(keys.journal_stream(MODEL, "taken"), {"seq": "0", "event": codec.encode_event(sent)})
     events = serve(tiny_engine, client, settings, pubsub)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))  # seq 0 is the journaled echo
     assert not [e for e in events if isinstance(e, TokenEvent) and e.echo]
     assert len([e for e in events if isinstance(e, TokenEvent)]) == 3 and isinstance(events[-1], DoneEvent)
-    journal = [codec.decode_event(f[b"event"]) for _, f in client.xrange(keys.journal_stream("taken"))]
+    journal = [codec.decode_event(f[b"event"]) for _, f in client.xrange(keys.journal_stream(MODEL, "taken"))]
     assert sum(isinstance(e, TokenEvent) and e.echo for e in journal) == 1

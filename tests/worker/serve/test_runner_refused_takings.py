@@ -30,4 +30,4 @@ def test_reads_whose_taking_redis_refused_do_not_count_toward_dead_lettering(tin
     events = run_until_collected(live, pubsub)
     assert not any(isinstance(e, ErrorEvent) for e in events) and len(events) >= 2
     assert client.xlen(keys.deadletter_stream(MODEL)) == 0
-    assert client.get(keys.owner_key("unlucky")) == b"done"
+    assert client.get(keys.owner_key(MODEL, "unlucky")) == b"done"

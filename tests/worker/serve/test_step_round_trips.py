@@ -81,7 +81,7 @@ def _write(rid: str, seq: int, text: str) -> StepBatch:
 
 def test_batches_waiting_together_go_in_one_transaction_in_step_order() -> None:
     client = fakeredis.FakeRedis()
-    sender = BatchSender(client, 60, max_steps=3)
+    sender = BatchSender(client, 60, model=MODEL, max_steps=3)
     for seq, text in enumerate("abc"):
         assert sender.room()
         sender.submit(_write("r", seq, text))
@@ -89,7 +89,7 @@ def test_batches_waiting_together_go_in_one_transaction_in_step_order() -> None:
     sender.send_now()
     assert sender.sends == 1 and sender.room() and sender.backlog == 0
     journal = [codec.decode_event(f[keys.JOURNAL_EVENT_FIELD.encode()])
-               for _, f in client.xrange(keys.journal_stream("r"))]
+               for _, f in client.xrange(keys.journal_stream(MODEL, "r"))]
     assert [e.text for e in journal] == ["a", "b", "c"] and [e.seq for e in journal] == [0, 1, 2]
 
 
@@ -109,12 +109,12 @@ def test_the_publisher_thread_catches_up_when_redis_is_slow() -> None:
             return pipe
 
     client = SlowRedis()
-    sender = BatchSender(client, 60, max_steps=1000)
+    sender = BatchSender(client, 60, model=MODEL, max_steps=1000)
     sender.start()
     for seq in range(40):  # 40 steps sealed much faster than 40 round trips
         sender.submit(_write("r", seq, str(seq)))
         time.sleep(0.005)
     assert sender.close(timeout_s=10)
     assert 2 <= sender.sends <= 12  # several steps per transaction
-    assert [int(f[keys.JOURNAL_SEQ_FIELD.encode()]) for _, f in client.xrange(keys.journal_stream("r"))] \
+    assert [int(f[keys.JOURNAL_SEQ_FIELD.encode()]) for _, f in client.xrange(keys.journal_stream(MODEL, "r"))] \
         == list(range(40))

@@ -23,7 +23,7 @@ def _parts(engine: Any) -> tuple[JobIntake, Any, EventPublisher]:
     """Intake, scheduler and publisher over `engine`, with a Redis client that never connects."""
     client = redis.Redis(host="127.0.0.1", port=1)  # unused: a warm-up sends nothing
     scheduler = new_scheduler(engine, SchedulerConfig(max_sequences=4, max_batch_tokens=256, max_prefill_tokens=128))
-    publisher = EventPublisher(client, engine.tokenizer, 60)
+    publisher = EventPublisher(client, engine.tokenizer, 60, model="tiny")
     intake = JobIntake(engine, scheduler, publisher, AdapterSet(engine.model, "tiny", max_count=1, max_bytes=1),
                        client, default_max_tokens=16)
     return intake, scheduler, publisher
