@@ -143,11 +143,13 @@ class LocalCluster:
 
     @property
     def client(self) -> Any:
-        """A synchronous redis-py client of the cluster's Redis (bytes replies), closed by close()."""
+        """A synchronous redis-py client of the cluster's Redis (bytes replies; a Redis Cluster client under
+        REDIS_CLUSTER=1), closed by close()."""
         if self._client is None:
             import redis
 
-            self._client = redis.Redis.from_url(self.redis_url)
+            clustered = self.settings.get("REDIS_CLUSTER", os.environ.get("REDIS_CLUSTER", "0")) == "1"
+            self._client = (redis.RedisCluster if clustered else redis.Redis).from_url(self.redis_url)
         return self._client
 
     def start_redis(self) -> LocalCluster:

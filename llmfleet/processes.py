@@ -200,6 +200,10 @@ def serve(model_names: list[str], settings: Settings, *, workers: int, lazy: boo
     from shared import keys
     from worker.models import resolve
 
+    if settings.redis_cluster and not os.environ.get("REDIS_URL"):  # the bundled server is not a cluster
+        print("llmfleet: REDIS_CLUSTER=1 needs REDIS_URL naming a node of the cluster (serve's bundled Redis is "
+              "a single server)", file=sys.stderr)
+        return 2
     if exposure_refused(settings) or cluster_refused(settings):  # before anything starts: its gateway would refuse
         return 2
     entries = catalogues.build(model_names, catalogue_file)

@@ -54,9 +54,7 @@ def stream_through_a_kill(cluster: ProcessCluster, stream: Callable[[str, dict[s
     import signal
     import threading
 
-    import redis
-
-    client = redis.Redis.from_url(cluster.redis.url)
+    client = cluster.client  # a Redis Cluster client under REDIS_CLUSTER=1
     undisturbed: dict[str, Any] = {}
     stream(cluster.base_url, undisturbed)
     assert "error" not in undisturbed and len(undisturbed["times"]) > 20, undisturbed.get("error")

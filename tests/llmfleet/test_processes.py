@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from llmfleet.processes import _node, read_chat_template, settings_env
+from llmfleet.processes import _node, read_chat_template, serve, settings_env
 from shared.redis_sockets import COMMAND_TIMEOUT_S
 from shared.settings import Settings, SettingsError
 
@@ -73,3 +73,10 @@ def test_the_node_agents_command_on_a_held_connection_fails_within_the_timeout(p
     assert time.monotonic() - started < COMMAND_TIMEOUT_S + 1.5
     assert node.redis.get("k") == b"v"
     node.redis.close()
+
+
+def test_serve_on_a_cluster_without_its_address_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert serve(["smollm2-135m"], Settings(redis_cluster=1), workers=1) == 2  # nothing started
+    assert "REDIS_CLUSTER=1 needs REDIS_URL" in capsys.readouterr().err
