@@ -82,6 +82,17 @@ class Subscriber:
         """Whether `channel` has a listener here."""
         return channel.encode() in self._queues
 
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is up now (between dials it is not)."""
+        return self._connected.is_set()
+
+    def listeners(self, channel: str) -> list[asyncio.Queue[QueueItem]]:
+        """Every queue listening on `channel` here, its main one first."""
+        key = channel.encode()
+        main = self._queues.get(key)
+        return [] if main is None else [main, *self._taps.get(key, ())]
+
     async def start(self) -> None:
         """Start the dispatcher; it connects (and reconnects) in the background."""
         self._pubsub = self._redis.pubsub()
@@ -114,12 +125,13 @@ class Subscriber:
             now = asyncio.get_running_loop().time()
             self._ping_deadline = min(self._ping_deadline, now + RECOVERY_GRACE_S)
 
-    async def subscribe(self, channel: str) -> asyncio.Queue[QueueItem]:
-        """Listen on `channel`; returns its queue once Redis confirmed the subscription."""
+    async def subscribe(self, channel: str, queue: asyncio.Queue[QueueItem] | None = None) -> asyncio.Queue[QueueItem]:
+        """Listen on `channel` (into `queue`, a new one unless given); returns the queue once Redis confirmed the
+        subscription."""
         if self._pubsub is None:
             raise Unavailable("the gateway is not started", retry_after=self._retry_after_s)
         key = channel.encode()
-        queue: asyncio.Queue[QueueItem] = asyncio.Queue()
+        queue = queue if queue is not None else asyncio.Queue()
         if key in self._queues and key not in self._confirmations:  # already listened to here: one more listener
             self._taps.setdefault(key, []).append(queue)
             return queue

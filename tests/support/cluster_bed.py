@@ -1,5 +1,6 @@
-"""A Redis Cluster test bed of real processes: three primaries (cluster-enabled, no replicas) on free loopback
-ports, the 16,384 slots split in three, joined with CLUSTER MEET; ready once every node says cluster_state:ok.
+"""A Redis Cluster test bed of real processes: three primaries (cluster-enabled; with `replicas`, that many
+replicas of each, which the cluster promotes when their primary dies) on free loopback ports, the 16,384 slots
+split in three, joined with CLUSTER MEET; ready once every node says cluster_state:ok (and every replica follows).
 
 It runs a redis-server 7.0 or later found on PATH (or /usr/bin/redis-server: sharded pub/sub, which llmfleet's
 REDIS_CLUSTER mode needs) before the bundled 6.2 one; `sharded` says whether it can."""
@@ -59,10 +60,11 @@ def cluster_port() -> int:
 class ClusterBed:
     """Three cluster-enabled redis-server processes; `startup_nodes` is what a cluster client starts from."""
 
-    def __init__(self, primaries: int = 3) -> None:
+    def __init__(self, primaries: int = 3, replicas: int = 0) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="llmfleet-cluster-"))
         self.ports = [cluster_port() for _ in range(primaries)]
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.replica_ports = [cluster_port() for _ in range(primaries * replicas)]  # replica i follows primary i % n
+        self.procs: list[subprocess.Popen[bytes]] = []  # the primaries', then the replicas' processes
         self.binary = cluster_binary()
         self.version = server_version(self.binary)
 
@@ -108,9 +110,35 @@ class ClusterBed:
                    "cluster_state:ok on every node")
         wait_until(lambda: all(len(c.execute_command("CLUSTER NODES")) == len(clients) for c in clients),
                    timeout_s, "every node to know every other")
+        if self.replica_ports:
+            self._add_replicas(clients, timeout_s)
         for client in clients:
             client.close()
         return self
+
+    def _add_replicas(self, primaries: list[redis.Redis], timeout_s: float) -> None:
+        """Start the replicas, introduce them and make replica i follow primary i % primaries."""
+        for port in self.replica_ports:
+            self._start_node(port)
+        replicas = [redis.Redis(port=port, socket_timeout=5) for port in self.replica_ports]
+        wait_until(lambda: all(_answers(c) for c in replicas), 10, "the replica nodes to answer")
+        ids = [p.execute_command("CLUSTER MYID") for p in primaries]
+        for replica in replicas:
+            replica.execute_command("CLUSTER MEET", "127.0.0.1", self.ports[0])
+        known = len(primaries) + len(replicas)
+        wait_until(lambda: all(len(r.execute_command("CLUSTER NODES")) == known for r in replicas), timeout_s,
+                   "the replicas to know every node")
+        for i, replica in enumerate(replicas):
+            replica.execute_command("CLUSTER REPLICATE", ids[i % len(ids)])
+        wait_until(lambda: all(r.info("replication").get("master_link_status") == "up" for r in replicas),
+                   timeout_s, "every replica to follow its primary")
+        for replica in replicas:
+            replica.close()
+
+    def kill_primary(self, index: int) -> None:
+        """kill -9 primary `index` (its replica is promoted once the others judge it failed, ~2-4 s)."""
+        self.procs[index].kill()
+        self.procs[index].wait()
 
     def client(self) -> redis.RedisCluster:
         """A redis-py cluster client of the bed."""
