@@ -34,6 +34,7 @@ from gateway.http import errors as http_errors
 from gateway.http.api_keys import KeyStore
 from gateway.http.disconnect import ClientDisconnected
 from gateway.http.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from gateway.http.sse import warm_task_groups
 from gateway.http.tracing import TracingMiddleware
 from gateway.llamacpp.router import ROUTES as LLAMACPP_ROUTES
 from gateway.ollama import errors as ollama_errors
@@ -126,6 +127,7 @@ def _lifespan(settings: Settings, redis: Redis | None) -> Callable[[Starlette], 
         broker = Broker(client, settings, registry, pool, ping=probe.ping if probe is not None else None)
         responses_serving.install(broker, registry, settings)  # finish a dead gateway's background responses
         await broker.start()
+        await warm_task_groups()  # not in the first stream's time to first token
         app.state.broker = broker  # submit, cancel, events (admission reads the registry and pool it was handed)
         app.state.registry, app.state.pool = registry, pool  # what routes read of the fleet
         app.state.loras = LoraSet(client, settings)  # the adapters each model should have (the admin API's)

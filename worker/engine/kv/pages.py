@@ -10,7 +10,6 @@ C library lacks it, nothing is done and the first writes fault as before.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import mmap
 from collections.abc import Callable, Iterable
@@ -23,9 +22,10 @@ PAGE = mmap.PAGESIZE
 
 @functools.cache
 def _madvise() -> Callable[[int, int, int], int] | None:
-    """libc's madvise, or None where it cannot be loaded."""
+    """libc's madvise, or None where it cannot be loaded (from the process's own symbols: find_library would run
+    ldconfig in a subprocess, inside the first tier fill)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         call = libc.madvise
     except (OSError, AttributeError):
         return None
