@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from shared import keys
-from tests.faults.process_cluster import MODEL, ProcessCluster
+from tests.faults.process_cluster import MODEL, ProcessCluster, model_streams
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 CLIENTS = 60
@@ -60,7 +60,7 @@ def _open_jobs(client: redis.Redis) -> int:
     """Jobs in any job stream of the model (waiting, or taken and not yet acked: acked ones are deleted) or waiting
     in a fair queue for their tenant's turn."""
     fair = sum(client.zcard(keys.fair_keys(MODEL, priority)[0]) for priority in keys.PRIORITY_ORDER)
-    return fair + sum(client.xlen(stream) for stream in client.scan_iter(match=f"{keys.PREFIX}jobs*:{MODEL}"))
+    return fair + sum(client.xlen(stream) for stream in model_streams(client))  # the shared and per-worker streams
 
 
 def _full_step_s(cluster: ProcessCluster) -> float:
