@@ -17,7 +17,8 @@ import pytest
 from llmfleet.local_cluster import LocalCluster
 from shared import keys
 from tests.support.cluster import MODEL, start_process_cluster
-from tests.support.cluster_bed import ClusterBed
+from tests.support.cluster_bed import ClusterBed, sharded_bed
+from tests.support.openai_streams import stream_completion
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 STREAMS = 4
@@ -25,13 +26,7 @@ STREAMS = 4
 
 @pytest.fixture
 def fleet(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[tuple[ClusterBed, LocalCluster]]:
-    try:
-        bed = ClusterBed(replicas=1).start(timeout_s=60)
-    except RuntimeError as exc:
-        pytest.skip(f"no Redis Cluster bed: {exc}")
-    try:
-        if not bed.sharded:
-            pytest.skip(f"the bed's redis-server {bed.version} has no sharded pub/sub (7.0 or later needed)")
+    with sharded_bed(replicas=1) as bed:
         cluster = start_process_cluster(tmp_path, 2, redis_url=f"redis://127.0.0.1:{bed.ports[0]}",
                                         REDIS_CLUSTER="1", LLMFLEET_HOST="127.0.0.1", LLMFLEET_LOG_LEVEL="WARNING",
                                         LLMFLEET_HEARTBEAT_INTERVAL_S="0.5", LLMFLEET_LEASE_S="30")
@@ -39,25 +34,10 @@ def fleet(smollm2_gguf_path: Path, tmp_path: Path) -> Iterator[tuple[ClusterBed,
             yield bed, cluster
         finally:
             cluster.close()
-    finally:
-        bed.stop()
 
 
 def _stream(base: str, index: int, result: dict[str, Any]) -> None:
-    """One greedy streamed completion: its text pieces' arrival times, its text, or the error that ended it."""
-    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
-    times: list[float] = []
-    pieces: list[str] = []
-    result["times"] = times
-    try:
-        for chunk in client.completions.create(model=MODEL, prompt=f"Story {index}: a lighthouse keeper", stream=True,
-                                               max_tokens=60, temperature=0, extra_body={"ignore_eos": True}):
-            if chunk.choices and chunk.choices[0].text:
-                times.append(time.monotonic())
-                pieces.append(chunk.choices[0].text)
-        result["text"] = "".join(pieces)
-    except openai.APIError as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"
+    stream_completion(base, result, f"Story {index}: a lighthouse keeper", 60)
 
 
 def _run(base: str, started: threading.Event | None = None) -> list[dict[str, Any]]:

@@ -20,7 +20,8 @@ from llmfleet.local_cluster import LocalCluster
 from shared import keys
 from tests.faults.process_cluster import stream_through_a_kill
 from tests.support.cluster import MODEL, start_process_cluster
-from tests.support.cluster_bed import SLOTS, ClusterBed
+from tests.support.cluster_bed import SLOTS, ClusterBed, sharded_bed
+from tests.support.openai_streams import stream_completion
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 CANDIDATES = ("smollm2-b", "smollm2-c", "smollm2-d", "smollm2-e", "smollm2-f")
@@ -35,29 +36,24 @@ def _primary(bed: ClusterBed, model: str) -> int:
 def fleet(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, str]]:
     """The cluster bed, a gateway, two workers of MODEL and one of a second name for the same file whose slot is
     on another primary; (the process cluster, the second model's name)."""
-    try:
-        bed = ClusterBed().start()
-    except RuntimeError as exc:
-        pytest.skip(f"no Redis Cluster bed: {exc}")
-    if not bed.sharded:
-        bed.stop()
-        pytest.skip("llmfleet on a Redis Cluster needs redis-server 7.0 or later (sharded pub/sub)")
-    logdir = tmp_path_factory.mktemp("redis-cluster")
+    with sharded_bed() as bed:
+        yield from _fleet(bed, smollm2_gguf_path, tmp_path_factory.mktemp("redis-cluster"))
+
+
+def _fleet(bed: ClusterBed, gguf: Path, logdir: Path) -> Iterator[tuple[LocalCluster, str]]:
+    """A gateway, two workers of MODEL and one of a second name for the same file on another primary."""
     other = next(name for name in CANDIDATES if _primary(bed, name) != _primary(bed, MODEL))
-    (logdir / f"{other}.gguf").symlink_to(smollm2_gguf_path)
-    try:  # info logs kept: stream_through_a_kill finds its victim by the worker's start-up line
-        cluster = start_process_cluster(logdir, 2, redis_url=f"redis://127.0.0.1:{bed.ports[0]}", REDIS_CLUSTER="1",
-                                        LLMFLEET_HOST="127.0.0.1",
-                                        LLMFLEET_HEARTBEAT_INTERVAL_S="0.5", LLMFLEET_HEARTBEAT_TTL_S="2",
-                                        LLMFLEET_LEASE_S="30", LLMFLEET_ORPHAN_GRACE_S="1")
-        try:
-            cluster.start_worker(model=str(logdir / f"{other}.gguf"))
-            cluster.wait_ready(3)
-            yield cluster, other
-        finally:
-            cluster.close()
+    (logdir / f"{other}.gguf").symlink_to(gguf)
+    # info logs kept: stream_through_a_kill finds its victim by the worker's start-up line
+    cluster = start_process_cluster(logdir, 2, redis_url=f"redis://127.0.0.1:{bed.ports[0]}", REDIS_CLUSTER="1",
+                                    LLMFLEET_HOST="127.0.0.1", LLMFLEET_HEARTBEAT_INTERVAL_S="0.5",
+                                    LLMFLEET_HEARTBEAT_TTL_S="2", LLMFLEET_LEASE_S="30", LLMFLEET_ORPHAN_GRACE_S="1")
+    try:
+        cluster.start_worker(model=str(logdir / f"{other}.gguf"))
+        cluster.wait_ready(3)
+        yield cluster, other
     finally:
-        bed.stop()
+        cluster.close()
 
 
 @pytest.fixture
@@ -124,21 +120,7 @@ def test_the_cluster_client_is_a_cluster_client(fleet: tuple[LocalCluster, str])
 
 
 def _stream(base: str, result: dict[str, object]) -> None:
-    """One greedy streamed completion of MODEL: its text pieces' arrival times and its text."""
-    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
-    times: list[float] = []
-    pieces: list[str] = []
-    result["times"] = times
-    try:
-        for chunk in client.completions.create(model=MODEL, prompt="A long story about a lighthouse keeper:",
-                                               max_tokens=100, temperature=0, stream=True,
-                                               extra_body={"ignore_eos": True}):
-            if chunk.choices and chunk.choices[0].text:
-                times.append(time.monotonic())
-                pieces.append(chunk.choices[0].text)
-        result["text"] = "".join(pieces)
-    except openai.APIError as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"
+    stream_completion(base, result, "A long story about a lighthouse keeper:", 100)
 
 
 def test_kill_9_of_the_worker_holding_a_stream_is_invisible(fleet: tuple[LocalCluster, str]) -> None:

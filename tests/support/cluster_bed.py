@@ -13,8 +13,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import redis
 
 from llmfleet.redis_server import redis_server_binary
@@ -163,6 +166,22 @@ class ClusterBed:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextmanager
+def sharded_bed(replicas: int = 0, timeout_s: float = 60.0) -> Iterator[ClusterBed]:
+    """A started bed whose nodes run sharded pub/sub (as REDIS_CLUSTER=1 needs), stopped on exit; the test is
+    skipped, saying why, where there is none."""
+    try:
+        bed = ClusterBed(replicas=replicas).start(timeout_s=timeout_s)
+    except RuntimeError as exc:
+        pytest.skip(f"no Redis Cluster bed: {exc}")
+    try:
+        if not bed.sharded:
+            pytest.skip(f"the bed's redis-server {bed.version} has no sharded pub/sub (7.0 or later needed)")
+        yield bed
+    finally:
+        bed.stop()
 
 
 def _answers(client: redis.Redis) -> bool:

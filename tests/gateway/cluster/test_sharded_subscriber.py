@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 from gateway.cluster.sharded_subscriber import ClusterSubscriber, node_clients
 from gateway.cluster.subscriber import RESYNC, QueueItem
 from shared import keys
-from tests.support.cluster_bed import ClusterBed
+from tests.support.cluster_bed import ClusterBed, sharded_bed
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 CHANNEL = keys.events_channel("smollm2-135m", "r-1")
@@ -22,16 +22,8 @@ CHANNEL = keys.events_channel("smollm2-135m", "r-1")
 
 @pytest.fixture
 def bed() -> Iterator[ClusterBed]:
-    try:
-        running = ClusterBed(replicas=1).start(timeout_s=60)
-    except RuntimeError as exc:
-        pytest.skip(f"no Redis Cluster bed: {exc}")
-    try:
-        if not running.sharded:
-            pytest.skip(f"the bed's redis-server {running.version} has no sharded pub/sub (7.0 or later needed)")
+    with sharded_bed(replicas=1) as running:
         yield running
-    finally:
-        running.stop()
 
 
 async def _published_to_a_listener(client: RedisCluster, data: bytes, timeout_s: float) -> None:
