@@ -14,7 +14,7 @@ SamplingParams.validate in the worker, which answers with a 400 error event.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from gateway.cluster.loras import parse_loras, split_model
@@ -129,11 +129,19 @@ def parse_chat(body: dict[str, Any], settings: Settings) -> ChatRequest:
         max_tokens = integer(body, "max_tokens", None, 1, settings.max_tokens_limit)
     params = _generation(body, settings, max_tokens=max_tokens, choices_per_n=1)
     if tools.active and params.constraint is not None:
-        raise invalid(params.constraint.param.split(".")[0],
-                      "an output constraint cannot be combined with tools unless tool_choice is 'none'.")
+        params = _constraint_beside_tools(params, tools)
     reasoning = parse_reasoning_format(body, settings.reasoning_format)
     return ChatRequest(params=params, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs, tools=tools,
                        reasoning=reasoning, thinking=parse_thinking_switch(body, max_tokens))
+
+
+def _constraint_beside_tools(params: CompletionOptions, tools: ToolOptions) -> CompletionOptions:
+    """An output constraint beside active tools: left unapplied where a call is forced, else refused."""
+    assert params.constraint is not None
+    if tools.forced:
+        return replace(params, constraint=None)
+    raise invalid(params.constraint.param.split(".")[0], "an output constraint cannot be combined with tools unless "
+                  "tool_choice is 'none', 'required' or a named function.")
 
 
 def parse_completion(body: dict[str, Any], settings: Settings) -> CompletionRequest:

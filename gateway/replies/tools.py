@@ -6,6 +6,11 @@ Shapes and sizes are checked here; each tool's parameters schema is compiled by 
 parallel_tool_calls left unset (or null) is true with tool_choice auto (OpenAI's default) and false where a
 call is forced (required or a named function), as llama-server defaults it: a forced reply is one call and ends
 there. A named function is always one call (the worker's grammar closes after it), whatever the field says.
+
+An output format (response_format, the Responses API's text.format) governs a reply's text. With tool_choice auto
+the reply may be either, so the two are refused together; with a forced call (required or a named function) the
+reply is calls only, each held to its tool's schema, so the format has nothing to govern and is accepted and left
+unapplied (instructor's Responses mode sends both, as OpenAI accepts them).
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ class ToolOptions:
     def active(self) -> bool:
         """Whether the reply may hold tool calls (the gateway then parses them out of the text)."""
         return bool(self.tools) and self.choice != "none"
+
+    @property
+    def forced(self) -> bool:
+        """Whether the reply must be calls only (tool_choice required or a named function)."""
+        return bool(self.tools) and self.choice in ("required", "named")
 
 
 def parse_tools(body: dict[str, Any]) -> ToolOptions:

@@ -124,10 +124,10 @@ def chat_request(request: ResponsesRequest, history: list[dict[str, Any]], setti
         chat = parse_chat({**request.chat_fields, "messages": messages}, settings)
     except InvalidRequest as exc:
         raise _renamed(exc) from None
-    if request.constraint is not None:
+    if request.constraint is not None and not chat.tools.forced:  # a forced reply is calls only (see replies/tools)
         if chat.tools.active:
             raise invalid("text.format", "a JSON output format cannot be combined with tools unless tool_choice "
-                                         "is 'none'.")
+                                         "is 'none', 'required' or a named function.")
         chat = replace(chat, params=replace(chat.params, constraint=request.constraint))
     return chat
 

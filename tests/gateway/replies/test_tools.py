@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from gateway.replies import protocol, serving
+from shared.errors import InvalidRequest
 from shared.messages import ToolCall
 from shared.settings import Settings
 
@@ -104,6 +105,17 @@ def test_parallel_tool_calls_unset_is_false_where_a_call_is_forced(choice, sent,
     if sent is not None:
         body["parallel_tool_calls"] = sent
     assert protocol.parse_chat(body, Settings()).tools.parallel is parallel
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_response_format_beside_a_forced_call_is_left_unapplied(choice) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER["function"]["parameters"]}}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER], "tool_choice": choice,
+            "response_format": fmt}
+    assert protocol.parse_chat(body, Settings()).params.constraint is None
+    with pytest.raises(InvalidRequest, match="'required' or a named function") as refused:
+        protocol.parse_chat({**body, "tool_choice": "auto"}, Settings())
+    assert refused.value.param == "response_format"
 
 
 CUT = '\n<tool_call>{"name": "get_weather", "arguments": {"city": "Ro'  # a further call, cut by max_tokens

@@ -136,6 +136,17 @@ def test_text_format_is_the_same_constraint_as_response_format() -> None:
     assert job_of({"input": "x", "text": {"format": {"type": "text"}}}).constraint is None
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+def test_text_format_beside_a_forced_call_is_accepted_and_left_unapplied(choice: Any) -> None:
+    """instructor's RESPONSES_TOOLS mode sends text.format with the forced tool's schema: the reply is the call,
+    held to the tool's own schema, so the format governs nothing (OpenAI accepts the pair)."""
+    body = {"input": "x", "tools": [WEATHER], "tool_choice": choice,
+            "text": {"format": {"type": "json_schema", "name": "Weather", "schema": PARAMETERS, "strict": True}}}
+    job = job_of(body)
+    assert job.constraint is None and job.tool_choice in ("required", "named")
+    assert "'required' or a named function" in refused({**body, "tool_choice": "auto"}).message
+
+
 @pytest.mark.parametrize(("body", "param", "words"), [
     ({}, "input", "Missing required parameter"),
     ({"input": []}, "input", "non-empty"),
