@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shared import codec, keys  # noqa: E402
 from shared.errors import InvalidRequest  # noqa: E402
+from shared.fair_queue import release_fair  # noqa: E402
 from shared.messages import (  # noqa: E402
     CancelRequest,
     ChoiceEndEvent,
@@ -44,7 +45,7 @@ from shared.messages import (  # noqa: E402
     TokenEvent,
     Usage,
 )
-from shared.redis_commands import create_group, queue_event, queue_job_done, release_fair, run_async  # noqa: E402
+from shared.redis_commands import create_group, queue_event, queue_job_done, run_async  # noqa: E402
 from shared.registry import RegistryEntry  # noqa: E402
 from worker.wire_commands import queue_deregistration, queue_registration  # noqa: E402
 

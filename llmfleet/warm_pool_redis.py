@@ -12,13 +12,13 @@ from shared import codec, keys
 from shared import warm_pool_commands as pool_wire
 from shared.codec import WireFormatError
 from shared.errors import ModelLoadFailed
+from shared.fair_queue import release_fair
 from shared.redis_commands import (
     create_group,
     fresh_workers,
     queue_event,
     queue_job_done,
     queue_states,
-    release_fair,
     run,
 )
 from shared.registry import RegistryEntry

@@ -18,7 +18,7 @@ Layout (values in brackets are what is stored there; {{model}} is the model's na
                                  before the shared stream of the same class, idle workers steal from it when it
                                  lags, and the others drain it once the worker is dead
   llmfleet:{{model}}:fair@{priority}  sorted set request id -> virtual start tag: the class's jobs waiting for their
-                                 tenant's fair share (shared/redis_commands.py FAIR_SCRIPT); their codec bytes in
+                                 tenant's fair share (shared/fair_queue.py FAIR_SCRIPT); their codec bytes in
                                  hash llmfleet:{{model}}:fair-jobs@{priority}, the virtual time and each tenant's
                                  finish tag in hash llmfleet:{{model}}:fair-state@{priority}; all three deleted when
                                  the queue empties, EXPIRE the latest job's deadline
@@ -146,6 +146,14 @@ def fair_keys(model: str, priority: str = "normal") -> list[str]:
     tag = model_tag(model)
     return [f"{tag}:fair@{priority}", f"{tag}:fair-jobs@{priority}", f"{tag}:fair-state@{priority}",
             jobs_stream(model, priority)]
+
+
+def fair_lane_keys(model: str, priority: str = "normal") -> list[str]:
+    """One class's untaken counts per tenant and the stream its newcomers go to, the class above's shared stream
+    (the class's own at the top: no lane there); FAIR_SCRIPT's KEYS[5] and KEYS[6] (shared/fair_queue.py)."""
+    rank = PRIORITY_ORDER.index(priority) if priority in PRIORITY_ORDER else 0  # an unknown class: no lane
+    above = PRIORITY_ORDER[max(0, rank - 1)] if rank else priority
+    return [f"{model_tag(model)}:fair-untaken@{priority}", jobs_stream(model, above)]
 
 
 def placed_workers(model: str) -> str:

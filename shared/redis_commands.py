@@ -7,19 +7,11 @@ lost connection still raises). So the gateway (asyncio), the node agent and the 
 queue depth and the live workers, and create consumer groups, by the same code. A write rule queues its
 commands on a pipeline the caller executes (redis-py's sync and asyncio pipelines queue alike).
 
-Rules: `release_fair` (above), `create_group` (BUSYGROUP, a group already there, is fine), `queue_states` (waiting / in flight /
+Rules: `create_group` (BUSYGROUP, a group already there, is fine), `queue_states` (waiting / in flight /
 placed / held per model over every stream of it), `streams_with_waiting` (which streams hold a job not yet
 taken), `fresh_workers` (registry entries within the heartbeat
 TTL), `queue_event` (journal first, then publish) and `queue_job_done` (XACK + XDEL). No redis import here:
 the clients are the caller's.
-
-Fair shares within a priority class (`FAIR_SCRIPT`, `queue_fair`, `release_fair`): a job for a model's shared stream
-first waits in its class's fair queue, tagged with a virtual start time (start-time fair queueing: max(the queue's
-virtual time, its tenant's finish tag); the tenant's finish tag then grows by the job's token work over the tenant's
-weight), and is released into the stream in tag order whenever the stream holds fewer jobs not yet taken than the
-releaser asks for: a gateway asks for one (an idle worker wakes), a worker for as many as it has room for, just
-before it reads. So one tenant's burst waits in the fair queue, not in the stream, and another tenant's single job
-is released next, whichever gateway queued it and whichever worker frees a slot.
 
 `write_refusal` tells a Redis that answered and refused a write (OOM at maxmemory with noeviction, READONLY from a
 replica or a demoted primary, MISCONF after a failed save) from one that cannot be reached: nothing is lost by a
@@ -28,10 +20,9 @@ refused write, it is retried, and a client is told what Redis said.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
-from collections.abc import Generator, Sequence
+from collections.abc import Generator
 from typing import Any, NamedTuple, TypeVar
 
 from shared import keys
@@ -114,99 +105,6 @@ async def run_async(redis: Any, rule: Rule[T]) -> T:
         return done.value
 
 
-# KEYS: fair queue (zset id -> start tag), its jobs (hash id -> bytes), its state (hash: vtime, t:<tenant> -> finish
-# tag), the class's shared stream. ARGV: op ("enqueue" or "release"), ready, maxlen, group; enqueue adds id, job bytes,
-# tenant, cost, weight, ttl_s. Releases jobs in tag order while the stream has fewer than `ready` waiting; returns
-# how many it released.
-FAIR_SCRIPT = """
-local op, ready, maxlen, group = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-if op == 'enqueue' then
-  local id, tenant, cost, weight = ARGV[5], 't:' .. ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
-  local vtime = tonumber(redis.call('HGET', KEYS[3], 'vtime') or '0')
-  local start = math.max(vtime, tonumber(redis.call('HGET', KEYS[3], tenant) or '0'))
-  redis.call('HSET', KEYS[3], tenant, string.format('%.17g', start + cost / weight))
-  redis.call('ZADD', KEYS[1], string.format('%.17g', start), id)
-  redis.call('HSET', KEYS[2], id, ARGV[6])
-  for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[10]) end
-end
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local ok, summary = pcall(redis.call, 'XPENDING', KEYS[4], group)
-local waiting = redis.call('XLEN', KEYS[4]) - ((ok and summary[1]) or 0)
-local moved = 0
-while waiting < ready do
-  local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  if #head == 0 then break end
-  local job = redis.call('HGET', KEYS[2], head[1])
-  redis.call('ZREM', KEYS[1], head[1])
-  redis.call('HDEL', KEYS[2], head[1])
-  redis.call('HSET', KEYS[3], 'vtime', head[2])
-  if job then
-    redis.call('XADD', KEYS[4], 'MAXLEN', '~', maxlen, '*', 'job', job)
-    moved, waiting = moved + 1, waiting + 1
-  end
-end
-if redis.call('ZCARD', KEYS[1]) == 0 then redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) end
-return moved
-"""
-FAIR_SHA = hashlib.sha1(FAIR_SCRIPT.encode()).hexdigest()  # workers' frequent releases send the script's digest
-GATEWAY_READY = 1  # a gateway releases jobs while the stream has fewer than this waiting (so an idle worker wakes)
-
-
-class FairJob(NamedTuple):
-    """A job for a class's fair queue: its tenant, its token work (the cost) and the tenant's weight."""
-
-    request_id: str
-    data: bytes  # codec bytes
-    tenant: str
-    cost: float
-    weight: float
-    ttl_s: int  # the fair queue's keys expire this long after (the job's deadline, with a margin)
-
-
-def queue_fair(pipe: Any, model: str, priority: str, job: FairJob, *, maxlen: int) -> None:
-    """Queue the script call that puts a job in its class's fair queue and releases the head of that queue into
-    the shared stream while it has fewer than GATEWAY_READY jobs waiting (an idle worker wakes to it)."""
-    pipe.execute_command("EVAL", FAIR_SCRIPT, 4, *keys.fair_keys(model, priority), "enqueue", GATEWAY_READY, maxlen,
-                         keys.JOBS_GROUP, job.request_id, job.data, job.tenant, job.cost, max(job.weight, 1e-6),
-                         max(1, job.ttl_s))  # not pipe.eval(): redis-py's sync cluster pipeline lacks it
-
-
-def release_calls(model: str, rooms: dict[str, int], *, maxlen: int) -> list[Call]:
-    """The script calls (by digest) that release each class's fair queue into its shared stream until the stream
-    has as many jobs waiting as `rooms` says for that class (a worker's free slots for it, read right after)."""
-    # EVALSHA through execute_command: redis-py's cluster pipeline refuses evalsha() (it routes the command by its keys)
-    return [call("execute_command", "EVALSHA", FAIR_SHA, 4, *keys.fair_keys(model, priority), "release", room, maxlen,
-                 keys.JOBS_GROUP) for priority, room in rooms.items() if room > 0]
-
-
-def released(replies: list[Any], releases: Sequence[Call]) -> Rule[int]:
-    """How many jobs the replies of `releases` (release_calls) released; where Redis lacks the script (restarted: a
-    gateway's next enqueue or this brings it back), it is loaded for the next look by an EVAL of the same keys that
-    releases nothing (so on a Redis Cluster it reaches the node that said NOSCRIPT), and a class whose call failed
-    releases nothing now (its jobs wait for the next look)."""
-    for reply in replies:
-        if isinstance(reply, Exception):
-            log.debug("releasing a fair queue failed: %s", reply)
-    loads = [call("execute_command", "EVAL", FAIR_SCRIPT, 4, *release.args[3:7], "release", 0, *release.args[9:])
-             for release, reply in zip(releases, replies, strict=False)
-             if isinstance(reply, Exception) and _no_script(reply)]
-    if loads:
-        yield loads
-    return sum(reply for reply in replies if isinstance(reply, int))
-
-
-def _no_script(error: Exception) -> bool:
-    """Whether Redis answered NOSCRIPT (redis-py's NoScriptError; its text drops the code)."""
-    return type(error).__name__ == "NoScriptError" or "NOSCRIPT" in str(error) or "No matching script" in str(error)
-
-
-def release_fair(model: str, rooms: dict[str, int], *, maxlen: int) -> Rule[int]:
-    """Run `release_calls` in one round; how many jobs were released (see `released`)."""
-    releases = release_calls(model, rooms, maxlen=maxlen)
-    replies = yield releases
-    return (yield from released(replies, releases))
-
-
 def create_group(stream: str) -> Rule[bool]:
     """Create a job stream's consumer group (and the stream) where missing, reading from the stream's start so
     entries already there stay readable; whoever comes first creates it (gateway or worker). True if created."""
@@ -266,14 +164,21 @@ def queue_states(models: list[str], *, create_missing_groups: bool = False) -> R
     return states
 
 
-def streams_with_waiting(streams: list[str], releases: Sequence[Call] = ()) -> Rule[set[str]]:
+def streams_with_waiting(streams: list[str]) -> Rule[set[str]]:
     """Those of `streams` holding a job no consumer has taken yet, in one round (each stream's group and length,
-    as `queue_states` counts them), after `releases` (release_calls) in the same round; a stream whose group is
-    missing or whose replies are errors counts as one (the read that follows meets the error, as it would have
-    without this look)."""
-    replies = yield [*releases, *(c for stream in streams for c in (call("xinfo_groups", stream), call("xlen", stream)))]
-    yield from released(replies[:len(releases)], releases)
-    replies = replies[len(releases):]
+    as `queue_states` counts them); a stream whose group is missing or whose replies are errors counts as one (the
+    read that follows meets the error, as it would have without this look)."""
+    replies = yield waiting_calls(streams)
+    return waiting_streams(streams, replies)
+
+
+def waiting_calls(streams: list[str]) -> list[Call]:
+    """The calls `streams_with_waiting` makes (XINFO GROUPS and XLEN of each stream), to join another round."""
+    return [c for stream in streams for c in (call("xinfo_groups", stream), call("xlen", stream))]
+
+
+def waiting_streams(streams: list[str], replies: list[Any]) -> set[str]:
+    """Those of `streams` holding a job not yet taken, from the replies of `waiting_calls(streams)`."""
     found = set()
     for stream, groups, length in zip(streams, replies[::2], replies[1::2], strict=True):
         group = _jobs_group(groups)

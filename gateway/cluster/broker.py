@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 
 from gateway.cluster import admission
 from gateway.cluster.event_stream import EventStream, JobRef
-from gateway.cluster.fair_share import queue_shared
+from gateway.cluster.fair_share import queue_shared, with_tenant
 from gateway.cluster.loras import resolve_job
 from gateway.cluster.lost_jobs import QueuedEntry
 from gateway.cluster.metrics import GatewayMetrics
@@ -208,6 +208,7 @@ class Broker:
         sent = False  # the write is on its way: from here, a failure leaves it unknown whether the job was written
         try:
             with redis_unavailable(self.settings.retry_after_s):
+                job = with_tenant(job, self.settings)
                 stream, payload = keys.jobs_stream(job.model, job.priority), codec.encode_job(job)
                 sent = True
                 choice, entry_id = await self.placer.place(job, plan, payload) if isinstance(plan, Plan) else (plan, b"")
@@ -225,7 +226,8 @@ class Broker:
             await self.subscriber.unsubscribe(channel)
             raise
         fair_queue = "" if direct else keys.fair_keys(job.model, job.priority)[0]  # (its script's reply: no entry id)
-        entry = QueuedEntry(stream, entry_id if direct else b"", payload, self.settings.stream_maxlen, fair_queue)
+        entry = QueuedEntry(stream, entry_id if direct else b"", payload, self.settings.stream_maxlen, fair_queue,
+                            "" if direct else keys.fair_lane_keys(job.model, job.priority)[1])
         return queue, entry, choice
 
     async def _write_shared(self, job: Job) -> bytes:

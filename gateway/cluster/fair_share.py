@@ -1,4 +1,4 @@
-"""A job for a model's shared stream goes through its class's fair queue (shared/redis_commands.py FAIR_SCRIPT):
+"""A job for a model's shared stream goes through its class's fair queue (shared/fair_queue.py FAIR_SCRIPT):
 its tenant (gateway/http/tenants.py), its weight and its token work, estimated without tokenizing."""
 
 from __future__ import annotations
@@ -6,10 +6,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
+
 from gateway.http.tenants import current_tenant
 from shared import codec, keys
+from shared.fair_queue import FairJob, queue_fair
 from shared.messages import EmbedJob, GenerateJob, Job
-from shared.redis_commands import FairJob, queue_fair
 from shared.settings import Settings
 
 CHARS_PER_TOKEN = 4  # the estimate of a prompt's tokens from its characters (the gateway does not tokenize)
@@ -32,15 +34,21 @@ def job_cost(job: Job) -> float:
     return 1.0
 
 
+def with_tenant(job: Job, settings: Settings) -> Job:
+    """The job with its tenant, where fair shares count it (a worker counts it taken, and ranks a newcomer, by it)."""
+    if settings.fair_shares and isinstance(job, GenerateJob | EmbedJob):
+        return msgspec.structs.replace(job, tenant=current_tenant()[0])
+    return job
+
+
 def queue_shared(pipe: Any, job: Job, settings: Settings, now: float) -> None:
     """Queue the writing of `job` for its model's shared stream: through its class's fair queue, or straight into
     the stream with LLMFLEET_FAIR_SHARES=0."""
-    data = codec.encode_job(job)
     if not settings.fair_shares:
-        pipe.xadd(keys.jobs_stream(job.model, job.priority), {keys.JOB_FIELD: data}, maxlen=settings.stream_maxlen,
-                  approximate=True)
+        pipe.xadd(keys.jobs_stream(job.model, job.priority), {keys.JOB_FIELD: codec.encode_job(job)},
+                  maxlen=settings.stream_maxlen, approximate=True)
         return
     tenant, weight = current_tenant()
     ttl_s = math.ceil(job.deadline - now) + KEYS_MARGIN_S
-    queue_fair(pipe, job.model, job.priority, FairJob(job.id, data, tenant, job_cost(job), weight, ttl_s),
-               maxlen=settings.stream_maxlen)
+    queue_fair(pipe, job.model, job.priority, FairJob(job.id, codec.encode_job(job), tenant, job_cost(job), weight,
+                                                      ttl_s), maxlen=settings.stream_maxlen)

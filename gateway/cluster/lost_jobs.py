@@ -8,7 +8,8 @@ event and whose journal is empty then looks for its job's entry in its stream; n
 the same job is written again. A worker that took the lost job from the dead primary and still runs it is fenced
 as a stalled one is (worker/failover/fencing.py): the later taking wins, the stream resumes from the journal.
 A job that went through its class's fair queue (gateway/cluster/fair_share.py) has no entry id of its own: it is
-there while the queue holds its id or the stream an entry with its bytes (a short scan; failovers are rare), and
+there while the queue holds its id or the stream (or the lane a newcomer skips the queue by) an entry with its
+bytes (a short scan; failovers are rare), and
 is otherwise written straight into the stream (it has waited its turn already).
 """
 
@@ -34,19 +35,22 @@ class QueuedEntry:
     payload: bytes
     maxlen: int
     fair_queue: str = ""  # the fair queue's key it went through, if it did
+    lane: str = ""  # the stream its fair queue sends a newcomer to (shared/fair_queue.py), if it went through one
 
 
 async def requeue_if_lost(redis: Redis, entry: QueuedEntry, request_id: str) -> QueuedEntry | None:
     """Write the job again when its entry is no longer in its stream (nor in its fair queue): the new entry, or
     None when it was there."""
     if entry.fair_queue:
-        if await redis.zscore(entry.fair_queue, request_id) is not None or any(
-                fields.get(keys.JOB_FIELD.encode()) == entry.payload
-                for _id, fields in await redis.xrange(entry.stream, count=FAIR_SCAN)):
+        if await redis.zscore(entry.fair_queue, request_id) is not None:
             return None
+        for stream in dict.fromkeys(s for s in (entry.stream, entry.lane) if s):
+            if any(fields.get(keys.JOB_FIELD.encode()) == entry.payload
+                   for _id, fields in await redis.xrange(stream, count=FAIR_SCAN)):
+                return None
     elif await redis.xrange(entry.stream, min=entry.entry_id, max=entry.entry_id, count=1):
         return None
     entry_id = await redis.xadd(entry.stream, {keys.JOB_FIELD: entry.payload}, maxlen=entry.maxlen, approximate=True)
     log.warning("job %s was gone from %s after Redis came back (a failover lost it): queued again", request_id,
                 entry.stream)
-    return replace(entry, entry_id=entry_id, fair_queue="")
+    return replace(entry, entry_id=entry_id, fair_queue="", lane="")

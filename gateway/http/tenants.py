@@ -1,4 +1,4 @@
-"""Who a request is for, as fair shares count it (shared/redis_commands.py FAIR_SCRIPT): its tenant and weight.
+"""Who a request is for, as fair shares count it (shared/fair_queue.py FAIR_SCRIPT): its tenant and weight.
 
 With API keys on, the tenant is the key's name and its weight the key file's `weight` (1 by default); a client
 cannot name another tenant. With keys off, it is the `X-LLMFleet-Tenant` header, else the body's `user` (OpenAI)

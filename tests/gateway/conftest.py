@@ -16,6 +16,7 @@ from redis.exceptions import ResponseError
 
 from gateway.app import create_app
 from shared import codec, keys
+from shared.fair_queue import release_fair
 from shared.messages import (
     ChoiceEndEvent,
     DoneEvent,
@@ -25,7 +26,7 @@ from shared.messages import (
     TokenEvent,
     Usage,
 )
-from shared.redis_commands import release_fair, run_async
+from shared.redis_commands import run_async
 from shared.registry import RegistryEntry
 from shared.settings import Settings
 from tests.support.sse import split_ids

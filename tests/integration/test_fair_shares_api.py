@@ -1,5 +1,6 @@
 """Fair shares within a priority class, on a real cluster (Redis, gateway and worker processes): one tenant's
-burst of many requests does not delay another tenant's single request, sent after the burst."""
+burst of many requests does not delay another tenant's single request, sent after the burst, even on a worker whose
+one slot the burst holds."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def test_a_burst_does_not_delay_another_tenants_single_request(tiny_cluster: tup
         thread.join(timeout=120)
     assert len(finished) == BURST + 1
     assert BURST - sent >= 10, f"the burst was almost over ({sent} done) before B's request: nothing to overtake"
-    # B waits for the job running and the one already released into the stream, and A's replies finished but not
-    # yet read by their threads when B was sent (a margin of three on a busy machine), not for the rest of the
-    # burst: first in, first out (LLMFLEET_FAIR_SHARES=0) it finishes after all of them
-    assert finished.index("b") - sent <= 5, (sent, finished)
+    # B is a newcomer to a saturated class: its job skips the queue (the class above's stream), preempts the one job
+    # running and goes first (shared/fair_queue.py); only A's replies finished but not yet read by their threads
+    # when B was sent can come before it (a margin of three on a busy machine). First in, first out
+    # (LLMFLEET_FAIR_SHARES=0) it finishes after all of them.
+    assert finished.index("b") - sent <= 3, (sent, finished)

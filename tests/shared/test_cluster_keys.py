@@ -9,7 +9,8 @@ import pytest
 import redis
 
 from shared import keys
-from shared.redis_commands import FAIR_SCRIPT, GATEWAY_READY, FairJob, create_group, run
+from shared.fair_queue import FAIR_SCRIPT, GATEWAY_READY, FairJob
+from shared.redis_commands import create_group, run
 from tests.support.cluster_bed import ClusterBed
 from worker.failover.stealing import FORGET_SCRIPT
 

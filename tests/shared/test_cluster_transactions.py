@@ -15,9 +15,10 @@ from redis.cluster import key_slot
 
 from gateway.cluster.streams import NOBODY, StreamRecord, Streams
 from shared import codec, keys
+from shared.fair_queue import FAIR_SCRIPT, release_fair
 from shared.messages import DoneEvent, TokenEvent, Usage
 from shared.placing import place_args
-from shared.redis_commands import FAIR_SCRIPT, create_group, release_fair, run
+from shared.redis_commands import create_group, run
 from shared.settings import Settings
 from tests.support.cluster_bed import ClusterBed
 from worker.failover.fencing import Lease, renew_leases, take_ownership

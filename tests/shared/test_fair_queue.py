@@ -1,5 +1,6 @@
-"""The fair queue of a priority class (shared/redis_commands.py FAIR_SCRIPT) on a real Redis: jobs released in
-start-time fair order across tenants, weighted by token work, only while the shared stream has room."""
+"""The fair queue of a priority class (shared/fair_queue.py FAIR_SCRIPT) on a real Redis: jobs released in
+start-time fair order across tenants, weighted by token work, only while the shared stream has room; a newcomer to
+a saturated class sent to the class above's stream."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import redis
 
 from shared import keys
-from shared.redis_commands import FairJob, queue_fair, queue_states, release_fair, run
+from shared.fair_queue import FAIR_SCRIPT, GATEWAY_READY, FairJob, in_lane, queue_fair, queue_taken, release_fair
+from shared.redis_commands import queue_states, run
 
 pytestmark = pytest.mark.integration
 MODEL = "m"
@@ -46,13 +48,59 @@ def test_a_job_goes_straight_to_the_stream_when_nothing_waits(client: redis.Redi
     assert not client.exists(*keys.fair_keys(MODEL)[:3])  # an empty fair queue leaves no state behind
 
 
+def lane(client: redis.Redis, priority: str = "normal") -> list[str]:
+    """The ids of the jobs a class's newcomers were sent to the class above's stream with."""
+    stream = keys.fair_lane_keys(MODEL, priority)[1]
+    return [fields[keys.JOB_FIELD.encode()].decode() for _mid, fields in client.xrange(stream)]
+
+
 def test_one_tenants_burst_does_not_delay_anothers_single_request(client: redis.Redis) -> None:
     for i in range(50):
         enqueue(client, f"a{i}", "A")
-    enqueue(client, "b0", "B")
+    enqueue(client, "b0", "B")  # B has nothing waiting and the class is saturated: the class above's stream
+    assert lane(client) == ["b0"] and in_lane(keys.fair_lane_keys(MODEL)[1], MODEL, "normal")
+    enqueue(client, "b1", "B")  # b0 is not taken yet: b1 is no newcomer, it queues (first in tag order)
     order = [job for _ in range(51) for job in take(client, 1)]
-    assert order.index("b0") <= 2  # behind the one already in the stream and at most one more of A's
-    assert [job for job in order if job != "b0"] == [f"a{i}" for i in range(50)]  # a tenant's own stay in order
+    assert order.index("b1") <= 3  # behind the one in the stream and two of A's: b0 was counted against B's share
+    assert [job for job in order if job != "b1"] == [f"a{i}" for i in range(50)]  # a tenant's own stay in order
+
+
+def test_a_tenant_is_a_newcomer_again_once_its_jobs_are_taken(client: redis.Redis) -> None:
+    for i in range(5):
+        enqueue(client, f"a{i}", "A")
+    enqueue(client, "b0", "B")
+    enqueue(client, "b1", "B")
+    assert lane(client) == ["b0"]
+    pipe = client.pipeline()
+    queue_taken(pipe, MODEL, [("normal", "B")])  # a worker took b0
+    pipe.execute()
+    enqueue(client, "b2", "B")  # b1 still waits in the queue: no newcomer
+    assert take(client, 8).index("b1") <= 3
+    pipe = client.pipeline()
+    queue_taken(pipe, MODEL, [("normal", "B"), ("normal", "B")])  # b1 and b2 taken
+    pipe.execute()
+    for i in range(5, 8):
+        enqueue(client, f"a{i}", "A")
+    enqueue(client, "b3", "B")
+    assert lane(client) == ["b0", "b3"]
+
+
+def test_no_newcomer_skips_an_unsaturated_class_or_the_top_one(client: redis.Redis) -> None:
+    enqueue(client, "a0", "A")  # nothing waits: straight into its own stream
+    assert take(client, 1) == ["a0"] and lane(client) == []
+    for i in range(3):
+        enqueue(client, f"c{i}", "A", priority="critical")
+    enqueue(client, "d0", "D", priority="critical")  # no class above critical: it queues
+    assert client.zscore(keys.fair_keys(MODEL, "critical")[0], "d0") is not None
+
+
+def test_an_enqueue_without_the_lane_keys_queues_as_before(client: redis.Redis) -> None:
+    """A gateway that predates the lane sends four keys: its newcomers queue (a rolling upgrade keeps working)."""
+    for i in range(3):
+        enqueue(client, f"a{i}", "A")
+    client.eval(FAIR_SCRIPT, 4, *keys.fair_keys(MODEL), "enqueue", GATEWAY_READY, 1000, keys.JOBS_GROUP, "b0", b"b0",
+                "B", 100, 1, 60)
+    assert lane(client) == [] and client.zscore(keys.fair_keys(MODEL)[0], "b0") is not None
 
 
 def test_tenants_alternate_weighted_by_token_work(client: redis.Redis) -> None:

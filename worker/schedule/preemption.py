@@ -6,19 +6,29 @@ same generation state (sampler and all), so a greedy or seeded choice continues 
 
 Two reasons to preempt: the running decodes need more KV than is free (the lowest-priority, most recently
 admitted sequence goes), and priority (vLLM's priority scheduling): a waiting request that outranks running
-sequences and finds no free slot or KV preempts the lowest of them until it fits. While a request prefills,
+sequences and finds no free slot or KV preempts the lowest of them until it fits; a fair-share newcomer (a tenant
+with nothing waiting in a saturated class, shared/fair_queue.py) outranks its own class so. While a request prefills,
 the decodes it outranks sit the step out (they keep their KV), so its first token comes as fast as on an
 idle worker; they go on the step after.
 """
 
 from __future__ import annotations
 
-from worker.schedule.sequences import ScheduledSequence, SeqState
+from worker.schedule.sequences import Priority, ScheduledSequence, SeqState
+
+TOP_RANK = 2 * int(max(Priority))  # nothing outranks a critical job (there is no class above to send one up)
+
+
+def job_rank(priority: Priority, newcomer: bool) -> int:
+    """A job's rank (higher runs first): twice its class, plus one for a newcomer, which the fair queue sent up a
+    class (shared/fair_queue.py) and which so ranks between its class and the one above."""
+    return 2 * int(priority) + int(newcomer)
 
 
 def rank(seq: ScheduledSequence) -> int:
-    """A sequence's priority as a number (higher runs first)."""
-    return int(seq.group.request.priority)
+    """A sequence's rank (job_rank of its request)."""
+    request = seq.group.request
+    return job_rank(request.priority, request.newcomer)
 
 
 def kv_victim(active: list[ScheduledSequence]) -> ScheduledSequence:

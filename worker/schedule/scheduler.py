@@ -24,7 +24,7 @@ from worker.engine.text.stopping import StopReason
 from worker.schedule.admission import Admission
 from worker.schedule.hybrid import prefill_chunk
 from worker.schedule.pool_sizing import sized_pool
-from worker.schedule.preemption import not_outranked
+from worker.schedule.preemption import TOP_RANK, not_outranked, rank
 from worker.schedule.prompt_scoring import PromptScored, PromptScorer
 from worker.schedule.scheduler_config import SchedulerConfig
 from worker.schedule.scheduler_output import SchedulerOutput
@@ -32,7 +32,6 @@ from worker.schedule.sequences import (
     EmbeddingDone,
     EmbeddingRequest,
     GenerationRequest,
-    Priority,
     RequestDone,
     RequestFailed,
     RequestGroup,
@@ -192,7 +191,7 @@ class Scheduler:
                 events: list[StepEvent]) -> list[np.ndarray | None] | None:
         """The step's one forward; None when a higher priority stopped it (KV growth undone) or it failed (events)."""
         floor = scheduled.floor
-        interrupt = None if outranked is None or floor >= max(Priority) else (lambda: outranked(floor))
+        interrupt = None if outranked is None or floor >= TOP_RANK else (lambda: outranked(floor))
         try:
             return self.engine.model.forward(scheduled.entries, self.kv_pool, interrupt)
         except StepInterrupted:
@@ -286,7 +285,7 @@ class Scheduler:
         budget = self.config.max_batch_tokens
         prefilling = sorted(not_outranked([s for s in active if s.state == SeqState.PREFILLING
                                            and s.fork_from is None], active),
-                            key=lambda s: (-int(s.group.request.priority), s.admit_order))
+                            key=lambda s: (-rank(s), s.admit_order))
         speculate = (self.config.speculative_tokens > 0 and len(decoding) <= self.config.speculative_max_batch
                      and not prefilling  # drafts never delay a prompt's prefill (TTFT)
                      and self.kv_pool.states is None)  # a recurrent state cannot take back a rejected draft

@@ -57,6 +57,8 @@ class GenerationRequest:
     params: GenerationParams
     n: int = 1
     priority: Priority = Priority.NORMAL
+    newcomer: bool = False  # a fair-share newcomer: ranks between its class and the one above (preemption.job_rank)
+    tenant: str = ""  # whose fair share it counts against (a newcomer's rank is kept below an equal share)
     cache_prompt: bool = True
     resume_tokens: list[list[int]] | None = None  # per choice, tokens a previous worker already sent
     resume_ended: set[int] = field(default_factory=set)  # choices that previous worker already ended
@@ -81,6 +83,8 @@ class EmbeddingRequest:
     pooling: str = "mean"  # "mean" or "last"
     normalize: bool = True
     priority: Priority = Priority.NORMAL
+    newcomer: bool = False  # as GenerationRequest's (embeddings never are: one short forward each)
+    tenant: str = ""
     n: int = 1  # sequences are the inputs, none forked
     cache_prompt: bool = False
     loras: tuple[LoraUse, ...] = ()  # embeddings run on the base model

@@ -2,7 +2,7 @@
 
 Every Redis read the taking of a job needs happens here: new jobs (highest priority class first, this worker's
 placed jobs before the shared ones; each class's fair queue released into its shared stream first, as much as
-this worker has room for: shared/redis_commands.py FAIR_SCRIPT), other workers' overdue placed jobs (worker/failover/stealing.py), dead or silent
+this worker has room for: shared/fair_queue.py FAIR_SCRIPT), other workers' overdue placed jobs (worker/failover/stealing.py), dead or silent
 workers' jobs (worker/failover/takeover.py, every RECLAIM_EVERY_S), the owner epoch (worker/failover/fencing.py), the journal of a
 job taken over (worker/failover/resume.py), the cancel marker, the dead-lettering of a poison job, and the LoRA desired
 set (worker/loras.py). The loop collects the results with `drain()` and starts or ends each job without Redis.
@@ -21,21 +21,16 @@ from redis.exceptions import RedisError, ResponseError
 
 from shared import codec, keys
 from shared.codec import WireFormatError
+from shared.fair_queue import in_lane, queue_taken, release_and_look, release_calls, release_fair
 from shared.messages import Job
-from shared.redis_commands import (
-    queue_job_done,
-    release_calls,
-    release_fair,
-    reply_text,
-    run,
-    streams_with_waiting,
-)
+from shared.redis_commands import queue_job_done, reply_text, run
 from shared.settings import Settings
 from worker.failover.fencing import Grant, take_ownership
 from worker.failover.resume import JournalState
 from worker.failover.stealing import Stealer, reclaim_streams
 from worker.failover.takeover import claim_from_streams, claim_own, pending_counts, read_for_takeover
 from worker.loras import AdapterSet
+from worker.schedule.preemption import job_rank
 from worker.schedule.sequences import Priority
 
 log = logging.getLogger(__name__)
@@ -66,6 +61,11 @@ class TakenJob:
     journal_next_seq: int = 0  # takeovers whose journal is unusable: one past its highest seq
     journal_problem: str = ""  # why the journal is unusable ("" = usable or not read)
     dead_lettered: int = 0  # a poison job set aside: the deliveries it had (0 = not one)
+
+    @property
+    def newcomer(self) -> bool:
+        """Whether the fair queue sent it up a class: its tenant had nothing waiting in a saturated class."""
+        return in_lane(self.stream, self.job.model, self.job.priority)
 
 
 class JobFeeder:
@@ -125,10 +125,10 @@ class JobFeeder:
             return taken
 
     def outranks(self, rank: int) -> bool:
-        """Whether a job taken since the loop's last drain is of a priority above `rank` (a Priority value): the
-        loop's running step stops for it (Scheduler.step)."""
+        """Whether a job taken since the loop's last drain ranks above `rank` (worker/schedule/preemption.py
+        job_rank): the loop's running step stops for it (Scheduler.step)."""
         with self._cond:
-            return any(Priority.parse(item.job.priority) > rank for item in self._inbox)
+            return any(job_rank(Priority.parse(item.job.priority), item.newcomer) > rank for item in self._inbox)
 
     def wait_for_jobs(self, timeout_s: float) -> None:
         """Wait until a job is in the inbox, at most timeout_s."""
@@ -232,7 +232,7 @@ class JobFeeder:
         rooms = {p: max(free, self._preemptible(i)) for i, p in enumerate(keys.PRIORITY_ORDER)}
         if look:
             releases = release_calls(self.model, rooms, maxlen=self.settings.stream_maxlen)
-            return run(self.redis, streams_with_waiting(self.read_order, releases))
+            return run(self.redis, release_and_look(releases, self.read_order))
         run(self.redis, release_fair(self.model, rooms, maxlen=self.settings.stream_maxlen))
         return None
 
@@ -365,7 +365,9 @@ class JobFeeder:
         pipe = self.redis.pipeline(transaction=False)
         for item in taken:
             pipe.exists(keys.cancelled_marker(self.model, item.job.id))
-        for item, cancelled in zip(taken, pipe.execute(), strict=True):
+        queue_taken(pipe, self.model, [(item.job.priority, getattr(item.job, "tenant", "")) for item in taken
+                                       if not item.takeover and item.stream in self.streams])  # no longer waiting
+        for item, cancelled in zip(taken, pipe.execute()[: len(taken)], strict=True):
             item.cancelled = bool(cancelled)
             if item.takeover:
                 self._read_journal(item)

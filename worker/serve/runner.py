@@ -317,7 +317,8 @@ class WorkerRunner:
                 if item.takeover:
                     self._take_over(entry, item, acks)
                 else:
-                    self._accept(entry, item.job, acks, owner=item.grant.owner, cancelled=item.cancelled)
+                    self._accept(entry, item.job, acks, owner=item.grant.owner, cancelled=item.cancelled,
+                                 newcomer=item.newcomer)
         finally:
             self.feeder.settled(taken)
 
@@ -337,16 +338,15 @@ class WorkerRunner:
             if how is Continuation.RESUME:
                 self._accept(entry, job, acks, owner=grant.owner, resume=state, cancelled=item.cancelled)
             else:
-                self.publisher.add_error(job.id, ending_error(how, job, item.dead_lettered,
-                                                              self.settings.max_deliveries))
+                self.publisher.add_error(job.id, ending_error(how, job, item.dead_lettered, self.settings.max_deliveries))
                 acks.append(entry)
 
     def _accept(self, entry: Entry, job: Job, acks: list[Entry], *, owner: str, cancelled: bool,
-                resume: JournalState | None = None) -> None:
+                resume: JournalState | None = None, newcomer: bool = False) -> None:
         """Start a job (or continue a reclaimed one from its journal) and hold it, or ack it when it ended at
         once with a terminal event."""
         self.tracer.taken(job)
-        width = self.intake.start(job, cancelled=cancelled, resume=resume)
+        width = self.intake.start(job, cancelled=cancelled, resume=resume, newcomer=newcomer)
         if width is None:
             self.tracer.ended(job.id)
             acks.append(entry)

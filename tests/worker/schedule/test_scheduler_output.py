@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.worker.schedule.test_scheduler import _prompt, _request
-from worker.schedule.preemption import rank
+from worker.schedule.preemption import job_rank, rank
 from worker.schedule.scheduler import Scheduler, SchedulerConfig, StepEvent
 from worker.schedule.sequences import Priority, SequenceStep
 
@@ -32,10 +32,10 @@ def test_the_output_holds_the_plan_its_entries_and_its_lowest_rank(tiny_engine: 
     assert [e.seq_id for e in scheduled.entries] == [seq.seq_id for seq in scheduled.sequences]
     assert [list(e.tokens) for e in scheduled.entries] == [tokens for _, tokens in scheduled.plan]
     assert [len(tokens) for _, tokens in scheduled.plan] == [8, 5]  # a chunk of the long prompt, the short whole
-    assert {e.output for e in scheduled.entries} == {"last"} and scheduled.floor == int(Priority.NORMAL)
+    assert {e.output for e in scheduled.entries} == {"last"} and scheduled.floor == job_rank(Priority.NORMAL, False)
     sched.add(_request("urgent", _prompt(tiny_engine, 5, 3), priority=Priority.HIGH))
     scheduled = sched.schedule()  # an outranking prefill goes alone: the step's lowest rank is its own
-    assert scheduled is not None and [rank(seq) for seq in scheduled.sequences] == [scheduled.floor] == [2]
+    assert scheduled is not None and [rank(seq) for seq in scheduled.sequences] == [scheduled.floor] == [job_rank(Priority.HIGH, False)]
 
 
 def test_the_phases_by_hand_are_the_step(tiny_engine: Any) -> None:
