@@ -1,7 +1,8 @@
 """Fair shares within a priority class (issue 42): tenant A sends a burst of N requests at once, tenant B one request
 a second meanwhile, same class. Prints B's median TTFT against its idle TTFT (target: within 2x) and A's token
 throughput against A's burst alone (target: within 10%), with fair shares on and, for contrast, off (first in,
-first out), each on a fresh one-worker cluster (bundled Redis, one gateway, SmolLM2 by default).
+first out), each on a fresh one-worker cluster (bundled Redis, one gateway, SmolLM2 by default). A's burst comes
+from a client process of its own, B's probes from this one.
 
     python bench/fair_shares.py [--burst 60] [--tokens 32] [--slots 8] [--model smollm2-135m] [--skip-fifo]
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -43,21 +46,38 @@ async def burst(client: httpx.AsyncClient, model: str, n: int, tokens: int) -> f
     return n * tokens / (time.perf_counter() - started)
 
 
+def tenant_a(base: str, model: str, n: int, tokens: int) -> float:
+    """A's burst from a client process of its own (two tenants are two clients: one event loop reading A's n
+    streams would delay B's first chunk by its own work): A's tokens per second."""
+    async def main() -> float:
+        async with httpx.AsyncClient(base_url=base, timeout=600, limits=httpx.Limits(max_connections=n + 8)) as client:
+            return await burst(client, model, n, tokens)
+    return asyncio.run(main())
+
+
 async def scenario(base: str, model: str, n: int, tokens: int) -> dict[str, float]:
     """Idle TTFT of B, A's burst alone, then A's burst with B probing once a second."""
-    async with httpx.AsyncClient(base_url=base, timeout=600, limits=httpx.Limits(max_connections=n + 8)) as client:
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return await probed(base, model, n, tokens, pool)
+
+
+async def probed(base: str, model: str, n: int, tokens: int, pool: concurrent.futures.Executor) -> dict[str, float]:
+    """`scenario` with A's client process in `pool`."""
+    loop = asyncio.get_running_loop()
+    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
         await request(client, model, "warm", 4)  # this client's own first request
         idles = [await request(client, model, "B", tokens) for _ in range(3)]
         print("idle B TTFTs (s):", " ".join(f"{t:.3f}" for t in idles), flush=True)
         idle = statistics.median(idles)
-        alone = await burst(client, model, n, tokens)
-        a = asyncio.create_task(burst(client, model, n, tokens))
+        alone = await loop.run_in_executor(pool, tenant_a, base, model, n, tokens)
+        a = loop.run_in_executor(pool, tenant_a, base, model, n, tokens)
         probes = []
         while not a.done():
             await asyncio.sleep(1.0)
             if not a.done():
                 probes.append(await request(client, model, "B", tokens))
         shared = await a
+    print("B TTFTs under A's burst (s):", " ".join(f"{t:.3f}" for t in probes), flush=True)
     return {"idle_ttft": idle, "loaded_ttft": statistics.median(probes) if probes else float("nan"),
             "probes": len(probes), "alone_tps": alone, "shared_tps": shared}
 
