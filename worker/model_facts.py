@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,17 +55,23 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + SIDECAR_SUFFIX)
 
 
-def file_digest(path: Path) -> str:
-    """The file's hex SHA-256, from its cache beside it when that still matches the file, else computed (and
-    cached when the folder can be written)."""
+def cached_digest(path: Path) -> str:
+    """The file's hex SHA-256 from its cache beside it when that still matches the file, else ""."""
     stat = path.stat()
-    sidecar = _sidecar(path)
     try:
-        cached = json.loads(sidecar.read_text(encoding="utf-8"))
+        cached = json.loads(_sidecar(path).read_text(encoding="utf-8"))
         if cached.get("size") == stat.st_size and cached.get("mtime_ns") == stat.st_mtime_ns:
             return str(cached["sha256"])
     except (OSError, ValueError, KeyError, AttributeError):
         pass
+    return ""
+
+
+def file_digest(path: Path) -> str:
+    """The file's hex SHA-256, from its cache beside it when that still matches the file, else computed (and
+    cached when the folder can be written)."""
+    if cached := cached_digest(path):
+        return cached
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(BLOCK_BYTES), b""):
@@ -109,9 +117,10 @@ def _capabilities(family: str) -> tuple[str, ...]:
     return ("embedding",) if getattr(ARCHITECTURES.get(family), "encoder", False) else ("completion", "tools")
 
 
-def read_facts(path: Path) -> ModelFacts:
-    """The facts of one GGUF file (its header, its tensors' shapes, its digest)."""
-    metadata = read_metadata(path)
+def read_facts(path: Path, metadata: dict[str, Any] | None = None, *, hash_file: bool = True) -> ModelFacts:
+    """The facts of one GGUF file (its header, its tensors' shapes, its digest); `metadata` as already read (a
+    loaded model's); without `hash_file`, only a cached digest ("" when there is none)."""
+    metadata = read_metadata(path) if metadata is None else metadata
     parameters = tensor_elements(path)
     family = str(metadata.get("general.architecture", ""))
     info: dict[str, Any] = {"general.architecture": family, "general.parameter_count": parameters,
@@ -120,15 +129,26 @@ def read_facts(path: Path) -> ModelFacts:
         value = metadata.get(f"{family}.{key}")
         if isinstance(value, int | float | str):
             info[f"{family}.{key}"] = value
-    return ModelFacts(size=path.stat().st_size, digest=file_digest(path), family=family,
+    digest = file_digest(path) if hash_file else cached_digest(path)
+    return ModelFacts(size=path.stat().st_size, digest=digest, family=family,
                       parameter_size=human_count(parameters), quantization_level=quantization_of(metadata),
                       model_info=info, capabilities=_capabilities(family))
 
 
-def facts_json(path: Path) -> str | None:
+def facts_json(path: Path, metadata: dict[str, Any] | None = None, *, hash_file: bool = True) -> str | None:
     """read_facts as JSON, or None (logged) when the file cannot be read."""
     try:
-        return read_facts(path).to_json()
+        return read_facts(path, metadata, hash_file=hash_file).to_json()
     except Exception as exc:  # noqa: BLE001 - facts are informational: never fail a worker over them
         log.warning("cannot read the facts of %s: %s", path.name, type(exc).__name__)
         return None
+
+
+def read_facts_then_digest(path: Path, metadata: dict[str, Any] | None, keep: Callable[[str | None], None]) -> None:
+    """Hand `keep` the file's facts from its header now (their parse holds the GIL ~0.1 s: a worker does it before
+    it registers, not beside its first requests), and, where no digest is cached beside the file, again with the
+    digest from a thread (seconds for a multi-GB file hashed the first time)."""
+    facts = facts_json(path, metadata, hash_file=False)
+    keep(facts)
+    if facts is not None and not json.loads(facts)["digest"]:
+        threading.Thread(target=lambda: keep(facts_json(path, metadata)), name="model-facts", daemon=True).start()

@@ -10,7 +10,15 @@ import pytest
 import redis
 
 from shared import keys
-from shared.fair_queue import FAIR_SCRIPT, GATEWAY_READY, FairJob, in_lane, queue_fair, queue_taken, release_fair
+from shared.fair_queue import (
+    FAIR_SCRIPT,
+    GATEWAY_READY,
+    FairJob,
+    in_lane,
+    queue_fair,
+    queue_taken,
+    release_fair,
+)
 from shared.redis_commands import queue_states, run
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,7 @@ from worker.failover.resume import JournalState
 from worker.failover.stealing import ensure_group, reclaim_streams
 from worker.failover.takeover import own_pending
 from worker.loras import AdapterSet
-from worker.model_facts import facts_json
+from worker.model_facts import read_facts_then_digest
 from worker.schedule.encoder_scheduler import new_scheduler
 from worker.schedule.scheduler import SchedulerConfig
 from worker.serve.cancel_listener import CancelListener
@@ -181,9 +181,8 @@ class WorkerRunner:
         took = warm_up(self.intake, self.scheduler, self.publisher, jobs)
         log.info("worker %s: warm-up requests took %.2f s", self.worker_id, took)
 
-    def _read_facts(self, path: Path) -> None:
-        """Read the model file's facts for Ollama's /api/tags and /api/show (the heartbeat publishes them)."""
-        self.facts = facts_json(path)
+    def _keep_facts(self, facts: str | None) -> None:
+        self.facts = facts
 
     def run(self) -> None:
         """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
@@ -207,8 +206,8 @@ class WorkerRunner:
                      self.worker_id, sum(len(ids) for ids in self.feeder.orphans.values()))
         self._prepare_engine()
         self._safe(lambda: self.adapters.sync(self.redis, force=True))  # the desired adapters, before registering
-        if self.model_file is not None:  # a digest not cached beside the file takes a while: not on the way to ready
-            threading.Thread(target=self._read_facts, args=(self.model_file,), name="model-facts", daemon=True).start()
+        if self.model_file is not None:  # for Ollama's /api/tags and /api/show (the heartbeat publishes them)
+            read_facts_then_digest(self.model_file, getattr(self.engine.model, "metadata", None), self._keep_facts)
         self.cancels.start()
         self.heartbeat.start()
         self._safe(self.ensure_group)  # again: a peer forgets the streams of a member it finds unregistered

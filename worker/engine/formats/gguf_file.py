@@ -71,6 +71,9 @@ class QuantizedTensor:
         return codes
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
     """Sequential little-endian reads from a buffer; any overrun raises struct.error or IndexError."""
 
@@ -110,6 +113,29 @@ class _Cursor:
             return items.tolist()
         return self.scalar(_SCALARS[kind])
 
+    def skip(self, kind: int) -> None:
+        """Move past one metadata value without building it (a header scan that needs only the tensors)."""
+        if kind == _STRING:
+            length = self.scalar("<Q")  # (not `self.pos += ...`: that would add to the position before the read)
+            self.pos += length
+        elif kind == _ARRAY:
+            item_kind, count = self.scalar("<I"), self.scalar("<Q")
+            if item_kind == _STRING:  # a vocabulary: a tight loop over the lengths
+                buffer, pos, length_at = self.buffer, self.pos, _U64.unpack_from
+                for _ in range(count):
+                    pos += 8 + length_at(buffer, pos)[0]
+                self.pos = pos
+            elif item_kind == _ARRAY:
+                for _ in range(count):
+                    self.skip(item_kind)
+            else:
+                length = struct.calcsize(_SCALARS[item_kind]) * count
+                self.pos += length
+        else:
+            self.pos += struct.calcsize(_SCALARS[kind])
+        if self.pos > len(self.buffer):
+            raise IndexError("value past the end of the file")
+
 
 def _open(path: str | Path) -> mmap.mmap:
     """Map a GGUF file read-only after checking that it exists and has the magic."""
@@ -123,8 +149,9 @@ def _open(path: str | Path) -> mmap.mmap:
         return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-def _parse_metadata(cursor: _Cursor, path: str | Path) -> tuple[dict[str, Any], int]:
-    """Header and key/value metadata; returns the metadata and the tensor count."""
+def _parse_metadata(cursor: _Cursor, path: str | Path, *, skip: bool = False) -> tuple[dict[str, Any], int]:
+    """Header and key/value metadata; returns the metadata and the tensor count (with `skip`, the values are
+    passed over, not built: the metadata returned holds the header's counts only)."""
     cursor.pos = 4
     version = cursor.scalar("<I")
     if version not in (2, 3):
@@ -133,7 +160,10 @@ def _parse_metadata(cursor: _Cursor, path: str | Path) -> tuple[dict[str, Any], 
     metadata: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": n_tensors, "GGUF.kv_count": n_kv}
     for _ in range(n_kv):
         key = cursor.string()
-        metadata[key] = cursor.value(cursor.scalar("<I"))
+        if skip:
+            cursor.skip(cursor.scalar("<I"))
+        else:
+            metadata[key] = cursor.value(cursor.scalar("<I"))
     return metadata, n_tensors
 
 
@@ -158,7 +188,7 @@ def tensor_elements_by_type(path: str | Path) -> dict[str, int]:
     buffer = _open(path)
     try:
         cursor = _Cursor(buffer)
-        n_tensors = _parse_metadata(cursor, path)[1]
+        n_tensors = _parse_metadata(cursor, path, skip=True)[1]
         counts: dict[str, int] = {}
         for _ in range(n_tensors):
             cursor.string()
