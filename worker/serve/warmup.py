@@ -41,8 +41,12 @@ def warmup_jobs(model: str, *, embedding_only: bool, chat: bool, worker_id: str)
     common |= {"messages": PROMPT, "reasoning": True} if chat else {"prompt": PROMPT[-1].content}
     greedy = Sampling(temperature=0.0, seed=1)
     sampled = Sampling(temperature=0.7, top_k=40, top_p=0.9, seed=2)
+    # the sampled one without a system message: the template's own default (SmolLM2's, Qwen's) is then in the KV
+    # pool's prefix cache, as it is for a client's tenth request (else the first fills it from the host tier or
+    # prefills it)
+    user_only = {"messages": PROMPT[1:]} if chat else {}
     return [GenerateJob(id=f"warmup-{worker_id}-greedy", sampling=greedy, **common),
-            GenerateJob(id=f"warmup-{worker_id}-sampled", sampling=sampled, **common)]
+            GenerateJob(id=f"warmup-{worker_id}-sampled", sampling=sampled, **(common | user_only))]
 
 
 def warm_up(intake: JobIntake, scheduler: Scheduler, publisher: EventPublisher, jobs: list[Job]) -> float:
