@@ -71,12 +71,13 @@ async def probed(base: str, model: str, n: int, tokens: int, pool: concurrent.fu
         idle = statistics.median(idles)
         alone = await loop.run_in_executor(pool, tenant_a, base, model, n, tokens)
         a = loop.run_in_executor(pool, tenant_a, base, model, n, tokens)
-        probes = []
+        probes = []  # one a second whether or not the last has ended (the "one request a second")
         while not a.done():
             await asyncio.sleep(1.0)
             if not a.done():
-                probes.append(await request(client, model, "B", tokens))
+                probes.append(asyncio.create_task(request(client, model, "B", tokens)))
         shared = await a
+        probes = list(await asyncio.gather(*probes))
     print("B TTFTs under A's burst (s):", " ".join(f"{t:.3f}" for t in probes), flush=True)
     return {"idle_ttft": idle, "loaded_ttft": statistics.median(probes) if probes else float("nan"),
             "probes": len(probes), "alone_tps": alone, "shared_tps": shared}

@@ -92,18 +92,14 @@ def _explain(data: bytes, exc: msgspec.ValidationError) -> str:
 
 
 def encode_job(job: Job) -> bytes:
-    """Encode a job (generate, embed or text). An untraced job leaves its `trace` out, and one outside the fair
-    queue its `tenant`, so its bytes are those of a worker that predates the field (a cluster upgraded one process
-    at a time serves untraced jobs throughout)."""
+    """Encode a job (generate, embed or text). An untraced job leaves its `trace` out, so its bytes are those of
+    a worker that predates the field (a cluster upgraded one process at a time serves untraced jobs throughout)."""
     if not isinstance(job, JOB_TYPES):
         raise WireFormatError(f"{type(job).__name__} is not a job")
     data = encode(job)
-    unset = [name for name, empty in (("trace", None), ("tenant", "")) if getattr(job, name, empty) == empty
-             and hasattr(job, name)]
-    if unset:
+    if getattr(job, "trace", "") is None:
         fields = msgspec.msgpack.decode(data)
-        for name in unset:
-            del fields[name]
+        del fields["trace"]
         data = _encoder.encode(fields)
     return data
 

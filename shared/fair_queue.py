@@ -8,13 +8,14 @@ releaser asks for: a gateway asks for one (an idle worker wakes), a worker for a
 before it reads. So one tenant's burst waits in the fair queue, not in the stream, and another tenant's single job
 is released next, whichever gateway queued it and whichever worker frees a slot.
 
-A newcomer (a tenant with no job of the class queued or waiting untaken) that finds its class saturated (jobs queued
-in the fair queue, or the stream's ready job not yet taken) skips the queue: its job goes into the shared stream of
+A newcomer (a tenant with no job of the class queued or waiting untaken) that finds its class saturated (every worker
+full at its last heartbeat, jobs queued in the fair queue, or the stream's ready job not yet taken) skips the queue: its job goes into the shared stream of
 the class above, so a full worker takes it the moment it is written, as it takes any job that outranks running
 work, and its scheduler ranks it between the two classes (worker/schedule/preemption.py `rank`): it preempts the
 most recently admitted job of its own class when no slot is free, and prefills alone. So a tenant's single request
-does not wait for another tenant's wave of jobs to end (issue 42: TTFT within 2x of idle). Workers count a taken
-job's tenant off (`queue_taken`); the counts expire with the class's keys, so one a lost job leaves behind (a stream
+does not wait for another tenant's wave of jobs to end (issue 42: TTFT within 2x of idle). The tenant travels as a
+field of the stream entry beside the job's bytes (a worker that predates it reads the job as before). Workers count
+a taken job's tenant off (`queue_taken`); the counts expire with the class's keys, so one a lost job leaves behind (a stream
 trimmed at its maxlen) heals when the class goes quiet. In the top class there is no class above: its newcomers
 queue as any job.
 """
@@ -35,9 +36,10 @@ log = logging.getLogger(__name__)
 # KEYS: fair queue (zset id -> start tag), its jobs (hash id -> bytes), its state (hash: vtime, t:<tenant> -> finish
 # tag), the class's shared stream; for an enqueue also the class's untaken counts (hash tenant -> jobs queued or waiting,
 # not yet taken) and the stream a newcomer goes to (the class above's shared stream; the class's own at the top).
-# ARGV: op ("enqueue" or "release"), ready, maxlen, group; enqueue adds id, job bytes, tenant, cost, weight, ttl_s.
-# An enqueue of a newcomer (a tenant with no job untaken) while the class is saturated (its queue holds jobs, or its
-# stream `ready` waiting) goes to that stream; then, and after every other enqueue and release, jobs are released in
+# ARGV: op ("enqueue" or "release"), ready, maxlen, group; enqueue adds id, job bytes, tenant, cost, weight, ttl_s and
+# whether the gateway saw every worker full ("1"). An enqueue of a newcomer (a tenant with no job untaken) while the
+# class is saturated (every worker full, its queue holding jobs, or its stream `ready` waiting) goes to that stream;
+# an entry the script writes carries the job's tenant beside it (keys.TENANT_FIELD; none from an older gateway); then, and after every other enqueue and release, jobs are released in
 # tag order while the stream has fewer than `ready` waiting; returns how many it released (a newcomer counts one).
 # An enqueue with four keys (a gateway older than the newcomer lane) skips the lane.
 FAIR_SCRIPT = """
@@ -55,14 +57,16 @@ if op == 'enqueue' then
     local before = tonumber(redis.call('HGET', KEYS[5], ARGV[7]) or '0')
     redis.call('HINCRBY', KEYS[5], ARGV[7], 1)
     redis.call('EXPIRE', KEYS[5], ARGV[10])
-    if before <= 0 and KEYS[6] ~= KEYS[4] and (redis.call('EXISTS', KEYS[1]) == 1 or waiting_in(KEYS[4]) >= ready) then
-      redis.call('XADD', KEYS[6], 'MAXLEN', '~', maxlen, '*', 'job', ARGV[6])
+    local saturated = ARGV[11] == '1' or redis.call('EXISTS', KEYS[1]) == 1 or waiting_in(KEYS[4]) >= ready
+    if before <= 0 and KEYS[6] ~= KEYS[4] and saturated then
+      redis.call('XADD', KEYS[6], 'MAXLEN', '~', maxlen, '*', 'job', ARGV[6], 'tenant', ARGV[7])
       redis.call('EXPIRE', KEYS[3], ARGV[10])
       return 1
     end
   end
   redis.call('ZADD', KEYS[1], string.format('%.17g', start), id)
   redis.call('HSET', KEYS[2], id, ARGV[6])
+  redis.call('HSET', KEYS[3], 'j:' .. id, ARGV[7])
   for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[10]) end
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -71,11 +75,15 @@ local moved = 0
 while waiting < ready do
   local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if #head == 0 then break end
-  local job = redis.call('HGET', KEYS[2], head[1])
+  local job, owner = redis.call('HGET', KEYS[2], head[1]), redis.call('HGET', KEYS[3], 'j:' .. head[1])
   redis.call('ZREM', KEYS[1], head[1])
   redis.call('HDEL', KEYS[2], head[1])
+  redis.call('HDEL', KEYS[3], 'j:' .. head[1])
   redis.call('HSET', KEYS[3], 'vtime', head[2])
-  if job then
+  if job and owner then
+    redis.call('XADD', KEYS[4], 'MAXLEN', '~', maxlen, '*', 'job', job, 'tenant', owner)
+    moved, waiting = moved + 1, waiting + 1
+  elseif job then
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', maxlen, '*', 'job', job)
     moved, waiting = moved + 1, waiting + 1
   end
@@ -98,14 +106,14 @@ class FairJob(NamedTuple):
     ttl_s: int  # the fair queue's keys expire this long after (the job's deadline, with a margin)
 
 
-def queue_fair(pipe: Any, model: str, priority: str, job: FairJob, *, maxlen: int) -> None:
+def queue_fair(pipe: Any, model: str, priority: str, job: FairJob, *, maxlen: int, full: bool = False) -> None:
     """Queue the script call that puts a job in its class's fair queue (a saturated class's newcomer in the class
     above's stream) and releases the head of that queue into the shared stream while it has fewer than
     GATEWAY_READY jobs waiting (an idle worker wakes to it)."""
     pipe.execute_command("EVAL", FAIR_SCRIPT, 6, *keys.fair_keys(model, priority), *keys.fair_lane_keys(model, priority),
                          "enqueue", GATEWAY_READY, maxlen,
                          keys.JOBS_GROUP, job.request_id, job.data, job.tenant, job.cost, max(job.weight, 1e-6),
-                         max(1, job.ttl_s))  # not pipe.eval(): redis-py's sync cluster pipeline lacks it
+                         max(1, job.ttl_s), int(full))  # not pipe.eval(): redis-py's sync cluster pipeline lacks it
 
 
 def release_calls(model: str, rooms: dict[str, int], *, maxlen: int) -> list[Call]:

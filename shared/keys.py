@@ -96,6 +96,7 @@ PREFIX = "llmfleet:"
 
 JOBS_GROUP = "workers"
 JOB_FIELD = "job"
+TENANT_FIELD = "tenant"  # beside `job` in an entry a fair queue wrote: whose share it counts against
 JOURNAL_SEQ_FIELD = "seq"
 JOURNAL_EVENT_FIELD = "event"
 WORKERS_INDEX = f"{PREFIX}workers"

@@ -145,7 +145,6 @@ class GenerateJob(_Message, tag="generate", kw_only=True):
     template_kwargs: dict[str, Any] = {}  # chat_template_kwargs: extra chat-template variables (enable_thinking)
     thinking_budget: Positive | None = None  # a reasoning reply's thinking block is closed after this many tokens
     trace: str | None = None  # W3C traceparent of the gateway's request span (tracing on; left out of the bytes if None)
-    tenant: str = ""  # whose fair share it counts against (shared/fair_queue.py; left out of the bytes if "")
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:
@@ -184,7 +183,6 @@ class EmbedJob(_Message, tag="embed", kw_only=True):
     normalize: bool = True
     priority: PriorityName = "normal"
     trace: str | None = None  # as GenerateJob's
-    tenant: str = ""  # as GenerateJob's
     version: int = WIRE_VERSION
 
     def __post_init__(self) -> None:

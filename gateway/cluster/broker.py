@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 
 from gateway.cluster import admission
 from gateway.cluster.event_stream import EventStream, JobRef
-from gateway.cluster.fair_share import queue_shared, with_tenant
+from gateway.cluster.fair_share import queue_shared
 from gateway.cluster.loras import resolve_job
 from gateway.cluster.lost_jobs import QueuedEntry
 from gateway.cluster.metrics import GatewayMetrics
@@ -188,7 +188,8 @@ class Broker:
         """Place the job (gateway/cluster/placer.py), write it to its stream and subscribe to its events."""
         with redis_unavailable(self.settings.retry_after_s):
             plan = await self.placer.plan(job, workers, self.queue_view.placed_workers(job.model))
-        queue, entry, choice = await self._write(job, plan)
+        full = bool(workers) and all(w.load >= w.slots for w in workers)  # as their last heartbeats said
+        queue, entry, choice = await self._write(job, plan, full=full)
         self.queue_view.note_queued(job.model, choice.worker_id)
         if isinstance(job, GenerateJob):
             self.metrics.placements.labels(job.model, choice.reason).inc()
@@ -199,7 +200,8 @@ class Broker:
             wait_until = min(self.clock() + self.settings.worker_wait_s, job.deadline - 1.0)
         return EventStream(self, job, queue, worker_wait_until=wait_until, queued=entry)
 
-    async def _write(self, job: Job, plan: Plan | Choice) -> tuple[asyncio.Queue[QueueItem], QueuedEntry, Choice]:
+    async def _write(self, job: Job, plan: Plan | Choice, *,
+                     full: bool = False) -> tuple[asyncio.Queue[QueueItem], QueuedEntry, Choice]:
         """Subscribe to the job's events, then place it on a worker's stream (the script writes it), or else write
         it to its class's fair queue or shared stream; and where it went (checked after a Redis failover:
         lost_jobs.py) and why."""
@@ -208,7 +210,6 @@ class Broker:
         sent = False  # the write is on its way: from here, a failure leaves it unknown whether the job was written
         try:
             with redis_unavailable(self.settings.retry_after_s):
-                job = with_tenant(job, self.settings)
                 stream, payload = keys.jobs_stream(job.model, job.priority), codec.encode_job(job)
                 sent = True
                 choice, entry_id = await self.placer.place(job, plan, payload) if isinstance(plan, Plan) else (plan, b"")
@@ -216,7 +217,7 @@ class Broker:
                 if choice.worker_id is not None:
                     stream = keys.worker_jobs_stream(job.model, choice.worker_id, job.priority)
                 else:  # no worker had room (the script wrote nothing), or placement does not apply
-                    entry_id = await self._write_shared(job)
+                    entry_id = await self._write_shared(job, full=full)
         except BaseException as exc:
             # a refused write (OOM, READONLY, MISCONF) discarded the whole transaction: the job is not in a stream
             if sent and write_refusal(exc.__cause__ or exc) is None:  # cancelled (the client went away) or no
@@ -230,10 +231,11 @@ class Broker:
                             "" if direct else keys.fair_lane_keys(job.model, job.priority)[1])
         return queue, entry, choice
 
-    async def _write_shared(self, job: Job) -> bytes:
-        """Write the job to its class's shared stream, or through its fair queue (gateway/cluster/fair_share.py)."""
+    async def _write_shared(self, job: Job, *, full: bool = False) -> bytes:
+        """Write the job to its class's shared stream, or through its fair queue (gateway/cluster/fair_share.py);
+        `full`: every worker of the model was full at its last heartbeat (a newcomer's class is saturated)."""
         pipe = self.redis.pipeline(transaction=True)
-        queue_shared(pipe, job, self.settings, self.clock())
+        queue_shared(pipe, job, self.settings, self.clock(), full=full)
         return (await pipe.execute())[-1]
 
     async def follow(self, job: JobRef) -> EventStream:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import msgspec
-
 from gateway.http.tenants import current_tenant
 from shared import codec, keys
 from shared.fair_queue import FairJob, queue_fair
@@ -34,16 +32,10 @@ def job_cost(job: Job) -> float:
     return 1.0
 
 
-def with_tenant(job: Job, settings: Settings) -> Job:
-    """The job with its tenant, where fair shares count it (a worker counts it taken, and ranks a newcomer, by it)."""
-    if settings.fair_shares and isinstance(job, GenerateJob | EmbedJob):
-        return msgspec.structs.replace(job, tenant=current_tenant()[0])
-    return job
-
-
-def queue_shared(pipe: Any, job: Job, settings: Settings, now: float) -> None:
+def queue_shared(pipe: Any, job: Job, settings: Settings, now: float, *, full: bool = False) -> None:
     """Queue the writing of `job` for its model's shared stream: through its class's fair queue, or straight into
-    the stream with LLMFLEET_FAIR_SHARES=0."""
+    the stream with LLMFLEET_FAIR_SHARES=0. `full`: every worker of the model is full (the class is saturated even
+    with nothing queued: a newcomer skips the queue, shared/fair_queue.py)."""
     if not settings.fair_shares:
         pipe.xadd(keys.jobs_stream(job.model, job.priority), {keys.JOB_FIELD: codec.encode_job(job)},
                   maxlen=settings.stream_maxlen, approximate=True)
@@ -51,4 +43,4 @@ def queue_shared(pipe: Any, job: Job, settings: Settings, now: float) -> None:
     tenant, weight = current_tenant()
     ttl_s = math.ceil(job.deadline - now) + KEYS_MARGIN_S
     queue_fair(pipe, job.model, job.priority, FairJob(job.id, codec.encode_job(job), tenant, job_cost(job), weight,
-                                                      ttl_s), maxlen=settings.stream_maxlen)
+                                                      ttl_s), maxlen=settings.stream_maxlen, full=full)

@@ -34,10 +34,11 @@ def client(redis_server: Any) -> redis.Redis:
 
 
 def enqueue(client: redis.Redis, request_id: str, tenant: str, *, cost: float = 100, weight: float = 1,
-            priority: str = "normal") -> int:
+            priority: str = "normal", full: bool = False) -> int:
     """Queue one job as a gateway does; how many jobs the call released into the stream."""
     pipe = client.pipeline(transaction=True)
-    queue_fair(pipe, MODEL, priority, FairJob(request_id, request_id.encode(), tenant, cost, weight, 60), maxlen=1000)
+    queue_fair(pipe, MODEL, priority, FairJob(request_id, request_id.encode(), tenant, cost, weight, 60), maxlen=1000,
+               full=full)
     return pipe.execute()[0]
 
 
@@ -53,6 +54,8 @@ def test_a_job_goes_straight_to_the_stream_when_nothing_waits(client: redis.Redi
     assert enqueue(client, "a1", "A") == 0  # one waits in the stream already: the next waits its turn
     assert run(client, queue_states([MODEL]))[MODEL].waiting == 2  # both count against the queue limit
     assert take(client, 4) == ["a0", "a1"]
+    assert client.xlen(keys.jobs_stream(MODEL)) == 2 and all(  # released or written at once: with its tenant
+        fields[keys.TENANT_FIELD.encode()] == b"A" for _mid, fields in client.xrange(keys.jobs_stream(MODEL)))
     assert not client.exists(*keys.fair_keys(MODEL)[:3])  # an empty fair queue leaves no state behind
 
 
@@ -67,6 +70,8 @@ def test_one_tenants_burst_does_not_delay_anothers_single_request(client: redis.
         enqueue(client, f"a{i}", "A")
     enqueue(client, "b0", "B")  # B has nothing waiting and the class is saturated: the class above's stream
     assert lane(client) == ["b0"] and in_lane(keys.fair_lane_keys(MODEL)[1], MODEL, "normal")
+    (_mid, fields), = client.xrange(keys.fair_lane_keys(MODEL)[1])
+    assert fields[keys.TENANT_FIELD.encode()] == b"B"  # beside the job's bytes: the worker counts it taken by it
     enqueue(client, "b1", "B")  # b0 is not taken yet: b1 is no newcomer, it queues (first in tag order)
     order = [job for _ in range(51) for job in take(client, 1)]
     assert order.index("b1") <= 3  # behind the one in the stream and two of A's: b0 was counted against B's share
@@ -100,6 +105,12 @@ def test_no_newcomer_skips_an_unsaturated_class_or_the_top_one(client: redis.Red
         enqueue(client, f"c{i}", "A", priority="critical")
     enqueue(client, "d0", "D", priority="critical")  # no class above critical: it queues
     assert client.zscore(keys.fair_keys(MODEL, "critical")[0], "d0") is not None
+
+
+def test_a_newcomer_skips_when_every_worker_is_full_though_nothing_is_queued(client: redis.Redis) -> None:
+    """The tail of a burst: every slot held, nothing queued or waiting; the gateway saw the workers full."""
+    enqueue(client, "b0", "B", full=True)
+    assert lane(client) == ["b0"] and client.xlen(keys.jobs_stream(MODEL)) == 0
 
 
 def test_an_enqueue_without_the_lane_keys_queues_as_before(client: redis.Redis) -> None:

@@ -43,10 +43,11 @@ class JobIntake:
         self.causal_embeddings = causal_embeddings  # a generative model serves embeddings (else they are a 400)
 
     def start(self, job: Job, *, cancelled: bool, resume: JournalState | None = None,
-              newcomer: bool = False) -> int | None:
+              fair: tuple[str, bool] = ("", False)) -> int | None:
         """Start a job (or continue one taken over, from its journal): the slots it holds, or None when it
-        ended at once (deadline passed, cancelled, answered now, refused) with its terminal event queued. A
-        newcomer (the fair queue sent it up a class) ranks above its class while its tenant is below its share."""
+        ended at once (deadline passed, cancelled, answered now, refused) with its terminal event queued. `fair`
+        is (its tenant, whether the fair queue sent it up a class as a newcomer): a newcomer ranks above its class
+        while its tenant holds less than an equal share of it."""
         if time.time() > job.deadline:
             self.publisher.add_error(job.id, DeadlineExceeded("the request's deadline passed before it started"))
             return None
@@ -55,7 +56,7 @@ class JobIntake:
             return None
         log.info("job %s", job.describe())
         try:
-            return self._submit(job, resume, newcomer)
+            return self._submit(job, resume, fair)
         except LLMFleetError as exc:
             error = exc
         except (ValueError, EngineError) as exc:
@@ -66,7 +67,7 @@ class JobIntake:
         self.publisher.add_error(job.id, error)
         return None
 
-    def _submit(self, job: Job, resume: JournalState | None, newcomer: bool) -> int | None:
+    def _submit(self, job: Job, resume: JournalState | None, fair: tuple[str, bool]) -> int | None:
         """Hand a job to the scheduler, or answer it now: the slots it holds, None when it already ended."""
         if isinstance(job, TextJob):  # answered now: no batch slot, nothing held
             answer = text_answer(self.engine, job)
@@ -78,8 +79,8 @@ class JobIntake:
             self.scheduler.add_embedding(embedding_request(self.engine, job, causal_embeddings=self.causal_embeddings))
             return 1
         request = self._generation_request(job, resume)
-        request.tenant = job.tenant
-        request.newcomer = newcomer and self.scheduler.admission.below_share(request)
+        request.tenant = fair[0]
+        request.newcomer = fair[1] and self.scheduler.admission.below_share(request)
         if job.echo and request.prompt_logprobs is None and (resume is None or not resume.echoed):
             self._echo_prompt(job, request.prompt_ids)
         if request.params.max_tokens == 0 and request.prompt_logprobs is None:  # no tokens, finish "length"

@@ -14,24 +14,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from redis import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from shared import codec, keys
 from shared.codec import WireFormatError
-from shared.fair_queue import in_lane, queue_taken, release_and_look, release_calls, release_fair
+from shared.fair_queue import queue_taken, release_and_look, release_calls, release_fair
 from shared.messages import Job
 from shared.redis_commands import queue_job_done, reply_text, run
 from shared.settings import Settings
-from worker.failover.fencing import Grant, take_ownership
-from worker.failover.resume import JournalState
+from worker.failover.fencing import take_ownership
 from worker.failover.stealing import Stealer, reclaim_streams
 from worker.failover.takeover import claim_from_streams, claim_own, pending_counts, read_for_takeover
 from worker.loras import AdapterSet
 from worker.schedule.preemption import job_rank
 from worker.schedule.sequences import Priority
+from worker.serve.taken_job import TakenJob
 
 log = logging.getLogger(__name__)
 RECLAIM_EVERY_S = 0.5  # how often a worker looks for dead or silent workers' jobs (failover: TTL + this)
@@ -45,27 +44,6 @@ BUSY_BLOCK_MS = 50  # with none waiting, a busy worker blocks this long on the s
 # worker blocks IDLE_BLOCK_MS at a time, so it is ahead of a busy one in Redis's queue of blocked readers most of
 # the time, and a new shared job goes to it. Each timeout is a wake-up with two round trips (the look, the read)
 # that takes a core from the step's kernels: at 10 ms this thread was the worker's busiest after the kernels'
-
-
-@dataclass
-class TakenJob:
-    """A job this worker now owns, with what the loop needs to start, resume or end it."""
-
-    stream: str
-    message_id: str
-    job: Job
-    grant: Grant
-    takeover: bool  # reclaimed from a dead or silent worker (or owned before: grant.previous)
-    cancelled: bool = False  # its cancel marker was set when it was taken
-    journal: JournalState | None = None  # takeovers: the journal as read after the fence went up
-    journal_next_seq: int = 0  # takeovers whose journal is unusable: one past its highest seq
-    journal_problem: str = ""  # why the journal is unusable ("" = usable or not read)
-    dead_lettered: int = 0  # a poison job set aside: the deliveries it had (0 = not one)
-
-    @property
-    def newcomer(self) -> bool:
-        """Whether the fair queue sent it up a class: its tenant had nothing waiting in a saturated class."""
-        return in_lane(self.stream, self.job.model, self.job.priority)
 
 
 class JobFeeder:
@@ -94,6 +72,7 @@ class JobFeeder:
         self._recovering = recovering  # just after a Redis outage: every registry entry looked expired
         self.orphans: dict[str, list[str]] = {}  # stream -> entries an earlier process with this id left pending
         self._inbox: list[TakenJob] = []
+        self._tenants: dict[str, str] = {}  # job id -> the tenant its entry named, from its reading to its taking
         self._inbox_width = 0  # slots the inbox's jobs will occupy
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -359,13 +338,15 @@ class JobFeeder:
                 elif grant.status == "done":
                     self._ack(stream, mid)  # it ended; only the ack was missing
                 else:
-                    taken.append(TakenJob(stream, mid, job, grant, takeover or bool(grant.previous)))
+                    taken.append(TakenJob(stream, mid, job, grant, takeover or bool(grant.previous),
+                                          tenant=self._tenants.get(job.id, "")))
+        self._tenants.clear()  # each read's jobs are owned (or left) before the next read
         if not taken:
             return taken
         pipe = self.redis.pipeline(transaction=False)
         for item in taken:
             pipe.exists(keys.cancelled_marker(self.model, item.job.id))
-        queue_taken(pipe, self.model, [(item.job.priority, getattr(item.job, "tenant", "")) for item in taken
+        queue_taken(pipe, self.model, [(item.job.priority, item.tenant) for item in taken
                                        if not item.takeover and item.stream in self.streams])  # no longer waiting
         for item, cancelled in zip(taken, pipe.execute()[: len(taken)], strict=True):
             item.cancelled = bool(cancelled)
@@ -387,7 +368,9 @@ class JobFeeder:
     def _decode(self, stream: str, message_id: str, fields: dict | None) -> Job | None:
         """The job in a stream entry; an entry that cannot be read is acked and dropped (None)."""
         try:
-            return codec.decode_job((fields or {})[keys.JOB_FIELD.encode()])
+            job = codec.decode_job((fields or {})[keys.JOB_FIELD.encode()])
+            self._tenants[job.id] = reply_text((fields or {}).get(keys.TENANT_FIELD.encode(), b""))
+            return job
         except (WireFormatError, KeyError) as exc:
             log.warning("dropping undecodable job %s: %s", message_id, exc)
             self._ack(stream, message_id)

@@ -32,8 +32,9 @@ from worker.schedule.scheduler import SchedulerConfig
 from worker.serve.cancel_listener import CancelListener
 from worker.serve.heartbeat import Heartbeat
 from worker.serve.intake import JobIntake
-from worker.serve.job_feeder import JobFeeder, TakenJob
+from worker.serve.job_feeder import JobFeeder
 from worker.serve.publisher import EventPublisher
+from worker.serve.taken_job import TakenJob
 from worker.serve.tracing import JobTracer
 from worker.serve.warmup import warm_up, warmup_jobs
 
@@ -317,7 +318,7 @@ class WorkerRunner:
                     self._take_over(entry, item, acks)
                 else:
                     self._accept(entry, item.job, acks, owner=item.grant.owner, cancelled=item.cancelled,
-                                 newcomer=item.newcomer)
+                                 fair=(item.tenant, item.newcomer))
         finally:
             self.feeder.settled(taken)
 
@@ -341,11 +342,11 @@ class WorkerRunner:
                 acks.append(entry)
 
     def _accept(self, entry: Entry, job: Job, acks: list[Entry], *, owner: str, cancelled: bool,
-                resume: JournalState | None = None, newcomer: bool = False) -> None:
+                resume: JournalState | None = None, fair: tuple[str, bool] = ("", False)) -> None:
         """Start a job (or continue a reclaimed one from its journal) and hold it, or ack it when it ended at
         once with a terminal event."""
         self.tracer.taken(job)
-        width = self.intake.start(job, cancelled=cancelled, resume=resume, newcomer=newcomer)
+        width = self.intake.start(job, cancelled=cancelled, resume=resume, fair=fair)
         if width is None:
             self.tracer.ended(job.id)
             acks.append(entry)
