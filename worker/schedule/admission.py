@@ -22,13 +22,7 @@ from worker.engine.lora import lora_set_key
 from worker.schedule.hybrid import chain_keys, restore_prefix
 from worker.schedule.preemption import kv_victim, priority_victim, rank
 from worker.schedule.scheduler_config import SchedulerConfig
-from worker.schedule.sequences import (
-    GenerationRequest,
-    RequestGroup,
-    ScheduledSequence,
-    SchedulerStats,
-    SeqState,
-)
+from worker.schedule.sequences import Priority, RequestGroup, ScheduledSequence, SchedulerStats, SeqState
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +47,12 @@ class Admission:
         """Requests waiting for their first admission (preempted ones are not counted again)."""
         return len({id(item[-1].group) for item in self.waiting if not item[-1].was_preempted})
 
-    def below_share(self, request: GenerationRequest) -> bool:
-        """Whether the request's tenant holds fewer running sequences of its class than an equal share of the
-        slots among the tenants running that class (a newcomer of a tenant at its share waits as any job)."""
-        held = Counter(s.group.request.tenant for s in self.active if s.group.request.priority == request.priority)
-        tenants = len(held) + (request.tenant not in held)
-        return held[request.tenant] * tenants < self.config.max_sequences
+    def below_share(self, tenant: str, priority: Priority) -> bool:
+        """Whether `tenant` holds fewer running sequences of class `priority` than an equal share of the slots
+        among the tenants running that class (a newcomer of a tenant at its share waits as any job)."""
+        held = Counter(s.group.request.tenant for s in self.active if s.group.request.priority == priority)
+        tenants = len(held) + (tenant not in held)
+        return held[tenant] * tenants < self.config.max_sequences
 
     def push(self, seq: ScheduledSequence, *, front: bool) -> None:
         """Queue a sequence: by priority, preempted ones ahead of new arrivals, then by arrival."""

@@ -80,7 +80,7 @@ class JobIntake:
             return 1
         request = self._generation_request(job, resume)
         request.tenant = fair[0]
-        request.newcomer = fair[1] and self.scheduler.admission.below_share(request)
+        request.newcomer = fair[1] and self.scheduler.admission.below_share(fair[0], request.priority)
         if job.echo and request.prompt_logprobs is None and (resume is None or not resume.echoed):
             self._echo_prompt(job, request.prompt_ids)
         if request.params.max_tokens == 0 and request.prompt_logprobs is None:  # no tokens, finish "length"

@@ -53,7 +53,8 @@ class JobFeeder:
                  own_streams: list[str], adapters: AdapterSet, free_width: Callable[[], int],
                  accepting: Callable[[], bool], holds: Callable[[str], bool], ensure_group: Callable[[], None],
                  journal_ttl_s: int, slots: int, outranked_width: Callable[[int], int],
-                 recovering: Callable[[], bool] = lambda: False) -> None:
+                 recovering: Callable[[], bool] = lambda: False,
+                 below_share: Callable[[str, Priority], bool] = lambda _tenant, _priority: True) -> None:
         self.redis = redis
         self.settings = settings
         self.model = model
@@ -70,6 +71,7 @@ class JobFeeder:
         self._slots = slots  # free_width() == slots: the worker is idle
         self._outranked_width = outranked_width  # slots held by jobs of classes below PRIORITY_ORDER[i]
         self._recovering = recovering  # just after a Redis outage: every registry entry looked expired
+        self._below_share = below_share  # whether a tenant holds less than an equal share of a class (the loop's)
         self.orphans: dict[str, list[str]] = {}  # stream -> entries an earlier process with this id left pending
         self._inbox: list[TakenJob] = []
         self._tenants: dict[str, str] = {}  # job id -> the tenant its entry named, from its reading to its taking
@@ -105,9 +107,11 @@ class JobFeeder:
 
     def outranks(self, rank: int) -> bool:
         """Whether a job taken since the loop's last drain ranks above `rank` (worker/schedule/preemption.py
-        job_rank): the loop's running step stops for it (Scheduler.step)."""
+        job_rank; a newcomer whose tenant is at its share does not): the loop's running step stops for it
+        (Scheduler.step, on the loop's thread, which owns the share's counts)."""
         with self._cond:
-            return any(job_rank(Priority.parse(item.job.priority), item.newcomer) > rank for item in self._inbox)
+            inbox = [(Priority.parse(item.job.priority), item) for item in self._inbox]
+        return any(job_rank(p, item.newcomer and self._below_share(item.tenant, p)) > rank for p, item in inbox)
 
     def wait_for_jobs(self, timeout_s: float) -> None:
         """Wait until a job is in the inbox, at most timeout_s."""

@@ -113,9 +113,9 @@ class WorkerRunner:
         return JobFeeder(self.redis, self.settings, model=self.model, worker_id=self.worker_id, streams=self.streams,
                          own_streams=self.own_streams, adapters=self.adapters, free_width=self._free_width,
                          accepting=lambda: self.heartbeat.state == "ready" and not self.stop_requested.is_set(),
-                         holds=lambda request_id: request_id in self._held, ensure_group=self.ensure_group,
+                         holds=self._held.__contains__, ensure_group=self.ensure_group, recovering=self.heartbeat.recovering,
                          journal_ttl_s=self.publisher.journal_ttl_s, slots=self.scheduler.config.max_sequences,
-                         outranked_width=self._outranked_width, recovering=self.heartbeat.recovering)
+                         outranked_width=self._outranked_width, below_share=self.scheduler.admission.below_share)
 
     # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
 

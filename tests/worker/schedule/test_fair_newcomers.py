@@ -22,7 +22,7 @@ def test_a_newcomer_preempts_its_classs_latest_and_starts_at_once(tiny_engine: A
     burst = [_tenant(_request(f"a{i}", _prompt(tiny_engine, 20, i), 30, Priority.NORMAL, i), "A") for i in range(4)]
     sched, out = _busy(tiny_engine, SchedulerConfig(max_sequences=4, prefix_cache=False), burst)
     single = _tenant(_request("b0", _prompt(tiny_engine, 20, 50), 6, Priority.NORMAL), "B", newcomer=True)
-    assert sched.admission.below_share(single)  # B holds nothing of the class
+    assert sched.admission.below_share("B", Priority.NORMAL)  # B holds nothing of the class
     sched.add(single)
     assert _tokens(sched.step(), out) == {"b0"}  # its prefill went alone: its first token in the very next step
     assert sched.stats.preemptions == 1
@@ -41,7 +41,7 @@ def test_a_tenant_at_its_share_is_no_newcomer(tiny_engine: Any) -> None:
     mixed = [_tenant(_request(f"r{i}", _prompt(tiny_engine, 20, i), 30, Priority.NORMAL, i), "AB"[i // 3])
              for i in range(4)]  # A holds 3 slots, B 1
     sched, _out = _busy(tiny_engine, SchedulerConfig(max_sequences=4, prefix_cache=False), mixed)
-    assert not sched.admission.below_share(_tenant(_request("a9", [5, 6], 4, Priority.NORMAL), "A"))  # 3 of 4 > 2
-    assert sched.admission.below_share(_tenant(_request("b9", [5, 6], 4, Priority.NORMAL), "B"))  # 1 of 4 < 2
-    assert sched.admission.below_share(_tenant(_request("c9", [5, 6], 4, Priority.NORMAL), "C"))  # 0 < 4/3
-    assert sched.admission.below_share(_tenant(_request("a8", [5, 6], 4, Priority.HIGH), "A"))  # another class
+    assert not sched.admission.below_share("A", Priority.NORMAL)  # 3 of 4 slots > an equal share of 2
+    assert sched.admission.below_share("B", Priority.NORMAL)  # 1 of 4 < 2
+    assert sched.admission.below_share("C", Priority.NORMAL)  # 0 < 4/3
+    assert sched.admission.below_share("A", Priority.HIGH)  # another class

@@ -13,8 +13,10 @@ import pytest
 import redis
 
 from shared import codec, keys
+from shared.fair_queue import FairJob, queue_fair
 from shared.messages import GenerateJob, Sampling
 from shared.redis_commands import create_group, run
+from worker.schedule.preemption import job_rank
 from worker.schedule.sequences import Priority
 from worker.serve.job_feeder import JobFeeder
 
@@ -43,15 +45,18 @@ class _NoAdapters:
         """No LoRA adapters to follow."""
 
 
-def _feeder(client: _CountingRedis, settings: Any, held: int, *, outranked: bool = True) -> JobFeeder:
-    """A feeder whose loop holds `held` slots, of low-priority work (`outranked`) or of the top class."""
+def _feeder(client: _CountingRedis, settings: Any, held: int, *, outranked: bool = True,
+            below_share: bool = True) -> JobFeeder:
+    """A feeder whose loop holds `held` slots, of low-priority work (`outranked`) or of the top class; every
+    tenant below its share of a class, or none."""
     streams, own = keys.jobs_streams(MODEL), keys.worker_jobs_streams(MODEL, "w1")
     for stream in [*streams, *own]:
         run(client, create_group(stream))
     return JobFeeder(client, settings, model=MODEL, worker_id="w1", streams=streams, own_streams=own,  # type: ignore
                      adapters=_NoAdapters(), free_width=lambda: SLOTS - held, accepting=lambda: True,  # type: ignore
                      holds=lambda _rid: False, ensure_group=lambda: None, journal_ttl_s=60, slots=SLOTS,
-                     outranked_width=lambda index: held if outranked and keys.PRIORITY_ORDER[index] != "low" else 0)
+                     outranked_width=lambda index: held if outranked and keys.PRIORITY_ORDER[index] != "low" else 0,
+                     below_share=lambda _tenant, _priority: below_share)
 
 
 def _queue(client: redis.Redis, rid: str, priority: str) -> None:
@@ -202,3 +207,29 @@ def test_another_workers_stream_gone_since_the_plan_reads_as_empty_and_an_own_on
     client.delete(feeder.own_streams[0])
     with pytest.raises(ResponseError, match="NOGROUP"):  # its own: the run loop recreates it
         feeder._read(feeder.own_streams[0], 1, elsewhere=False)
+
+
+@pytest.mark.parametrize("below_share", [True, False])
+def test_a_newcomer_from_the_lane_outranks_its_class_while_its_tenant_is_below_its_share(
+        client: redis.Redis, settings: Any, below_share: bool) -> None:
+    """A full worker of normal work takes a newcomer the fair queue sent up to the high stream; it stops the running
+    step only while its tenant is below its share, and the tenant's untaken count goes back to none."""
+    feeder = _feeder(_CountingRedis(client), settings, held=SLOTS, below_share=below_share)
+    now = time.time()
+    job = GenerateJob(id="b0", model=MODEL, created=now, deadline=now + 60, prompt_token_ids=[5, 6, 7], max_tokens=4,
+                      sampling=Sampling(temperature=0.0))
+    pipe = client.pipeline()
+    queue_fair(pipe, MODEL, "normal", FairJob("b0", codec.encode_job(job), "B", 10, 1, 60), maxlen=100, full=True)
+    pipe.execute()
+    assert client.hget(keys.fair_lane_keys(MODEL)[0], "B") == b"1"
+    feeder.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not feeder._inbox and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert feeder.outranks(job_rank(Priority.NORMAL, False)) is below_share
+        (item,) = feeder.drain()
+        assert (item.job.id, item.tenant, item.newcomer) == ("b0", "B", True)
+        assert client.hget(keys.fair_lane_keys(MODEL)[0], "B") is None  # counted taken
+    finally:
+        feeder.stop()
