@@ -8,16 +8,16 @@ releaser asks for: a gateway asks for one (an idle worker wakes), a worker for a
 before it reads. So one tenant's burst waits in the fair queue, not in the stream, and another tenant's single job
 is released next, whichever gateway queued it and whichever worker frees a slot.
 
-A newcomer (a tenant with no job of the class queued or waiting untaken) that finds its class saturated (every worker
-full at its last heartbeat, jobs queued in the fair queue, or the stream's ready job not yet taken) skips the queue: its job goes into the shared stream of
-the class above, so a full worker takes it the moment it is written, as it takes any job that outranks running
-work, and its scheduler ranks it between the two classes (worker/schedule/preemption.py `rank`): it preempts the
-most recently admitted job of its own class when no slot is free, and prefills alone. So a tenant's single request
-does not wait for another tenant's wave of jobs to end (issue 42: TTFT within 2x of idle). The tenant travels as a
-field of the stream entry beside the job's bytes (a worker that predates it reads the job as before). Workers count
-a taken job's tenant off (`queue_taken`); the counts expire with the class's keys, so one a lost job leaves behind (a stream
-trimmed at its maxlen) heals when the class goes quiet. In the top class there is no class above: its newcomers
-queue as any job.
+A newcomer (a tenant with no job of the class queued or waiting untaken) that finds its class saturated (every
+worker full at its last heartbeat, jobs queued in the fair queue, or the stream's ready job not yet taken) skips the
+queue: its job goes into the shared stream of the class above, so a full worker takes it the moment it is written, as
+it takes any job that outranks running work, and its scheduler ranks it between the two classes
+(worker/schedule/preemption.py `job_rank`): it preempts the most recently admitted job of its own class when no slot
+is free, and prefills alone. So a tenant's single request does not wait for another tenant's wave of jobs to end
+(issue 42: TTFT within 2x of idle). The tenant travels as a field of the stream entry beside the job's bytes (a worker
+that predates it reads the job as before). Workers count a taken job's tenant off (`queue_taken`); the counts expire
+with the class's keys, so a count that a lost job leaves behind (a stream trimmed at its maxlen) heals when the class
+goes quiet. In the top class there is no class above: its newcomers queue as any job.
 """
 
 from __future__ import annotations
@@ -34,14 +34,15 @@ log = logging.getLogger(__name__)
 
 
 # KEYS: fair queue (zset id -> start tag), its jobs (hash id -> bytes), its state (hash: vtime, t:<tenant> -> finish
-# tag), the class's shared stream; for an enqueue also the class's untaken counts (hash tenant -> jobs queued or waiting,
-# not yet taken) and the stream a newcomer goes to (the class above's shared stream; the class's own at the top).
-# ARGV: op ("enqueue" or "release"), ready, maxlen, group; enqueue adds id, job bytes, tenant, cost, weight, ttl_s and
-# whether the gateway saw every worker full ("1"). An enqueue of a newcomer (a tenant with no job untaken) while the
-# class is saturated (every worker full, its queue holding jobs, or its stream `ready` waiting) goes to that stream;
-# an entry the script writes carries the job's tenant beside it (keys.TENANT_FIELD; none from an older gateway); then, and after every other enqueue and release, jobs are released in
-# tag order while the stream has fewer than `ready` waiting; returns how many it released (a newcomer counts one).
-# An enqueue with four keys (a gateway older than the newcomer lane) skips the lane.
+# tag, j:<id> -> a queued job's tenant), the class's shared stream; for an enqueue also the class's untaken counts
+# (hash tenant -> jobs queued or waiting, not yet taken) and the stream a newcomer goes to (the class above's shared
+# stream; the class's own at the top). ARGV: op ("enqueue" or "release"), ready, maxlen, group; enqueue adds id, job
+# bytes, tenant, cost, weight, ttl_s and whether the gateway saw every worker full ("1"). An enqueue of a newcomer (a
+# tenant with no job untaken) while the class is saturated (every worker full, its queue holding jobs, or its stream
+# `ready` waiting) goes to that stream. Every entry the script writes carries the job's tenant beside it
+# (keys.TENANT_FIELD; none for a job an older gateway queued). After any other enqueue, and on a release, jobs are
+# released in tag order while the stream has fewer than `ready` waiting; returns how many it released (a newcomer
+# counts one). An enqueue with four keys (a gateway older than the newcomer lane) skips the lane.
 FAIR_SCRIPT = """
 local op, ready, maxlen, group = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local function waiting_in(stream)
@@ -110,10 +111,10 @@ def queue_fair(pipe: Any, model: str, priority: str, job: FairJob, *, maxlen: in
     """Queue the script call that puts a job in its class's fair queue (a saturated class's newcomer in the class
     above's stream) and releases the head of that queue into the shared stream while it has fewer than
     GATEWAY_READY jobs waiting (an idle worker wakes to it)."""
-    pipe.execute_command("EVAL", FAIR_SCRIPT, 6, *keys.fair_keys(model, priority), *keys.fair_lane_keys(model, priority),
-                         "enqueue", GATEWAY_READY, maxlen,
-                         keys.JOBS_GROUP, job.request_id, job.data, job.tenant, job.cost, max(job.weight, 1e-6),
-                         max(1, job.ttl_s), int(full))  # not pipe.eval(): redis-py's sync cluster pipeline lacks it
+    scripted = [*keys.fair_keys(model, priority), *keys.fair_lane_keys(model, priority)]
+    pipe.execute_command("EVAL", FAIR_SCRIPT, 6, *scripted, "enqueue", GATEWAY_READY, maxlen, keys.JOBS_GROUP,
+                         job.request_id, job.data, job.tenant, job.cost, max(job.weight, 1e-6), max(1, job.ttl_s),
+                         int(full))  # not pipe.eval(): redis-py's sync cluster pipeline lacks it
 
 
 def release_calls(model: str, rooms: dict[str, int], *, maxlen: int) -> list[Call]:

@@ -182,9 +182,6 @@ class WorkerRunner:
         took = warm_up(self.intake, self.scheduler, self.publisher, jobs)
         log.info("worker %s: warm-up requests took %.2f s", self.worker_id, took)
 
-    def _keep_facts(self, facts: str | None) -> None:
-        self.facts = facts
-
     def run(self) -> None:
         """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
         self._start()
@@ -208,7 +205,8 @@ class WorkerRunner:
         self._prepare_engine()
         self._safe(lambda: self.adapters.sync(self.redis, force=True))  # the desired adapters, before registering
         if self.model_file is not None:  # for Ollama's /api/tags and /api/show (the heartbeat publishes them)
-            read_facts_then_digest(self.model_file, getattr(self.engine.model, "metadata", None), self._keep_facts)
+            read_facts_then_digest(self.model_file, getattr(self.engine.model, "metadata", None),
+                                   lambda facts: setattr(self, "facts", facts))
         self.cancels.start()
         self.heartbeat.start()
         self._safe(self.ensure_group)  # again: a peer forgets the streams of a member it finds unregistered
@@ -373,7 +371,8 @@ class WorkerRunner:
 
     def _fenced(self, request_id: str, why: str) -> None:
         """Another worker took this request over (this one stalled past its lease): drop it, write nothing."""
-        if request_id not in self._held:
+        if request_id not in self._held:  # it ended (or was dropped) here meanwhile, e.g. while cut off from Redis
+            log.warning("fenced off: job %s, no longer held here, was taken over by another worker (%s)", request_id, why)
             return
         self.scheduler.cancel(request_id)
         self.publisher.forget(request_id)
