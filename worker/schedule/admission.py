@@ -95,6 +95,8 @@ class Admission:
                     computed = self.blocks.allocate(seq.seq_id, seq.target_ids, use_cache=use_cache, seed=seed)
                 if computed and self.states is not None:  # a hybrid starts from a kept state, or from scratch
                     computed = restore_prefix(self.states, self.blocks, seq.seq_id, seq.target_ids, computed, seed)
+                if computed is not None and self.tier is not None and use_cache and seed is None:
+                    computed += self.tier.fill_partial(self.blocks.block_table(seq.seq_id), seq.target_ids, computed)
             if computed is None:
                 if self.preempt_for_priority(seq):  # it outranks running sequences: make room, look again
                     floor = rank(seq)
@@ -121,15 +123,23 @@ class Admission:
         return self.blocks.can_allocate(seq.target_ids, use_cache=use_cache, seed=seed)
 
     def commit(self, seq: ScheduledSequence) -> None:
-        """The sequence's KV up to seq.computed is in the pool: register its full blocks, offer new ones to the tier."""
+        """The sequence's KV up to seq.computed is in the pool: register its full blocks, offer new ones (and, once
+        prefilled, its last block's rows) to the tier."""
         before = self.blocks.committed_blocks(seq.seq_id)
         self.blocks.commit(seq.seq_id, seq.target_ids[: seq.computed])
         after = self.blocks.committed_blocks(seq.seq_id)
         if self.states is not None and seq.state == SeqState.PREFILLING and seq.computed % self.blocks.block_size == 0:
             self.states.save(seq.seq_id, chain_keys(seq.target_ids, self.blocks.block_size,
                                                     lora_set_key(seq.group.request.loras), after)[-1])
-        if self.tier is not None and after > before and not seq.group.request.loras:
+        if self.tier is None or seq.group.request.loras:
+            return
+        if after > before:
             self.tier.offer(seq.seq_id, self.blocks.block_table(seq.seq_id), seq.target_ids, before, after)
+        if seq.gen is not None and seq.computed >= len(seq.target_ids) - 1:  # prefilled: last block's rows too
+            # a prompt's snapshot is kept and stops short of its last token, which the same prompt again must run
+            prompt = seq.computed <= len(seq.gen.prompt_ids)
+            self.tier.offer_partial(seq.seq_id, self.blocks.block_table(seq.seq_id), seq.target_ids,
+                                    seq.computed - prompt, keep=prompt)
 
     def make_room_for_decodes(self) -> list[ScheduledSequence]:
         """Preempt until every running decode can append a token; returns the decodes left."""
@@ -176,6 +186,8 @@ class Admission:
         if seq.holds_blocks:
             self.blocks.free(seq.seq_id)
             seq.holds_blocks, seq.computed = False, 0
+            if self.tier is not None:
+                self.tier.forget(seq.seq_id)
 
     def retire(self, seq: ScheduledSequence) -> None:
         """A running sequence ended: its blocks go back, its slot is free."""

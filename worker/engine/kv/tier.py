@@ -342,6 +342,22 @@ class TierFile:
         index[slot : slot + 1]["used"] = self._tick()  # racy LRU touch: at worst one recency is lost
         return True
 
+    def discard(self, key: bytes) -> bool:
+        """Forget the valid block of `key` (a superseded partial snapshot); False when there is none."""
+        k0, k1 = key_words(key)
+        with self._locked() as usable:
+            if not usable:
+                return False
+            index = self._index
+            same = (index["k0"] == k0) & (index["k1"] == k1) & (index["state"] == VALID)  # (S,)
+            if not same.any():
+                return False
+            entry = index[int(np.argmax(same)) :][:1]
+            entry["state"], entry["used"] = EMPTY, 0
+            entry["claims"] += np.uint64(1)
+            self._counters[0] += np.uint64(1)
+        return True
+
     def drop(self) -> None:
         """Forget every block (the admin route's drop): index emptied, slot pages given back to the host."""
         with self._locked() as usable:

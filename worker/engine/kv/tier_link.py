@@ -11,6 +11,14 @@ it into a staging buffer, checksums it and writes it; the step's thread unpins w
 (`fill`): the tier blocks that extend the pool's own cached run of a prompt are copied into fresh pool blocks and
 registered in the pool's prefix cache, so the allocation that follows finds them as hits and prefills only the rest.
 Bytes are copied as they are: batch-invariant numerics make a block any worker computed the block this one would.
+
+Partial blocks: a sequence's last, partly filled block is written too, each time PARTIAL_EVERY more of its tokens are
+computed (`offer_partial`: its first n rows, copied on the step's thread, n a multiple of PARTIAL_EVERY), keyed by the
+chain key before it and those n tokens; the snapshot it replaces is discarded from the tier, and so is the last one
+once its block is full. A worker taking over a stream (or a prompt that continues one) reads the largest snapshot its
+own tokens match into its fresh block (`fill_partial`) after allocation and prefills fewer than PARTIAL_EVERY tokens
+of the tail, plus the last token, which always runs. Rows of a causal model's KV depend only on the tokens up to them,
+so the rows of any sequence with the same leading tokens are the same bits.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +43,26 @@ from worker.engine.kv.tier import TierFile, TierStats, key_words
 
 KV_NUMERICS = 1  # bump whenever a change to the forward changes the bits of keys or values (old tiers are replaced)
 CHAINS_KEPT = 1024  # sequences whose last chain key is remembered (a forgotten one is recomputed from its tokens)
+PARTIAL_EVERY = 4  # a sequence's partly filled last block is written each time this many more of its tokens are
+# computed: a takeover prefills fewer than this many tokens of each stream's tail (and its last token)
+PARTIAL_MARK = b"partial"  # appended to a partial block's key material: it never equals a full block's key
 DEFAULT_DIR = "/dev/shm/llmfleet-kv"
 EXPORTED = ("lookups", "hits", "misses", "tokens_hit", "blocks_written", "evictions", "skipped", "bytes_used",
             "bytes_total")
 log = logging.getLogger(__name__)
+
+
+NO_BLOCK = -1  # a writer item that pins no pool block (a partial snapshot carries its own bytes)
+
+
+@dataclass(frozen=True)
+class WriterItem:
+    """One job of the writer thread: a pinned pool block, a partial snapshot's bytes, or a key to discard."""
+
+    key: bytes
+    block: int = NO_BLOCK
+    data: np.ndarray | None = None  # (bytes,) uint8
+    discard: bool = False
 
 
 class PoolTier:
@@ -48,10 +73,12 @@ class PoolTier:
         self.tier = tier
         self.namespace = namespace
         self.max_pending = max(1, pool.n_blocks // 4) if max_pending is None else max_pending
-        self._queue: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
-        self._done: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self._pending = 0  # blocks pinned for the writer and not yet settled
+        self._queue: queue.SimpleQueue[WriterItem | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[int] = queue.SimpleQueue()  # blocks written (NO_BLOCK: a partial snapshot)
+        self._pending = 0  # blocks pinned for the writer and partial snapshots queued, not yet settled
         self._chains: OrderedDict[int, tuple[int, bytes]] = OrderedDict()  # seq -> (blocks keyed, last key)
+        self._partials: dict[int, tuple[int, int, bytes, bool]] = {}  # seq -> its last snapshot's (block index,
+        # rows, key, kept)
         self._idle = threading.Event()
         self._idle.set()
         self._thread = threading.Thread(target=self._write_loop, name="kv-tier-writer", daemon=True)
@@ -90,6 +117,22 @@ class PoolTier:
                 keys.append(parent)
         return keys
 
+    def _parent(self, seq_id: int | None, token_ids: Sequence[int], index: int) -> bytes:
+        """The chain key before block `index` of token_ids (the namespace before the first)."""
+        known = self._chains.get(seq_id) if seq_id is not None else None
+        if known is not None and known[0] == index:
+            return known[1]
+        parent = self._keys(token_ids, index - 1, index)[0] if index > 0 else self.namespace
+        if seq_id is not None:
+            self._chains[seq_id] = (index, parent)
+        return parent
+
+    @staticmethod
+    def _partial_key(parent: bytes, tokens: Sequence[int]) -> bytes:
+        """A partial block's key: the chain key before it, its leading tokens and a mark no full block's key has."""
+        material = parent + np.asarray(tokens, np.int64).tobytes() + PARTIAL_MARK  # (n,) int64 as bytes
+        return hashlib.blake2b(material, digest_size=16).digest()
+
     # ---- out -----------------------------------------------------------------------------------------------
 
     def offer(self, seq_id: int, table: Sequence[int], token_ids: Sequence[int], first: int, last: int) -> None:
@@ -106,9 +149,46 @@ class PoolTier:
                 self.tier.stats.skipped += 1
                 continue
             self.pool.blocks.pin(table[i])
+            self._put(WriterItem(key, block=table[i]))
+        partial = self._partials.get(seq_id)
+        if partial is not None and partial[0] < last:  # its block is full now: the snapshot is not needed
+            del self._partials[seq_id]
+            if not partial[3]:
+                self._put(WriterItem(partial[2], discard=True))
+
+    def offer_partial(self, seq_id: int, table: Sequence[int], token_ids: Sequence[int], computed: int, *,
+                      keep: bool = False) -> None:
+        """A sequence's first `computed` tokens are in the pool: write its last block's rows as a partial snapshot
+        when they reach a new multiple of PARTIAL_EVERY (copied now, written by the writer thread). Each replaces
+        the sequence's last snapshot, unless that one was to be kept (a prompt's: the same prompt again reads it)."""
+        self.settle()
+        size = self.pool.block_size
+        index, rows = computed // size, computed % size // PARTIAL_EVERY * PARTIAL_EVERY
+        last = self._partials.get(seq_id)
+        if rows == 0 or (last is not None and last[:2] == (index, rows)):
+            return
+        if self._pending >= self.max_pending:
+            self.tier.stats.skipped += 1
+            return
+        key = self._partial_key(self._parent(seq_id, token_ids, index), token_ids[index * size : index * size + rows])
+        data = np.empty(self._rows_shape(rows), self.pool.dtype)  # (2, L, Hkv, n, Dh)
+        for layer, (keys, values) in enumerate(zip(self.pool.keys, self.pool.values)):
+            data[0, layer] = keys[:, table[index], :rows]  # (Hkv, n, Dh)
+            data[1, layer] = values[:, table[index], :rows]  # (Hkv, n, Dh)
+        self._partials[seq_id] = (index, rows, key, keep)
+        self._put(WriterItem(key, data=data.reshape(-1).view(np.uint8)))
+        if last is not None and not last[3]:  # the snapshot it replaces goes once this one is written
+            self._put(WriterItem(last[2], discard=True))
+
+    def forget(self, seq_id: int) -> None:
+        """A sequence ended: its last snapshot stays in the tier (a prompt that continues it reads it), untracked."""
+        self._partials.pop(seq_id, None)
+
+    def _put(self, item: WriterItem) -> None:
+        if not item.discard:
             self._pending += 1
-            self._idle.clear()
-            self._queue.put((table[i], key))
+        self._idle.clear()
+        self._queue.put(item)
 
     def settle(self) -> None:
         """Unpin the blocks the writer is done with (the step's thread only: the BlockManager is not shared)."""
@@ -117,23 +197,28 @@ class PoolTier:
                 block = self._done.get_nowait()
             except queue.Empty:
                 return
-            self.pool.blocks.unpin(block)
+            if block != NO_BLOCK:
+                self.pool.blocks.unpin(block)
             self._pending -= 1
 
     def _write_loop(self) -> None:
         staging = np.empty(self.tier.block_bytes, np.uint8)  # (block_bytes,)
         while (item := self._queue.get()) is not None:
-            block, key = item
             try:
-                if self.tier.has(key):
+                if item.discard:
+                    self.tier.discard(item.key)
+                elif self.tier.has(item.key):
                     self.tier.stats.duplicates += 1
+                elif item.data is not None:
+                    self.tier.put(item.key, item.data)
                 else:
-                    self._gather(block, staging)
-                    self.tier.put(key, staging)
+                    self._gather(item.block, staging)
+                    self.tier.put(item.key, staging)
             except Exception:  # the writer must outlive any one block
                 self.tier.warn("writer", "KV tier writer: a block write failed; it is skipped", exc_info=True)
             finally:
-                self._done.put(block)
+                if not item.discard:
+                    self._done.put(item.block)
                 if self._queue.empty():
                     self._idle.set()
 
@@ -152,10 +237,13 @@ class PoolTier:
 
     # ---- block bytes ---------------------------------------------------------------------------------------
 
-    def _layers(self, staging: np.ndarray) -> np.ndarray:
+    def _rows_shape(self, rows: int) -> tuple[int, ...]:
+        """(2, L, Hkv, rows, Dh): keys then values of `rows` rows of one block, every layer."""
         pool = self.pool
-        shape = (2, len(pool.keys), pool.keys[0].shape[0], pool.block_size, pool.keys[0].shape[3])
-        return staging.view(pool.dtype).reshape(shape)  # (2, L, Hkv, BS, Dh)
+        return 2, len(pool.keys), pool.keys[0].shape[0], rows, pool.keys[0].shape[3]
+
+    def _layers(self, staging: np.ndarray) -> np.ndarray:
+        return staging.view(self.pool.dtype).reshape(self._rows_shape(self.pool.block_size))  # (2, L, Hkv, BS, Dh)
 
     def _gather(self, block: int, staging: np.ndarray) -> None:
         """Copy one pool block, every layer's keys then values, into staging (block_bytes,) uint8."""
@@ -213,6 +301,30 @@ class PoolTier:
         stats.misses += not adopted
         stats.tokens_hit += len(adopted) * size
         return len(adopted) * size
+
+    def fill_partial(self, table: Sequence[int], token_ids: Sequence[int], computed: int) -> int:
+        """After allocation with `computed` leading tokens cached (whole blocks): copy the largest partial snapshot
+        of the next block that token_ids match (leaving the last token to run) into its fresh block; returns the
+        tokens added."""
+        size = self.pool.block_size
+        index = computed // size
+        rows = min(size - 1, len(token_ids) - 1 - computed) // PARTIAL_EVERY * PARTIAL_EVERY
+        if computed % size or rows <= 0:
+            return 0
+        slots = self.tier.valid_slots()
+        parent = self._parent(None, token_ids, index)
+        for n in range(rows, 0, -PARTIAL_EVERY):
+            key = self._partial_key(parent, token_ids[computed : computed + n])
+            slot = slots.get(key_words(key))
+            data = np.empty(self._rows_shape(n), self.pool.dtype)  # (2, L, Hkv, n, Dh)
+            if slot is None or not self.tier.get(key, slot, data.reshape(-1).view(np.uint8)):
+                continue
+            for layer, (keys, values) in enumerate(zip(self.pool.keys, self.pool.values)):
+                keys[:, table[index], :n] = data[0, layer]  # (Hkv, n, Dh)
+                values[:, table[index], :n] = data[1, layer]  # (Hkv, n, Dh)
+            self.tier.stats.tokens_hit += n
+            return n
+        return 0
 
 
 def tier_layout(pool: KVPool, source: Path) -> dict[str, object]:

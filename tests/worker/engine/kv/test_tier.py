@@ -55,6 +55,18 @@ def test_a_block_written_by_one_worker_is_read_by_another_and_duplicates_collaps
     assert _read(b, 2) is None
 
 
+def test_a_short_block_and_a_discarded_one(tmp_path: Path) -> None:
+    a, b = _tier(tmp_path / "t.kvtier"), _tier(tmp_path / "t.kvtier")
+    short = _block(3)[:1000]  # a partial block's rows: fewer bytes than a slot
+    assert a.put(_key(3), short)
+    slot = b.valid_slots()[kv_tier.key_words(_key(3))]
+    out = np.empty(1000, np.uint8)  # (1000,)
+    assert b.get(_key(3), slot, out) and np.array_equal(out, short)
+    assert b.discard(_key(3)) and not b.discard(_key(3)) and not a.discard(_key(4))
+    assert not a.get(_key(3), slot, out) and a.bytes_used() == 0  # gone for every worker; its slot is free
+    assert a.put(_key(3), short)  # and the key can be written again
+
+
 def test_lru_by_bytes_keeps_the_file_within_its_size(tmp_path: Path) -> None:
     tier = _tier(tmp_path / "t.kvtier", slots=4)
     for i in range(4):

@@ -109,3 +109,41 @@ def test_an_unusable_directory_is_one_line_and_no_tier(tiny_engine: Any, tmp_pat
     assert open_tier(pool, tiny_engine.source, str(tmp_path), 0) is None  # 0: off, silently
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "LLMFLEET_KV_TIER_DIR" in warnings[0]
+
+
+def test_a_partial_block_snapshot_resumes_a_sequence_exactly_and_replaces_the_last(tiny_engine: Any,
+                                                                                     tmp_path: Path) -> None:
+    tokens = [int(t) for t in np.random.default_rng(2).integers(3, 200, 16 * 3 + 11)]
+    cold = _prefill(tiny_engine.model, tiny_engine.model.new_pool(32 << 20, block_size=16), 0, tokens)
+    pool = tiny_engine.model.new_pool(32 << 20, block_size=16)  # worker A: 3 full blocks, then 4, 8 rows of the 4th
+    writer = open_tier(pool, tiny_engine.source, str(tmp_path), 64)
+    assert writer is not None
+    pool.blocks.allocate(0, tokens)
+    _prefill(tiny_engine.model, pool, 0, tokens)
+    pool.blocks.commit(0, tokens)
+    writer.offer(0, pool.blocks.block_table(0), tokens, 0, 3)
+    for computed in (16 * 3 + 2, 16 * 3 + 4, 16 * 3 + 6, 16 * 3 + 9):  # snapshots at 4 and 8 rows (2, 6: none)
+        writer.offer_partial(0, pool.blocks.block_table(0), tokens, computed)
+    assert writer.flush() and writer.stats.blocks_written == 3 + 2
+    assert writer.tier.bytes_used() == 4 * writer.tier.slot_bytes  # the 4-row snapshot was discarded for the 8-row
+    pool.blocks.free(0)
+    pool.blocks.check_invariants()
+
+    reader = tiny_engine.model.new_pool(32 << 20, block_size=16)  # worker B takes the sequence over
+    tier = open_tier(reader, tiny_engine.source, str(tmp_path), 64)
+    assert tier is not None and tier.fill(tokens) == 48
+    computed = reader.blocks.allocate(0, tokens)
+    added = tier.fill_partial(reader.blocks.block_table(0), tokens, computed)
+    assert (computed, added) == (48, 8)
+    assert np.array_equal(_prefill(tiny_engine.model, reader, 0, tokens, computed + added), cold)
+    other = tokens[:50] + [7] * 9  # the same 2 rows into the block, then others: no 4-row snapshot matches
+    assert tier.fill_partial(reader.blocks.block_table(0), other, 48) == 0
+
+    longer = tokens[:48] + [5] * 16  # another sequence on A: a snapshot of its 4th block, then the block full
+    pool.blocks.allocate(1, longer)
+    writer.offer_partial(1, pool.blocks.block_table(1), longer, 48 + 8)
+    assert writer.flush() and writer.tier.bytes_used() == 5 * writer.tier.slot_bytes
+    writer.offer(1, pool.blocks.block_table(1), longer, 3, 4)
+    assert writer.flush() and writer.tier.bytes_used() == 5 * writer.tier.slot_bytes  # the block for its snapshot
+    pool.blocks.free(1)
+    pool.blocks.check_invariants()
