@@ -139,7 +139,7 @@ class Admission:
             # a prompt's snapshot is kept and stops short of its last token, which the same prompt again must run
             prompt = seq.computed <= len(seq.gen.prompt_ids)
             self.tier.offer_partial(seq.seq_id, self.blocks.block_table(seq.seq_id), seq.target_ids,
-                                    seq.computed - prompt, keep=prompt)
+                                    seq.computed - prompt, keep=prompt, running=len(self.active))
 
     def make_room_for_decodes(self) -> list[ScheduledSequence]:
         """Preempt until every running decode can append a token; returns the decodes left."""

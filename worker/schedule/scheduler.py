@@ -18,7 +18,7 @@ from worker.engine.decode.batch_sampling import SampledToken, sample_batch
 from worker.engine.embeddings import finish_pool, pool_chunk
 from worker.engine.engine import Engine
 from worker.engine.errors import StepInterrupted
-from worker.engine.kv.tier_link import PARTIAL_EVERY, open_tier
+from worker.engine.kv.tier_link import open_tier
 from worker.engine.text.constraints import ConstraintError
 from worker.engine.text.stopping import StopReason
 from worker.schedule.admission import Admission
@@ -274,8 +274,8 @@ class Scheduler:
         """Record n more tokens in the pool; blocks that became full join the prefix cache."""
         size, before = self.blocks.block_size, seq.computed
         seq.computed += n
-        step = PARTIAL_EVERY if self.tier is not None else size  # the tier also takes partial blocks' rows
-        if seq.group.request.cache_prompt and seq.computed // step > before // step:
+        full = seq.computed // size > before // size  # the host tier also takes a partly filled block's rows
+        if seq.group.request.cache_prompt and (full or self.tier is not None):
             self.admission.commit(seq)
 
     def _plan(self) -> list[tuple[ScheduledSequence, list[int]]]:

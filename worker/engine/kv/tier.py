@@ -10,7 +10,7 @@ The index is memory-mapped; block bytes are moved with pread/pwrite, so a full t
 truncated file a short read, never a SIGBUS. Writers claim a slot (LRU, by bytes: every slot is one block) under an
 flock, write the bytes without it, then publish the checksum and VALID under the flock again if the slot is still
 theirs; a key already present or being written is not written twice. Readers take no lock: a block is used only if
-its state is VALID, its checksum (crc32 over key and bytes) matches the bytes read and its claim count did not
+its state is VALID, its checksum (kernels/block_checksum.py, over key and bytes) matches the bytes read and its claim count did not
 change meanwhile, so a block torn by a kill -9 mid-write (left WRITING) or overwritten while read is never used. A
 slot left WRITING for STALE_WRITE_S is reclaimed. A file of another version, layout or size, or truncated, is
 replaced (temporary file, rename) with one log line. Every problem is logged once per process and skipped.
@@ -28,7 +28,6 @@ import os
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from worker.engine.kernels.block_checksum import block_digest
+
 MAGIC = b"LLMFKVT1"
-FORMAT_VERSION = 1  # bump when the header, index or slot format changes
+FORMAT_VERSION = 2  # bump when the header, index, slot format or checksum changes (2: block_checksum, not crc32)
 HEADER_BYTES = 4096
 _HEAD = struct.Struct("<8sIIQQQI")  # magic, version, reserved, slot bytes, slots, data offset, layout JSON bytes
 _COUNTERS = 3072  # offset of the change counter and the LRU clock (u64 each) in the header
@@ -243,15 +244,17 @@ class TierFile:
 
     # ---- blocks --------------------------------------------------------------------------------------------
 
-    def put(self, key: bytes, data: np.ndarray) -> bool:
-        """Store one block's bytes under its chain key; False when it was present, under way, or not written."""
+    def put(self, key: bytes, data: np.ndarray, replaces: bytes | None = None) -> bool:
+        """Store one block's bytes under its chain key, in the slot of the valid block `replaces` when there is one
+        (a partial block's newer snapshot), else in the least recently used; False when it was present, under way,
+        or not written."""
         if not self.writable:
             return False
-        claimed = self._claim(key)
+        claimed = self._claim(key, replaces)
         if claimed is None:
             return False
         slot, claims = claimed
-        crc = zlib.crc32(data, zlib.crc32(key))
+        crc = block_digest(data, key_words(key))
         if not self._write(slot, claims, data):
             return False
         with self._locked() as usable:
@@ -263,9 +266,9 @@ class TierFile:
         self.stats.blocks_written += 1
         return True
 
-    def _claim(self, key: bytes) -> tuple[int, int] | None:
-        """A slot marked WRITING for `key` and its claim count; None when the key is there or being written, or the
-        file cannot be locked."""
+    def _claim(self, key: bytes, replaces: bytes | None) -> tuple[int, int] | None:
+        """A slot marked WRITING for `key` (the valid block of `replaces` when there is one) and its claim count; None
+        when the key is there or being written, or the file cannot be locked."""
         k0, k1 = key_words(key)
         with self._locked() as usable:
             if not usable:
@@ -278,10 +281,11 @@ class TierFile:
                 if index["state"][slot] == VALID or index["claimed"][slot] >= time.time() - STALE_WRITE_S:
                     self.stats.duplicates += 1
                     return None
-            slot = self._victim()
+            old = self._slot_of(replaces) if replaces is not None else -1
+            slot = old if old >= 0 else self._victim()
             if slot < 0:
                 return None
-            self.stats.evictions += int(index["state"][slot] == VALID)
+            self.stats.evictions += int(index["state"][slot] == VALID and slot != old)
             entry = index[slot : slot + 1]
             entry["state"], entry["k0"], entry["k1"] = WRITING, k0, k1
             entry["claims"] += np.uint64(1)
@@ -306,25 +310,19 @@ class TierFile:
             return False
 
     def get(self, key: bytes, slot: int, out: np.ndarray) -> bool:
-        """Read the block of `key` in `slot` into out (block_bytes,) uint8; False (never torn bytes) if it is not
-        there intact."""
+        """Read the block of `key` in `slot` into out (block_bytes,) uint8, or a partial block's first bytes; False
+        (never torn bytes) if it is not there intact. Threads read at once: the lock is held only to look at the
+        index before and after the bytes are read and checked."""
+        k0, k1 = key_words(key)
         with self._lock:
-            return self._map is not None and self._get(key, slot, out)
-
-    def has(self, key: bytes) -> bool:
-        """Whether a block of this key is present or being written (a lock-free look: writers check again)."""
-        k0, k1 = key_words(key)
-        index = self._index
-        return index is not None and bool(((index["k0"] == k0) & (index["k1"] == k1) & (index["state"] != EMPTY)).any())
-
-    def _get(self, key: bytes, slot: int, out: np.ndarray) -> bool:
-        k0, k1 = key_words(key)
-        index = self._index
-        entry = index[slot : slot + 1].copy()
+            if self._map is None:
+                return False
+            entry = self._index[slot : slot + 1].copy()
+            fd = self._fd
         if entry["state"][0] != VALID or (int(entry["k0"][0]), int(entry["k1"][0])) != (k0, k1):
             return False  # replaced since the snapshot: a miss, not a fault
         try:
-            got = os.preadv(self._fd, [out], self.data_offset + slot * self.slot_bytes)
+            got = os.preadv(fd, [out], self.data_offset + slot * self.slot_bytes)
         except OSError:
             got = -1
         if got != len(out):
@@ -332,27 +330,39 @@ class TierFile:
             self.warn("short", "KV tier %s: a block could not be read whole (truncated file?); it is skipped",
                       self.path.name)
             return False
-        if int(index["claims"][slot]) != int(entry["claims"][0]) or index["state"][slot] != VALID:
-            return False  # overwritten while read
-        if zlib.crc32(out, zlib.crc32(key)) != int(entry["crc"][0]):
-            self.stats.skipped += 1
-            self.warn("torn", "KV tier %s: a block failed its checksum (torn by a killed writer?); it is skipped "
-                      "and prefilled", self.path.name)
-            return False
-        index[slot : slot + 1]["used"] = self._tick()  # racy LRU touch: at worst one recency is lost
+        crc = block_digest(out, (k0, k1))
+        with self._lock:
+            index = self._index
+            if index is None or int(index["claims"][slot]) != int(entry["claims"][0]) or index["state"][slot] != VALID:
+                return False  # overwritten while read, or the file closed
+            if crc != int(entry["crc"][0]):
+                self.stats.skipped += 1
+                self.warn("torn", "KV tier %s: a block failed its checksum (torn by a killed writer?); it is skipped "
+                          "and prefilled", self.path.name)
+                return False
+            index[slot : slot + 1]["used"] = self._tick()
         return True
+
+    def has(self, key: bytes) -> bool:
+        """Whether a block of this key is present or being written (a lock-free look: writers check again)."""
+        k0, k1 = key_words(key)
+        index = self._index
+        return index is not None and bool(((index["k0"] == k0) & (index["k1"] == k1) & (index["state"] != EMPTY)).any())
+
+    def _slot_of(self, key: bytes) -> int:
+        """The slot of the valid block of `key`, or -1 (under the lock)."""
+        k0, k1 = key_words(key)
+        index = self._index
+        same = (index["k0"] == k0) & (index["k1"] == k1) & (index["state"] == VALID)  # (S,)
+        return int(np.argmax(same)) if same.any() else -1
 
     def discard(self, key: bytes) -> bool:
         """Forget the valid block of `key` (a superseded partial snapshot); False when there is none."""
-        k0, k1 = key_words(key)
         with self._locked() as usable:
-            if not usable:
+            if not usable or (slot := self._slot_of(key)) < 0:
                 return False
             index = self._index
-            same = (index["k0"] == k0) & (index["k1"] == k1) & (index["state"] == VALID)  # (S,)
-            if not same.any():
-                return False
-            entry = index[int(np.argmax(same)) :][:1]
+            entry = index[slot : slot + 1]
             entry["state"], entry["used"] = EMPTY, 0
             entry["claims"] += np.uint64(1)
             self._counters[0] += np.uint64(1)

@@ -12,12 +12,13 @@ it into a staging buffer, checksums it and writes it; the step's thread unpins w
 registered in the pool's prefix cache, so the allocation that follows finds them as hits and prefills only the rest.
 Bytes are copied as they are: batch-invariant numerics make a block any worker computed the block this one would.
 
-Partial blocks: a sequence's last, partly filled block is written too, each time PARTIAL_EVERY more of its tokens are
-computed (`offer_partial`: its first n rows, copied on the step's thread, n a multiple of PARTIAL_EVERY), keyed by the
-chain key before it and those n tokens; the snapshot it replaces is discarded from the tier, and so is the last one
-once its block is full. A worker taking over a stream (or a prompt that continues one) reads the largest snapshot its
-own tokens match into its fresh block (`fill_partial`) after allocation and prefills fewer than PARTIAL_EVERY tokens
-of the tail, plus the last token, which always runs. Rows of a causal model's KV depend only on the tokens up to them,
+Partial blocks: a sequence's last, partly filled block is written too, as its tokens are computed (`offer_partial`:
+its first n rows, copied on the step's thread), keyed by the chain key before it and those n tokens: every token while
+the step runs fewer than SNAPSHOT_STREAMS sequences, every 1 + running // SNAPSHOT_STREAMS tokens beyond (each
+snapshot costs the writer about 0.2 ms). A snapshot is written into the slot of the one it replaces, and the last
+one is discarded once its block is full. A worker taking over a stream (or a prompt that continues one) reads the
+largest snapshot its own tokens match into its fresh block (`fill_partial`) after allocation and prefills only the
+rows after it and the last token, which always runs. Rows of a causal model's KV depend only on the tokens up to them,
 so the rows of any sequence with the same leading tokens are the same bits.
 """
 
@@ -32,19 +33,22 @@ import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from worker.engine.formats.repack_cache import model_key
+from worker.engine.kernels.kv_rows import byte_views, gather_rows, scatter_rows
 from worker.engine.kv.pool import KVPool
 from worker.engine.kv.tier import TierFile, TierStats, key_words
 
 KV_NUMERICS = 1  # bump whenever a change to the forward changes the bits of keys or values (old tiers are replaced)
 CHAINS_KEPT = 1024  # sequences whose last chain key is remembered (a forgotten one is recomputed from its tokens)
-PARTIAL_EVERY = 4  # a sequence's partly filled last block is written each time this many more of its tokens are
-# computed: a takeover prefills fewer than this many tokens of each stream's tail (and its last token)
+SNAPSHOT_STREAMS = 16  # partial snapshots are taken every 1 + running sequences // this many tokens (at 64 streams
+# every 5: a snapshot each token cost 3-7% of the 1B's rate there, against 1 row a stream to prefill after a takeover)
+FILL_THREADS = max(1, min(4, os.cpu_count() or 1))  # threads a fill reads blocks on (bounded by memory, not cores)
 PARTIAL_MARK = b"partial"  # appended to a partial block's key material: it never equals a full block's key
 DEFAULT_DIR = "/dev/shm/llmfleet-kv"
 EXPORTED = ("lookups", "hits", "misses", "tokens_hit", "blocks_written", "evictions", "skipped", "bytes_used",
@@ -62,6 +66,7 @@ class WriterItem:
     key: bytes
     block: int = NO_BLOCK
     data: np.ndarray | None = None  # (bytes,) uint8
+    replaces: bytes | None = None  # the key of the snapshot this one replaces, in its slot
     discard: bool = False
 
 
@@ -79,6 +84,11 @@ class PoolTier:
         self._chains: OrderedDict[int, tuple[int, bytes]] = OrderedDict()  # seq -> (blocks keyed, last key)
         self._partials: dict[int, tuple[int, int, bytes, bool]] = {}  # seq -> its last snapshot's (block index,
         # rows, key, kept)
+        self._key_bytes, self._value_bytes = byte_views(pool.keys), byte_views(pool.values)  # kernels/kv_rows.py
+        nothing = np.empty(0, np.uint8)  # (0,): the copies compile (or load) for this layer count now, not in a step
+        self._gather(0, 0, nothing)
+        self._scatter(nothing, 0, 0)
+        self._readers: ThreadPoolExecutor | None = None  # fill's threads, started by the first fill
         self._idle = threading.Event()
         self._idle.set()
         self._thread = threading.Thread(target=self._write_loop, name="kv-tier-writer", daemon=True)
@@ -157,28 +167,26 @@ class PoolTier:
                 self._put(WriterItem(partial[2], discard=True))
 
     def offer_partial(self, seq_id: int, table: Sequence[int], token_ids: Sequence[int], computed: int, *,
-                      keep: bool = False) -> None:
+                      keep: bool = False, running: int = 1) -> None:
         """A sequence's first `computed` tokens are in the pool: write its last block's rows as a partial snapshot
-        when they reach a new multiple of PARTIAL_EVERY (copied now, written by the writer thread). Each replaces
-        the sequence's last snapshot, unless that one was to be kept (a prompt's: the same prompt again reads it)."""
+        (copied now, written by the writer thread) when 1 + running // SNAPSHOT_STREAMS rows came since the last.
+        Each replaces the sequence's last snapshot, unless that one was to be kept (a prompt's: the same prompt
+        again reads it)."""
         self.settle()
         size = self.pool.block_size
-        index, rows = computed // size, computed % size // PARTIAL_EVERY * PARTIAL_EVERY
+        index, rows = computed // size, computed % size
         last = self._partials.get(seq_id)
-        if rows == 0 or (last is not None and last[:2] == (index, rows)):
+        if rows == 0 or (last is not None and last[0] == index and rows - last[1] < 1 + running // SNAPSHOT_STREAMS):
             return
         if self._pending >= self.max_pending:
             self.tier.stats.skipped += 1
             return
         key = self._partial_key(self._parent(seq_id, token_ids, index), token_ids[index * size : index * size + rows])
-        data = np.empty(self._rows_shape(rows), self.pool.dtype)  # (2, L, Hkv, n, Dh)
-        for layer, (keys, values) in enumerate(zip(self.pool.keys, self.pool.values)):
-            data[0, layer] = keys[:, table[index], :rows]  # (Hkv, n, Dh)
-            data[1, layer] = values[:, table[index], :rows]  # (Hkv, n, Dh)
+        data = np.empty(self._row_bytes(rows), np.uint8)  # (2 L Hkv n Dh x itemsize,)
+        self._gather(table[index], rows, data)
         self._partials[seq_id] = (index, rows, key, keep)
-        self._put(WriterItem(key, data=data.reshape(-1).view(np.uint8)))
-        if last is not None and not last[3]:  # the snapshot it replaces goes once this one is written
-            self._put(WriterItem(last[2], discard=True))
+        replaces = last[2] if last is not None and not last[3] else None  # written into its slot
+        self._put(WriterItem(key, data=data, replaces=replaces))
 
     def forget(self, seq_id: int) -> None:
         """A sequence ended: its last snapshot stays in the tier (a prompt that continues it reads it), untracked."""
@@ -207,12 +215,12 @@ class PoolTier:
             try:
                 if item.discard:
                     self.tier.discard(item.key)
+                elif item.data is not None:  # a partial snapshot: put() finds a duplicate itself
+                    self.tier.put(item.key, item.data, item.replaces)
                 elif self.tier.has(item.key):
                     self.tier.stats.duplicates += 1
-                elif item.data is not None:
-                    self.tier.put(item.key, item.data)
                 else:
-                    self._gather(item.block, staging)
+                    self._gather(item.block, self.pool.block_size, staging)
                     self.tier.put(item.key, staging)
             except Exception:  # the writer must outlive any one block
                 self.tier.warn("writer", "KV tier writer: a block write failed; it is skipped", exc_info=True)
@@ -232,32 +240,24 @@ class PoolTier:
         """Stop the writer once the queue is written, and close the file."""
         self._queue.put(None)
         self._thread.join(timeout=30)
+        if self._readers is not None:
+            self._readers.shutdown()
         self.settle()
         self.tier.close()
 
     # ---- block bytes ---------------------------------------------------------------------------------------
 
-    def _rows_shape(self, rows: int) -> tuple[int, ...]:
-        """(2, L, Hkv, rows, Dh): keys then values of `rows` rows of one block, every layer."""
-        pool = self.pool
-        return 2, len(pool.keys), pool.keys[0].shape[0], rows, pool.keys[0].shape[3]
+    def _row_bytes(self, rows: int) -> int:
+        """Bytes of `rows` rows of one block, keys and values of every layer."""
+        return self.tier.block_bytes // self.pool.block_size * rows
 
-    def _layers(self, staging: np.ndarray) -> np.ndarray:
-        return staging.view(self.pool.dtype).reshape(self._rows_shape(self.pool.block_size))  # (2, L, Hkv, BS, Dh)
+    def _gather(self, block: int, rows: int, out: np.ndarray) -> None:
+        """The first `rows` rows of one pool block, every layer's keys then values, into out (bytes,) uint8."""
+        gather_rows(self._key_bytes, self._value_bytes, block, rows, out)
 
-    def _gather(self, block: int, staging: np.ndarray) -> None:
-        """Copy one pool block, every layer's keys then values, into staging (block_bytes,) uint8."""
-        view = self._layers(staging)  # (2, L, Hkv, BS, Dh)
-        for layer, (keys, values) in enumerate(zip(self.pool.keys, self.pool.values)):
-            view[0, layer] = keys[:, block]  # (Hkv, BS, Dh)
-            view[1, layer] = values[:, block]  # (Hkv, BS, Dh)
-
-    def _scatter(self, staging: np.ndarray, block: int) -> None:
-        """The reverse of _gather: staging's bytes into one pool block."""
-        view = self._layers(staging)  # (2, L, Hkv, BS, Dh)
-        for layer, (keys, values) in enumerate(zip(self.pool.keys, self.pool.values)):
-            keys[:, block] = view[0, layer]  # (Hkv, BS, Dh)
-            values[:, block] = view[1, layer]  # (Hkv, BS, Dh)
+    def _scatter(self, data: np.ndarray, block: int, rows: int) -> None:
+        """The reverse of _gather: data's bytes into the first `rows` rows of one pool block."""
+        scatter_rows(data, self._key_bytes, self._value_bytes, block, rows)
 
     # ---- in ------------------------------------------------------------------------------------------------
 
@@ -283,12 +283,10 @@ class PoolTier:
             present = list(itertools.takewhile(lambda slot: slot is not None,
                                                (slots.get(key_words(keys[i])) for i in range(len(hits), usable))))
             taken += [blocks.take_pinned() for _ in present]
-            self.pool.populate(taken)  # their pages at once, not a fault per 4 KiB as they are written
-            staging = np.empty(self.tier.block_bytes, np.uint8)  # (block_bytes,)
-            for i, slot, block in zip(range(len(hits), usable), present, taken):
-                if not self.tier.get(keys[i], slot, staging):
+            arrived = self._read_blocks(list(zip(keys[len(hits) :], present, taken)))
+            for i, block, intact in zip(range(len(hits), usable), taken, arrived):
+                if not intact:
                     break
-                self._scatter(staging, block)
                 parent = blocks.register(block, parent, token_ids[i * size : (i + 1) * size])
                 adopted.append(block)
                 if parent is None:  # registered already: the run ends here
@@ -302,26 +300,47 @@ class PoolTier:
         stats.tokens_hit += len(adopted) * size
         return len(adopted) * size
 
+    def _read_blocks(self, wanted: list[tuple[bytes, int, int]]) -> list[bool]:
+        """Copy each (key, tier slot, pool block) from the tier into its pool block, on up to FILL_THREADS threads
+        at once (the reads, checksums and copies run without the GIL): whether each arrived intact."""
+        if not wanted:
+            return []
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix="kv-tier-fill")
+        parts = min(FILL_THREADS, len(wanted))
+        bounds = [len(wanted) * i // parts for i in range(parts + 1)]
+        return list(itertools.chain.from_iterable(self._readers.map(
+            lambda part: self._read_part(wanted[bounds[part] : bounds[part + 1]]), range(parts))))
+
+    def _read_part(self, wanted: list[tuple[bytes, int, int]]) -> list[bool]:
+        self.pool.populate([block for _, _, block in wanted])  # their pages at once, not a fault per 4 KiB
+        staging = np.empty(self.tier.block_bytes, np.uint8)  # (block_bytes,)
+        arrived = []
+        for key, slot, block in wanted:
+            intact = self.tier.get(key, slot, staging)
+            if intact:
+                self._scatter(staging, block, self.pool.block_size)
+            arrived.append(intact)
+        return arrived
+
     def fill_partial(self, table: Sequence[int], token_ids: Sequence[int], computed: int) -> int:
         """After allocation with `computed` leading tokens cached (whole blocks): copy the largest partial snapshot
         of the next block that token_ids match (leaving the last token to run) into its fresh block; returns the
         tokens added."""
         size = self.pool.block_size
         index = computed // size
-        rows = min(size - 1, len(token_ids) - 1 - computed) // PARTIAL_EVERY * PARTIAL_EVERY
+        rows = min(size - 1, len(token_ids) - 1 - computed)
         if computed % size or rows <= 0:
             return 0
         slots = self.tier.valid_slots()
         parent = self._parent(None, token_ids, index)
-        for n in range(rows, 0, -PARTIAL_EVERY):
+        for n in range(rows, 0, -1):
             key = self._partial_key(parent, token_ids[computed : computed + n])
             slot = slots.get(key_words(key))
-            data = np.empty(self._rows_shape(n), self.pool.dtype)  # (2, L, Hkv, n, Dh)
-            if slot is None or not self.tier.get(key, slot, data.reshape(-1).view(np.uint8)):
+            data = np.empty(self._row_bytes(n), np.uint8)  # (2 L Hkv n Dh x itemsize,)
+            if slot is None or not self.tier.get(key, slot, data):
                 continue
-            for layer, (keys, values) in enumerate(zip(self.pool.keys, self.pool.values)):
-                keys[:, table[index], :n] = data[0, layer]  # (Hkv, n, Dh)
-                values[:, table[index], :n] = data[1, layer]  # (Hkv, n, Dh)
+            self._scatter(data, table[index], n)
             self.tier.stats.tokens_hit += n
             return n
         return 0

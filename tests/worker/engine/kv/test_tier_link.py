@@ -122,10 +122,10 @@ def test_a_partial_block_snapshot_resumes_a_sequence_exactly_and_replaces_the_la
     _prefill(tiny_engine.model, pool, 0, tokens)
     pool.blocks.commit(0, tokens)
     writer.offer(0, pool.blocks.block_table(0), tokens, 0, 3)
-    for computed in (16 * 3 + 2, 16 * 3 + 4, 16 * 3 + 6, 16 * 3 + 9):  # snapshots at 4 and 8 rows (2, 6: none)
+    for computed in (16 * 3 + 2, 16 * 3 + 4, 16 * 3 + 9):  # snapshots of 2, 4 and 9 rows, each in the last's slot
         writer.offer_partial(0, pool.blocks.block_table(0), tokens, computed)
-    assert writer.flush() and writer.stats.blocks_written == 3 + 2
-    assert writer.tier.bytes_used() == 4 * writer.tier.slot_bytes  # the 4-row snapshot was discarded for the 8-row
+    assert writer.flush() and writer.stats.blocks_written == 3 + 3
+    assert writer.tier.bytes_used() == 4 * writer.tier.slot_bytes
     pool.blocks.free(0)
     pool.blocks.check_invariants()
 
@@ -134,14 +134,16 @@ def test_a_partial_block_snapshot_resumes_a_sequence_exactly_and_replaces_the_la
     assert tier is not None and tier.fill(tokens) == 48
     computed = reader.blocks.allocate(0, tokens)
     added = tier.fill_partial(reader.blocks.block_table(0), tokens, computed)
-    assert (computed, added) == (48, 8)
+    assert (computed, added) == (48, 9)
     assert np.array_equal(_prefill(tiny_engine.model, reader, 0, tokens, computed + added), cold)
-    other = tokens[:50] + [7] * 9  # the same 2 rows into the block, then others: no 4-row snapshot matches
+    other = tokens[:50] + [7] * 9  # the same 2 rows into the block, then others: the 2-row snapshot is gone
     assert tier.fill_partial(reader.blocks.block_table(0), other, 48) == 0
 
-    longer = tokens[:48] + [5] * 16  # another sequence on A: a snapshot of its 4th block, then the block full
+    longer = tokens[:48] + [5] * 16  # another sequence on A, in a step of 32: a snapshot every 3 rows
     pool.blocks.allocate(1, longer)
-    writer.offer_partial(1, pool.blocks.block_table(1), longer, 48 + 8)
+    for computed in range(48 + 1, 48 + 9):
+        writer.offer_partial(1, pool.blocks.block_table(1), longer, computed, running=32)
+    assert writer.flush() and writer.stats.blocks_written == 6 + 3  # at 1, 4 and 7 rows
     assert writer.flush() and writer.tier.bytes_used() == 5 * writer.tier.slot_bytes
     writer.offer(1, pool.blocks.block_table(1), longer, 3, 4)
     assert writer.flush() and writer.tier.bytes_used() == 5 * writer.tier.slot_bytes  # the block for its snapshot
