@@ -41,7 +41,9 @@ def test_usage_counts_cached_prompt_tokens_and_timings_come_when_asked(cluster: 
     second = max(replies, key=lambda r: r.usage.prompt_tokens_details.cached_tokens)  # type: ignore[union-attr]
     cached = second.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
     timings = second.model_extra["timings"]  # type: ignore[index]
-    assert cached == timings["cache_n"] and cached % 32 == 0 and 0 < cached < second.usage.prompt_tokens
+    # whole blocks from the pool or the host tier, and the prompt's last block from the tier's snapshot of its rows:
+    # at most every token but the last, which always runs
+    assert cached == timings["cache_n"] and 32 <= cached <= second.usage.prompt_tokens - 1
     assert timings["prompt_n"] + timings["cache_n"] == second.usage.prompt_tokens
     assert timings["predicted_n"] == 4 and timings["predicted_ms"] > 0 and timings["prompt_ms"] > 0
     assert timings["predicted_per_second"] > 0 and timings["queue_ms"] >= 0

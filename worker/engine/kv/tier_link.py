@@ -336,9 +336,10 @@ class PoolTier:
         parent = self._parent(None, token_ids, index)
         for n in range(rows, 0, -1):
             key = self._partial_key(parent, token_ids[computed : computed + n])
-            slot = slots.get(key_words(key))
+            if (slot := slots.get(key_words(key))) is None:
+                continue
             data = np.empty(self._row_bytes(n), np.uint8)  # (2 L Hkv n Dh x itemsize,)
-            if slot is None or not self.tier.get(key, slot, data):
+            if not self.tier.get(key, slot, data):
                 continue
             self._scatter(data, table[index], n)
             self.tier.stats.tokens_hit += n
