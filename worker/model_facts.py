@@ -151,4 +151,15 @@ def read_facts_then_digest(path: Path, metadata: dict[str, Any] | None, keep: Ca
     facts = facts_json(path, metadata, hash_file=False)
     keep(facts)
     if facts is not None and not json.loads(facts)["digest"]:
-        threading.Thread(target=lambda: keep(facts_json(path, metadata)), name="model-facts", daemon=True).start()
+        threading.Thread(target=_keep_with_digest, args=(facts, path, keep), name="model-facts", daemon=True).start()
+
+
+def _keep_with_digest(facts: str, path: Path, keep: Callable[[str | None], None]) -> None:
+    """Hand `keep` the header facts (JSON) again with the file's digest, hashed now; a file that cannot be read keeps
+    the facts it had (logged)."""
+    try:
+        digest = file_digest(path)
+    except OSError as exc:
+        log.warning("cannot hash %s: %s", path.name, type(exc).__name__)
+        return
+    keep(json.dumps({**json.loads(facts), "digest": digest}, separators=(",", ":")))

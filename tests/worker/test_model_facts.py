@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 import fakeredis
@@ -14,7 +15,14 @@ import pytest
 from shared import keys
 from tests.support.tiny_gguf import write_tiny_gguf
 from worker.engine.formats.gguf_file import tensor_elements
-from worker.model_facts import SIDECAR_SUFFIX, facts_json, file_digest, human_count, read_facts
+from worker.model_facts import (
+    SIDECAR_SUFFIX,
+    facts_json,
+    file_digest,
+    human_count,
+    read_facts,
+    read_facts_then_digest,
+)
 from worker.serve.heartbeat import Heartbeat
 
 
@@ -79,3 +87,19 @@ def test_the_heartbeat_publishes_the_facts_once_known() -> None:
 def test_an_encoder_can_only_embed(gguf_file: Path, minilm_f32_path: Path) -> None:
     assert read_facts(gguf_file).capabilities == ("completion", "tools")
     assert read_facts(minilm_f32_path).capabilities == ("embedding",)  # as Ollama's /api/show says of one
+
+
+def test_the_header_facts_come_first_and_the_same_facts_again_with_the_digest(gguf_file: Path) -> None:
+    kept: list[str | None] = []
+    done = threading.Event()
+
+    def keep(facts: str | None) -> None:
+        kept.append(facts)
+        if len(kept) == 2:
+            done.set()
+
+    read_facts_then_digest(gguf_file, None, keep)
+    assert done.wait(10.0)
+    first, second = (json.loads(facts or "{}") for facts in kept)
+    assert first["digest"] == "" and second["digest"] == hashlib.sha256(gguf_file.read_bytes()).hexdigest()
+    assert {**first, "digest": second["digest"]} == second  # only the digest was added
