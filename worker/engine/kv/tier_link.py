@@ -84,7 +84,7 @@ class PoolTier:
         self._chains: OrderedDict[int, tuple[int, bytes]] = OrderedDict()  # seq -> (blocks keyed, last key)
         self._partials: dict[int, tuple[int, int, bytes, bool]] = {}  # seq -> its last snapshot's (block index,
         # rows, key, kept)
-        self._key_bytes, self._value_bytes = byte_views(pool.keys), byte_views(pool.values)  # kernels/kv_rows.py
+        self._key_words, self._value_words = byte_views(pool.keys), byte_views(pool.values)  # kernels/kv_rows.py
         nothing = np.empty(0, np.uint8)  # (0,): the copies compile (or load) for this layer count now, not in a step
         self._gather(0, 0, nothing)
         self._scatter(nothing, 0, 0)
@@ -253,11 +253,11 @@ class PoolTier:
 
     def _gather(self, block: int, rows: int, out: np.ndarray) -> None:
         """The first `rows` rows of one pool block, every layer's keys then values, into out (bytes,) uint8."""
-        gather_rows(self._key_bytes, self._value_bytes, block, rows, out)
+        gather_rows(self._key_words, self._value_words, block, rows, out)
 
     def _scatter(self, data: np.ndarray, block: int, rows: int) -> None:
         """The reverse of _gather: data's bytes into the first `rows` rows of one pool block."""
-        scatter_rows(data, self._key_bytes, self._value_bytes, block, rows)
+        scatter_rows(data, self._key_words, self._value_words, block, rows)
 
     # ---- in ------------------------------------------------------------------------------------------------
 

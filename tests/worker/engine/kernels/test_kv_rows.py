@@ -44,3 +44,9 @@ def test_the_block_checksum_sees_a_changed_moved_or_torn_word_and_the_key() -> N
     assert digest not in others and len(others) == 5
     with pytest.raises(ValueError, match="64-bit words"):
         block_digest(data[:12], (1, 2))
+
+
+def test_a_strided_arena_is_refused_not_copied() -> None:
+    arena = np.zeros((2, 3, 8, 8), np.float16)[:, :, :, :4]  # (Hkv, NB, BS, Dh), not contiguous
+    with pytest.raises(ValueError, match="C-contiguous"):
+        byte_views([arena])
