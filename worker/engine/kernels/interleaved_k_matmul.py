@@ -24,8 +24,9 @@ THE REDUCTION (every step width computes exactly this, so a row's result never d
 `reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (at most MAX_TASKS
 tasks a launch). For each group it carries up to X_PASS x rows over the super-blocks in turn: a super-block's codes
 are unpacked once (nibbles split, Q5_K's and Q6_K's high bits joined) into an L1 scratch, then met by the pass's x
-rows four at a time (each code vector loaded once for four rows). The same loop serves one row (decode: each weight
-byte is read once) and hundreds (prefill). Launches hold numba_runtime.launch_lock.
+rows four at a time (each code vector loaded once for four rows). One to four rows of Q4_K or Q6_K skip the scratch
+(interleaved_k_single.py: codes split in registers straight from the packed bytes); Q5_K and wider steps (prefill)
+take it. Launches hold numba_runtime.launch_lock.
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ import numpy as np
 from numba import njit, prange
 
 from worker.engine.kernels.int8_spans import fma32
-from worker.engine.kernels.interleaved_k_single import carry, q4k_super_single, q6k_super_single
+from worker.engine.kernels.interleaved_k_single import (
+    carry,
+    q4k_super_few,
+    q4k_super_single,
+    q6k_super_few,
+    q6k_super_single,
+)
 from worker.engine.kernels.k_activations import Int8Rows, quantize_rows, reference_quantize
 from worker.engine.kernels.numba_runtime import aligned_bytes, aligned_floats, launch_lock
 from worker.engine.kernels.simd_int import KERNEL_CACHE
@@ -204,23 +211,32 @@ def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits, singl
     (matrix: the flat low, high, scales, mins, d and dmin; xs: the flat q, S32, -32 S8 and dx (N, C/64))."""
     flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin = matrix
     flat_q, flat_sums, flat_offsets, dx = xs
-    for s in range(supers):
-        table = g * supers + s
-        if single and bits == 4:  # (constants) one row of Q4_K or Q6_K: straight from the packed bytes
-            q4k_super_single(flat_low, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, dx, s,
+    if single and bits == 4:  # one row of Q4_K or Q6_K: straight from the packed bytes
+        for s in range(supers):
+            q4k_super_single(flat_low, flat_scales, flat_mins, flat_d, flat_dmin, g * supers + s, flat_q, flat_sums,
+                              dx, s, cols, x0, chains)
+    elif single and bits == 6:
+        for s in range(supers):
+            q6k_super_single(flat_low, flat_high, flat_scales, flat_d, g * supers + s, flat_q, flat_offsets, dx, s,
                               cols, x0, chains)
-            continue
-        if single and bits == 6:
-            q6k_super_single(flat_low, flat_high, flat_scales, flat_d, table, flat_q, flat_offsets, dx, s, cols, x0,
-                              chains)
-            continue
-        _unpack(flat_low, flat_high, table, scratch, bits)
-        if single:
-            _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s,
-                   cols, x0, n, chains, bits, True)
-        else:
-            _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s,
-                   cols, x0, n, chains, bits, False)
+    elif bits == 4 and n <= X_TILE:  # two to four rows of Q4_K or Q6_K: from the packed bytes too
+        for s in range(supers):
+            q4k_super_few(flat_low, flat_scales, flat_mins, flat_d, flat_dmin, g * supers + s, flat_q, flat_sums, dx,
+                          s, cols, x0, n, chains)
+    elif bits == 6 and n <= X_TILE:
+        for s in range(supers):
+            q6k_super_few(flat_low, flat_high, flat_scales, flat_d, g * supers + s, flat_q, flat_offsets, dx, s, cols,
+                          x0, n, chains)
+    else:
+        for s in range(supers):
+            table = g * supers + s
+            _unpack(flat_low, flat_high, table, scratch, bits)
+            if single:
+                _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx,
+                       s, cols, x0, n, chains, bits, True)
+            else:
+                _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx,
+                       s, cols, x0, n, chains, bits, False)
 
 
 @njit(parallel=True, nogil=True, cache=KERNEL_CACHE)

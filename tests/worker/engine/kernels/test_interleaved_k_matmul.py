@@ -137,12 +137,12 @@ def test_every_path_gives_the_same_bits(tmp_path: Path) -> None:
         "from worker.engine.kernels import interleaved_k_matmul\n"
         "from worker.engine.weights.interleaved_k_blocks import INTERLEAVED_K_KINDS\n"
         "outputs = [interleaved_k_matmul.interleaved_k_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))\n"
-        "           for kind in INTERLEAVED_K_KINDS for n in (1, 5, 33)]\n"
+        "           for kind in INTERLEAVED_K_KINDS for n in (1, 3, 4, 5, 33)]\n"
         "outputs += [interleaved_k_matmul.interleaved_k_matmul(np.full((3, 512), sign, np.float32), largest(kind))\n"
         "            for kind in INTERLEAVED_K_KINDS for sign in (1.0, -1.0)]\n"
     )
     expected = [interleaved_k_matmul.reference_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))
-                for kind in INTERLEAVED_K_KINDS for n in (1, 5, 33)]
+                for kind in INTERLEAVED_K_KINDS for n in (1, 3, 4, 5, 33)]
     expected += [interleaved_k_matmul.reference_matmul(np.full((3, 512), sign, np.float32), largest(kind))
                  for kind in INTERLEAVED_K_KINDS for sign in (1.0, -1.0)]
     assert_every_path_gives(outputs_on_every_path(tmp_path, body), expected)
