@@ -78,6 +78,7 @@ from worker.engine.weights.interleaved_k_blocks import (
 )
 from worker.engine.weights.k_blocks import KBlocks, code_bytes
 from worker.engine.weights.quant_blocks import QK_K
+from worker.engine.weights.read_only import read_only
 
 ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
 X_PASS = 64  # x rows a pass carries over a group's super-blocks (their chains, 68 * 16 float32, stay in L1)
@@ -206,16 +207,31 @@ def _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, fl
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
-def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits, single):  # pragma: no cover (compiled)
-    """Carry the chains of x rows x0 .. x0 + n - 1 over row group g's super-blocks in turn, each unpacked once
-    (matrix: the flat low, high, scales, mins, d and dmin; xs: the flat q, S32, -32 S8 and dx (N, C/64))."""
+def _scratch_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits, single):  # pragma: no cover (compiled)
+    """The general path: each of row group g's super-blocks unpacked once into scratch, then met by x rows
+    x0 .. x0 + n - 1. Constants: `bits` (4, 5 or 6) and `single` (n is 1)."""
     flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin = matrix
     flat_q, flat_sums, flat_offsets, dx = xs
-    if single and bits == 4:  # one row of Q4_K or Q6_K: straight from the packed bytes
+    for s in range(supers):
+        table = g * supers + s
+        _unpack(flat_low, flat_high, table, scratch, bits)
+        _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx, s,
+               cols, x0, n, chains, bits, single)
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits):  # pragma: no cover (compiled)
+    """Carry the chains of x rows x0 .. x0 + n - 1 over row group g's super-blocks in turn (matrix: the flat low,
+    high, scales, mins, d and dmin; xs: the flat q, S32, -32 S8 and dx (N, C/64)). Each path is written once: numba
+    inlines a copy of a callee at each call (a cold compile took 135 s on a Xeon when every path sat under each of
+    three `bits` constants, ~4x the code)."""
+    flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin = matrix
+    flat_q, flat_sums, flat_offsets, dx = xs
+    if bits == 4 and n == 1:  # one row of Q4_K or Q6_K: straight from the packed bytes
         for s in range(supers):
             q4k_super_single(flat_low, flat_scales, flat_mins, flat_d, flat_dmin, g * supers + s, flat_q, flat_sums,
                               dx, s, cols, x0, chains)
-    elif single and bits == 6:
+    elif bits == 6 and n == 1:
         for s in range(supers):
             q6k_super_single(flat_low, flat_high, flat_scales, flat_d, g * supers + s, flat_q, flat_offsets, dx, s,
                               cols, x0, chains)
@@ -227,16 +243,14 @@ def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits, singl
         for s in range(supers):
             q6k_super_few(flat_low, flat_high, flat_scales, flat_d, g * supers + s, flat_q, flat_offsets, dx, s, cols,
                           x0, n, chains)
+    elif bits == 4:  # (each call compiles its own constants)
+        _scratch_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 4, False)
+    elif bits == 6:
+        _scratch_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 6, False)
+    elif n == 1:
+        _scratch_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 5, True)
     else:
-        for s in range(supers):
-            table = g * supers + s
-            _unpack(flat_low, flat_high, table, scratch, bits)
-            if single:
-                _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx,
-                       s, cols, x0, n, chains, bits, True)
-            else:
-                _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, flat_sums, flat_offsets, dx,
-                       s, cols, x0, n, chains, bits, False)
+        _scratch_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 5, False)
 
 
 @njit(parallel=True, nogil=True, cache=KERNEL_CACHE)
@@ -264,18 +278,13 @@ def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, parts, sta
                 chains[:] = 0
                 matrix = (flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin)
                 xs = (flat_q, flat_sums, flat_offsets, dx)
-                if bits == 4:  # (each call compiles its own constants)
-                    _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 4, n == 1)
-                elif bits == 5:
-                    _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 5, n == 1)
-                else:
-                    _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, 6, n == 1)
+                _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits)
                 for i in range(n):
                     wfstore(flat_out, (x0 + i) * width + local * TILE_ROWS, wfload(chains, i * TILE_ROWS))
 
 
-_EMPTY_BYTES = np.zeros((0, 0, 0, 0), np.uint8)
-_EMPTY_FLOATS = np.zeros((0, 0, 0), np.float32)
+_EMPTY_BYTES = read_only(np.zeros((0, 0, 0, 0), np.uint8))  # read-only, as the matrices' arrays (read_only.py)
+_EMPTY_FLOATS = read_only(np.zeros((0, 0, 0), np.float32))
 
 
 def interleaved_k_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
@@ -348,8 +357,8 @@ def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
 
 
 def warm() -> None:
-    """Compile (or load from numba's cache) the kernel for every kind, for writeable and for read-only (mapped)
-    arrays, at one row and at several."""
+    """Compile (or load from numba's cache) the kernel, once for every kind (a matrix's arrays are read-only
+    however it was made), at one row and at several."""
     rng = np.random.default_rng(0)
     for kind in INTERLEAVED_K_KINDS:
         low, high = code_bytes(np.zeros((TILE_ROWS, QK_K), np.uint8), kind)  # (16, 128), high bits or None
@@ -360,8 +369,5 @@ def warm() -> None:
             blocks = KBlocks(kind, low, np.zeros((TILE_ROWS, 8), np.uint8), supers, high=high,
                              mins=np.zeros((TILE_ROWS, 8), np.uint8), dmin=supers)
         matrix = interleave_k(blocks)
-        for writeable in (True, False):
-            for array in matrix.arrays().values():
-                array.flags.writeable = writeable
-            for rows in (1, 2):
-                interleaved_k_matmul(rng.standard_normal((rows, QK_K)).astype(np.float32), matrix)
+        for rows in (1, 2):
+            interleaved_k_matmul(rng.standard_normal((rows, QK_K)).astype(np.float32), matrix)

@@ -58,12 +58,13 @@ from worker.engine.kernels.simd_wide import (
 )
 from worker.engine.weights.interleaved_blocks import TILE_ROWS, VECTOR_BYTES, InterleavedBlocks
 from worker.engine.weights.quant_blocks import LEGACY_BLOCK
+from worker.engine.weights.read_only import read_only
 
 X_ROWS = 32  # x rows a task carries over a block (their chains, 2 * 32 * 16 float32, stay in L1)
 ACT_SPAN = 16  # activation columns per int8 scale (two per block)
 PARALLEL_QUANTIZE = 16384  # activations from which quantizing splits rows across threads (a launch costs ~10 us)
 MAX_TASKS = 64  # parallel tasks a launch splits its row groups into at most (one scratch allocation each)
-_NO_OFFSET = np.zeros((0, 0, TILE_ROWS), np.float32)  # the offset table of a matrix without one
+_NO_OFFSET = read_only(np.zeros((0, 0, TILE_ROWS), np.float32))  # the offset table of a matrix without one
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
@@ -242,13 +243,9 @@ def reference_matmul(x: np.ndarray, blocks: InterleavedBlocks) -> np.ndarray:
 
 
 def warm() -> None:
-    """Compile (or load from numba's cache) the kernel for writeable and for read-only (mapped) arrays, with and
-    without offsets."""
-    for writeable in (True, False):
-        for offset in (None, np.zeros((1, 1, TILE_ROWS), np.float32)):
-            blocks = InterleavedBlocks(np.zeros((1, 1, 4, VECTOR_BYTES), np.uint8),
-                                       np.zeros((1, 1, TILE_ROWS), np.float32), offset, 0 if offset is not None else 8,
-                                       TILE_ROWS)
-            for array in blocks.arrays().values():
-                array.flags.writeable = writeable
-            interleaved_matmul(np.zeros((1, LEGACY_BLOCK), np.float32), blocks)
+    """Compile (or load from numba's cache) the kernel with and without offsets (a matrix's arrays are read-only
+    however it was made)."""
+    for offset in (None, np.zeros((1, 1, TILE_ROWS), np.float32)):
+        blocks = InterleavedBlocks(np.zeros((1, 1, 4, VECTOR_BYTES), np.uint8), np.zeros((1, 1, TILE_ROWS), np.float32),
+                                   offset, 0 if offset is not None else 8, TILE_ROWS)
+        interleaved_matmul(np.zeros((1, LEGACY_BLOCK), np.float32), blocks)

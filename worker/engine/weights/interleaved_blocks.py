@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from worker.engine.weights.quant_blocks import LEGACY_BLOCK, BlockCodes
+from worker.engine.weights.read_only import freeze_arrays
 
 TILE_ROWS = 16  # weight rows interleaved in a group
 VECTOR_BYTES = 64  # bytes of one code vector: four codes (or eight nibbles) of each of the sixteen rows
@@ -34,6 +35,9 @@ class InterleavedBlocks:
     offset: np.ndarray | None  # (G, B, 16) float32 when the offsets are not -zero * scale, else None
     zero: int  # subtracted from every code (0 when `offset` is set)
     out: int  # rows of the matrix (16 G, less the last group's padding)
+
+    def __post_init__(self) -> None:
+        freeze_arrays(self, self.arrays())
 
     @property
     def nibbles(self) -> bool:

@@ -24,6 +24,7 @@ import numpy as np
 
 from worker.engine.weights.k_blocks import KBlocks, file_codes
 from worker.engine.weights.quant_blocks import QK_K
+from worker.engine.weights.read_only import freeze_arrays
 
 TILE_ROWS = 16  # weight rows interleaved in a group
 VECTOR_BYTES = 64  # bytes of one vector: sixteen rows' four bytes
@@ -42,6 +43,9 @@ class InterleavedK:
     high: np.ndarray | None = None  # Q5_K: (G, S, 8, 64), Q6_K: (G, S, 16, 64) uint8
     mins: np.ndarray | None = None  # Q4_K, Q5_K: (G, S, 4, 32) uint8
     dmin: np.ndarray | None = None  # Q4_K, Q5_K: (G, S, 16) float32
+
+    def __post_init__(self) -> None:
+        freeze_arrays(self, self.arrays())
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from worker.engine.weights.mxfp4_blocks import MXFP4, MXFP4_BLOCK, MXFP4Blocks, e8m0_half, file_codes, weights
+from worker.engine.weights.read_only import freeze_arrays
 
 TILE_ROWS = 16  # weight rows interleaved in a group
 VECTOR_BYTES = 64  # bytes of one code vector: four code bytes of each of the sixteen rows
@@ -34,6 +35,9 @@ class InterleavedMXFP4:
     out: int  # rows of the matrix (16 G, less the last group's padding)
 
     kind = MXFP4
+
+    def __post_init__(self) -> None:
+        freeze_arrays(self, self.arrays())
 
     @property
     def shape(self) -> tuple[int, int]:
