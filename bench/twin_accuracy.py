@@ -7,7 +7,7 @@ on the truth's tokens, one decode step at a time after the prompt, as a server d
 the mean over steps of each step's largest error. llmfleet passes where both of its figures are no larger than
 llama.cpp's (the accuracy budget of ../shared/fixtures/quantized/README.md, in log-probabilities).
 
-    python bench/twin_accuracy.py --family llama3 --shape 1b [--type Q4_K_M]
+    python bench/twin_accuracy.py --family llama3 --shape 1b [--type Q4_K_M] [--seed 1]
 """
 
 from __future__ import annotations
@@ -52,11 +52,12 @@ class Errors:
     mean: float
 
 
-def twin_file(family: str, shape: str, kind: str, source: Path) -> Path:
-    """The twin in ~/.cache/llmfleet-peers/twins, made on first use (the same bytes every time)."""
+def twin_file(family: str, shape: str, kind: str, source: Path, seed: int = 0) -> Path:
+    """The twin of weight seed `seed` in ~/.cache/llmfleet-peers/twins, made on first use (the same bytes every
+    time)."""
     TWINS.mkdir(parents=True, exist_ok=True)
-    path = TWINS / f"{family}-{shape}-{kind}.gguf"
-    return path if path.exists() else make_twin(family, shape, 0, kind, path, source)
+    path = TWINS / (f"{family}-{shape}-{kind}.gguf" if seed == 0 else f"{family}-{shape}-seed{seed}-{kind}.gguf")
+    return path if path.exists() else make_twin(family, shape, seed, kind, path, source)
 
 
 def truth_runs(f16: Path, prompts: list[list[int]], steps: int = STEPS) -> list[Truth]:
@@ -130,11 +131,12 @@ def main() -> None:
     parser.add_argument("--family", required=True, choices=sorted(FAMILIES))
     parser.add_argument("--shape", required=True)
     parser.add_argument("--type", default="Q4_K_M")
+    parser.add_argument("--seed", type=int, default=0, help="the twin's weights (each seed is another draw of noise)")
     args = parser.parse_args()
     source = default_tokenizer_source()
     started = time.monotonic()
-    f16 = twin_file(args.family, args.shape, "F16", source)
-    quantized = twin_file(args.family, args.shape, args.type, source)
+    f16 = twin_file(args.family, args.shape, "F16", source, args.seed)
+    quantized = twin_file(args.family, args.shape, args.type, source, args.seed)
     tokenizer = tokenizer_from_gguf(read_metadata(f16), source=str(f16))
     prompts = [tokenizer.encode(text, parse_special=False, add_bos=False) for text in PROMPTS]
     truths = truth_runs(f16, prompts)
@@ -151,6 +153,11 @@ def main() -> None:
         a, b = errors(steps, reference, theirs), errors(steps, reference, ours)
         verdict = "ok" if b.worst <= a.worst and b.mean <= a.mean else "OVER llama.cpp's"
         print(f"  {name}: llama.cpp {a.worst:.4f} / {a.mean:.4f}, llmfleet {b.worst:.4f} / {b.mean:.4f}: {verdict}")
+        for n in range(len(truths)):  # each prompt apart: how much of a difference one prompt's run makes
+            own = [key for key in steps if key[0] == n]
+            if own:
+                a, b = errors(own, reference, theirs), errors(own, reference, ours)
+                print(f"    prompt {n}: llama.cpp {a.worst:.4f} / {a.mean:.4f}, llmfleet {b.worst:.4f} / {b.mean:.4f}")
 
 
 if __name__ == "__main__":
