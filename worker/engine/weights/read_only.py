@@ -1,8 +1,8 @@
 """Weights the kernels read are read-only views, whether built in memory at load or mapped from the repack cache.
 
-Numba types a read-only array apart from a writeable one, and a kernel taking six weight arrays compiles once for
-every mix of the two it meets: the Q4_K/Q6_K kernel once took 60-75 s a mix on a cold cache (Xeon), four mixes in a
-hybrid model's first load. Each interleaved matrix freezes its arrays as it is made, so every kernel compiles once.
+Numba types a read-only array apart from a writeable one, and a kernel compiles once for each typing it meets: the
+Q4_K/Q6_K kernel was compiled for writeable and for mapped arrays, 60-75 s each on a cold cache (Xeon). Each
+interleaved matrix freezes its arrays as it is made, so every kernel compiles for one typing.
 """
 
 from __future__ import annotations
