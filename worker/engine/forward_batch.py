@@ -105,6 +105,6 @@ class ForwardBatch:
         """
         pool = self.pool
         pool.write(layer, self.write_blocks, self.write_offsets, k, v)
-        keys, values = pool.layer_arenas(layer)  # (Hkv, NB, BS, Dh) x2, read in place
+        keys, values = pool.layer_arenas(layer)  # (NG, Hkv, G, BS, Dh) x2, read in place
         return ops.paged_attend_decode(q, keys, values, self._tables, self._lengths,
                                        self.first_positions(window), sinks)  # (N, H*Dh)

@@ -283,7 +283,7 @@ def paged_attend_decode(q: Array, keys: Array, values: Array, tables: Array, len
     """Attention of q (B, H, Dh), one query a row, over each row's positions [first, length) of a paged arena:
     (B, H*Dh). Decode tokens and prompt rows alike (one computation per row, whatever the step holds).
 
-    keys/values are one layer's blocks (Hkv, NB, BS, Dh), read in place through tables (B, nb): the compiled
+    keys/values are one layer's blocks (NG, Hkv, G, BS, Dh), read in place through tables (B, nb): the compiled
     kernel makes no padded copy. `attend_decode` below is the same computation on gathered arrays. sinks (H,): a
     logit per head in each softmax's denominator only (gpt-oss's attention sinks), or None.
     """

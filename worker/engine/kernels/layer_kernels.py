@@ -41,23 +41,25 @@ from worker.engine.kernels.simd import (
 
 @njit(nogil=True, cache=True)
 def _store_halves(rows, arena, blocks, offsets):  # pragma: no cover (compiled)
-    """arena[h, blocks[n], offsets[n]] = rows[n, h] as float16 bits (rows (N, Hkv, Dh) float32, any strides; arena
-    (Hkv, NB, BS, Dh) uint16)."""
+    """Block blocks[n]'s row offsets[n] of head h = rows[n, h] as float16 bits (rows (N, Hkv, Dh) float32, any
+    strides; arena (NG, Hkv, G, BS, Dh) uint16)."""
+    per_group = arena.shape[2]
     for n in range(rows.shape[0]):
         block, offset = blocks[n], offsets[n]
         for h in range(rows.shape[1]):
             for d in range(rows.shape[2]):
-                arena[h, block, offset, d] = narrow(rows[n, h, d])
+                arena[block // per_group, h, block % per_group, offset, d] = narrow(rows[n, h, d])
 
 
 def store_rows(arena: np.ndarray, blocks: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> None:
-    """Keys or values rows (N, Hkv, Dh) into one layer's arena (Hkv, NB, BS, Dh) at (blocks, offsets) (N,) each:
+    """Keys or values rows (N, Hkv, Dh) into one layer's arena (NG, Hkv, G, BS, Dh) at (blocks, offsets) (N,) each:
     float32 rows into a float16 arena by a compiled loop (numpy's rounding, without its scatter's transposed copy:
     about 3x faster at 16 rows), anything else by numpy."""
     if arena.dtype == np.float16 and rows.dtype == np.float32:
         _store_halves(rows, arena.view(np.uint16), blocks, offsets)
     else:
-        arena[:, blocks, offsets] = rows.transpose(1, 0, 2)  # (Hkv, N, Dh)
+        per_group = arena.shape[2]
+        arena[blocks // per_group, :, blocks % per_group, offsets] = rows  # (N, Hkv, Dh)
 
 
 @njit(nogil=True, cache=True)
@@ -153,13 +155,13 @@ def swiglu(gate_up: np.ndarray) -> np.ndarray:
 def warm_up() -> None:
     """Compile every kernel into numba's cache (an image build runs this so that workers start without it)."""
     for head_dim, dtype in itertools.product((8, 4 * LANES), (np.float16, np.float32)):  # scalar and vector kernels
-        keys = np.zeros((1, 2, 4, head_dim), dtype)  # (Hkv, NB, BS, Dh)
+        keys = np.zeros((2, 1, 1, 4, head_dim), dtype)  # (NG, Hkv, G, BS, Dh)
         paged_attend_decode(np.zeros((1, 2, head_dim), np.float32), keys, keys, np.ones((1, 1), np.int64),
                             np.ones(1, np.int64), np.zeros(1, np.int64))
     swiglu(np.zeros((2, 2 * SWIGLU_CHUNK + 2 * LANES + 2), np.float32))
     rms_rows(np.ones((1, 3 * LANES), np.float32), 1e-6)
     rows = np.zeros((1, 2, 1, 8), np.float32)[:, 1]  # (N, Hkv, Dh), strided as a step's k and v
-    store_rows(np.zeros((1, 2, 4, 8), np.float16), np.zeros(1, np.int64), np.zeros(1, np.int64), rows)
+    store_rows(np.zeros((1, 2, 1, 4, 8), np.float16), np.zeros(1, np.int64), np.zeros(1, np.int64), rows)
     angles = np.zeros((1, 1, 4), np.float32)  # (N, 1, R/2)
     rotate(np.zeros((1, 2 * 8 + 8), np.float32)[:, :16].reshape(1, 2, 8), angles, angles, 8)  # a strided (N, H, Dh)
     from worker.engine.kernels import (  # loaded only when an image build warms them

@@ -39,8 +39,7 @@ def _paged_decode(q, keys, values, tables, lengths, first_pos, sinks, out):  # p
     values float32, or float16 bits as uint16); sinks (H,) (or empty): a logit per head in each softmax's
     denominator only (gpt-oss's attention sinks)."""
     n_seqs, n_heads, head_dim = q.shape  # q (B, H, Dh), pre-scaled
-    n_kv = keys.shape[0]  # keys/values (Hkv, NB, BS, Dh)
-    block_size = keys.shape[2]
+    n_kv, per_group, block_size = keys.shape[1], keys.shape[2], keys.shape[3]  # keys/values (NG, Hkv, G, BS, Dh)
     group = n_heads // n_kv
     for task in prange(n_seqs * n_kv):
         b = task // n_kv
@@ -49,7 +48,8 @@ def _paged_decode(q, keys, values, tables, lengths, first_pos, sinks, out):  # p
         length = lengths[b]
         scores = np.empty((group, length - first), np.float32)  # (G, L)
         for p in range(first, length):
-            k_row = keys[h, tables[b, p // block_size], p % block_size]  # (Dh,)
+            block = tables[b, p // block_size]
+            k_row = keys[block // per_group, h, block % per_group, p % block_size]  # (Dh,)
             for g in range(group):
                 q_row = q[b, h * group + g]  # (Dh,)
                 s = np.float32(0.0)
@@ -73,7 +73,8 @@ def _paged_decode(q, keys, values, tables, lengths, first_pos, sinks, out):  # p
             o[:] = 0.0
             for p in range(first, length):
                 w = row[p - first] * inv
-                v_row = values[h, tables[b, p // block_size], p % block_size]  # (Dh,)
+                block = tables[b, p // block_size]
+                v_row = values[block // per_group, h, block % per_group, p % block_size]  # (Dh,)
                 for d in range(head_dim):
                     o[d] += w * widen(v_row[d])
 
@@ -106,11 +107,11 @@ def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, sinks, ou
     chains (a score's own two chains and a value sum's own order are as for one head: a head's result does not
     depend on its pair; an odd last head is computed twice)."""
     n_seqs, n_heads, head_dim = q.shape  # q (B, H, Dh), pre-scaled
-    n_kv, n_blocks, block_size = keys.shape[0], keys.shape[1], keys.shape[2]  # keys/values (Hkv, NB, BS, Dh)
+    n_kv, per_group, block_size = keys.shape[1], keys.shape[2], keys.shape[3]  # keys/values (NG, Hkv, G, BS, Dh)
     group = n_heads // n_kv
     flat_q = q.reshape(-1)  # (B*H*Dh,)
-    flat_keys = keys.reshape(-1)  # (Hkv*NB*BS*Dh,)
-    flat_values = values.reshape(-1)  # (Hkv*NB*BS*Dh,)
+    flat_keys = keys.reshape(-1)  # (NG*Hkv*G*BS*Dh,)
+    flat_values = values.reshape(-1)  # (NG*Hkv*G*BS*Dh,)
     flat_out = out.reshape(-1)  # (B*H*Dh,)
     for task in prange(n_seqs * n_kv):
         b = task // n_kv
@@ -118,9 +119,14 @@ def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, sinks, ou
         first = first_pos[b]
         n = lengths[b] - first
         rows = np.empty(n, np.int64)  # (L,) flat offset of each position's key/value row
-        for i in range(n):
-            p = first + i
-            rows[i] = ((h * n_blocks + tables[b, p // block_size]) * block_size + p % block_size) * head_dim
+        p = first
+        while p < first + n:  # a block at a time: one division per block, not per position
+            index = p // block_size
+            block = tables[b, index]
+            start = (((block // per_group) * n_kv + h) * per_group + block % per_group) * block_size - index * block_size
+            for at in range(p, min(first + n, (index + 1) * block_size)):
+                rows[at - first] = (start + at) * head_dim
+            p = (index + 1) * block_size
         weights = np.empty(2 * n, np.float32)  # (2*L,) the pair's scores, then their softmax weights
         for g0 in range(0, group, 2):
             g1 = min(g0 + 1, group - 1)
@@ -188,7 +194,7 @@ def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tab
     """Decode attention of q (B, H, Dh) over each row's positions [first_pos, lengths) in the pool: (B, H*Dh);
     sinks (H,): a logit per head that joins each softmax's denominator only (gpt-oss), or None.
 
-    keys/values are one layer's arena (Hkv, NB, BS, Dh), float16 or float32 as the pool keeps them (another
+    keys/values are one layer's arena (NG, Hkv, G, BS, Dh) (worker/engine/kv/arena_layout.py), float16 or float32 as the pool keeps them (another
     dtype is converted to float32 first, a copy); tables (B, nb) hold each row's block ids in order.
     """
     if keys.dtype == np.float16 and values.dtype == np.float16:

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from worker.engine import ops
 from worker.engine.formats.config import KV_ELEMENT_BYTES, ModelConfig
 from worker.engine.kernels import layer_kernels
+from worker.engine.kv.arena_layout import block_view, group_bytes, new_arena
 from worker.engine.kv.block_manager import BlockCopy, BlockManager
 from worker.engine.kv.pages import populate, runs
 from worker.engine.kv.recurrent_state import RecurrentStates
@@ -43,15 +43,14 @@ class KVPool:
         self.dtype = np.dtype(dtype)
         self.block_size = block_size
         self.n_blocks = n_blocks
-        shape = (config.n_kv_heads, n_blocks, block_size, config.head_dim)
+        shape = (n_blocks, config.n_kv_heads, block_size, config.head_dim, self.dtype)
         # zeros, not empty: padded reads of never-written slots must be finite. Pages are committed as blocks are
-        # first written (filling the pool at start took 0.2-1.5 s per GiB here, and every worker's resident memory
-        # was its whole budget from the start); a first write costs one page fault per 4 KiB, about 3 ms in a
-        # 64-row step of the 1B, once per page
+        # first written, 2 MiB (a group of blocks) at a time (kv/arena_layout.py): filling the pool at start took
+        # 0.2-1.5 s per GiB here, and every worker's resident memory was its whole budget from the start
         attending = config.attention_layers  # a hybrid's recurrent layers keep no keys or values
         self.arena_of = {layer: i for i, layer in enumerate(attending)}  # model layer -> its arena
-        self.keys = [ops.xp.zeros(shape, self.dtype) for _ in attending]  # La x (Hkv, NB, BS, Dh)
-        self.values = [ops.xp.zeros(shape, self.dtype) for _ in attending]  # La x (Hkv, NB, BS, Dh)
+        self.keys = [new_arena(*shape) for _ in attending]  # La x (NG, Hkv, G, BS, Dh)
+        self.values = [new_arena(*shape) for _ in attending]  # La x (NG, Hkv, G, BS, Dh)
         # a hybrid's recurrent state per sequence (its prefix checkpoints included)
         self.states = RecurrentStates(config, state_slots) if config.recurrent_layers else None
         self.blocks = BlockManager(n_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
@@ -109,31 +108,29 @@ class KVPool:
         """Perform the BlockManager's copy-on-write copies in every layer."""
         for copy in copies:
             for keys, values in zip(self.keys, self.values):
-                keys[:, copy.dst] = keys[:, copy.src]  # (Hkv, BS, Dh)
-                values[:, copy.dst] = values[:, copy.src]  # (Hkv, BS, Dh)
+                block_view(keys, copy.dst)[...] = block_view(keys, copy.src)  # (Hkv, BS, Dh)
+                block_view(values, copy.dst)[...] = block_view(values, copy.src)  # (Hkv, BS, Dh)
 
     def populate(self, blocks: Sequence[int]) -> None:
         """Commit the pages of these blocks in every arena before they are written whole (a host-tier fill): one
-        system call per head and run of consecutive blocks instead of a fault per 4 KiB (worker/engine/kv/pages.py)."""
-        spans = runs(blocks)
-        for arena in [*self.keys, *self.values]:  # La x (Hkv, NB, BS, Dh)
+        system call per arena and run of consecutive groups holding them (a group is the 2 MiB page the first write
+        commits whole: kv/arena_layout.py) instead of a fault per page (worker/engine/kv/pages.py)."""
+        for arena in [*self.keys, *self.values]:  # La x (NG, Hkv, G, BS, Dh)
             if not isinstance(arena, np.ndarray):
                 return
-            head_bytes = arena.shape[1] * arena.shape[2] * arena.shape[3] * arena.itemsize  # one head's blocks
-            block_bytes = head_bytes // arena.shape[1]  # (BS, Dh) of one head
-            for head in range(arena.shape[0]):
-                for first, stop in spans:
-                    populate(arena, head * head_bytes + first * block_bytes, head * head_bytes + stop * block_bytes)
+            size = group_bytes(arena)
+            for first, stop in runs(block // arena.shape[2] for block in blocks):
+                populate(arena, first * size, stop * size)
 
     # ---- the forward side -----------------------------------------------------------------------------
 
     def write(self, layer: int, blocks: Array, offsets: Array, k: Array, v: Array) -> None:
         """Store new keys/values k, v (N, Hkv, Dh) at (blocks, offsets) (N,) of one attention layer."""
         arena = self.arena_of[layer]
-        layer_kernels.store_rows(self.keys[arena], blocks, offsets, k)  # (Hkv, NB, BS, Dh) <- (N, Hkv, Dh)
+        layer_kernels.store_rows(self.keys[arena], blocks, offsets, k)  # (NG, Hkv, G, BS, Dh) <- (N, Hkv, Dh)
         layer_kernels.store_rows(self.values[arena], blocks, offsets, v)
 
     def layer_arenas(self, layer: int) -> tuple[Array, Array]:
-        """One attention layer's keys and values (Hkv, NB, BS, Dh) x2, to be read in place."""
+        """One attention layer's keys and values (NG, Hkv, G, BS, Dh) x2 (kv/arena_layout.py), read in place."""
         arena = self.arena_of[layer]
         return self.keys[arena], self.values[arena]

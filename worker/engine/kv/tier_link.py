@@ -41,6 +41,7 @@ import numpy as np
 
 from worker.engine.formats.repack_cache import model_key
 from worker.engine.kernels.kv_rows import byte_views, gather_rows, scatter_rows
+from worker.engine.kv.arena_layout import block_view
 from worker.engine.kv.pool import KVPool
 from worker.engine.kv.tier import TierFile, TierStats, key_words
 
@@ -350,7 +351,7 @@ class PoolTier:
 def tier_layout(pool: KVPool, source: Path) -> dict[str, object]:
     """What a tier's blocks depend on: the model file, the KV numerics, dtype, block size and shapes."""
     return {"model": model_key(source), "numerics": KV_NUMERICS, "dtype": pool.dtype.name,
-            "block_size": pool.block_size, "layers": [list(k.shape[::3]) for k in pool.keys]}
+            "block_size": pool.block_size, "layers": [[k.shape[1], k.shape[4]] for k in pool.keys]}  # (Hkv, Dh)
 
 
 def open_tier(pool: KVPool, source: Path | None, directory: str, mib: float) -> PoolTier | None:
@@ -364,7 +365,7 @@ def open_tier(pool: KVPool, source: Path | None, directory: str, mib: float) -> 
         digest = hashlib.sha256(repr(sorted(layout.items())).encode()).hexdigest()
         path = Path(directory or os.environ.get("LLMFLEET_KV_TIER_DIR") or DEFAULT_DIR) / (
             f"{layout['model']}-{digest[:12]}.kvtier")
-        block_bytes = 2 * sum(k[:, 0].nbytes for k in pool.keys)  # keys and values of every layer
+        block_bytes = 2 * sum(block_view(k, 0).nbytes for k in pool.keys)  # keys and values of every layer
         tier = TierFile(path, layout, block_bytes, int(mib * (1 << 20)))
     except (OSError, ValueError) as exc:
         log.warning("KV tier in %s is off for this worker: %s (LLMFLEET_KV_TIER_DIR, LLMFLEET_KV_TIER_MIB)",

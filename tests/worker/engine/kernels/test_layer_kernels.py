@@ -8,6 +8,7 @@ import pytest
 
 from worker.engine import ops
 from worker.engine.kernels import layer_kernels
+from worker.engine.kv.arena_layout import block_view
 
 
 @pytest.mark.parametrize("rows,width", [(1, 8), (3, 576), (32, 1536), (2, 261)])
@@ -39,9 +40,10 @@ def test_row_store_rounds_as_numpy(rows: int) -> None:
     slots = rng.choice(50 * 8, rows, replace=False)
     blocks, offsets = slots // 8, slots % 8  # (N,) each, distinct positions
     for dtype in (np.float16, np.float32):
-        arena, expected = np.zeros((4, 50, 8, 16), dtype), np.zeros((4, 50, 8, 16), dtype)  # (Hkv, NB, BS, Dh)
+        arena, expected = np.zeros((10, 4, 5, 8, 16), dtype), np.zeros((10, 4, 5, 8, 16), dtype)  # (NG, Hkv, G, BS, Dh)
         with np.errstate(over="ignore"):
-            expected[:, blocks, offsets] = k.transpose(1, 0, 2)  # (Hkv, N, Dh)
+            for n in range(rows):
+                block_view(expected, blocks[n])[:, offsets[n]] = k[n]  # (Hkv, Dh)
         layer_kernels.store_rows(arena, blocks, offsets, k)
         np.testing.assert_array_equal(arena.view(np.uint8), expected.view(np.uint8))
 

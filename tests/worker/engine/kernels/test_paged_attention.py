@@ -11,6 +11,14 @@ import pytest
 from worker.engine import ops
 
 
+def _pooled(arena: np.ndarray, per_group: int = 4) -> np.ndarray:
+    """A head-major (Hkv, NB, BS, Dh) array, which the references index, as the pool keeps it, in groups of blocks:
+    (NG, Hkv, G, BS, Dh) (worker/engine/kv/arena_layout.py)."""
+    n_kv, n_blocks, block_size, head_dim = arena.shape
+    grouped = arena.reshape(n_kv, n_blocks // per_group, per_group, block_size, head_dim)  # (Hkv, NG, G, BS, Dh)
+    return np.ascontiguousarray(grouped.swapaxes(0, 1))  # (NG, Hkv, G, BS, Dh)
+
+
 def _reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tables: np.ndarray, lengths: np.ndarray,
                first: np.ndarray) -> np.ndarray:
     """Gather every row's blocks into a padded batch and attend with an additive mask (ops.attend_decode)."""
@@ -43,7 +51,7 @@ def test_paged_decode_matches_gathered_reference(window: int, n_heads: int, n_kv
     tables[1, :2] = tables[2, :2]  # a shared prefix
     first = np.maximum(lengths - window, 0) if window else np.zeros_like(lengths)
     q = (rng.standard_normal((rows, n_heads, head_dim)) / 4).astype(np.float32)
-    got = ops.paged_attend_decode(q, keys, values, tables, lengths, first)
+    got = ops.paged_attend_decode(q, _pooled(keys), _pooled(values), tables, lengths, first)
     want = _reference(q, keys, values, tables, lengths, first)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -60,7 +68,7 @@ def test_attention_sinks_join_each_softmax_denominator_only(head_dim: int) -> No
     first = np.zeros(3, np.int64)
     q = (rng.standard_normal((3, n_heads, head_dim)) / 4).astype(np.float32)
     sinks = rng.uniform(-2, 4, n_heads).astype(np.float32)  # (H,)
-    got = ops.paged_attend_decode(q, keys, values, tables, lengths, first, sinks)
+    got = ops.paged_attend_decode(q, _pooled(keys), _pooled(values), tables, lengths, first, sinks)
     scores = np.einsum("bhd,kbld->bhkl", q.reshape(3, n_kv, n_heads // n_kv, head_dim).reshape(3, n_heads, head_dim),
                        np.take(keys, tables, axis=1).reshape(n_kv, 3, -1, head_dim))  # (B, H, Hkv, L)
     for b in range(3):
@@ -84,6 +92,7 @@ def test_concurrent_callers_are_serialised() -> None:
     first = np.zeros(4, np.int64)
     q = rng.standard_normal((4, 9, 16)).astype(np.float32)
     want = _reference(q, keys, values, tables, lengths, first)
+    keys, values = _pooled(keys, 3), _pooled(values, 3)
     errors: list[float] = []
 
     def run() -> None:
