@@ -62,6 +62,12 @@ class Stream(threading.Thread):
         """The longest gap between chunks that ends after `moment`."""
         return max((b - a for a, b in zip(self.times, self.times[1:]) if b > moment), default=float("nan"))
 
+    def around(self, moment: float) -> tuple[float, float]:
+        """(seconds from the last chunk before `moment` to it, seconds from it to the first chunk after)."""
+        before = max((t for t in self.times if t <= moment), default=float("nan"))
+        after = min((t for t in self.times if t > moment), default=float("nan"))
+        return moment - before, after - moment
+
 
 def holders(client: Any, model: str) -> list[str]:
     """The consumer of every pending job entry of the model, over its shared and per-worker streams."""
@@ -110,7 +116,10 @@ def run_mode(args: argparse.Namespace, tier_mib: str) -> dict[str, Any]:
             stream.start()
         for stream in again:
             stream.join(timeout=1800)
+        claimed_at = killed_at + detection
         return {"detection": detection, "silence": max(s.silence_after(killed_at) for s in streams),
+                "before_kill": max(s.around(killed_at)[0] for s in streams),
+                "after_claim": max(s.around(claimed_at)[1] for s in streams),
                 "errors": [s.error for s in [*streams, *again] if s.error],
                 "same": sum(a.text == b.text for a, b in zip(streams, again)),
                 "hits": [float(e.get(b"stat.kv_tier_tokens_hit", b"0")) for e in cluster.worker_entries()]}
@@ -135,7 +144,9 @@ def main() -> None:
     for mode, mib in [(m, "2048" if m == "tier" else "0") for m in args.modes.split(",")]:
         results[mode] = got = run_mode(args, mib)
         print(f"{mode:8s}: detection {got['detection']:.2f}s, longest silence {got['silence']:.2f}s, silence - "
-              f"detection {got['silence'] - got['detection']:.2f}s; texts equal {got['same']}/{args.streams}; "
+              f"detection {got['silence'] - got['detection']:.2f}s (last chunk before the kill up to "
+              f"{got['before_kill']:.2f}s earlier, first chunk after the claims up to {got['after_claim']:.2f}s "
+              f"later); texts equal {got['same']}/{args.streams}; "
               f"tier tokens hit {max(got['hits'], default=0):.0f}; errors {len(got['errors'])}", flush=True)
     if len(results) < 2:
         return
