@@ -31,7 +31,7 @@ _NON_NEGATIVE = (
     "deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
     "public_metrics", "any_model_name", "worker_wait_s", "prefix_placement", "placement_balance_abs",
     "pool_max_loaded", "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings",
-    "stream_retention_s", "orphan_grace_s", "kv_tier_mib", "warm_up", "fair_shares", "redis_cluster",
+    "stream_retention_s", "orphan_grace_s", "kv_tier_mib", "kv_commit_ahead_mib", "warm_up", "fair_shares", "redis_cluster",
 )
 _CHOICES = {"log_level": _LOG_LEVELS, "reasoning_format": REASONING_FORMATS, "reasoning_fields": REASONING_FIELDS,
             "kv_dtype": KV_DTYPES}
@@ -119,6 +119,11 @@ class Settings:
                                   "this host shares, in one file per model of at most this size (LRU); it survives "
                                   "worker restarts and serves failovers. Its pages are taken as blocks are written. "
                                   "0: off.")
+    kv_commit_ahead_mib: float = _setting(512.0, "KV pool memory a worker keeps committed (zeroed) past the highest "
+                                          "block it has used, from a thread, so that a host-tier fill (a failover, "
+                                          "a long cached prompt) copies into ready pages instead of committing "
+                                          "them on the request's path. At most the KV budget; 0: pages are "
+                                          "committed only as blocks are written.")
     kv_tier_dir: str = _setting("", "Where the host tier's files live; empty: /dev/shm/llmfleet-kv (shared memory). A "
                                 "directory that cannot be written turns the tier off with one log line.")
     max_batch_tokens: int = _setting(2048, "Tokens (decodes + prefill chunks) in one forward step.")
@@ -291,6 +296,7 @@ ENV: dict[str, str] = {
     "prefix_cache": "LLMFLEET_PREFIX_CACHE",
     "kv_tier_mib": "LLMFLEET_KV_TIER_MIB",
     "kv_tier_dir": "LLMFLEET_KV_TIER_DIR",
+    "kv_commit_ahead_mib": "LLMFLEET_KV_COMMIT_AHEAD_MIB",
     "max_batch_tokens": "LLMFLEET_MAX_BATCH_TOKENS",
     "max_prefill_tokens": "LLMFLEET_MAX_PREFILL_TOKENS",
     "model_memory_s": "LLMFLEET_MODEL_MEMORY_S",

@@ -63,6 +63,7 @@ class BlockManager:
         self._n_tokens: dict[int, int] = {}
         self._committed: dict[int, tuple[int, int | None]] = {}  # seq -> (registered leading blocks, last hash)
         self._pins = [0] * n_blocks  # references held outside any table (a tier write in flight, a tier read)
+        self.high_water = 0  # 1 + the highest block ever handed out (never-used blocks go out lowest first)
 
     # ---- counts ---------------------------------------------------------------------------------------
 
@@ -286,6 +287,7 @@ class BlockManager:
             self._unregister(block)
             self.stats.evictions += 1
         self._refs[block] = 1
+        self.high_water = max(self.high_water, block + 1)
         return block
 
     def _ref(self, block: int) -> None:

@@ -111,6 +111,17 @@ class KVPool:
                 block_view(keys, copy.dst)[...] = block_view(keys, copy.src)  # (Hkv, BS, Dh)
                 block_view(values, copy.dst)[...] = block_view(values, copy.src)  # (Hkv, BS, Dh)
 
+    @property
+    def group_blocks(self) -> int:
+        """Blocks in one group of an arena (its 2 MiB page: kv/arena_layout.py)."""
+        return self.keys[0].shape[2] if self.keys else self.n_blocks
+
+    def populate_groups(self, first: int, stop: int) -> None:
+        """Commit the pages of groups [first, stop) in every arena (contents unchanged; any thread)."""
+        for arena in [*self.keys, *self.values]:  # La x (NG, Hkv, G, BS, Dh)
+            size = group_bytes(arena)
+            populate(arena, first * size, min(stop, arena.shape[0]) * size)
+
     def populate(self, blocks: Sequence[int]) -> None:
         """Commit the pages of these blocks in every arena before they are written whole (a host-tier fill): one
         system call per arena and run of consecutive groups holding them (a group is the 2 MiB page the first write

@@ -4,17 +4,15 @@ every head's region."""
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
 import mmap
 import sys
 
 import numpy as np
 import pytest
 
+from tests.support.kv_memory import one_b_shaped_pool, resident_bytes
 from worker.engine.kv.arena_layout import GROUP_BYTES, block_view, group_bytes
 from worker.engine.kv.pages import populate, runs
-from worker.engine.kv.pool import KVPool
 
 
 def test_runs_group_consecutive_blocks() -> None:
@@ -41,13 +39,8 @@ def test_a_pool_populates_its_blocks_without_changing_them(tiny_engine) -> None:
     assert all(np.array_equal(a, b) for a, b in zip(before, pool.keys))
 
 
-def _one_b_shaped_pool(tiny_engine) -> KVPool:
-    """A Llama-3.2-1B-shaped pool of two layers (8 KV heads of 64, 2,048 blocks of 32: 64 MiB arenas)."""
-    return KVPool(dataclasses.replace(tiny_engine.model.config, n_kv_heads=8, head_dim=64, n_layers=2), 2048)
-
-
 def test_an_arenas_groups_of_blocks_are_aligned_2_mib_pages(tiny_engine) -> None:
-    pool = _one_b_shaped_pool(tiny_engine)
+    pool = one_b_shaped_pool(tiny_engine)
     for arena in [*pool.keys, *pool.values]:  # La x (NG, Hkv, G, BS, Dh)
         assert arena.shape[:3] == (32, 8, 64) and group_bytes(arena) == GROUP_BYTES
         assert arena.ctypes.data % GROUP_BYTES == 0 and arena.flags.c_contiguous
@@ -56,24 +49,14 @@ def test_an_arenas_groups_of_blocks_are_aligned_2_mib_pages(tiny_engine) -> None
             arena.ctypes.data + 6 * GROUP_BYTES)
 
 
-def _resident_bytes(array: np.ndarray) -> int:
-    """Bytes of the array's pages that are in memory (mincore)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    first = array.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
-    pages = -(-(array.ctypes.data + array.nbytes - first) // mmap.PAGESIZE)
-    vector = (ctypes.c_ubyte * pages)()
-    assert libc.mincore(ctypes.c_void_p(first), ctypes.c_size_t(pages * mmap.PAGESIZE), vector) == 0
-    return sum(v & 1 for v in vector) * mmap.PAGESIZE
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore's answer is Linux's")
 def test_one_written_token_commits_its_block_not_a_page_per_head(tiny_engine) -> None:
     """A Llama-3.2-1B-shaped pool (8 KV heads of 64, 2,048 blocks: 64 MiB arenas): one token's keys and values
     commit at most one 2 MiB page of each arena (numpy asks for transparent huge pages), where head-major arenas
     committed one in each head's region (8 x 2 MiB)."""
-    pool = _one_b_shaped_pool(tiny_engine)
+    pool = one_b_shaped_pool(tiny_engine)
     rows = np.ones((1, 8, 64), np.float32)  # (N, Hkv, Dh)
     for layer in pool.config.attention_layers:
         pool.write(layer, np.array([5]), np.array([3]), rows, rows)
     for arena in [*pool.keys, *pool.values]:  # (NG, Hkv, G, BS, Dh), 64 MiB each
-        assert _resident_bytes(arena) <= (2 << 20) + mmap.PAGESIZE
+        assert resident_bytes(arena) <= (2 << 20) + mmap.PAGESIZE
