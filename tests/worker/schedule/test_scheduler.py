@@ -328,3 +328,20 @@ def test_tokens_left_counts_what_unfinished_requests_may_still_generate(tiny_eng
     assert sched.stats.tokens_left == 2 * 5 + 3
     run_all(sched)
     assert sched.stats.tokens_left == 0
+
+
+def test_committing_ahead_runs_only_when_asked_and_changes_no_output(tiny_engine: Any) -> None:
+    """A worker's scheduler commits KV pages ahead from a thread (kv/commit_ahead.py); one built without settings
+    starts none; either gives the same tokens."""
+    prompt = _prompt(tiny_engine, 70, 11)
+    plain = Scheduler(tiny_engine, SchedulerConfig())
+    assert plain.commit_ahead is None
+    plain.add(_request("plain", prompt))
+    ahead = Scheduler(tiny_engine, SchedulerConfig(kv_commit_ahead_mib=1))
+    try:
+        assert ahead.commit_ahead is not None and ahead.commit_ahead.ahead_groups >= 1
+        ahead.add(_request("ahead", prompt))
+        assert run_all(ahead)["ahead"] == run_all(plain)["plain"]
+        assert ahead.blocks.high_water >= 3  # 70 prompt + 12 new tokens in blocks of 32
+    finally:
+        ahead.commit_ahead.stop()
