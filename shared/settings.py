@@ -31,7 +31,8 @@ _NON_NEGATIVE = (
     "deadline_grace_s", "registry_cache_s", "prefix_cache", "slots", "threads", "default_max_tokens",
     "public_metrics", "any_model_name", "worker_wait_s", "prefix_placement", "placement_balance_abs",
     "pool_max_loaded", "pool_memory_mib", "pool_keep_alive_s", "allow_open", "causal_embeddings",
-    "stream_retention_s", "orphan_grace_s", "kv_tier_mib", "kv_commit_ahead_mib", "warm_up", "fair_shares", "redis_cluster",
+    "stream_retention_s", "orphan_grace_s", "kv_tier_mib", "kv_commit_ahead_mib", "warm_up", "fair_shares",
+    "redis_cluster",
 )
 _CHOICES = {"log_level": _LOG_LEVELS, "reasoning_format": REASONING_FORMATS, "reasoning_fields": REASONING_FIELDS,
             "kv_dtype": KV_DTYPES}
@@ -119,11 +120,8 @@ class Settings:
                                   "this host shares, in one file per model of at most this size (LRU); it survives "
                                   "worker restarts and serves failovers. Its pages are taken as blocks are written. "
                                   "0: off.")
-    kv_commit_ahead_mib: float = _setting(512.0, "KV pool memory a worker keeps committed (zeroed) past the highest "
-                                          "block it has used, from a thread, so that a host-tier fill (a failover, "
-                                          "a long cached prompt) copies into ready pages instead of committing "
-                                          "them on the request's path. At most the KV budget; 0: pages are "
-                                          "committed only as blocks are written.")
+    kv_commit_ahead_mib: float = _setting(0.0, "KV pool memory committed past the highest block used, by a thread: "
+                                          "host-tier fills (failovers) skip zeroing pages. 0: as blocks are written.")
     kv_tier_dir: str = _setting("", "Where the host tier's files live; empty: /dev/shm/llmfleet-kv (shared memory). A "
                                 "directory that cannot be written turns the tier off with one log line.")
     max_batch_tokens: int = _setting(2048, "Tokens (decodes + prefill chunks) in one forward step.")
@@ -266,8 +264,7 @@ ENV: dict[str, str] = {
     "redis_sentinel_master": "REDIS_SENTINEL_MASTER",
     "redis_cluster": "REDIS_CLUSTER",
     "redis_max_connections": "LLMFLEET_REDIS_MAX_CONNECTIONS",
-    "host": "LLMFLEET_HOST",
-    "port": "LLMFLEET_PORT",
+    "host": "LLMFLEET_HOST", "port": "LLMFLEET_PORT",
     "api_key": "LLMFLEET_API_KEY",
     "allow_open": "LLMFLEET_ALLOW_OPEN",
     "published_host": "LLMFLEET_PUBLISHED_HOST",
@@ -289,8 +286,7 @@ ENV: dict[str, str] = {
     "heartbeat_ttl_s": "LLMFLEET_HEARTBEAT_TTL_S",
     "lease_s": "LLMFLEET_LEASE_S",
     "max_deliveries": "LLMFLEET_MAX_DELIVERIES",
-    "slots": "LLMFLEET_SLOTS",
-    "threads": "LLMFLEET_THREADS",
+    "slots": "LLMFLEET_SLOTS", "threads": "LLMFLEET_THREADS",
     "kv_budget_mib": "LLMFLEET_KV_BUDGET_MIB",
     "kv_dtype": "LLMFLEET_KV_DTYPE",
     "prefix_cache": "LLMFLEET_PREFIX_CACHE",

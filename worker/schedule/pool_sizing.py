@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from worker.engine.formats.config import ModelConfig
+from worker.engine.kv.commit_ahead import CommitAhead
 from worker.engine.kv.pool import KVPool
 from worker.engine.kv.recurrent_state import RecurrentStates
 from worker.engine.model import Model
@@ -42,6 +43,8 @@ def sized_pool(model: Model, config: SchedulerConfig) -> tuple[KVPool, Scheduler
     budget, state_slots = hybrid_split(model.config, int(config.kv_budget_mib * MIB), config)
     pool = model.new_pool(budget, enable_prefix_caching=config.prefix_cache, dtype=config.kv_dtype,
                           state_slots=state_slots)
+    if config.kv_commit_ahead_mib > 0:  # a daemon thread that ends with the pool
+        CommitAhead(pool, int(config.kv_commit_ahead_mib * MIB))
     if config.max_sequences <= 0:
         config = replace(config, max_sequences=state_slots or auto_slots(pool.capacity_tokens))
     return pool, config

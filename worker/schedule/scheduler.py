@@ -18,7 +18,6 @@ from worker.engine.decode.batch_sampling import SampledToken, sample_batch
 from worker.engine.embeddings import finish_pool, pool_chunk
 from worker.engine.engine import Engine
 from worker.engine.errors import StepInterrupted
-from worker.engine.kv.commit_ahead import CommitAhead
 from worker.engine.kv.tier_link import open_tier
 from worker.engine.text.constraints import ConstraintError
 from worker.engine.text.stopping import StopReason
@@ -60,8 +59,6 @@ class Scheduler:
         self.blocks = self.kv_pool.blocks
         self.stats = SchedulerStats(kv_blocks_total=self.kv_pool.n_blocks)
         self.tier = open_tier(self.kv_pool, engine.source, config.kv_tier_dir, config.kv_tier_mib)
-        self.commit_ahead = (CommitAhead(self.kv_pool, int(config.kv_commit_ahead_mib * (1 << 20)))
-                             if config.kv_commit_ahead_mib > 0 else None)
         self.admission = Admission(self.blocks, config, self.stats, self.tier, self.kv_pool.states)
         self._groups: dict[str, RequestGroup] = {}
         self._arrivals = itertools.count()

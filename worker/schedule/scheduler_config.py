@@ -23,8 +23,7 @@ def _default(name: str) -> Any:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Limits of one scheduler; the defaults are Settings' (but the host KV tier and the commit-ahead thread, off
-    unless a worker asks)."""
+    """Limits of one scheduler; the defaults are Settings' (but the host KV tier, off unless a worker asks)."""
 
     max_sequences: int = _default("slots")  # sequences in one forward step; 0 = auto, from the KV pool (auto_slots)
     max_batch_tokens: int = _default("max_batch_tokens")  # tokens (decodes + prefill chunks) in one forward step
@@ -37,8 +36,7 @@ class SchedulerConfig:
     # (tests, bench/, local generation) writes no shared file; a worker's comes from LLMFLEET_KV_TIER_MIB
     kv_tier_mib: float = 0.0
     kv_tier_dir: str = _default("kv_tier_dir")  # where it lives ("" = /dev/shm/llmfleet-kv)
-    kv_commit_ahead_mib: float = 0.0  # pool memory committed past its high-water mark by a thread (a worker's: the
-    # setting's; 0 here, so that a scheduler built without settings starts no thread)
+    kv_commit_ahead_mib: float = _default("kv_commit_ahead_mib")  # pool memory committed past its high-water mark
     speculative_tokens: int = 6  # drafts checked per greedy sequence per step (prompt lookup); 0 = off
     speculative_max_batch: int = 4  # speculate only while at most this many sequences decode (weight-bound)
 

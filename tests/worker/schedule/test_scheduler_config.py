@@ -1,6 +1,5 @@
-"""SchedulerConfig's defaults are Settings' (written once, in shared/settings.py), but the host KV tier and the KV
-commit-ahead thread, which a scheduler built without settings leaves off; a worker's config is its settings, field by
-field."""
+"""SchedulerConfig's defaults are Settings' (written once, in shared/settings.py), but the host KV tier, which a
+scheduler built without settings leaves off; a worker's config is its settings, field by field."""
 
 from __future__ import annotations
 
@@ -10,11 +9,10 @@ from shared.settings import Settings
 from worker.schedule.scheduler_config import SchedulerConfig
 
 
-def test_the_defaults_are_the_settings_defaults_but_the_host_tier_and_commit_ahead() -> None:
+def test_the_defaults_are_the_settings_defaults_but_the_host_tier() -> None:
     deployed = SchedulerConfig.from_settings(Settings())
     assert deployed.kv_tier_mib == Settings().kv_tier_mib > 0
-    assert deployed.kv_commit_ahead_mib == Settings().kv_commit_ahead_mib > 0
-    assert dataclasses.replace(deployed, kv_tier_mib=0.0, kv_commit_ahead_mib=0.0) == SchedulerConfig()
+    assert dataclasses.replace(deployed, kv_tier_mib=0.0) == SchedulerConfig()
 
 
 def test_a_worker_config_carries_each_setting() -> None:

@@ -53,8 +53,8 @@ def _scatter(data, keys, values, block, rows):  # pragma: no cover (compiled)
 
 
 def byte_views(arenas: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
-    """Each arena (NG, Hkv, G, BS, Dh), C-contiguous, as 64-bit words (NG, Hkv, G, BS, Dh x itemsize / 8), whatever the
-    pool's dtype, for gather_rows and scatter_rows."""
+    """Each arena (NG, Hkv, G, BS, Dh), C-contiguous, as 64-bit words (NG, Hkv, G, BS, Dh x itemsize / 8), whatever
+    the pool's dtype, for gather_rows and scatter_rows."""
     if not all(a.flags.c_contiguous for a in arenas):
         raise ValueError("the tier copies whole runs of a pool's arenas: they must be C-contiguous")
     return tuple(a.view(np.uint64) for a in arenas)

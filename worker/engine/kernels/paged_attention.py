@@ -123,7 +123,7 @@ def _paged_decode_vectors(q, keys, values, tables, lengths, first_pos, sinks, ou
         while p < first + n:  # a block at a time: one division per block, not per position
             index = p // block_size
             block = tables[b, index]
-            start = (((block // per_group) * n_kv + h) * per_group + block % per_group) * block_size - index * block_size
+            start = ((((block // per_group) * n_kv + h) * per_group + block % per_group) - index) * block_size
             for at in range(p, min(first + n, (index + 1) * block_size)):
                 rows[at - first] = (start + at) * head_dim
             p = (index + 1) * block_size
@@ -194,8 +194,9 @@ def paged_attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, tab
     """Decode attention of q (B, H, Dh) over each row's positions [first_pos, lengths) in the pool: (B, H*Dh);
     sinks (H,): a logit per head that joins each softmax's denominator only (gpt-oss), or None.
 
-    keys/values are one layer's arena (NG, Hkv, G, BS, Dh) (worker/engine/kv/arena_layout.py), float16 or float32 as the pool keeps them (another
-    dtype is converted to float32 first, a copy); tables (B, nb) hold each row's block ids in order.
+    keys/values are one layer's arena (NG, Hkv, G, BS, Dh) (worker/engine/kv/arena_layout.py), float16 or float32
+    as the pool keeps them (another dtype is converted to float32 first, a copy); tables (B, nb) hold each row's
+    block ids in order.
     """
     if keys.dtype == np.float16 and values.dtype == np.float16:
         keys, values = keys.view(np.uint16), values.view(np.uint16)  # the kernels widen float16 bits (simd.py)

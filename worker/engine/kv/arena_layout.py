@@ -4,10 +4,10 @@ An arena (one layer's keys or values) is (NG, Hkv, G, BS, Dh): NG groups of G bl
 the kernel for transparent huge pages on large arrays, so memory is committed 2 MiB at a time; a group is 2 MiB
 (aligned to one), so the first token written commits one page of each arena. Wholly head-major arenas
 (Hkv, NB, BS, Dh) had a page in every head's region committed by the first block written: 448 MiB of the synthetic
-1B for one token (AnonHugePages), 58 ms of zeroing in that write. Wholly block-major arenas (NB, Hkv, BS, Dh) commit
-as little, but a head's rows of consecutive blocks are then 4 KiB runs a block apart, and decode attention over 8 x
-2,000 positions of the 1B ran 13% slower (Xeon, 147 against 130 ms a step); inside a group, one head's rows of up to
-G consecutive blocks are one run, as before.
+1B for one token, in a 2 GiB pool (AnonHugePages), 58 ms of zeroing in that write. Wholly block-major arenas
+(NB, Hkv, BS, Dh) commit as little, but a head's rows of consecutive blocks are then 4 KiB runs a block apart (a decode
+step of 8 x 2,000 positions of the 1B took 147 against 125-134 ms in one measurement, Xeon); inside a group, one
+head's rows of up to G consecutive blocks are one run, as before.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def new_arena(n_blocks: int, n_kv_heads: int, block_size: int, head_dim: int, dt
     group = blocks_per_group(n_kv_heads, block_size, head_dim, dtype)
     shape = (-(-n_blocks // group), n_kv_heads, group, block_size, head_dim)
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    raw = np.zeros(nbytes + GROUP_BYTES, np.uint8)  # (bytes + 2 MiB,): the slack before the aligned start is never written
+    raw = np.zeros(nbytes + GROUP_BYTES, np.uint8)  # (bytes + 2 MiB,): the slack around the aligned start: unwritten
     start = -raw.ctypes.data % GROUP_BYTES
     return raw[start : start + nbytes].view(dtype).reshape(shape)  # (NG, Hkv, G, BS, Dh)
 

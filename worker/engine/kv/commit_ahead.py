@@ -6,13 +6,14 @@ grows it in one go is a host-tier fill (a failover resuming 8 streams of 2,000 t
 512 MiB into fresh blocks), and committing, which zeroes each page, then sits on the request's path: the kernel
 zeroes 8 GB/s here, and a virtual machine's host backs a page on its first touch too (0.7 s for 512 MiB on a
 fresh VM, measured). This thread commits the reserve off the step, at start and whenever the high-water mark
-grows, so a worker's resident KV is what it used plus the reserve (LLMFLEET_KV_COMMIT_AHEAD_MIB), never more than
-its budget.
+grows, so a worker's resident KV is what it used plus the reserve (LLMFLEET_KV_COMMIT_AHEAD_MIB, off by default:
+a worker's memory is then what it used), never more than its budget.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 
 from worker.engine.kv.pool import KVPool
 
@@ -20,10 +21,11 @@ CHECK_S = 0.25  # how often the high-water mark is looked at
 
 
 class CommitAhead:
-    """A daemon thread committing `ahead_bytes` of a pool's blocks past its high-water mark."""
+    """A daemon thread committing `ahead_bytes` of a pool's blocks past its high-water mark; it holds the pool weakly
+    and ends once the pool is gone (or at stop())."""
 
     def __init__(self, pool: KVPool, ahead_bytes: int) -> None:
-        self.pool = pool
+        self._pool = weakref.ref(pool)
         per_group = pool.group_blocks
         self.ahead_groups = -(-max(0, ahead_bytes) // (pool.block_bytes * per_group))  # whole groups, rounded up
         self.n_groups = -(-pool.n_blocks // per_group)
@@ -33,20 +35,32 @@ class CommitAhead:
         self._thread.start()
 
     def target(self) -> int:
-        """Groups that should be committed now: through the high-water mark's group plus the reserve."""
-        high = -(-self.pool.blocks.high_water // self.pool.group_blocks)
-        return min(self.n_groups, high + self.ahead_groups)
+        """Groups that should be committed now: through the high-water mark's group plus the reserve (0: no pool)."""
+        pool = self._pool()
+        if pool is None:
+            return 0
+        return min(self.n_groups, -(-pool.blocks.high_water // pool.group_blocks) + self.ahead_groups)
 
-    def catch_up(self) -> None:
-        """Commit every group up to target(), one group per call into the kernel (the GIL released)."""
+    def _catch_up(self) -> bool:
+        """Commit every group up to target(), one group per call into the kernel (the GIL released); False once the
+        pool is gone."""
         while self.committed < self.target() and not self._stop.is_set():
-            self.pool.populate_groups(self.committed, self.committed + 1)
+            pool = self._pool()
+            if pool is None:
+                return False
+            pool.populate_groups(self.committed, self.committed + 1)
+            del pool
             self.committed += 1
+        return self._pool() is not None
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.catch_up()
+        while not self._stop.is_set() and self._catch_up():
             self._stop.wait(CHECK_S)
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread still runs."""
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         """End the thread (its last group finishes first)."""

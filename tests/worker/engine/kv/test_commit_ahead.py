@@ -1,8 +1,10 @@
 """The KV commit-ahead thread (worker/engine/kv/commit_ahead.py): at start it commits its reserve of whole 2 MiB groups,
-as the pool hands out higher blocks it commits as far past them, never past the pool, and never changes a value."""
+as the pool hands out higher blocks it commits as far past them, never past the pool, never changes a value, and ends
+once its pool is gone."""
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 
@@ -52,3 +54,15 @@ def test_a_reserve_larger_than_the_pool_commits_the_pool_and_no_more(tiny_engine
         assert all(float(arena.sum()) == 3.0 * 8 * 64 for arena in [*pool.keys, *pool.values])  # the one row kept
     finally:
         ahead.stop()
+
+
+def test_the_thread_ends_with_its_pool(tiny_engine) -> None:
+    pool = one_b_shaped_pool(tiny_engine, n_blocks=100)
+    ahead = CommitAhead(pool, 1 << 20)
+    _settled(ahead, 1)
+    del pool
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while ahead.running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not ahead.running and ahead.target() == 0
