@@ -126,12 +126,8 @@ class KVPool:
         """Commit the pages of these blocks in every arena before they are written whole (a host-tier fill): one
         system call per arena and run of consecutive groups holding them (a group is the 2 MiB page the first write
         commits whole: kv/arena_layout.py) instead of a fault per page (worker/engine/kv/pages.py)."""
-        for arena in [*self.keys, *self.values]:  # La x (NG, Hkv, G, BS, Dh)
-            if not isinstance(arena, np.ndarray):
-                return
-            size = group_bytes(arena)
-            for first, stop in runs(block // arena.shape[2] for block in blocks):
-                populate(arena, first * size, stop * size)
+        for first, stop in runs(block // self.group_blocks for block in blocks):
+            self.populate_groups(first, stop)
 
     # ---- the forward side -----------------------------------------------------------------------------
 
