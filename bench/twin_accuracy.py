@@ -1,7 +1,7 @@
 """A quantized twin's accuracy against its own F16 file: ours beside llama.cpp's, teacher-forced.
 
-The truth is llama.cpp's llama-server on the twin's F16 file with a float32 KV cache (5 prompts, 32 greedy steps
-each). Both engines then run the quantized file (e.g. Q4_K_M, made from that F16 by llama-quantize) teacher-forced
+The truth is llama.cpp's llama-server on the twin's F16 file with a float32 KV cache (5 prompts, 20 with
+`--prompts 20`; 32 greedy steps each). Both engines then run the quantized file (e.g. Q4_K_M, made from that F16 by llama-quantize) teacher-forced
 on the truth's tokens, one decode step at a time after the prompt, as a server decodes: at every step the largest
 |log-probability - truth| over the truth's top-20 tokens, each engine seen as llama-server gives its step: its 160
 largest log-probabilities, a truth token outside them counted at the list's lowest (both engines alike: a full
@@ -9,7 +9,7 @@ vector against a clipped list would favour the list). Printed for each engine: t
 the mean over steps of each step's largest error. llmfleet passes where both of its figures are no larger than
 llama.cpp's (the accuracy budget of ../shared/fixtures/quantized/README.md, in log-probabilities).
 
-    python bench/twin_accuracy.py --family llama3 --shape 1b [--type Q4_K_M] [--seed 1]
+    python bench/twin_accuracy.py --family llama3 --shape 1b [--type Q4_K_M] [--seed 1] [--prompts 20]
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ from worker.engine.text.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 
 PROMPTS = ("The capital of France is", "def fibonacci(n):\n    return", "Once upon a time, in a land far away,",
            "Les données 2026: 12,345 résultats — ok?", "Write a haiku about spreadsheets and the sea.")
+MORE_PROMPTS = ("SELECT name, count(*) FROM orders GROUP BY", "The mitochondria is the", "import numpy as np\nx =",
+                "Dear hiring manager, I am writing to", "1, 1, 2, 3, 5, 8, 13,", "In 1969, the first person to walk on",
+                "Q: What is the boiling point of water?\nA:", "<html><body><h1>", "Ingredients: 2 cups of flour,",
+                "The quick brown fox jumps over", "Translate to German: good morning ->", "Error: segmentation fault at",
+                "Step 1: open the terminal. Step 2:", "Il était une fois un petit", "The derivative of x^2 is")
 STEPS, TOP = 32, 20
 LISTED = TOP * 8  # the log-probabilities each engine's step lists: llama-server gives no more than it is asked for
 TWINS = Path.home() / ".cache/llmfleet-peers/twins"
@@ -135,13 +140,16 @@ def main() -> None:
     parser.add_argument("--shape", required=True)
     parser.add_argument("--type", default="Q4_K_M")
     parser.add_argument("--seed", type=int, default=0, help="the twin's weights (each seed is another draw of noise)")
+    every = PROMPTS + MORE_PROMPTS
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), choices=(len(PROMPTS), len(every)),
+                        help="5: PROMPTS; 20: MORE_PROMPTS beside them")
     args = parser.parse_args()
     source = default_tokenizer_source()
     started = time.monotonic()
     f16 = twin_file(args.family, args.shape, "F16", source, args.seed)
     quantized = twin_file(args.family, args.shape, args.type, source, args.seed)
     tokenizer = tokenizer_from_gguf(read_metadata(f16), source=str(f16))
-    prompts = [tokenizer.encode(text, parse_special=False, add_bos=False) for text in PROMPTS]
+    prompts = [tokenizer.encode(text, parse_special=False, add_bos=False) for text in every[: args.prompts]]
     truths = truth_runs(f16, prompts)
     theirs = llama_cpp_logprobs(quantized, truths)
     # ours as llama-server's are seen: its LISTED largest, a truth token outside them at the list's lowest value (a
