@@ -15,7 +15,7 @@ from typing import Any
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba.core import types
-from numba.extending import models, register_model
+from numba.extending import intrinsic, models, register_model
 
 _I16, _I32 = ir.IntType(16), ir.IntType(32)
 _V8I32 = ir.VectorType(_I32, 8)
@@ -80,3 +80,18 @@ def _function(builder: Any, name: str, result: ir.Type, arguments: list[ir.Type]
     """An LLVM intrinsic function declared once per module."""
     module = builder.module
     return module.globals.get(name) or ir.Function(module, ir.FunctionType(result, arguments), name=name)
+
+
+@intrinsic
+def prefetch(typingctx: Any, array: Any, index: Any) -> Any:
+    """Ask for the cache line of array's element `index` (flat) ahead of its use (prefetcht0; a hint that never
+    faults, so an index past the array is harmless)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        pointer = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+        hint = _function(builder, "llvm.prefetch.p0", ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32])
+        builder.call(hint, [pointer, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])  # read, L1
+        return context.get_dummy_value()
+
+    return types.void(array, types.int64), codegen
