@@ -34,7 +34,7 @@ from numba import njit, prange
 
 from worker.engine.kernels.int8_spans import fma32, quantize_span_fine, reference_spans_fine
 from worker.engine.kernels.numba_runtime import aligned_floats, launch_lock
-from worker.engine.kernels.simd_int import KERNEL_CACHE
+from worker.engine.kernels.simd_int import KERNEL_CACHE, prefetch
 from worker.engine.kernels.simd_wide import (
     wadd,
     wdot4,
@@ -61,6 +61,8 @@ from worker.engine.weights.quant_blocks import LEGACY_BLOCK
 from worker.engine.weights.read_only import read_only
 
 X_ROWS = 32  # x rows a task carries over a block (their chains, 2 * 32 * 16 float32, stay in L1)
+PREFETCH_ROWS = 5  # passes of this many x rows or more ask for the codes ahead of use; fewer are bound by memory
+PREFETCH_BYTES = 2048  # how far ahead
 ACT_SPAN = 16  # activation columns per int8 scale (two per block)
 PARALLEL_QUANTIZE = 16384  # activations from which quantizing splits rows across threads (a launch costs ~10 us)
 MAX_TASKS = 64  # parallel tasks a launch splits its row groups into at most (one scratch allocation each)
@@ -152,6 +154,9 @@ def _group(flat_codes, flat_scale, flat_offset, has_offset, zero, blocks, vector
             wfstore(macc, i * TILE_ROWS, wfzero())
         for b in range(blocks):
             at = (g * blocks + b) * vectors * VECTOR_BYTES
+            if n >= PREFETCH_ROWS:  # the codes about 2 KiB ahead (interleaved_k_matmul._prefetch_codes: why)
+                for line in range(0, vectors * VECTOR_BYTES, 64):
+                    prefetch(flat_codes, at + PREFETCH_BYTES + line)
             if vectors == 4:
                 v0, v1 = wload_codes(flat_codes, at), wload_codes(flat_codes, at + 64)  # (64,) each
                 v2, v3 = wload_codes(flat_codes, at + 128), wload_codes(flat_codes, at + 192)  # (64,) each
