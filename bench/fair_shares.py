@@ -71,14 +71,18 @@ async def probed(base: str, model: str, n: int, tokens: int, pool: concurrent.fu
         idle = statistics.median(idles)
         alone = await loop.run_in_executor(pool, tenant_a, base, model, n, tokens)
         a = loop.run_in_executor(pool, tenant_a, base, model, n, tokens)
-        probes = []  # one a second whether or not the last has ended (the "one request a second")
+        started = time.perf_counter()
+        probes, sent = [], []  # one a second whether or not the last has ended (the "one request a second")
         while not a.done():
             await asyncio.sleep(1.0)
             if not a.done():
+                sent.append(time.perf_counter() - started)
                 probes.append(asyncio.create_task(request(client, model, "B", tokens)))
         shared = await a
+        lasted = time.perf_counter() - started
         probes = list(await asyncio.gather(*probes))
-    print("B TTFTs under A's burst (s):", " ".join(f"{t:.3f}" for t in probes), flush=True)
+    print(f"B TTFTs under A's burst of {lasted:.1f} s (s, at s from its start):",
+          " ".join(f"{t:.3f}@{at:.0f}" for t, at in zip(probes, sent)), flush=True)
     return {"idle_ttft": idle, "loaded_ttft": statistics.median(probes) if probes else float("nan"),
             "probes": len(probes), "alone_tps": alone, "shared_tps": shared}
 
