@@ -1,5 +1,6 @@
 """worker.engine.kernels.simd_int: the integer kernels' instruction path is the fastest this CPU runs unless
-LLMFLEET_INT_KERNELS forces one; a path the CPU lacks, or an unknown one, is refused at start; `prefetch` is a hint that changes no result."""
+LLMFLEET_INT_KERNELS forces one; a path the CPU lacks, or an unknown one, is refused at start; `prefetch` is a hint
+that changes no result."""
 
 from __future__ import annotations
 
