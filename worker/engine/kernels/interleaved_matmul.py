@@ -34,7 +34,7 @@ from numba import njit, prange
 
 from worker.engine.kernels.int8_spans import fma32, quantize_span_fine, reference_spans_fine
 from worker.engine.kernels.numba_runtime import aligned_floats, launch_lock
-from worker.engine.kernels.simd_int import KERNEL_CACHE, prefetch
+from worker.engine.kernels.simd_int import KERNEL_CACHE, prefetch_run
 from worker.engine.kernels.simd_wide import (
     wadd,
     wdot4,
@@ -155,8 +155,7 @@ def _group(flat_codes, flat_scale, flat_offset, has_offset, zero, blocks, vector
         for b in range(blocks):
             at = (g * blocks + b) * vectors * VECTOR_BYTES
             if n >= PREFETCH_ROWS:  # the codes about 2 KiB ahead (interleaved_k_matmul._prefetch_codes: why)
-                for line in range(0, vectors * VECTOR_BYTES, 64):
-                    prefetch(flat_codes, at + PREFETCH_BYTES + line)
+                prefetch_run(flat_codes, at + PREFETCH_BYTES, vectors * VECTOR_BYTES)
             if vectors == 4:
                 v0, v1 = wload_codes(flat_codes, at), wload_codes(flat_codes, at + 64)  # (64,) each
                 v2, v3 = wload_codes(flat_codes, at + 128), wload_codes(flat_codes, at + 192)  # (64,) each

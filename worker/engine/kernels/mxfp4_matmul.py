@@ -39,7 +39,7 @@ from worker.engine.kernels.interleaved_matmul import (
     quantize_halves,
 )
 from worker.engine.kernels.numba_runtime import aligned_floats, launch_lock
-from worker.engine.kernels.simd_int import KERNEL_CACHE, prefetch
+from worker.engine.kernels.simd_int import KERNEL_CACHE, prefetch_run
 from worker.engine.kernels.simd_mxfp4 import wexp_half, wlookup16
 from worker.engine.kernels.simd_wide import (
     wfbroadcast,
@@ -82,8 +82,7 @@ def _group(flat_codes, flat_exponents, flat_row_scale, table, blocks, g, flat_q,
         for b in range(blocks):
             at = (g * blocks + b) * VECTORS * VECTOR_BYTES
             if n >= PREFETCH_ROWS:  # the codes 2 KiB ahead (interleaved_k_matmul._prefetch_codes: why)
-                for line in range(0, VECTORS * VECTOR_BYTES, 64):
-                    prefetch(flat_codes, at + PREFETCH_BYTES + line)
+                prefetch_run(flat_codes, at + PREFETCH_BYTES, VECTORS * VECTOR_BYTES)
             v0, v1 = wload_codes(flat_codes, at), wload_codes(flat_codes, at + 64)  # (64,) each
             v2, v3 = wload_codes(flat_codes, at + 128), wload_codes(flat_codes, at + 192)  # (64,) each
             l0, l1 = wlookup16(table, wlow4(v0)), wlookup16(table, wlow4(v1))  # (64,) columns 0..7, + 12

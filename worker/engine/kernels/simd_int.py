@@ -14,6 +14,7 @@ from typing import Any
 
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
+from numba import njit
 from numba.core import types
 from numba.extending import intrinsic, models, register_model
 
@@ -95,3 +96,10 @@ def prefetch(typingctx: Any, array: Any, index: Any) -> Any:
         return context.get_dummy_value()
 
     return types.void(array, types.int64), codegen
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
+def prefetch_run(array, start, size):  # pragma: no cover (compiled)
+    """Ask for every cache line of array's elements start .. start + size - 1 (flat bytes: a uint8 array)."""
+    for line in range(0, size, 64):
+        prefetch(array, start + line)
