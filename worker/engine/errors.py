@@ -31,4 +31,9 @@ class NoChatTemplateError(TemplateError):
 
 
 class StepInterrupted(EngineError):
-    """A forward stopped between layers because its caller asked; nothing it computed is to be used."""
+    """A forward stopped between layers because its caller asked: no output; `suspended` (when set) holds what it
+    computed so far, which Model.resume carries on from (the keys and values of the layers done are in the pool)."""
+
+    def __init__(self, message: str, suspended: object = None) -> None:  # a forward_batch.SuspendedForward
+        super().__init__(message)
+        self.suspended = suspended

@@ -34,6 +34,30 @@ class BatchEntry:
     loras: tuple[LoraUse, ...] = ()  # adapters (and scales) applied to this sequence's rows
 
 
+@dataclass(frozen=True)
+class SuspendedForward:
+    """A forward stopped before `layer`: its entries and their rows' hidden states entering that layer (the layers
+    before it wrote their keys and values to the pool). Rows are independent, so any subset of the entries goes on
+    to the same bits (`keep`)."""
+
+    entries: list[BatchEntry]
+    layer: int
+    hidden: Array  # (N, D) a copy: the forward's own buffers are reused by the steps in between
+
+    def keep(self, seq_ids: set[int]) -> SuspendedForward:
+        """The same forward for the entries of `seq_ids` only (in the same order; the others' rows dropped)."""
+        kept, rows, start = [], [], 0
+        for entry in self.entries:
+            end = start + len(entry.tokens)
+            if entry.seq_id in seq_ids:
+                kept.append(entry)
+                rows.append(np.arange(start, end))
+            start = end
+        index = ops.asarray(np.concatenate(rows).astype(np.int64)) if rows else None  # (M,)
+        hidden = self.hidden[index] if index is not None else self.hidden[:0]  # (M, D)
+        return SuspendedForward(kept, self.layer, hidden)
+
+
 class ForwardBatch:
     """Everything a step's layers need that does not depend on the layer: positions, slots, tables, masks."""
 

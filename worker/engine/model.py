@@ -18,7 +18,7 @@ from worker.engine.formats.file_fields import TensorReads, refuse_unread_keys
 from worker.engine.formats.gguf_file import read_gguf
 from worker.engine.formats.load_budget import refuse_unless_it_fits
 from worker.engine.formats.repack_cache import cache_dir, cached_blocks
-from worker.engine.forward_batch import BatchEntry, ForwardBatch
+from worker.engine.forward_batch import BatchEntry, ForwardBatch, SuspendedForward
 from worker.engine.kernels import (
     delta_net,
     float_matmul,
@@ -130,8 +130,8 @@ class Model:
 
         Returns per entry: last logits (V,), all logits (T, V), final hidden states (T, D) or None. `interrupt`
         is asked before each layer after the first and before the output projection; when it answers True the
-        step stops with StepInterrupted (keys and values it wrote past each sequence's computed tokens are
-        rewritten by the step that redoes them).
+        step stops with StepInterrupted, whose `suspended` `resume` goes on from (a caller that drops it instead
+        redoes the step, which rewrites the keys and values written past each sequence's computed tokens).
         """
         if self.is_encoder:
             raise EngineError(f"{self.config.architecture} is an encoder: it has no causal forward (use encode)")
@@ -150,16 +150,31 @@ class Model:
                     restored[i] = outputs[position]
                 return restored
         batch = ForwardBatch(entries, pool)
+        x = self.architecture.embed(self.weights, batch.tokens)  # (N, D)
+        return self._layers(batch, x, 0, interrupt)
+
+    def resume(self, suspended: SuspendedForward, pool: KVPool,
+               interrupt: Callable[[], bool] | None = None) -> list[Array | None]:
+        """Finish a forward that StepInterrupted stopped (its `suspended`, perhaps narrowed by `keep`), as `forward`
+        would have: the same outputs, bit for bit, for its entries, whose block tables must be as they were."""
+        if not suspended.entries:
+            return []
+        batch = ForwardBatch(suspended.entries, pool)
+        return self._layers(batch, suspended.hidden, suspended.layer, interrupt)
+
+    def _layers(self, batch: ForwardBatch, x: Array, first: int,
+                interrupt: Callable[[], bool] | None) -> list[Array | None]:
+        """Layers first.. over the rows x (N, D), then the outputs; `interrupt` is asked before each layer after
+        the first run here and before the output projection (StepInterrupted then carries x entering it)."""
+        entries, pool, n_layers = batch.entries, batch.pool, self.config.n_layers
         if pool.states is not None:  # recurrent layers rewrite their state in place: a hybrid step runs to its end
             interrupt = None
-        arch, weights = self.architecture, self.weights
-        x = arch.embed(weights, batch.tokens)  # (N, D)
-        for layer in range(self.config.n_layers):
-            if layer and interrupt is not None and interrupt():
-                raise StepInterrupted(f"stopped before layer {layer}")
-            x = arch.block(weights, layer, x, batch)  # (N, D)
-        if interrupt is not None and interrupt():
-            raise StepInterrupted("stopped before the output projection")
+        for layer in range(first, n_layers + 1):
+            if layer > first and interrupt is not None and interrupt():
+                where = f"layer {layer}" if layer < n_layers else "the output projection"
+                raise StepInterrupted(f"stopped before {where}", SuspendedForward(entries, layer, x.copy()))
+            if layer < n_layers:
+                x = self.architecture.block(self.weights, layer, x, batch)  # (N, D)
         if pool.states is not None:
             pool.states.commit(entries)
         return self._outputs(entries, x, batch.starts)

@@ -141,10 +141,11 @@ class Admission:
             self.tier.offer_partial(seq.seq_id, self.blocks.block_table(seq.seq_id), seq.target_ids,
                                     seq.computed - prompt, keep=prompt, running=len(self.active))
 
-    def make_room_for_decodes(self) -> list[ScheduledSequence]:
-        """Preempt until every running decode can append a token; returns the decodes left."""
+    def make_room_for_decodes(self, sitting_out: frozenset[int] = frozenset()) -> list[ScheduledSequence]:
+        """Preempt until every running decode not `sitting_out` (seq ids of a held step, already extended) can append
+        a token; returns the decodes left."""
         while True:
-            decoding = [s for s in self.active if s.state == SeqState.DECODING]
+            decoding = [s for s in self.active if s.state == SeqState.DECODING and s.seq_id not in sitting_out]
             if sum(self.blocks.append_cost(s.seq_id, 1) for s in decoding) <= self.blocks.num_free_blocks:
                 return decoding
             self.preempt(kv_victim(self.active))
@@ -174,18 +175,18 @@ class Admission:
         log.info("preempted request %s choice %d", victim.group.request.request_id, victim.index)
 
     def undo_step(self, planned: list[ScheduledSequence]) -> None:
-        """A step stopped before its end: each decode gives back the positions it was extended by (prefill chunks
-        were allocated at admission; nothing was committed or sampled)."""
+        """A step stopped before its end and not held: each decode gives back the positions it was extended by
+        (prefill chunks were allocated at admission; nothing was committed or sampled)."""
         for seq in planned:
-            if seq.state == SeqState.DECODING:
+            if seq.state == SeqState.DECODING and seq.holds_blocks:
                 self.blocks.truncate(seq.seq_id, seq.computed)
-        self.stats.interrupted_steps += 1
 
     def free(self, seq: ScheduledSequence) -> None:
         """Give a sequence's blocks back to the pool (full prompt blocks stay cached until evicted)."""
         if seq.holds_blocks:
             self.blocks.free(seq.seq_id)
             seq.holds_blocks, seq.computed = False, 0
+            seq.tenure += 1
             if self.tier is not None:
                 self.tier.forget(seq.seq_id)
 
@@ -193,6 +194,16 @@ class Admission:
         """A running sequence ended: its blocks go back, its slot is free."""
         self.free(seq)
         self.active.remove(seq)
+
+    def refresh_gauges(self, tokens_left: int, block_bytes: int) -> None:
+        """Update queue depth, active count, tokens left, KV usage (and its peak) and prefix-cache counters."""
+        assert self.blocks is not None
+        stats, prefix = self.stats, self.blocks.stats
+        stats.queue_depth, stats.active, stats.tokens_left = self.waiting_requests, len(self.active), tokens_left
+        stats.kv_blocks_used = self.blocks.num_used_blocks
+        stats.kv_bytes = self.blocks.num_used_blocks * block_bytes
+        stats.kv_peak_bytes = max(stats.kv_peak_bytes, stats.kv_bytes)
+        stats.prefix_queries, stats.prefix_hits, stats.prefix_tokens_hit = prefix.queries, prefix.hits, prefix.tokens_hit
 
     def drop_group(self, group: RequestGroup) -> None:
         """Free every sequence of a request and take them out of the running set and the queue."""

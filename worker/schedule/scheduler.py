@@ -40,6 +40,7 @@ from worker.schedule.sequences import (
     SeqState,
     SequenceStep,
 )
+from worker.schedule.suspension import HeldStep
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerOutput", "StepEvent"]
 
@@ -64,6 +65,7 @@ class Scheduler:
         self._arrivals = itertools.count()
         self._seq_ids = itertools.count()
         self._ready: list[StepEvent] = []  # events that need no forward (a resumed request already complete)
+        self.held = HeldStep()  # a step stopped for an outranking arrival, to go on after its prefill
 
     # ---- submission -------------------------------------------------------------------------------------
 
@@ -123,8 +125,10 @@ class Scheduler:
             raise QueueFull(f"{self.stats.queue_depth} requests are waiting (limit {self.config.max_queue})")
         if not request.inputs or not all(request.inputs):
             raise ValueError("cannot embed an empty input")
-        for ids in request.inputs:
-            self._check_input_fits(ids)
+        for ids in request.inputs:  # each must fit the model's context and this worker's KV pool
+            self.engine.check_fits(len(ids), 0)
+            if self.blocks.blocks_for(len(ids)) > self.kv_pool.n_blocks:
+                raise ValueError(f"{len(ids)} tokens do not fit this worker's KV pool")
         group = RequestGroup(request, next(self._arrivals))
         for index, ids in enumerate(request.inputs):
             group.sequences.append(ScheduledSequence(group, index, None, next(self._seq_ids), embed_ids=list(ids)))
@@ -133,12 +137,6 @@ class Scheduler:
         for seq in group.sequences:
             self.admission.push(seq, front=False)
         self._refresh_gauges()
-
-    def _check_input_fits(self, ids: list[int]) -> None:
-        """An embedding input must fit the model's context and this worker's KV pool (ValueError otherwise)."""
-        self.engine.check_fits(len(ids), 0)
-        if self.blocks.blocks_for(len(ids)) > self.kv_pool.n_blocks:
-            raise ValueError(f"{len(ids)} tokens do not fit this worker's KV pool")
 
     def cancel(self, request_id: str) -> RequestDone | None:
         """Cancel a request in any state; its slots and KV blocks are freed at once.
@@ -172,30 +170,35 @@ class Scheduler:
     def step(self, outranked: Callable[[int], bool] | None = None) -> list[StepEvent]:
         """One step in three phases (as vLLM's): schedule a batch, execute its forward, update from the outputs.
         `outranked(rank)`, asked between layers, is True once a request ranked above `rank` (the step's lowest) has
-        arrived: the step stops, undoes its KV growth and returns; the next prefills it first (issue 25)."""
+        arrived: the step stops and is held, the next prefills the arrival first (issue 25), and the held one then
+        goes on from the layer it stopped at (worker/schedule/suspension.py)."""
         events, self._ready = self._ready, []  # events that needed no forward go first
-        scheduled = self.schedule()
-        if scheduled is None:
-            return events
-        outputs = self.execute(scheduled, outranked, events)
-        if outputs is not None:
+        if (scheduled := self.schedule()) is not None and (outputs := self.execute(scheduled, outranked, events)):
             self.update(scheduled, outputs, events)
         return events
 
     def schedule(self) -> SchedulerOutput | None:
-        """Admit, then plan one batch within the token and KV budgets (preempting if needed); None: nothing runs."""
+        """Admit, then go on with a held step or plan one batch within the token and KV budgets (preempting if
+        needed); None: nothing runs."""
         self.admission.admit()
+        if (held := self.held.take(self.admission.active)) is not None:
+            return held
         return SchedulerOutput.of(plan) if (plan := self._plan()) else None
 
     def execute(self, scheduled: SchedulerOutput, outranked: Callable[[int], bool] | None,
                 events: list[StepEvent]) -> list[np.ndarray | None] | None:
-        """The step's one forward; None when a higher priority stopped it (KV growth undone) or it failed (events)."""
-        floor = scheduled.floor
+        """The step's one forward; None when a higher priority stopped it (held, or its KV growth undone) or it
+        failed (events)."""
+        floor, model = scheduled.floor, self.engine.model
         interrupt = None if outranked is None or floor >= TOP_RANK else (lambda: outranked(floor))
         try:
-            return self.engine.model.forward(scheduled.entries, self.kv_pool, interrupt)
-        except StepInterrupted:
-            self.admission.undo_step(scheduled.sequences)
+            if scheduled.resume is not None:
+                return model.resume(scheduled.resume, self.kv_pool, interrupt)
+            return model.forward(scheduled.entries, self.kv_pool, interrupt)
+        except StepInterrupted as stop:
+            self.stats.interrupted_steps += 1
+            if not self.held.hold(scheduled, stop.suspended):
+                self.admission.undo_step(scheduled.sequences)
             self._refresh_gauges()
             return None
         except Exception as exc:  # the loop must survive anything one batch does
@@ -280,12 +283,12 @@ class Scheduler:
 
     def _plan(self) -> list[tuple[ScheduledSequence, list[int]]]:
         """Choose this step's tokens: every decode, then prefill chunks, within budgets; preempt to fit KV."""
-        active = self.admission.active
-        decoding = not_outranked(self.admission.make_room_for_decodes(), active)  # an outranking prefill goes alone
+        active, held = self.admission.active, self.held.seq_ids  # a held step's sequences sit out
+        decoding = not_outranked(self.admission.make_room_for_decodes(held), active)  # an outranking prefill: alone
         plan: list[tuple[ScheduledSequence, list[int]]] = []
         budget = self.config.max_batch_tokens
         prefilling = sorted(not_outranked([s for s in active if s.state == SeqState.PREFILLING
-                                           and s.fork_from is None], active),
+                                           and s.fork_from is None and s.seq_id not in held], active),
                             key=lambda s: (-rank(s), s.admit_order))
         speculate = (self.config.speculative_tokens > 0 and len(decoding) <= self.config.speculative_max_batch
                      and not prefilling  # drafts never delay a prompt's prefill (TTFT)
@@ -389,12 +392,6 @@ class Scheduler:
         return RequestFailed(group.request.request_id, message)
 
     def _refresh_gauges(self) -> None:
-        """Update queue depth, active count, KV usage (and its peak) and prefix-cache counters."""
-        self.stats.queue_depth = self.admission.waiting_requests
-        self.stats.active = len(self.admission.active)
-        self.stats.tokens_left = sum(group.tokens_left for group in self._groups.values())
-        self.stats.kv_blocks_used = self.blocks.num_used_blocks
-        self.stats.kv_bytes = self.blocks.num_used_blocks * self.kv_pool.block_bytes
-        self.stats.kv_peak_bytes = max(self.stats.kv_peak_bytes, self.stats.kv_bytes)
-        prefix, stats = self.blocks.stats, self.stats
-        stats.prefix_queries, stats.prefix_hits, stats.prefix_tokens_hit = prefix.queries, prefix.hits, prefix.tokens_hit
+        """Update queue depth, active count, tokens left, KV usage and prefix-cache counters."""
+        self.admission.refresh_gauges(sum(group.tokens_left for group in self._groups.values()),
+                                      self.kv_pool.block_bytes)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worker.engine.forward_batch import BatchEntry
+from worker.engine.forward_batch import BatchEntry, SuspendedForward
 from worker.schedule.preemption import rank
 from worker.schedule.sequences import ScheduledSequence, SeqState
 
@@ -29,6 +29,7 @@ class SchedulerOutput:
     plan: list[tuple[ScheduledSequence, list[int]]]
     entries: list[BatchEntry]
     floor: int  # the lowest priority rank among the step's sequences (preemption.rank)
+    resume: SuspendedForward | None = None  # a stopped step going on (worker/schedule/suspension.py)
 
     @classmethod
     def of(cls, plan: list[tuple[ScheduledSequence, list[int]]]) -> SchedulerOutput:

@@ -135,6 +135,7 @@ class ScheduledSequence:
         self.seq_id = seq_id  # its block table's id in the engine's KV pool
         self.state = SeqState.WAITING
         self.holds_blocks = False  # has a block table in the KV pool
+        self.tenure = 0  # times it gave its blocks back: a step planned before then no longer applies to it
         self.computed = 0  # tokens whose KV is in the pool
         self.admit_order = -1
         self.fork_from: ScheduledSequence | None = None  # set while waiting to share the leader's prompt blocks

@@ -4,11 +4,14 @@ step's logits equal a re-prefill of the prompt and the tokens generated so far (
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
+from worker.engine.errors import StepInterrupted
 from worker.engine.forward_batch import BatchEntry
 from worker.engine.kv.pool import KVPool
 from worker.engine.model import Model
@@ -88,6 +91,44 @@ def test_a_decode_row_is_the_same_beside_2_to_64_other_prompts(engine: Any, othe
         pool.ensure(sid, len(other))
         step.append(BatchEntry(sid, np.array(other), 0))
     assert np.array_equal(model.forward(step[::-1], pool)[-1], alone)
+
+
+def _stopper(at: int) -> Callable[[], bool]:
+    """An interrupt that answers True from its `at`-th question on (asked before each layer after the first)."""
+    questions = itertools.count(1)
+    return lambda: next(questions) >= at
+
+
+@pytest.mark.parametrize("stop_at", [2, 10**6])  # before the second layer; before the output projection
+def test_a_step_stopped_between_layers_goes_on_to_the_same_bits(engine: Any, stop_at: int) -> None:
+    """A step stopped between layers (StepInterrupted) and resumed, with all its rows or without one, gives each row
+    the logits of a step that ran through; a hybrid's step never stops (its recurrent state is rewritten in
+    place)."""
+    model: Model = engine.model
+    tokens, other = engine.encode_prompt(PROMPT), engine.encode_prompt(OTHER)
+    results = []
+    for stopping in (False, True, True):
+        pool = _pool(model)
+        _prefill(model, pool, 1, other, len(other))
+        pool.extend(1, 1)
+        pool.ensure(0, len(tokens))
+        step = [BatchEntry(1, np.array([other[-1]]), len(other)), BatchEntry(0, np.array(tokens), 0)]
+        stop = _stopper(min(stop_at, model.config.n_layers) if stopping else 10**9)
+        if not stopping or pool.states is not None:
+            results.append(model.forward(step, pool, stop))
+            continue
+        with pytest.raises(StepInterrupted) as stopped:
+            model.forward(step, pool, stop)
+        suspended = stopped.value.suspended
+        assert suspended is not None and suspended.layer == min(stop_at, model.config.n_layers)
+        keep = {0, 1} if len(results) == 1 else {0}
+        results.append(model.resume(suspended.keep(keep), pool))
+    through, both, alone = results
+    if len(alone) == 2:  # a hybrid's: every step ran through
+        assert all(np.array_equal(r[i], through[i]) for r in results for i in range(2))
+        return
+    assert np.array_equal(both[0], through[0]) and np.array_equal(both[1], through[1])
+    assert np.array_equal(alone[0], through[1])
 
 
 def test_prefix_cache_hit_gives_the_fresh_prefill_logits(engine: Any) -> None:

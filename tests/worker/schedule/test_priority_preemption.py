@@ -143,7 +143,7 @@ def test_a_full_worker_takes_a_job_that_outranks_its_work_and_runs_it_first(tiny
         thread.join(timeout=30)
 
 
-def test_a_running_step_stops_for_an_arrival_that_outranks_it_and_nothing_is_lost(tiny_engine: Any) -> None:
+def test_a_running_step_stops_for_an_arrival_that_outranks_it_and_goes_on_after(tiny_engine: Any) -> None:
     lows = [_request(f"low{i}", _prompt(tiny_engine, 40, i), 30, Priority.LOW, i) for i in range(3)]
     sched, out = _busy(tiny_engine, SchedulerConfig(max_sequences=8, prefix_cache=False), lows)
     lengths = {seq.seq_id: sched.blocks.num_tokens(seq.seq_id) for seq in sched.admission.active}
@@ -155,16 +155,38 @@ def test_a_running_step_stops_for_an_arrival_that_outranks_it_and_nothing_is_los
 
     assert not _tokens(sched.step(arrival_mid_step), out)  # stopped: no token, no event
     assert asked == [int(Priority.LOW)] * 2 and sched.stats.interrupted_steps == 1
-    assert {s.seq_id: sched.blocks.num_tokens(s.seq_id) for s in sched.admission.active} == lengths  # KV undone
+    held = {s.seq_id: sched.blocks.num_tokens(s.seq_id) for s in sched.admission.active}
+    assert all(held[i] > n for i, n in lengths.items()) and sched.held.seq_ids == set(lengths)  # held, KV kept
     urgent = _request("urgent", _prompt(tiny_engine, 40, 99), 8, Priority.HIGH)
     sched.add(urgent)
     assert _tokens(sched.step(lambda rank: rank < Priority.HIGH), out) == {"urgent"}  # alone, at once: its
     # prefill's floor is HIGH, so the same arrival does not stop it
+    assert _tokens(sched.step(lambda rank: False), out) == {"low0", "low1", "low2"}  # the held step goes on
+    assert not sched.held.seq_ids
     while sched.has_work:
         _tokens(sched.step(lambda rank: False), out)
     assert out["urgent"] == _alone(tiny_engine, urgent)
-    for request in lows:  # the stopped step was redone: the same tokens as undisturbed
+    for request in lows:  # the stopped step went on from where it stopped: the same tokens as undisturbed
         assert out[request.request_id] == _alone(tiny_engine, request), request.request_id
+    assert sched.blocks.num_used_blocks == 0
+
+
+def test_a_held_step_drops_a_sequence_preempted_meanwhile(tiny_engine: Any) -> None:
+    """Every slot is held: the arrival preempts a sequence of the held step, which goes on without it; the
+    preempted one is recomputed later, and no token of anyone changes."""
+    lows = [_request(f"low{i}", _prompt(tiny_engine, 40, i), 30, Priority.LOW, i) for i in range(3)]
+    sched, out = _busy(tiny_engine, SchedulerConfig(max_sequences=3, prefix_cache=False), lows)
+    assert not _tokens(sched.step(lambda rank: True), out)  # stopped before its second layer: held
+    assert len(sched.held.seq_ids) == 3
+    sched.add(_request("urgent", _prompt(tiny_engine, 40, 99), 8, Priority.HIGH))
+    assert _tokens(sched.step(lambda rank: False), out) == {"urgent"} and sched.stats.preemptions == 1
+    went_on = _tokens(sched.step(lambda rank: False), out)
+    assert len(went_on) == 2 and "urgent" not in went_on  # the held step, less the preempted sequence
+    while sched.has_work:
+        _tokens(sched.step(lambda rank: False), out)
+    for request in lows:
+        assert out[request.request_id] == _alone(tiny_engine, request), request.request_id
+    assert sched.blocks.num_used_blocks == 0
 
 
 def test_an_interrupted_step_changes_no_token(tiny_engine: Any) -> None:
