@@ -53,9 +53,9 @@ class HeldStep:
         held = self._held
         if held is None:
             return None
-        if max((rank(s) for s in active if s.state == SeqState.PREFILLING and s.seq_id not in held.tenures),
-               default=held.scheduled.floor) > held.scheduled.floor:
-            return None
+        if max((rank(s) for s in active if s.state == SeqState.PREFILLING and s.seq_id not in held.tenures
+                and s.fork_from is None), default=held.scheduled.floor) > held.scheduled.floor:
+            return None  # (a choice waiting to share a prompt runs no prefill of its own: it cannot hold one back)
         self._held = None
         alive = {seq.seq_id for seq in held.scheduled.sequences
                  if seq.holds_blocks and seq.tenure == held.tenures[seq.seq_id] and seq in active}
