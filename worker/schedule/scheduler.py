@@ -125,10 +125,8 @@ class Scheduler:
             raise QueueFull(f"{self.stats.queue_depth} requests are waiting (limit {self.config.max_queue})")
         if not request.inputs or not all(request.inputs):
             raise ValueError("cannot embed an empty input")
-        for ids in request.inputs:  # each must fit the model's context and this worker's KV pool
-            self.engine.check_fits(len(ids), 0)
-            if self.blocks.blocks_for(len(ids)) > self.kv_pool.n_blocks:
-                raise ValueError(f"{len(ids)} tokens do not fit this worker's KV pool")
+        for ids in request.inputs:
+            self._check_input_fits(ids)
         group = RequestGroup(request, next(self._arrivals))
         for index, ids in enumerate(request.inputs):
             group.sequences.append(ScheduledSequence(group, index, None, next(self._seq_ids), embed_ids=list(ids)))
@@ -137,6 +135,12 @@ class Scheduler:
         for seq in group.sequences:
             self.admission.push(seq, front=False)
         self._refresh_gauges()
+
+    def _check_input_fits(self, ids: list[int]) -> None:
+        """An embedding input must fit the model's context and this worker's KV pool (ValueError otherwise)."""
+        self.engine.check_fits(len(ids), 0)
+        if self.blocks.blocks_for(len(ids)) > self.kv_pool.n_blocks:
+            raise ValueError(f"{len(ids)} tokens do not fit this worker's KV pool")
 
     def cancel(self, request_id: str) -> RequestDone | None:
         """Cancel a request in any state; its slots and KV blocks are freed at once.
@@ -187,8 +191,7 @@ class Scheduler:
 
     def execute(self, scheduled: SchedulerOutput, outranked: Callable[[int], bool] | None,
                 events: list[StepEvent]) -> list[np.ndarray | None] | None:
-        """The step's one forward; None when a higher priority stopped it (held, or its KV growth undone) or it
-        failed (events)."""
+        """The step's one forward; None when an arrival that outranks it stopped it (held or undone) or it failed."""
         floor, model = scheduled.floor, self.engine.model
         interrupt = None if outranked is None or floor >= TOP_RANK else (lambda: outranked(floor))
         try:
