@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import json
 import multiprocessing
 import statistics
 import sys
@@ -25,17 +26,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llmfleet.local_cluster import LocalCluster  # noqa: E402
 
 
-async def request(client: httpx.AsyncClient, model: str, tenant: str, tokens: int) -> float:
-    """One streamed completion for `tenant`: seconds to its first content chunk (it is read to its end)."""
+async def request(client: httpx.AsyncClient, model: str, tenant: str, tokens: int,
+                  timings: list[dict] | None = None) -> float:
+    """One streamed completion for `tenant`: seconds to its first content chunk (it is read to its end); the worker's
+    own account (the last chunk's llama-server `timings`: queue_ms, the wait for a slot from the gateway's taking the
+    request, and prompt_ms, admission to the first token) goes to `timings`."""
     body = {"model": model, "prompt": f"A note from {tenant}:", "max_tokens": tokens, "stream": True,
-            "ignore_eos": True, "temperature": 0}
-    started, first = time.perf_counter(), None
+            "ignore_eos": True, "temperature": 0, "timings_per_token": timings is not None}
+    started, first, last = time.perf_counter(), None, ""
     async with client.stream("POST", "/v1/completions", json=body, headers={"X-LLMFleet-Tenant": tenant}) as reply:
         if reply.status_code != 200:
             raise RuntimeError(f"{tenant}: {reply.status_code} {(await reply.aread()).decode()[:300]}")
         async for line in reply.aiter_lines():
             if first is None and line.startswith("data: {") and '"text":""' not in line.replace(" ", ""):
                 first = time.perf_counter() - started
+            if line.startswith("data: {"):
+                last = line
+    if timings is not None and '"timings"' in last:
+        timings.append(json.loads(last[len("data: "):])["timings"])
     return first if first is not None else time.perf_counter() - started
 
 
@@ -91,17 +99,22 @@ async def with_probes(client: httpx.AsyncClient, a: asyncio.Future, model: str, 
     """A's burst (running as `a`) with B's request one a second whether or not the last has ended (the issue's
     "one request a second"): A's tokens per second and B's TTFTs."""
     started = time.perf_counter()
-    probes, sent = [], []
+    probes, sent, accounts = [], [], []
     while not a.done():
         await asyncio.sleep(1.0)
         if not a.done():
             sent.append(time.perf_counter() - started)
-            probes.append(asyncio.create_task(request(client, model, "B", tokens)))
+            probes.append(asyncio.create_task(request(client, model, "B", tokens, timings := [])))
+            accounts.append(timings)
     shared = await a
     lasted = time.perf_counter() - started
     ttfts = list(await asyncio.gather(*probes))
     print(f"B TTFTs under A's burst of {lasted:.1f} s (s, at s from its start):",
           " ".join(f"{t:.3f}@{at:.0f}" for t, at in zip(ttfts, sent)), flush=True)
+    slow = [(t, at, account[0]) for t, at, account in zip(ttfts, sent, accounts) if t > 0.1 and account]
+    if slow:
+        print("  the slow ones, the worker's account (queue ms / prompt ms):",
+              " ".join(f"{t:.3f}@{at:.0f}: {a['queue_ms']:.0f}/{a['prompt_ms']:.0f}" for t, at, a in slow), flush=True)
     return shared, ttfts
 
 
