@@ -18,8 +18,7 @@ KEYS: each candidate's own streams (P each, in candidate order, class order), th
 entries count (the shared streams, and the own streams of workers that are not candidates), the prefix map keys of the chain, the placed-workers set.
 ARGV: candidates, P, streams counted, prefix keys, the job's class index (1-based), group, maxlen, job field,
 job bytes, prefix TTL (ms), balance abs, balance rel, check balance (1/0), fallback reason, steps; then per
-candidate id, slots, tier, rank; then per step kind ("hit" or "tier"), target (worker id or tier), depth; last the
-job's tenant ("" for none), written beside the job as a fair-queued entry's is (a worker ranks by it).
+candidate id, slots, tier, rank; then per step kind ("hit" or "tier"), target (worker id or tier), depth.
 Returns {worker id or "", reason, depth, entry id or ""}.
 """
 
@@ -93,10 +92,7 @@ redis.call('SADD', KEYS[S + m + 1], ids[chosen])
 local value = ids[chosen]
 if tiers[chosen] ~= '' then value = value .. '\\31' .. tiers[chosen] end
 for i = 1, m do redis.call('SET', KEYS[S + i], value, 'PX', ARGV[10]) end
-local fields = {ARGV[8], ARGV[9]}
-local tenant = ARGV[16 + n * 4 + tonumber(ARGV[15]) * 3]
-if tenant ~= nil and tenant ~= '' then fields = {ARGV[8], ARGV[9], 'tenant', tenant} end
-local entry = redis.call('XADD', KEYS[(chosen - 1) * P + class], 'MAXLEN', '~', ARGV[7], '*', unpack(fields))
+local entry = redis.call('XADD', KEYS[(chosen - 1) * P + class], 'MAXLEN', '~', ARGV[7], '*', ARGV[8], ARGV[9])
 return {ids[chosen], reason, depth, entry}
 """
 
@@ -132,7 +128,7 @@ class Placed(NamedTuple):
 def place_args(model: str, priority: str, contenders: Sequence[Contender], steps: Sequence[Step],
                prefix_keys: Sequence[str], job: bytes, *, others: Sequence[str] = (), maxlen: int,
                prefix_ttl_ms: int, balance_abs: int, balance_rel: float, check_balance: bool,
-               fallback: str, tenant: str = "") -> tuple[list[str], list[Any]]:
+               fallback: str) -> tuple[list[str], list[Any]]:
     """(KEYS, ARGV) of PLACE_SCRIPT for one job of `model` in class `priority` (see the module docstring); the
     own streams of `others` (workers that are not candidates: gone ones) count for the jobs taken from them."""
     classes = list(keys.PRIORITY_ORDER)
@@ -146,7 +142,7 @@ def place_args(model: str, priority: str, contenders: Sequence[Contender], steps
         argv += [contender.worker_id, contender.slots, contender.tier, contender.rank]
     for step in steps:
         argv += [step.kind, step.target, step.depth]
-    return script_keys, [*argv, tenant]
+    return script_keys, argv
 
 
 def placed(reply: Sequence[Any]) -> Placed:

@@ -49,7 +49,6 @@ from gateway.cluster.warm_pool import WarmPool
 from gateway.http.error_log import ErrorLog
 from gateway.http.rate_limit import RateLimiter
 from gateway.http.redis_errors import redis_unavailable
-from gateway.http.tenants import current_tenant
 from gateway.http.tracing import traced
 from shared import codec, keys
 from shared.errors import (
@@ -213,9 +212,7 @@ class Broker:
             with redis_unavailable(self.settings.retry_after_s):
                 stream, payload = keys.jobs_stream(job.model, job.priority), codec.encode_job(job)
                 sent = True
-                tenant = current_tenant()[0] if self.settings.fair_shares else ""  # a worker ranks by it too
-                choice, entry_id = (await self.placer.place(job, plan, payload, tenant) if isinstance(plan, Plan)
-                                    else (plan, b""))
+                choice, entry_id = await self.placer.place(job, plan, payload) if isinstance(plan, Plan) else (plan, b"")
                 direct = choice.worker_id is not None or not self.settings.fair_shares
                 if choice.worker_id is not None:
                     stream = keys.worker_jobs_stream(job.model, choice.worker_id, job.priority)

@@ -87,16 +87,16 @@ class Placer:
         live = {w.worker_id for w in workers}
         return Plan(chain, owners, workers, chain[0] if chain else job.id, tuple(sorted(set(others) - live)))
 
-    async def place(self, job: Job, plan: Plan, payload: bytes, tenant: str = "") -> tuple[Choice, bytes]:
-        """Choose and write in one script, the job's `tenant` beside it; (the choice, the entry id). A choice of no
-        worker wrote nothing: the caller queues the job on the shared stream."""
+    async def place(self, job: Job, plan: Plan, payload: bytes) -> tuple[Choice, bytes]:
+        """Choose and write in one script; (the choice, the entry id). A choice of no worker wrote nothing: the
+        caller queues the job on the shared stream."""
         settings = self._settings
         script_keys, argv = place_args(
             job.model, job.priority, contenders_of(plan.workers, plan.seed), steps_of(plan.workers, plan.owners),
             [keys.prefix_owner(job.model, digest) for digest in plan.chain], payload, others=plan.others,
             maxlen=settings.stream_maxlen, prefix_ttl_ms=self._prefix_map.ttl_ms,
             balance_abs=settings.placement_balance_abs, balance_rel=BALANCE_REL, check_balance=bool(plan.chain),
-            fallback="new" if plan.chain else "short", tenant=tenant)
+            fallback="new" if plan.chain else "short")
         answer = placed(await self._script(keys=script_keys, args=argv))
         if not answer.worker_id:
             return Choice(None, "full"), b""

@@ -54,22 +54,6 @@ class Admission:
         tenants = len(held) + (tenant not in held)
         return held[tenant] * tenants < self.config.max_sequences
 
-    def ranks_up(self, tenant: str, priority: Priority, lane: bool) -> bool:
-        """Whether a job of `tenant` ranks as a newcomer, between its class and the one above (preemption.job_rank):
-        its tenant holds less than an equal share of the class here, and the fair queue sent it up a class (`lane`)
-        or it is a newcomer here: its tenant runs and waits for nothing of the class while another tenant holds more
-        than an equal share (a burst's last wave holds the slots; the job came by its class's stream, to a free
-        slot, and its prefill goes before their decodes as a lane newcomer's would)."""
-        return self.below_share(tenant, priority) and (lane or self._newcomer_here(tenant, priority))
-
-    def _newcomer_here(self, tenant: str, priority: Priority) -> bool:
-        """`tenant` holds and waits for nothing of class `priority` while another tenant holds over an equal share."""
-        if not tenant or any(item[-1].group.request.tenant == tenant and item[-1].group.request.priority == priority
-                             for item in self.waiting):
-            return False
-        held = Counter(s.group.request.tenant for s in self.active if s.group.request.priority == priority)
-        return not held[tenant] and any(n * (len(held) + 1) > self.config.max_sequences for n in held.values())
-
     def push(self, seq: ScheduledSequence, *, front: bool) -> None:
         """Queue a sequence: by priority, preempted ones ahead of new arrivals, then by arrival."""
         seq.state = SeqState.PREEMPTED if front else SeqState.WAITING

@@ -46,8 +46,8 @@ class JobIntake:
               fair: tuple[str, bool] = ("", False)) -> int | None:
         """Start a job (or continue one taken over, from its journal): the slots it holds, or None when it
         ended at once (deadline passed, cancelled, answered now, refused) with its terminal event queued. `fair`
-        is (its tenant, whether the fair queue sent it up a class as a newcomer): Admission.ranks_up decides whether
-        it ranks above its class."""
+        is (its tenant, whether the fair queue sent it up a class as a newcomer): a newcomer ranks above its class
+        while its tenant holds less than an equal share of it."""
         if time.time() > job.deadline:
             self.publisher.add_error(job.id, DeadlineExceeded("the request's deadline passed before it started"))
             return None
@@ -80,7 +80,7 @@ class JobIntake:
             return 1
         request = self._generation_request(job, resume)
         request.tenant = fair[0]
-        request.newcomer = self.scheduler.admission.ranks_up(fair[0], request.priority, fair[1])
+        request.newcomer = fair[1] and self.scheduler.admission.below_share(fair[0], request.priority)
         if job.echo and request.prompt_logprobs is None and (resume is None or not resume.echoed):
             self._echo_prompt(job, request.prompt_ids)
         if request.params.max_tokens == 0 and request.prompt_logprobs is None:  # no tokens, finish "length"

@@ -54,7 +54,7 @@ class JobFeeder:
                  accepting: Callable[[], bool], holds: Callable[[str], bool], ensure_group: Callable[[], None],
                  journal_ttl_s: int, slots: int, outranked_width: Callable[[int], int],
                  recovering: Callable[[], bool] = lambda: False,
-                 ranks_up: Callable[[str, Priority, bool], bool] = lambda _tenant, _priority, lane: lane) -> None:
+                 below_share: Callable[[str, Priority], bool] = lambda _tenant, _priority: True) -> None:
         self.redis = redis
         self.settings = settings
         self.model = model
@@ -71,7 +71,7 @@ class JobFeeder:
         self._slots = slots  # free_width() == slots: the worker is idle
         self._outranked_width = outranked_width  # slots held by jobs of classes below PRIORITY_ORDER[i]
         self._recovering = recovering  # just after a Redis outage: every registry entry looked expired
-        self._ranks_up = ranks_up  # whether a tenant's job (came by the lane or not) ranks as a newcomer (the loop's)
+        self._below_share = below_share  # whether a tenant holds less than an equal share of a class (the loop's)
         self.orphans: dict[str, list[str]] = {}  # stream -> entries an earlier process with this id left pending
         self._inbox: list[TakenJob] = []
         self._tenants: dict[str, str] = {}  # job id -> the tenant its entry named, from its reading to its taking
@@ -107,11 +107,11 @@ class JobFeeder:
 
     def outranks(self, rank: int) -> bool:
         """Whether a job taken since the loop's last drain ranks above `rank` (worker/schedule/preemption.py
-        job_rank, a newcomer's as Admission.ranks_up decides): the loop's running step stops for it
+        job_rank; a newcomer whose tenant is at its share does not): the loop's running step stops for it
         (Scheduler.step, on the loop's thread, which owns the share's counts)."""
         with self._cond:
             inbox = [(Priority.parse(item.job.priority), item) for item in self._inbox]
-        return any(job_rank(p, self._ranks_up(item.tenant, p, item.newcomer)) > rank for p, item in inbox)
+        return any(job_rank(p, item.newcomer and self._below_share(item.tenant, p)) > rank for p, item in inbox)
 
     def wait_for_jobs(self, timeout_s: float) -> None:
         """Wait until a job is in the inbox, at most timeout_s."""

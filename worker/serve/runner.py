@@ -115,7 +115,7 @@ class WorkerRunner:
                          accepting=lambda: self.heartbeat.state == "ready" and not self.stop_requested.is_set(),
                          holds=self._held.__contains__, ensure_group=self.ensure_group, recovering=self.heartbeat.recovering,
                          journal_ttl_s=self.publisher.journal_ttl_s, slots=self.scheduler.config.max_sequences,
-                         outranked_width=self._outranked_width, ranks_up=self.scheduler.admission.ranks_up)
+                         outranked_width=self._outranked_width, below_share=self.scheduler.admission.below_share)
 
     # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
 

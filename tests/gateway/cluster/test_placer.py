@@ -134,19 +134,3 @@ async def test_a_worker_that_finished_its_batch_counts_as_idle_at_once(redis_ser
     await redis.execute_command("SCRIPT", "FLUSH")  # as after a restart: the script is loaded again
     assert (await placer.place(_job("after"), Plan([], [], workers, "after"), b"job"))[0].worker_id in ("a", "b")
     await redis.aclose()
-
-
-async def test_a_placed_job_carries_its_tenant_beside_it(redis_server: Any) -> None:
-    """The tenant goes into the worker's stream entry as a fair-queued entry's does (a worker ranks by it); a job
-    placed with none has no tenant field, as before."""
-    redis = Redis.from_url(redis_server.url)
-    placer = Placer(redis, Settings(), PrefixMap(redis, ttl_s=60))
-    workers = [_worker("a", 4)]
-    await _give(redis, "a", held=0, waiting=0)
-    for rid, tenant in (("t1", "B"), ("t2", "")):
-        choice, entry_id = await placer.place(_job(rid), Plan([], [], workers, rid), b"job", tenant)
-        assert choice.worker_id == "a"
-        ((_, fields),) = await redis.xrange(keys.worker_jobs_stream(MODEL, "a"), entry_id, entry_id)
-        assert fields.get(keys.TENANT_FIELD.encode()) == (tenant.encode() if tenant else None)
-        assert fields[keys.JOB_FIELD.encode()] == b"job"
-    await redis.aclose()

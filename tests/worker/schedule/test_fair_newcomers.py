@@ -45,33 +45,3 @@ def test_a_tenant_at_its_share_is_no_newcomer(tiny_engine: Any) -> None:
     assert sched.admission.below_share("B", Priority.NORMAL)  # 1 of 4 < 2
     assert sched.admission.below_share("C", Priority.NORMAL)  # 0 < 4/3
     assert sched.admission.below_share("A", Priority.HIGH)  # another class
-
-
-def test_a_tenant_with_nothing_here_beside_a_tenant_over_its_share_is_a_newcomer_here(tiny_engine: Any) -> None:
-    """A job that came by its class's own stream (no lane) ranks up where another tenant's burst holds more than an
-    equal share of the slots and its own tenant holds and waits for nothing; not where the shares are even, not
-    for the tenant of the burst, not without a tenant."""
-    burst = [_tenant(_request(f"a{i}", _prompt(tiny_engine, 20, i), 30, Priority.NORMAL, i), "A") for i in range(3)]
-    sched, out = _busy(tiny_engine, SchedulerConfig(max_sequences=4, prefix_cache=False), burst)
-    admission = sched.admission
-    assert admission.ranks_up("B", Priority.NORMAL, lane=False)  # A holds 3 of 4 slots, over 4/2
-    assert not admission.ranks_up("A", Priority.NORMAL, lane=False)
-    assert not admission.ranks_up("", Priority.NORMAL, lane=False)  # an entry with no tenant (fair shares off)
-    assert not admission.ranks_up("B", Priority.HIGH, lane=False)  # nobody holds the high class
-    single = _tenant(_request("b0", _prompt(tiny_engine, 20, 50), 6, Priority.NORMAL), "B",
-                     newcomer=admission.ranks_up("B", Priority.NORMAL, lane=False))
-    sched.add(single)  # the free slot: no preemption; its prefill goes alone, before A's decodes
-    assert _tokens(sched.step(), out) == {"b0"} and sched.stats.preemptions == 0
-    assert not admission.ranks_up("B", Priority.NORMAL, lane=False)  # B runs something now
-    assert admission.ranks_up("C", Priority.NORMAL, lane=False)  # A's 3 are still over a third of 4
-    while sched.has_work:
-        _tokens(sched.step(), out)
-    assert out["b0"] == _alone(tiny_engine, single)
-
-
-def test_even_shares_make_no_newcomer_here(tiny_engine: Any) -> None:
-    mixed = [_tenant(_request(f"r{i}", _prompt(tiny_engine, 20, i), 30, Priority.NORMAL, i), "AB"[i % 2])
-             for i in range(2)]  # A 1, B 1 of 4 slots
-    sched, _out = _busy(tiny_engine, SchedulerConfig(max_sequences=4, prefix_cache=False), mixed)
-    assert not sched.admission.ranks_up("C", Priority.NORMAL, lane=False)  # 1 x 3 < 4: nobody over a share
-    assert sched.admission.ranks_up("C", Priority.NORMAL, lane=True)  # the lane's newcomer, below its share

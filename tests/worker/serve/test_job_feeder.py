@@ -56,7 +56,7 @@ def _feeder(client: _CountingRedis, settings: Any, held: int, *, outranked: bool
                      adapters=_NoAdapters(), free_width=lambda: SLOTS - held, accepting=lambda: True,  # type: ignore
                      holds=lambda _rid: False, ensure_group=lambda: None, journal_ttl_s=60, slots=SLOTS,
                      outranked_width=lambda index: held if outranked and keys.PRIORITY_ORDER[index] != "low" else 0,
-                     ranks_up=lambda _tenant, _priority, lane: lane and below_share)
+                     below_share=lambda _tenant, _priority: below_share)
 
 
 def _queue(client: redis.Redis, rid: str, priority: str) -> None:
