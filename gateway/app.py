@@ -44,6 +44,7 @@ from gateway.responses_api import serving as responses_serving
 from gateway.responses_api.router import ROUTES as RESPONSES_ROUTES
 from shared import tracing
 from shared.errors import LLMFleetError
+from shared.heap import freeze_start_up
 from shared.redis_commands import sharded
 from shared.settings import Settings
 
@@ -128,6 +129,7 @@ def _lifespan(settings: Settings, redis: Redis | None) -> Callable[[Starlette], 
         responses_serving.install(broker, registry, settings)  # finish a dead gateway's background responses
         await broker.start()
         await warm_task_groups()  # not in the first stream's time to first token
+        freeze_start_up()  # a full collection under load scans only what requests made
         app.state.broker = broker  # submit, cancel, events (admission reads the registry and pool it was handed)
         app.state.registry, app.state.pool = registry, pool  # what routes read of the fleet
         app.state.loras = LoraSet(client, settings)  # the adapters each model should have (the admin API's)

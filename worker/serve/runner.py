@@ -17,6 +17,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from shared import keys
 from shared.errors import DeadlineExceeded
+from shared.heap import freeze_start_up
 from shared.messages import Job
 from shared.settings import Settings
 from worker.engine.engine import Engine
@@ -174,13 +175,13 @@ class WorkerRunner:
         self._warm_up()
 
     def _warm_up(self) -> None:
-        """Run the worker's own first requests before it registers (LLMFLEET_WARM_UP), so a client's is not."""
-        if not self.settings.warm_up:
-            return
-        jobs = warmup_jobs(self.model, embedding_only=self.engine.embedding_only,
-                           chat=self.engine.chat_template is not None, worker_id=self.worker_id)
-        took = warm_up(self.intake, self.scheduler, self.publisher, jobs)
-        log.info("worker %s: warm-up requests took %.2f s", self.worker_id, took)
+        """The worker's own first requests before it registers (LLMFLEET_WARM_UP), then shared/heap.py's freeze."""
+        if self.settings.warm_up:
+            jobs = warmup_jobs(self.model, embedding_only=self.engine.embedding_only,
+                               chat=self.engine.chat_template is not None, worker_id=self.worker_id)
+            took = warm_up(self.intake, self.scheduler, self.publisher, jobs)
+            log.info("worker %s: warm-up requests took %.2f s", self.worker_id, took)
+        freeze_start_up()
 
     def run(self) -> None:
         """Serve until stop_requested is set; then take nothing new, finish what is held, deregister."""
