@@ -156,7 +156,8 @@ def main() -> None:
     # full vector against a clipped list favoured the list: on a 248,320-token twin the truth's top tokens often
     # fall outside the quantized model's top 160, and a clipped value is never further than the real one)
     ours = {key: top_of(row, LISTED) for key, row in engine_logprobs(quantized, truths, served=True).items()}
-    exact = {key: top_of(row) for key, row in engine_logprobs(quantized, truths, served=False).items()}
+    exact_listed = {key: top_of(row, LISTED) for key, row in engine_logprobs(quantized, truths, served=False).items()}
+    exact = {key: dict(list(top.items())[:TOP]) for key, top in exact_listed.items()}  # its top-20, largest first
     steps = sorted(theirs)
     f16_truth = {(n, step): top for n, truth in enumerate(truths) for step, top in enumerate(truth.top) if top}
     print(f"{args.family} {args.shape} {args.type} ({quantized.stat().st_size / 1e9:.2f} GB): {len(steps)} teacher-"
@@ -167,6 +168,9 @@ def main() -> None:
         a, b = errors(steps, reference, theirs), errors(steps, reference, ours)
         verdict = "ok" if b.worst <= a.worst and b.mean <= a.mean else "OVER llama.cpp's"
         print(f"  {name}: llama.cpp {a.worst:.4f} / {a.mean:.4f}, llmfleet {b.worst:.4f} / {b.mean:.4f}: {verdict}")
+        if reference is f16_truth:  # the floor: the quantized weights' own error, no rounding of either engine's
+            floor = errors(steps, reference, exact_listed)
+            print(f"    (the quantized file's exact arithmetic, read the same way: {floor.worst:.4f} / {floor.mean:.4f})")
         for n in range(len(truths)):  # each prompt apart: how much of a difference one prompt's run makes
             own = [key for key in steps if key[0] == n]
             if own:
