@@ -61,8 +61,7 @@ from worker.engine.weights.quant_blocks import LEGACY_BLOCK
 from worker.engine.weights.read_only import read_only
 
 X_ROWS = 32  # x rows a task carries over a block (their chains, 2 * 32 * 16 float32, stay in L1)
-PREFETCH_ROWS = 5  # passes of this many x rows or more ask for the codes ahead of use; fewer are bound by memory
-PREFETCH_BYTES = 2048  # how far ahead
+PREFETCH_BYTES = 2048  # how far ahead every pass asks for the codes (prefetch_ahead)
 ACT_SPAN = 16  # activation columns per int8 scale (two per block)
 PARALLEL_QUANTIZE = 16384  # activations from which quantizing splits rows across threads (a launch costs ~10 us)
 MAX_TASKS = 64  # parallel tasks a launch splits its row groups into at most (one scratch allocation each)
@@ -118,6 +117,18 @@ def quantize_halves(x: np.ndarray) -> FineRows:
 
 
 @njit(inline="always", cache=KERNEL_CACHE)
+def prefetch_ahead(flat_codes, at, size):  # pragma: no cover (compiled)
+    """Ask for the `size` code bytes PREFETCH_BYTES past `at`, at any step width. Wide passes (prefill, wide decode)
+    leave the hardware prefetcher behind (interleaved_k_matmul._prefetch_codes). One to four rows were thought bound
+    by memory alone and did not ask until a Xeon (2026-11-29; its kernels read 75% of the bandwidth probe at one row)
+    measured them: a one-row decode step of the gpt-oss-20b-half twin (Q8_0 attention and output, MXFP4 experts)
+    118 ms against 136 (medians of 4 alternated runs), SmolLM2's (Q4_1, Q8_0) matmuls 8.1-8.2 ms against 9.7-10.2.
+    The K-quant one-row paths (interleaved_k_single) stay without: there asking made the synthetic 1B's step
+    10-18% longer on the same Xeon, as on an earlier one."""
+    prefetch_run(flat_codes, at + PREFETCH_BYTES, size)
+
+
+@njit(inline="always", cache=KERNEL_CACHE)
 def half_sum(c0, c1, c2, c3, flat_q, flat_low, qa, full_bytes):  # pragma: no cover (compiled)
     """Lane r: the sum of 16 products of row r's codes (c_i: columns 4i..4i+3 of the half) and the activations
     256 q + low at qa..qa+15 (four vpdpbusd for each byte). `full_bytes`: codes may pass 127 (simd_wide.wdot4_bytes)."""
@@ -154,8 +165,7 @@ def _group(flat_codes, flat_scale, flat_offset, has_offset, zero, blocks, vector
             wfstore(macc, i * TILE_ROWS, wfzero())
         for b in range(blocks):
             at = (g * blocks + b) * vectors * VECTOR_BYTES
-            if n >= PREFETCH_ROWS:  # the codes about 2 KiB ahead (interleaved_k_matmul._prefetch_codes: why)
-                prefetch_run(flat_codes, at + PREFETCH_BYTES, vectors * VECTOR_BYTES)
+            prefetch_ahead(flat_codes, at, vectors * VECTOR_BYTES)
             if vectors == 4:
                 v0, v1 = wload_codes(flat_codes, at), wload_codes(flat_codes, at + 64)  # (64,) each
                 v2, v3 = wload_codes(flat_codes, at + 128), wload_codes(flat_codes, at + 192)  # (64,) each

@@ -32,14 +32,13 @@ from worker.engine.kernels.int8_spans import fma32, reference_spans_fine
 from worker.engine.kernels.interleaved_matmul import (
     ACT_SPAN,
     MAX_TASKS,
-    PREFETCH_BYTES,
-    PREFETCH_ROWS,
     X_ROWS,
     half_sum,
+    prefetch_ahead,
     quantize_halves,
 )
 from worker.engine.kernels.numba_runtime import aligned_floats, launch_lock
-from worker.engine.kernels.simd_int import KERNEL_CACHE, prefetch_run
+from worker.engine.kernels.simd_int import KERNEL_CACHE
 from worker.engine.kernels.simd_mxfp4 import wexp_half, wlookup16
 from worker.engine.kernels.simd_wide import (
     wfbroadcast,
@@ -81,8 +80,7 @@ def _group(flat_codes, flat_exponents, flat_row_scale, table, blocks, g, flat_q,
             wfstore(acc, i * TILE_ROWS, wfzero())
         for b in range(blocks):
             at = (g * blocks + b) * VECTORS * VECTOR_BYTES
-            if n >= PREFETCH_ROWS:  # the codes 2 KiB ahead (interleaved_k_matmul._prefetch_codes: why)
-                prefetch_run(flat_codes, at + PREFETCH_BYTES, VECTORS * VECTOR_BYTES)
+            prefetch_ahead(flat_codes, at, VECTORS * VECTOR_BYTES)  # at every width (its docstring: why)
             v0, v1 = wload_codes(flat_codes, at), wload_codes(flat_codes, at + 64)  # (64,) each
             v2, v3 = wload_codes(flat_codes, at + 128), wload_codes(flat_codes, at + 192)  # (64,) each
             l0, l1 = wlookup16(table, wlow4(v0)), wlookup16(table, wlow4(v1))  # (64,) columns 0..7, + 12
