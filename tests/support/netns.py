@@ -165,8 +165,16 @@ class NetnsBed:
         _ip("link", "set", self.hosts[host].bridge_link, "down")
 
     def heal(self, host: str) -> None:
-        """Bring a partitioned host back onto the network."""
-        _ip("link", "set", self.hosts[host].bridge_link, "master", self.bridge, "up")
+        """Bring a partitioned host back onto the network. The neighbour entries that failed while it was away are
+        flushed on both sides: the kernel holds a FAILED entry for a second before it asks again, and a heal is
+        meant to be whole at once (the clients' own retries are what the tests measure, not ARP's)."""
+        healed = self.hosts[host]
+        _ip("link", "set", healed.bridge_link, "master", self.bridge, "up")
+        _ip("-n", healed.namespace, "neigh", "flush", "all", check=False)
+        for other in self.hosts.values():
+            if other is not healed:
+                _ip("-n", other.namespace, "neigh", "flush", "to", healed.address, check=False)
+        _ip("neigh", "flush", "to", healed.address, check=False)
 
     def cut(self, a: str, b: str) -> None:
         """Drop everything between hosts a and b (blackhole routes in both), leaving their other traffic alone."""
