@@ -1,6 +1,7 @@
 """The host KV tier across processes (real redis-server, gateway and SmolLM2 workers): a worker killed -9 and started
 again finds its prefixes warm; a stream whose worker is killed -9 mid-decode resumes on the other worker from the dead
-one's blocks (prompt and generated tokens) with the same text; a truncated tier file is replaced by the next worker
+one's blocks (prompt and generated tokens, warmed into its pool once the dead one missed two heartbeats, before the
+claim) with the same text; a truncated tier file is replaced by the next worker
 with one log line, and serving goes on."""
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def test_a_failover_resumes_from_the_dead_workers_blocks(start_cluster) -> None:
     survivor = cluster.logs[1 - victim].read_text(errors="replace")[-3000:]
     assert hit >= want, (hit, prompt_tokens, [_stats(cluster, n) for n in ("kv_tier_lookups", "kv_tier_blocks_written",
                                                                          "prefix_tokens_hit")], survivor)
+    whole_log = cluster.logs[1 - victim].read_text(errors="replace")  # its blocks were warmed before the claim
+    assert -1 < whole_log.find("missed its heartbeats; warming the takeover") < whole_log.find("took over job")
     undisturbed: dict = {}
     _stream(cluster.base_url, undisturbed)
     assert disturbed["text"] == undisturbed["text"]

@@ -19,11 +19,12 @@ from shared.messages import ChoiceEndEvent, DoneEvent, EmbedJob, GenerateJob, Jo
 from worker.engine.engine import Engine
 from worker.engine.errors import EngineError
 from worker.failover.continuation import resume_from_journal
+from worker.failover.prewarm import TakeoverWarmer
 from worker.failover.resume import JournalState
 from worker.loras import AdapterSet
 from worker.schedule.scheduler import Scheduler
 from worker.schedule.sequences import GenerationRequest
-from worker.serve.jobs import embedding_request, generation_request, text_answer
+from worker.serve.jobs import embedding_request, generation_request, prompt_ids_of, text_answer
 from worker.serve.publisher import EventPublisher
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,25 @@ class JobIntake:
         if resume is not None:
             resume_from_journal(request, resume, job.n)
         return request
+
+    def warm(self, warmer: TakeoverWarmer | None, *, busy: bool) -> None:
+        """Warm the takeovers of the suspect workers' jobs the feeder found (worker/failover/prewarm.py): one a turn
+        while the loop has work (its step waits for the copy), all of them when it is idle."""
+        for suspect in warmer.drain(1 if busy else None) if warmer is not None else ():
+            self._warm_one(suspect.job, suspect.journal)
+
+    def _warm_one(self, job: GenerateJob, journal: JournalState) -> int:
+        """Copy the host tier's blocks of a suspect worker's job (each unfinished choice: its prompt and the tokens
+        already sent) into the pool's prefix cache, so that its takeover finds them there; returns the tokens
+        warmed. A job that cannot be read warms nothing."""
+        tier = getattr(self.scheduler, "tier", None)
+        if tier is None or job.loras or not job.cache_prompt or (job.echo and job.logprobs is not None):
+            return 0  # as admission: no tier read without the prefix cache, nor for adapters or a scored prompt
+        try:
+            prompt_ids = prompt_ids_of(self.engine, job)
+        except (LLMFleetError, ValueError, EngineError):
+            return 0
+        return sum(tier.fill(prompt_ids + journal.tokens.get(i, [])) for i in range(job.n) if i not in journal.ended)
 
     def _echo_prompt(self, job: GenerateJob, prompt_ids: list[int]) -> None:
         """Send the prompt's text as every choice's first event (echo without prompt logprobs)."""

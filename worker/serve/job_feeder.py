@@ -2,10 +2,12 @@
 
 Every Redis read the taking of a job needs happens here: new jobs (highest priority class first, this worker's
 placed jobs before the shared ones; each class's fair queue released into its shared stream first, as much as
-this worker has room for: shared/fair_queue.py FAIR_SCRIPT), other workers' overdue placed jobs (worker/failover/stealing.py), dead or silent
-workers' jobs (worker/failover/takeover.py, every RECLAIM_EVERY_S), the owner epoch (worker/failover/fencing.py), the journal of a
-job taken over (worker/failover/resume.py), the cancel marker, the dead-lettering of a poison job, and the LoRA desired
-set (worker/loras.py). The loop collects the results with `drain()` and starts or ends each job without Redis.
+this worker has room for: shared/fair_queue.py FAIR_SCRIPT), other workers' overdue placed jobs
+(worker/failover/stealing.py), dead or silent workers' jobs (worker/failover/takeover.py, every RECLAIM_EVERY_S;
+with a host KV tier, suspect workers' jobs too, for the loop to warm: prewarm.py), the owner epoch
+(worker/failover/fencing.py), the journal of a job taken over (worker/failover/resume.py), the cancel marker, the
+dead-lettering of a poison job, and the LoRA desired set (worker/loras.py). The loop collects the results with
+`drain()` and starts or ends each job without Redis.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from shared.messages import Job
 from shared.redis_commands import queue_job_done, reply_text, run
 from shared.settings import Settings
 from worker.failover.fencing import take_ownership
+from worker.failover.prewarm import TakeoverWarmer
 from worker.failover.stealing import Stealer, reclaim_streams
 from worker.failover.takeover import claim_from_streams, claim_own, pending_counts, read_for_takeover
 from worker.loras import AdapterSet
@@ -53,7 +56,7 @@ class JobFeeder:
                  own_streams: list[str], adapters: AdapterSet, free_width: Callable[[], int],
                  accepting: Callable[[], bool], holds: Callable[[str], bool], ensure_group: Callable[[], None],
                  journal_ttl_s: int, slots: int, outranked_width: Callable[[int], int],
-                 recovering: Callable[[], bool] = lambda: False,
+                 recovering: Callable[[], bool] = lambda: False, warm: bool = False,
                  below_share: Callable[[str, Priority], bool] = lambda _tenant, _priority: True) -> None:
         self.redis = redis
         self.settings = settings
@@ -72,6 +75,8 @@ class JobFeeder:
         self._outranked_width = outranked_width  # slots held by jobs of classes below PRIORITY_ORDER[i]
         self._recovering = recovering  # just after a Redis outage: every registry entry looked expired
         self._below_share = below_share  # whether a tenant holds less than an equal share of a class (the loop's)
+        self.warmer = TakeoverWarmer(model=model, worker_id=worker_id, interval_s=settings.heartbeat_interval_s,
+                                     ttl_s=settings.heartbeat_ttl_s) if warm else None  # (with a host KV tier)
         self.orphans: dict[str, list[str]] = {}  # stream -> entries an earlier process with this id left pending
         self._inbox: list[TakenJob] = []
         self._tenants: dict[str, str] = {}  # job id -> the tenant its entry named, from its reading to its taking
@@ -292,6 +297,8 @@ class JobFeeder:
             if job is not None and not self._holds(job.id):
                 jobs.append((stream, mid, job))
         self._take(jobs, takeover=True)
+        if self.warmer is not None and free > len(jobs) and self.warmer.look(self.redis, streams, free - len(jobs)):
+            self.wake()  # an idle loop warms them now
 
     def _claim_orphans(self, free: int) -> list[tuple[str, str, Job]]:
         """Up to `free` of the jobs an earlier process under this worker's id held when it died, claimed back at

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from redis import Redis
@@ -103,8 +102,9 @@ class WorkerRunner:
         tier = getattr(self.scheduler, "tier", None)  # the host KV tier (None: off, or an embedding model)
         return Heartbeat(self.redis, worker_id=self.worker_id, model=self.model,
                          slots=self.scheduler.config.max_sequences, interval_s=settings.heartbeat_interval_s,
-                         ttl_s=settings.heartbeat_ttl_s, gauges=self._gauges, held_jobs=self._leases,
-                         stats=self._stats, on_lost=self._lost_leases, loras=lambda: self.adapters.snapshot(),
+                         ttl_s=settings.heartbeat_ttl_s, gauges=lambda: {"load": self._load(), "served": self.served},
+                         held_jobs=self._leases, stats=self._stats, on_lost=self._lost_leases,
+                         loras=lambda: self.adapters.snapshot(),
                          opens_thinking=engine.opens_thinking, opens_thinking_disabled=engine.opens_thinking_disabled,
                          harmony=engine.harmony, facts=lambda: self.facts,
                          drop_tier=tier and tier.tier.drop, kv_tier=tier.identity if tier else "")
@@ -116,7 +116,8 @@ class WorkerRunner:
                          accepting=lambda: self.heartbeat.state == "ready" and not self.stop_requested.is_set(),
                          holds=self._held.__contains__, ensure_group=self.ensure_group, recovering=self.heartbeat.recovering,
                          journal_ttl_s=self.publisher.journal_ttl_s, slots=self.scheduler.config.max_sequences,
-                         outranked_width=self._outranked_width, below_share=self.scheduler.admission.below_share)
+                         outranked_width=self._outranked_width, below_share=self.scheduler.admission.below_share,
+                         warm=getattr(self.scheduler, "tier", None) is not None)  # a host KV tier: takeovers warmed
 
     # ---- bookkeeping used by the heartbeat thread ----------------------------------------------------------
 
@@ -124,12 +125,9 @@ class WorkerRunner:
         with self._lock:
             return sum(h.width for h in self._held.values())
 
-    def _gauges(self) -> dict[str, int]:
-        return {"load": self._load(), "served": self.served}
-
     def _stats(self) -> dict[str, float]:
         """The scheduler's counters and gauges as published for the fleet's /metrics (numbers only)."""
-        stats = dataclasses.asdict(self.scheduler.stats)
+        stats = asdict(self.scheduler.stats)
         exported = {name: float(value) for name, value in stats.items() if name in EXPORTED_STATS}
         exported["decode_capacity"] = round(self.decode_capacity, 2)  # tokens/s at full batch (admission)
         exported["context_length"] = float(self.engine.context_length)  # Ollama's /api/show, /api/ps, num_ctx
@@ -285,6 +283,7 @@ class WorkerRunner:
         for request_id, owner in self.publisher.take_fenced_off():
             self._fenced(request_id, f"its events were refused; owner {owner} has it now")
         self._start_taken(acks)  # before the cancels: a cancel sent while the feeder took its job finds it held
+        self.intake.warm(self.feeder.warmer, busy=self.scheduler.has_work)  # suspect workers' jobs (prewarm.py)
         for request_id in self.cancels.drain():
             self._cancel(request_id, acks)
         self._expire_deadlines(acks)

@@ -1,6 +1,7 @@
 """Two schedulers (two workers' pools) sharing one host tier (real SmolLM2, float16 pool): a seeded request repeats
 byte for byte on the worker that found its prompt in the tier, a resumed request (a failover) reads the first
-worker's prompt and generated blocks and continues with the same tokens (LoRA chains never go to the tier)."""
+worker's prompt and generated blocks and continues with the same tokens, also when its blocks were warmed before the
+claim (LoRA chains never go to the tier)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,26 @@ def test_a_failover_mid_stream_reads_the_last_blocks_snapshot(smollm2_engine: An
     assert sent + rest == whole
     position = len(prompt) + len(sent) - 1  # the tokens the heir needs before it runs the last one
     assert heir.tier.stats.tokens_hit == position  # whole blocks and the last one's snapshot: only the last token runs
+
+
+def test_a_takeover_warmed_before_its_claim_reads_only_the_last_blocks_snapshot(smollm2_engine: Any,
+                                                                                tmp_path: Path) -> None:
+    from shared.messages import GenerateJob
+    from worker.failover.resume import JournalState
+    from worker.serve.intake import JobIntake
+
+    prompt = smollm2_engine.encode_prompt(SYSTEM + "Which keeper stayed longest?")
+    dead, heir = _worker(smollm2_engine, tmp_path), _worker(smollm2_engine, tmp_path)
+    whole, _ = _run(dead, _request("x", prompt))
+    assert dead.tier.flush()
+    sent = whole[:61]
+    job = GenerateJob(id="x", model="m", created=0.0, deadline=1e12, prompt_token_ids=prompt)
+    intake = JobIntake(smollm2_engine, heir, None, None, None, default_max_tokens=0)  # type: ignore[arg-type]
+    warmed = intake._warm_one(job, JournalState(next_seq=3, tokens={0: sent}))  # the suspect's job, before its claim
+    assert warmed == (len(prompt) + len(sent) - 1) // 32 * 32
+    lookups, hit = heir.tier.stats.lookups, heir.tier.stats.tokens_hit
+    rest, _ = _run(heir, _request("x", prompt, resume_tokens=[sent]))  # the claim: its full blocks are in the pool
+    assert sent + rest == whole
+    assert heir.tier.stats.lookups == lookups and heir.tier.stats.tokens_hit - hit < 32  # the snapshot alone
+    assert intake._warm_one(job, JournalState(tokens={0: sent}, ended={0})) == 0  # a choice that ended: nothing
+    heir.blocks.check_invariants()
