@@ -9,7 +9,8 @@ takeover's admission finds them cached and only the last partial block is read.
 
 Nothing is claimed, owned or written: a suspect that was only slow (a long pause) keeps its jobs, and the survivor
 has spent one tier read per stream on prefix-cache blocks that later admissions evict as any others. Each job is
-warmed once per suspicion (the caller keeps `seen`).
+warmed once (the warmer remembers the ids it read: a suspect that recovers and dies later is not warmed again; its
+claim then reads the tier as before).
 """
 
 from __future__ import annotations
