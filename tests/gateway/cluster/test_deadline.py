@@ -17,8 +17,9 @@ CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture
 def settings() -> Settings:
-    """A very short request timeout."""
-    return Settings(registry_cache_s=0.0, request_timeout_s=0.2, deadline_grace_s=0.05)
+    """A very short request timeout; a stream opens (`: queued`) only well after it, so that no answer by the
+    deadline is still a plain 504 (at the default 0.25 s both fell due at once and either could win)."""
+    return Settings(registry_cache_s=0.0, request_timeout_s=0.2, deadline_grace_s=0.05, sse_queued_after_s=2.0)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -21,7 +21,6 @@ STREAM = keys.jobs_stream("m")
 @pytest.fixture()
 def client(redis_server: Any) -> redis.Redis:
     client = redis.Redis.from_url(redis_server.url)
-    client.flushall()
     client.xgroup_create(STREAM, keys.JOBS_GROUP, id="0", mkstream=True)
     return client
 
