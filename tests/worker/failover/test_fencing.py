@@ -16,13 +16,6 @@ pytestmark = pytest.mark.integration
 STREAM = keys.jobs_stream("m")
 
 
-@pytest.fixture()
-def client(redis_server: Any) -> redis.Redis:
-    client = redis.Redis.from_url(redis_server.url)
-    client.xgroup_create(STREAM, keys.JOBS_GROUP, id="0", mkstream=True)
-    return client
-
-
 def _enqueue(client: redis.Redis, consumer: str) -> str:
     """One job entry, delivered to `consumer`; returns its entry id."""
     entry = client.xadd(STREAM, {keys.JOB_FIELD: b"job"}).decode()

@@ -5,7 +5,6 @@ live worker, an expired one (the reclaim's), a finished job and a non-generation
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 import redis
@@ -16,13 +15,6 @@ from worker.failover.prewarm import TakeoverWarmer, suspect_after_ms, suspect_jo
 
 pytestmark = pytest.mark.integration
 STREAM = keys.jobs_stream("m")
-
-
-@pytest.fixture()
-def client(redis_server: Any) -> redis.Redis:
-    client = redis.Redis.from_url(redis_server.url)
-    client.xgroup_create(STREAM, keys.JOBS_GROUP, id="0", mkstream=True)
-    return client
 
 
 def _held(client: redis.Redis, holder: str, job: GenerateJob | EmbedJob, *events: TokenEvent | DoneEvent) -> None:

@@ -4,7 +4,6 @@ UNTAKEN_AFTER_S, and its stalled reader's own take is then refused; a taken entr
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 import redis
@@ -18,12 +17,9 @@ pytestmark = pytest.mark.integration
 STREAM = keys.jobs_stream("m")
 
 
-@pytest.fixture()
-def client(redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> redis.Redis:
+@pytest.fixture(autouse=True)
+def _short_untaken(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(takeover, "UNTAKEN_AFTER_S", 0.2)
-    client = redis.Redis.from_url(redis_server.url)
-    client.xgroup_create(STREAM, keys.JOBS_GROUP, id="0", mkstream=True)
-    return client
 
 
 def _read(client: redis.Redis, consumer: str, request_id: str) -> str:
