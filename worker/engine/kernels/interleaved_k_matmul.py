@@ -21,10 +21,10 @@ THE REDUCTION (every step width computes exactly this, so a row's result never d
       acc = fma(t, dx[k, 4s + h], acc)       (integers exact in any order: |I| < 2**31)
     out[k, r] = acc
 
-`reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (at most MAX_TASKS
-tasks a launch). For each group it carries up to X_PASS x rows over the super-blocks in turn: a super-block's codes
-are unpacked once (nibbles split, Q5_K's and Q6_K's high bits joined) into an L1 scratch, then met by the pass's x
-rows four at a time (each code vector loaded once for four rows), the codes of a super-block a few ahead asked
+`reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (the threads take the
+tasks of a launch from one queue: numba_runtime.guided_bounds). For each group it carries up to X_PASS x rows over the
+super-blocks in turn: a super-block's codes are unpacked once (nibbles split, Q5_K's and Q6_K's high bits joined)
+into an L1 scratch, then met by the pass's x rows four at a time (each code vector loaded once for four rows), the codes of a super-block a few ahead asked
 for meanwhile (prefetch). One to four rows of Q4_K or Q6_K skip the scratch
 (interleaved_k_single.py: codes split in registers straight from the packed bytes); Q5_K and wider steps (prefill)
 take it. Launches hold numba_runtime.launch_lock.
@@ -32,6 +32,7 @@ take it. Launches hold numba_runtime.launch_lock.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -44,7 +45,13 @@ from worker.engine.kernels.interleaved_k_single import (
     q6k_super_single,
 )
 from worker.engine.kernels.k_activations import Int8Rows, quantize_rows, reference_quantize
-from worker.engine.kernels.numba_runtime import aligned_bytes, aligned_floats, launch_lock
+from worker.engine.kernels.numba_runtime import (
+    aligned_bytes,
+    aligned_floats,
+    guided_bounds,
+    launch_lock,
+    take_next,
+)
 from worker.engine.kernels.simd_int import KERNEL_CACHE, prefetch_run
 from worker.engine.kernels.simd_wide import (
     wdot4,
@@ -85,7 +92,6 @@ ROW_CHUNK = 256  # x rows per launch (bounds the int8 copy of x a launch reads)
 X_PASS = 64  # x rows a pass carries over a group's super-blocks (their chains, 68 * 16 float32, stay in L1)
 X_TILE = 4  # x rows met by each code vector load
 PREFETCH_SUPERS = 4  # super-blocks ahead whose codes the scratch path asks for
-MAX_TASKS = 64  # parallel tasks a launch splits its row groups into at most (one scratch allocation each)
 UNPACKED = 64 * VECTOR_BYTES  # bytes of one super-block's codes of sixteen rows, one a byte
 
 
@@ -271,10 +277,11 @@ def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits):  # p
 
 
 @njit(parallel=True, nogil=True, cache=KERNEL_CACHE)
-def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, parts, starts, span, out):  # pragma: no cover
+def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, parts, starts, span, out,
+            threads):  # pragma: no cover
     """out[k, :16 span] for x rows starts[i] .. starts[i + 1] - 1 against the `span` row groups from
     parts[i] * span on (a dense matrix: one part, 0; stacked experts: each used expert's rows), the module
-    docstring's reduction. Tasks take runs of (part, group) items."""
+    docstring's reduction. Tasks take runs of (part, group) items from a queue the `threads` share."""
     supers = low.shape[1]
     cols = q.shape[1]
     width = out.shape[1]
@@ -282,22 +289,25 @@ def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, parts, sta
     flat_low, flat_high, flat_scales = low.reshape(-1), high.reshape(-1), scales.reshape(-1)
     flat_mins, flat_d, flat_dmin = mins.reshape(-1), d.reshape(-1), dmin.reshape(-1)
     flat_q, flat_sums, flat_offsets, flat_out = q.reshape(-1), sums32.reshape(-1), offsets.reshape(-1), out.reshape(-1)
-    items = len(parts) * span
-    tasks = min(items, MAX_TASKS)
-    for task in prange(tasks):
+    bounds = guided_bounds(len(parts) * span, threads)  # (tasks + 1,)
+    queue = np.zeros(1, np.int64)  # the next task not taken
+    for _ in prange(min(threads, len(bounds) - 1)):
         scratch = aligned_bytes(UNPACKED)  # (4096,) a super-block's codes, one a byte
         chains = aligned_floats((X_PASS + X_TILE) * TILE_ROWS)  # (68 * 16,) slots past n are spares
-        for item in range(task * items // tasks, (task + 1) * items // tasks):
-            part, local = item // span, item % span
-            g = parts[part] * span + local
-            for x0 in range(starts[part], starts[part + 1], X_PASS):
-                n = min(X_PASS, starts[part + 1] - x0)
-                chains[:] = 0
-                matrix = (flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin)
-                xs = (flat_q, flat_sums, flat_offsets, dx)
-                _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits)
-                for i in range(n):
-                    wfstore(flat_out, (x0 + i) * width + local * TILE_ROWS, wfload(chains, i * TILE_ROWS))
+        task = take_next(queue)
+        while task < len(bounds) - 1:
+            for item in range(bounds[task], bounds[task + 1]):
+                part, local = item // span, item % span
+                g = parts[part] * span + local
+                for x0 in range(starts[part], starts[part + 1], X_PASS):
+                    n = min(X_PASS, starts[part + 1] - x0)
+                    chains[:] = 0
+                    matrix = (flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin)
+                    xs = (flat_q, flat_sums, flat_offsets, dx)
+                    _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits)
+                    for i in range(n):
+                        wfstore(flat_out, (x0 + i) * width + local * TILE_ROWS, wfload(chains, i * TILE_ROWS))
+            task = take_next(queue)
 
 
 _EMPTY_BYTES = read_only(np.zeros((0, 0, 0, 0), np.uint8))  # read-only, as the matrices' arrays (read_only.py)
@@ -340,7 +350,7 @@ def _launch(blocks: InterleavedK, rows: Int8Rows, parts: np.ndarray, starts: np.
     dmin = blocks.dmin if blocks.dmin is not None else _EMPTY_FLOATS
     with launch_lock:
         _matmul(blocks.low, high, blocks.scales, mins, blocks.d, dmin, rows.q, rows.dx, rows.sums32, rows.offsets,
-                parts, starts, span, out)
+                parts, starts, span, out, numba.get_num_threads())
 
 
 def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:

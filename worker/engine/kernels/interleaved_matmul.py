@@ -19,21 +19,22 @@ THE REDUCTION (every step width computes exactly this, so a row's result never d
             (only where the matrix has offsets)
     out[k, r] = acc + macc  (macc = 0 without offsets)
 
-`reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (at most MAX_TASKS
-tasks a launch) and, group by group, carries up to X_ROWS x rows over each block in turn, the block's codes held
-in registers for all of them; the same loop serves one row (decode: each weight byte is read once) and hundreds
-(prefill). Launches hold numba_runtime.launch_lock.
+`reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (the threads take the
+tasks of a launch from one queue: numba_runtime.guided_bounds) and, group by group, carries up to X_ROWS x rows over
+each block in turn, the block's codes held in registers for all of them; the same loop serves one row (decode: each
+weight byte is read once) and hundreds (prefill). Launches hold numba_runtime.launch_lock.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from worker.engine.kernels.int8_spans import fma32, quantize_span_fine, reference_spans_fine
-from worker.engine.kernels.numba_runtime import aligned_floats, launch_lock
+from worker.engine.kernels.numba_runtime import aligned_floats, guided_bounds, launch_lock, take_next
 from worker.engine.kernels.simd_int import KERNEL_CACHE, prefetch_run
 from worker.engine.kernels.simd_wide import (
     wadd,
@@ -64,7 +65,6 @@ X_ROWS = 32  # x rows a task carries over a block (their chains, 2 * 32 * 16 flo
 PREFETCH_BYTES = 2048  # how far ahead every pass asks for the codes (prefetch_ahead)
 ACT_SPAN = 16  # activation columns per int8 scale (two per block)
 PARALLEL_QUANTIZE = 16384  # activations from which quantizing splits rows across threads (a launch costs ~10 us)
-MAX_TASKS = 64  # parallel tasks a launch splits its row groups into at most (one scratch allocation each)
 _NO_OFFSET = read_only(np.zeros((0, 0, TILE_ROWS), np.float32))  # the offset table of a matrix without one
 
 
@@ -201,21 +201,26 @@ def _group(flat_codes, flat_scale, flat_offset, has_offset, zero, blocks, vector
 
 
 @njit(parallel=True, nogil=True, cache=KERNEL_CACHE)
-def _matmul(codes, scale, offset, zero, q, low, dx, sums, out):  # pragma: no cover (compiled)
-    """out (N, 16 G) = the module docstring's reduction of x's (q, low, dx, sums) against the interleaved matrix."""
+def _matmul(codes, scale, offset, zero, q, low, dx, sums, out, threads):  # pragma: no cover (compiled)
+    """out (N, 16 G) = the module docstring's reduction of x's (q, low, dx, sums) against the interleaved matrix;
+    tasks take runs of row groups from a queue the `threads` share."""
     groups, blocks, vectors = codes.shape[0], codes.shape[1], codes.shape[2]
     n_rows, cols = q.shape
     width = out.shape[1]
     flat_codes, flat_scale, flat_offset = codes.reshape(-1), scale.reshape(-1), offset.reshape(-1)
     flat_q, flat_low, flat_out = q.reshape(-1), low.reshape(-1), out.reshape(-1)
     has_offset = offset.shape[0] > 0
-    tasks = min(groups, MAX_TASKS)
-    for task in prange(tasks):
+    bounds = guided_bounds(groups, threads)  # (tasks + 1,)
+    queue = np.zeros(1, np.int64)  # the next task not taken
+    for _ in prange(min(threads, len(bounds) - 1)):
         acc = aligned_floats(X_ROWS * TILE_ROWS)  # (X_ROWS, 16) chains
         macc = aligned_floats(X_ROWS * TILE_ROWS)  # (X_ROWS, 16) chains of the offsets
-        for g in range(task * groups // tasks, (task + 1) * groups // tasks):
-            _group(flat_codes, flat_scale, flat_offset, has_offset, zero, blocks, vectors, g, flat_q, flat_low, dx,
-                   sums, n_rows, cols, acc, macc, flat_out, width)
+        task = take_next(queue)
+        while task < len(bounds) - 1:
+            for g in range(bounds[task], bounds[task + 1]):
+                _group(flat_codes, flat_scale, flat_offset, has_offset, zero, blocks, vectors, g, flat_q, flat_low,
+                       dx, sums, n_rows, cols, acc, macc, flat_out, width)
+            task = take_next(queue)
 
 
 def interleaved_matmul(x: np.ndarray, blocks: InterleavedBlocks) -> np.ndarray:
@@ -228,7 +233,7 @@ def interleaved_matmul(x: np.ndarray, blocks: InterleavedBlocks) -> np.ndarray:
     out = np.empty((n_rows, groups * TILE_ROWS), np.float32)  # (N, 16 G)
     offset = _NO_OFFSET if blocks.offset is None else blocks.offset
     with launch_lock:
-        _matmul(blocks.codes, blocks.scale, offset, blocks.zero, *rows, out)
+        _matmul(blocks.codes, blocks.scale, offset, blocks.zero, *rows, out, numba.get_num_threads())
     return out if groups * TILE_ROWS == blocks.out else np.ascontiguousarray(out[:, : blocks.out])  # (N, R)
 
 

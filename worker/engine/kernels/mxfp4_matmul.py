@@ -17,27 +17,28 @@ THE REDUCTION (every step width computes exactly this, so a row's result never d
       acc = fma(float(I[2b + 1]), float32(s[r, b] * dx[k, 2b + 1]), acc)
     out[k, r] = acc
 
-`reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (at most MAX_TASKS
-tasks a launch; stacked experts: of (expert, group) items, each with its own run of x rows) and, group by group, carries up to X_ROWS x rows over each block in turn, the block's values held in
-registers for all of them; the same loop serves one row (decode: each weight byte is read once) and hundreds
+`reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (the threads take the
+tasks of a launch from one queue: numba_runtime.guided_bounds; stacked experts: of (expert, group) items, each with
+its own run of x rows) and, group by group, carries up to X_ROWS x rows over each block in turn, the block's values
+held in registers for all of them; the same loop serves one row (decode: each weight byte is read once) and hundreds
 (prefill). Launches hold numba_runtime.launch_lock.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from worker.engine.kernels.int8_spans import fma32, reference_spans_fine
 from worker.engine.kernels.interleaved_matmul import (
     ACT_SPAN,
-    MAX_TASKS,
     X_ROWS,
     half_sum,
     prefetch_ahead,
     quantize_halves,
 )
-from worker.engine.kernels.numba_runtime import aligned_floats, launch_lock
+from worker.engine.kernels.numba_runtime import aligned_floats, guided_bounds, launch_lock, take_next
 from worker.engine.kernels.simd_int import KERNEL_CACHE
 from worker.engine.kernels.simd_mxfp4 import wexp_half, wlookup16
 from worker.engine.kernels.simd_wide import (
@@ -103,24 +104,28 @@ def _group(flat_codes, flat_exponents, flat_row_scale, table, blocks, g, flat_q,
 
 
 @njit(parallel=True, nogil=True, cache=KERNEL_CACHE)
-def _matmul(codes, exponents, row_scale, lookup, q, low, dx, sums, parts, starts, span, out):  # pragma: no cover
+def _matmul(codes, exponents, row_scale, lookup, q, low, dx, sums, parts, starts, span, out,
+            threads):  # pragma: no cover
     """out[k, :16 span] for x rows starts[i] .. starts[i + 1] - 1 against the `span` row groups from parts[i] * span
     on (a dense matrix: one part, 0; stacked experts: each used expert's rows), the module docstring's reduction of
-    x's (q, low, dx, sums). Tasks take runs of (part, group) items."""
+    x's (q, low, dx, sums). Tasks take runs of (part, group) items from a queue the `threads` share."""
     blocks = codes.shape[1]
     cols = q.shape[1]
     width = out.shape[1]
     flat_codes, flat_exponents, flat_row_scale = codes.reshape(-1), exponents.reshape(-1), row_scale.reshape(-1)
     flat_q, flat_low, flat_out = q.reshape(-1), low.reshape(-1), out.reshape(-1)
-    items = len(parts) * span
-    tasks = min(items, MAX_TASKS)
-    for task in prange(tasks):
+    bounds = guided_bounds(len(parts) * span, threads)  # (tasks + 1,)
+    queue = np.zeros(1, np.int64)  # the next task not taken
+    for _ in prange(min(threads, len(bounds) - 1)):
         acc = aligned_floats(X_ROWS * TILE_ROWS)  # (X_ROWS, 16) chains
         table = wload_codes(lookup, 0)  # (64,) the value table in each 128-bit lane
-        for item in range(task * items // tasks, (task + 1) * items // tasks):
-            part, local = item // span, item % span
-            _group(flat_codes, flat_exponents, flat_row_scale, table, blocks, parts[part] * span + local, flat_q,
-                   flat_low, dx, sums, starts[part], starts[part + 1], cols, acc, flat_out, width, local)
+        task = take_next(queue)
+        while task < len(bounds) - 1:
+            for item in range(bounds[task], bounds[task + 1]):
+                part, local = item // span, item % span
+                _group(flat_codes, flat_exponents, flat_row_scale, table, blocks, parts[part] * span + local, flat_q,
+                       flat_low, dx, sums, starts[part], starts[part + 1], cols, acc, flat_out, width, local)
+            task = take_next(queue)
 
 
 def mxfp4_matmul(x: np.ndarray, blocks: InterleavedMXFP4) -> np.ndarray:
@@ -133,7 +138,7 @@ def mxfp4_matmul(x: np.ndarray, blocks: InterleavedMXFP4) -> np.ndarray:
     out = np.empty((n_rows, groups * TILE_ROWS), np.float32)  # (N, 16 G)
     with launch_lock:
         _matmul(blocks.codes, blocks.exponents, blocks.row_scale, LOOKUP, *rows, _DENSE,
-                np.array([0, n_rows], np.int64), groups, out)
+                np.array([0, n_rows], np.int64), groups, out, numba.get_num_threads())
     return out if groups * TILE_ROWS == blocks.out else np.ascontiguousarray(out[:, : blocks.out])  # (N, R)
 
 
@@ -150,7 +155,7 @@ def mxfp4_grouped(rows: tuple[np.ndarray, ...], blocks: InterleavedMXFP4, parts:
     out = np.empty((rows[0].shape[0], part_rows), np.float32)  # (P, part_rows)
     with launch_lock:
         _matmul(blocks.codes, blocks.exponents, blocks.row_scale, LOOKUP, *rows, np.ascontiguousarray(parts, np.int64),
-                np.ascontiguousarray(starts, np.int64), part_rows // TILE_ROWS, out)
+                np.ascontiguousarray(starts, np.int64), part_rows // TILE_ROWS, out, numba.get_num_threads())
     return out
 
 

@@ -5,23 +5,27 @@ because numba's `workqueue` layer must not be entered by two threads at once. Ev
 `nogil`: while a step's kernels run, the worker's other threads (job feeder, publisher, cancel listener,
 heartbeat) run too, instead of waiting for the kernel to return the GIL. The layer's priority is set on import
 and the threads' spin by a model load (`set_spin`), both before the first parallel call. Kernels take their vector
-scratch from a 64-byte boundary here (`aligned_bytes`, `aligned_floats`).
+scratch from a 64-byte boundary here (`aligned_bytes`, `aligned_floats`), and the matmuls share a launch's tasks
+out through a queue (`guided_bounds`, `take_next`).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 import numba
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
 
 SPIN_WITH_BLAS = 10000  # OpenMP spin rounds when BLAS threads share the step (an encoder's matmuls)
 SPIN_ALONE = 300000  # libgomp's own default: bridges the Python between a decoder step's launches
 _SPIN_GIVEN = "GOMP_SPINCOUNT" in os.environ  # an operator's value is kept
 numba.config.THREADING_LAYER_PRIORITY = ["omp", "workqueue", "tbb"]  # before the first parallel call
 launch_lock = threading.Lock()  # workqueue is not re-entrant across threads: every parallel launch holds it
+FINEST_SPLIT = 64  # a matmul launch's last tasks are 1/64 of its items (guided_bounds)
 
 
 def set_spin(with_blas: bool) -> None:
@@ -54,3 +58,33 @@ def aligned_floats(count):  # pragma: no cover (compiled)
     raw = np.empty(count + 16, np.float32)
     skip = ((64 - raw.ctypes.data % 64) % 64) // 4
     return raw[skip : skip + count]
+
+
+@intrinsic
+def take_next(typingctx: Any, counter: Any) -> Any:
+    """counter[0] += 1 as one atomic step, returning the value before: the next task of a launch's shared queue."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.atomic_rmw("add", data, context.get_constant(types.int64, 1), "monotonic")
+
+    return types.int64(counter), codegen
+
+
+@njit(inline="always", cache=True)
+def guided_bounds(items, threads):  # pragma: no cover (compiled)
+    """Task bounds over `items` (task i: items bounds[i] .. bounds[i + 1] - 1) for `threads` taking tasks in turn
+    from a shared queue (take_next): each task 1/(2 threads) of what is left, at least 1/FINEST_SPLIT of the
+    whole, so that the threads start on long runs and end on short ones. A thread the kernel shares its core with
+    (the gateway, Redis, the worker's publisher) then delays one task, not half the launch: the other thread
+    takes the rest (a static split made the whole launch wait for the held-up half)."""
+    smallest = max(1, items // FINEST_SPLIT)
+    bounds = np.empty(items + 1, np.int64)
+    bounds[0] = 0
+    count, done = 0, 0
+    while done < items:
+        size = max(smallest, (items - done + 2 * threads - 1) // (2 * threads))
+        done = min(items, done + size)
+        count += 1
+        bounds[count] = done
+    return bounds[: count + 1]

@@ -1,20 +1,26 @@
 """worker.engine.kernels.numba_runtime: the kernels' vector scratch starts on a 64-byte boundary (numba's own arrays on 32);
-the OpenMP spin a model load chooses (long for a decoder, short beside an encoder's BLAS), an operator's kept."""
+the OpenMP spin a model load chooses (long for a decoder, short beside an encoder's BLAS), an operator's kept; a
+launch's task queue (guided bounds, taken once each across threads)."""
 
 from __future__ import annotations
 
 import os
 
+import numba
+import numpy as np
 import pytest
-from numba import njit
+from numba import njit, prange
 
 from worker.engine.kernels import numba_runtime
 from worker.engine.kernels.numba_runtime import (
+    FINEST_SPLIT,
     SPIN_ALONE,
     SPIN_WITH_BLAS,
     aligned_bytes,
     aligned_floats,
+    guided_bounds,
     set_spin,
+    take_next,
 )
 
 
@@ -43,3 +49,38 @@ def test_the_spin_is_long_for_a_decoder_short_beside_blas_and_an_operators_value
     monkeypatch.setenv("GOMP_SPINCOUNT", "7")
     set_spin(with_blas=False)
     assert os.environ["GOMP_SPINCOUNT"] == "7"
+
+
+@njit
+def _bounds(items: int, threads: int) -> np.ndarray:  # pragma: no cover (compiled)
+    """guided_bounds from compiled code (it is inlined into the kernels)."""
+    return guided_bounds(items, threads)
+
+
+@pytest.mark.parametrize(("items", "threads"), [(1, 2), (7, 2), (192, 2), (8016, 2), (8016, 16), (100, 1)])
+def test_guided_tasks_cover_every_item_once_long_first_and_never_finer_than_the_finest_split(items: int,
+                                                                                               threads: int) -> None:
+    bounds = _bounds(items, threads)
+    sizes = np.diff(bounds)
+    assert bounds[0] == 0 and bounds[-1] == items and (sizes > 0).all()
+    assert (np.diff(sizes) <= 0).all()  # long runs first, short ones last
+    assert sizes[0] == -(-items // (2 * threads)) or sizes[0] == max(1, items // FINEST_SPLIT)
+    assert (sizes[:-1] >= max(1, items // FINEST_SPLIT)).all()  # only the very last may be a remainder
+    assert len(sizes) <= 2 * threads * FINEST_SPLIT
+
+
+@njit(parallel=True)
+def _take_all(tasks: int, taken: np.ndarray) -> None:  # pragma: no cover (compiled)
+    """Every thread takes tasks from one queue until none is left, counting each task it got."""
+    queue = np.zeros(1, np.int64)
+    for _ in prange(numba.get_num_threads()):
+        task = take_next(queue)
+        while task < tasks:
+            taken[task] += 1
+            task = take_next(queue)
+
+
+def test_the_queue_hands_each_task_to_exactly_one_thread() -> None:
+    taken = np.zeros(5000, np.int64)
+    _take_all(len(taken), taken)
+    assert (taken == 1).all()
