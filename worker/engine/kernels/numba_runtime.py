@@ -78,8 +78,8 @@ def guided_bounds(items, threads):  # pragma: no cover (compiled)
     whole, so that the threads start on long runs and end on short ones. A thread the kernel shares its core with
     (the gateway, Redis, the worker's publisher) then delays one task, not half the launch: the other thread
     takes the rest (a static split made the whole launch wait for the held-up half)."""
-    smallest = max(1, items // FINEST_SPLIT)
-    bounds = np.empty(items + 1, np.int64)
+    smallest = max(1, items // FINEST_SPLIT)  # every task but the last holds this many: at most 2 FINEST_SPLIT + 1
+    bounds = np.empty(min(items, 2 * FINEST_SPLIT + 1) + 1, np.int64)
     bounds[0] = 0
     count, done = 0, 0
     while done < items:
