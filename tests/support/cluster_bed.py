@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -43,13 +44,17 @@ def cluster_binary() -> str:
         if candidate and Path(candidate).is_file() and server_version(candidate) >= SHARDED_PUBSUB:
             return candidate
     return redis_server_binary()
-BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000, so its port must be 55535 or less
+BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000
+# Both a node's port and its bus port stay below Linux's default ephemeral range (32768-60999): a port chosen there
+# can be taken by any outgoing connection between choosing it and the node binding it.
+LOWEST_PORT, HIGHEST_PORT = 10000, 32767 - BUS_OFFSET
+NODE_ATTEMPTS = 5  # a node whose port was taken meanwhile is started again on another
 
 
 def cluster_port() -> int:
-    """A port whose cluster bus port is free too (both 55535 or less apart by BUS_OFFSET)."""
+    """A port whose cluster bus port is free too, both below the ephemeral range."""
     for _ in range(200):
-        port = random.randint(20000, 45000)
+        port = random.randint(LOWEST_PORT, HIGHEST_PORT)
         try:
             for candidate in (port, port + BUS_OFFSET):
                 with socket.socket() as sock:
@@ -81,14 +86,35 @@ class ClusterBed:
         """(host, port) of every primary."""
         return [("127.0.0.1", port) for port in self.ports]
 
-    def _start_node(self, port: int) -> None:
+    def _spawn(self, port: int) -> subprocess.Popen[bytes]:
         node_dir = self.dir / str(port)
         node_dir.mkdir()
         args = [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", str(node_dir), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "2000"]
         with (node_dir / "redis.log").open("ab") as out:
-            self.procs.append(subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _start_node(self, port: int) -> int:
+        """Start a node and wait until it answers; one that exits at start-up (its port or bus port taken since
+        it was chosen) is started again on a fresh port. Returns the port it listens on."""
+        for _ in range(NODE_ATTEMPTS):
+            proc = self._spawn(port)
+            client = redis.Redis(port=port, socket_timeout=5)
+            try:
+                wait_until(partial(_answers, client), 10, f"the cluster node on port {port} to answer", procs=[proc])
+            except RuntimeError:
+                port = cluster_port()
+                continue
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            finally:
+                client.close()
+            self.procs.append(proc)
+            return port
+        raise RuntimeError(f"no cluster node started in {NODE_ATTEMPTS} attempts")
 
     def start(self, timeout_s: float = 30.0) -> ClusterBed:
         """Start the nodes, give each a third of the slots, introduce them, wait for cluster_state:ok (stops
@@ -100,10 +126,8 @@ class ClusterBed:
             raise
 
     def _start(self, timeout_s: float) -> ClusterBed:
-        for port in self.ports:
-            self._start_node(port)
+        self.ports = [self._start_node(port) for port in self.ports]
         clients = [redis.Redis(port=port, socket_timeout=5) for port in self.ports]
-        wait_until(lambda: all(_answers(c) for c in clients), 10, "the cluster nodes to answer")
         bounds = [SLOTS * i // len(clients) for i in range(len(clients) + 1)]
         for client, low, high in zip(clients, bounds, bounds[1:]):
             client.execute_command("CLUSTER ADDSLOTS", *range(low, high))  # ADDSLOTSRANGE needs Redis 7
@@ -121,10 +145,8 @@ class ClusterBed:
 
     def _add_replicas(self, primaries: list[redis.Redis], timeout_s: float) -> None:
         """Start the replicas, introduce them and make replica i follow primary i % primaries."""
-        for port in self.replica_ports:
-            self._start_node(port)
+        self.replica_ports = [self._start_node(port) for port in self.replica_ports]
         replicas = [redis.Redis(port=port, socket_timeout=5) for port in self.replica_ports]
-        wait_until(lambda: all(_answers(c) for c in replicas), 10, "the replica nodes to answer")
         ids = [p.execute_command("CLUSTER MYID") for p in primaries]
         for replica in replicas:
             replica.execute_command("CLUSTER MEET", "127.0.0.1", self.ports[0])
