@@ -1,14 +1,20 @@
 """Admission by work: when a new request would finish, from the queue and the workers' measured throughput.
 
 Each worker publishes with its heartbeat (smoothed over ~30 s): `stat.finish_rate` (requests ended per second),
-`stat.token_rate` (tokens generated per second) and `stat.tokens_left` (tokens its unfinished requests may
-still generate, max_tokens x n minus what they generated). A request that must queue is admitted only if it
-is expected to FINISH within a share of its deadline, by both measures:
-- requests: everything in flight and waiting ahead of it, and itself, at the rate requests finish;
+`stat.token_rate` (tokens generated per second), `stat.finish_load` (sequences in flight while they were measured)
+and `stat.tokens_left` (tokens its unfinished requests may still generate, max_tokens x n minus what they
+generated). A request that must queue is admitted only if it is expected to FINISH within a share of its deadline,
+by both measures:
+- requests: everything in flight and waiting ahead of it, and itself, at the rate requests finish on a full
+  worker;
 - tokens: the tokens left in flight, plus the waiting jobs counted at this request's size, plus its own, at
-  the rate tokens are generated (a finish rate measured on short jobs would under-estimate long ones). A fresh
-  worker has generated nothing yet, so the token rate is at least half of `stat.decode_capacity`, the rate of
-  a full decode step it measured at start: a burst on fresh workers is judged too, not only counted.
+  the rate a full worker generates tokens (a finish rate measured on short jobs would under-estimate long ones).
+Both rates are what the worker showed, scaled to a full worker where it showed them under a lighter load: the
+token rate by its slots over the load it was measured at, up to `stat.decode_capacity` (the rate of a full
+decode step, measured at start), and the finish rate by as much as the token rate was. One stream's rates had
+judged a burst on an 8-slot worker as if it would run one request at a time (16 of 64 refused that all finished
+within 47 s, 120 s deadlines). A fresh worker has generated nothing yet, so the token rate is at least half its
+decode capacity: a burst on fresh workers is judged too, not only counted.
 Otherwise it is refused at once with 429 and a Retry-After from the same estimate, instead of being admitted
 to time out in the queue. A request that finds a free slot starts at once and is always admitted.
 
@@ -41,15 +47,38 @@ def expected_finish_s(workers: Sequence[RegistryEntry], waiting: int, tokens: in
     if waiting + load < sum(w.slots for w in workers):  # a slot is free: it starts at once
         return 0.0
     estimates = []
-    finish_rate = sum(w.stats.get("finish_rate", 0.0) for w in workers)
+    finish_rate = sum(full_finish_rate(w) for w in workers)
     if finish_rate > 0:
         estimates.append((load + waiting + 1) / finish_rate)
-    token_rate = sum(max(w.stats.get("token_rate", 0.0), CAPACITY_SHARE * w.stats.get("decode_capacity", 0.0))
-                     for w in workers)
+    token_rate = sum(full_token_rate(w) for w in workers)
     if token_rate > 0 and tokens > 0:
         left = sum(w.stats.get("tokens_left", 0.0) for w in workers)
         estimates.append((left + (waiting + 1) * tokens) / token_rate)
     return max(estimates, default=0.0)
+
+
+def full_token_rate(worker: RegistryEntry) -> float:
+    """Tokens a second the worker generates full: its measured rate, scaled by its slots over the load it was
+    measured at up to its decode capacity, and at least CAPACITY_SHARE of that capacity (a fresh worker)."""
+    stats = worker.stats
+    measured, capacity = stats.get("token_rate", 0.0), stats.get("decode_capacity", 0.0)
+    measured_load = stats.get("finish_load", 0.0)
+    scaled = min(capacity, measured * worker.slots / measured_load) if measured_load > 0 else 0.0
+    return max(measured, scaled, CAPACITY_SHARE * capacity)
+
+
+def full_finish_rate(worker: RegistryEntry) -> float:
+    """Requests a second the worker finishes full: its measured finish rate times how much faster it generates
+    tokens full than it did while measured (full_token_rate over token_rate), at most by as much as it is fuller
+    (slots over `finish_load`); as measured where either is unknown (a worker that generates no tokens:
+    embeddings)."""
+    stats = worker.stats
+    rate, measured = stats.get("finish_rate", 0.0), stats.get("token_rate", 0.0)
+    measured_load = stats.get("finish_load", 0.0)
+    if rate <= 0 or measured <= 0 or measured_load <= 0:
+        return rate
+    boost = min(full_token_rate(worker) / measured, worker.slots / measured_load)
+    return rate * max(1.0, boost)
 
 
 def retry_after_s(expected_finish: float, budget: float) -> float:

@@ -53,6 +53,25 @@ class EwmaRate:
         return self.rate
 
 
+class EwmaLevel:
+    """A gauge's level while there is work, exponentially smoothed over a time constant as EwmaRate smooths a rate
+    (the same weights, so the two describe the same intervals; an idle interval leaves it as it was)."""
+
+    def __init__(self, time_constant_s: float = RATE_TIME_CONSTANT_S) -> None:
+        self.time_constant_s = time_constant_s
+        self.level = 0.0
+        self._last: float | None = None  # time of the last reading
+
+    def update(self, value: float, now: float, *, idle: bool = False) -> float:
+        """Fold in a reading of the gauge over the interval since the last (an idle interval: only remembered);
+        returns the smoothed level (0 until a second reading)."""
+        if self._last is not None and now > self._last and not idle:
+            weight = 1.0 - math.exp(-(now - self._last) / self.time_constant_s)
+            self.level += weight * (value - self.level)
+        self._last = now
+        return self.level
+
+
 class Heartbeat:
     """Every interval: refresh the registry hash (model, slots, load, served, state) and renew held jobs' leases."""
 
@@ -84,6 +103,7 @@ class Heartbeat:
         self._loras = loras or (lambda: (0, ()))  # (desired-set version, names) of the LoRA adapters loaded
         self._finish_rate = EwmaRate()  # requests ended per second: the gateways' admission estimates the wait
         self._token_rate = EwmaRate()  # tokens generated per second: the same, in tokens (gateway/cluster/admission.py)
+        self._finish_load = EwmaLevel()  # sequences in flight while the rates were measured: admission scales them
         self._loaded = False  # whether the last beat saw a job held (the rates skip intervals idle at both ends)
         self.state = "ready"
         self.recovered_at = -math.inf  # monotonic time of the first beat after an outage (failed or hung beats)
@@ -105,6 +125,7 @@ class Heartbeat:
         idle, self._loaded = not (loaded or self._loaded), loaded  # no job held at either end of the interval
         stats["finish_rate"] = round(self._finish_rate.update(gauges.get("served", 0), now, idle=idle), 4)
         stats["token_rate"] = round(self._token_rate.update(stats.get("generated_tokens", 0.0), now, idle=idle), 4)
+        stats["finish_load"] = round(self._finish_load.update(gauges.get("load", 0), now, idle=idle), 4)
         loras_version, loras = self._loras()
         entry = RegistryEntry(worker_id=self.worker_id, model=self.model, slots=self.slots, heartbeat=now,
                               started=self.started, state=self.state, load=gauges.get("load", 0),

@@ -56,6 +56,28 @@ def test_fresh_workers_are_judged_by_half_their_measured_decode_capacity() -> No
     assert expected_finish_s(busy, waiting=9, tokens=100) == 2000 / 150.0
 
 
+def test_rates_measured_under_a_light_load_are_scaled_to_a_full_worker() -> None:
+    """One stream's rates (0.2 requests/s at 35 tokens/s, one sequence in flight) would make a 64-slot worker look
+    as if it ran one request at a time: full, it generates 64 times the tokens up to its 200 tokens/s capacity,
+    and finishes requests as much faster."""
+    from gateway.cluster.admission import full_finish_rate, full_token_rate
+
+    light = _entry(64, 64, 0.2, token_rate=35.0, decode_capacity=200.0, finish_load=1.0)
+    assert full_token_rate(light) == 200.0
+    assert full_finish_rate(light) == pytest.approx(0.2 * 200.0 / 35.0)
+    # 64 in flight, 63 waiting, and itself: by requests 128 / 1.14 = 112 s, not 640 s
+    assert expected_finish_s([light], waiting=63, in_flight=64) == pytest.approx(128 / (0.2 * 200.0 / 35.0))
+    # measured at 48 of 64 slots: tokens scaled by 4/3 (below the capacity), requests alike
+    fuller = _entry(64, 48, 0.2, token_rate=120.0, decode_capacity=200.0, finish_load=48.0)
+    assert full_token_rate(fuller) == pytest.approx(160.0) and full_finish_rate(fuller) == pytest.approx(0.2 * 4 / 3)
+    # measured full: as measured (tokens at least half the capacity, the floor a fresh worker gets)
+    full = _entry(64, 64, 2.0, token_rate=80.0, decode_capacity=200.0, finish_load=64.0)
+    assert full_token_rate(full) == 100.0 and full_finish_rate(full) == 2.0
+    # no load known (an older worker), or no tokens generated (embeddings): the finish rate as measured
+    assert full_finish_rate(_entry(4, 4, 10.0, token_rate=100.0)) == 10.0
+    assert full_finish_rate(_entry(4, 4, 3.0, token_rate=0.0, finish_load=1.0)) == 3.0
+
+
 def test_decide_is_the_whole_rule_with_no_io() -> None:
     job = GenerateJob(id="r", model="m", created=0, deadline=60, prompt="x", max_tokens=100, n=1)
     limits = {"queue_limit": 10, "request_timeout_s": 40.0, "default_max_tokens": 50, "retry_after": 2.0}

@@ -69,6 +69,33 @@ def test_the_heartbeat_publishes_the_token_rate_and_the_tokens_left() -> None:
     assert float(entry[b"stat.token_rate"]) > 0 and float(entry[b"stat.tokens_left"]) == 120.0
 
 
+def test_the_heartbeat_publishes_the_load_its_rates_were_measured_at() -> None:
+    """`finish_load` follows the sequences in flight over busy intervals, smoothed as the rates are, and stands
+    while the worker is idle (admission scales a finish rate measured under a lighter load by it)."""
+    import fakeredis
+
+    from shared import keys
+    from worker.serve.heartbeat import EwmaLevel, Heartbeat
+
+    level = EwmaLevel(time_constant_s=30.0)
+    assert level.update(1, now=0.0) == 0.0  # one reading: nothing yet
+    for second in range(1, 301):
+        value = level.update(1, now=float(second))
+    assert value == pytest.approx(1.0, rel=1e-3)
+    for second in range(301, 331):  # 30 s (one time constant) at 8: about 1 - 1/e of the way
+        value = level.update(8, now=float(second))
+    assert value == pytest.approx(8 - 7 / 2.718, rel=0.02)
+    assert level.update(0, now=400.0, idle=True) == value
+
+    gauges = {"load": 3, "served": 0}
+    beat = Heartbeat(fakeredis.FakeRedis(), worker_id="w1", model="m", slots=4, interval_s=1.0, ttl_s=3.0,
+                     gauges=lambda: dict(gauges), held_jobs=list)
+    beat.beat()
+    time.sleep(0.05)
+    beat.beat()
+    assert 0 < float(beat.redis.hgetall(keys.worker_key("w1"))[b"stat.finish_load"]) <= 3
+
+
 class _Outage:
     """A FakeRedis whose pipelines fail (as a stopped Redis does) while `down` is set."""
 
