@@ -18,7 +18,7 @@ BELOW = {
     "kernels": {"weights"},  # the compiled numba kernels, over those layouts
     "formats": {"weights"},  # reading a GGUF file: metadata, config, tensors, the repack and derived caches
     "text": {"formats"},  # tokenizers, chat templates, tools, thinking, stops, constraints (the vocab's cache)
-    "decode": {"text"},  # sampling and a request's generation state
+    "decode": {"text", "kernels"},  # sampling (its passes over whole rows compiled) and a request's generation state
     "kv": {"kernels", "formats", "ops"},  # the KV pool, its blocks and host tier, the recurrent state
 }
 MODEL_LAYER_FOLDERS = {"architectures"}  # the top: free to import every wing

@@ -14,6 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
+from worker.engine.kernels.draw_kernels import best_ids, cumulative_draws
+
 LogitsProcessor = Callable[[np.ndarray], None]  # edits one row of processed scores (V,) in place, e.g. a grammar mask
 NUCLEUS_PREFIX = 256  # top_p looks for the nucleus among this many best tokens before sorting more
 WIDE_NUCLEUS_PREFIX = 8192  # a row whose nucleus is wider tries this many before sorting its whole vocabulary
@@ -79,16 +81,16 @@ def sample_batch(samplers: Sequence[RowSampler], logits: np.ndarray | Sequence[n
         tokens[i] = int(np.argmax(rows[i]))
     rest = [i for i in range(b) if i not in set(plain)]
     if rest:
-        raw = np.stack([rows[i] for i in rest])  # (R, V)
-        scores = processed_logits([samplers[i] for i in rest], raw, [context_ids[i] for i in rest],
-                                  [generated_ids[i] for i in rest],
-                                  [processors[i] for i in rest] if processors else None)  # (R, V)
+        scores = np.stack([rows[i] for i in rest])  # (R, V) a copy, processed in place
+        _process([samplers[i] for i in rest], scores, [context_ids[i] for i in rest], [generated_ids[i] for i in rest],
+                 [processors[i] for i in rest] if processors else None)
         greedy = [j for j, i in enumerate(rest) if samplers[i].params.is_greedy]
         if greedy:
             tokens[[rest[j] for j in greedy]] = np.argmax(scores[greedy], axis=1)  # (G,)
         drawn = [j for j, i in enumerate(rest) if not samplers[i].params.is_greedy]
         if drawn:
-            tokens[[rest[j] for j in drawn]] = _draw_rows([samplers[rest[j]] for j in drawn], scores[drawn])  # (S,)
+            picked = scores if len(drawn) == len(rest) else scores[drawn]  # (S, V)
+            tokens[[rest[j] for j in drawn]] = _draw_rows([samplers[rest[j]] for j in drawn], picked)  # (S,)
     results = []
     for i, sampler in enumerate(samplers):
         token = int(tokens[i])
@@ -104,8 +106,15 @@ def processed_logits(samplers: Sequence[RowSampler], raw: np.ndarray, context_id
                      generated_ids: Sequence[Sequence[int]],
                      processors: Sequence[LogitsProcessor | None] | None = None) -> np.ndarray:
     """A copy of raw logits (B, V) after logit_bias, repetition and presence/frequency penalties, processors."""
-    b, vocab = raw.shape
     scores = np.array(raw, dtype=np.float32, copy=True)  # (B, V)
+    _process(samplers, scores, context_ids, generated_ids, processors)
+    return scores
+
+
+def _process(samplers: Sequence[RowSampler], scores: np.ndarray, context_ids: Sequence[Sequence[int]],
+             generated_ids: Sequence[Sequence[int]], processors: Sequence[LogitsProcessor | None] | None) -> None:
+    """processed_logits' controls applied to scores (B, V) float32 in place."""
+    b, vocab = scores.shape
     biased = [i for i, s in enumerate(samplers) if s.bias_ids.size]
     if biased:
         rows = np.concatenate([np.full(samplers[i].bias_ids.size, i) for i in biased])  # (NB,)
@@ -118,7 +127,7 @@ def processed_logits(samplers: Sequence[RowSampler], raw: np.ndarray, context_id
         seen[rows, ids] = True
         penalty = np.array([s.params.repetition_penalty for s in samplers], np.float32)[:, None]  # (B, 1)
         penalised = np.where(scores > 0, scores / penalty, scores * penalty)  # (B, V)
-        scores = np.where(seen, penalised, scores)  # (B, V)
+        np.copyto(scores, penalised, where=seen)  # (B, V)
     counted = [i for i, s in enumerate(samplers)
                if s.params.presence_penalty != 0.0 or s.params.frequency_penalty != 0.0]
     if counted:
@@ -133,7 +142,6 @@ def processed_logits(samplers: Sequence[RowSampler], raw: np.ndarray, context_id
             processor(scores[i])
     if not np.isfinite(scores.max(axis=1)).all():
         raise ValueError("every token is banned (by logit_bias or the output constraint)")
-    return scores
 
 
 def _row_ids(samplers: Sequence[RowSampler], rows: list[int], histories: list[Sequence[int]],
@@ -156,6 +164,8 @@ def _draw_rows(samplers: Sequence[RowSampler], scores: np.ndarray) -> np.ndarray
     ranked = np.array([0 < x.params.top_k < vocab or x.params.top_p < 1.0 for x in samplers])  # (S,)
     tokens = np.empty(len(samplers), np.int64)  # (S,)
     for mask, draw in ((ranked, _draw_ranked), (~ranked, _draw_unranked)):
+        if mask.all():  # one kind of row: no copy of the scores
+            return draw(samplers, scores)  # (S,)
         if mask.any():
             rows = np.flatnonzero(mask)  # (S',)
             tokens[rows] = draw([samplers[i] for i in rows], scores[rows])  # (S',)
@@ -173,23 +183,23 @@ def _draw_ranked(samplers: Sequence[RowSampler], scores: np.ndarray) -> np.ndarr
     min_p = np.array([x.params.min_p for x in samplers], np.float32)[:, None]  # (S, 1)
     width = int(min(vocab, max(int(top_k.max()) if (top_k < vocab).any() else 0,
                                NUCLEUS_PREFIX if (top_p < 1.0).any() else 0) or vocab))
-    if width < vocab:  # the best `width` tokens of each row, best first (ties by id)
-        ids = np.argpartition(-scaled, width - 1, axis=1)[:, :width]  # (S, W)
-    else:
-        ids = np.broadcast_to(np.arange(vocab), (s, vocab))  # (S, V)
+    # the best `width` tokens of each row (ties by id), then best first
+    ids = best_ids(scaled, width) if width < vocab else np.broadcast_to(np.arange(vocab), (s, vocab))  # (S, W)
     values = np.take_along_axis(scaled, ids, axis=1)  # (S, W)
     order = np.lexsort((ids, -values), axis=1)  # (S, W)
     ids, values = np.take_along_axis(ids, order, axis=1), np.take_along_axis(values, order, axis=1)  # (S, W) x2
     weights = np.exp(values - peak)  # (S, W), best = 1
     weights[np.arange(width)[None, :] >= top_k[:, None]] = 0.0  # top_k
-    full_total = np.exp(scaled - peak).sum(axis=1, dtype=np.float64)  # (S,) the whole vocabulary's weight
+    full_total = (np.exp(scaled - peak).sum(axis=1, dtype=np.float64) if (top_k >= vocab).any()
+                  else np.zeros(s))  # (S,) the whole vocabulary's weight (needed by rows without top_k)
     kept_total = np.where(top_k < vocab, weights.sum(axis=1, dtype=np.float64), full_total)  # (S,)
     cumulative = np.cumsum(weights, axis=1, dtype=np.float64)  # (S, W)
     nucleus = top_p < 1.0  # (S,)
     overflow = nucleus & (top_k >= vocab) & (cumulative[:, -1] < top_p * kept_total) & (width < vocab)  # (S,)
     before = cumulative - weights  # (S, W) weight of the better tokens
     weights[nucleus[:, None] & (before >= (top_p * kept_total)[:, None])] = 0.0  # top_p: smallest nucleus
-    weights[weights < min_p] = 0.0  # min_p (the best token has weight 1)
+    if (min_p > 0).any():
+        weights[weights < min_p] = 0.0  # min_p (the best token has weight 1)
     cumulative = np.cumsum(weights, axis=1, dtype=np.float64)  # (S, W)
     draws = np.array([x.next_uniform() for x in samplers])  # (S,)
     targets = draws * cumulative[:, -1]  # (S,)
@@ -210,12 +220,10 @@ def _draw_unranked(samplers: Sequence[RowSampler], scores: np.ndarray) -> np.nda
     min_p = np.array([x.params.min_p for x in samplers], np.float32)[:, None]  # (S, 1)
     scaled = scores / temperature  # (S, V)
     weights = np.exp(scaled - scaled.max(axis=1, keepdims=True))  # (S, V), best = 1
-    weights[weights < min_p] = 0.0  # min_p (relative to the best token)
-    cumulative = np.cumsum(weights, axis=1, dtype=np.float64)  # (S, V)
+    if (min_p > 0).any():
+        weights[weights < min_p] = 0.0  # min_p (relative to the best token)
     draws = np.array([x.next_uniform() for x in samplers])  # (S,)
-    targets = draws * cumulative[:, -1]  # (S,)
-    chosen = [int(np.searchsorted(row, target, side="right")) for row, target in zip(cumulative, targets)]
-    return np.minimum(np.array(chosen, np.int64), scaled.shape[1] - 1)  # (S,)
+    return cumulative_draws(weights, draws)  # (S,) where the float64 running weight passes draw x total
 
 
 def _draw_full_row(sampler: RowSampler, scaled: np.ndarray, peak: float, draw: float) -> int:
