@@ -14,11 +14,10 @@ from typing import Protocol
 
 import numpy as np
 
-from worker.engine.kernels.draw_kernels import best_ids, cumulative_draws
+from worker.engine.kernels.draw_kernels import best_ids, cumulative_draws, descending_order
 
 LogitsProcessor = Callable[[np.ndarray], None]  # edits one row of processed scores (V,) in place, e.g. a grammar mask
-NUCLEUS_PREFIX = 256  # top_p looks for the nucleus among this many best tokens before sorting more
-WIDE_NUCLEUS_PREFIX = 8192  # a row whose nucleus is wider tries this many before sorting its whole vocabulary
+NUCLEUS_PREFIX = 256  # top_p looks for the nucleus among this many best tokens before sorting the whole row
 
 
 @dataclass(frozen=True)
@@ -227,27 +226,18 @@ def _draw_unranked(samplers: Sequence[RowSampler], scores: np.ndarray) -> np.nda
 
 
 def _draw_full_row(sampler: RowSampler, scaled: np.ndarray, peak: float, draw: float) -> int:
-    """The same draw for one row whose nucleus reaches past the prefix: a wider prefix, else the whole row.
-
-    Exact either way: when the best `width` tokens already hold top_p of the weight, no token past them can
-    be in the nucleus, so sorting only those gives the full sort's answer.
-    """
+    """The same draw for one row whose nucleus reaches past the prefix, over the whole row sorted (best first,
+    ties by id: descending_order, a compiled radix sort)."""
     vocab = scaled.shape[0]
     total = float(np.exp(scaled - peak).sum(dtype=np.float64))  # the whole row's weight
-    for width in (WIDE_NUCLEUS_PREFIX, vocab):
-        ids = np.argpartition(-scaled, width - 1)[:width] if width < vocab else np.arange(vocab)  # (W,) unordered
-        order = np.lexsort((ids, -scaled[ids]))  # (W,) best first, ties by id
-        ids = ids[order]  # (W,)
-        weights = np.exp(scaled[ids] - peak)  # (W,)
-        cumulative = np.cumsum(weights, dtype=np.float64)  # (W,)
-        if width < vocab and cumulative[-1] < sampler.params.top_p * total:
-            continue  # the nucleus is wider still
-        weights[cumulative - weights >= sampler.params.top_p * total] = 0.0  # top_p: smallest nucleus
-        weights[weights < sampler.params.min_p] = 0.0
-        cumulative = np.cumsum(weights, dtype=np.float64)  # (W,)
-        chosen = min(int((cumulative <= draw * cumulative[-1]).sum()), width - 1)
-        return int(ids[chosen])
-    raise AssertionError("unreachable: the last width is the whole vocabulary")
+    ids = descending_order(scaled)  # (V,)
+    weights = np.exp(scaled[ids] - peak)  # (V,)
+    cumulative = np.cumsum(weights, dtype=np.float64)  # (V,)
+    weights[cumulative - weights >= sampler.params.top_p * total] = 0.0  # top_p: smallest nucleus
+    weights[weights < sampler.params.min_p] = 0.0
+    cumulative = np.cumsum(weights, dtype=np.float64)  # (V,)
+    chosen = min(int((cumulative <= draw * cumulative[-1]).sum()), vocab - 1)
+    return int(ids[chosen])
 
 
 def log_softmax_top(raw: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:

@@ -8,7 +8,10 @@ Both are exact restatements, rows across the kernel threads (each row alone, so 
   sorts them in: best first, ties by id), unordered;
 - `cumulative_draws`: for each row, the index `np.searchsorted(np.cumsum(w, dtype=np.float64), u * total, "right")`
   (at most V - 1) would give, total being the float64 sum of the row in order: the same sums, added in the same
-  order, so the same token.
+  order, so the same token;
+- `descending_order`: a row's ids best first, ties by the lower id (`np.lexsort((ids, -row))`), by a stable radix sort
+  of the values' bits (four passes of a byte): a nucleus wider than the best 256 sorts its whole row, which
+  `lexsort` did in 4.4 ms on 49,152 tokens and 16 ms on 151,936.
 """
 
 from __future__ import annotations
@@ -83,6 +86,43 @@ def _cumulative_draws(weights, draws, out):  # pragma: no cover (compiled)
                 chosen = v
                 break
         out[r] = chosen
+
+
+@njit(nogil=True, cache=True)
+def _descending_order(row, out):  # pragma: no cover (compiled)
+    """out (V,) <- row's ids by value, best first, ties by the lower id: an LSD radix sort, a byte a pass, of keys
+    that order as the values do backwards (-0.0 as 0.0), starting from the ids in order (each pass is stable)."""
+    n = row.shape[0]
+    bits = row.view(np.uint32)  # (V,)
+    keys, spare_keys = np.empty(n, np.uint32), np.empty(n, np.uint32)  # (V,) x2
+    ids, spare_ids = out, np.empty(n, np.int64)  # (V,) x2
+    for i in range(n):
+        b = bits[i] if bits[i] != np.uint32(0x80000000) else np.uint32(0)  # -0.0 ranks as 0.0
+        ascending = ~b if b & np.uint32(0x80000000) else b | np.uint32(0x80000000)  # unsigned order = value order
+        keys[i] = ~ascending
+        ids[i] = i
+    counts = np.empty(257, np.int64)  # (257,)
+    for shift in range(0, 32, 8):
+        counts[:] = 0
+        for i in range(n):
+            counts[((keys[i] >> shift) & np.uint32(255)) + 1] += 1
+        for d in range(256):
+            counts[d + 1] += counts[d]
+        for i in range(n):
+            digit = (keys[i] >> shift) & np.uint32(255)
+            at = counts[digit]
+            counts[digit] = at + 1
+            spare_keys[at], spare_ids[at] = keys[i], ids[i]
+        keys, spare_keys = spare_keys, keys
+        ids, spare_ids = spare_ids, ids
+    # four passes: the sorted ids are back in `out`
+
+
+def descending_order(row: np.ndarray) -> np.ndarray:
+    """A row's (V,) float32 ids best first, ties by the lower id (np.lexsort((ids, -row))): (V,) int64."""
+    out = np.empty(row.shape[0], np.int64)  # (V,)
+    _descending_order(np.ascontiguousarray(row, dtype=np.float32), out)
+    return out
 
 
 def best_ids(rows: np.ndarray, width: int) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.engine.kernels.draw_kernels import best_ids, cumulative_draws
+from worker.engine.kernels.draw_kernels import best_ids, cumulative_draws, descending_order
 
 
 def _best_by_sort(row: np.ndarray, width: int) -> set[int]:
@@ -50,3 +50,15 @@ def test_cumulative_draws_are_searchsorted_on_the_float64_running_sums() -> None
         cumulative = np.cumsum(row, dtype=np.float64)  # (V,)
         expected.append(min(int(np.searchsorted(cumulative, draw * cumulative[-1], side="right")), row.size - 1))
     assert cumulative_draws(weights, draws).tolist() == expected
+
+
+def test_descending_order_is_lexsort_best_first_ties_by_id() -> None:
+    rng = np.random.default_rng(9)
+    rows = [rng.standard_normal(5000), np.round(rng.standard_normal(5000) * 3),  # many ties
+            np.where(rng.random(5000) < 0.5, -np.inf, rng.standard_normal(5000)),  # banned tokens
+            np.array([0.0, -0.0, 1.0, -1.0, -0.0, 0.0, np.inf, -np.inf, 1e-45, -1e-45, 3.4e38, -3.4e38]),
+            rng.standard_normal(151936) * 10]
+    for row in rows:
+        row = row.astype(np.float32)
+        expected = np.lexsort((np.arange(row.size), -row))
+        assert np.array_equal(descending_order(row), expected)
