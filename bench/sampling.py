@@ -2,7 +2,8 @@
 
 Logits are drawn peaked as a language model's are (Gaussian, plus twenty tokens 6-14 ahead), for two vocabulary
 sizes (SmolLM2's 49,152 and Qwen3's 151,936) and 1, 16 and 64 rows, under three sets of controls: temperature
-only (OpenAI's defaults: the unranked path), top_p 0.9 and top_k 40 (the ranked path). The revision runs from a
+only (OpenAI's defaults: the unranked path), top_p 0.9 and top_k 40 (the ranked path); then flat rows with top_p
+0.9, whose nucleus is most of the row (1 and 16 rows). The revision runs from a
 temporary git worktree, in a subprocess with that tree first on sys.path.
 Run: python bench/sampling.py [--ref b307fd4] [--rounds 2] (b307fd4: numpy's argpartition and cumsum)
 """
@@ -46,6 +47,14 @@ def measure(repeats: int = 10) -> dict[str, float]:
                 for _ in range(repeats):
                     sample_batch(samplers, logits, history, [[]] * rows)
                 result[f"{vocab} {rows} {name}"] = (time.perf_counter() - started) / repeats / rows * 1e3
+            if rows <= 16:  # flat rows (a high-entropy step, or a random-weight twin's): the nucleus is most of the row
+                flat = (rng.standard_normal((rows, vocab)) * 0.5).astype(np.float32)  # (B, V)
+                samplers = [Sampler(SamplingParams(temperature=0.7, top_p=0.9), vocab) for _ in range(rows)]
+                sample_batch(samplers, flat, [[1, 2, 3]] * rows, [[]] * rows)
+                started = time.perf_counter()
+                for _ in range(repeats):
+                    sample_batch(samplers, flat, [[1, 2, 3]] * rows, [[]] * rows)
+                result[f"{vocab} {rows} flat, top_p=0.9"] = (time.perf_counter() - started) / repeats / rows * 1e3
     return result
 
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from worker.engine.kernels.draw_kernels import best_ids, cumulative_draws, descending_order
+from worker.engine.kernels.draw_kernels import best_ids, cumulative_draws, descending_order, nucleus_draw
 
 LogitsProcessor = Callable[[np.ndarray], None]  # edits one row of processed scores (V,) in place, e.g. a grammar mask
 NUCLEUS_PREFIX = 256  # top_p looks for the nucleus among this many best tokens before sorting the whole row
@@ -228,16 +228,10 @@ def _draw_unranked(samplers: Sequence[RowSampler], scores: np.ndarray) -> np.nda
 def _draw_full_row(sampler: RowSampler, scaled: np.ndarray, peak: float, draw: float) -> int:
     """The same draw for one row whose nucleus reaches past the prefix, over the whole row sorted (best first,
     ties by id: descending_order, a compiled radix sort)."""
-    vocab = scaled.shape[0]
     total = float(np.exp(scaled - peak).sum(dtype=np.float64))  # the whole row's weight
     ids = descending_order(scaled)  # (V,)
-    weights = np.exp(scaled[ids] - peak)  # (V,)
-    cumulative = np.cumsum(weights, dtype=np.float64)  # (V,)
-    weights[cumulative - weights >= sampler.params.top_p * total] = 0.0  # top_p: smallest nucleus
-    weights[weights < sampler.params.min_p] = 0.0
-    cumulative = np.cumsum(weights, dtype=np.float64)  # (V,)
-    chosen = min(int((cumulative <= draw * cumulative[-1]).sum()), vocab - 1)
-    return int(ids[chosen])
+    weights = np.exp(scaled[ids] - peak)  # (V,) best first
+    return int(ids[nucleus_draw(weights, sampler.params.top_p * total, sampler.params.min_p, draw)])
 
 
 def log_softmax_top(raw: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:

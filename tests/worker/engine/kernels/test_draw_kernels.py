@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.engine.kernels.draw_kernels import best_ids, cumulative_draws, descending_order
+from worker.engine.kernels.draw_kernels import best_ids, cumulative_draws, descending_order, nucleus_draw
 
 
 def _best_by_sort(row: np.ndarray, width: int) -> set[int]:
@@ -62,3 +62,21 @@ def test_descending_order_is_lexsort_best_first_ties_by_id() -> None:
         row = row.astype(np.float32)
         expected = np.lexsort((np.arange(row.size), -row))
         assert np.array_equal(descending_order(row), expected)
+
+
+@pytest.mark.parametrize(("top_p", "min_p"), [(0.9, 0.0), (0.5, 0.05), (0.999, 0.3), (1e-6, 0.0)])
+def test_nucleus_draw_is_numpys_masks_and_cumulative_draw(top_p: float, min_p: float) -> None:
+    """The definition it restates: two float64 cumsums and the masks, as the sampler wrote them in numpy."""
+    rng = np.random.default_rng(11)
+    for scale in (0.3, 1.0, 4.0):
+        row = np.sort(np.exp(rng.standard_normal(20000) * scale).astype(np.float32))[::-1]  # (V,) best first
+        row /= row[0]  # the best weighs 1, as exp(scaled - peak) does
+        total = float(row.sum(dtype=np.float64)) * 1.01  # the whole row's, of which these are the best
+        for draw in (*rng.random(5), 0.0):
+            weights = row.copy()
+            cumulative = np.cumsum(weights, dtype=np.float64)
+            weights[cumulative - weights >= top_p * total] = 0.0
+            weights[weights < min_p] = 0.0
+            cumulative = np.cumsum(weights, dtype=np.float64)
+            expected = min(int((cumulative <= draw * cumulative[-1]).sum()), row.size - 1)
+            assert nucleus_draw(row.copy(), top_p * total, min_p, float(draw)) == expected
