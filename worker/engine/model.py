@@ -21,6 +21,7 @@ from worker.engine.formats.repack_cache import cache_dir, cached_blocks
 from worker.engine.forward_batch import BatchEntry, ForwardBatch, SuspendedForward
 from worker.engine.kernels import (
     delta_net,
+    draw_kernels,
     float_matmul,
     interleaved_k_matmul,
     interleaved_matmul,
@@ -86,6 +87,7 @@ class Model:
             interleaved_k_matmul.warm()
         if config.recurrent_layers:
             delta_net.warm()
+        draw_kernels.warm()  # sampling's: a worker's first sampled request compiles nothing
         log.info("integer kernels: %s path (LLMFLEET_INT_KERNELS=%s forces one)", int_path(), "|".join(PATHS))
         keep = base_fold_tensors(architecture.lora_targets(config), config.n_layers)
         lora_base = {name: np.array(contents.tensors[name]) for name in keep if name in contents.tensors}

@@ -178,3 +178,11 @@ def cumulative_draws(weights: np.ndarray, draws: np.ndarray) -> np.ndarray:
     with launch_lock:
         _cumulative_draws(weights, np.ascontiguousarray(draws, dtype=np.float64), out)
     return out
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) every kernel here, so that a worker's first sampled request does not."""
+    row = np.arange(8, dtype=np.float32)[None, :]  # (1, 8)
+    best_ids(row, 2)
+    cumulative_draws(row, np.zeros(1))
+    nucleus_draw(row[0, descending_order(row[0])], 1.0, 0.0, 0.5)

@@ -165,6 +165,7 @@ def warm_up() -> None:
     angles = np.zeros((1, 1, 4), np.float32)  # (N, 1, R/2)
     rotate(np.zeros((1, 2 * 8 + 8), np.float32)[:, :16].reshape(1, 2, 8), angles, angles, 8)  # a strided (N, H, Dh)
     from worker.engine.kernels import (  # loaded only when an image build warms them
+        draw_kernels,
         float_matmul,
         interleaved_k_matmul,
         interleaved_matmul,
@@ -175,3 +176,4 @@ def warm_up() -> None:
     interleaved_matmul.warm()
     interleaved_k_matmul.warm()
     mxfp4_matmul.warm()
+    draw_kernels.warm()
