@@ -239,11 +239,9 @@ def log_softmax_top(raw: np.ndarray, token: int, top: int) -> tuple[float, list[
     peak = float(raw.max())
     log_total = peak + math.log(float(np.exp(raw - np.float32(peak)).sum(dtype=np.float64)))
     alternatives: list[tuple[int, float]] = []
-    vocab = raw.shape[0]
-    top = min(top, vocab)
+    top = min(top, raw.shape[0])
     if top > 0:
-        kth_value = raw[np.argpartition(raw, vocab - top)[vocab - top]]
-        best = np.flatnonzero(raw >= kth_value)  # (>=k,) every token tied with the k-th is a candidate
-        best = best[np.lexsort((best, -raw[best]))][:top]  # (k,) by logit, ties by id
+        best = best_ids(raw[None, :], top)[0]  # (k,) the best `top`, ties to the lower id (one compiled pass)
+        best = best[np.lexsort((best, -raw[best]))]  # (k,) by logit, ties by id
         alternatives = [(int(i), float(raw[i]) - log_total) for i in best]
     return float(raw[token]) - log_total, alternatives
