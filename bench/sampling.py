@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/'s own modules, run as a script or from the tests
+from revision_rounds import alternate  # noqa: E402
 
 VOCABS = (49152, 151936)
 ROWS = (1, 16, 64)
@@ -58,14 +58,6 @@ def measure(repeats: int = 10) -> dict[str, float]:
     return result
 
 
-def _run_in(tree: Path) -> dict[str, float]:
-    """measure() in a subprocess whose imports come from `tree`."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, __file__, "--child"], cwd=tree, env=env, check=True, capture_output=True,
-                         text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main() -> None:
     """Print ms per row for this tree and --ref, alternating rounds, with the ratio of their medians."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -77,24 +69,10 @@ def main() -> None:
         measure(repeats=1)  # a pass to warm up: a fresh process's first 16-row steps paid for fresh pages (4x)
         print(json.dumps(measure()))
         return
-    here = Path(__file__).resolve().parent.parent
-    trees = {"this tree": here}
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.ref:
-            ref_tree = Path(tmp) / "ref"
-            subprocess.run(["git", "worktree", "add", "-q", "--detach", str(ref_tree), args.ref], cwd=here, check=True)
-            trees[f"ref {args.ref}"] = ref_tree
-        try:
-            runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-            for _ in range(args.rounds):
-                for name, tree in trees.items():
-                    runs[name].append(_run_in(tree))
-        finally:
-            if args.ref:
-                subprocess.run(["git", "worktree", "remove", "--force", str(ref_tree)], cwd=here, check=False)
-    names = list(trees)
+    runs = alternate(__file__, [], args.ref, args.rounds)
+    names = list(runs)
     print(f"sample_batch, ms per row (median of {args.rounds}; range); vocab, rows, controls")
-    print(f"{'case':<28}" + "".join(f"{name:>22}" for name in names) + ("   ratio" if len(names) > 1 else ""))
+    print(f"{'case':<28}" + "".join(f"{name:>24}" for name in names) + ("   ratio" if len(names) > 1 else ""))
     for case in runs[names[0]][0]:
         cells, medians = [], []
         for name in names:
@@ -102,7 +80,7 @@ def main() -> None:
             medians.append(float(np.median(values)))
             cells.append(f"{medians[-1]:.3f} ({min(values):.3f}-{max(values):.3f})")
         ratio = f"   {medians[0] / medians[1]:.2f}x" if len(names) > 1 else ""
-        print(f"{case:<28}" + "".join(f"{c:>22}" for c in cells) + ratio)
+        print(f"{case:<28}" + "".join(f"{c:>24}" for c in cells) + ratio)
 
 
 if __name__ == "__main__":

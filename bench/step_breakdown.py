@@ -20,14 +20,15 @@ import argparse
 import cProfile
 import json
 import pstats
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/'s own modules, run as a script or from the tests
+from revision_rounds import alternate  # noqa: E402
 
 # the attention entry points (not nested in one another): ForwardBatch.attention now; attend and
 # attend_decode_batch before (where the KV writes were inline in Model.forward, so "other" holds them)
@@ -82,15 +83,6 @@ def measure(streams: int, steps: int, prompt_tokens: int = 16, model: str = "smo
             "other": step_s - matmul_s - attention_s, "tok_s": streams / step_s}
 
 
-def _run_in(tree: Path, streams: int, steps: int, prompt_tokens: int, model: str) -> dict[str, float]:
-    """measure() in a subprocess whose imports come from `tree`."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, __file__, "--child", "--streams", str(streams), "--steps", str(steps),
-                          "--prompt-tokens", str(prompt_tokens), "--model", model],
-                         cwd=tree, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main() -> None:
     """Print the breakdown of this tree and of --ref, alternating rounds, with ranges."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -105,21 +97,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.streams, args.steps, args.prompt_tokens, args.model)))
         return
-    here = Path(__file__).resolve().parent.parent
-    trees = {"this tree": here}
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.ref:
-            ref_tree = Path(tmp) / "ref"
-            subprocess.run(["git", "worktree", "add", "-q", "--detach", str(ref_tree), args.ref], cwd=here, check=True)
-            trees[f"ref {args.ref}"] = ref_tree
-        try:
-            results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-            for _ in range(args.rounds):
-                for name, tree in trees.items():
-                    results[name].append(_run_in(tree, args.streams, args.steps, args.prompt_tokens, args.model))
-        finally:
-            if args.ref:
-                subprocess.run(["git", "worktree", "remove", "--force", str(ref_tree)], cwd=here, check=False)
+    results = alternate(__file__, ["--streams", str(args.streams), "--steps", str(args.steps), "--prompt-tokens",
+                                   str(args.prompt_tokens), "--model", args.model], args.ref, args.rounds)
     print(f"decode step at {args.streams} streams, {args.prompt_tokens}-token prompts, ms (median of {args.rounds}; range)")
     print(f"{'tree':<16} {'step':>16} {'matmul':>16} {'attention':>16} {'other':>16} {'tok/s':>14}")
     for name, rows in results.items():
