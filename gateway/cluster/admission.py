@@ -12,9 +12,10 @@ by both measures:
 Both rates are what the worker showed, scaled to a full worker where it showed them under a lighter load: the
 token rate by its slots over the load it was measured at, up to `stat.decode_capacity` (the rate of a full
 decode step, measured at start), and the finish rate by as much as the token rate was. One stream's rates had
-judged a burst on an 8-slot worker as if it would run one request at a time (16 of 64 refused that all finished
-within 47 s, 120 s deadlines). A fresh worker has generated nothing yet, so the token rate is at least half its
-decode capacity: a burst on fresh workers is judged too, not only counted.
+judged a burst on an 8-slot worker as if it would run one request at a time (of 64 at once with 120 s deadlines,
+22 refused while the 42 admitted finished in 33 s; scaled, all 64 admitted and done in 45.5 s). A fresh worker has
+generated nothing yet, so the token rate is at least half its decode capacity: a burst on fresh workers is judged
+too, not only counted.
 Otherwise it is refused at once with 429 and a Retry-After from the same estimate, instead of being admitted
 to time out in the queue. A request that finds a free slot starts at once and is always admitted.
 
