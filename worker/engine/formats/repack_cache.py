@@ -41,10 +41,10 @@ from worker.engine.weights.k_blocks import KBlocks
 from worker.engine.weights.quant_blocks import BlockCodes
 from worker.engine.weights.quantized import Blocks, PendingLinear, StackedBlocks, build_codes, build_in_memory
 
-LAYOUT_VERSION = 7  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte;
+LAYOUT_VERSION = 8  # bump whenever codes, tables or a recipe's meaning change (2: 4-bit codes packed two a byte;
 # 3: Q4_K and Q6_K in their own super-block form, k_blocks.py; 4: Q5_K too; 5: their code bytes as the file orders
 # them; 6: blocks of 32 weights interleaved sixteen rows at a time, interleaved_blocks.py; 7: the K-quants' file
-# bytes interleaved the same way, interleaved_k_blocks.py)
+# bytes interleaved the same way, interleaved_k_blocks.py; 8: their d and dmin as float16 where exact)
 MAGIC = b"LLMFRPK1"
 _HEADER = struct.Struct("<8sIIQQQ")  # magic, layout version, reserved, manifest bytes, data bytes, checksum
 _ALIGN = 64

@@ -1,9 +1,11 @@
 """Compiled passes of sampling (worker/engine/decode/batch_sampling.py) over whole rows of the vocabulary: each row's
-best `width` tokens, and a draw from each row's cumulative weights. numpy's `argpartition` and float64 `cumsum` were
-most of a sampled token's cost: on a 49,152-token vocabulary 0.9-1.3 ms a row (20 ms a step of 16 rows), on
-151,936 up to 5 ms a row, where one pass that keeps a small heap, or stops at the drawn token, reads each logit once.
+best `width` tokens, and a draw from each row's cumulative weights. numpy's `argpartition`, float64 `cumsum` and
+`lexsort` were most of a sampled token's cost: 0.3-0.9 ms a row of a 49,152-token vocabulary, up to 2.9 ms of
+151,936, and 7-23 ms where the nucleus was wide; these passes read each logit once or a few times (0.1-0.5 ms a row,
+0.8-2.4 ms for a wide nucleus: docs/benchmarks.md, "Sampling", AMD EPYC, warmed).
 
-Both are exact restatements, rows across the kernel threads (each row alone, so a row never depends on the batch):
+All four are exact restatements, rows across the kernel threads (each row alone, so a row never depends on the
+batch):
 - `best_ids`: the ids of each row's `width` largest values, ties broken by the lower id (the order the sampler then
   sorts them in: best first, ties by id), unordered;
 - `cumulative_draws`: for each row, the index `np.searchsorted(np.cumsum(w, dtype=np.float64), u * total, "right")`

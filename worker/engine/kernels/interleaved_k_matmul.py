@@ -32,6 +32,8 @@ take it. Launches hold numba_runtime.launch_lock.
 
 from __future__ import annotations
 
+import itertools
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -65,6 +67,7 @@ from worker.engine.kernels.simd_wide import (
     wfzero,
     whigh4,
     wload_codes,
+    wload_scales,
     wload_widened,
     wload_word_pairs,
     wlow4,
@@ -185,8 +188,8 @@ def _super(scratch, flat_scales, flat_mins, flat_d, flat_dmin, table, flat_q, fl
     `table`), four x rows at a time (a short last tile repeats its last row into spare chains). Constants: `bits`,
     the codes' (4, 5 or 6: Q4_K, Q5_K, Q6_K); `single`, n is 1."""
     six = bits == 6
-    d = wfload(flat_d, table * TILE_ROWS)  # (16,)
-    negative = wfzero() if six else wfmul(wfload(flat_dmin, table * TILE_ROWS), wfbroadcast(np.float32(-1.0)))
+    d = wload_scales(flat_d, table * TILE_ROWS)  # (16,)
+    negative = wfzero() if six else wfmul(wload_scales(flat_dmin, table * TILE_ROWS), wfbroadcast(np.float32(-1.0)))
     for i in range(0, n, X_TILE):
         k0, k1 = x0 + i, x0 + min(i + 1, n - 1)
         k2, k3 = x0 + min(i + 2, n - 1), x0 + min(i + 3, n - 1)
@@ -311,7 +314,8 @@ def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, parts, sta
 
 
 _EMPTY_BYTES = read_only(np.zeros((0, 0, 0, 0), np.uint8))  # read-only, as the matrices' arrays (read_only.py)
-_EMPTY_FLOATS = read_only(np.zeros((0, 0, 0), np.float32))
+_EMPTY_SCALES = (read_only(np.zeros((0, 0, 0), np.float32)),
+                 read_only(np.zeros((0, 0, 0), np.uint16)))  # Q6_K's dmin, of d's dtype (float32, float16 bits)
 
 
 def interleaved_k_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
@@ -347,7 +351,7 @@ def _launch(blocks: InterleavedK, rows: Int8Rows, parts: np.ndarray, starts: np.
     """One kernel launch (under the launch lock) writing out's rows starts[0] .. starts[-1] - 1."""
     high = blocks.high if blocks.high is not None else _EMPTY_BYTES
     mins = blocks.mins if blocks.mins is not None else _EMPTY_BYTES
-    dmin = blocks.dmin if blocks.dmin is not None else _EMPTY_FLOATS
+    dmin = blocks.dmin if blocks.dmin is not None else _EMPTY_SCALES[blocks.d.dtype == np.uint16]
     with launch_lock:
         _matmul(blocks.low, high, blocks.scales, mins, blocks.d, dmin, rows.q, rows.dx, rows.sums32, rows.offsets,
                 parts, starts, span, out, numba.get_num_threads())
@@ -366,14 +370,15 @@ def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
     if blocks.kind == "Q6_K":
         sums = sums + rows_q.offsets.astype(np.int64).reshape(n_rows, -1, 2).sum(axis=2)[None]  # -32 S16
     weighted = (sums * scales.astype(np.int64)[:, None, :]).reshape(blocks.out, n_rows, supers, 4, -1).sum(axis=4)  # I
-    d = blocks.row_lanes(blocks.d[:, :, None], np.arange(blocks.out)).reshape(blocks.out, supers)  # (R, S)
+    d = blocks.row_lanes(blocks.d_values()[:, :, None], np.arange(blocks.out)).reshape(blocks.out, supers)  # (R, S)
     t = (weighted.astype(np.float32) * d[:, None, :, None]).astype(np.float32)  # (R, N, S, 4)
     if blocks.kind != "Q6_K":
         assert blocks.mins is not None and blocks.dmin is not None
         m = blocks.row_lanes(blocks.mins, np.arange(blocks.out)).reshape(blocks.out, supers, 4, 2).astype(np.int64)
         s32 = rows_q.sums32.astype(np.int64).reshape(n_rows, supers, 4, 2)  # (N, S, h, b)
         mins = np.einsum("rshb,kshb->rksh", m, s32)  # (R, N, S, 4)
-        dmin = blocks.row_lanes(blocks.dmin[:, :, None], np.arange(blocks.out)).reshape(blocks.out, supers)  # (R, S)
+        dmin = blocks.row_lanes(blocks.dmin_values()[:, :, None], np.arange(blocks.out)).reshape(blocks.out,
+                                                                                   supers)  # (R, S)
         t = fma32(mins.astype(np.float32), -dmin[:, None, :, None], t)
     dx = rows_q.dx.reshape(n_rows, supers, 4)  # (N, S, 4)
     acc = np.zeros((blocks.out, n_rows), np.float32)  # (R, N)
@@ -384,12 +389,12 @@ def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
 
 
 def warm() -> None:
-    """Compile (or load from numba's cache) the kernel, once for every kind (a matrix's arrays are read-only
-    however it was made), at one row and at several."""
+    """Compile (or load from numba's cache) the kernel, once for every kind and scale dtype (a matrix's arrays are
+    read-only however it was made), at one row and at several."""
     rng = np.random.default_rng(0)
-    for kind in INTERLEAVED_K_KINDS:
+    for kind, scale in itertools.product(INTERLEAVED_K_KINDS, (0.0, 0.1)):  # 0.1 is no float16: float32 scales
         low, high = code_bytes(np.zeros((TILE_ROWS, QK_K), np.uint8), kind)  # (16, 128), high bits or None
-        supers = np.zeros((TILE_ROWS, 1), np.float32)  # (16, 1)
+        supers = np.full((TILE_ROWS, 1), scale, np.float32)  # (16, 1)
         if kind == "Q6_K":
             blocks = KBlocks(kind, low, np.zeros((TILE_ROWS, 16), np.int8), supers, high=high)
         else:

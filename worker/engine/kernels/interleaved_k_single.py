@@ -25,6 +25,7 @@ from worker.engine.kernels.simd_wide import (
     wfstore,
     whigh4,
     wload_codes,
+    wload_scales,
     wload_widened,
     wload_word_pairs,
     wlow4,
@@ -76,8 +77,8 @@ def q4k_super_single(flat_low, flat_scales, flat_mins, flat_d, flat_dmin, table,
                       k0, chains):  # pragma: no cover (compiled)
     """interleaved_k_matmul' _super for one x row of Q4_K, from the packed bytes (_q4k_quarter_packed): the same
     integers, the same float chain."""
-    d = wfload(flat_d, table * TILE_ROWS)  # (16,)
-    negative = wfmul(wfload(flat_dmin, table * TILE_ROWS), wfbroadcast(np.float32(-1.0)))  # (16,)
+    d = wload_scales(flat_d, table * TILE_ROWS)  # (16,)
+    negative = wfmul(wload_scales(flat_dmin, table * TILE_ROWS), wfbroadcast(np.float32(-1.0)))  # (16,)
     a0, m0 = k0 * cols + s * QK_K, k0 * (cols // 32) + 8 * s
     for h in range(4):
         i0, n0 = _q4k_quarter_packed(flat_low, flat_scales, flat_mins, table, h, flat_q, flat_sums, a0, m0)
@@ -136,8 +137,8 @@ def q4k_super_few(flat_low, flat_scales, flat_mins, flat_d, flat_dmin, table, fl
     """interleaved_k_matmul' _super for two to four x rows of Q4_K, from the packed bytes (_q4k_quarter_packed4;
     fewer than four repeat the last row into spare chains, as _super's short tile does): the same integers, the
     same float chains."""
-    d = wfload(flat_d, table * TILE_ROWS)  # (16,)
-    negative = wfmul(wfload(flat_dmin, table * TILE_ROWS), wfbroadcast(np.float32(-1.0)))  # (16,)
+    d = wload_scales(flat_d, table * TILE_ROWS)  # (16,)
+    negative = wfmul(wload_scales(flat_dmin, table * TILE_ROWS), wfbroadcast(np.float32(-1.0)))  # (16,)
     k0, k1, k2, k3 = x0, x0 + min(1, n - 1), x0 + min(2, n - 1), x0 + min(3, n - 1)
     a0, a1, a2, a3 = k0 * cols + s * QK_K, k1 * cols + s * QK_K, k2 * cols + s * QK_K, k3 * cols + s * QK_K
     m = cols // 32
@@ -185,7 +186,7 @@ def q6k_super_single(flat_low, flat_high, flat_scales, flat_d, table, flat_q, fl
                       chains):  # pragma: no cover (compiled)
     """interleaved_k_matmul' _super for one x row of Q6_K, from the packed bytes (_q6k_quarter_packed): the same
     integers, the same float chain."""
-    d = wfload(flat_d, table * TILE_ROWS)  # (16,)
+    d = wload_scales(flat_d, table * TILE_ROWS)  # (16,)
     a0, o0 = k0 * cols + s * QK_K, k0 * (cols // 8) + 32 * s
     for h in range(4):
         i0 = _q6k_quarter_packed(flat_low, flat_high, flat_scales, table, h, flat_q, flat_offsets, a0, o0)
@@ -230,7 +231,7 @@ def q6k_super_few(flat_low, flat_high, flat_scales, flat_d, table, flat_q, flat_
                   chains):  # pragma: no cover (compiled)
     """interleaved_k_matmul' _super for two to four x rows of Q6_K, from the packed bytes (_q6k_quarter_packed4;
     fewer than four repeat the last row into spare chains): the same integers, the same float chains."""
-    d = wfload(flat_d, table * TILE_ROWS)  # (16,)
+    d = wload_scales(flat_d, table * TILE_ROWS)  # (16,)
     k0, k1, k2, k3 = x0, x0 + min(1, n - 1), x0 + min(2, n - 1), x0 + min(3, n - 1)
     a0, a1, a2, a3 = k0 * cols + s * QK_K, k1 * cols + s * QK_K, k2 * cols + s * QK_K, k3 * cols + s * QK_K
     o = cols // 8

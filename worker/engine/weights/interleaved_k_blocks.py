@@ -10,10 +10,12 @@ the last group padded with zero rows) and super-block s, every 64-byte vector ha
   v < 16);
 - scales[g, s, j, r] (Q4_K, Q5_K: uint8, j < 8) or scales[g, s, i, r] (Q6_K's sixteen groups of 16 columns, int8):
   the sub-scales; Q4_K's and Q5_K's mins[g, s, h, 2r + b] (uint8): the min of block 2h + b;
-- d[g, s, r] and Q4_K's and Q5_K's dmin[g, s, r]: float32.
+- d[g, s, r] and Q4_K's and Q5_K's dmin[g, s, r]: float16 bits (uint16) where every value of the matrix is a
+  float16 (as the file's are), else float32 (a factor folded in at load, such as Llama's 1/sqrt(128) query scale,
+  can leave a d that no float16 holds: `half_scales` decides per matrix, and the kernels read either exactly).
 Building it is a transpose of the file's bytes. A Q4_K or Q5_K weight is d * sc * code - dmin * m, a Q6_K one
-d * sc * (code - 32): 0.594, 0.719 and 0.828 bytes a weight (the file's 0.5625, 0.6875 and 0.8203, plus float32
-instead of float16 scales).
+d * sc * (code - 32): 0.578, 0.703 and 0.820 bytes a weight with float16 scales (the file's 0.5625, 0.6875 and
+0.8203: its sub-scales and mins are packed in six bits, ours a byte each), 0.594, 0.719 and 0.828 with float32.
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ class InterleavedK:
     kind: str  # "Q4_K", "Q5_K" or "Q6_K"
     low: np.ndarray  # (G, S, 32, 64) uint8
     scales: np.ndarray  # (G, S, 8, 16) uint8 (Q4_K, Q5_K) or (G, S, 16, 16) int8 (Q6_K)
-    d: np.ndarray  # (G, S, 16) float32
+    d: np.ndarray  # (G, S, 16) float32, or uint16 holding float16 bits (the module docstring)
     out: int  # rows of the matrix (16 G, less the last group's padding)
     high: np.ndarray | None = None  # Q5_K: (G, S, 8, 64), Q6_K: (G, S, 16, 64) uint8
     mins: np.ndarray | None = None  # Q4_K, Q5_K: (G, S, 4, 32) uint8
-    dmin: np.ndarray | None = None  # Q4_K, Q5_K: (G, S, 16) float32
+    dmin: np.ndarray | None = None  # Q4_K, Q5_K: (G, S, 16), d's dtype
 
     def __post_init__(self) -> None:
         freeze_arrays(self, self.arrays())
@@ -61,6 +63,15 @@ class InterleavedK:
         """The arrays this matrix has, by name."""
         names = ("low", "scales", "d", "high", "mins", "dmin")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    def d_values(self) -> np.ndarray:
+        """d as float32: (G, S, 16)."""
+        return scale_values(self.d)  # (G, S, 16)
+
+    def dmin_values(self) -> np.ndarray:
+        """dmin as float32 (Q4_K, Q5_K): (G, S, 16)."""
+        assert self.dmin is not None
+        return scale_values(self.dmin)  # (G, S, 16)
 
     def row_lanes(self, table: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Some rows of a (G, S, V, 16 * w) table as (N, S, V, w)."""
@@ -81,12 +92,12 @@ class InterleavedK:
         Q4_K and Q5_K, 16 for Q6_K)."""
         rows = np.arange(self.out)[index] if isinstance(index, slice) else np.asarray(index)  # (N,)
         n = len(rows)
-        d = self.row_lanes(self.d[:, :, None], rows).reshape(n, -1, 1)  # (N, S, 1)
+        d = self.row_lanes(self.d_values()[:, :, None], rows).reshape(n, -1, 1)  # (N, S, 1)
         scale = (d * self.row_lanes(self.scales, rows).reshape(n, d.shape[1], -1).astype(np.float32))  # (N, S, groups)
         if self.kind == "Q6_K":
             return scale.reshape(n, -1), (np.float32(-32.0) * scale).reshape(n, -1)
         assert self.mins is not None and self.dmin is not None
-        dmin = self.row_lanes(self.dmin[:, :, None], rows).reshape(n, -1, 1)  # (N, S, 1)
+        dmin = self.row_lanes(self.dmin_values()[:, :, None], rows).reshape(n, -1, 1)  # (N, S, 1)
         mins = self.row_lanes(self.mins, rows).reshape(n, -1, 8).astype(np.float32)  # (N, S, 8): h, b
         return scale.reshape(n, -1), -(dmin * mins).reshape(n, -1)
 
@@ -104,6 +115,16 @@ class InterleavedK:
         return self.rows(slice(None))  # (out, in)
 
 
+def scale_values(table: np.ndarray) -> np.ndarray:
+    """A d or dmin table as float32 (uint16 holds float16 bits)."""
+    return table.view(np.float16).astype(np.float32) if table.dtype == np.uint16 else table
+
+
+def half_scales(*tables: np.ndarray) -> bool:
+    """Whether every value of these float32 tables is a float16 (so float16 holds them exactly)."""
+    return all(np.array_equal(t.astype(np.float16).astype(np.float32), t) for t in tables)
+
+
 def interleave_k(blocks: KBlocks) -> InterleavedK:
     """A Q4_K, Q5_K or Q6_K matrix in the interleaved form."""
     if blocks.kind not in INTERLEAVED_K_KINDS:
@@ -118,7 +139,15 @@ def interleave_k(blocks: KBlocks) -> InterleavedK:
         split = padded.reshape(groups, TILE_ROWS, supers, -1, width)  # (G, 16, S, V, width)
         return np.ascontiguousarray(split.transpose(0, 2, 3, 1, 4)).reshape(groups, supers, -1, TILE_ROWS * width)
 
-    d = table(blocks.d, np.float32)[:, :, 0]  # (G, S, 16)
+    tables = (blocks.d,) if blocks.dmin is None else (blocks.d, blocks.dmin)
+    half = half_scales(*tables)
+
+    def scales_table(values: np.ndarray) -> np.ndarray:
+        """d or dmin (R, S) as (G, S, 16): float16 bits where `half`, else float32."""
+        lanes = table(values, np.float32)[:, :, 0]  # (G, S, 16)
+        return lanes.astype(np.float16).view(np.uint16) if half else lanes
+
+    d = scales_table(blocks.d)  # (G, S, 16)
     low = table(blocks.codes, np.uint8, 4)  # (G, S, 32, 64)
     high = None if blocks.high is None else table(blocks.high, np.uint8, 4)  # (G, S, 8 or 16, 64)
     if blocks.kind == "Q6_K":
@@ -127,4 +156,4 @@ def interleave_k(blocks: KBlocks) -> InterleavedK:
     mins = table(blocks.mins, np.uint8)  # (G, S, 8, 16): j, r
     paired = mins.reshape(groups, supers, 4, 2, TILE_ROWS).transpose(0, 1, 2, 4, 3).reshape(groups, supers, 4, 32)
     return InterleavedK(blocks.kind, low, table(blocks.scales, np.uint8), d, rows, high=high,
-                        mins=np.ascontiguousarray(paired), dmin=table(blocks.dmin, np.float32)[:, :, 0])
+                        mins=np.ascontiguousarray(paired), dmin=scales_table(blocks.dmin))

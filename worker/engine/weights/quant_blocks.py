@@ -151,7 +151,8 @@ SUPPORTED = BLOCK_CODED + (MXFP4,)  # the types kept quantized
 
 def held_bytes(kind: str, count: int) -> int:
     """Bytes the engine holds for `count` weights of a SUPPORTED type. Q4_K, Q5_K and Q6_K keep the file's form
-    (k_blocks.py: codes, byte sub-scales, float32 d per 256: 0.59, 0.72 and 0.83 bytes a weight); the 32-weight
+    (k_blocks.py: codes, byte sub-scales, float32 d per 256: 0.59, 0.72 and 0.83 bytes a weight; an upper bound, as
+    interleaved_k_blocks keeps d and dmin as float16 where that is exact: 0.578, 0.703 and 0.820); the 32-weight
     formats are interleaved codes (interleaved_blocks.py: half a byte each for Q4_0 and Q4_1, else one) with a
     float32 scale per block, and an offset for Q4_1 and Q5_1 (0.625, 0.75, 1.125, 1.25 and Q8_0's 1.125); MXFP4
     keeps the file's bytes (mxfp4_blocks.py: 0.53 bytes a weight, and a float32 per row not counted here)."""

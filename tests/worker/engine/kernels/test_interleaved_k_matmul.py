@@ -56,7 +56,7 @@ def test_quantization_is_int8_per_64_columns_and_equals_its_reference() -> None:
 @pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
 def test_interleaving_keeps_codes_tables_and_weights(kind: str) -> None:
     """37 rows (a padded last group): the codes and float32 weights come back exactly, in the file's bytes a weight
-    (plus float32 scales)."""
+    but for its sub-scales and mins (a byte each); d and dmin as float16, as the file holds them."""
     plain = decoded(kind, 37, 512, 1)
     blocks = interleave_k(plain)
     assert blocks.shape == (37, 512) and blocks.low.shape == (3, 2, 32, 64) and blocks.kind == kind
@@ -67,7 +67,25 @@ def test_interleaving_keeps_codes_tables_and_weights(kind: str) -> None:
     np.testing.assert_array_equal(blocks.dequantize(), plain.dequantize())
     index = np.array([36, 0, 17, 17])
     np.testing.assert_array_equal(blocks.rows(index), plain.rows(index))
-    assert blocks.nbytes / (48 * 512) == pytest.approx(plain.nbytes / (37 * 512))  # the same form, rows padded
+    assert blocks.d.dtype == np.uint16 and (blocks.dmin is None or blocks.dmin.dtype == np.uint16)
+    halved = 2 * (1 if kind == "Q6_K" else 2) / 256  # bytes a weight float16 d (and dmin) save on KBlocks' float32
+    assert blocks.nbytes / (48 * 512) == pytest.approx(plain.nbytes / (37 * 512) - halved)  # rows padded
+
+
+@pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
+def test_scales_no_float16_holds_stay_float32_and_both_forms_compute_alike(kind: str) -> None:
+    """A factor folded into d at load: 2 keeps every d a float16 (float16 bits stored), 1/sqrt(128) does not
+    (float32 stored); each form holds the weights exactly and meets the reference bit for bit."""
+    plain = decoded(kind, 37, 512, 8)
+    for factor, dtype in ((2.0, np.uint16), (1 / np.sqrt(128), np.float32)):
+        scaled = plain.scaled(np.float32(factor))
+        blocks = interleave_k(scaled)
+        assert blocks.d.dtype == dtype and (blocks.dmin is None or blocks.dmin.dtype == dtype)
+        np.testing.assert_array_equal(blocks.dequantize(), scaled.dequantize())
+        for n in (1, 3, 17):
+            x = activations(n, 512, n)
+            np.testing.assert_array_equal(interleaved_k_matmul.interleaved_k_matmul(x, blocks),
+                                          interleaved_k_matmul.reference_matmul(x, blocks))
 
 
 @pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
@@ -131,11 +149,12 @@ def test_a_matrix_that_does_not_fit_x_is_refused() -> None:
 
 def test_a_matrix_built_in_memory_meets_the_kernel_warm_compiled() -> None:
     """numba types a read-only array apart from a writeable one; a matrix's arrays are read-only however it was made
-    (mapped from the repack cache, or built here at load), so warm() compiles once per sub-scale type and nothing
+    (mapped from the repack cache, or built here at load), so warm() compiles once per sub-scale and scale type and nothing
     compiles on a first request (the compiles once doubled for each mix of writeable and read-only arrays)."""
     interleaved_k_matmul.warm()
     compiled = len(interleaved_k_matmul._matmul.signatures)
-    assert compiled == 2  # Q4_K's and Q5_K's uint8 sub-scales, Q6_K's int8 (a cold compile is ~45 s each on a Xeon)
+    assert compiled == 4  # Q4_K's and Q5_K's uint8 sub-scales, Q6_K's int8; float16 and float32 d (a cold compile
+    # is ~45 s each on a Xeon)
     for kind in INTERLEAVED_K_KINDS:
         built = matrix(kind, 32, 512, seed=7)
         mapped = {name: array.copy() for name, array in built.arrays().items()}  # as the repack cache maps them
