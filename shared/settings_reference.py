@@ -32,6 +32,10 @@ OTHERS: tuple[Other, ...] = (
           "version; checked by size and checksum before it is mapped, rebuilt when truncated or corrupt), beside "
           "what a first start derived (the start-up decode rate, a SentencePiece vocabulary's merges). Set empty: "
           "build in memory, no cache.", "worker/engine/formats/repack_cache.py"),
+    Other("LLMFLEET_TEMPLATE_NOW", "the host's clock", "An ISO 8601 time (`2026-11-29T12:00:00`) chat templates "
+          "see instead of the clock (`strftime_now`: gpt-oss's and Llama 3's date), so that the same request gives "
+          "the same reply on another day; a malformed value fails the model's load.",
+          "worker/engine/text/template_sandbox.py"),
     Other("LLMFLEET_INT_KERNELS", "from the CPU's flags", "`avx512vnni`, `avx2` or `generic`: the instruction path "
           "of the integer kernels that multiply quantized weights (all give the same bits; the worker logs the one "
           "it uses at load; a path the CPU lacks is refused at start).", "worker/engine/kernels/simd_int.py"),

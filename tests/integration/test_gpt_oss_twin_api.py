@@ -28,12 +28,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 @pytest.fixture(scope="module")
 def twin_cluster(twin_path: Callable[[str, str], Path],
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """Redis, a gateway and one worker serving the tiny gpt-oss twin (MXFP4 where llama-quantize is built)."""
+    """Redis, a gateway and one worker serving the tiny gpt-oss twin (MXFP4 where llama-quantize is built). Its
+    template writes the day's date into every prompt, and whether the twin's noise picks the analysis or the final
+    channel first moves with it (on 2026-11-30 it stayed in analysis for all 40 tokens): the date is pinned."""
     from bench.llama_oracle import llama_quantize_binary
 
     twin = twin_path("gpt-oss", "MXFP4_MOE" if llama_quantize_binary() else "F16")
-    with serving_file_as(twin, MODEL, tmp_path_factory.mktemp("twin-logs")) as running:
-        yield running
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLMFLEET_TEMPLATE_NOW", "2026-11-29T12:00:00")
+        with serving_file_as(twin, MODEL, tmp_path_factory.mktemp("twin-logs")) as running:
+            yield running
 
 
 @pytest.fixture(scope="module")

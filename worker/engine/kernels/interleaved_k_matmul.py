@@ -32,8 +32,6 @@ take it. Launches hold numba_runtime.launch_lock.
 
 from __future__ import annotations
 
-import itertools
-
 import numba
 import numpy as np
 from numba import njit, prange
@@ -55,6 +53,7 @@ from worker.engine.kernels.numba_runtime import (
     take_next,
 )
 from worker.engine.kernels.simd_int import KERNEL_CACHE, prefetch_run
+from worker.engine.kernels.simd_scales import wload_scales
 from worker.engine.kernels.simd_wide import (
     wdot4,
     wdot_words,
@@ -67,7 +66,6 @@ from worker.engine.kernels.simd_wide import (
     wfzero,
     whigh4,
     wload_codes,
-    wload_scales,
     wload_widened,
     wload_word_pairs,
     wlow4,
@@ -137,9 +135,8 @@ def _products(scratch, at, flat_q, a0, a1, a2, a3, v0, v1, v2, v3, first, count)
 @njit(inline="always", cache=KERNEL_CACHE)
 def _q45k_quarter(scratch, flat_scales, flat_mins, table, h, flat_q, flat_sums, a0, a1, a2, a3, m0, m1, m2, m3,
                   fifth):  # pragma: no cover (compiled)
-    """I and M of quarter h (the module docstring's) for four x rows (activations from a_i, S32 pairs at m_i).
-    `fifth` (a constant): Q5_K's codes, below 32, take the sub-scale every 8 columns (8 * 31 * 127 < 32768), Q4_K's
-    every 16."""
+    """I and M of quarter h (the module docstring's) for four x rows (activations from a_i, S32 pairs at m_i). `fifth`
+    (a constant): Q5_K's codes, below 32, take the sub-scale every 8 columns (8 * 31 * 127 < 32768), Q4_K's every 16."""
     i0, i1, i2, i3 = wzero(), wzero(), wzero(), wzero()  # (16,) int32 each
     for b in range(2):
         j = 2 * h + b
@@ -314,8 +311,7 @@ def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, parts, sta
 
 
 _EMPTY_BYTES = read_only(np.zeros((0, 0, 0, 0), np.uint8))  # read-only, as the matrices' arrays (read_only.py)
-_EMPTY_SCALES = (read_only(np.zeros((0, 0, 0), np.float32)),
-                 read_only(np.zeros((0, 0, 0), np.uint16)))  # Q6_K's dmin, of d's dtype (float32, float16 bits)
+_EMPTY_SCALES = tuple(read_only(np.zeros((0, 0, 0), t)) for t in (np.float32, np.uint16))  # Q6_K's dmin, d's dtype
 
 
 def interleaved_k_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
@@ -377,8 +373,7 @@ def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
         m = blocks.row_lanes(blocks.mins, np.arange(blocks.out)).reshape(blocks.out, supers, 4, 2).astype(np.int64)
         s32 = rows_q.sums32.astype(np.int64).reshape(n_rows, supers, 4, 2)  # (N, S, h, b)
         mins = np.einsum("rshb,kshb->rksh", m, s32)  # (R, N, S, 4)
-        dmin = blocks.row_lanes(blocks.dmin_values()[:, :, None], np.arange(blocks.out)).reshape(blocks.out,
-                                                                                   supers)  # (R, S)
+        dmin = blocks.row_lanes(blocks.dmin_values()[:, :, None], np.arange(blocks.out)).reshape(d.shape)  # (R, S)
         t = fma32(mins.astype(np.float32), -dmin[:, None, :, None], t)
     dx = rows_q.dx.reshape(n_rows, supers, 4)  # (N, S, 4)
     acc = np.zeros((blocks.out, n_rows), np.float32)  # (R, N)
@@ -392,7 +387,7 @@ def warm() -> None:
     """Compile (or load from numba's cache) the kernel, once for every kind and scale dtype (a matrix's arrays are
     read-only however it was made), at one row and at several."""
     rng = np.random.default_rng(0)
-    for kind, scale in itertools.product(INTERLEAVED_K_KINDS, (0.0, 0.1)):  # 0.1 is no float16: float32 scales
+    for kind, scale in [(k, s) for k in INTERLEAVED_K_KINDS for s in (0.0, 0.1)]:  # 0.1 is no float16: float32 d
         low, high = code_bytes(np.zeros((TILE_ROWS, QK_K), np.uint8), kind)  # (16, 128), high bits or None
         supers = np.full((TILE_ROWS, 1), scale, np.float32)  # (16, 1)
         if kind == "Q6_K":

@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from worker.engine.kernels.simd_int import KERNEL_CACHE
+from worker.engine.kernels.simd_scales import wload_scales
 from worker.engine.kernels.simd_wide import (
     wdot4,
     wdot_words,
@@ -25,7 +26,6 @@ from worker.engine.kernels.simd_wide import (
     wfstore,
     whigh4,
     wload_codes,
-    wload_scales,
     wload_widened,
     wload_word_pairs,
     wlow4,

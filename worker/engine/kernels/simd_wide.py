@@ -80,24 +80,6 @@ wfload = _vector_load("wfload", _V16F, float32x16, 4, "The sixteen float32 of a 
 
 
 @intrinsic
-def wload_scales(typingctx: Any, array: Any, index: Any) -> Any:
-    """Sixteen float32 scales of a flat array from `index` on: float32 as they are, or uint16 holding float16 bits
-    widened exactly (one vcvtph2ps): interleaved_k_blocks keeps d and dmin as float16 where that is exact."""
-    if array.dtype not in (types.float32, types.uint16):
-        return None
-    half = array.dtype == types.uint16
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        if not half:
-            return builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _V16F), align=4)
-        pointer = _pointer(context, builder, signature.args[0], args[0], args[1], ir.VectorType(_I16, 16))
-        halves = builder.bitcast(builder.load(pointer, align=2), ir.VectorType(ir.HalfType(), 16))
-        return builder.fpext(halves, _V16F)
-
-    return float32x16(array, types.int64), codegen
-
-
-@intrinsic
 def wload_widened(typingctx: Any, array: Any, index: Any) -> Any:
     """The sixteen bytes of a flat uint8 (zero-extended) or int8 (sign-extended) array from `index` on, as int32
     lanes (one vpmovzxbd or vpmovsxbd)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import threading
 import time
@@ -91,6 +92,7 @@ class CappedSandbox(ImmutableSandboxedEnvironment):
     def __init__(self, max_output_chars: int) -> None:
         super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationTag])
         self.max_output_chars = max_output_chars
+        template_now()  # a malformed LLMFLEET_TEMPLATE_NOW fails the model's load, not each request
         self.globals.pop("lipsum", None)  # lipsum(n=10**9) would run unchecked
         self.globals.update(
             {
@@ -276,9 +278,21 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(str(message))
 
 
+def template_now() -> datetime:
+    """The time chat templates see (`strftime_now`, such as gpt-oss's and Llama 3's date): LLMFLEET_TEMPLATE_NOW
+    (ISO 8601) when set, so that a reply does not change with the day, else the host's local clock."""
+    pinned = os.environ.get("LLMFLEET_TEMPLATE_NOW", "").strip()
+    if not pinned:
+        return datetime.now()
+    try:
+        return datetime.fromisoformat(pinned)
+    except ValueError:
+        raise TemplateError(f"LLMFLEET_TEMPLATE_NOW={pinned!r} is not an ISO 8601 time") from None
+
+
 def _strftime_now(format_string: str) -> str:
-    """The `strftime_now` global of HF chat templates."""
-    return datetime.now().strftime(format_string)
+    """The `strftime_now` global of HF chat templates (template_now)."""
+    return template_now().strftime(format_string)
 
 
 def _tojson(

@@ -117,6 +117,19 @@ def test_llama_cpps_globals_are_there() -> None:
     assert render(source) == '{"a": [1, "é"]} 1 [0, 1, 2] 10'
 
 
+def test_the_templates_clock_can_be_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LLMFLEET_TEMPLATE_NOW is the time strftime_now gives (a reply that does not change with the day); unset, the
+    host's clock; malformed, the template fails to load, naming the variable."""
+    source = "{{ strftime_now('%d %b %Y %H:%M') }}"
+    monkeypatch.setenv("LLMFLEET_TEMPLATE_NOW", "2026-11-29T12:30:00")
+    assert render(source) == "29 Nov 2026 12:30"
+    monkeypatch.delenv("LLMFLEET_TEMPLATE_NOW")
+    assert render("{{ strftime_now('%Y') }}") == time.strftime("%Y")
+    monkeypatch.setenv("LLMFLEET_TEMPLATE_NOW", "yesterday")
+    with pytest.raises(TemplateError, match="LLMFLEET_TEMPLATE_NOW='yesterday' is not an ISO 8601 time"):
+        ChatTemplate(source)
+
+
 def test_raise_exception_message_is_kept() -> None:
     """raise_exception() becomes a TemplateError carrying the template's own message."""
     with pytest.raises(TemplateError, match="^Conversation roles must alternate$"):
