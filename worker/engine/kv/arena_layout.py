@@ -1,8 +1,9 @@
 """How a KV arena lays out its blocks: head-major within groups of blocks that each fill one 2 MiB page.
 
-An arena (one layer's keys or values) is (NG, Hkv, G, BS, Dh): NG groups of G blocks, each group head-major. numpy asks
-the kernel for transparent huge pages on large arrays, so memory is committed 2 MiB at a time; a group is 2 MiB
-(aligned to one), so the first token written commits one page of each arena. Wholly head-major arenas
+An arena (one layer's keys or values) is (NG, Hkv, G, BS, Dh): NG groups of G blocks, each group head-major. It is an
+anonymous mapping of its own (zeros the kernel commits on first write, whatever the C library's allocator would have
+reused), with transparent huge pages asked for, so memory is committed 2 MiB at a time; a group is 2 MiB (aligned to
+one), so the first token written commits one page of each arena. Wholly head-major arenas
 (Hkv, NB, BS, Dh) had a page in every head's region committed by the first block written: 448 MiB of the synthetic
 1B for one token, in a 2 GiB pool (AnonHugePages), 58 ms of zeroing in that write. Wholly block-major arenas
 (NB, Hkv, BS, Dh) commit as little, but a head's rows of consecutive blocks are then 4 KiB runs a block apart (a decode
@@ -12,6 +13,8 @@ head's rows of up to G consecutive blocks are one run, as before.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from typing import Any
 
 import numpy as np
@@ -30,7 +33,11 @@ def new_arena(n_blocks: int, n_kv_heads: int, block_size: int, head_dim: int, dt
     group = blocks_per_group(n_kv_heads, block_size, head_dim, dtype)
     shape = (-(-n_blocks // group), n_kv_heads, group, block_size, head_dim)
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    raw = np.zeros(nbytes + GROUP_BYTES, np.uint8)  # (bytes + 2 MiB,): the slack around the aligned start: unwritten
+    mapping = mmap.mmap(-1, nbytes + GROUP_BYTES)  # anonymous: zeros, committed page by page as they are written
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+    raw = np.frombuffer(mapping, np.uint8)  # (bytes + 2 MiB,): the slack around the aligned start: unwritten
     start = -raw.ctypes.data % GROUP_BYTES
     return raw[start : start + nbytes].view(dtype).reshape(shape)  # (NG, Hkv, G, BS, Dh)
 
