@@ -33,9 +33,12 @@ def _request_id(fields: dict) -> str:
     return fields[keys.JOB_FIELD.encode()].decode()
 
 
-def test_an_entry_read_and_never_taken_moves_to_the_claimer_and_its_reader_is_refused(client: redis.Redis) -> None:
+def test_an_entry_read_and_never_taken_moves_to_the_claimer_and_its_reader_is_refused(
+        client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     entry = _read(client, "stalled", "r1")
-    assert claim_untaken(client, STREAM, "thief", model="m", count=5, request_id_of=_request_id) == []  # just read
+    with monkeypatch.context() as patch:  # a bound far off, so a stalled test machine cannot pass it: just read
+        patch.setattr(takeover, "UNTAKEN_AFTER_S", 30.0)
+        assert claim_untaken(client, STREAM, "thief", model="m", count=5, request_id_of=_request_id) == []
     time.sleep(0.3)
     claimed = claim_untaken(client, STREAM, "thief", model="m", count=5, request_id_of=_request_id)
     assert [e[0].decode() for e in claimed] == [entry]
@@ -72,14 +75,14 @@ def test_without_a_way_to_name_requests_only_the_lease_applies(client: redis.Red
 
 def test_an_own_entry_whose_read_lost_its_reply_is_claimed_back_past_the_bound(
         client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(takeover, "LOST_READ_AFTER_S", 0.5)
+    monkeypatch.setattr(takeover, "LOST_READ_AFTER_S", 30.0)  # far off, so a stalled test machine cannot pass it
     lost = _read(client, "w1", "r5")  # delivered to w1, but the reply never reached it
     taken = _read(client, "w1", "r6")
     take_ownership(client, STREAM, "w1", "m", [("r6", taken)], ttl_s=60)  # running (or ended, the final ack on its way)
     skipped = _read(client, "w1", "r7")  # one the caller takes back on its own (an orphan)
     time.sleep(0.3)  # past UNTAKEN_AFTER_S, within the bound: a reply could still be arriving
     assert claim_untaken(client, STREAM, "w1", model="m", count=5, request_id_of=_request_id, skip=frozenset({skipped})) == []
-    time.sleep(0.3)
+    monkeypatch.setattr(takeover, "LOST_READ_AFTER_S", 0.3)  # now past it: every entry was read over 0.3 s ago
     claimed = claim_stalled(client, STREAM, "w1", count=5, ttl_s=60, lease_s=60, model="m", request_id_of=_request_id,
                             skip=frozenset({skipped}))
     assert [e[0].decode() for e in claimed] == [lost]  # not the taken one, not the skipped one
