@@ -92,12 +92,12 @@ class InterleavedK:
         Q4_K and Q5_K, 16 for Q6_K)."""
         rows = np.arange(self.out)[index] if isinstance(index, slice) else np.asarray(index)  # (N,)
         n = len(rows)
-        d = self.row_lanes(self.d_values()[:, :, None], rows).reshape(n, -1, 1)  # (N, S, 1)
+        d = scale_values(self.row_lanes(self.d[:, :, None], rows)).reshape(n, -1, 1)  # (N, S, 1): only these rows widen
         scale = (d * self.row_lanes(self.scales, rows).reshape(n, d.shape[1], -1).astype(np.float32))  # (N, S, groups)
         if self.kind == "Q6_K":
             return scale.reshape(n, -1), (np.float32(-32.0) * scale).reshape(n, -1)
         assert self.mins is not None and self.dmin is not None
-        dmin = self.row_lanes(self.dmin_values()[:, :, None], rows).reshape(n, -1, 1)  # (N, S, 1)
+        dmin = scale_values(self.row_lanes(self.dmin[:, :, None], rows)).reshape(n, -1, 1)  # (N, S, 1)
         mins = self.row_lanes(self.mins, rows).reshape(n, -1, 8).astype(np.float32)  # (N, S, 8): h, b
         return scale.reshape(n, -1), -(dmin * mins).reshape(n, -1)
 
