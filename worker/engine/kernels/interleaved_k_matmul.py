@@ -21,13 +21,14 @@ THE REDUCTION (every step width computes exactly this, so a row's result never d
       acc = fma(t, dx[k, 4s + h], acc)       (integers exact in any order: |I| < 2**31)
     out[k, r] = acc
 
-`reference_matmul` is the same arithmetic in numpy. A parallel task takes a run of row groups (the threads take the
-tasks of a launch from one queue: numba_runtime.guided_bounds). For each group it carries up to X_PASS x rows over the
-super-blocks in turn: a super-block's codes are unpacked once (nibbles split, Q5_K's and Q6_K's high bits joined)
-into an L1 scratch, then met by the pass's x rows four at a time (each code vector loaded once for four rows), the
+`reference_matmul` (interleaved_k_reference.py) is the same arithmetic in numpy. A parallel task takes a run of row
+groups (the threads take the tasks of a launch from one queue: numba_runtime.guided_bounds). For each group it
+carries up to X_PASS x rows over the super-blocks in turn: a super-block's codes are unpacked once (nibbles split,
+Q5_K's and Q6_K's high bits joined) into an L1 scratch, then met by the pass's x rows four at a time (each code vector loaded once for four rows), the
 codes of a super-block a few ahead asked for meanwhile (prefetch). One to four rows of Q4_K or Q6_K skip the scratch
 (interleaved_k_single.py: codes split in registers straight from the packed bytes); Q5_K and wider steps (prefill)
-take it. Launches hold numba_runtime.launch_lock.
+take it. Launches hold numba_runtime.launch_lock. A decode step's few rows are quantized inside the launch (x given
+to `_matmul`): one dispatch and no allocation in Python (12.5 -> 7.4 us a launch, 73 launches a 1B step).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from worker.engine.kernels.int8_spans import fma32
 from worker.engine.kernels.interleaved_k_single import (
     carry,
     q4k_super_few,
@@ -44,7 +44,13 @@ from worker.engine.kernels.interleaved_k_single import (
     q6k_super_few,
     q6k_super_single,
 )
-from worker.engine.kernels.k_activations import Int8Rows, quantize_rows, reference_quantize
+from worker.engine.kernels.k_activations import (
+    ACT_BLOCK,
+    PARALLEL_QUANTIZE,
+    Int8Rows,
+    quantize_into,
+    quantize_rows,
+)
 from worker.engine.kernels.numba_runtime import (
     aligned_bytes,
     aligned_floats,
@@ -277,11 +283,19 @@ def _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits):  # p
 
 
 @njit(parallel=True, nogil=True, cache=KERNEL_CACHE)
-def _matmul(low, high, scales, mins, d, dmin, q, dx, sums32, offsets, parts, starts, span, out,
+def _matmul(low, high, scales, mins, d, dmin, x, q, dx, sums32, offsets, parts, starts, span, out,
             threads):  # pragma: no cover
     """out[k, :16 span] for x rows starts[i] .. starts[i + 1] - 1 against the `span` row groups from
     parts[i] * span on (a dense matrix: one part, 0; stacked experts: each used expert's rows), the module
-    docstring's reduction. Tasks take runs of (part, group) items from a queue the `threads` share."""
+    docstring's reduction. Tasks take runs of (part, group) items from a queue the `threads` share. x (N, C)
+    float32, where it has rows (a decode step's few), is quantized here, in this thread, in place of the q, dx, S32
+    and -32 S8 given (quantize_rows'; then empty)."""
+    if x.shape[0] > 0:
+        q = np.empty(x.shape, np.int8)  # (N, C)
+        dx = np.empty((x.shape[0], x.shape[1] // ACT_BLOCK), np.float32)  # (N, C/64)
+        sums32 = np.empty((x.shape[0], x.shape[1] // 32), np.int16)  # (N, C/32)
+        offsets = np.empty((x.shape[0], x.shape[1] // 8), np.int32)  # (N, C/8)
+        quantize_into(x, q, dx, sums32, offsets)
     supers = low.shape[1]
     cols = q.shape[1]
     width = out.shape[1]
@@ -319,11 +333,16 @@ def interleaved_k_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
     n_rows, cols = x.shape
     if blocks.shape[1] != cols:
         raise ValueError(f"{blocks.kind} matrix {blocks.shape} does not fit x {x.shape}")
-    rows = quantize_rows(x)
     groups = blocks.low.shape[0]
     out = np.empty((n_rows, groups * TILE_ROWS), np.float32)  # (N, 16 G)
-    for first in range(0, n_rows, ROW_CHUNK):
-        _launch(blocks, rows, _DENSE, np.array([first, min(n_rows, first + ROW_CHUNK)], np.int64), groups, out)
+    if n_rows * cols < PARALLEL_QUANTIZE:  # a few rows (decode): quantized inside the launch
+        x = np.ascontiguousarray(x, np.float32)
+        _launch(blocks, x if x.flags.writeable else x.copy(), _NO_ROWS, _DENSE, _STARTS[n_rows], groups, out)
+    else:
+        rows = quantize_rows(x)
+        for first in range(0, n_rows, ROW_CHUNK):
+            _launch(blocks, _NO_X, rows, _DENSE, np.array([first, min(n_rows, first + ROW_CHUNK)], np.int64), groups,
+                    out)
     return out if groups * TILE_ROWS == blocks.out else np.ascontiguousarray(out[:, : blocks.out])  # (N, R)
 
 
@@ -334,58 +353,37 @@ def interleaved_k_grouped(rows: Int8Rows, blocks: InterleavedK, parts: np.ndarra
     if part_rows % TILE_ROWS:
         raise ValueError(f"experts of {part_rows} rows are not whole groups of {TILE_ROWS}")
     out = np.empty((rows.q.shape[0], part_rows), np.float32)  # (P, part_rows)
-    _launch(blocks, rows, np.ascontiguousarray(parts, np.int64), np.ascontiguousarray(starts, np.int64),
+    _launch(blocks, _NO_X, rows, np.ascontiguousarray(parts, np.int64), np.ascontiguousarray(starts, np.int64),
             part_rows // TILE_ROWS, out)
     return out
 
 
 _DENSE = np.zeros(1, np.int64)  # a dense matrix is one part: rows from 0
+_STARTS = [np.array([0, n], np.int64) for n in range(PARALLEL_QUANTIZE // QK_K)]  # x rows 0 .. n - 1 of one part
+_NO_X = np.zeros((0, 0), np.float32)  # x given quantized
+_NO_ROWS = Int8Rows(np.zeros((0, 0), np.int8), *(np.zeros((0, 0), t) for t in (np.float32, np.int16, np.int32)))
 
 
-def _launch(blocks: InterleavedK, rows: Int8Rows, parts: np.ndarray, starts: np.ndarray, span: int,
+def _optional_arrays(blocks: InterleavedK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """high, mins and dmin, an empty array of the kernel's type for each one the kind lacks."""
+    empty_dmin = _EMPTY_SCALES[blocks.d.dtype == np.uint16]
+    return (_EMPTY_BYTES if blocks.high is None else blocks.high, _EMPTY_BYTES if blocks.mins is None else blocks.mins,
+            empty_dmin if blocks.dmin is None else blocks.dmin)
+
+
+def _launch(blocks: InterleavedK, x: np.ndarray, rows: Int8Rows, parts: np.ndarray, starts: np.ndarray, span: int,
             out: np.ndarray) -> None:
-    """One kernel launch (under the launch lock) writing out's rows starts[0] .. starts[-1] - 1."""
-    high = blocks.high if blocks.high is not None else _EMPTY_BYTES
-    mins = blocks.mins if blocks.mins is not None else _EMPTY_BYTES
-    dmin = blocks.dmin if blocks.dmin is not None else _EMPTY_SCALES[blocks.d.dtype == np.uint16]
+    """One kernel launch (under the launch lock) writing out's rows starts[0] .. starts[-1] - 1, from x (a decode
+    step's few rows, quantized in the launch) or else from its rows quantized."""
+    high, mins, dmin = _optional_arrays(blocks)
     with launch_lock:
-        _matmul(blocks.low, high, blocks.scales, mins, blocks.d, dmin, rows.q, rows.dx, rows.sums32, rows.offsets,
+        _matmul(blocks.low, high, blocks.scales, mins, blocks.d, dmin, x, rows.q, rows.dx, rows.sums32, rows.offsets,
                 parts, starts, span, out, numba.get_num_threads())
-
-
-def reference_matmul(x: np.ndarray, blocks: InterleavedK) -> np.ndarray:
-    """interleaved_k_matmul's arithmetic in numpy, step by step: (N, R)."""
-    rows_q = reference_quantize(x)
-    q = rows_q.q.astype(np.int64)  # (N, C)
-    n_rows, cols = q.shape
-    supers = cols // QK_K
-    codes = blocks.code_rows().astype(np.int64)  # (R, C)
-    scales = blocks.row_lanes(blocks.scales, np.arange(blocks.out)).reshape(blocks.out, -1)  # (R, S * V)
-    group = 16 if blocks.kind == "Q6_K" else 32
-    sums = np.einsum("rgc,kgc->rkg", codes.reshape(blocks.out, -1, group), q.reshape(n_rows, -1, group))  # (R, N, g)
-    if blocks.kind == "Q6_K":
-        sums = sums + rows_q.offsets.astype(np.int64).reshape(n_rows, -1, 2).sum(axis=2)[None]  # -32 S16
-    weighted = (sums * scales.astype(np.int64)[:, None, :]).reshape(blocks.out, n_rows, supers, 4, -1).sum(axis=4)  # I
-    d = blocks.row_lanes(blocks.d_values()[:, :, None], np.arange(blocks.out)).reshape(blocks.out, supers)  # (R, S)
-    t = (weighted.astype(np.float32) * d[:, None, :, None]).astype(np.float32)  # (R, N, S, 4)
-    if blocks.kind != "Q6_K":
-        assert blocks.mins is not None and blocks.dmin is not None
-        m = blocks.row_lanes(blocks.mins, np.arange(blocks.out)).reshape(blocks.out, supers, 4, 2).astype(np.int64)
-        s32 = rows_q.sums32.astype(np.int64).reshape(n_rows, supers, 4, 2)  # (N, S, h, b)
-        mins = np.einsum("rshb,kshb->rksh", m, s32)  # (R, N, S, 4)
-        dmin = blocks.row_lanes(blocks.dmin_values()[:, :, None], np.arange(blocks.out)).reshape(d.shape)  # (R, S)
-        t = fma32(mins.astype(np.float32), -dmin[:, None, :, None], t)
-    dx = rows_q.dx.reshape(n_rows, supers, 4)  # (N, S, 4)
-    acc = np.zeros((blocks.out, n_rows), np.float32)  # (R, N)
-    for s in range(supers):
-        for h in range(4):
-            acc = fma32(t[:, :, s, h], dx[None, :, s, h], acc)
-    return np.ascontiguousarray(acc.T)  # (N, R)
 
 
 def warm() -> None:
     """Compile (or load from numba's cache) the kernel, once for every kind and scale dtype (a matrix's arrays are
-    read-only however it was made), at one row and at several."""
+    read-only however it was made), through both entries: a decode step's few rows and a prefill's many."""
     rng = np.random.default_rng(0)
     for kind, scale in [(k, s) for k in INTERLEAVED_K_KINDS for s in (0.0, 0.1)]:  # 0.1 is no float16: float32 d
         low, high = code_bytes(np.zeros((TILE_ROWS, QK_K), np.uint8), kind)  # (16, 128), high bits or None
@@ -396,5 +394,5 @@ def warm() -> None:
             blocks = KBlocks(kind, low, np.zeros((TILE_ROWS, 8), np.uint8), supers, high=high,
                              mins=np.zeros((TILE_ROWS, 8), np.uint8), dmin=supers)
         matrix = interleave_k(blocks)
-        for rows in (1, 2):
+        for rows in (1, PARALLEL_QUANTIZE // QK_K):  # quantized in the launch, then by quantize_rows
             interleaved_k_matmul(rng.standard_normal((rows, QK_K)).astype(np.float32), matrix)

@@ -34,8 +34,9 @@ def _quantize_row(x, q, dx, sums32, offsets, k):  # pragma: no cover (compiled)
 
 
 @njit(nogil=True, cache=True)
-def _quantize(x, q, dx, sums32, offsets):  # pragma: no cover (compiled)
-    """_quantize_row for every row of x, in this thread."""
+def quantize_into(x, q, dx, sums32, offsets):  # pragma: no cover (compiled)
+    """Every row of x (N, C) into q, dx, S32 and -32 S8 (Int8Rows' arrays), in this thread (also called from compiled
+    code: interleaved_k_matmul quantizes a few rows inside its launch)."""
     for k in range(x.shape[0]):
         _quantize_row(x, q, dx, sums32, offsets, k)
 
@@ -63,7 +64,7 @@ def quantize_rows(x: np.ndarray) -> Int8Rows:
                     np.empty((n_rows, cols // 32), np.int16), np.empty((n_rows, cols // 8), np.int32))
     x = np.ascontiguousarray(x, dtype=np.float32)
     if n_rows * cols < PARALLEL_QUANTIZE:
-        _quantize(x, *rows)
+        quantize_into(x, *rows)
     else:
         with launch_lock:
             _quantize_parallel(x, *rows)

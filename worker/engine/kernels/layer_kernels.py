@@ -1,8 +1,9 @@
 """Compiled CPU kernels (numba) for the per-row steps of a layer whose numpy passes cost more than their arithmetic:
 the KV row store and RoPE (both bit for bit numpy's) and RMS normalisation (one fixed order per row), each in one
 thread with no launch; and SwiGLU across the kernel threads (numpy's four single-threaded passes left the second
-core idle). Paged attention is paged_attention.py; the matmuls are float_matmul.py, interleaved_k_matmul.py,
-interleaved_matmul.py and mxfp4_matmul.py; the threading set-up and launch lock all use are numba_runtime.py's.
+core idle) but for a decode step's row or two. Paged attention is paged_attention.py; the matmuls are
+float_matmul.py, interleaved_k_matmul.py, interleaved_matmul.py and mxfp4_matmul.py; the threading set-up and launch
+lock all use are numba_runtime.py's.
 
 Parallel kernels prefer numba's OpenMP layer: on the 2-core machine the `workqueue` layer launched the block
 matmul at half the speed (15-24 ms against 10 ms for SmolLM2's matrices). Where OpenMP is missing numba falls
@@ -119,36 +120,60 @@ def rms_rows(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 SWIGLU_CHUNK = 256  # columns per task of the SwiGLU kernel
+SERIAL_SWIGLU = 16384  # outputs up to which SwiGLU runs in the calling thread (a launch costs more than a 1B row)
+
+
+@njit(inline="always", cache=True, fastmath=True)
+def _swiglu_task(flat, flat_out, task, per_row, f):  # pragma: no cover (compiled)
+    """SWIGLU_CHUNK columns of one row: the chunk `task` of a (N, 2F) gate/up flattened, into the (N, F) out."""
+    k = task // per_row
+    first = (task % per_row) * SWIGLU_CHUNK
+    last = min(f, first + SWIGLU_CHUNK)
+    whole = first + (last - first) // LANES * LANES
+    one = vbroadcast(np.float32(1.0))  # (8,)
+    for c in range(first, whole, LANES):
+        g = vload(flat, k * 2 * f + c)  # (8,) gate
+        silu = vdiv(g, vadd(one, vexp(vsub(vzero(), g))))  # (8,)
+        vstore(flat_out, k * f + c, vmul(silu, vload(flat, k * 2 * f + f + c)))
+    if whole < last:  # the last few columns through the same vector arithmetic, from zero-padded lanes (a scalar
+        # tail compiled apart gave a last bit that differed between the threaded and the in-thread kernel)
+        lanes = np.zeros(3 * LANES, np.float32)  # (24,) gate, up, result
+        for c in range(whole, last):
+            lanes[c - whole], lanes[LANES + c - whole] = flat[k * 2 * f + c], flat[k * 2 * f + f + c]
+        g = vload(lanes, 0)  # (8,)
+        vstore(lanes, 2 * LANES, vmul(vdiv(g, vadd(one, vexp(vsub(vzero(), g)))), vload(lanes, LANES)))
+        for c in range(whole, last):
+            flat_out[k * f + c] = lanes[2 * LANES + c - whole]
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _swiglu(gate_up, out):  # pragma: no cover (compiled)
     """out[k, c] = SiLU(gate_up[k, c]) * gate_up[k, F + c], in chunks of SWIGLU_CHUNK columns across threads."""
-    n_rows, two_f = gate_up.shape  # gate_up (N, 2F); out (N, F)
-    f = two_f // 2
-    flat = gate_up.reshape(-1)  # (N*2F,)
-    flat_out = out.reshape(-1)  # (N*F,)
+    f = gate_up.shape[1] // 2  # gate_up (N, 2F); out (N, F)
     per_row = (f + SWIGLU_CHUNK - 1) // SWIGLU_CHUNK
-    one = vbroadcast(np.float32(1.0))  # (8,)
-    for task in prange(n_rows * per_row):
-        k = task // per_row
-        first = (task % per_row) * SWIGLU_CHUNK
-        last = min(f, first + SWIGLU_CHUNK)
-        whole = first + (last - first) // LANES * LANES
-        for c in range(first, whole, LANES):
-            g = vload(flat, k * two_f + c)  # (8,) gate
-            silu = vdiv(g, vadd(one, vexp(vsub(vzero(), g))))  # (8,)
-            vstore(flat_out, k * f + c, vmul(silu, vload(flat, k * two_f + f + c)))
-        for c in range(whole, last):
-            g = flat[k * two_f + c]
-            flat_out[k * f + c] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * flat[k * two_f + f + c]
+    for task in prange(gate_up.shape[0] * per_row):
+        _swiglu_task(gate_up.reshape(-1), out.reshape(-1), task, per_row, f)
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def _swiglu_here(gate_up, out):  # pragma: no cover (compiled)
+    """_swiglu's chunks in turn, in the calling thread: the same arithmetic for every element."""
+    f = gate_up.shape[1] // 2  # gate_up (N, 2F); out (N, F)
+    per_row = (f + SWIGLU_CHUNK - 1) // SWIGLU_CHUNK
+    for task in range(gate_up.shape[0] * per_row):
+        _swiglu_task(gate_up.reshape(-1), out.reshape(-1), task, per_row, f)
 
 
 def swiglu(gate_up: np.ndarray) -> np.ndarray:
-    """SiLU(gate) * up for a row-major fused (N, 2F) float32 gate/up projection, on every kernel thread: (N, F)."""
+    """SiLU(gate) * up for a row-major fused (N, 2F) float32 gate/up projection: (N, F). Up to SERIAL_SWIGLU outputs
+    (a decode step of one or two rows) in this thread, where a launch would cost more than the arithmetic (3.7
+    against 5.3 us for a 1B row); more on every kernel thread. Each element's arithmetic is the same either way."""
     out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), np.float32)  # (N, F)
-    with launch_lock:
-        _swiglu(gate_up, out)
+    if out.size <= SERIAL_SWIGLU:
+        _swiglu_here(gate_up, out)
+    else:
+        with launch_lock:
+            _swiglu(gate_up, out)
     return out
 
 
@@ -158,7 +183,8 @@ def warm_up() -> None:
         keys = np.zeros((2, 1, 1, 4, head_dim), dtype)  # (NG, Hkv, G, BS, Dh)
         paged_attend_decode(np.zeros((1, 2, head_dim), np.float32), keys, keys, np.ones((1, 1), np.int64),
                             np.ones(1, np.int64), np.zeros(1, np.int64))
-    swiglu(np.zeros((2, 2 * SWIGLU_CHUNK + 2 * LANES + 2), np.float32))
+    swiglu(np.zeros((2, 2 * SWIGLU_CHUNK + 2 * LANES + 2), np.float32))  # in this thread
+    swiglu(np.zeros((2, 2 * SERIAL_SWIGLU), np.float32))  # on the kernel threads
     rms_rows(np.ones((1, 3 * LANES), np.float32), 1e-6)
     rows = np.zeros((1, 2, 1, 8), np.float32)[:, 1]  # (N, Hkv, Dh), strided as a step's k and v
     store_rows(np.zeros((1, 2, 1, 4, 8), np.float16), np.zeros(1, np.int64), np.zeros(1, np.int64), rows)

@@ -13,6 +13,7 @@ import pytest
 from tests.support.kernel_paths import assert_every_path_gives, outputs_on_every_path
 from tests.support.quant_data import random_blocks
 from worker.engine.kernels import interleaved_k_matmul, k_activations
+from worker.engine.kernels.interleaved_k_reference import reference_matmul
 from worker.engine.weights.interleaved_k_blocks import INTERLEAVED_K_KINDS, InterleavedK, interleave_k
 from worker.engine.weights.k_blocks import KBlocks, decode_k_blocks
 
@@ -85,7 +86,7 @@ def test_scales_no_float16_holds_stay_float32_and_both_forms_compute_alike(kind:
         for n in (1, 3, 17):
             x = activations(n, 512, n)
             np.testing.assert_array_equal(interleaved_k_matmul.interleaved_k_matmul(x, blocks),
-                                          interleaved_k_matmul.reference_matmul(x, blocks))
+                                          reference_matmul(x, blocks))
 
 
 @pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
@@ -94,7 +95,7 @@ def test_every_row_count_equals_the_reference_bit_for_bit(kind: str) -> None:
     for n in ROW_COUNTS:
         x = activations(n, 512, n)
         np.testing.assert_array_equal(interleaved_k_matmul.interleaved_k_matmul(x, blocks),
-                                      interleaved_k_matmul.reference_matmul(x, blocks), err_msg=f"{kind} {n} rows")
+                                      reference_matmul(x, blocks), err_msg=f"{kind} {n} rows")
 
 
 @pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
@@ -130,7 +131,7 @@ def test_the_largest_codes_and_activations_stay_exact(kind: str, sign: float) ->
     blocks = largest(kind)
     x = np.full((20, 512), sign, np.float32)  # (20, 512)
     np.testing.assert_array_equal(interleaved_k_matmul.interleaved_k_matmul(x, blocks),
-                                  interleaved_k_matmul.reference_matmul(x, blocks))
+                                  reference_matmul(x, blocks))
 
 
 @pytest.mark.parametrize("kind", INTERLEAVED_K_KINDS)
@@ -162,8 +163,10 @@ def test_a_matrix_built_in_memory_meets_the_kernel_warm_compiled() -> None:
             array.flags.writeable = False
         for held in (built, InterleavedK(kind, out=built.out, **mapped)):
             assert not any(array.flags.writeable for array in held.arrays().values())
-            for rows in (1, 3, 9):
-                interleaved_k_matmul.interleaved_k_matmul(activations(rows, 512, seed=rows), held)
+            for rows in (1, 3, 9, 40):  # 40 x 512 activations are quantized before the launch, the rest in it
+                x = activations(rows, 512, seed=rows)
+                x.flags.writeable = rows > 3  # a read-only x as well
+                interleaved_k_matmul.interleaved_k_matmul(x, held)
     assert len(interleaved_k_matmul._matmul.signatures) == compiled
 
 
@@ -179,8 +182,8 @@ def test_every_path_gives_the_same_bits(tmp_path: Path) -> None:
         "outputs += [interleaved_k_matmul.interleaved_k_matmul(np.full((3, 512), sign, np.float32), largest(kind))\n"
         "            for kind in INTERLEAVED_K_KINDS for sign in (1.0, -1.0)]\n"
     )
-    expected = [interleaved_k_matmul.reference_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))
+    expected = [reference_matmul(activations(n, 512, n), matrix(kind, 25, 512, 7))
                 for kind in INTERLEAVED_K_KINDS for n in (1, 3, 4, 5, 33)]
-    expected += [interleaved_k_matmul.reference_matmul(np.full((3, 512), sign, np.float32), largest(kind))
+    expected += [reference_matmul(np.full((3, 512), sign, np.float32), largest(kind))
                  for kind in INTERLEAVED_K_KINDS for sign in (1.0, -1.0)]
     assert_every_path_gives(outputs_on_every_path(tmp_path, body), expected)

@@ -28,6 +28,16 @@ def test_swiglu_kernel_matches_the_formula(rows: int, width: int) -> None:
         np.testing.assert_allclose(ops.swiglu(np.asfortranarray(gate_up)), want, rtol=1e-5, atol=1e-5)  # numpy path
 
 
+@pytest.mark.parametrize("width", [8192, 261])
+def test_swiglu_of_a_row_is_the_same_bits_alone_and_in_a_wide_step(width: int) -> None:
+    """A decode step's row (in the calling thread) and the same row among many (on the kernel threads)."""
+    rng = np.random.default_rng(width)
+    gate_up = (rng.standard_normal((layer_kernels.SERIAL_SWIGLU // width + 3, 2 * width)) * 6).astype(np.float32)
+    together = layer_kernels.swiglu(gate_up)  # (N, F): over SERIAL_SWIGLU outputs
+    for k in (0, len(gate_up) - 1):
+        np.testing.assert_array_equal(layer_kernels.swiglu(gate_up[k : k + 1]), together[k : k + 1])
+
+
 @pytest.mark.parametrize("rows", [1, 16, 300])
 def test_row_store_rounds_as_numpy(rows: int) -> None:
     """float32 rows (a strided view, as the step's k and v are) into a float16 arena give numpy's float16 bits,
