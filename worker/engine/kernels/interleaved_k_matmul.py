@@ -315,7 +315,7 @@ def _matmul(low, high, scales, mins, d, dmin, x, q, dx, sums32, offsets, parts, 
                 g = parts[part] * span + local
                 for x0 in range(starts[part], starts[part + 1], X_PASS):
                     n = min(X_PASS, starts[part + 1] - x0)
-                    chains[:] = 0
+                    chains[: (n + X_TILE) * TILE_ROWS] = 0  # the pass's rows and a short tile's spares (not 68)
                     matrix = (flat_low, flat_high, flat_scales, flat_mins, flat_d, flat_dmin)
                     xs = (flat_q, flat_sums, flat_offsets, dx)
                     _group_pass(matrix, xs, g, supers, cols, x0, n, scratch, chains, bits)
