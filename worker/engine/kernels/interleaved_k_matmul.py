@@ -24,11 +24,12 @@ THE REDUCTION (every step width computes exactly this, so a row's result never d
 `reference_matmul` (interleaved_k_reference.py) is the same arithmetic in numpy. A parallel task takes a run of row
 groups (the threads take the tasks of a launch from one queue: numba_runtime.guided_bounds). For each group it
 carries up to X_PASS x rows over the super-blocks in turn: a super-block's codes are unpacked once (nibbles split,
-Q5_K's and Q6_K's high bits joined) into an L1 scratch, then met by the pass's x rows four at a time (each code vector loaded once for four rows), the
-codes of a super-block a few ahead asked for meanwhile (prefetch). One to four rows of Q4_K or Q6_K skip the scratch
-(interleaved_k_single.py: codes split in registers straight from the packed bytes); Q5_K and wider steps (prefill)
-take it. Launches hold numba_runtime.launch_lock. A decode step's few rows are quantized inside the launch (x given
-to `_matmul`): one dispatch and no allocation in Python (12.5 -> 7.4 us a launch, 73 launches a 1B step).
+Q5_K's and Q6_K's high bits joined) into an L1 scratch, then met by the pass's x rows four at a time (each code
+vector loaded once for four rows), the codes of a super-block a few ahead asked for meanwhile (prefetch). One to four
+rows of Q4_K or Q6_K skip the scratch (interleaved_k_single.py: codes split in registers straight from the packed
+bytes); Q5_K and wider steps (prefill) take it. Launches hold numba_runtime.launch_lock. A decode step's few rows are
+quantized inside the launch (x given to `_matmul`): one dispatch and no allocation in Python (12.5 -> 9.5-10 us a
+launch, 73 launches a 1B step).
 """
 
 from __future__ import annotations
@@ -383,7 +384,8 @@ def _launch(blocks: InterleavedK, x: np.ndarray, rows: Int8Rows, parts: np.ndarr
 
 def warm() -> None:
     """Compile (or load from numba's cache) the kernel, once for every kind and scale dtype (a matrix's arrays are
-    read-only however it was made), through both entries: a decode step's few rows and a prefill's many."""
+    read-only however it was made), with x both ways: a decode step's few rows quantized in the launch, a prefill's
+    many before it."""
     rng = np.random.default_rng(0)
     for kind, scale in [(k, s) for k in INTERLEAVED_K_KINDS for s in (0.0, 0.1)]:  # 0.1 is no float16: float32 d
         low, high = code_bytes(np.zeros((TILE_ROWS, QK_K), np.uint8), kind)  # (16, 128), high bits or None
