@@ -35,7 +35,7 @@ from worker.engine.ops import Array
 from worker.engine.weights.k_blocks import has_k_form
 from worker.engine.weights.mxfp4_blocks import MXFP4
 from worker.engine.weights.quant_blocks import code_group
-from worker.engine.weights.quantized import PendingLinear, materialize
+from worker.engine.weights.quantized import PendingLinear, held_matrices, materialize
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Model:
         if any(raw.kind == MXFP4 for raw in contents.quantized.values()):
             mxfp4_matmul.warm()
         if any(has_k_form(raw.kind, raw.shape[1]) for raw in contents.quantized.values()):
-            interleaved_k_matmul.warm()
+            interleaved_k_matmul.warm(held_matrices(weights))  # the kinds and scale types held: ~12 s each cold
         if config.recurrent_layers:
             delta_net.warm()
         draw_kernels.warm()  # sampling's: a worker's first sampled request compiles nothing

@@ -184,21 +184,21 @@ def _merged_runs(parts: list[BlockCodes | KBlocks | MXFP4Blocks]) -> list[BlockC
 BlockSource = Callable[[list[PendingLinear]], dict[str, Blocks]]  # codes by key (built or mapped)
 
 
-def _walk(node: Any, visit: Callable[[PendingLinear], Any]) -> Any:
-    """node with every PendingLinear inside (dataclasses, tuples, lists) replaced by visit(pending); unchanged
+def _walk(node: Any, visit: Callable[[Any], Any], kind: type = PendingLinear) -> Any:
+    """node with every `kind` (a PendingLinear) inside (dataclasses, tuples, lists) replaced by visit(it); unchanged
     parts are the same objects."""
-    if isinstance(node, PendingLinear):
+    if isinstance(node, kind):
         return visit(node)
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         changed = {}
         for f in dataclasses.fields(node):
             value = getattr(node, f.name)
-            new = _walk(value, visit)
+            new = _walk(value, visit, kind)
             if new is not value:
                 changed[f.name] = new
         return replace(node, **changed) if changed else node
     if isinstance(node, (tuple, list)):
-        items = [_walk(item, visit) for item in node]
+        items = [_walk(item, visit, kind) for item in node]
         if any(a is not b for a, b in zip(items, node)):
             return type(node)(items)
     return node
@@ -218,6 +218,19 @@ def materialize(weights: Any, source: BlockSource) -> Any:
         return by_object[id(pending)]
 
     return _walk(weights, convert)
+
+
+def held_matrices(weights: Any) -> list[Blocks]:
+    """Every matrix the materialized weights hold, a stacked projection's parts one by one (what the load warms
+    kernels for)."""
+    found: list[Blocks] = []
+
+    def collect(linear: QuantizedLinear) -> QuantizedLinear:
+        found.extend(linear.blocks.parts if isinstance(linear.blocks, StackedBlocks) else [linear.blocks])
+        return linear
+
+    _walk(weights, collect, QuantizedLinear)
+    return found
 
 
 def build_codes(pending: PendingLinear) -> Blocks:

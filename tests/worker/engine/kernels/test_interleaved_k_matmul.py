@@ -150,12 +150,13 @@ def test_a_matrix_that_does_not_fit_x_is_refused() -> None:
 
 def test_a_matrix_built_in_memory_meets_the_kernel_warm_compiled() -> None:
     """numba types a read-only array apart from a writeable one; a matrix's arrays are read-only however it was made
-    (mapped from the repack cache, or built here at load), so warm() compiles once per sub-scale and scale type and nothing
-    compiles on a first request (the compiles once doubled for each mix of writeable and read-only arrays)."""
+    (mapped from the repack cache, or built here at load), so warm() compiles each kind's kernel once per scale type
+    and nothing compiles on a first request (the compiles once doubled for each mix of writeable and read-only
+    arrays)."""
     interleaved_k_matmul.warm()
-    compiled = len(interleaved_k_matmul._matmul.signatures)
-    assert compiled == 4  # Q4_K's and Q5_K's uint8 sub-scales, Q6_K's int8; float16 and float32 d (a cold compile
-    # is ~45 s each on a Xeon)
+    kernels = interleaved_k_matmul._KERNELS
+    assert sorted(kernels) == sorted(INTERLEAVED_K_KINDS)
+    assert all(len(kernel.signatures) == 2 for kernel in kernels.values())  # float16 and float32 d (~12 s each cold)
     for kind in INTERLEAVED_K_KINDS:
         built = matrix(kind, 32, 512, seed=7)
         mapped = {name: array.copy() for name, array in built.arrays().items()}  # as the repack cache maps them
@@ -167,7 +168,17 @@ def test_a_matrix_built_in_memory_meets_the_kernel_warm_compiled() -> None:
                 x = activations(rows, 512, seed=rows)
                 x.flags.writeable = rows > 3  # a read-only x as well
                 interleaved_k_matmul.interleaved_k_matmul(x, held)
-    assert len(interleaved_k_matmul._matmul.signatures) == compiled
+    assert all(len(kernel.signatures) == 2 for kernel in kernels.values())
+
+
+def test_warm_compiles_only_the_forms_a_model_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model's load warms the kinds and scale types its matrices have, not all six (each a cold compile)."""
+    held = [matrix("Q6_K", 32, 512, seed=1), matrix("Q6_K", 16, 256, seed=2), "not a K-quant matrix"]
+    calls: list[tuple[str, np.dtype]] = []
+    monkeypatch.setattr(interleaved_k_matmul, "interleaved_k_matmul",
+                        lambda x, blocks: calls.append((blocks.kind, blocks.d.dtype)))
+    interleaved_k_matmul.warm(held)
+    assert calls == [("Q6_K", held[0].d.dtype)] * 2  # x both ways, once for the two matrices of one form
 
 
 def test_every_path_gives_the_same_bits(tmp_path: Path) -> None:
