@@ -27,6 +27,7 @@ from worker.engine.weights.quantized import (
     StackedBlocks,
     build_codes,
     build_in_memory,
+    held_matrices,
     materialize,
 )
 
@@ -148,6 +149,25 @@ def test_k_quant_parts_of_two_kinds_stack_each_in_its_own_form(rows: int, tmp_pa
         assert all(isinstance(p, InterleavedK) for p in weight.blocks.parts)
         np.testing.assert_array_equal(ops.linear(x, weight), expected)
         np.testing.assert_array_equal(weight.blocks.dequantize(), np.concatenate([p.dequantize() for p in parts]))
+
+
+def test_held_matrices_are_every_projection_and_a_stack_s_parts() -> None:
+    """What a load warms the kernels for: each projection's matrix, a stacked projection's parts one by one, wherever
+    the weights hold them (dataclasses, tuples)."""
+    rng = np.random.default_rng(3)
+    q, k = k_pending(rng, "q", "Q4_K", 64, 512), k_pending(rng, "k", "Q4_K", 32, 512)
+    v = k_pending(rng, "v", "Q6_K", 32, 512)
+    plain, _ = random_pending(rng, "o", 16, 64)
+
+    @dataclass(frozen=True)
+    class Layer:
+        qkv: object
+        o: object
+
+    weights = materialize((Layer(fuse_rows(q, k, v), plain), np.zeros(3, np.float32)), build_in_memory)
+    held = held_matrices(weights)
+    assert [(type(m).__name__, m.kind if isinstance(m, InterleavedK) else None) for m in held] == [
+        ("InterleavedK", "Q4_K"), ("InterleavedK", "Q6_K"), ("InterleavedBlocks", None)]
 
 
 def mxfp4_pending(rng: np.random.Generator, name: str, out_dim: int, in_dim: int) -> tuple[PendingLinear, np.ndarray]:
