@@ -25,9 +25,10 @@ THE REDUCTION (every step width computes exactly this, so a row's result never d
 groups (the threads take the tasks of a launch from one queue: numba_runtime.guided_bounds). For each group it
 carries up to X_PASS x rows over the super-blocks in turn: a super-block's codes are unpacked once (nibbles split,
 Q5_K's and Q6_K's high bits joined) into an L1 scratch, then met by the pass's x rows four at a time (each code
-vector loaded once for four rows), the codes of a super-block a few ahead asked for meanwhile (prefetch). One to four
-rows of Q4_K or Q6_K skip the scratch (interleaved_k_single.py: codes split in registers straight from the packed
-bytes); Q5_K and wider steps (prefill) take it. Launches hold numba_runtime.launch_lock. A decode step's few rows are
+vector loaded once for four rows), the codes of a super-block a few ahead asked for meanwhile (prefetch;
+interleaved_k_scratch.py). One to four rows of Q4_K or Q6_K skip the scratch (interleaved_k_single.py: codes split
+in registers straight from the packed bytes); Q5_K and wider steps (prefill) take it. Each kind is a kernel of its
+own (`_kernel`), so a signature compiles one kind's paths. Launches hold numba_runtime.launch_lock. A decode step's few rows are
 quantized inside the launch (x given to the kernel): one dispatch and no allocation in Python (12.5 -> 9.5-10 us a
 launch, 73 launches a 1B step).
 """
