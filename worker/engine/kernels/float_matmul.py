@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from worker.engine.kernels.numba_runtime import launch_lock
+from worker.engine.kernels.numba_runtime import launch_lock, own_cache_index
 from worker.engine.kernels.register_tiles import tile_products
 from worker.engine.kernels.simd import LANES, vbroadcast, vfma, vload, vload_u8, vstore, vsum, vzero
 
@@ -189,10 +189,10 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
     single row) against these, in one process, alternating: 1 row 20.0 / 14.1, 2 rows 27.2 / 21.4, 4 rows 25.1 /
     25.8, 5 rows 43.2 / 41.5, 8 rows 49.6 / 49.1, 12 rows 74.1 / 69.2.
     The tiles live at module level and take `group` from this closure: a closure holding only an int has the same
-    numba cache key in every process (closures over jitted functions did not, and recompiled at every load).
+    numba cache key in every process (closures over jitted functions did not, and recompiled at every load); each
+    group keeps its own cache index (numba_runtime.own_cache_index).
     """
 
-    @njit(parallel=True, nogil=True, cache=True)
     def block_matmul(codes, scale, offset, x, out):  # pragma: no cover (compiled)
         """out[k, r] = the canonical reduction of weight row r (decoded codes) and x row k."""
         rows, cols = codes.shape  # codes (R, C) uint8; scale/offset (R, C/G); x (K, C)
@@ -229,7 +229,7 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
                         for j in range(count):
                             _one_by_one(group, flat_codes, scale, offset, flat_x, cols, t + j * quarter, k, out)
 
-    return block_matmul
+    return njit(parallel=True, nogil=True, cache=True)(own_cache_index(block_matmul, group))
 
 
 @njit(parallel=True, nogil=True, cache=True)

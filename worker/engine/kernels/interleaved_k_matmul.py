@@ -60,6 +60,7 @@ from worker.engine.kernels.numba_runtime import (
     aligned_floats,
     guided_bounds,
     launch_lock,
+    own_cache_index,
     take_next,
 )
 from worker.engine.kernels.simd_int import KERNEL_CACHE
@@ -127,9 +128,9 @@ def _kernel(bits: int):  # type: ignore[no-untyped-def]
     """The launch of one kind, `bits` (4, 5 or 6: Q4_K, Q5_K, Q6_K) a constant of the closure: numba prunes the other
     kinds' branches before it inlines their paths, so each kernel compiles its own kind's only (with `bits` read from
     the arrays, every signature compiled all three: ~50 s a signature cold on an AMD EPYC). A closure holding only an
-    int has the same numba cache key in every process (float_matmul.py)."""
+    int has the same numba cache key in every process (float_matmul.py); each kind keeps its own cache index
+    (numba_runtime.own_cache_index)."""
 
-    @njit(parallel=True, nogil=True, cache=KERNEL_CACHE)
     def matmul(low, high, scales, mins, d, dmin, x, q, dx, sums32, offsets, parts, starts, span, out,
                threads):  # pragma: no cover (compiled)
         """out[k, :16 span] for x rows starts[i] .. starts[i + 1] - 1 against the `span` row groups from
@@ -175,7 +176,7 @@ def _kernel(bits: int):  # type: ignore[no-untyped-def]
                             wfstore(flat_out, (x0 + i) * width + local * TILE_ROWS, wfload(chains, i * TILE_ROWS))
                 task = take_next(queue)
 
-    return matmul
+    return njit(parallel=True, nogil=True, cache=KERNEL_CACHE)(own_cache_index(matmul, f"q{bits}k"))
 
 
 _KERNELS = {"Q4_K": _kernel(4), "Q5_K": _kernel(5), "Q6_K": _kernel(6)}

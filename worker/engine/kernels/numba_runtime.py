@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numba
 import numpy as np
@@ -26,6 +27,17 @@ _SPIN_GIVEN = "GOMP_SPINCOUNT" in os.environ  # an operator's value is kept
 numba.config.THREADING_LAYER_PRIORITY = ["omp", "workqueue", "tbb"]  # before the first parallel call
 launch_lock = threading.Lock()  # workqueue is not re-entrant across threads: every parallel launch holds it
 FINEST_SPLIT = 64  # a matmul launch's last tasks are 1/64 of its items (guided_bounds)
+Function = TypeVar("Function", bound=Callable[..., Any])
+
+
+def own_cache_index(function: Function, constant: object) -> Function:
+    """`function`, a closure a kernel factory made, named apart by the factory's `constant` before it is compiled
+    with cache=True, so it keeps a numba cache index of its own. Closures of one factory share a qualname, hence an
+    index: two processes compiling different ones at once could both give their code one data file, and a later load
+    would find the other closure's code under an identical signature (numba checks a cached entry's signature, not
+    its closure)."""
+    function.__qualname__ = f"{function.__qualname__}_{constant}"
+    return function
 
 
 def set_spin(with_blas: bool) -> None:

@@ -1,10 +1,14 @@
 """worker.engine.kernels.numba_runtime: the kernels' vector scratch starts on a 64-byte boundary (numba's own arrays on 32);
 the OpenMP spin a model load chooses (long for a decoder, short beside an encoder's BLAS), an operator's kept; a
-launch's task queue (guided bounds, taken once each across threads)."""
+launch's task queue (guided bounds, taken once each across threads); a kernel factory's closures cached apart."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -84,3 +88,31 @@ def test_the_queue_hands_each_task_to_exactly_one_thread() -> None:
     taken = np.zeros(5000, np.int64)
     _take_all(len(taken), taken)
     assert (taken == 1).all()
+
+
+_FACTORY = """
+from numba import njit
+from worker.engine.kernels.numba_runtime import own_cache_index
+
+
+def factory(constant):
+    def scaled(x):
+        return x * constant
+
+    return njit(cache=True)(own_cache_index(scaled, constant))
+
+
+print(factory(2)(10.0), factory(3)(10.0))
+"""
+
+
+def test_a_factorys_closures_keep_cache_indexes_of_their_own(tmp_path: Path) -> None:
+    """Each closure a kernel factory makes is cached under a name of its own (one index file each, so two processes
+    compiling different ones at once cannot share a data file), and a second process loads each one's own code."""
+    (tmp_path / "kernel_factory.py").write_text(textwrap.dedent(_FACTORY))
+    env = os.environ | {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": f"{tmp_path}:{Path(__file__).parents[4]}"}
+    runs = [subprocess.run([sys.executable, "-c", "import kernel_factory"], env=env, capture_output=True, text=True,
+                           check=True).stdout for _ in range(2)]
+    assert runs == ["20.0 30.0\n"] * 2
+    indexes = sorted(p.name.split("-")[0] for p in (tmp_path / "cache").rglob("*.nbi"))
+    assert indexes == ["kernel_factory.factory.locals.scaled_2", "kernel_factory.factory.locals.scaled_3"]
