@@ -193,6 +193,8 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
     group keeps its own cache index (numba_runtime.own_cache_index).
     """
 
+    @njit(parallel=True, nogil=True, cache=True)
+    @own_cache_index(group)
     def block_matmul(codes, scale, offset, x, out):  # pragma: no cover (compiled)
         """out[k, r] = the canonical reduction of weight row r (decoded codes) and x row k."""
         rows, cols = codes.shape  # codes (R, C) uint8; scale/offset (R, C/G); x (K, C)
@@ -229,7 +231,7 @@ def _narrow_kernel(group: int):  # type: ignore[no-untyped-def]
                         for j in range(count):
                             _one_by_one(group, flat_codes, scale, offset, flat_x, cols, t + j * quarter, k, out)
 
-    return njit(parallel=True, nogil=True, cache=True)(own_cache_index(block_matmul, group))
+    return block_matmul
 
 
 @njit(parallel=True, nogil=True, cache=True)

@@ -131,6 +131,8 @@ def _kernel(bits: int):  # type: ignore[no-untyped-def]
     int has the same numba cache key in every process (float_matmul.py); each kind keeps its own cache index
     (numba_runtime.own_cache_index)."""
 
+    @njit(parallel=True, nogil=True, cache=KERNEL_CACHE)
+    @own_cache_index(f"q{bits}k")
     def matmul(low, high, scales, mins, d, dmin, x, q, dx, sums32, offsets, parts, starts, span, out,
                threads):  # pragma: no cover (compiled)
         """out[k, :16 span] for x rows starts[i] .. starts[i + 1] - 1 against the `span` row groups from
@@ -176,7 +178,7 @@ def _kernel(bits: int):  # type: ignore[no-untyped-def]
                             wfstore(flat_out, (x0 + i) * width + local * TILE_ROWS, wfload(chains, i * TILE_ROWS))
                 task = take_next(queue)
 
-    return njit(parallel=True, nogil=True, cache=KERNEL_CACHE)(own_cache_index(matmul, f"q{bits}k"))
+    return matmul
 
 
 _KERNELS = {"Q4_K": _kernel(4), "Q5_K": _kernel(5), "Q6_K": _kernel(6)}

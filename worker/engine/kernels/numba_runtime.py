@@ -6,7 +6,8 @@ because numba's `workqueue` layer must not be entered by two threads at once. Ev
 heartbeat) run too, instead of waiting for the kernel to return the GIL. The layer's priority is set on import
 and the threads' spin by a model load (`set_spin`), both before the first parallel call. Kernels take their vector
 scratch from a 64-byte boundary here (`aligned_bytes`, `aligned_floats`), and the matmuls share a launch's tasks
-out through a queue (`guided_bounds`, `take_next`).
+out through a queue (`guided_bounds`, `take_next`). A kernel factory's closures keep numba cache indexes of their
+own (`own_cache_index`).
 """
 
 from __future__ import annotations
@@ -30,14 +31,18 @@ FINEST_SPLIT = 64  # a matmul launch's last tasks are 1/64 of its items (guided_
 Function = TypeVar("Function", bound=Callable[..., Any])
 
 
-def own_cache_index(function: Function, constant: object) -> Function:
-    """`function`, a closure a kernel factory made, named apart by the factory's `constant` before it is compiled
-    with cache=True, so it keeps a numba cache index of its own. Closures of one factory share a qualname, hence an
-    index: two processes compiling different ones at once could both give their code one data file, and a later load
-    would find the other closure's code under an identical signature (numba checks a cached entry's signature, not
-    its closure)."""
-    function.__qualname__ = f"{function.__qualname__}_{constant}"
-    return function
+def own_cache_index(constant: object) -> Callable[[Function], Function]:
+    """A decorator, under njit(cache=True), naming a closure a kernel factory makes apart by the factory's `constant`,
+    so it keeps a numba cache index of its own. Closures of one factory share a qualname, hence an index: two
+    processes compiling different ones at once could both give their code one data file, and a later load would find
+    the other closure's code under an identical signature (numba checks a cached entry's signature, not its
+    closure)."""
+
+    def rename(function: Function) -> Function:
+        function.__qualname__ = f"{function.__qualname__}_{constant}"
+        return function
+
+    return rename
 
 
 def set_spin(with_blas: bool) -> None:

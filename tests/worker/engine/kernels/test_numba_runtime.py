@@ -96,10 +96,12 @@ from worker.engine.kernels.numba_runtime import own_cache_index
 
 
 def factory(constant):
+    @njit(cache=True)
+    @own_cache_index(constant)
     def scaled(x):
         return x * constant
 
-    return njit(cache=True)(own_cache_index(scaled, constant))
+    return scaled
 
 
 print(factory(2)(10.0), factory(3)(10.0))
